@@ -1,0 +1,88 @@
+# cachepilot — one-command set-up, tests, lab, demo and benchmarks.
+# `make deps` installs everything (idempotent; a second run downloads nothing), `make test` runs every test level.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+ROOT      := $(abspath .)
+VENV      := $(ROOT)/.venv
+PY        := $(VENV)/bin/python
+PYTEST    := $(VENV)/bin/pytest
+RUFF      := $(VENV)/bin/ruff
+LAB_CACHE := $(ROOT)/.cache/lab
+BASE_PY   ?= $(shell command -v python3.11 || command -v python3)
+
+# Debian packages the project needs on the host (and, through the shared root, in the lab guest).
+APT_PACKAGES := clang llvm libbpf-dev libbpf1 bpftool make gcc \
+	qemu-system-x86 qemu-utils busybox-static cpio zstd xz-utils kmod \
+	bcache-tools dmsetup lvm2 thin-provisioning-tools e2fsprogs xfsprogs util-linux fio \
+	prometheus ansible yamllint systemd
+
+.PHONY: help deps deps-system deps-python deps-lab bpf lint test test-unit test-bpf test-vm test-ops \
+	demo bench lab-shell clean distclean
+
+help:
+	@echo "make deps       install system packages, the virtualenv, the lab kernel and initramfs"
+	@echo "make demo       boot the lab and show cachepilot on a real cached volume"
+	@echo "make test       lint + every test level (unit, bpf, vm, ops)"
+	@echo "make bench      benchmarks (not part of make test)"
+	@echo "make lab-shell  an interactive shell in the lab guest"
+
+deps: deps-system deps-python deps-lab bpf
+
+# Only touch apt when something is missing, so a second run is fast and offline.
+deps-system:
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "deps-system: installing:" $$missing; \
+		apt-get update -qq; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	else echo "deps-system: all packages present"; fi
+
+$(VENV)/.stamp: pyproject.toml
+	@[ -x $(PY) ] || $(BASE_PY) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	@touch $@
+
+deps-python: $(VENV)/.stamp
+
+deps-lab:
+	tests/vm/fetch-kernel.sh $(LAB_CACHE)
+	tests/vm/build-initramfs.sh $(LAB_CACHE)
+
+bpf:
+	@if [ -f bpf/Makefile ]; then $(MAKE) -C bpf; fi
+
+lint: deps-python
+	$(RUFF) check controller tests
+
+# One pytest run over every level that exists; each level's fixtures do their own set-up (tracefs, loop devices, the lab).
+test: deps-python bpf lint
+	$(PYTEST) tests/unit tests/bpf tests/vm tests/ops
+
+test-unit: deps-python
+	$(PYTEST) tests/unit
+test-bpf: deps-python bpf
+	$(PYTEST) tests/bpf
+test-vm: deps-python
+	$(PYTEST) tests/vm
+test-ops: deps-python
+	$(PYTEST) tests/ops
+
+demo: deps-python bpf
+	tests/vm/demo.sh
+
+bench: deps-python bpf
+	@set -e; for b in tests/bench/bench_*.py; do echo "== $$b"; $(PY) $$b; done
+
+lab-shell:
+	tests/vm/lab shell
+
+clean:
+	rm -rf build .pytest_cache .ruff_cache
+	@if [ -f bpf/Makefile ]; then $(MAKE) -C bpf clean; fi
+
+distclean: clean
+	rm -rf $(VENV) .cache

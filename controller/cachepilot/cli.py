@@ -1,0 +1,51 @@
+"""The `cachepilot` command line.
+
+Each subcommand lives in its own module under `cachepilot.commands` and exposes
+`register(subparsers)`; that keeps one concept per module and lets a subcommand be
+added without touching this file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+from cachepilot import __version__, commands
+
+
+class UserError(Exception):
+    """An error caused by input the operator gave; printed without a traceback."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cachepilot", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"cachepilot {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{commands.__name__}.{info.name}")
+        register = getattr(module, "register", None)
+        if register is not None:
+            register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(handler(args) or 0)
+    except UserError as exc:
+        print(f"cachepilot: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
