@@ -13,10 +13,7 @@ import pkgutil
 import sys
 
 from cachepilot import __version__, commands
-
-
-class UserError(Exception):
-    """An error caused by input the operator gave; printed without a traceback."""
+from cachepilot.errors import UserError
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,5 +1,5 @@
 """Subcommands of the `cachepilot` CLI: one module each, each with `register(subparsers)`.
 
 A handler is set with `parser.set_defaults(handler=func)`; it returns the exit code.
-Raise `cachepilot.cli.UserError` for operator mistakes (printed without a traceback).
+Raise `cachepilot.errors.UserError` for operator mistakes (printed without a traceback).
 """
