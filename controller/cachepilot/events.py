@@ -48,6 +48,8 @@ class HotnessDelta:
     read_bytes: int
     write_bytes: int
     last_access_ns: int
+    size: int = -1
+    """File size in bytes when last seen (-1 = unknown); used by sieving and for promotion ranges."""
 
 
 @dataclass(frozen=True, slots=True)

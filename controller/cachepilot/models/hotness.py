@@ -1,0 +1,326 @@
+"""Per-file hotness: Loris' inverse-bitmap counters, kept in parallel arrays.
+
+One *slot* per tracked file. A file is found through ``index[dev][ino] -> slot``; the generation is
+stored in the slot and a different generation (inode reuse) resets the slot. Per slot we keep:
+
+============  ======  =====================================================================
+array         type    meaning
+============  ======  =====================================================================
+dev           u32     kernel dev_t of the filesystem
+ino           u64     inode number
+gen           u32     inode generation
+rscore        u32     read counter (saturating), at aging epoch ``stamp``
+wscore        u32     write counter (saturating), at aging epoch ``stamp``
+stamp         u32     aging epoch at which rscore/wscore were last normalised
+last          i64     last access, CLOCK_MONOTONIC ns
+size          i64     file size in bytes (-1 = unknown)
+flags         u8      READ / APPEND / OVERWRITE / TOUCHED / LIVE bits
+============  ======  =====================================================================
+
+Aging is lazy: time is cut into epochs of one half-life; a counter stamped at epoch ``s`` is worth
+``raw >> (epoch - s)`` at epoch ``epoch``. Nothing walks the table to age it.
+"""
+
+from __future__ import annotations
+
+import heapq
+from array import array
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from cachepilot.errors import UserError
+from cachepilot.events import Delete, HotnessDelta
+
+COUNTER_MAX = 0xFFFFFFFF
+PAGE = 4096
+
+F_READ = 1  # a read was seen
+F_APPEND = 2  # a write that grew the file by at least its size was seen
+F_OVERWRITE = 4  # a write that did not (only) append was seen
+F_TOUCHED = 8  # changed since the last drain_touched()
+F_LIVE = 16  # slot in use
+
+
+def inverse_bitmap_score(nbytes: int) -> int:
+    """b = 2^(6 - floor(log2 N)), N = 4 KiB pages in the request clamped to 1..64."""
+    if nbytes < 0:
+        raise ValueError("negative request size")
+    pages = (nbytes + PAGE - 1) // PAGE
+    pages = 1 if pages < 1 else 64 if pages > 64 else pages
+    return 1 << (6 - (pages.bit_length() - 1))
+
+
+@dataclass(frozen=True, slots=True)
+class FileView:
+    """A read-only snapshot of one slot (for humans, tests and `top`; never used on the hot path)."""
+
+    slot: int
+    dev: int
+    ino: int
+    gen: int
+    read_score: int
+    write_score: int
+    score: int
+    last_access_ns: int
+    size: int
+    write_only: bool
+    append_only: bool
+
+
+class HotnessTable:
+    def __init__(self, half_life_s: float = 600.0, start_ns: int = 0) -> None:
+        if half_life_s <= 0:
+            raise UserError(f"hotness half-life must be positive, got {half_life_s}")
+        self.half_life_ns = int(half_life_s * 1e9)
+        self.start_ns = start_ns
+        self.epoch = 0
+        self.now_ns = start_ns
+        self.index: dict[int, dict[int, int]] = {}
+        self.dev = array("I")
+        self.ino = array("Q")
+        self.gen = array("I")
+        self.rscore = array("I")
+        self.wscore = array("I")
+        self.stamp = array("I")
+        self.last = array("q")
+        self.size = array("q")
+        self.flags = array("B")
+        self._free: list[int] = []
+        self.touched: list[int] = []
+        self.live = 0
+
+    # ---------------------------------------------------------------- time
+    def advance(self, now_ns: int) -> None:
+        """Move the clock; aging epochs follow from it (never goes backwards)."""
+        if now_ns > self.now_ns:
+            self.now_ns = now_ns
+            e = (now_ns - self.start_ns) // self.half_life_ns
+            if e > self.epoch:
+                self.epoch = int(e)
+
+    # ---------------------------------------------------------------- slots
+    def _alloc(self, dev: int, ino: int, gen: int) -> int:
+        if self._free:
+            slot = self._free.pop()
+            self.dev[slot] = dev
+            self.ino[slot] = ino
+            self.gen[slot] = gen
+            self.rscore[slot] = 0
+            self.wscore[slot] = 0
+            self.stamp[slot] = self.epoch
+            self.last[slot] = 0
+            self.size[slot] = -1
+            self.flags[slot] = F_LIVE
+        else:
+            slot = len(self.flags)
+            self.dev.append(dev)
+            self.ino.append(ino)
+            self.gen.append(gen)
+            self.rscore.append(0)
+            self.wscore.append(0)
+            self.stamp.append(self.epoch)
+            self.last.append(0)
+            self.size.append(-1)
+            self.flags.append(F_LIVE)
+        idx = self.index.get(dev)
+        if idx is None:
+            idx = self.index[dev] = {}
+        idx[ino] = slot
+        self.live += 1
+        return slot
+
+    def lookup(self, dev: int, ino: int, gen: int | None = None) -> int | None:
+        idx = self.index.get(dev)
+        if idx is None:
+            return None
+        slot = idx.get(ino)
+        if slot is None or (gen is not None and self.gen[slot] != gen):
+            return None
+        return slot
+
+    def __len__(self) -> int:
+        return self.live
+
+    # ---------------------------------------------------------------- updates
+    def apply(self, ev: HotnessDelta) -> int:
+        k = ev.key
+        return self.update(
+            k.dev, k.ino, k.gen, ev.read_score, ev.write_score, ev.write_bytes, ev.last_access_ns, ev.size
+        )
+
+    def update(
+        self, dev: int, ino: int, gen: int, rs: int, ws: int, wbytes: int, last_ns: int, size: int = -1
+    ) -> int:
+        if rs < 0 or ws < 0 or wbytes < 0:
+            raise UserError(f"negative hotness delta for dev={dev} ino={ino}")
+        idx = self.index.get(dev)
+        slot = None if idx is None else idx.get(ino)
+        if slot is None:
+            slot = self._alloc(dev, ino, gen)
+        elif self.gen[slot] != gen:
+            self._reset(slot, gen)
+        self._bump(slot, rs, ws, wbytes, last_ns, size)
+        return slot
+
+    def _reset(self, slot: int, gen: int) -> None:
+        self.gen[slot] = gen
+        self.rscore[slot] = 0
+        self.wscore[slot] = 0
+        self.stamp[slot] = self.epoch
+        self.size[slot] = -1
+        self.flags[slot] = F_LIVE | (self.flags[slot] & F_TOUCHED)
+
+    def _bump(self, slot: int, rs: int, ws: int, wbytes: int, last_ns: int, size: int) -> None:
+        e = self.epoch
+        r = self.rscore[slot]
+        w = self.wscore[slot]
+        st = self.stamp[slot]
+        if st != e:
+            sh = e - st
+            r >>= sh
+            w >>= sh
+            self.stamp[slot] = e
+        r += rs
+        w += ws
+        self.rscore[slot] = r if r < COUNTER_MAX else COUNTER_MAX
+        self.wscore[slot] = w if w < COUNTER_MAX else COUNTER_MAX
+        if last_ns > self.last[slot]:
+            self.last[slot] = last_ns
+        f = self.flags[slot]
+        if rs:
+            f |= F_READ
+        if ws:
+            old = self.size[slot]
+            if size >= 0 and old >= 0 and size - old >= wbytes > 0:
+                f |= F_APPEND
+            elif old >= 0 or size < 0:
+                f |= F_OVERWRITE
+            # first sighting with a known size: cannot tell yet
+        if size >= 0:
+            self.size[slot] = size
+        if not f & F_TOUCHED:
+            f |= F_TOUCHED
+            self.touched.append(slot)
+        self.flags[slot] = f
+
+    def apply_records(self, records: Iterable[tuple[int, ...]]) -> int:
+        """Hot path for replay: tuples in trace layout
+        (dev, ino, gen, read_score, write_score, read_bytes, write_bytes, last_access_ns, size)."""
+        n = 0
+        index = self.index
+        gens = self.gen
+        bump = self._bump
+        alloc = self._alloc
+        for dev, ino, gen, rs, ws, _rb, wb, last_ns, size in records:
+            idx = index.get(dev)
+            slot = None if idx is None else idx.get(ino)
+            if slot is None:
+                slot = alloc(dev, ino, gen)
+            elif gens[slot] != gen:
+                self._reset(slot, gen)
+            bump(slot, rs, ws, wb, last_ns, size)
+            n += 1
+        return n
+
+    def forget(self, dev: int, ino: int, gen: int | None = None) -> int | None:
+        """Drop a deleted file; returns its former slot (for the admission sets) or None."""
+        idx = self.index.get(dev)
+        if idx is None:
+            return None
+        slot = idx.get(ino)
+        if slot is None or (gen is not None and gen != 0 and self.gen[slot] != gen):
+            return None
+        del idx[ino]
+        self.flags[slot] = 0
+        self.rscore[slot] = 0
+        self.wscore[slot] = 0
+        self._free.append(slot)
+        self.live -= 1
+        return slot
+
+    def delete(self, ev: Delete) -> int | None:
+        return self.forget(ev.key.dev, ev.key.ino, ev.key.gen)
+
+    def drain_touched(self) -> list[int]:
+        """Slots changed since the last call (live ones only); clears the marks."""
+        out = self.touched
+        self.touched = []
+        flags = self.flags
+        live = []
+        for s in out:
+            f = flags[s]
+            if f & F_LIVE:
+                flags[s] = f & ~F_TOUCHED
+                live.append(s)
+            else:
+                flags[s] = f & ~F_TOUCHED
+        return live
+
+    # ---------------------------------------------------------------- reads
+    def score(self, slot: int) -> int:
+        """Effective (aged) counter: read + write, saturating."""
+        sh = self.epoch - self.stamp[slot]
+        s = (self.rscore[slot] >> sh) + (self.wscore[slot] >> sh)
+        return s if s < COUNTER_MAX else COUNTER_MAX
+
+    def read_score(self, slot: int) -> int:
+        return self.rscore[slot] >> (self.epoch - self.stamp[slot])
+
+    def write_only(self, slot: int) -> bool:
+        return not self.flags[slot] & F_READ
+
+    def append_only(self, slot: int) -> bool:
+        f = self.flags[slot]
+        return bool(f & F_APPEND) and not f & F_OVERWRITE
+
+    def sieve(self, slot: int, sieve_size: int) -> str | None:
+        """Why a file may not be promoted, or None if it may."""
+        size = self.size[slot]
+        if size < 0:
+            return "size unknown"
+        if size > sieve_size:
+            return f"larger than sieve ({size} > {sieve_size} bytes)"
+        f = self.flags[slot]
+        if not f & F_READ:
+            return "write-only"
+        if f & F_APPEND and not f & F_OVERWRITE:
+            return "append-only"
+        return None
+
+    def view(self, slot: int) -> FileView:
+        return FileView(
+            slot=slot,
+            dev=self.dev[slot],
+            ino=self.ino[slot],
+            gen=self.gen[slot],
+            read_score=self.read_score(slot),
+            write_score=self.wscore[slot] >> (self.epoch - self.stamp[slot]),
+            score=self.score(slot),
+            last_access_ns=self.last[slot],
+            size=self.size[slot],
+            write_only=self.write_only(slot),
+            append_only=self.append_only(slot),
+        )
+
+    def _live_slots(self, dev: int | None) -> Iterator[int]:
+        if dev is None:
+            for idx in self.index.values():
+                yield from idx.values()
+        else:
+            yield from self.index.get(dev, {}).values()
+
+    def hottest(self, k: int, dev: int | None = None) -> list[int]:
+        """Highest counter first; most recent access wins ties. O(n log k) scan: for queries, not ticks."""
+        score, last = self.score, self.last
+        return heapq.nlargest(k, self._live_slots(dev), key=lambda s: (score(s), last[s]))
+
+    def coldest(self, k: int, dev: int | None = None) -> list[int]:
+        """Lowest counter first; least recent access wins ties."""
+        score, last = self.score, self.last
+        return heapq.nsmallest(k, self._live_slots(dev), key=lambda s: (score(s), last[s]))
+
+    def memory_bytes(self) -> int:
+        """Bytes held by the parallel arrays (not the index dicts)."""
+        arrays = (self.dev, self.ino, self.gen, self.rscore, self.wscore, self.stamp, self.last, self.size,
+                  self.flags)
+        return sum(a.buffer_info()[1] * a.itemsize for a in arrays)
