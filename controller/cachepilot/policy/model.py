@@ -1,0 +1,106 @@
+"""Typed policy: what one volume gets, and the rules that select volumes."""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+
+from cachepilot.errors import UserError
+from cachepilot.models.volume import VolumeInfo
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Exposure:
+    max_dirty: int = 256 * MiB
+    max_age_s: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Promotion:
+    enabled: bool = True
+    rate: int = 8 * MiB  # bytes per second
+    max_cache_fraction: float = 0.5
+    sieve_size: int = 1 * MiB
+
+
+@dataclass(frozen=True, slots=True)
+class DiscardOnDelete:
+    enabled: bool = True
+    interval_s: float = 10.0
+    min_extent: int = 64 * 1024
+    max_rate: int = 256 * MiB  # bytes per second
+
+
+@dataclass(frozen=True, slots=True)
+class Hysteresis:
+    min_switch_interval_s: float = 300.0
+    resume_below: float = 0.5  # back to write-back only below this fraction of the exposure bound
+
+
+@dataclass(frozen=True, slots=True)
+class HealthPolicy:
+    error_threshold: int = 1  # cache I/O errors within the sample window that make a volume DEGRADED
+    scan_drop: float = 0.2  # hit-ratio drop (absolute) that triggers re-warming
+
+
+@dataclass(frozen=True, slots=True)
+class VolumePolicy:
+    failure_model: str = "destructive"
+    exposure: Exposure = field(default_factory=Exposure)
+    promotion: Promotion = field(default_factory=Promotion)
+    discard_on_delete: DiscardOnDelete = field(default_factory=DiscardOnDelete)
+    hysteresis: Hysteresis = field(default_factory=Hysteresis)
+    health: HealthPolicy = field(default_factory=HealthPolicy)
+    knobs: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Selector:
+    device: str | None = None
+    fs_uuid: str | None = None
+    mountpoint: str | None = None
+
+    def matches(self, v: VolumeInfo) -> bool:
+        if self.device is not None and not fnmatch.fnmatchcase(v.name, self.device):
+            return False
+        if self.fs_uuid is not None and self.fs_uuid.lower() != v.fs_uuid.lower():
+            return False
+        if self.mountpoint is not None and self.mountpoint.rstrip("/") != (v.mountpoint.rstrip("/")):
+            return False
+        return True
+
+    def __str__(self) -> str:
+        parts = [f"{k}={getattr(self, k)}" for k in ("device", "fs_uuid", "mountpoint") if getattr(self, k)]
+        return ",".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    name: str
+    selector: Selector
+    policy: VolumePolicy
+    line: int
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    source: str
+    defaults: VolumePolicy
+    rules: tuple[Rule, ...] = ()
+    half_life_s: float = 600.0
+    dry_run: bool = False
+
+    def resolve(self, v: VolumeInfo) -> tuple[VolumePolicy, str]:
+        """The policy for a volume and the name of what chose it. Two matching rules are an error."""
+        hits = [r for r in self.rules if r.selector.matches(v)]
+        if len(hits) > 1:
+            where = ", ".join(f"{r.name!r} (line {r.line})" for r in hits)
+            raise UserError(f"{self.source}: volume {v.name} matches overlapping selectors: {where}")
+        if hits:
+            return hits[0].policy, hits[0].name
+        return self.defaults, "defaults"
+
+
+DEFAULT_POLICY = Policy(source="<built-in>", defaults=VolumePolicy())

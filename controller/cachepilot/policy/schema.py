@@ -1,0 +1,123 @@
+"""The policy file schema (JSON Schema 2020-12). ``policies/schema.json`` is generated from this module:
+
+    python -m cachepilot.policy.schema > policies/schema.json
+
+and a unit test keeps the two identical.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+SIZE_PATTERN = r"^[0-9]+(\.[0-9]+)? ?(B|K|M|G|T|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?$"
+DURATION_PATTERN = r"^[0-9]+(\.[0-9]+)? ?(ms|s|m|h|d)$"
+
+KNOBS = [
+    # bcache (/sys/block/bcacheN/bcache/)
+    "sequential_cutoff",
+    "writeback_percent",
+    "writeback_delay",
+    "writeback_rate",
+    "writeback_rate_minimum",
+    "readahead",
+    "congested_read_threshold_us",
+    "congested_write_threshold_us",
+    # dm-cache (dmsetup message)
+    "migration_threshold",
+    # dm-writecache (table arguments)
+    "high_watermark",
+    "low_watermark",
+    "writeback_jobs",
+    "autocommit_blocks",
+    "autocommit_time",
+]
+
+_size: dict[str, Any] = {
+    "description": "bytes: an integer or a string with a unit (KiB, MiB, GiB, K, M, G ...)",
+    "oneOf": [{"type": "integer", "minimum": 0}, {"type": "string", "pattern": SIZE_PATTERN}],
+}
+_duration: dict[str, Any] = {
+    "description": "seconds: a number or a string with a unit (ms, s, m, h, d)",
+    "oneOf": [{"type": "number", "minimum": 0}, {"type": "string", "pattern": DURATION_PATTERN}],
+}
+_fraction: dict[str, Any] = {"type": "number", "minimum": 0, "maximum": 1}
+
+
+def _obj(props: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"type": "object", "additionalProperties": False, "properties": props, **extra}
+
+
+SETTINGS: dict[str, Any] = {
+    "failure_model": {"enum": ["recoverable", "destructive", "auto"]},
+    "exposure": _obj({"max_dirty": {"$ref": "#/$defs/size"}, "max_age": {"$ref": "#/$defs/duration"}}),
+    "promotion": _obj(
+        {
+            "enabled": {"type": "boolean"},
+            "rate": {"$ref": "#/$defs/size", "description": "bytes per second read to promote"},
+            "max_cache_fraction": {"$ref": "#/$defs/fraction"},
+            "sieve_size": {"$ref": "#/$defs/size"},
+        }
+    ),
+    "discard_on_delete": _obj(
+        {
+            "enabled": {"type": "boolean"},
+            "interval": {"$ref": "#/$defs/duration"},
+            "min_extent": {"$ref": "#/$defs/size"},
+            "max_rate": {"$ref": "#/$defs/size", "description": "bytes per second trimmed at most"},
+        }
+    ),
+    "hysteresis": _obj(
+        {
+            "min_switch_interval": {"$ref": "#/$defs/duration"},
+            "resume_below": {"$ref": "#/$defs/fraction"},
+        }
+    ),
+    "health": _obj(
+        {
+            "error_threshold": {"type": "integer", "minimum": 1},
+            "scan_drop": {"$ref": "#/$defs/fraction"},
+        }
+    ),
+    "knobs": {
+        "type": "object",
+        "propertyNames": {"enum": KNOBS},
+        "additionalProperties": {"type": ["string", "integer", "number"]},
+    },
+}
+
+SELECTOR: dict[str, Any] = _obj(
+    {
+        "device": {"type": "string", "minLength": 1, "description": "glob on the device name"},
+        "fs_uuid": {"type": "string", "pattern": "^[0-9a-fA-F-]{8,36}$"},
+        "mountpoint": {"type": "string", "pattern": "^/"},
+    },
+    minProperties=1,
+)
+
+SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$id": "https://cachepilot.invalid/policy.schema.json",
+    "title": "cachepilot policy",
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["version"],
+    "properties": {
+        "version": {"const": 1},
+        "dry_run": {"type": "boolean"},
+        "hotness": _obj({"half_life": {"$ref": "#/$defs/duration"}}),
+        "defaults": _obj(SETTINGS),
+        "volumes": {
+            "type": "array",
+            "items": _obj(
+                {"name": {"type": "string"}, "match": SELECTOR, **SETTINGS},
+                required=["match"],
+            ),
+        },
+    },
+    "$defs": {"size": _size, "duration": _duration, "fraction": _fraction},
+}
+
+
+if __name__ == "__main__":
+    print(json.dumps(SCHEMA, indent=2))
