@@ -1,0 +1,589 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * cachepilot kernel half: files, deletes, freed extents, barriers and discards of watched volumes.
+ *
+ * Hooks (all tracepoint based; see README "Probe"):
+ *   tp_btf/block_bio_queue   every bio entering a block device: hotness, metadata bucket, epochs, barriers, discards
+ *   tp_btf/block_split       a queued bio split by the block layer: each piece counts on its own
+ *   tp_btf/iomap_dio_*       direct I/O attribution (preferred)   | tracepoint/syscalls/sys_enter_{p,}{read,write}*
+ *                                                                 | (fallback, chosen at load time)
+ *   tp_btf/ext4_free_blocks  freed extents          tp_btf/ext4_unlink_enter  deletes
+ *   tp_btf/jbd2_end_commit   journal commits        tracepoint/syscalls/sys_enter_{fsync,fdatasync,sync_file_range,syncfs}
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+#include "cachepilot.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+#define REQ_OP_MASK_ 0xff
+#define REQ_OP_READ_ 0
+#define REQ_OP_WRITE_ 1
+#define REQ_OP_DISCARD_ 3
+#define S_IFMT_ 00170000
+#define S_IFREG_ 0100000
+#define O_DIRECT_ 00040000
+#define PAGE_SHIFT_ 12
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 256);
+	__type(key, u32);
+	__type(value, struct cp_watch);
+} watched SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 64);
+	__type(key, u32);
+	__type(value, struct cp_volume);
+} volumes SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, u32);
+	__type(value, struct cp_config);
+} cp_config_map SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, u32);
+	__type(value, struct cp_drops);
+} drops SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, 1 << 16); /* resized by user space before load */
+	__type(key, u32);
+	__type(value, struct cp_hot_slot);
+} hot_slots SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, u32);
+	__type(value, struct cp_dio);
+} dio_task SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 20); /* resized by user space before load */
+} events SEC(".maps");
+
+static __always_inline struct cp_config *cfg(void)
+{
+	u32 zero = 0;
+	return bpf_map_lookup_elem(&cp_config_map, &zero);
+}
+
+static __always_inline struct cp_drops *drop_counters(void)
+{
+	u32 zero = 0;
+	return bpf_map_lookup_elem(&drops, &zero);
+}
+
+static __always_inline bool is_self(void)
+{
+	struct cp_config *c = cfg();
+	if (!c || !(c->flags & CP_CFG_IGNORE_SELF))
+		return false;
+	return (u32)(bpf_get_current_pid_tgid() >> 32) == c->self_tgid;
+}
+
+static __always_inline void *reserve(u64 size)
+{
+	void *e = bpf_ringbuf_reserve(&events, size, 0);
+	if (!e) {
+		struct cp_drops *d = drop_counters();
+		if (d)
+			__sync_fetch_and_add(&d->ringbuf_full, 1);
+	}
+	return e;
+}
+
+static __always_inline struct cp_watch *watch_of(u32 dev, u32 role)
+{
+	struct cp_watch *w = bpf_map_lookup_elem(&watched, &dev);
+	if (!w || !(w->roles & role))
+		return NULL;
+	return w;
+}
+
+/* b = 2^(6 - floor(log2 N)), N = 4 KiB pages clamped to 1..64 */
+static __always_inline u32 inv_bitmap(u64 bytes)
+{
+	u64 n = (bytes + 4095) >> PAGE_SHIFT_;
+	if (n >= 64)
+		return 1;
+	if (n >= 32)
+		return 2;
+	if (n >= 16)
+		return 4;
+	if (n >= 8)
+		return 8;
+	if (n >= 4)
+		return 16;
+	if (n >= 2)
+		return 32;
+	return 64;
+}
+
+static __always_inline u64 hash_key(u32 dev, u64 ino, u32 gen)
+{
+	u64 h = ino * 0x9E3779B97F4A7C15ULL;
+	h ^= (((u64)dev << 32) | gen) * 0xC2B2AE3D27D4EB4FULL;
+	h ^= h >> 29;
+	h *= 0xBF58476D1CE4E5B9ULL;
+	h ^= h >> 32;
+	return h | 1;
+}
+
+static __always_inline void hot_add(u32 dev, u64 ino, u32 gen, bool write, u32 score, u32 sectors)
+{
+	struct cp_config *c = cfg();
+	u64 nslots, tag, idx;
+
+	if (!c || !c->nslots)
+		return;
+	nslots = c->nslots;
+	tag = hash_key(dev, ino, gen);
+	idx = (tag >> 1) % nslots;
+	for (int i = 0; i < CP_HOT_PROBES; i++) {
+		u32 k = (u32)((idx + i) % nslots);
+		struct cp_hot_slot *s = bpf_map_lookup_elem(&hot_slots, &k);
+		u64 t;
+		if (!s)
+			break;
+		t = s->tag;
+		if (t == 0) {
+			t = __sync_val_compare_and_swap(&s->tag, 0, tag);
+			if (t == 0) {
+				s->ino = ino;
+				s->dev = dev;
+				s->gen = gen;
+				t = tag;
+			}
+		}
+		if (t != tag)
+			continue;
+		if (write) {
+			__sync_fetch_and_add(&s->write_score, score);
+			__sync_fetch_and_add(&s->write_sectors, sectors);
+		} else {
+			__sync_fetch_and_add(&s->read_score, score);
+			__sync_fetch_and_add(&s->read_sectors, sectors);
+		}
+		s->last_ns = bpf_ktime_get_ns();
+		return;
+	}
+	struct cp_drops *d = drop_counters();
+	if (d)
+		__sync_fetch_and_add(&d->hot_full, 1);
+}
+
+struct file_id {
+	u64 ino;
+	u32 dev;
+	u32 gen;
+};
+
+static __always_inline bool inode_id(struct inode *inode, struct file_id *id)
+{
+	umode_t mode;
+	if (!inode)
+		return false;
+	mode = BPF_CORE_READ(inode, i_mode);
+	if ((mode & S_IFMT_) != S_IFREG_)
+		return false;
+	id->ino = BPF_CORE_READ(inode, i_ino);
+	id->dev = BPF_CORE_READ(inode, i_sb, s_dev);
+	id->gen = BPF_CORE_READ(inode, i_generation);
+	return true;
+}
+
+/* The regular file whose page cache page heads this bio, if any. */
+static __always_inline bool bio_page_file(struct bio *bio, struct file_id *id)
+{
+	struct bio_vec *vec = BPF_CORE_READ(bio, bi_io_vec);
+	struct page *page;
+	unsigned long head;
+	struct address_space *mapping;
+
+	if (!vec)
+		return false;
+	page = BPF_CORE_READ(vec, bv_page);
+	if (!page)
+		return false;
+	head = BPF_CORE_READ(page, compound_head);
+	if (head & 1) /* tail page of a large folio */
+		page = (struct page *)(head - 1);
+	mapping = BPF_CORE_READ(page, mapping);
+	if (!mapping || ((unsigned long)mapping & 3)) /* anonymous / movable / ksm */
+		return false;
+	return inode_id(BPF_CORE_READ(mapping, host), id);
+}
+
+static __always_inline bool bio_file(struct bio *bio, u32 bdev, struct file_id *id)
+{
+	if (bio_page_file(bio, id) && id->dev == bdev)
+		return true;
+	/* direct I/O: the pages belong to the user's buffer; use the file the task is doing direct I/O on */
+	u32 tid = (u32)bpf_get_current_pid_tgid();
+	struct cp_dio *d = bpf_map_lookup_elem(&dio_task, &tid);
+	if (d && d->dev == bdev) {
+		id->ino = d->ino;
+		id->dev = d->dev;
+		id->gen = d->gen;
+		return true;
+	}
+	return false;
+}
+
+static __always_inline void emit_block_barrier(u32 dev, struct cp_volume *v, u32 kind, u32 flags, u64 size)
+{
+	u64 data = __sync_lock_test_and_set(&v->epoch_data_bytes, 0);
+	u64 meta = __sync_lock_test_and_set(&v->epoch_meta_bytes, 0);
+	u64 now = bpf_ktime_get_ns();
+
+	v->epoch_start_ns = now;
+	__sync_fetch_and_add(&v->barriers, 1);
+	struct cp_ev_barrier *e = reserve(sizeof(*e));
+	if (!e)
+		return;
+	e->hdr.type = CP_EV_BARRIER;
+	e->hdr.dev = dev;
+	e->hdr.ts_ns = now;
+	e->ino = 0;
+	e->data_bytes = data;
+	e->meta_bytes = meta;
+	e->arg = size;
+	e->pid = (u32)(bpf_get_current_pid_tgid() >> 32);
+	e->kind = kind;
+	e->flags = flags;
+	e->closes = 1;
+	bpf_ringbuf_submit(e, 0);
+}
+
+SEC("tp_btf/block_bio_queue")
+int BPF_PROG(on_bio_queue, struct bio *bio)
+{
+	u32 dev = BPF_CORE_READ(bio, bi_bdev, bd_dev);
+	struct cp_watch *w = bpf_map_lookup_elem(&watched, &dev);
+	if (!w)
+		return 0;
+
+	u32 opf = BPF_CORE_READ(bio, bi_opf);
+	u32 op = opf & REQ_OP_MASK_;
+	u64 size = BPF_CORE_READ(bio, bi_iter.bi_size);
+
+	if (op == REQ_OP_DISCARD_) {
+		struct cp_volume *dv = bpf_map_lookup_elem(&volumes, &w->volume);
+		if (dv) {
+			__sync_fetch_and_add(&dv->discards, 1);
+			__sync_fetch_and_add(&dv->discard_sectors, size >> 9);
+		}
+		struct cp_ev_discard *e = reserve(sizeof(*e));
+		if (!e)
+			return 0;
+		e->hdr.type = CP_EV_DISCARD;
+		e->hdr.dev = dev;
+		e->hdr.ts_ns = bpf_ktime_get_ns();
+		e->sector = BPF_CORE_READ(bio, bi_iter.bi_sector);
+		e->nr_sectors = size >> 9;
+		e->volume = w->volume;
+		e->roles = w->roles;
+		bpf_ringbuf_submit(e, 0);
+		return 0;
+	}
+	if (!(w->roles & CP_ROLE_VOLUME))
+		return 0;
+	if (op != REQ_OP_READ_ && op != REQ_OP_WRITE_)
+		return 0;
+
+	struct cp_volume *v = bpf_map_lookup_elem(&volumes, &dev);
+	if (!v) {
+		struct cp_drops *d = drop_counters();
+		if (d)
+			__sync_fetch_and_add(&d->other, 1);
+		return 0;
+	}
+
+	u32 preflush = 1U << bpf_core_enum_value(enum req_flag_bits, __REQ_PREFLUSH);
+	u32 fua = 1U << bpf_core_enum_value(enum req_flag_bits, __REQ_FUA);
+	u32 meta = 1U << bpf_core_enum_value(enum req_flag_bits, __REQ_META);
+	bool write = op == REQ_OP_WRITE_;
+	u32 bflags = ((opf & preflush) ? CP_BAR_F_PREFLUSH : 0) | ((opf & fua) ? CP_BAR_F_FUA : 0);
+
+	/* a flush before the payload closes the epoch before the payload is counted */
+	if (write && (bflags & CP_BAR_F_PREFLUSH) && !(bflags & CP_BAR_F_FUA))
+		emit_block_barrier(dev, v, size ? CP_BAR_PREFLUSH : CP_BAR_EMPTY_FLUSH, bflags, size);
+
+	if (size) {
+		struct file_id id = {};
+		bool is_file = !(opf & meta) && bio_file(bio, dev, &id);
+		if (is_file && !is_self())
+			hot_add(id.dev, id.ino, id.gen, write, inv_bitmap(size), size >> 9);
+		if (is_file) {
+			if (write) {
+				__sync_fetch_and_add(&v->data_write_bytes, size);
+				__sync_fetch_and_add(&v->epoch_data_bytes, size);
+			} else {
+				__sync_fetch_and_add(&v->data_read_bytes, size);
+			}
+		} else {
+			__sync_fetch_and_add(&v->meta_score, inv_bitmap(size));
+			__sync_fetch_and_add(&v->meta_bytes, size);
+			__sync_fetch_and_add(&v->meta_ios, 1);
+			if (write)
+				__sync_fetch_and_add(&v->epoch_meta_bytes, size);
+		}
+	}
+
+	/* FUA makes the payload itself durable: it belongs to the epoch it closes */
+	if (write && (bflags & CP_BAR_F_FUA))
+		emit_block_barrier(dev, v, (bflags & CP_BAR_F_PREFLUSH) ? (size ? CP_BAR_PREFLUSH : CP_BAR_EMPTY_FLUSH)
+									 : CP_BAR_FUA,
+				   bflags, size);
+	return 0;
+}
+
+/*
+ * block_split(split, new_sector): the queued bio was counted once with its whole size; now it is two pieces:
+ * `split` (sent on) and the remainder (bio->bi_private, already advanced), which is not traced again. Re-count the
+ * score as two pieces: + b(split) + b(rest) - b(split + rest). Bytes and epochs are unchanged.
+ */
+SEC("tp_btf/block_split")
+int BPF_PROG(on_bio_split, struct bio *split, unsigned int new_sector)
+{
+	u32 dev = BPF_CORE_READ(split, bi_bdev, bd_dev);
+	if (!watch_of(dev, CP_ROLE_VOLUME))
+		return 0;
+	u32 opf = BPF_CORE_READ(split, bi_opf);
+	u32 op = opf & REQ_OP_MASK_;
+	if (op != REQ_OP_READ_ && op != REQ_OP_WRITE_)
+		return 0;
+	struct bio *rest = BPF_CORE_READ(split, bi_private);
+	if (!rest)
+		return 0;
+	u64 s1 = BPF_CORE_READ(split, bi_iter.bi_size);
+	u64 r = BPF_CORE_READ(rest, bi_iter.bi_size);
+	if (!s1 || !r)
+		return 0;
+	u32 delta = inv_bitmap(s1) + inv_bitmap(r) - inv_bitmap(s1 + r);
+	u32 meta = 1U << bpf_core_enum_value(enum req_flag_bits, __REQ_META);
+	struct file_id id = {};
+	if (!(opf & meta) && bio_file(split, dev, &id)) {
+		if (!is_self() && delta)
+			hot_add(id.dev, id.ino, id.gen, op == REQ_OP_WRITE_, delta, 0);
+	} else {
+		struct cp_volume *v = bpf_map_lookup_elem(&volumes, &dev);
+		if (v) {
+			__sync_fetch_and_add(&v->meta_score, delta);
+			__sync_fetch_and_add(&v->meta_ios, 1);
+		}
+	}
+	return 0;
+}
+
+/* ---- direct I/O attribution ---- */
+
+static __always_inline void dio_mark(struct file *file)
+{
+	u32 tid = (u32)bpf_get_current_pid_tgid();
+	struct cp_dio d = {};
+	struct file_id id;
+
+	if (!file || !inode_id(BPF_CORE_READ(file, f_inode), &id) || !watch_of(id.dev, CP_ROLE_VOLUME)) {
+		bpf_map_delete_elem(&dio_task, &tid);
+		return;
+	}
+	d.ino = id.ino;
+	d.dev = id.dev;
+	d.gen = id.gen;
+	bpf_map_update_elem(&dio_task, &tid, &d, BPF_ANY);
+}
+
+SEC("tp_btf/iomap_dio_rw_begin")
+int BPF_PROG(on_dio_begin, struct kiocb *iocb, struct iov_iter *iter, unsigned int dio_flags, size_t done_before)
+{
+	dio_mark(BPF_CORE_READ(iocb, ki_filp));
+	return 0;
+}
+
+SEC("tp_btf/iomap_dio_complete")
+int BPF_PROG(on_dio_complete, struct kiocb *iocb, int error, ssize_t ret)
+{
+	/* synchronous direct I/O completes in the submitting task: its bios are all queued by now */
+	u32 tid = (u32)bpf_get_current_pid_tgid();
+	bpf_map_delete_elem(&dio_task, &tid);
+	return 0;
+}
+
+static __always_inline struct file *fd_file(long fd)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
+	struct file **fds;
+	struct file *f = NULL;
+
+	if (!fdt || fd < 0 || (unsigned long)fd >= BPF_CORE_READ(fdt, max_fds))
+		return NULL;
+	fds = BPF_CORE_READ(fdt, fd);
+	if (bpf_probe_read_kernel(&f, sizeof(f), &fds[fd]))
+		return NULL;
+	return f;
+}
+
+static __always_inline int dio_syscall(long fd)
+{
+	struct file *f = fd_file(fd);
+	if (f && (BPF_CORE_READ(f, f_flags) & O_DIRECT_)) {
+		dio_mark(f);
+	} else {
+		u32 tid = (u32)bpf_get_current_pid_tgid();
+		bpf_map_delete_elem(&dio_task, &tid);
+	}
+	return 0;
+}
+
+#define DIO_SYSCALL(name)                                                \
+	SEC("tracepoint/syscalls/sys_enter_" #name)                     \
+	int sys_dio_##name(struct trace_event_raw_sys_enter *ctx)        \
+	{                                                                \
+		return dio_syscall(ctx->args[0]);                        \
+	}
+
+DIO_SYSCALL(read)
+DIO_SYSCALL(write)
+DIO_SYSCALL(pread64)
+DIO_SYSCALL(pwrite64)
+DIO_SYSCALL(readv)
+DIO_SYSCALL(writev)
+DIO_SYSCALL(preadv)
+DIO_SYSCALL(pwritev)
+
+/* ---- freed extents, deletes, journal commits ---- */
+
+SEC("tp_btf/ext4_free_blocks")
+int BPF_PROG(on_ext4_free_blocks, struct inode *inode, u64 block, unsigned long count, int flags)
+{
+	u32 dev = BPF_CORE_READ(inode, i_sb, s_dev);
+	if (!watch_of(dev, CP_ROLE_FS))
+		return 0;
+	struct cp_ev_free *e = reserve(sizeof(*e));
+	if (!e)
+		return 0;
+	e->hdr.type = CP_EV_FREE;
+	e->hdr.dev = dev;
+	e->hdr.ts_ns = bpf_ktime_get_ns();
+	e->ino = BPF_CORE_READ(inode, i_ino);
+	e->block = block;
+	e->count = count;
+	e->flags = flags;
+	e->pad = 0;
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+SEC("tp_btf/ext4_unlink_enter")
+int BPF_PROG(on_ext4_unlink, struct inode *parent, struct dentry *dentry)
+{
+	struct inode *inode = BPF_CORE_READ(dentry, d_inode);
+	struct file_id id;
+	if (is_self() || !inode_id(inode, &id) || !watch_of(id.dev, CP_ROLE_FS))
+		return 0;
+	if (BPF_CORE_READ(inode, i_nlink) > 1)
+		return 0;
+	struct cp_ev_delete *e = reserve(sizeof(*e));
+	if (!e)
+		return 0;
+	e->hdr.type = CP_EV_DELETE;
+	e->hdr.dev = id.dev;
+	e->hdr.ts_ns = bpf_ktime_get_ns();
+	e->ino = id.ino;
+	e->size = BPF_CORE_READ(inode, i_size);
+	e->gen = id.gen;
+	e->pid = (u32)(bpf_get_current_pid_tgid() >> 32);
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+SEC("tp_btf/jbd2_end_commit")
+int BPF_PROG(on_jbd2_end_commit, journal_t *journal, transaction_t *txn)
+{
+	u32 dev = BPF_CORE_READ(journal, j_fs_dev, bd_dev);
+	if (!watch_of(dev, CP_ROLE_FS))
+		return 0;
+	struct cp_ev_commit *e = reserve(sizeof(*e));
+	if (!e)
+		return 0;
+	e->hdr.type = CP_EV_COMMIT;
+	e->hdr.dev = dev;
+	e->hdr.ts_ns = bpf_ktime_get_ns();
+	e->transaction = BPF_CORE_READ(txn, t_tid);
+	e->pad = 0;
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+/* ---- file-level barriers ---- */
+
+static __always_inline int file_barrier(long fd, u32 kind, u64 arg)
+{
+	if (is_self())
+		return 0;
+	struct file *f = fd_file(fd);
+	if (!f)
+		return 0;
+	struct inode *inode = BPF_CORE_READ(f, f_inode);
+	u32 dev = BPF_CORE_READ(inode, i_sb, s_dev);
+	if (!watch_of(dev, CP_ROLE_FS))
+		return 0;
+	struct cp_volume *v = bpf_map_lookup_elem(&volumes, &dev);
+	struct cp_ev_barrier *e = reserve(sizeof(*e));
+	if (!e)
+		return 0;
+	e->hdr.type = CP_EV_BARRIER;
+	e->hdr.dev = dev;
+	e->hdr.ts_ns = bpf_ktime_get_ns();
+	e->ino = kind == CP_BAR_SYNCFS ? 0 : BPF_CORE_READ(inode, i_ino);
+	/* file-level barriers report the open epoch; the flush they cause closes it */
+	e->data_bytes = v ? v->epoch_data_bytes : 0;
+	e->meta_bytes = v ? v->epoch_meta_bytes : 0;
+	e->arg = arg;
+	e->pid = (u32)(bpf_get_current_pid_tgid() >> 32);
+	e->kind = kind;
+	e->flags = 0;
+	e->closes = 0;
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
+SEC("tracepoint/syscalls/sys_enter_fsync")
+int sys_fsync(struct trace_event_raw_sys_enter *ctx)
+{
+	return file_barrier(ctx->args[0], CP_BAR_FSYNC, 0);
+}
+
+SEC("tracepoint/syscalls/sys_enter_fdatasync")
+int sys_fdatasync(struct trace_event_raw_sys_enter *ctx)
+{
+	return file_barrier(ctx->args[0], CP_BAR_FDATASYNC, 0);
+}
+
+SEC("tracepoint/syscalls/sys_enter_sync_file_range")
+int sys_sync_file_range(struct trace_event_raw_sys_enter *ctx)
+{
+	return file_barrier(ctx->args[0], CP_BAR_SYNC_FILE_RANGE, ctx->args[3]);
+}
+
+SEC("tracepoint/syscalls/sys_enter_syncfs")
+int sys_syncfs(struct trace_event_raw_sys_enter *ctx)
+{
+	return file_barrier(ctx->args[0], CP_BAR_SYNCFS, 0);
+}

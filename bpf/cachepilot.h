@@ -1,0 +1,160 @@
+/* SPDX-License-Identifier: GPL-2.0-only */
+/*
+ * cachepilot: the one contract between the BPF programs and user space.
+ *
+ * Every ring-buffer event and every map key/value layout lives here. The Python view of these structs
+ * (controller/cachepilot/probe/layout.py) is checked against the compiled object's BTF by tests/bpf/test_layout.py,
+ * so change both together.
+ *
+ * Conventions: dev is the kernel's dev_t (major << 20 | minor); timestamps are bpf_ktime_get_ns() (CLOCK_MONOTONIC);
+ * sectors are 512 bytes; fs blocks are in the filesystem's block size.
+ */
+#ifndef CACHEPILOT_H
+#define CACHEPILOT_H
+
+#ifndef __VMLINUX_H__
+#include <linux/types.h>
+typedef __u8 u8;
+typedef __u32 u32;
+typedef __u64 u64;
+#endif
+
+/* ---- watched devices (map "watched": dev -> struct cp_watch, filled by user space) ---- */
+#define CP_ROLE_VOLUME 0x1 /* the cached block device: hotness, epochs, barriers, discards */
+#define CP_ROLE_FS     0x2 /* a superblock s_dev: deletes, freed extents, fsync & co, journal commits */
+#define CP_ROLE_LOWER  0x4 /* a backing or cache device below a volume: discards only */
+
+struct cp_watch {
+	u32 roles;
+	u32 volume; /* dev of the volume this device belongs to */
+};
+
+/* ---- configuration (array "cp_config_map", one element, written by user space after load) ---- */
+#define CP_CFG_IGNORE_SELF 0x1
+
+struct cp_config {
+	u32 self_tgid;
+	u32 flags;
+	u64 nslots; /* number of slots of "hot_slots" actually used (<= max_entries) */
+};
+
+/* ---- per-file hotness: open-addressed table in an mmap-able array ("hot_slots") ----
+ * A slot is claimed by compare-and-swap of tag (hash of dev, ino, gen, never 0); user space copies and zeroes
+ * the table each tick. 48 bytes per slot. */
+struct cp_hot_slot {
+	u64 tag;
+	u64 ino;
+	u32 dev; /* superblock s_dev */
+	u32 gen;
+	u32 read_score; /* sum of inverse-bitmap values b = 2^(6 - floor(log2 N)) */
+	u32 write_score;
+	u32 read_sectors;
+	u32 write_sectors;
+	u64 last_ns;
+};
+
+#define CP_HOT_PROBES 8
+
+/* ---- per-volume state (hash "volumes": volume dev -> struct cp_volume, created by user space) ----
+ * meta_* and the totals are cumulative (user space takes differences); epoch_* are reset by each block barrier. */
+struct cp_volume {
+	u64 meta_score;
+	u64 meta_bytes;
+	u64 meta_ios;
+	u64 data_read_bytes;
+	u64 data_write_bytes;
+	u64 epoch_data_bytes; /* file data written since the last block barrier */
+	u64 epoch_meta_bytes; /* metadata / journal written since the last block barrier */
+	u64 epoch_start_ns;
+	u64 barriers;
+	u64 discards;
+	u64 discard_sectors;
+};
+
+/* ---- direct I/O attribution (LRU hash "dio_task": tid -> struct cp_dio) ---- */
+struct cp_dio {
+	u64 ino;
+	u32 dev;
+	u32 gen;
+};
+
+/* ---- drop counters (array "drops", one element) ---- */
+struct cp_drops {
+	u64 ringbuf_full;
+	u64 hot_full; /* no free slot within CP_HOT_PROBES probes: the access was not counted */
+	u64 other;    /* a per-volume state entry missing for a watched volume */
+};
+
+/* ---- ring-buffer events ("events") ---- */
+enum cp_event_type {
+	CP_EV_FREE = 1,
+	CP_EV_DELETE = 2,
+	CP_EV_BARRIER = 3,
+	CP_EV_DISCARD = 4,
+	CP_EV_COMMIT = 5,
+};
+
+/* barrier kinds: same numbers as cachepilot.events.BarrierKind */
+enum cp_barrier_kind {
+	CP_BAR_PREFLUSH = 1,
+	CP_BAR_FUA = 2,
+	CP_BAR_EMPTY_FLUSH = 3,
+	CP_BAR_FSYNC = 4,
+	CP_BAR_FDATASYNC = 5,
+	CP_BAR_SYNC_FILE_RANGE = 6,
+	CP_BAR_SYNCFS = 7,
+};
+
+#define CP_BAR_F_PREFLUSH 0x1
+#define CP_BAR_F_FUA      0x2
+
+struct cp_ev_hdr {
+	u32 type;
+	u32 dev;
+	u64 ts_ns;
+};
+
+struct cp_ev_free { /* ext4_free_blocks */
+	struct cp_ev_hdr hdr;
+	u64 ino;
+	u64 block;
+	u64 count;
+	u32 flags; /* ext4 EXT4_FREE_BLOCKS_*; bit 0 = metadata */
+	u32 pad;
+};
+
+struct cp_ev_delete { /* last unlink of a regular file */
+	struct cp_ev_hdr hdr;
+	u64 ino;
+	u64 size;
+	u32 gen;
+	u32 pid;
+};
+
+struct cp_ev_barrier {
+	struct cp_ev_hdr hdr;
+	u64 ino;        /* 0 for block-level barriers */
+	u64 data_bytes; /* epoch: file data written to the volume since the previous block barrier */
+	u64 meta_bytes; /* epoch: metadata / journal written since the previous block barrier */
+	u64 arg;        /* sync_file_range flags; bio size for block barriers */
+	u32 pid;
+	u32 kind;       /* enum cp_barrier_kind */
+	u32 flags;      /* CP_BAR_F_* */
+	u32 closes;     /* 1 if this barrier closed (reset) the epoch */
+};
+
+struct cp_ev_discard {
+	struct cp_ev_hdr hdr;
+	u64 sector;
+	u64 nr_sectors;
+	u32 volume; /* dev of the volume the device belongs to */
+	u32 roles;
+};
+
+struct cp_ev_commit { /* jbd2_end_commit */
+	struct cp_ev_hdr hdr;
+	u32 transaction;
+	u32 pad;
+};
+
+#endif /* CACHEPILOT_H */
