@@ -1,0 +1,378 @@
+"""The decision engine: events and backend samples in, actions out, once per tick.
+
+Per tick the work is proportional to what changed (files touched since the last tick, freed extents,
+samples), never to the number of tracked files:
+
+1. files touched since the last tick are sieved and offered to their volume's believed-cached set
+   (admission against the last evicted counter); newly admitted ones queue for promotion;
+2. a falling hit ratio (a scan polluted the cache) queues the whole believed-cached set for re-warming;
+3. promotions leave the queue within the volume's byte budget per second;
+4. freed extents whose journal transaction committed leave as discards every batching interval;
+5. the write policy follows health first, then the failure model, with hysteresis;
+6. pinned knobs are set when the backend reports a different value.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from cachepilot.engine.actions import Action, DiscardRanges, Promote, SetKnob, SetWritePolicy
+from cachepilot.errors import UserError
+from cachepilot.events import (
+    Barrier,
+    Delete,
+    Discard,
+    Drops,
+    Event,
+    FreedExtent,
+    HotnessDelta,
+    JournalCommit,
+    MetadataDelta,
+)
+from cachepilot.models.admission import CachedSet
+from cachepilot.models.epochs import EpochTracker
+from cachepilot.models.freed import FreedExtentQueue
+from cachepilot.models.hotness import HotnessTable
+from cachepilot.models.volume import (
+    BYPASS,
+    BYPASS_NAMES,
+    WRITEBACK,
+    WRITETHROUGH,
+    Health,
+    VolumeInfo,
+    VolumeSample,
+    VolumeState,
+)
+from cachepilot.policy.model import DEFAULT_POLICY, Policy, VolumePolicy
+
+NS = 1_000_000_000
+REQUEST_RETRY_NS = 60 * NS  # re-issue an unanswered mode/knob request after this long
+
+
+def normalise_mode(mode: str) -> str:
+    return BYPASS if mode in BYPASS_NAMES else mode
+
+
+@dataclass
+class VolumeCtl:
+    info: VolumeInfo
+    policy: VolumePolicy
+    chosen_by: str
+    state: VolumeState
+    cached: CachedSet
+    freed: FreedExtentQueue
+    epochs: EpochTracker
+    promo_queue: deque[tuple[int, int, str]] = field(default_factory=deque)  # slot, gen, reason
+    queued: set[int] = field(default_factory=set)
+    tokens: float = 0.0
+    last_tick_ns: int | None = None
+    last_switch_ns: int | None = None
+    last_discard_ns: int = 0
+    last_rewarm_ns: int | None = None
+    requested_mode: tuple[str, int] | None = None
+    requested_knobs: dict[str, tuple[str, int]] = field(default_factory=dict)
+    meta_score: int = 0
+    meta_bytes: int = 0
+    read_bytes: int = 0
+    write_bytes: int = 0
+    held_switches: int = 0
+
+
+class Engine:
+    def __init__(self, policy: Policy = DEFAULT_POLICY, volumes: Iterable[VolumeInfo] = (),
+                 start_ns: int = 0) -> None:
+        self.policy = policy
+        self.hotness = HotnessTable(policy.half_life_s, start_ns)
+        self.vols: dict[int, VolumeCtl] = {}
+        self.by_name: dict[str, VolumeCtl] = {}
+        self.now_ns = start_ns
+        self.unknown_events = 0
+        self.drops: Drops | None = None
+        self.external_discards = 0
+        for v in volumes:
+            self.add_volume(v)
+
+    # ------------------------------------------------------------ configuration
+    def add_volume(self, info: VolumeInfo) -> VolumeCtl:
+        if info.dev in self.vols:
+            raise UserError(f"volume {info.name}: device {info.dev} already known")
+        vp, chosen = self.policy.resolve(info)
+        ctl = VolumeCtl(
+            info=info,
+            policy=vp,
+            chosen_by=chosen,
+            state=VolumeState(info, error_threshold=vp.health.error_threshold),
+            cached=CachedSet(int(info.cache_bytes * vp.promotion.max_cache_fraction)),
+            freed=FreedExtentQueue(self._granularity(info, vp)),
+            epochs=EpochTracker(start_ns=self.now_ns),
+        )
+        self.vols[info.dev] = ctl
+        self.by_name[info.name] = ctl
+        return ctl
+
+    @staticmethod
+    def _granularity(info: VolumeInfo, vp: VolumePolicy) -> int:
+        return max(1, vp.discard_on_delete.min_extent // max(1, info.fs_block_size))
+
+    def volume(self, name: str) -> VolumeCtl:
+        try:
+            return self.by_name[name]
+        except KeyError:
+            known = ", ".join(sorted(self.by_name)) or "none"
+            raise UserError(f"unknown volume {name!r} (known: {known})") from None
+
+    def set_policy(self, policy: Policy) -> None:
+        """Apply a new policy (already validated). Resolution errors leave the old one in place."""
+        resolved = {dev: policy.resolve(c.info) for dev, c in self.vols.items()}
+        self.policy = policy
+        for dev, (vp, chosen) in resolved.items():
+            c = self.vols[dev]
+            c.policy, c.chosen_by = vp, chosen
+            c.cached.capacity_bytes = int(c.info.cache_bytes * vp.promotion.max_cache_fraction)
+            c.freed.granularity = self._granularity(c.info, vp)
+            c.state.error_threshold = vp.health.error_threshold
+
+    # ------------------------------------------------------------ input
+    def feed(self, ev: Event) -> None:
+        if isinstance(ev, HotnessDelta):
+            c = self.vols.get(ev.key.dev)
+            if c is None:
+                self.unknown_events += 1
+                return
+            self.hotness.apply(ev)
+            c.read_bytes += ev.read_bytes
+            c.write_bytes += ev.write_bytes
+        elif isinstance(ev, FreedExtent):
+            c = self._vol(ev.dev)
+            if c is not None:
+                c.freed.freed(ev.block, ev.count, ev.ts_ns)
+        elif isinstance(ev, JournalCommit):
+            c = self._vol(ev.dev)
+            if c is not None:
+                c.freed.commit(ev.ts_ns)
+        elif isinstance(ev, Delete):
+            self.delete(ev)
+        elif isinstance(ev, Barrier):
+            c = self._vol(ev.dev)
+            if c is not None:
+                c.epochs.barrier(ev)
+        elif isinstance(ev, MetadataDelta):
+            c = self._vol(ev.dev)
+            if c is not None:
+                c.meta_score += ev.score
+                c.meta_bytes += ev.bytes
+        elif isinstance(ev, Discard):
+            self.external_discards += 1
+        elif isinstance(ev, Drops):
+            self.drops = ev
+        else:
+            raise TypeError(f"not an event: {ev!r}")
+
+    def _vol(self, dev: int) -> VolumeCtl | None:
+        c = self.vols.get(dev)
+        if c is None:
+            self.unknown_events += 1
+        return c
+
+    def delete(self, ev: Delete) -> None:
+        slot = self.hotness.delete(ev)
+        if slot is not None:
+            c = self.vols.get(ev.key.dev)
+            if c is not None:
+                c.cached.discard(slot)
+                c.queued.discard(slot)
+
+    def sample(self, s: VolumeSample) -> None:
+        c = self.vols.get(s.dev)
+        if c is None:
+            self.unknown_events += 1
+            return
+        grew = c.state.update(VolumeSample(
+            s.dev, s.ts_ns, normalise_mode(s.mode), s.dirty_bytes, s.hits, s.misses, s.io_errors, s.failed,
+            s.knobs,
+        ))
+        c.epochs.note_dirty(grew)
+
+    def rewarm(self, name: str, reason: str = "re-warm requested") -> int:
+        """Queue a volume's whole believed-cached set for promotion, hottest first."""
+        c = self.volume(name)
+        return self._rewarm(c, reason)
+
+    def _rewarm(self, c: VolumeCtl, reason: str) -> int:
+        n = 0
+        t = self.hotness
+        for slot in c.cached.hottest_members(t):
+            if slot not in c.queued:
+                c.promo_queue.append((slot, t.gen[slot], reason))
+                c.queued.add(slot)
+                n += 1
+        return n
+
+    # ------------------------------------------------------------ the tick
+    def tick(self, now_ns: int) -> list[Action]:
+        if now_ns > self.now_ns:
+            self.now_ns = now_ns
+        now = self.now_ns
+        t = self.hotness
+        t.advance(now)
+        out: list[Action] = []
+        self._admit(t)
+        for c in self.vols.values():
+            self._scan_pollution(c, now)
+            self._promote(c, now, out)
+            self._discard(c, now, out)
+            self._write_policy(c, now, out)
+            self._knobs(c, now, out)
+            c.last_tick_ns = now
+        return out
+
+    def _admit(self, t: HotnessTable) -> None:
+        vols = self.vols
+        devs = t.dev
+        sizes = t.size
+        for slot in t.drain_touched():
+            c = vols.get(devs[slot])
+            if c is None:
+                continue
+            promo = c.policy.promotion
+            if not promo.enabled:
+                continue
+            why_not = t.sieve(slot, promo.sieve_size)
+            if why_not is not None:
+                if slot in c.cached:  # e.g. it grew past the sieve: invalidate
+                    c.cached.discard(slot)
+                continue
+            size = sizes[slot]
+            bar = c.cached.admission_bar(t.epoch)
+            admitted, _ = c.cached.consider(t, slot, size)
+            if admitted and slot not in c.queued:
+                c.promo_queue.append((slot, t.gen[slot], f"counter {t.score(slot)} > last evicted {bar}"))
+                c.queued.add(slot)
+
+    def _scan_pollution(self, c: VolumeCtl, now: int) -> None:
+        drop = c.state.hit_trend()
+        if not c.policy.promotion.enabled or drop >= -c.policy.health.scan_drop:
+            return
+        if c.last_rewarm_ns is not None and now - c.last_rewarm_ns < 60 * NS:
+            return
+        c.last_rewarm_ns = now
+        self._rewarm(c, f"hit ratio fell by {-drop:.0%}: re-warming after pollution")
+
+    def _promote(self, c: VolumeCtl, now: int, out: list[Action]) -> None:
+        promo = c.policy.promotion
+        if not promo.enabled:
+            c.promo_queue.clear()
+            c.queued.clear()
+            return
+        dt = (now - c.last_tick_ns) / NS if c.last_tick_ns is not None else 1.0
+        cap = promo.rate * 2.0
+        c.tokens = min(cap, c.tokens + promo.rate * max(0.0, dt))
+        t = self.hotness
+        q = c.promo_queue
+        while q:
+            slot, gen, reason = q[0]
+            if slot not in c.cached or t.gen[slot] != gen:
+                q.popleft()
+                c.queued.discard(slot)
+                continue
+            size = t.size[slot]
+            if size > c.tokens:
+                break
+            q.popleft()
+            c.queued.discard(slot)
+            c.tokens -= size
+            out.append(Promote(c.info.name, t.dev[slot], t.ino[slot], gen, ((0, size),), reason))
+
+    def _discard(self, c: VolumeCtl, now: int, out: list[Action]) -> None:
+        d = c.policy.discard_on_delete
+        if not d.enabled or c.info.fs_discard:
+            return
+        if now - c.last_discard_ns < d.interval_s * NS:
+            return
+        bs = c.info.fs_block_size
+        max_blocks = max(1, int(d.max_rate * d.interval_s) // bs)
+        ranges = c.freed.take(now, max_blocks)
+        c.last_discard_ns = now
+        if not ranges:
+            return
+        total = sum(n for _, n in ranges) * bs
+        out.append(DiscardRanges(
+            c.info.name, c.info.dev, tuple((s * bs, n * bs) for s, n in ranges),
+            f"{len(ranges)} extent(s), {total} bytes freed by deletes and committed by the journal",
+        ))
+
+    def _target_mode(self, c: VolumeCtl, now: int) -> tuple[str, str, bool]:
+        """(mode, reason, forced): forced switches ignore the hysteresis interval."""
+        st = c.state
+        cur = normalise_mode(st.mode)
+        health = st.health
+        if health is not Health.OK:
+            what = (
+                "cache device failed" if health is Health.FAILED else f"{st.recent_errors()} cache I/O errors"
+            )
+            if st.dirty_bytes > 0:
+                return WRITETHROUGH, f"{what}: write-through and drain {st.dirty_bytes} dirty bytes", True
+            if cur == WRITEBACK:
+                return WRITETHROUGH, f"{what}: write-through first", True
+            return BYPASS, f"{what}: cache clean, taking it out of the path", True
+        vp = c.policy
+        fm = vp.failure_model
+        if fm == "auto":
+            total = c.read_bytes + c.write_bytes
+            wfrac = c.write_bytes / total if total else 0.0
+            rate = c.epochs.stats(now).barrier_rate
+            if wfrac < 0.1 and rate < 1.0:
+                return WRITETHROUGH, f"auto: read-mostly ({wfrac:.0%} writes, {rate:.1f} barriers/s)", False
+            fm = "destructive"
+        if fm == "recoverable":
+            return WRITEBACK, "failure model recoverable: write-back is safe", False
+        ex = vp.exposure
+        age = st.exposure_age_s(now)
+        if st.dirty_bytes > ex.max_dirty or age > ex.max_age_s:
+            if cur == WRITEBACK:
+                why = (
+                    f"exposure bound exceeded ({st.dirty_bytes} dirty bytes, {age:.0f} s old;"
+                    f" bound {ex.max_dirty} bytes / {ex.max_age_s:g} s)"
+                )
+                return WRITETHROUGH, why, True
+            return WRITETHROUGH, "draining to the exposure bound", False
+        if cur != WRITEBACK and st.dirty_bytes > vp.hysteresis.resume_below * ex.max_dirty:
+            return WRITETHROUGH, "waiting for dirty data to drain below the resume mark", False
+        return WRITEBACK, f"failure model {vp.failure_model}: within exposure bound", False
+
+    def _write_policy(self, c: VolumeCtl, now: int, out: list[Action]) -> None:
+        st = c.state
+        if st.samples == 0:
+            return  # never act on a volume whose state we have not read
+        cur = normalise_mode(st.mode)
+        target, reason, forced = self._target_mode(c, now)
+        if target == BYPASS and st.dirty_bytes > 0:  # the invariant, whatever the rules above say
+            target, reason = WRITETHROUGH, f"not bypassing a dirty cache ({st.dirty_bytes} bytes): {reason}"
+        if target == cur:
+            c.requested_mode = None
+            return
+        req = c.requested_mode
+        if req is not None and req[0] == target and now - req[1] < REQUEST_RETRY_NS:
+            return
+        if not forced and c.last_switch_ns is not None:
+            hold = c.policy.hysteresis.min_switch_interval_s * NS
+            if now - c.last_switch_ns < hold:
+                c.held_switches += 1
+                return
+        out.append(SetWritePolicy(c.info.name, target, reason))
+        c.requested_mode = (target, now)
+        c.last_switch_ns = now
+
+    def _knobs(self, c: VolumeCtl, now: int, out: list[Action]) -> None:
+        for knob, value in c.policy.knobs.items():
+            if c.state.knobs.get(knob) == value:
+                c.requested_knobs.pop(knob, None)
+                continue
+            req = c.requested_knobs.get(knob)
+            if req is not None and req[0] == value and now - req[1] < REQUEST_RETRY_NS:
+                continue
+            was = c.state.knobs.get(knob, "unknown")
+            out.append(SetKnob(c.info.name, knob, value, f"pinned by policy ({c.chosen_by}); was {was}"))
+            c.requested_knobs[knob] = (value, now)
