@@ -170,6 +170,22 @@ class Engine:
         else:
             raise TypeError(f"not an event: {ev!r}")
 
+    def feed_hotness_records(self, records: list[tuple[int, ...]]) -> None:
+        """Fast path for replay: HotnessDelta records in trace layout (see cachepilot.trace.format)."""
+        vols = self.vols
+        known = [r for r in records if r[0] in vols]
+        self.unknown_events += len(records) - len(known)
+        self.hotness.apply_records(known)
+        if len(vols) == 1:
+            c = next(iter(vols.values()))
+            c.read_bytes += sum(r[5] for r in known)
+            c.write_bytes += sum(r[6] for r in known)
+        else:
+            for r in known:
+                c = vols[r[0]]
+                c.read_bytes += r[5]
+                c.write_bytes += r[6]
+
     def _vol(self, dev: int) -> VolumeCtl | None:
         c = self.vols.get(dev)
         if c is None:
