@@ -140,37 +140,44 @@ static __always_inline u64 hash_key(u32 dev, u64 ino, u32 gen)
 	h ^= h >> 29;
 	h *= 0xBF58476D1CE4E5B9ULL;
 	h ^= h >> 32;
-	return h | 1;
+	return h;
 }
 
-static __always_inline void hot_add(u32 dev, u64 ino, u32 gen, bool write, u32 score, u32 sectors)
+struct file_id {
+	u64 ino;
+	u64 size;
+	u32 dev;
+	u32 gen;
+};
+
+static __always_inline void hot_add(struct file_id *id, bool write, u32 score, u32 sectors)
 {
 	struct cp_config *c = cfg();
-	u64 nslots, tag, idx;
+	u64 nslots, idx;
 
-	if (!c || !c->nslots)
+	if (!c || !c->nslots || !id->ino)
 		return;
 	nslots = c->nslots;
-	tag = hash_key(dev, ino, gen);
-	idx = (tag >> 1) % nslots;
+	idx = hash_key(id->dev, id->ino, id->gen) % nslots;
 	for (int i = 0; i < CP_HOT_PROBES; i++) {
 		u32 k = (u32)((idx + i) % nslots);
 		struct cp_hot_slot *s = bpf_map_lookup_elem(&hot_slots, &k);
 		u64 t;
 		if (!s)
 			break;
-		t = s->tag;
+		t = s->ino;
 		if (t == 0) {
-			t = __sync_val_compare_and_swap(&s->tag, 0, tag);
-			if (t == 0) {
-				s->ino = ino;
-				s->dev = dev;
-				s->gen = gen;
-				t = tag;
+			t = __sync_val_compare_and_swap(&s->ino, 0, id->ino);
+			if (t == 0) { /* claimed */
+				s->dev = id->dev;
+				s->gen = id->gen;
+				t = id->ino;
+				goto found_or_mismatch;
 			}
 		}
-		if (t != tag)
+		if (t != id->ino || s->dev != id->dev || s->gen != id->gen)
 			continue;
+found_or_mismatch:
 		if (write) {
 			__sync_fetch_and_add(&s->write_score, score);
 			__sync_fetch_and_add(&s->write_sectors, sectors);
@@ -179,6 +186,7 @@ static __always_inline void hot_add(u32 dev, u64 ino, u32 gen, bool write, u32 s
 			__sync_fetch_and_add(&s->read_sectors, sectors);
 		}
 		s->last_ns = bpf_ktime_get_ns();
+		s->size = id->size;
 		return;
 	}
 	struct cp_drops *d = drop_counters();
@@ -186,11 +194,6 @@ static __always_inline void hot_add(u32 dev, u64 ino, u32 gen, bool write, u32 s
 		__sync_fetch_and_add(&d->hot_full, 1);
 }
 
-struct file_id {
-	u64 ino;
-	u32 dev;
-	u32 gen;
-};
 
 static __always_inline bool inode_id(struct inode *inode, struct file_id *id)
 {
@@ -203,6 +206,7 @@ static __always_inline bool inode_id(struct inode *inode, struct file_id *id)
 	id->ino = BPF_CORE_READ(inode, i_ino);
 	id->dev = BPF_CORE_READ(inode, i_sb, s_dev);
 	id->gen = BPF_CORE_READ(inode, i_generation);
+	id->size = BPF_CORE_READ(inode, i_size);
 	return true;
 }
 
@@ -239,6 +243,7 @@ static __always_inline bool bio_file(struct bio *bio, u32 bdev, struct file_id *
 		id->ino = d->ino;
 		id->dev = d->dev;
 		id->gen = d->gen;
+		id->size = d->size;
 		return true;
 	}
 	return false;
@@ -327,7 +332,7 @@ int BPF_PROG(on_bio_queue, struct bio *bio)
 		struct file_id id = {};
 		bool is_file = !(opf & meta) && bio_file(bio, dev, &id);
 		if (is_file && !is_self())
-			hot_add(id.dev, id.ino, id.gen, write, inv_bitmap(size), size >> 9);
+			hot_add(&id, write, inv_bitmap(size), size >> 9);
 		if (is_file) {
 			if (write) {
 				__sync_fetch_and_add(&v->data_write_bytes, size);
@@ -379,7 +384,7 @@ int BPF_PROG(on_bio_split, struct bio *split, unsigned int new_sector)
 	struct file_id id = {};
 	if (!(opf & meta) && bio_file(split, dev, &id)) {
 		if (!is_self() && delta)
-			hot_add(id.dev, id.ino, id.gen, op == REQ_OP_WRITE_, delta, 0);
+			hot_add(&id, op == REQ_OP_WRITE_, delta, 0);
 	} else {
 		struct cp_volume *v = bpf_map_lookup_elem(&volumes, &dev);
 		if (v) {
@@ -405,6 +410,7 @@ static __always_inline void dio_mark(struct file *file)
 	d.ino = id.ino;
 	d.dev = id.dev;
 	d.gen = id.gen;
+	d.size = id.size;
 	bpf_map_update_elem(&dio_task, &tid, &d, BPF_ANY);
 }
 

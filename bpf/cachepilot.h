@@ -39,10 +39,10 @@ struct cp_config {
 };
 
 /* ---- per-file hotness: open-addressed table in an mmap-able array ("hot_slots") ----
- * A slot is claimed by compare-and-swap of tag (hash of dev, ino, gen, never 0); user space copies and zeroes
- * the table each tick. 48 bytes per slot. */
+ * A slot is claimed by compare-and-swap of ino (0 = free; inode 0 does not exist), then dev and gen are written; a
+ * racing reader that sees the slot half-written moves on (at worst the file gets two slots: deltas are additive).
+ * User space copies and zeroes the table each tick. 48 bytes per slot. */
 struct cp_hot_slot {
-	u64 tag;
 	u64 ino;
 	u32 dev; /* superblock s_dev */
 	u32 gen;
@@ -51,6 +51,7 @@ struct cp_hot_slot {
 	u32 read_sectors;
 	u32 write_sectors;
 	u64 last_ns;
+	u64 size; /* i_size at the last access */
 };
 
 #define CP_HOT_PROBES 8
@@ -76,6 +77,7 @@ struct cp_dio {
 	u64 ino;
 	u32 dev;
 	u32 gen;
+	u64 size;
 };
 
 /* ---- drop counters (array "drops", one element) ---- */

@@ -115,6 +115,17 @@ class Barrier:
     pid: int
     epoch_bytes: int
     ts_ns: int
+    epoch_data_bytes: int = 0
+    """Of ``epoch_bytes``: file data (bios attributed to a regular file)."""
+    epoch_meta_bytes: int = 0
+    """Of ``epoch_bytes``: metadata and journal (REQ_META, journal, directories, inode tables)."""
+    flags: int = 0
+    """Block barriers: bit 0 = PREFLUSH, bit 1 = FUA."""
+    arg: int = 0
+    """sync_file_range flags; the bio's payload size for block barriers."""
+    closes_epoch: bool = True
+    """Block barriers close (reset) the volume's epoch. File-level ones (fsync & co) report the epoch still open
+    when they are called; the flush they cause closes it."""
 
 
 @dataclass(frozen=True, slots=True)

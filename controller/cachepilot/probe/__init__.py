@@ -1,0 +1,5 @@
+"""The kernel half's user-space side: load bpf/cachepilot.bpf.o, attach, and yield typed events."""
+
+from cachepilot.probe.probe import HOOKS, AttachReport, Probe, decode_event
+
+__all__ = ["HOOKS", "AttachReport", "Probe", "decode_event"]

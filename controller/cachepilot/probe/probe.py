@@ -1,0 +1,486 @@
+"""The probe: loads bpf/cachepilot.bpf.o through the system libbpf, attaches, and turns the kernel's maps and ring
+buffer into typed events (cachepilot.events).
+
+    probe = Probe()                       # checks root, BTF, tracefs; loads and attaches; raises UserError if unusable
+    probe.watch_volume(dev, lower=[...])  # kernel dev_t of the cached device (+ backing / cache devices)
+    while running:
+        for ev in probe.poll(timeout_ms=1000):   # discrete events: FreedExtent, Delete, Barrier, Discard, JournalCommit
+            ...
+        for ev in probe.drain():                 # per tick: HotnessDelta per file, MetadataDelta per volume, Drops
+            ...
+    probe.close()
+
+Filtering happens in the kernel (the "watched" map): events of unwatched devices never reach user space.
+"""
+
+from __future__ import annotations
+
+import ctypes as C
+import errno
+import math
+import mmap
+import os
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cachepilot.errors import UserError
+from cachepilot.events import (
+    Barrier,
+    BarrierKind,
+    Delete,
+    Discard,
+    Drops,
+    Event,
+    FileKey,
+    FreedExtent,
+    HotnessDelta,
+    JournalCommit,
+    MetadataDelta,
+)
+from cachepilot.probe import layout as L
+from cachepilot.probe import libbpf
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+DEFAULT_OBJECT = REPO_ROOT / "bpf" / ".output" / "cachepilot.bpf.o"
+VMLINUX_BTF = Path("/sys/kernel/btf/vmlinux")
+TRACEFS = Path("/sys/kernel/tracing")
+SLOT_SIZE = C.sizeof(L.cp_hot_slot)
+LOAD_FACTOR = 0.75  # slots = max_files / LOAD_FACTOR: 48 B / 0.75 = 64 B of kernel memory per tracked file
+
+
+@dataclass(frozen=True)
+class Hook:
+    program: str
+    feature: str
+    required: bool = False
+
+
+# Every program of the object, the feature it provides, and whether the probe is useless without it.
+HOOKS: tuple[Hook, ...] = (
+    Hook("on_bio_queue", "block I/O: hotness, metadata bucket, epochs, block barriers, discards", required=True),
+    Hook("on_bio_split", "split bios count per piece"),
+    Hook("on_dio_begin", "direct I/O attribution (iomap)"),
+    Hook("on_dio_complete", "direct I/O attribution (iomap)"),
+    *(
+        Hook(f"sys_dio_{s}", "direct I/O attribution (syscalls)")
+        for s in ("read", "write", "pread64", "pwrite64", "readv", "writev", "preadv", "pwritev")
+    ),
+    Hook("on_ext4_free_blocks", "freed extents (ext4)"),
+    Hook("on_ext4_unlink", "deletes (ext4)"),
+    Hook("on_jbd2_end_commit", "journal commits (jbd2)"),
+    Hook("sys_fsync", "file barriers: fsync"),
+    Hook("sys_fdatasync", "file barriers: fdatasync"),
+    Hook("sys_sync_file_range", "file barriers: sync_file_range"),
+    Hook("sys_syncfs", "file barriers: syncfs"),
+)
+DIO_IOMAP = ("on_dio_begin", "on_dio_complete")
+DIO_SYSCALLS = tuple(h.program for h in HOOKS if h.program.startswith("sys_dio_"))
+
+
+@dataclass
+class AttachReport:
+    """What is attached, what is not and why. A partial attach is reported here (and by `cachepilot probe`)."""
+
+    kernel: str
+    dio_hook: str = ""
+    attached: list[str] = field(default_factory=list)
+    disabled: dict[str, str] = field(default_factory=dict)  # by choice (e.g. the other direct I/O variant)
+    failed: dict[str, str] = field(default_factory=dict)  # wanted but unavailable: program -> reason
+
+    @property
+    def partial(self) -> bool:
+        return bool(self.failed)
+
+    def missing_features(self) -> list[str]:
+        by_prog = {h.program: h.feature for h in HOOKS}
+        attached = {by_prog[p] for p in self.attached}
+        return sorted({by_prog[p] for p in self.failed} - attached)
+
+    def summary(self) -> str:
+        lines = [f"kernel {self.kernel}; direct I/O attribution: {self.dio_hook or 'none'}"]
+        lines.append(f"attached: {', '.join(self.attached) or 'nothing'}")
+        for prog, why in sorted(self.failed.items()):
+            lines.append(f"NOT attached: {prog}: {why}")
+        missing = self.missing_features()
+        if missing:
+            lines.append("missing features: " + "; ".join(missing))
+        return "\n".join(lines)
+
+
+def _tp_of(section: str) -> tuple[str, str]:
+    kind, _, rest = section.partition("/")
+    return kind, rest
+
+
+def _mount_tracefs() -> str | None:
+    """Mount tracefs if it is not; returns a reason string if tracepoint/* programs cannot work."""
+    if (TRACEFS / "events").is_dir():
+        return None
+    libc = C.CDLL(None, use_errno=True)
+    rc = libc.mount(b"nodev", str(TRACEFS).encode(), b"tracefs", 0, None)
+    if rc != 0 and not (TRACEFS / "events").is_dir():
+        err = C.get_errno()
+        return f"tracefs is not mounted at {TRACEFS} and mounting it failed: {os.strerror(err)}"
+    return None
+
+
+class Probe:
+    """The loaded and attached BPF object. Construct once per daemon; close() (or `with`) detaches everything.
+
+    Parameters
+    - max_files: files tracked per tick (the hotness table has max_files / 0.75 slots of 48 bytes)
+    - ringbuf_bytes: size of the event ring buffer (power of two, >= page size)
+    - dio_hook: "auto" (iomap tracepoints if the kernel has them, else syscall tracepoints), "iomap", "syscalls"
+    - ignore_self: do not count this process's own file I/O, fsyncs and unlinks (its discards are still seen)
+    - unavailable: programs to treat as missing (tests of the partial-attach path)
+    """
+
+    def __init__(
+        self,
+        object_path: str | os.PathLike[str] | None = None,
+        *,
+        max_files: int = 1 << 18,
+        ringbuf_bytes: int = 1 << 22,
+        dio_hook: str = "auto",
+        ignore_self: bool = True,
+        btf_path: str | os.PathLike[str] = VMLINUX_BTF,
+        unavailable: Iterable[str] = (),
+    ) -> None:
+        self._obj: int | None = None
+        self._links: list[int] = []
+        self._rb: int | None = None
+        self._hot_mm: mmap.mmap | None = None
+        self._raw: list[bytes] = []
+        self._meta_prev: dict[int, tuple[int, int]] = {}
+        self.volumes: dict[int, L.cp_watch] = {}
+        if dio_hook not in ("auto", "iomap", "syscalls"):
+            raise UserError(f"dio_hook must be auto, iomap or syscalls, not {dio_hook!r}")
+        if max_files < 1:
+            raise UserError("max_files must be >= 1")
+        if ringbuf_bytes < 4096 or ringbuf_bytes & (ringbuf_bytes - 1):
+            raise UserError("ringbuf_bytes must be a power of two >= 4096")
+        self.max_files = max_files
+        self.nslots = max(CP_MIN_SLOTS, math.ceil(max_files / LOAD_FACTOR))
+        self.ringbuf_bytes = ringbuf_bytes
+        self.ignore_self = ignore_self
+        self.object_path = Path(object_path) if object_path else DEFAULT_OBJECT
+        self.report = AttachReport(kernel=os.uname().release)
+        try:
+            self._open(Path(btf_path), dio_hook, set(unavailable))
+        except BaseException:
+            self.close()
+            raise
+
+    # ---- loading ----
+    def _open(self, btf_path: Path, dio_hook: str, unavailable: set[str]) -> None:
+        works = "without it cachepilot runs blind (policy, backends and dry-run on recorded traces still work)"
+        if os.geteuid() != 0:
+            raise UserError(f"the eBPF probe needs root (CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN); {works}")
+        if not btf_path.is_file():
+            raise UserError(
+                f"the kernel has no BTF ({btf_path} missing, CONFIG_DEBUG_INFO_BTF=n): the CO-RE programs cannot be "
+                f"relocated; {works}"
+            )
+        if not self.object_path.is_file():
+            raise UserError(f"BPF object {self.object_path} not built: run 'make bpf'")
+        try:
+            h = libbpf.lib()
+        except libbpf.LibbpfMissing as exc:
+            raise UserError(f"{exc}; {works}") from exc
+        self._h = h
+
+        # which tracepoints does this kernel have?
+        vmlinux = h.btf__load_vmlinux_btf() if btf_path == VMLINUX_BTF else h.btf__parse(str(btf_path).encode(), None)
+        if not vmlinux:
+            raise UserError(f"cannot read the kernel BTF {btf_path}: {libbpf.errno_str(C.get_errno())}; {works}")
+        tracefs_problem = _mount_tracefs()
+
+        libbpf.clear_log()
+        obj = h.bpf_object__open_file(str(self.object_path).encode(), None)
+        if not obj:
+            h.btf__free(vmlinux)
+            raise UserError(f"cannot open {self.object_path}: {libbpf.errno_str(C.get_errno())}")
+        self._obj = obj
+        progs: dict[str, int] = {}
+        p = h.bpf_object__next_program(obj, None)
+        while p:
+            progs[h.bpf_program__name(p).decode()] = p
+            p = h.bpf_object__next_program(obj, p)
+
+        def missing_reason(name: str) -> str | None:
+            if name in unavailable:
+                return "marked unavailable"
+            kind, tp = _tp_of(h.bpf_program__section_name(progs[name]).decode())
+            if kind == "tp_btf":
+                if h.btf__find_by_name_kind(vmlinux, f"btf_trace_{tp}".encode(), libbpf.BTF_KIND_TYPEDEF) < 0:
+                    return f"the kernel has no tracepoint {tp}"
+            elif kind == "tracepoint":
+                if tracefs_problem:
+                    return tracefs_problem
+                if not (TRACEFS / "events" / tp).is_dir():
+                    return f"the kernel has no tracepoint {tp} (CONFIG_FTRACE_SYSCALLS?)"
+            return None
+
+        reasons = {name: missing_reason(name) for name in progs}
+        h.btf__free(vmlinux)
+        iomap_ok = all(reasons.get(n) is None for n in DIO_IOMAP)
+        if dio_hook == "auto":
+            dio_hook = "iomap" if iomap_ok else "syscalls"
+        self.report.dio_hook = dio_hook
+        off = DIO_SYSCALLS if dio_hook == "iomap" else DIO_IOMAP
+        for name, prog in progs.items():
+            if name in off:
+                self.report.disabled[name] = f"direct I/O attribution uses {dio_hook}"
+                h.bpf_program__set_autoload(prog, False)
+            elif reasons[name]:
+                self.report.failed[name] = str(reasons[name])
+                h.bpf_program__set_autoload(prog, False)
+
+        self._set_max_entries("hot_slots", self.nslots)
+        self._set_max_entries("events", self.ringbuf_bytes)
+        rc = h.bpf_object__load(obj)
+        if rc:
+            log = "\n".join(libbpf.log_tail(15))
+            raise UserError(f"loading {self.object_path.name} failed: {libbpf.errno_str(rc)}\n{log}")
+        self._fds = {
+            name: h.bpf_map__fd(self._map(name))
+            for name in ("watched", "volumes", "cp_config_map", "drops", "hot_slots", "events", "dio_task")
+        }
+        cfg = L.cp_config(self_tgid=os.getpid(), flags=L.CFG_IGNORE_SELF if self.ignore_self else 0, nslots=self.nslots)
+        self._update("cp_config_map", C.c_uint32(0), cfg)
+        self._hot_bytes = self.nslots * SLOT_SIZE
+        self._hot_mm = mmap.mmap(
+            self._fds["hot_slots"],
+            (self._hot_bytes + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE,
+            flags=mmap.MAP_SHARED,
+            prot=mmap.PROT_READ | mmap.PROT_WRITE,
+        )
+
+        for name, prog in progs.items():
+            if not h.bpf_program__autoload(prog):
+                continue
+            link = h.bpf_program__attach(prog)
+            if not link:
+                self.report.failed[name] = f"attach failed: {libbpf.errno_str(C.get_errno())}"
+                continue
+            self._links.append(link)
+            self.report.attached.append(name)
+        required = [hk.program for hk in HOOKS if hk.required and hk.program not in self.report.attached]
+        if required:
+            raise UserError(
+                "the probe cannot work: required hook(s) not attached: "
+                + "; ".join(f"{p}: {self.report.failed.get(p, 'not in object')}" for p in required)
+                + f"; {works}"
+            )
+
+        self._cb = libbpf.RINGBUF_SAMPLE_FN(self._on_sample)
+        rb = h.ring_buffer__new(self._fds["events"], self._cb, None, None)
+        if not rb:
+            raise UserError(f"ring_buffer__new failed: {libbpf.errno_str(C.get_errno())}")
+        self._rb = rb
+
+    def _map(self, name: str) -> int:
+        m = self._h.bpf_object__find_map_by_name(self._obj, name.encode())
+        if not m:
+            raise UserError(f"map {name} missing from {self.object_path}: rebuild with 'make bpf'")
+        return m
+
+    def _set_max_entries(self, name: str, n: int) -> None:
+        rc = self._h.bpf_map__set_max_entries(self._map(name), n)
+        if rc:
+            raise UserError(f"cannot size map {name} to {n}: {libbpf.errno_str(rc)}")
+
+    def _update(self, name: str, key: C._SimpleCData | C.Structure, value: C.Structure) -> None:
+        rc = self._h.bpf_map_update_elem(self._fds[name], C.byref(key), C.byref(value), 0)
+        if rc:
+            raise OSError(-rc if rc < 0 else C.get_errno(), f"update of map {name} failed")
+
+    def _lookup(self, name: str, key: C._SimpleCData, value: C.Structure) -> bool:
+        rc = self._h.bpf_map_lookup_elem(self._fds[name], C.byref(key), C.byref(value))
+        return rc == 0
+
+    # ---- which volumes to watch ----
+    def watch_volume(self, dev: int, *, fs_dev: int | None = None, lower: Iterable[int] = ()) -> None:
+        """Watch a cached volume: `dev` the cached block device (kernel dev_t), `fs_dev` the s_dev of the filesystem
+        mounted on it (defaults to dev), `lower` its backing and cache devices (their discards are reported)."""
+        roles: dict[int, int] = {dev: L.ROLE_VOLUME}
+        fs = dev if fs_dev is None else fs_dev
+        roles[fs] = roles.get(fs, 0) | L.ROLE_FS
+        for low in lower:
+            roles[low] = roles.get(low, 0) | L.ROLE_LOWER
+        vol = L.cp_volume()
+        if not self._lookup("volumes", C.c_uint32(dev), vol):
+            self._update("volumes", C.c_uint32(dev), L.cp_volume())
+            self._meta_prev[dev] = (0, 0)
+        for d, r in roles.items():
+            cur = L.cp_watch()
+            if self._lookup("watched", C.c_uint32(d), cur):
+                r |= cur.roles
+            w = L.cp_watch(roles=r, volume=dev)
+            self._update("watched", C.c_uint32(d), w)
+            self.volumes[d] = w
+
+    def unwatch(self, dev: int) -> None:
+        """Stop watching a device (any role). The volume's counters are dropped with it."""
+        self._h.bpf_map_delete_elem(self._fds["watched"], C.byref(C.c_uint32(dev)))
+        self._h.bpf_map_delete_elem(self._fds["volumes"], C.byref(C.c_uint32(dev)))
+        self.volumes.pop(dev, None)
+        self._meta_prev.pop(dev, None)
+
+    # ---- discrete events ----
+    def _on_sample(self, _ctx: int, data: int, size: int) -> int:
+        self._raw.append(C.string_at(data, size))
+        return 0
+
+    def poll(self, timeout_ms: int = 0) -> list[Event]:
+        """Wait up to timeout_ms for ring-buffer events and return them decoded (FreedExtent, Delete, Barrier,
+        Discard, JournalCommit), oldest first."""
+        if self._rb is None:
+            raise UserError("probe is closed")
+        rc = self._h.ring_buffer__poll(self._rb, int(timeout_ms))
+        if rc < 0 and -rc != errno.EINTR:
+            raise OSError(-rc, "ring_buffer__poll failed")
+        raw, self._raw = self._raw, []
+        return [ev for ev in map(decode_event, raw) if ev is not None]
+
+    # ---- per-tick aggregates ----
+    def drain_hotness_raw(self) -> list[tuple[int, ...]]:
+        """Copy and reset the in-kernel hotness table; returns raw slot tuples
+        (ino, dev, gen, read_score, write_score, read_sectors, write_sectors, last_ns, size).
+
+        Each 64 KiB chunk is copied and zeroed at once; an increment landing on a slot between its copy and its
+        reset (microseconds) is lost. A file may appear twice; deltas are additive."""
+        mm = self._hot_mm
+        if mm is None:
+            raise UserError("probe is closed")
+        out: list[tuple[int, ...]] = []
+        chunk = SLOT_SIZE * 1365
+        zero = bytes(chunk)
+        unpack = struct.Struct(L.HOT_SLOT_FORMAT).iter_unpack
+        total = self._hot_bytes
+        for off in range(0, total, chunk):
+            end = min(off + chunk, total)
+            data = mm[off:end]
+            if data == zero[: end - off]:
+                continue
+            mm[off:end] = zero[: end - off]
+            out.extend(t for t in unpack(data) if t[0])
+        return out
+
+    def drain(self) -> list[Event]:
+        """Per-tick aggregates: one HotnessDelta per file active since the last drain, one MetadataDelta per volume
+        with metadata activity, and the cumulative Drops."""
+        events: list[Event] = [
+            HotnessDelta(FileKey(t[1], t[0], t[2]), t[3], t[4], t[5] << 9, t[6] << 9, t[7], t[8])
+            for t in self.drain_hotness_raw()
+        ]
+        for dev in list(self._meta_prev):
+            vol = self.volume_state(dev)
+            if vol is None:
+                continue
+            prev_score, prev_bytes = self._meta_prev[dev]
+            if vol.meta_score != prev_score or vol.meta_bytes != prev_bytes:
+                events.append(MetadataDelta(dev, vol.meta_score - prev_score, vol.meta_bytes - prev_bytes))
+                self._meta_prev[dev] = (vol.meta_score, vol.meta_bytes)
+        events.append(self.drops())
+        return events
+
+    def volume_state(self, dev: int) -> L.cp_volume | None:
+        vol = L.cp_volume()
+        return vol if self._lookup("volumes", C.c_uint32(dev), vol) else None
+
+    def drops(self) -> Drops:
+        d = L.cp_drops()
+        self._lookup("drops", C.c_uint32(0), d)
+        return Drops(ringbuf_full=d.ringbuf_full, hotness_map_full=d.hot_full, other=d.other)
+
+    def kernel_memory_bytes(self) -> dict[str, int]:
+        """Kernel memory charged for each map (memlock from /proc/self/fdinfo)."""
+        out: dict[str, int] = {}
+        for name, fd in self._fds.items():
+            for line in Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines():
+                if line.startswith("memlock:"):
+                    out[name] = int(line.split()[1])
+        return out
+
+    # ---- lifetime ----
+    def close(self) -> None:
+        h = getattr(self, "_h", None)
+        if h is None:
+            return
+        if self._rb:
+            h.ring_buffer__free(self._rb)
+            self._rb = None
+        for link in self._links:
+            h.bpf_link__destroy(link)
+        self._links = []
+        if self._hot_mm is not None:
+            self._hot_mm.close()
+            self._hot_mm = None
+        if self._obj:
+            h.bpf_object__close(self._obj)
+            self._obj = None
+
+    def __enter__(self) -> Probe:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: S110 - interpreter shutdown
+            pass
+
+
+CP_MIN_SLOTS = 64
+
+_DECODERS: dict[int, type[C.Structure]] = {
+    L.EV_FREE: L.cp_ev_free,
+    L.EV_DELETE: L.cp_ev_delete,
+    L.EV_BARRIER: L.cp_ev_barrier,
+    L.EV_DISCARD: L.cp_ev_discard,
+    L.EV_COMMIT: L.cp_ev_commit,
+}
+
+
+def decode_event(raw: bytes) -> Event | None:
+    """One ring-buffer record to a typed event; unknown or short records give None (never raise)."""
+    if len(raw) < C.sizeof(L.cp_ev_hdr):
+        return None
+    typ = int.from_bytes(raw[:4], "little")
+    cls = _DECODERS.get(typ)
+    if cls is None or len(raw) < C.sizeof(cls):
+        return None
+    e = cls.from_buffer_copy(raw[: C.sizeof(cls)])
+    dev, ts = e.hdr.dev, e.hdr.ts_ns
+    if isinstance(e, L.cp_ev_free):
+        return FreedExtent(dev, e.ino, e.block, e.count, bool(e.flags & L.EXT4_FREE_BLOCKS_METADATA), ts)
+    if isinstance(e, L.cp_ev_delete):
+        return Delete(FileKey(dev, e.ino, e.gen), e.size, ts)
+    if isinstance(e, L.cp_ev_barrier):
+        try:
+            kind = BarrierKind(e.kind)
+        except ValueError:
+            return None
+        return Barrier(
+            dev,
+            kind,
+            e.ino,
+            e.pid,
+            e.data_bytes + e.meta_bytes,
+            ts,
+            epoch_data_bytes=e.data_bytes,
+            epoch_meta_bytes=e.meta_bytes,
+            flags=e.flags,
+            arg=e.arg,
+            closes_epoch=bool(e.closes),
+        )
+    if isinstance(e, L.cp_ev_discard):
+        return Discard(dev, e.sector, e.nr_sectors, ts)
+    if isinstance(e, L.cp_ev_commit):
+        return JournalCommit(dev, e.transaction, ts)
+    return None
