@@ -472,6 +472,8 @@ DIO_SYSCALL(readv)
 DIO_SYSCALL(writev)
 DIO_SYSCALL(preadv)
 DIO_SYSCALL(pwritev)
+DIO_SYSCALL(preadv2)
+DIO_SYSCALL(pwritev2)
 
 /* ---- freed extents, deletes, journal commits ---- */
 

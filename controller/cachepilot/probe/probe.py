@@ -65,7 +65,7 @@ HOOKS: tuple[Hook, ...] = (
     Hook("on_dio_complete", "direct I/O attribution (iomap)"),
     *(
         Hook(f"sys_dio_{s}", "direct I/O attribution (syscalls)")
-        for s in ("read", "write", "pread64", "pwrite64", "readv", "writev", "preadv", "pwritev")
+        for s in ("read", "write", "pread64", "pwrite64", "readv", "writev", "preadv", "pwritev", "preadv2", "pwritev2")
     ),
     Hook("on_ext4_free_blocks", "freed extents (ext4)"),
     Hook("on_ext4_unlink", "deletes (ext4)"),

@@ -1,0 +1,150 @@
+"""Helpers of the host eBPF tests: ext4 on loop devices, polling, child processes, an ftrace witness."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from cachepilot.events import Event, kdev_from_st_dev
+from cachepilot.probe.probe import TRACEFS, Probe
+
+ROOT = Path(__file__).resolve().parents[2]
+IMG_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+
+
+def run(*argv: str, check: bool = True, **kw) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(argv), check=check, capture_output=True, text=True, **kw)
+
+
+@dataclass
+class LoopFs:
+    image: Path
+    loopdev: str
+    mount: Path
+    dev: int  # kernel dev_t of the loop block device (== the ext4 superblock's s_dev)
+
+    def path(self, name: str | bytes) -> Path | bytes:
+        if isinstance(name, bytes):
+            return os.fsencode(self.mount) + b"/" + name
+        return self.mount / name
+
+
+@contextlib.contextmanager
+def make_loop_ext4(size_mb: int = 256, mkfs_opts: tuple[str, ...] = ()) -> Iterator[LoopFs]:
+    image = IMG_DIR / f"cachepilot-bpf-{uuid.uuid4().hex[:8]}.img"
+    mnt = Path(tempfile.mkdtemp(prefix="cachepilot-bpf-"))
+    loopdev = ""
+    mounted = False
+    try:
+        with open(image, "wb") as f:
+            f.truncate(size_mb << 20)
+        loopdev = run("losetup", "--find", "--show", str(image)).stdout.strip()
+        run("mkfs.ext4", "-F", "-q", "-b", "4096", "-E", "lazy_itable_init=0,lazy_journal_init=0,nodiscard",
+            *mkfs_opts, loopdev)
+        run("mount", "-t", "ext4", loopdev, str(mnt))
+        mounted = True
+        yield LoopFs(image, loopdev, mnt, kdev_from_st_dev(os.stat(loopdev).st_rdev))
+    finally:
+        if mounted:
+            run("umount", str(mnt), check=False)
+        if loopdev:
+            run("losetup", "-d", loopdev, check=False)
+        image.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            mnt.rmdir()
+
+
+def settle(probe: Probe) -> None:
+    """Flush everything pending to the device and throw the resulting events away."""
+    os.sync()
+    time.sleep(0.05)
+    probe.poll(0)
+    probe.drain()
+
+
+def collect(probe: Probe, until: Callable[[list[Event]], bool] | None = None, timeout: float = 3.0) -> list[Event]:
+    """Poll the ring buffer until `until(events)` holds or timeout; returns everything seen."""
+    events: list[Event] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        events += probe.poll(50)
+        if until is not None and until(events):
+            break
+    return events
+
+
+def child(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run Python code in a child process (the probe ignores its own process)."""
+    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise AssertionError(f"child failed: {r.stderr}")
+    return r
+
+
+# ---- an independent witness: the kernel's own ftrace of the same tracepoints ----
+
+
+
+def inv_bitmap(nbytes: int) -> int:
+    n = max(1, min(64, (nbytes + 4095) // 4096))
+    return 1 << (6 - (n.bit_length() - 1))
+
+
+@dataclass
+class BioTrace:
+    queued: list[tuple[str, int, int]]  # (rwbs, sector, nr_sectors)
+    splits: list[tuple[str, int, int]]  # (rwbs, sector, new_sector)
+
+    def pieces(self, op: str) -> list[int]:
+        """Bytes of every piece the block layer really sent for bios of op ('R' / 'W'), after splits."""
+        rest = {sector: n for rwbs, sector, n in self.queued if op in rwbs and n}
+        out: list[int] = []
+        for rwbs, sector, new_sector in self.splits:
+            if op not in rwbs or sector not in rest:
+                continue
+            total = rest.pop(sector)
+            out.append((new_sector - sector) * 512)
+            rest[new_sector] = total - (new_sector - sector)
+        out += [n * 512 for n in rest.values()]
+        return out
+
+    def score(self, op: str) -> int:
+        return sum(inv_bitmap(p) for p in self.pieces(op))
+
+
+@contextlib.contextmanager
+def ftrace_bios(dev: int) -> Iterator[BioTrace]:
+    """Record block_bio_queue and block_split of one device with ftrace (a private instance)."""
+    inst = TRACEFS / "instances" / f"cachepilot-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    inst.mkdir()
+    result = BioTrace([], [])
+    try:
+        for ev in ("block_bio_queue", "block_split"):
+            (inst / "events" / "block" / ev / "filter").write_text(f"dev == {dev}\n")
+            (inst / "events" / "block" / ev / "enable").write_text("1\n")
+        yield result
+        for ev in ("block_bio_queue", "block_split"):
+            (inst / "events" / "block" / ev / "enable").write_text("0\n")
+        for line in (inst / "trace").read_text().splitlines():
+            if line.startswith("#"):
+                continue
+            if "block_bio_queue:" in line:
+                f = line.split("block_bio_queue:")[1].split()
+                # "7,0 R 2048 + 8 [dd]"
+                if len(f) >= 5 and f[3] == "+":
+                    result.queued.append((f[1], int(f[2]), int(f[4])))
+            elif "block_split:" in line:
+                f = line.split("block_split:")[1].split()
+                # "7,0 R 2048 / 3072 [dd]"
+                if len(f) >= 5 and f[3] == "/":
+                    result.splits.append((f[1], int(f[2]), int(f[4])))
+    finally:
+        inst.rmdir()

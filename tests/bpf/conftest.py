@@ -1,0 +1,59 @@
+"""Fixtures for the real eBPF tests on the host kernel: root, BTF, tracefs, the built object, ext4 on loop devices.
+
+A test that cannot run here fails with the reason (never skips): these are the tests that prove the kernel half.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from bpf_support import ROOT, LoopFs, make_loop_ext4, run, settle
+from cachepilot.probe.probe import DEFAULT_OBJECT, TRACEFS, Probe
+
+
+@pytest.fixture(scope="session")
+def bpf_env() -> None:
+    """Everything the kernel half needs; a missing piece is a loud failure with its reason."""
+    problems = []
+    if os.geteuid() != 0:
+        problems.append("tests/bpf need root (loading BPF programs, loop devices, mount)")
+    if not Path("/sys/kernel/btf/vmlinux").is_file():
+        problems.append("the kernel has no BTF (/sys/kernel/btf/vmlinux)")
+    if problems:
+        pytest.fail("; ".join(problems), pytrace=False)
+    if not (TRACEFS / "events").is_dir():
+        r = run("mount", "-t", "tracefs", "nodev", str(TRACEFS), check=False)
+        if r.returncode != 0:
+            pytest.fail(f"tracefs is not mounted and mounting it failed: {r.stderr.strip()}", pytrace=False)
+    r = run("make", "-s", "-C", str(ROOT / "bpf"), check=False)
+    if r.returncode != 0 or not DEFAULT_OBJECT.is_file():
+        pytest.fail(f"building the BPF object failed:\n{r.stdout}\n{r.stderr}", pytrace=False)
+
+
+@pytest.fixture
+def loopfs(bpf_env: None) -> Iterator[LoopFs]:
+    with make_loop_ext4() as fs:
+        yield fs
+
+
+@pytest.fixture(scope="session")
+def probe(bpf_env: None) -> Iterator[Probe]:
+    p = Probe(max_files=1 << 14)
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def watched(probe: Probe, loopfs: LoopFs) -> Iterator[LoopFs]:
+    """The loop ext4 filesystem, watched by the session probe; events of earlier tests are flushed first."""
+    probe.watch_volume(loopfs.dev)
+    settle(probe)
+    yield loopfs
+    probe.unwatch(loopfs.dev)
+    probe.poll(0)
+    probe.drain()
+
+
