@@ -1,0 +1,163 @@
+"""Freed extents (unlink, truncate, punch hole), deletes and discards, compared with FIEMAP taken before."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import struct
+
+import pytest
+from bpf_support import LoopFs, child, collect, run, settle
+
+from cachepilot.events import Delete, Discard, FreedExtent, JournalCommit
+from cachepilot.probe import Probe
+
+pytestmark = pytest.mark.bpf
+
+FS_IOC_FIEMAP = 0xC020660B
+FIEMAP_FLAG_SYNC = 1
+BLOCK = 4096
+
+
+def fiemap(path: str | bytes) -> list[tuple[int, int, int]]:
+    """(logical byte, physical block, blocks) of every extent of a file."""
+    n = 512
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        req = bytearray(struct.pack("<QQIIII", 0, 2**64 - 1, FIEMAP_FLAG_SYNC, 0, n, 0) + bytes(56 * n))
+        fcntl.ioctl(fd, FS_IOC_FIEMAP, req)
+    finally:
+        os.close(fd)
+    mapped = struct.unpack_from("<I", req, 20)[0]
+    out = []
+    for i in range(mapped):
+        logical, physical, length = struct.unpack_from("<QQQ", req, 32 + 56 * i)
+        out.append((logical, physical // BLOCK, length // BLOCK))
+    return out
+
+
+def blocks(extents: list[tuple[int, int]]) -> set[int]:
+    return {b for start, count in extents for b in range(start, start + count)}
+
+
+def fragmented(fs: LoopFs, name: str | bytes, chunks: int = 8) -> str | bytes:
+    """A file whose blocks are interleaved with another file's (several extents)."""
+    path = fs.path(name)
+    other = fs.path(f"other-{os.urandom(4).hex()}")
+    with open(path, "wb") as a, open(other, "wb") as b:
+        for _ in range(chunks):
+            for f in (a, b):
+                f.write(os.urandom(64 * 1024))
+                f.flush()
+                os.fsync(f.fileno())
+    return path
+
+
+def freed_for(events: list, ino: int, metadata: bool = False) -> list[tuple[int, int]]:
+    return [(e.block, e.count) for e in events if isinstance(e, FreedExtent) and e.ino == ino and e.metadata == metadata]
+
+
+HOSTILE = [b"plain", b"new\nline\r\x1b[31m", b"\xff\xfe\xc0 invalid utf-8", b"n" * 255]
+
+
+@pytest.mark.parametrize("name", HOSTILE, ids=["plain", "newline", "invalid-utf8", "255-bytes"])
+def test_unlink_frees_exactly_the_extents_and_reports_the_delete(probe: Probe, watched: LoopFs, name: bytes) -> None:
+    path = fragmented(watched, name)
+    st = os.stat(path)
+    extents = fiemap(path)
+    assert extents
+    settle(probe)
+    child("import os, sys\nos.unlink(os.fsencode(sys.argv[1]))", os.fsdecode(path))
+    events = collect(probe, lambda evs: blocks(freed_for(evs, st.st_ino)) >= blocks([(p, n) for _, p, n in extents]))
+    assert blocks(freed_for(events, st.st_ino)) == blocks([(p, n) for _, p, n in extents])
+    assert not freed_for(events, st.st_ino, metadata=True)  # <= 4 extents live in the inode
+    deletes = [e for e in events if isinstance(e, Delete)]
+    assert [(d.key.dev, d.key.ino, d.size) for d in deletes] == [(watched.dev, st.st_ino, st.st_size)]
+    assert all(e.dev == watched.dev for e in events if isinstance(e, FreedExtent))
+    # the journal commit that makes the blocks reusable (and trimmable) follows
+    child("import os, sys\nos.sync()")
+    later = collect(probe, lambda evs: any(isinstance(e, JournalCommit) for e in evs))
+    assert [e for e in later if isinstance(e, JournalCommit) and e.dev == watched.dev]
+
+
+def test_unlink_of_a_hard_linked_file_is_not_a_delete(probe: Probe, watched: LoopFs) -> None:
+    path = str(watched.path("a"))
+    with open(path, "wb") as f:
+        f.write(b"x" * 8192)
+    os.link(path, str(watched.path("b")))
+    settle(probe)
+    child("import os, sys\nos.unlink(sys.argv[1])", path)
+    events = collect(probe, timeout=0.5)
+    assert not [e for e in events if isinstance(e, Delete | FreedExtent)]
+
+
+def test_truncate_frees_the_tail(probe: Probe, watched: LoopFs) -> None:
+    path = fragmented(watched, "t")
+    ino = os.stat(path).st_ino
+    keep = 256 * 1024
+    extents = fiemap(path)
+    expect = set()
+    for logical, phys, n in extents:
+        for i in range(n):
+            if logical + i * BLOCK >= keep:
+                expect.add(phys + i)
+    settle(probe)
+    child("import os, sys\nos.truncate(sys.argv[1], int(sys.argv[2]))", str(path), str(keep))
+    events = collect(probe, lambda evs: blocks(freed_for(evs, ino)) >= expect)
+    assert expect and blocks(freed_for(events, ino)) == expect
+    assert not [e for e in events if isinstance(e, Delete)]
+
+
+def test_punch_hole_frees_the_range(probe: Probe, watched: LoopFs) -> None:
+    path = fragmented(watched, "p")
+    ino = os.stat(path).st_ino
+    start, length = 192 * 1024, 320 * 1024
+    extents = fiemap(path)
+    expect = set()
+    for logical, phys, n in extents:
+        for i in range(n):
+            if start <= logical + i * BLOCK < start + length:
+                expect.add(phys + i)
+    settle(probe)
+    run("fallocate", "--punch-hole", "--offset", str(start), "--length", str(length), str(path))
+    events = collect(probe, lambda evs: blocks(freed_for(evs, ino)) >= expect)
+    assert expect and blocks(freed_for(events, ino)) == expect
+    after = {p + i for _, p, n in fiemap(path) for i in range(n)}
+    assert not (after & expect)
+
+
+def test_fstrim_discards_are_seen(probe: Probe, watched: LoopFs) -> None:
+    path = fragmented(watched, "gone")
+    os.unlink(path)
+    settle(probe)
+    out = run("fstrim", "-v", str(watched.mount)).stdout
+    trimmed = int(re.search(r"\((\d+) bytes\)", out).group(1))
+    assert trimmed > 0
+
+    def total(evs: list) -> int:
+        return sum(e.nr_sectors * 512 for e in evs if isinstance(e, Discard) and e.dev == watched.dev)
+
+    events = collect(probe, lambda evs: total(evs) >= trimmed)
+    assert total(events) == trimmed
+    vol = probe.volume_state(watched.dev)
+    assert vol is not None and vol.discard_sectors * 512 >= trimmed
+
+
+def test_unwatched_devices_cost_nothing(probe: Probe, watched: LoopFs) -> None:
+    from bpf_support import make_loop_ext4
+
+    with make_loop_ext4(64) as other:
+        settle(probe)
+        drops = probe.drops()
+        path = str(other.path("x"))
+        child(
+            "import os, sys\nfd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT)\nos.write(fd, b'u' * 65536)\n"
+            "os.fsync(fd); os.close(fd); os.unlink(sys.argv[1])",
+            path,
+        )
+        run("fstrim", str(other.mount))
+        events = collect(probe, timeout=0.5) + probe.drain()
+        assert [e for e in events if getattr(e, "dev", None) == other.dev] == []
+        assert [e for e in events if getattr(getattr(e, "key", None), "dev", None) == other.dev] == []
+        assert probe.drops() == drops
