@@ -595,3 +595,11 @@ int sys_syncfs(struct trace_event_raw_sys_enter *ctx)
 {
 	return file_barrier(ctx->args[0], CP_BAR_SYNCFS, 0);
 }
+
+/* keep every event layout in the object's BTF (the layout test and bpftool read them from there) */
+struct cp_ev_hdr *cp_btf_ev_hdr __attribute__((unused));
+struct cp_ev_free *cp_btf_ev_free __attribute__((unused));
+struct cp_ev_delete *cp_btf_ev_delete __attribute__((unused));
+struct cp_ev_barrier *cp_btf_ev_barrier __attribute__((unused));
+struct cp_ev_discard *cp_btf_ev_discard __attribute__((unused));
+struct cp_ev_commit *cp_btf_ev_commit __attribute__((unused));

@@ -1,0 +1,63 @@
+"""Bad input: no BTF, not root, a missing hook (partial attach, reported), bad parameters."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from cachepilot.errors import UserError
+from cachepilot.probe import Probe
+
+pytestmark = pytest.mark.bpf
+
+
+def test_kernel_without_btf_is_one_clear_error(bpf_env: None) -> None:
+    with pytest.raises(UserError, match=r"no BTF .*/nonexistent/vmlinux.*still work"):
+        Probe(btf_path="/nonexistent/vmlinux")
+
+
+def test_not_root_is_one_clear_error(bpf_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(UserError, match=r"needs root .*still work"):
+        Probe()
+
+
+def test_not_root_through_the_cli(bpf_env: None, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    from cachepilot.cli import main
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert main(["probe", "--dev", "/", "--seconds", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "needs root" in err
+
+
+def test_missing_optional_hook_is_a_reported_partial_attach(bpf_env: None) -> None:
+    with Probe(max_files=64, unavailable={"on_ext4_free_blocks", "sys_fsync"}) as p:
+        assert p.report.partial
+        assert set(p.report.failed) == {"on_ext4_free_blocks", "sys_fsync"}
+        assert "on_bio_queue" in p.report.attached
+        assert p.report.missing_features() == ["file barriers: fsync", "freed extents (ext4)"]
+        summary = p.report.summary()
+        assert "NOT attached: on_ext4_free_blocks" in summary and "missing features" in summary
+
+
+def test_missing_iomap_falls_back_to_syscalls(bpf_env: None) -> None:
+    with Probe(max_files=64, unavailable={"on_dio_begin"}) as p:
+        assert p.report.dio_hook == "syscalls"
+        assert "sys_dio_pread64" in p.report.attached
+        assert not p.report.partial  # the fallback covers it
+
+
+def test_missing_required_hook_refuses_to_run(bpf_env: None) -> None:
+    with pytest.raises(UserError, match="required hook.*on_bio_queue"):
+        Probe(max_files=64, unavailable={"on_bio_queue"})
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"dio_hook": "kprobe"}, {"max_files": 0}, {"ringbuf_bytes": 5000}, {"object_path": "/nonexistent.o"}],
+)
+def test_bad_parameters(bpf_env: None, kwargs: dict) -> None:
+    with pytest.raises(UserError):
+        Probe(**kwargs)
