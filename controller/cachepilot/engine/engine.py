@@ -71,6 +71,7 @@ class VolumeCtl:
     last_switch_ns: int | None = None
     last_discard_ns: int = 0
     last_rewarm_ns: int | None = None
+    last_refresh_ns: int = 0
     requested_mode: tuple[str, int] | None = None
     requested_knobs: dict[str, tuple[str, int]] = field(default_factory=dict)
     meta_score: int = 0
@@ -78,6 +79,9 @@ class VolumeCtl:
     read_bytes: int = 0
     write_bytes: int = 0
     held_switches: int = 0
+    touched_now: int = 0  # files outside the believed-cached set touched in the current tick
+    touched_baseline: float = 0.0  # EWMA of files touched per tick outside scans
+    scanning: bool = False
 
 
 class Engine:
@@ -252,6 +256,8 @@ class Engine:
             c = vols.get(devs[slot])
             if c is None:
                 continue
+            if slot not in c.cached:
+                c.touched_now += 1
             promo = c.policy.promotion
             if not promo.enabled:
                 continue
@@ -268,8 +274,24 @@ class Engine:
                 c.queued.add(slot)
 
     def _scan_pollution(self, c: VolumeCtl, now: int) -> None:
+        """Two signals of a polluted cache: a scan (far more cold files -- outside the believed-cached set --
+        touched per tick than usual) and a falling hit ratio. A scan re-warms when it ends; a hit-ratio drop
+        re-warms at once (at most once a minute)."""
+        n, c.touched_now = c.touched_now, 0
+        base = c.touched_baseline
+        if not c.scanning:
+            if base >= 8 and n > 2.5 * base:
+                c.scanning = True
+            else:
+                c.touched_baseline = n if base == 0 else 0.9 * base + 0.1 * n
+        elif n < 1.5 * base:
+            c.scanning = False
+            if c.policy.promotion.enabled:
+                c.last_rewarm_ns = now
+                self._rewarm(c, f"scan ended ({n} files/tick, usual {base:.0f}): re-warming the hot set")
+            return
         drop = c.state.hit_trend()
-        if not c.policy.promotion.enabled or drop >= -c.policy.health.scan_drop:
+        if not c.policy.promotion.enabled or c.scanning or drop >= -c.policy.health.scan_drop:
             return
         if c.last_rewarm_ns is not None and now - c.last_rewarm_ns < 60 * NS:
             return
@@ -282,6 +304,9 @@ class Engine:
             c.promo_queue.clear()
             c.queued.clear()
             return
+        if promo.refresh_interval_s > 0 and now - c.last_refresh_ns >= promo.refresh_interval_s * NS:
+            c.last_refresh_ns = now
+            self._rewarm(c, "periodic refresh of the believed-cached set")
         dt = (now - c.last_tick_ns) / NS if c.last_tick_ns is not None else 1.0
         cap = promo.rate * 2.0
         c.tokens = min(cap, c.tokens + promo.rate * max(0.0, dt))

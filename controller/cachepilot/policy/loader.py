@@ -170,7 +170,8 @@ def _settings(raw: dict[str, Any], base: VolumePolicy, doc: _Doc, path: PathT) -
         )  # fmt: skip
         promotion = _section(
             Promotion, raw.get("promotion", {}), base.promotion,
-            {"rate": ("rate", parse_size), "sieve_size": ("sieve_size", parse_size)},
+            {"rate": ("rate", parse_size), "sieve_size": ("sieve_size", parse_size),
+             "refresh_interval": ("refresh_interval_s", parse_duration)},
         )  # fmt: skip
         discard = _section(
             DiscardOnDelete, raw.get("discard_on_delete", {}), base.discard_on_delete,

@@ -23,6 +23,7 @@ class Promotion:
     rate: int = 8 * MiB  # bytes per second
     max_cache_fraction: float = 0.5
     sieve_size: int = 1 * MiB
+    refresh_interval_s: float = 0.0  # 0 = never re-read the believed-cached set
 
 
 @dataclass(frozen=True, slots=True)

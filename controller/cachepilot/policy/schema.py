@@ -57,6 +57,10 @@ SETTINGS: dict[str, Any] = {
             "rate": {"$ref": "#/$defs/size", "description": "bytes per second read to promote"},
             "max_cache_fraction": {"$ref": "#/$defs/fraction"},
             "sieve_size": {"$ref": "#/$defs/size"},
+            "refresh_interval": {
+                "$ref": "#/$defs/duration",
+                "description": "re-read the believed-cached set this often so the cache keeps it (0 = never)",
+            },
         }
     ),
     "discard_on_delete": _obj(

@@ -1,0 +1,226 @@
+"""Run a prepared workload through a block cache, with or without the controller in the loop.
+
+"With controller" means the real :class:`~cachepilot.engine.Engine` gets the tick's events and a volume
+sample every simulated second, and its actions are applied to the simulated cache: ``Promote`` reads the
+file's blocks through the cache (OPT prefetches optimally), ``DiscardRanges`` drops the blocks that are
+still free (what FITRIM would do; dirty ones are never written back), ``SetWritePolicy`` switches
+write-back on or off. When the cache is emptied (warm restart) the daemon would notice the re-attached
+cache device; the simulator tells the engine to re-warm.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from array import array
+from collections import Counter
+from dataclasses import dataclass, field
+
+from cachepilot.engine import DiscardRanges, Engine, Promote, SetWritePolicy
+from cachepilot.models.volume import WRITEBACK, VolumeInfo, VolumeSample
+from cachepilot.policy.model import (
+    DiscardOnDelete,
+    HealthPolicy,
+    Policy,
+    Promotion,
+    VolumePolicy,
+)
+from cachepilot.sim.cache import INF, LRU, OPT, SMQ, BlockCache
+from cachepilot.sim.prepare import BLOCK, K_DROP, K_FREE, K_READ, K_WRITE, SIM_DEV, Prepared
+
+POLICIES = ("lru", "smq", "opt")
+
+SIM_POLICY = Policy(
+    source="<simulator>",
+    defaults=VolumePolicy(
+        failure_model="recoverable",
+        promotion=Promotion(enabled=True, rate=32 << 20, max_cache_fraction=0.8, sieve_size=1 << 20,
+                            refresh_interval_s=5.0),
+        discard_on_delete=DiscardOnDelete(enabled=True, interval_s=5.0, min_extent=BLOCK, max_rate=1 << 40),
+        health=HealthPolicy(error_threshold=1, scan_drop=0.1),
+    ),
+    half_life_s=120.0,
+)
+
+
+@dataclass
+class SimResult:
+    workload: str
+    policy: str
+    controller: bool
+    reads: int = 0
+    read_hits: int = 0
+    origin_write_bytes: int = 0
+    origin_read_bytes: int = 0
+    promoted_bytes: int = 0
+    dirty_mean_bytes: float = 0.0
+    dirty_max_bytes: int = 0
+    discarded_blocks: int = 0
+    dirty_dropped_blocks: int = 0
+    hot_per_tick: list[tuple[int, int]] = field(default_factory=list)  # (hot reads, hot hits)
+    actions: Counter[str] = field(default_factory=Counter)
+    cpu_s: float = 0.0
+
+    @property
+    def label(self) -> str:
+        return self.policy + ("+ctl" if self.controller else "")
+
+    @property
+    def hit_ratio(self) -> float:
+        return self.read_hits / self.reads if self.reads else 0.0
+
+
+def next_uses(p: Prepared) -> list[int]:
+    n = len(p.blk)
+    nu = [INF] * n
+    nxt: dict[int, int] = {}
+    blk, kind = p.blk, p.kind
+    for i in range(n - 1, -1, -1):
+        k = kind[i]
+        if k == K_DROP:
+            continue
+        b = blk[i]
+        nu[i] = nxt.get(b, INF)
+        nxt[b] = i if k == K_READ else INF
+    return nu
+
+
+class _NextRead:
+    """Next read of a block after a position, for prefetches (built once per stream)."""
+
+    def __init__(self, p: Prepared) -> None:
+        pos: dict[int, array] = {}
+        for i, b in enumerate(p.blk):
+            a = pos.get(b)
+            if a is None:
+                a = pos[b] = array("I")
+            a.append(i)
+        self.pos = pos
+        self.kind = p.kind
+
+    def __call__(self, blk: int, at: int) -> int:
+        a = self.pos.get(blk)
+        if a is None:
+            return INF
+        j = bisect.bisect_left(a, at)
+        if j == len(a):
+            return INF
+        i = a[j]
+        return i if self.kind[i] == K_READ else INF
+
+
+def make_cache(name: str, p: Prepared, capacity: int, writeback_percent: float,
+               opt_aux: tuple[list[int], _NextRead] | None = None) -> BlockCache:
+    if name == "lru":
+        return LRU(capacity, writeback_percent)
+    if name == "smq":
+        return SMQ(capacity, writeback_percent)
+    if name == "opt":
+        nu, nr = opt_aux if opt_aux is not None else (next_uses(p), _NextRead(p))
+        return OPT(capacity, nu, nr, writeback_percent)
+    raise ValueError(f"unknown cache policy {name!r} (choose from {', '.join(POLICIES)})")
+
+
+def run(p: Prepared, policy: str, controller: bool, capacity: int, writeback_percent: float = 10.0,
+        ctl_policy: Policy = SIM_POLICY, opt_aux: tuple[list[int], _NextRead] | None = None) -> SimResult:
+    t0 = time.process_time()
+    cache = make_cache(policy, p, capacity, writeback_percent, opt_aux)
+    res = SimResult(p.workload.name, policy, controller)
+    engine = None
+    if controller:
+        engine = Engine(ctl_policy, [VolumeInfo(dev=SIM_DEV, name="sim0", kind="bcache",
+                                                cache_bytes=capacity * BLOCK, fs_block_size=BLOCK)])
+    dead = bytearray(p.volume_blocks + 1)
+    file_blocks: dict[int, tuple[int, ...]] = {}
+    blk, kind, tag = p.blk, p.kind, p.tag
+    read = cache.read
+    write = cache.write
+    prefetch = cache.prefetch if isinstance(cache, OPT) else cache.access
+    reads = hits = 0
+    dirty_sum = 0
+    start = 0
+    for k, end in enumerate(p.tick_end):
+        hr = hh = 0
+        for i in range(start, end):
+            kd = kind[i]
+            b = blk[i]
+            if kd == K_READ:
+                h = read(b, i)
+                reads += 1
+                if h:
+                    hits += 1
+                if tag[i] == 1:
+                    hr += 1
+                    if h:
+                        hh += 1
+            elif kd == K_WRITE:
+                write(b, i)
+                dead[b] = 0
+            elif kd == K_FREE:
+                dead[b] = 1
+            else:
+                cache.empty()
+                if engine is not None:
+                    engine.rewarm("sim0", "cache device re-attached empty: re-warming")
+        start = end
+        res.hot_per_tick.append((hr, hh))
+        d = len(cache.dirty) * BLOCK
+        dirty_sum += d
+        res.dirty_max_bytes = max(res.dirty_max_bytes, d)
+        if engine is None:
+            continue
+        ts = (k + 1) * p.tick_ns
+        for ev in p.tick_events[k]:
+            engine.feed(ev)
+        for fid, blocks in p.tick_files[k].items():
+            if blocks is None:
+                file_blocks.pop(fid, None)
+            else:
+                file_blocks[fid] = blocks
+        engine.sample(VolumeSample(SIM_DEV, ts, WRITEBACK if cache.writeback else "writethrough", d,
+                                   hits, reads - hits, 0))
+        for a in engine.tick(ts):
+            res.actions[a.kind] += 1
+            if isinstance(a, Promote):
+                fb = file_blocks.get(p.fid(a.ino))
+                if not fb:
+                    continue
+                for off, n in a.ranges:
+                    for b in fb[off // BLOCK:(off + n + BLOCK - 1) // BLOCK]:
+                        if b not in cache:
+                            res.promoted_bytes += BLOCK
+                        prefetch(b, end)
+            elif isinstance(a, DiscardRanges):
+                for off, n in a.ranges:
+                    for b in range(off // BLOCK, (off + n) // BLOCK):
+                        if b < len(dead) and dead[b]:
+                            cache.discard(b)
+            elif isinstance(a, SetWritePolicy):
+                cache.set_writeback(a.mode == WRITEBACK)
+    cache.flush()  # what would eventually be written back
+    res.reads, res.read_hits = reads, hits
+    res.origin_write_bytes = (cache.written_back + cache.written_through) * BLOCK
+    res.origin_read_bytes = (reads - hits) * BLOCK + res.promoted_bytes
+    res.dirty_mean_bytes = dirty_sum / max(1, len(p.tick_end))
+    res.discarded_blocks = cache.discarded
+    res.dirty_dropped_blocks = cache.dirty_dropped
+    res.cpu_s = time.process_time() - t0
+    return res
+
+
+def recovery_ticks(r: SimResult, scan_end_tick: int, pre: tuple[int, int], frac: float = 0.9) -> int | None:
+    """Ticks after scan_end_tick until the hot set's hit ratio (over a 3-tick window) is back to frac of
+    its pre-scan value; 0 if it never fell below; None if it never recovered."""
+    reads = sum(x[0] for x in r.hot_per_tick[pre[0]:pre[1]])
+    hits = sum(x[1] for x in r.hot_per_tick[pre[0]:pre[1]])
+    if reads == 0:
+        return None
+    target = frac * hits / reads
+    w = 3
+    for k in range(scan_end_tick, len(r.hot_per_tick)):
+        win = r.hot_per_tick[max(scan_end_tick, k - w + 1):k + 1]
+        rr = sum(x[0] for x in win)
+        hh = sum(x[1] for x in win)
+        if rr and hh / rr >= target:
+            return k - scan_end_tick
+    return None
