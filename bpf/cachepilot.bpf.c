@@ -372,8 +372,12 @@ int BPF_PROG(on_bio_split, struct bio *split, unsigned int new_sector)
 	u32 op = opf & REQ_OP_MASK_;
 	if (op != REQ_OP_READ_ && op != REQ_OP_WRITE_)
 		return 0;
+	/* device-mapper traces its own remainder (the original bio, trimmed) with new_sector == its sector: that is dm
+	 * working on the volume's bio, not the block layer splitting it; the bio counted once at the volume stays. */
+	if (BPF_CORE_READ(split, bi_iter.bi_sector) == new_sector)
+		return 0;
 	struct bio *rest = BPF_CORE_READ(split, bi_private);
-	if (!rest)
+	if (!rest || BPF_CORE_READ(rest, bi_iter.bi_sector) != new_sector)
 		return 0;
 	u64 s1 = BPF_CORE_READ(split, bi_iter.bi_size);
 	u64 r = BPF_CORE_READ(rest, bi_iter.bi_size);

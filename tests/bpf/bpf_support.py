@@ -24,17 +24,33 @@ def run(*argv: str, check: bool = True, **kw) -> subprocess.CompletedProcess[str
     return subprocess.run(list(argv), check=check, capture_output=True, text=True, **kw)
 
 
+# In the lab guest (tests/vm/test_bpf_lab.py) the same tests run on the lab's cached volume instead of a loop device.
+LAB_CACHED_DEV = os.environ.get("LAB_CACHED_DEV", "")
+LAB_MOUNT = os.environ.get("LAB_MOUNT", "")
+SLOW = 8.0 if LAB_CACHED_DEV else 1.0  # TCG guest: give the kernel more time to get I/O out
+
+
 @dataclass
 class LoopFs:
-    image: Path
+    image: Path | None
     loopdev: str
     mount: Path
-    dev: int  # kernel dev_t of the loop block device (== the ext4 superblock's s_dev)
+    dev: int  # kernel dev_t of the block device (== the ext4 superblock's s_dev)
+    workdir: Path | None = None  # where tests create files (default: the filesystem root)
 
     def path(self, name: str | bytes) -> Path | bytes:
+        base = self.workdir or self.mount
         if isinstance(name, bytes):
-            return os.fsencode(self.mount) + b"/" + name
-        return self.mount / name
+            return os.fsencode(base) + b"/" + name
+        return base / name
+
+
+@contextlib.contextmanager
+def lab_volume() -> Iterator[LoopFs]:
+    """The lab's cached volume (bcache / dm-cache) with ext4 mounted; each test gets a fresh directory on it."""
+    work = Path(LAB_MOUNT) / f"t-{uuid.uuid4().hex[:8]}"
+    work.mkdir()
+    yield LoopFs(None, LAB_CACHED_DEV, Path(LAB_MOUNT), kdev_from_st_dev(os.stat(LAB_CACHED_DEV).st_rdev), work)
 
 
 @contextlib.contextmanager
@@ -70,10 +86,12 @@ def settle(probe: Probe) -> None:
     probe.drain()
 
 
-def collect(probe: Probe, until: Callable[[list[Event]], bool] | None = None, timeout: float = 3.0) -> list[Event]:
-    """Poll the ring buffer until `until(events)` holds or timeout; returns everything seen."""
+def collect(
+    probe: Probe, until: Callable[[list[Event]], bool] | None = None, timeout: float = 3.0
+) -> list[Event]:
+    """Poll the ring buffer until `until(events)` holds or timeout (scaled in the lab); returns everything seen."""
     events: list[Event] = []
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + timeout * SLOW
     while time.monotonic() < deadline:
         events += probe.poll(50)
         if until is not None and until(events):

@@ -138,8 +138,9 @@ def test_buffered_writeback_counted_for_the_file(probe: Probe, watched: LoopFs) 
 def test_metadata_goes_to_the_volume_bucket(probe: Probe, watched: LoopFs) -> None:
     settle(probe)
     child(
-        "import os, sys\nfor i in range(50):\n    open(os.path.join(sys.argv[1], f'f{i}'), 'w').close()\nos.sync()",
-        str(watched.mount),
+        "import os, sys\nfor i in range(50):\n    open(os.path.join(sys.argv[1], f'f{i}'), 'w').close()\n"
+        "os.sync()",
+        str(watched.workdir or watched.mount),
     )
     events = probe.drain()
     meta = [e for e in events if isinstance(e, MetadataDelta) and e.dev == watched.dev]
