@@ -56,11 +56,11 @@ bpf:
 	@if [ -f bpf/Makefile ]; then $(MAKE) -C bpf; fi
 
 lint: deps-python
-	$(RUFF) check controller tests
+	$(RUFF) check controller tests tests/vm/lab
 
 # One pytest run over every level that exists; each level's fixtures do their own set-up (tracefs, loop devices, the lab).
 test: deps-python bpf lint
-	$(PYTEST) tests/unit tests/bpf tests/vm tests/ops
+	$(PYTEST) $(wildcard tests/unit tests/bpf tests/vm tests/ops)
 
 test-unit: deps-python
 	$(PYTEST) tests/unit

@@ -30,7 +30,7 @@ base_devices() {
 }
 
 mkfs_and_mount() {
-    run_step "mkfs.ext4 on $LAB_CACHED_DEV" mkfs.ext4 -q -F -E nodiscard,lazy_itable_init=1,lazy_journal_init=1 "$LAB_CACHED_DEV" || return 1
+    run_step "mkfs.ext4 on $LAB_CACHED_DEV" mkfs.ext4 -q -F -E nodiscard,lazy_itable_init=0,lazy_journal_init=1 "$LAB_CACHED_DEV" || return 1
     mkdir -p "$LAB_MOUNT"
     run_step "mount $LAB_CACHED_DEV" mount -t ext4 "$LAB_CACHED_DEV" "$LAB_MOUNT" || return 1
     export LAB_MOUNT

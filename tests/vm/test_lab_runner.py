@@ -1,0 +1,103 @@
+"""The lab runner's contract: exit codes, timeouts, recipe errors, missing prerequisites, clean-up."""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+LAB = Path(__file__).resolve().parent / "lab"
+ROOT = LAB.parents[2]
+
+pytestmark = pytest.mark.vm
+
+
+def lab_temp_dirs() -> set[str]:
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), "cachepilot-lab-*")))
+
+
+def run_lab(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(LAB), *args], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, **(env or {})}, timeout=timeout)
+
+
+def test_exit_code_output_and_env(lab):
+    before = lab_temp_dirs()
+    r = lab.run(["sh", "-c", 'echo "out:$LAB_RECIPE:$LAB_CACHED_DEV:$LAB_MOUNT"; echo err >&2; '
+                 'echo x > "$LAB_OUT/result"; pwd; exit 7'], recipe="bcache")
+    assert r.rc == 7, r.explain()
+    assert "out:bcache:/dev/bcache0:/mnt/lab" in r.stdout
+    assert str(ROOT) in r.stdout  # the command runs in the caller's directory, at the same path
+    assert "err" in r.stderr
+    assert (r.out / "result").read_text() == "x\n"
+    assert lab_temp_dirs() == before
+
+
+def test_done_when_command_prints_the_mode_line(lab):
+    r = lab.run(["sh", "-c", "cat /sys/block/bcache0/bcache/cache_mode"], recipe="bcache")
+    assert r.rc == 0 and r.stdout.strip() == "[writethrough] writeback writearound none", r.explain()
+
+
+def test_mode_and_origin_delay(lab):
+    r = lab.run(["sh", "-c", "cat /sys/block/bcache0/bcache/cache_mode; dmsetup table lab-origin"],
+                recipe="bcache", mode="writeback", origin_delay_ms=20)
+    assert r.rc == 0, r.explain()
+    lines = r.stdout.splitlines()
+    assert lines[0] == "writethrough [writeback] writearound none"
+    assert " delay " in lines[1] and lines[1].split()[-1] == "20", lines[1]
+
+
+def test_timeout_kills_the_guest_and_keeps_partial_output(lab):
+    before = lab_temp_dirs()
+    t0 = time.monotonic()
+    r = lab.run(["sh", "-c", "echo started; sleep 600"], recipe="none", timeout=20)
+    assert r.rc == 124, r.explain()
+    assert "started" in r.stdout
+    assert "timeout after 20" in r.stderr
+    assert time.monotonic() - t0 < 40
+    assert lab_temp_dirs() == before
+
+
+def test_recipe_failure_names_the_step(lab):
+    r = lab.run(["true"], recipe="writecache", mode="writethrough")
+    assert r.rc == 125, r.explain()
+    assert "failed at step: mode check" in r.stderr
+
+
+def test_missing_kernel_names_the_make_deps_step(tmp_path):
+    r = run_lab("run", "--", "true", env={"LAB_CACHE_DIR": str(tmp_path)}, timeout=20)
+    assert r.returncode == 125
+    assert "no lab kernel" in r.stderr and "make deps" in r.stderr and "deps-lab" in r.stderr
+
+
+def test_bad_arguments_are_refused():
+    r = run_lab("run", "--recipe", "zfs", "--", "true", timeout=20)
+    assert r.returncode == 2 and "invalid choice" in r.stderr
+    r = run_lab("run", "--timeout", "-1", "--", "true", timeout=20)
+    assert r.returncode == 2 and "must not be negative" in r.stderr
+    r = run_lab("run", timeout=20)
+    assert r.returncode == 2 and "needs a command" in r.stderr
+
+
+def test_interrupt_cleans_up(lab):
+    before = lab_temp_dirs()
+    proc = subprocess.Popen([sys.executable, str(LAB), "run", "--recipe", "none", "--", "sleep", "600"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(3)
+    during = lab_temp_dirs() - before
+    assert len(during) == 1, "the runner should have made exactly one temporary directory"
+    qemu_pids = subprocess.run(["pgrep", "-f", next(iter(during))], capture_output=True, text=True).stdout.split()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    assert lab_temp_dirs() == before
+    for pid in qemu_pids:
+        assert not Path(f"/proc/{pid}").exists(), f"qemu {pid} survived the interrupt"
