@@ -220,10 +220,14 @@ class Engine:
         c = self.volume(name)
         return self._rewarm(c, reason)
 
-    def _rewarm(self, c: VolumeCtl, reason: str) -> int:
+    def _rewarm(self, c: VolumeCtl, reason: str, idle_since_ns: int | None = None) -> int:
+        """Queue members (hottest first); with idle_since_ns only those not accessed since then."""
         n = 0
         t = self.hotness
+        last = t.last
         for slot in c.cached.hottest_members(t):
+            if idle_since_ns is not None and last[slot] >= idle_since_ns:
+                continue
             if slot not in c.queued:
                 c.promo_queue.append((slot, t.gen[slot], reason))
                 c.queued.add(slot)
@@ -304,9 +308,11 @@ class Engine:
             c.promo_queue.clear()
             c.queued.clear()
             return
-        if promo.refresh_interval_s > 0 and now - c.last_refresh_ns >= promo.refresh_interval_s * NS:
+        if (promo.refresh_interval_s > 0 and not c.scanning
+                and now - c.last_refresh_ns >= promo.refresh_interval_s * NS):
             c.last_refresh_ns = now
-            self._rewarm(c, "periodic refresh of the believed-cached set")
+            self._rewarm(c, "refresh: hot file idle for a refresh interval",
+                         idle_since_ns=now - int(promo.refresh_interval_s * NS))
         dt = (now - c.last_tick_ns) / NS if c.last_tick_ns is not None else 1.0
         cap = promo.rate * 2.0
         c.tokens = min(cap, c.tokens + promo.rate * max(0.0, dt))

@@ -1,7 +1,8 @@
 """Turn a file-level workload into a block access stream and the controller's event stream.
 
-Files get 4 KiB blocks from a simple allocator (first-in-first-out reuse of freed extents, so a freed
-block is not reused at once — like a filesystem that cannot reuse blocks before the journal commit).
+Files get 4 KiB blocks from a simple allocator: fresh space while the filesystem has it, then
+first-in-first-out reuse of freed extents (a freed block is not reused at once, like a filesystem that
+cannot reuse blocks before the journal commit and spreads allocations).
 The stream is a set of parallel arrays; every tick (1 s of simulated time) also carries the events the
 probe would have reported: per-file HotnessDelta, Delete, FreedExtent, Barrier, and a JournalCommit every
 ``commit_interval_s``.
@@ -63,15 +64,19 @@ class Prepared:
 
 
 class _Alloc:
-    def __init__(self) -> None:
+    """Fresh space first (a filesystem much larger than its live data rarely reuses a just-freed block);
+    once ``fs_blocks`` are in use, freed extents are reused oldest first."""
+
+    def __init__(self, fs_blocks: int) -> None:
         self.free: deque[tuple[int, int]] = deque()
         self.top = 0
         self.used = 0
+        self.fs_blocks = fs_blocks
 
     def alloc(self, n: int) -> list[int]:
         out: list[int] = []
         self.used += n
-        while n and self.free:
+        while n and self.free and self.top + n > self.fs_blocks:
             s, c = self.free.popleft()
             take = min(c, n)
             out.extend(range(s, s + take))
@@ -96,10 +101,10 @@ class _Alloc:
         return ext
 
 
-def prepare(w: Workload, commit_interval_s: float = 5.0) -> Prepared:
+def prepare(w: Workload, commit_interval_s: float = 5.0, fs_blocks: int = 1 << 31) -> Prepared:
     p = Prepared(w)
     blk, kind, tag = p.blk, p.kind, p.tag
-    al = _Alloc()
+    al = _Alloc(fs_blocks)
     files: dict[int, list[int]] = {}
     sizes: dict[int, int] = {}
     ops_per_tick = max(1, p.tick_ns // w.op_interval_ns)

@@ -35,7 +35,7 @@ SIM_POLICY = Policy(
     defaults=VolumePolicy(
         failure_model="recoverable",
         promotion=Promotion(enabled=True, rate=32 << 20, max_cache_fraction=0.8, sieve_size=1 << 20,
-                            refresh_interval_s=5.0),
+                            refresh_interval_s=1.0),
         discard_on_delete=DiscardOnDelete(enabled=True, interval_s=5.0, min_extent=BLOCK, max_rate=1 << 40),
         health=HealthPolicy(error_threshold=1, scan_drop=0.1),
     ),

@@ -76,7 +76,7 @@ class _Zipf:
 
 
 def fileserver(iterations: int = 12000, nfiles: int = 1000, mean_size: int = 64 * KiB,
-               append_size: int = 16 * KiB, seed: int = 1) -> Workload:
+               append_size: int = 16 * KiB, op_interval_ms: float = 1.0, seed: int = 1) -> Workload:
     _check(iterations=iterations, nfiles=nfiles, mean_size=mean_size, append_size=append_size)
     rng = random.Random(seed)  # noqa: S311 - reproducible workloads, not crypto
     ops: list[Op] = []
@@ -106,8 +106,9 @@ def fileserver(iterations: int = 12000, nfiles: int = 1000, mean_size: int = 64 
         live[i] = live[-1]
         live.pop()
         ops.append((DELETE, d, 0, sizes.pop(d), 0))
-    return Workload("fileserver-with-deletes", ops, params=dict(
-        iterations=iterations, nfiles=nfiles, mean_size=mean_size, append_size=append_size, seed=seed))
+    return Workload("fileserver-with-deletes", ops, op_interval_ns=int(op_interval_ms * 1e6), params=dict(
+        iterations=iterations, nfiles=nfiles, mean_size=mean_size, append_size=append_size,
+        op_interval_ms=op_interval_ms, seed=seed))
 
 
 def webserver_backup(reads: int = 120000, nfiles: int = 6000, mean_size: int = 16 * KiB,
