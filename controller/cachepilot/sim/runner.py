@@ -27,6 +27,7 @@ from cachepilot.policy.model import (
 )
 from cachepilot.sim.cache import INF, LRU, OPT, SMQ, BlockCache
 from cachepilot.sim.prepare import BLOCK, K_DROP, K_FREE, K_READ, K_WRITE, SIM_DEV, Prepared
+from cachepilot.trace.format import Tick, TraceWriter
 
 POLICIES = ("lru", "smq", "opt")
 
@@ -68,6 +69,11 @@ class SimResult:
     @property
     def hit_ratio(self) -> float:
         return self.read_hits / self.reads if self.reads else 0.0
+
+
+def sim_volume(capacity_blocks: int) -> VolumeInfo:
+    return VolumeInfo(dev=SIM_DEV, name="sim0", kind="bcache", fs_uuid="5151510e-0000-4000-8000-000000000000",
+                      mountpoint="/srv/sim", cache_bytes=capacity_blocks * BLOCK, fs_block_size=BLOCK)
 
 
 def next_uses(p: Prepared) -> list[int]:
@@ -122,14 +128,15 @@ def make_cache(name: str, p: Prepared, capacity: int, writeback_percent: float,
 
 
 def run(p: Prepared, policy: str, controller: bool, capacity: int, writeback_percent: float = 10.0,
-        ctl_policy: Policy = SIM_POLICY, opt_aux: tuple[list[int], _NextRead] | None = None) -> SimResult:
+        ctl_policy: Policy = SIM_POLICY, opt_aux: tuple[list[int], _NextRead] | None = None,
+        trace: TraceWriter | None = None) -> SimResult:
+    """Simulate; with ``trace`` also write every tick's events, a volume sample and the tick itself."""
     t0 = time.process_time()
     cache = make_cache(policy, p, capacity, writeback_percent, opt_aux)
     res = SimResult(p.workload.name, policy, controller)
     engine = None
     if controller:
-        engine = Engine(ctl_policy, [VolumeInfo(dev=SIM_DEV, name="sim0", kind="bcache",
-                                                cache_bytes=capacity * BLOCK, fs_block_size=BLOCK)])
+        engine = Engine(ctl_policy, [sim_volume(capacity)])
     dead = bytearray(p.volume_blocks + 1)
     file_blocks: dict[int, tuple[int, ...]] = {}
     blk, kind, tag = p.blk, p.kind, p.tag
@@ -167,9 +174,14 @@ def run(p: Prepared, policy: str, controller: bool, capacity: int, writeback_per
         d = len(cache.dirty) * BLOCK
         dirty_sum += d
         res.dirty_max_bytes = max(res.dirty_max_bytes, d)
+        ts = (k + 1) * p.tick_ns
+        if trace is not None:
+            trace.write_many(p.tick_events[k])
+            trace.write(VolumeSample(SIM_DEV, ts, WRITEBACK if cache.writeback else "writethrough", d,
+                                     hits, reads - hits, 0))
+            trace.write(Tick(ts))
         if engine is None:
             continue
-        ts = (k + 1) * p.tick_ns
         for ev in p.tick_events[k]:
             engine.feed(ev)
         for fid, blocks in p.tick_files[k].items():
