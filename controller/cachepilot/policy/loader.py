@@ -137,7 +137,7 @@ def _schema_errors(doc: _Doc) -> list[UserError]:
                     ue = doc.err((*path, k), f"unknown key (allowed: {', '.join(sorted(allowed))})")
                     out.append((doc.line((*path, k)), ue))
             continue
-        if e.validator == "propertyNames":
+        if "propertyNames" in e.schema_path:
             bad = e.instance
             ue = doc.err((*path, bad), f"unknown knob (allowed: {', '.join(e.schema.get('enum', []))})")
             out.append((doc.line((*path, bad)), ue))

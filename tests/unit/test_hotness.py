@@ -1,0 +1,151 @@
+"""Hotness table: inverse bitmap, aging, tie-breaks, sieving, admission set."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cachepilot.events import Delete, FileKey, HotnessDelta
+from cachepilot.models.admission import CachedSet
+from cachepilot.models.hotness import COUNTER_MAX, HotnessTable, inverse_bitmap_score
+
+NS = 1_000_000_000
+
+
+@pytest.mark.parametrize(("nbytes", "b"), [
+    (512, 64), (4096, 64), (8192, 32), (12288, 32), (16384, 16), (65536, 4), (128 * 1024, 2),
+    (256 * 1024, 1), (1 << 30, 1), (0, 64),
+])
+def test_inverse_bitmap(nbytes: int, b: int) -> None:
+    assert inverse_bitmap_score(nbytes) == b
+
+
+def test_aging_halves_per_half_life() -> None:
+    t = HotnessTable(half_life_s=10)
+    s = t.update(1, 5, 0, 64, 0, 0, 1)
+    assert t.score(s) == 64
+    t.advance(10 * NS)
+    assert t.score(s) == 32
+    t.advance(35 * NS)
+    assert t.score(s) == 8
+    t.update(1, 5, 0, 64, 0, 0, 36 * NS)
+    assert t.score(s) == 72
+
+
+def test_hottest_and_coldest_tie_breaks() -> None:
+    t = HotnessTable()
+    a = t.update(1, 1, 0, 10, 0, 0, last_ns=100)
+    b = t.update(1, 2, 0, 10, 0, 0, last_ns=200)
+    c = t.update(1, 3, 0, 50, 0, 0, last_ns=50)
+    assert t.hottest(3) == [c, b, a]  # highest first; most recent wins the tie
+    assert t.coldest(3) == [a, b, c]  # lowest first; least recent wins the tie
+    assert t.hottest(1, dev=2) == []
+
+
+def test_generation_change_resets_slot_and_delete_forgets() -> None:
+    t = HotnessTable()
+    s = t.update(1, 7, 1, 64, 0, 0, 1)
+    assert t.update(1, 7, 2, 2, 0, 0, 2) == s
+    assert t.score(s) == 2
+    assert t.delete(Delete(FileKey(1, 7, 2), 0, 3)) == s
+    assert t.lookup(1, 7) is None and len(t) == 0
+    s2 = t.update(1, 8, 0, 1, 0, 0, 4)
+    assert s2 == s  # slot reused
+
+
+def test_sieve() -> None:
+    t = HotnessTable()
+    big = t.apply(HotnessDelta(FileKey(1, 1), 64, 0, 4096, 0, 1, size=2 << 20))
+    assert "larger than sieve" in (t.sieve(big, 1 << 20) or "")
+    wo = t.apply(HotnessDelta(FileKey(1, 2), 0, 64, 0, 4096, 1, size=4096))
+    assert t.sieve(wo, 1 << 20) == "write-only"
+    log = t.apply(HotnessDelta(FileKey(1, 3), 1, 0, 4096, 0, 1, size=4096))
+    t.apply(HotnessDelta(FileKey(1, 3), 0, 64, 0, 4096, 2, size=8192))
+    t.apply(HotnessDelta(FileKey(1, 3), 0, 64, 0, 4096, 3, size=12288))
+    assert t.append_only(log) and t.sieve(log, 1 << 20) == "append-only"
+    ok = t.apply(HotnessDelta(FileKey(1, 4), 64, 0, 4096, 0, 1, size=4096))
+    assert t.sieve(ok, 1 << 20) is None
+    t.apply(HotnessDelta(FileKey(1, 4), 0, 64, 0, 4096, 2, size=4096))  # overwrite in place
+    assert t.sieve(ok, 1 << 20) is None and not t.append_only(ok)
+
+
+def test_touched_drained_once() -> None:
+    t = HotnessTable()
+    a = t.update(1, 1, 0, 1, 0, 0, 1)
+    t.update(1, 1, 0, 1, 0, 0, 2)
+    b = t.update(1, 2, 0, 1, 0, 0, 2)
+    assert t.drain_touched() == [a, b]
+    assert t.drain_touched() == []
+
+
+def test_negative_delta_rejected() -> None:
+    from cachepilot.errors import UserError
+
+    with pytest.raises(UserError):
+        HotnessTable().update(1, 1, 0, -1, 0, 0, 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, COUNTER_MAX), st.integers(0, COUNTER_MAX),
+                          st.integers(0, 400)), min_size=1, max_size=40))
+def test_counters_never_overflow(ops: list[tuple[int, int, int, int]]) -> None:
+    t = HotnessTable(half_life_s=1)
+    now = 0
+    for ino, rs, ws, dt in ops:
+        now += dt * 10_000_000
+        t.advance(now)
+        s = t.update(7, ino, 0, rs, ws, 0, now)  # the arrays themselves raise on overflow
+        assert 0 <= t.score(s) <= COUNTER_MAX
+        assert t.rscore[s] <= COUNTER_MAX and t.wscore[s] <= COUNTER_MAX
+    t.apply_records([(7, 1, 0, COUNTER_MAX, COUNTER_MAX, 0, 0, now, 4096)] * 3)
+    assert t.score(t.lookup(7, 1)) == COUNTER_MAX  # type: ignore[arg-type]
+
+
+def test_admission_against_last_evicted() -> None:
+    t = HotnessTable()
+    cs = CachedSet(capacity_bytes=2 * 4096)
+    a = t.update(1, 1, 0, 10, 0, 0, 1)
+    b = t.update(1, 2, 0, 20, 0, 0, 2)
+    assert cs.consider(t, a, 4096) == (True, [])
+    assert cs.consider(t, b, 4096) == (True, [])
+    c = t.update(1, 3, 0, 30, 0, 0, 3)
+    admitted, evicted = cs.consider(t, c, 4096)
+    assert admitted and evicted == [a]  # the coldest left
+    assert cs.admission_bar(t.epoch) == 10
+    d = t.update(1, 4, 0, 10, 0, 0, 4)  # not above the last evicted counter
+    assert cs.consider(t, d, 4096) == (False, [])
+    e = t.update(1, 5, 0, 11, 0, 0, 5)
+    admitted, evicted = cs.consider(t, e, 4096)
+    assert not admitted and evicted == [e]  # admitted, but it is the coldest: it leaves at once
+    assert cs.used_bytes <= cs.capacity_bytes
+    assert set(cs.members) == {b, c}
+    assert cs.discard(b) == 4096 and b not in cs
+
+
+def test_admission_ties_evict_least_recent() -> None:
+    t = HotnessTable()
+    cs = CachedSet(capacity_bytes=2 * 4096)
+    a = t.update(1, 1, 0, 10, 0, 0, 5 << 20)
+    b = t.update(1, 2, 0, 10, 0, 0, 1 << 20)
+    cs.consider(t, a, 4096)
+    cs.consider(t, b, 4096)
+    c = t.update(1, 3, 0, 50, 0, 0, 9 << 20)
+    _, evicted = cs.consider(t, c, 4096)
+    assert evicted == [b]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 30), st.integers(1, 200), st.integers(1, 5)), max_size=120))
+def test_cached_set_capacity_and_membership(ops: list[tuple[int, int, int]]) -> None:
+    t = HotnessTable(half_life_s=1)
+    cs = CachedSet(capacity_bytes=10 * 4096)
+    now = 0
+    for ino, score, pages in ops:
+        now += 300_000_000
+        t.advance(now)
+        s = t.update(1, ino, 0, score, 0, 0, now, pages * 4096)
+        cs.consider(t, s, pages * 4096)
+        assert cs.used_bytes <= cs.capacity_bytes
+        assert cs.used_bytes == sum(cs.sizes.values())
+        assert set(cs.members) == set(cs.sizes)
