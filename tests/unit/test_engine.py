@@ -1,0 +1,181 @@
+"""Decision engine: promotions, discards, write policy (health override, hysteresis, the dirty invariant)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cachepilot.engine import DiscardRanges, Engine, Promote, SetKnob, SetWritePolicy
+from cachepilot.errors import UserError
+from cachepilot.events import Delete, FileKey, FreedExtent, HotnessDelta, JournalCommit, kdev
+from cachepilot.models.volume import BYPASS_NAMES, VolumeInfo, VolumeSample
+from cachepilot.policy import parse_policy
+
+NS = 1_000_000_000
+DEV = kdev(252, 0)
+VOL = VolumeInfo(dev=DEV, name="bcache0", cache_bytes=1 << 30)
+
+POLICY = """
+version: 1
+defaults:
+  failure_model: destructive
+  exposure: {max_dirty: 1MiB, max_age: 60s}
+  promotion: {enabled: true, rate: 64KiB, max_cache_fraction: 0.5, sieve_size: 1MiB}
+  discard_on_delete: {enabled: true, interval: 10s, min_extent: 4KiB}
+  hysteresis: {min_switch_interval: 300s, resume_below: 0.5}
+  knobs: {sequential_cutoff: 4194304}
+"""
+
+
+def engine(text: str = POLICY, vol: VolumeInfo = VOL) -> Engine:
+    return Engine(parse_policy(text, "t.yaml"), [vol])
+
+
+def sample(e: Engine, t: float, mode: str = "writeback", dirty: int = 0, errors: int = 0,
+           failed: bool = False, hits: int = 0, misses: int = 0, knobs: dict[str, str] | None = None) -> None:
+    e.sample(VolumeSample(DEV, int(t * NS), mode, dirty, hits, misses, errors, failed, knobs or {}))
+
+
+def modes(actions: list) -> list[str]:  # type: ignore[type-arg]
+    return [a.mode for a in actions if isinstance(a, SetWritePolicy)]
+
+
+def test_promotions_respect_rate_and_sieve() -> None:
+    e = engine()
+    for ino in range(1, 11):
+        e.feed(HotnessDelta(FileKey(DEV, ino, 1), 64, 0, 16384, 0, 1, size=16384))
+    e.feed(HotnessDelta(FileKey(DEV, 99, 1), 64, 0, 4096, 0, 1, size=8 << 20))  # sieved: too big
+    e.feed(HotnessDelta(FileKey(DEV, 98, 1), 0, 64, 0, 4096, 1, size=4096))  # sieved: write-only
+    first = [a for a in e.tick(1 * NS) if isinstance(a, Promote)]
+    assert 1 <= len(first) <= 8  # 64 KiB/s with a 2 s bucket: at most 128 KiB
+    assert all(a.ino <= 10 and a.ranges == ((0, 16384),) and "last evicted" in a.reason for a in first)
+    later = [a for t in range(2, 6) for a in e.tick(t * NS) if isinstance(a, Promote)]
+    assert len(first) + len(later) == 10
+    assert sum(a.ranges[0][1] for a in later) <= 64 * 1024 * 4 + 1
+
+
+def test_delete_becomes_discard_after_commit_and_interval() -> None:
+    e = engine()
+    e.feed(HotnessDelta(FileKey(DEV, 5, 1), 64, 0, 4096, 0, 1, size=4096))
+    e.feed(Delete(FileKey(DEV, 5, 1), 40960, 2 * NS))
+    e.feed(FreedExtent(DEV, 5, 100, 10, False, 2 * NS))
+    acts = e.tick(11 * NS)
+    assert not [a for a in acts if isinstance(a, DiscardRanges)]  # not committed yet
+    assert not [a for a in acts if isinstance(a, Promote)]  # deleted file is not promoted
+    e.feed(JournalCommit(DEV, 7, 12 * NS))
+    assert not [a for a in e.tick(15 * NS) if isinstance(a, DiscardRanges)]  # batching interval
+    d = [a for a in e.tick(22 * NS) if isinstance(a, DiscardRanges)]
+    assert len(d) == 1 and d[0].ranges == ((100 * 4096, 10 * 4096),) and d[0].fs_dev == DEV
+    assert "journal" in d[0].reason
+
+
+def test_no_duplicate_discards_when_fs_discards_itself() -> None:
+    vol = VolumeInfo(dev=DEV, name="bcache0", cache_bytes=1 << 30, fs_discard=True)
+    e = engine(vol=vol)
+    e.feed(FreedExtent(DEV, 5, 100, 10, False, 1))
+    e.feed(JournalCommit(DEV, 1, 2))
+    assert not [a for a in e.tick(30 * NS) if isinstance(a, DiscardRanges)]
+
+
+def test_exposure_bound_and_hysteresis() -> None:
+    e = engine()
+    sample(e, 1, "writethrough", dirty=0)
+    assert modes(e.tick(1 * NS)) == ["writeback"]
+    sample(e, 2, "writeback", dirty=2 << 20)  # over the 1 MiB bound: forced, despite hysteresis
+    acts = e.tick(2 * NS)
+    assert modes(acts) == ["writethrough"] and "exposure" in acts[-1].reason
+    sample(e, 3, "writethrough", dirty=100)  # drained below resume mark, but only 1 s since last switch
+    assert modes(e.tick(3 * NS)) == []
+    assert e.vols[DEV].held_switches >= 1
+    sample(e, 400, "writethrough", dirty=0)
+    assert modes(e.tick(400 * NS)) == ["writeback"]
+
+
+def test_health_override_sequence() -> None:
+    e = engine("version: 1\ndefaults: {failure_model: recoverable}\n")
+    sample(e, 1, "writeback", dirty=5000, errors=0)
+    assert modes(e.tick(1 * NS)) == []
+    sample(e, 2, "writeback", dirty=5000, errors=4)
+    acts = e.tick(2 * NS)
+    assert modes(acts) == ["writethrough"] and "errors" in acts[-1].reason
+    sample(e, 3, "writethrough", dirty=2000, errors=6)
+    assert modes(e.tick(3 * NS)) == []  # still dirty: no bypass
+    sample(e, 4, "writethrough", dirty=0, errors=7)
+    acts = e.tick(4 * NS)
+    assert modes(acts) == ["bypass"]  # forced: no hysteresis wait
+
+
+def test_failed_device_dirty_never_bypassed() -> None:
+    e = engine("version: 1\ndefaults: {failure_model: recoverable}\n")
+    sample(e, 1, "writeback", dirty=1 << 20, failed=True)
+    assert modes(e.tick(1 * NS)) == ["writethrough"]
+
+
+def test_auto_read_mostly_is_writethrough() -> None:
+    e = engine("version: 1\ndefaults: {failure_model: auto}\n")
+    for i in range(50):
+        e.feed(HotnessDelta(FileKey(DEV, i + 1, 0), 64, 0, 1 << 20, 0, 1, size=4096))
+    sample(e, 1, "writeback")
+    acts = e.tick(1 * NS)
+    assert modes(acts) == ["writethrough"]
+    assert "read-mostly" in [a for a in acts if isinstance(a, SetWritePolicy)][0].reason
+
+
+def test_knobs_pinned_once_until_retry() -> None:
+    e = engine()
+    sample(e, 1, knobs={"sequential_cutoff": "0"})
+    k = [a for a in e.tick(1 * NS) if isinstance(a, SetKnob)]
+    assert [(a.knob, a.value) for a in k] == [("sequential_cutoff", "4194304")] and "was 0" in k[0].reason
+    assert not [a for a in e.tick(2 * NS) if isinstance(a, SetKnob)]
+    sample(e, 3, knobs={"sequential_cutoff": "4194304"})
+    assert not [a for a in e.tick(3 * NS) if isinstance(a, SetKnob)]
+
+
+def test_unknown_volume_is_a_user_error_and_unknown_events_counted() -> None:
+    e = engine()
+    with pytest.raises(UserError, match="unknown volume 'bcache9'"):
+        e.rewarm("bcache9")
+    e.feed(HotnessDelta(FileKey(kdev(8, 0), 1, 0), 1, 0, 1, 0, 1))
+    e.feed(FreedExtent(kdev(8, 0), 1, 1, 1, False, 1))
+    assert e.unknown_events == 2
+
+
+def test_set_policy_swaps_resolution() -> None:
+    e = engine()
+    e.set_policy(parse_policy("version: 1\ndefaults: {failure_model: recoverable}\n", "b.yaml"))
+    assert e.vols[DEV].policy.failure_model == "recoverable"
+
+
+def test_rewarm_queues_members_hottest_first() -> None:
+    e = engine(POLICY.replace("rate: 64KiB", "rate: 1MiB"))
+    for ino, sc in [(1, 10), (2, 500), (3, 90)]:
+        e.feed(HotnessDelta(FileKey(DEV, ino, 1), sc, 0, 4096, 0, 1, size=4096))
+    e.tick(1 * NS)
+    assert e.rewarm("bcache0", "test") == 3
+    p = [a.ino for a in e.tick(2 * NS) if isinstance(a, Promote)]
+    assert p == [2, 3, 1]
+
+
+STEP = st.fixed_dictionaries({
+    "mode": st.sampled_from(["writeback", "writethrough", "none", "passthrough", "writearound"]),
+    "dirty": st.sampled_from([0, 0, 1, 4096, 1 << 30]),
+    "errors": st.integers(0, 3),
+    "failed": st.booleans(),
+    "dt": st.integers(1, 400),
+})
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(STEP, min_size=1, max_size=25), st.sampled_from(["recoverable", "destructive", "auto"]))
+def test_never_bypass_a_dirty_volume(steps: list[dict], fm: str) -> None:  # type: ignore[type-arg]
+    e = engine(f"version: 1\ndefaults: {{failure_model: {fm}, exposure: {{max_dirty: 1MiB}}}}\n")
+    t = 0
+    err = 0
+    for s in steps:
+        t += s["dt"]
+        err += s["errors"]
+        sample(e, t, s["mode"], dirty=s["dirty"], errors=err, failed=s["failed"])
+        for a in e.tick(t * NS):
+            if isinstance(a, SetWritePolicy) and s["dirty"] > 0:
+                assert a.mode not in BYPASS_NAMES, (a, s)
