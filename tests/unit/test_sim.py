@@ -1,0 +1,109 @@
+"""Workload generators and the block-cache simulator."""
+
+from __future__ import annotations
+
+import pytest
+
+from cachepilot import workloads as W
+from cachepilot.errors import UserError
+from cachepilot.sim import LRU, OPT, SMQ, prepare, run
+from cachepilot.sim.runner import _NextRead, next_uses
+
+
+def test_generators_are_seeded_and_parameterised() -> None:
+    a = W.fileserver(iterations=200, nfiles=50, seed=7)
+    b = W.fileserver(iterations=200, nfiles=50, seed=7)
+    c = W.fileserver(iterations=200, nfiles=50, seed=8)
+    assert a.ops == b.ops and a.ops != c.ops
+    ops = {op for op, *_ in a.ops}
+    assert {W.CREATE, W.WRITE, W.READ, W.APPEND, W.DELETE} <= ops
+    v = W.varmail(iterations=100, nfiles=20)
+    assert W.FSYNC in {op for op, *_ in v.ops}
+    ws = W.webserver_backup(reads=2000, nfiles=300, hot_files=30)
+    assert ws.scan is not None
+    scanned = {fid for op, fid, _, _, tag in ws.ops[ws.scan[0]:ws.scan[1]] if tag == W.TAG_SCAN}
+    assert scanned == set(range(300))  # one pass over everything
+    wr = W.warm_restart(reads=1000, nfiles=100)
+    assert wr.drop_at is not None and wr.ops[wr.drop_at][0] == W.DROP_CACHE
+    with pytest.raises(UserError):
+        W.fileserver(iterations=-1)
+
+
+def test_zipf_is_skewed() -> None:
+    w = W.warm_restart(reads=5000, nfiles=1000, hot_files=100)
+    reads = [tag for op, _, _, _, tag in w.ops if op == W.READ]
+    assert sum(1 for t in reads if t == W.TAG_HOT) / len(reads) > 0.5  # 10% of files, most reads
+
+
+def test_prepare_events() -> None:
+    p = prepare(W.fileserver(iterations=300, nfiles=40, op_interval_ms=10))
+    assert p.tick_end[-1] == len(p.blk)
+    kinds = {type(e).__name__ for evs in p.tick_events for e in evs}
+    assert {"HotnessDelta", "Delete", "FreedExtent", "JournalCommit"} <= kinds
+
+
+def _stream(blocks: list[int]) -> tuple[list[int], list[int]]:
+    return blocks, list(range(len(blocks)))
+
+
+def test_lru_smq_opt_basics() -> None:
+    for cls in (LRU, SMQ):
+        c = cls(2)
+        assert c.read(1, 0) is False and c.read(1, 1) is True
+        c.read(2, 2)
+        c.read(3, 3)
+        assert len(c) == 2
+    # dirty eviction is written back; discard drops dirty data without writing
+    c = LRU(2, writeback_percent=100)
+    c.write(1, 0)
+    c.write(2, 1)
+    c.discard(2)
+    c.write(3, 2)
+    c.write(4, 3)  # evicts dirty 1
+    assert c.written_back == 1 and c.dirty_dropped == 1
+    c.flush()
+    assert c.written_back == 3
+
+
+def test_opt_beats_lru_and_smq() -> None:
+    p = prepare(W.warm_restart(reads=3000, nfiles=400, hot_files=40))
+    cap = p.data_blocks_peak // 5
+    aux = (next_uses(p), _NextRead(p))
+    opt = run(p, "opt", False, cap, opt_aux=aux)
+    assert isinstance(opt, object)
+    for pol in ("lru", "smq"):
+        r = run(p, pol, False, cap)
+        assert opt.hit_ratio >= r.hit_ratio
+    assert OPT.name == "opt"
+
+
+def test_discards_cut_origin_writes_on_fileserver() -> None:
+    p = prepare(W.fileserver(iterations=1500, nfiles=150, op_interval_ms=10))
+    cap = p.data_blocks_peak * 2
+    stock = run(p, "lru", False, cap, 40.0)
+    ctl = run(p, "lru", True, cap, 40.0)
+    assert ctl.actions["discard"] > 0 and ctl.discarded_blocks > 0
+    assert ctl.origin_write_bytes < stock.origin_write_bytes
+    assert ctl.hit_ratio >= stock.hit_ratio
+
+
+def test_warm_restart_rewarms() -> None:
+    p = prepare(W.warm_restart(reads=30000, nfiles=4000, hot_files=400))
+    cap = p.data_blocks_peak // 4
+    stock = run(p, "lru", False, cap)
+    ctl = run(p, "lru", True, cap)
+    assert ctl.promoted_bytes > 0
+    first = p.workload.drop_at // 1000 + 1  # type: ignore[operator]  # the first tick after the drop
+
+    def hot(r: object) -> float:
+        n, h = r.hot_per_tick[first]  # type: ignore[attr-defined]
+        return h / n
+
+    assert hot(ctl) > hot(stock) + 0.05
+
+
+def test_simulate_cli_rejects_bad_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    from cachepilot.cli import main
+
+    assert main(["simulate", "--policies", "lru,clock"]) == 2
+    assert "unknown cache policy 'clock'" in capsys.readouterr().err
