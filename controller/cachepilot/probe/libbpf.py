@@ -88,6 +88,7 @@ def lib() -> C.CDLL:
         _fn(handle, "ring_buffer__free", None, vp)
         _fn(handle, "btf__parse", vp, cp, vp)
         _fn(handle, "btf__load_vmlinux_btf", vp)
+        _fn(handle, "btf__parse_split", vp, cp, vp)
         _fn(handle, "btf__free", None, vp)
         _fn(handle, "btf__find_by_name_kind", i, vp, cp, u)
         _fn(handle, "btf__type_by_id", C.POINTER(BtfType), vp, u)

@@ -209,13 +209,32 @@ class Probe:
             progs[h.bpf_program__name(p).decode()] = p
             p = h.bpf_object__next_program(obj, p)
 
+        module_btfs: list[int] | None = None
+
+        def has_btf_tracepoint(tp: str) -> bool:
+            """In vmlinux, or in a loaded module's BTF (ext4 and jbd2 are modules on distribution kernels)."""
+            nonlocal module_btfs
+            name, kind = f"btf_trace_{tp}".encode(), libbpf.BTF_KIND_TYPEDEF
+            if h.btf__find_by_name_kind(vmlinux, name, kind) >= 0:
+                return True
+            if btf_path != VMLINUX_BTF:
+                return False
+            if module_btfs is None:
+                module_btfs = []
+                for f in sorted(btf_path.parent.iterdir()):
+                    if f.name != "vmlinux":
+                        b = h.btf__parse_split(str(f).encode(), vmlinux)
+                        if b:
+                            module_btfs.append(b)
+            return any(h.btf__find_by_name_kind(b, name, kind) >= 0 for b in module_btfs)
+
         def missing_reason(name: str) -> str | None:
             if name in unavailable:
                 return "marked unavailable"
             kind, tp = _tp_of(h.bpf_program__section_name(progs[name]).decode())
             if kind == "tp_btf":
-                if h.btf__find_by_name_kind(vmlinux, f"btf_trace_{tp}".encode(), libbpf.BTF_KIND_TYPEDEF) < 0:
-                    return f"the kernel has no tracepoint {tp}"
+                if not has_btf_tracepoint(tp):
+                    return f"the kernel has no tracepoint {tp} (nor a loaded module with it)"
             elif kind == "tracepoint":
                 if tracefs_problem:
                     return tracefs_problem
@@ -224,6 +243,8 @@ class Probe:
             return None
 
         reasons = {name: missing_reason(name) for name in progs}
+        for b in module_btfs or []:
+            h.btf__free(b)
         h.btf__free(vmlinux)
         iomap_ok = all(reasons.get(n) is None for n in DIO_IOMAP)
         if dio_hook == "auto":

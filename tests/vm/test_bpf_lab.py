@@ -1,0 +1,67 @@
+"""The kernel half on real cached volumes: the host's exact-count tests of tests/bpf, run inside the lab guest
+(Debian's stock 6.1 kernel) against a bcache and a dm-cache volume, with events attributed to the cached device.
+
+One guest boot per recipe: the guest runs pytest over the tests/bpf modules (their fixtures switch to the lab's
+volume when LAB_CACHED_DEV is set) and writes a JUnit report and the probe's attach report to $LAB_OUT.
+"""
+
+from __future__ import annotations
+
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.vm
+
+ROOT = Path(__file__).resolve().parents[2]
+MODULES = ["tests/bpf/test_hotness.py", "tests/bpf/test_barriers.py", "tests/bpf/test_freed.py"]
+# host-only: a second loop device with its own ext4 (the unwatched-device check runs on the host)
+DESELECT = "not unwatched"
+
+GUEST = f"""
+set -e
+cd {ROOT}
+{sys.executable} -c 'from cachepilot.probe import Probe
+p = Probe(max_files=64)
+print(p.report.summary())' > "$LAB_OUT/attach.txt" 2>&1
+exec {sys.executable} -m pytest -q -p no:cacheprovider -k '{DESELECT}' --junitxml="$LAB_OUT/junit.xml" {" ".join(MODULES)}
+"""
+
+
+def host_test_ids() -> set[str]:
+    import subprocess
+
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-k", DESELECT, *MODULES],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    return {line.split("::", 1)[1] for line in r.stdout.splitlines() if "::" in line}
+
+
+@pytest.mark.parametrize("recipe", ["bcache", "dmcache"])
+def test_bpf_exact_counts_on_cached_volume(lab, recipe: str) -> None:
+    res = lab.run(["bash", "-c", GUEST], recipe=recipe, timeout=1200)
+    attach = (res.out / "attach.txt").read_text() if (res.out / "attach.txt").exists() else "(no attach report)"
+    junit = res.out / "junit.xml"
+    assert junit.exists(), f"the guest produced no test report\n{attach}\n{res.explain()}"
+    suite = ET.parse(junit).getroot()
+    cases = suite.iter("testcase")
+    ran: dict[str, str] = {}
+    for case in cases:
+        status = "passed"
+        for child in case:
+            if child.tag in ("failure", "error", "skipped"):
+                status = f"{child.tag}: {child.get('message', '')[:300]}"
+        ran[case.get("name", "")] = status
+    failed = {k: v for k, v in ran.items() if v != "passed"}
+    assert not failed, f"{recipe}: {failed}\n{attach}\n{res.explain()}"
+    assert res.rc == 0, res.explain()
+    # every host test ran in the guest too (nothing silently deselected)
+    assert set(ran) == host_test_ids()
+    # the probe loaded on the guest's stock kernel with everything attached (no partial attach)
+    assert "NOT attached" not in attach, attach
+    assert "attached: on_bio_queue" in attach, attach
