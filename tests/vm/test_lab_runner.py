@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import glob
 import os
+import pty
+import select
 import signal
 import subprocess
 import sys
@@ -101,3 +103,41 @@ def test_interrupt_cleans_up(lab):
     assert lab_temp_dirs() == before
     for pid in qemu_pids:
         assert not Path(f"/proc/{pid}").exists(), f"qemu {pid} survived the interrupt"
+
+
+def test_shell_is_interactive(lab):
+    """`tests/vm/lab shell` gives a human a shell on the guest's serial console, with the recipe built."""
+    pid, fd = pty.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.chdir(ROOT)
+        os.execv(sys.executable, [sys.executable, str(LAB), "shell", "--recipe", "bcache", "--timeout", "120"])
+    seen = b""
+
+    def wait_for(token: bytes, seconds: float = 90) -> bool:
+        nonlocal seen
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            if select.select([fd], [], [], 0.5)[0]:
+                try:
+                    seen += os.read(fd, 4096)
+                except OSError:
+                    return token in seen
+                if token in seen:
+                    return True
+        return False
+
+    try:
+        assert wait_for(b"exit the shell to power off"), seen.decode(errors="replace")
+        time.sleep(1.0)  # let bash print its prompt before we type
+        os.write(fd, b"echo shell-$((40+2)); cat /sys/block/bcache0/bcache/cache_mode\n")
+        assert wait_for(b"shell-42"), seen.decode(errors="replace")
+        assert wait_for(b"[writethrough] writeback"), seen.decode(errors="replace")
+        os.write(fd, b"exit 3\n")
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 3
+    finally:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        os.close(fd)
