@@ -5,7 +5,7 @@
  * Hooks (all tracepoint based; see README "Probe"):
  *   tp_btf/block_bio_queue   every bio entering a block device: hotness, metadata bucket, epochs, barriers, discards
  *   tp_btf/block_split       a queued bio split by the block layer: each piece counts on its own
- *   tp_btf/iomap_dio_*       direct I/O attribution (preferred)   | tracepoint/syscalls/sys_enter_{p,}{read,write}*
+ *   tp_btf/iomap_dio_rw_begin direct I/O attribution (preferred)   | tracepoint/syscalls/sys_enter_{p,}{read,write}*
  *                                                                 | (fallback, chosen at load time)
  *   tp_btf/ext4_free_blocks  freed extents          tp_btf/ext4_unlink_enter  deletes
  *   tp_btf/jbd2_end_commit   journal commits        tracepoint/syscalls/sys_enter_{fsync,fdatasync,sync_file_range,syncfs}
@@ -210,26 +210,47 @@ static __always_inline bool inode_id(struct inode *inode, struct file_id *id)
 	return true;
 }
 
+/* Same as inode_id for a BTF-typed inode pointer: direct loads instead of bpf_probe_read calls (hot path). */
+static __always_inline bool inode_id_btf(struct inode *inode, struct file_id *id)
+{
+	if (!inode || (inode->i_mode & S_IFMT_) != S_IFREG_)
+		return false;
+	id->ino = inode->i_ino;
+	id->dev = inode->i_sb->s_dev;
+	id->gen = inode->i_generation;
+	id->size = inode->i_size;
+	return true;
+}
+
 /* The regular file whose page cache page heads this bio, if any. */
 static __always_inline bool bio_page_file(struct bio *bio, struct file_id *id)
 {
-	struct bio_vec *vec = BPF_CORE_READ(bio, bi_io_vec);
+	struct bio_vec *vec = bio->bi_io_vec;
+	struct address_space *mapping;
 	struct page *page;
 	unsigned long head;
-	struct address_space *mapping;
 
 	if (!vec)
 		return false;
-	page = BPF_CORE_READ(vec, bv_page);
+	page = vec->bv_page;
 	if (!page)
 		return false;
-	head = BPF_CORE_READ(page, compound_head);
-	if (head & 1) /* tail page of a large folio */
-		page = (struct page *)(head - 1);
-	mapping = BPF_CORE_READ(page, mapping);
-	if (!mapping || ((unsigned long)mapping & 3)) /* anonymous / movable / ksm */
+	head = 0;
+	bpf_probe_read_kernel(&head, sizeof(head), &page->compound_head); /* aliases a list_head in BTF */
+	if (head & 1) { /* tail page of a large folio: the head page has the mapping */
+		struct page *hp = (struct page *)(head - 1);
+		mapping = BPF_CORE_READ(hp, mapping);
+		if (!mapping || ((unsigned long)mapping & 3))
+			return false;
+		return inode_id(BPF_CORE_READ(mapping, host), id);
+	}
+	/* the low bits flag anonymous / movable / ksm pages: test them on a scalar copy, then follow the typed pointer */
+	unsigned long raw = 0;
+	bpf_probe_read_kernel(&raw, sizeof(raw), &page->mapping);
+	if (!raw || (raw & 3))
 		return false;
-	return inode_id(BPF_CORE_READ(mapping, host), id);
+	mapping = page->mapping;
+	return mapping && inode_id_btf(mapping->host, id);
 }
 
 static __always_inline bool bio_file(struct bio *bio, u32 bdev, struct file_id *id)
@@ -277,14 +298,14 @@ static __always_inline void emit_block_barrier(u32 dev, struct cp_volume *v, u32
 SEC("tp_btf/block_bio_queue")
 int BPF_PROG(on_bio_queue, struct bio *bio)
 {
-	u32 dev = BPF_CORE_READ(bio, bi_bdev, bd_dev);
+	u32 dev = bio->bi_bdev->bd_dev;
 	struct cp_watch *w = bpf_map_lookup_elem(&watched, &dev);
 	if (!w)
 		return 0;
 
-	u32 opf = BPF_CORE_READ(bio, bi_opf);
+	u32 opf = bio->bi_opf;
 	u32 op = opf & REQ_OP_MASK_;
-	u64 size = BPF_CORE_READ(bio, bi_iter.bi_size);
+	u64 size = bio->bi_iter.bi_size;
 
 	if (op == REQ_OP_DISCARD_) {
 		struct cp_volume *dv = bpf_map_lookup_elem(&volumes, &w->volume);
@@ -401,36 +422,41 @@ int BPF_PROG(on_bio_split, struct bio *split, unsigned int new_sector)
 
 /* ---- direct I/O attribution ---- */
 
-static __always_inline void dio_mark(struct file *file)
+static __always_inline void dio_set(struct file_id *id)
 {
 	u32 tid = (u32)bpf_get_current_pid_tgid();
-	struct cp_dio d = {};
-	struct file_id id;
+	struct cp_dio *cur = bpf_map_lookup_elem(&dio_task, &tid);
 
-	if (!file || !inode_id(BPF_CORE_READ(file, f_inode), &id) || !watch_of(id.dev, CP_ROLE_VOLUME)) {
-		bpf_map_delete_elem(&dio_task, &tid);
+	if (cur && cur->ino == id->ino && cur->dev == id->dev && cur->gen == id->gen) {
+		cur->size = id->size;
 		return;
 	}
-	d.ino = id.ino;
-	d.dev = id.dev;
-	d.gen = id.gen;
-	d.size = id.size;
+	struct cp_dio d = {.ino = id->ino, .dev = id->dev, .gen = id->gen, .size = id->size};
 	bpf_map_update_elem(&dio_task, &tid, &d, BPF_ANY);
 }
 
+static __always_inline void dio_clear(void)
+{
+	u32 tid = (u32)bpf_get_current_pid_tgid();
+	if (bpf_map_lookup_elem(&dio_task, &tid))
+		bpf_map_delete_elem(&dio_task, &tid);
+}
+
+/*
+ * The task is about to do direct I/O on a file: bios it submits with pages that belong to no file (the user's buffer)
+ * are that file's. The mark stays until the task's next direct I/O (a stale mark is harmless: page-cache and
+ * metadata bios are attributed by their pages first).
+ */
 SEC("tp_btf/iomap_dio_rw_begin")
 int BPF_PROG(on_dio_begin, struct kiocb *iocb, struct iov_iter *iter, unsigned int dio_flags, size_t done_before)
 {
-	dio_mark(BPF_CORE_READ(iocb, ki_filp));
-	return 0;
-}
+	struct file_id id;
+	struct file *file = iocb->ki_filp;
 
-SEC("tp_btf/iomap_dio_complete")
-int BPF_PROG(on_dio_complete, struct kiocb *iocb, int error, ssize_t ret)
-{
-	/* synchronous direct I/O completes in the submitting task: its bios are all queued by now */
-	u32 tid = (u32)bpf_get_current_pid_tgid();
-	bpf_map_delete_elem(&dio_task, &tid);
+	if (file && inode_id_btf(file->f_inode, &id) && watch_of(id.dev, CP_ROLE_VOLUME))
+		dio_set(&id);
+	else
+		dio_clear();
 	return 0;
 }
 
@@ -452,12 +478,13 @@ static __always_inline struct file *fd_file(long fd)
 static __always_inline int dio_syscall(long fd)
 {
 	struct file *f = fd_file(fd);
-	if (f && (BPF_CORE_READ(f, f_flags) & O_DIRECT_)) {
-		dio_mark(f);
-	} else {
-		u32 tid = (u32)bpf_get_current_pid_tgid();
-		bpf_map_delete_elem(&dio_task, &tid);
-	}
+	struct file_id id;
+
+	if (f && (BPF_CORE_READ(f, f_flags) & O_DIRECT_) && inode_id(BPF_CORE_READ(f, f_inode), &id) &&
+	    watch_of(id.dev, CP_ROLE_VOLUME))
+		dio_set(&id);
+	else
+		dio_clear();
 	return 0;
 }
 

@@ -99,11 +99,10 @@ def lib() -> C.CDLL:
         vsnprintf = _fn(libc, "vsnprintf", i, cp, C.c_size_t, cp, vp)
 
         def _print(level: int, fmt: bytes, ap: int) -> int:
-            buf = C.create_string_buffer(1024)
+            buf = C.create_string_buffer(1 << 16)
             vsnprintf(buf, len(buf), fmt, ap)
-            line = buf.value.decode(errors="replace").rstrip()
-            _log.append(line)
-            del _log[:-200]
+            _log.extend(buf.value.decode(errors="replace").rstrip().splitlines())
+            del _log[:-400]
             return 0
 
         _print_cb = PRINT_FN(_print)

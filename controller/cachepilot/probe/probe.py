@@ -47,7 +47,7 @@ DEFAULT_OBJECT = REPO_ROOT / "bpf" / ".output" / "cachepilot.bpf.o"
 VMLINUX_BTF = Path("/sys/kernel/btf/vmlinux")
 TRACEFS = Path("/sys/kernel/tracing")
 SLOT_SIZE = C.sizeof(L.cp_hot_slot)
-LOAD_FACTOR = 0.75  # slots = max_files / LOAD_FACTOR: 48 B / 0.75 = 64 B of kernel memory per tracked file
+LOAD_FACTOR = 0.76  # slots = max_files / LOAD_FACTOR: 48 B / 0.76 = 63.2 B of kernel memory per tracked file
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,6 @@ HOOKS: tuple[Hook, ...] = (
     Hook("on_bio_queue", "block I/O: hotness, metadata bucket, epochs, block barriers, discards", required=True),
     Hook("on_bio_split", "split bios count per piece"),
     Hook("on_dio_begin", "direct I/O attribution (iomap)"),
-    Hook("on_dio_complete", "direct I/O attribution (iomap)"),
     *(
         Hook(f"sys_dio_{s}", "direct I/O attribution (syscalls)")
         for s in ("read", "write", "pread64", "pwrite64", "readv", "writev", "preadv", "pwritev", "preadv2", "pwritev2")
@@ -75,7 +74,7 @@ HOOKS: tuple[Hook, ...] = (
     Hook("sys_sync_file_range", "file barriers: sync_file_range"),
     Hook("sys_syncfs", "file barriers: syncfs"),
 )
-DIO_IOMAP = ("on_dio_begin", "on_dio_complete")
+DIO_IOMAP = ("on_dio_begin",)
 DIO_SYSCALLS = tuple(h.program for h in HOOKS if h.program.startswith("sys_dio_"))
 
 
