@@ -55,7 +55,9 @@ def fragmented(fs: LoopFs, name: str | bytes, chunks: int = 8) -> str | bytes:
 
 
 def freed_for(events: list, ino: int, metadata: bool = False) -> list[tuple[int, int]]:
-    return [(e.block, e.count) for e in events if isinstance(e, FreedExtent) and e.ino == ino and e.metadata == metadata]
+    return [
+        (e.block, e.count) for e in events if isinstance(e, FreedExtent) and e.ino == ino and e.metadata == metadata
+    ]
 
 
 HOSTILE = [b"plain", b"new\nline\r\x1b[31m", b"\xff\xfe\xc0 invalid utf-8", b"n" * 255]
