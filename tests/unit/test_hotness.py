@@ -104,34 +104,34 @@ def test_counters_never_overflow(ops: list[tuple[int, int, int, int]]) -> None:
 
 def test_admission_against_last_evicted() -> None:
     t = HotnessTable()
-    cs = CachedSet(capacity_bytes=2 * 4096)
+    cs = CachedSet(2 * 4096, t)
     a = t.update(1, 1, 0, 10, 0, 0, 1)
     b = t.update(1, 2, 0, 20, 0, 0, 2)
-    assert cs.consider(t, a, 4096) == (True, [])
-    assert cs.consider(t, b, 4096) == (True, [])
+    assert cs.consider(a, 4096) == (True, [])
+    assert cs.consider(b, 4096) == (True, [])
     c = t.update(1, 3, 0, 30, 0, 0, 3)
-    admitted, evicted = cs.consider(t, c, 4096)
+    admitted, evicted = cs.consider(c, 4096)
     assert admitted and evicted == [a]  # the coldest left
     assert cs.admission_bar(t.epoch) == 10
     d = t.update(1, 4, 0, 10, 0, 0, 4)  # not above the last evicted counter
-    assert cs.consider(t, d, 4096) == (False, [])
+    assert cs.consider(d, 4096) == (False, [])
     e = t.update(1, 5, 0, 11, 0, 0, 5)
-    admitted, evicted = cs.consider(t, e, 4096)
+    admitted, evicted = cs.consider(e, 4096)
     assert not admitted and evicted == [e]  # admitted, but it is the coldest: it leaves at once
     assert cs.used_bytes <= cs.capacity_bytes
-    assert set(cs.members) == {b, c}
+    assert set(cs.members()) == {b, c}
     assert cs.discard(b) == 4096 and b not in cs
 
 
 def test_admission_ties_evict_least_recent() -> None:
     t = HotnessTable()
-    cs = CachedSet(capacity_bytes=2 * 4096)
+    cs = CachedSet(2 * 4096, t)
     a = t.update(1, 1, 0, 10, 0, 0, 5 << 20)
     b = t.update(1, 2, 0, 10, 0, 0, 1 << 20)
-    cs.consider(t, a, 4096)
-    cs.consider(t, b, 4096)
+    cs.consider(a, 4096)
+    cs.consider(b, 4096)
     c = t.update(1, 3, 0, 50, 0, 0, 9 << 20)
-    _, evicted = cs.consider(t, c, 4096)
+    _, evicted = cs.consider(c, 4096)
     assert evicted == [b]
 
 
@@ -139,13 +139,15 @@ def test_admission_ties_evict_least_recent() -> None:
 @given(st.lists(st.tuples(st.integers(0, 30), st.integers(1, 200), st.integers(1, 5)), max_size=120))
 def test_cached_set_capacity_and_membership(ops: list[tuple[int, int, int]]) -> None:
     t = HotnessTable(half_life_s=1)
-    cs = CachedSet(capacity_bytes=10 * 4096)
+    cs = CachedSet(10 * 4096, t)
     now = 0
     for ino, score, pages in ops:
         now += 300_000_000
         t.advance(now)
         s = t.update(1, ino, 0, score, 0, 0, now, pages * 4096)
-        cs.consider(t, s, pages * 4096)
+        cs.consider(s, pages * 4096)
         assert cs.used_bytes <= cs.capacity_bytes
-        assert cs.used_bytes == sum(cs.sizes.values())
-        assert set(cs.members) == set(cs.sizes)
+        members = list(cs.members())
+        assert len(members) == len(set(members)) == len(cs)
+        assert cs.used_bytes == sum(t.charged[m] * 4096 for m in members)
+        assert sorted(cs.hottest_members()) == sorted(members)

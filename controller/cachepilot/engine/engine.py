@@ -14,7 +14,7 @@ samples), never to the number of tracked files:
 
 from __future__ import annotations
 
-from collections import deque
+from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -34,7 +34,7 @@ from cachepilot.events import (
 from cachepilot.models.admission import CachedSet
 from cachepilot.models.epochs import EpochTracker
 from cachepilot.models.freed import FreedExtentQueue
-from cachepilot.models.hotness import HotnessTable
+from cachepilot.models.hotness import F_MEMBER, F_QUEUED, F_READ, HotnessTable
 from cachepilot.models.volume import (
     BYPASS,
     BYPASS_NAMES,
@@ -51,6 +51,52 @@ NS = 1_000_000_000
 REQUEST_RETRY_NS = 60 * NS  # re-issue an unanswered mode/knob request after this long
 
 
+ADMITTED = 0  # reason id: admitted against the last evicted counter (text made when emitted)
+
+
+class PromoQueue:
+    """FIFO of (slot, reason id) packed in one u64 array: 8 bytes per queued file, no Python objects.
+    Whether a slot is queued is the F_QUEUED bit of the hotness table."""
+
+    def __init__(self) -> None:
+        self.items = array("Q")
+        self.head = 0
+        self.reasons: list[str] = ["admitted"]
+        self._reason_ids: dict[str, int] = {"admitted": ADMITTED}
+
+    def reason_id(self, text: str) -> int:
+        rid = self._reason_ids.get(text)
+        if rid is None:
+            if len(self.reasons) > 4096:  # bounded: forget old texts
+                self.reasons = self.reasons[:1]
+                self._reason_ids = {"admitted": ADMITTED}
+            rid = self._reason_ids[text] = len(self.reasons)
+            self.reasons.append(text)
+        return rid
+
+    def __len__(self) -> int:
+        return len(self.items) - self.head
+
+    def push(self, slot: int, rid: int) -> None:
+        self.items.append(slot | rid << 32)
+
+    def peek(self) -> tuple[int, int]:
+        v = self.items[self.head]
+        return v & 0xFFFFFFFF, v >> 32
+
+    def pop(self) -> None:
+        self.head += 1
+        if self.head > 4096 and self.head * 2 > len(self.items):
+            del self.items[:self.head]
+            self.head = 0
+
+    def clear(self) -> list[int]:
+        slots = [v & 0xFFFFFFFF for v in self.items[self.head:]]
+        self.items = array("Q")
+        self.head = 0
+        return slots
+
+
 def normalise_mode(mode: str) -> str:
     return BYPASS if mode in BYPASS_NAMES else mode
 
@@ -64,8 +110,7 @@ class VolumeCtl:
     cached: CachedSet
     freed: FreedExtentQueue
     epochs: EpochTracker
-    promo_queue: deque[tuple[int, int, str]] = field(default_factory=deque)  # slot, gen, reason
-    queued: set[int] = field(default_factory=set)
+    promo_queue: PromoQueue = field(default_factory=lambda: PromoQueue())
     tokens: float = 0.0
     last_tick_ns: int | None = None
     last_switch_ns: int | None = None
@@ -76,8 +121,6 @@ class VolumeCtl:
     requested_knobs: dict[str, tuple[str, int]] = field(default_factory=dict)
     meta_score: int = 0
     meta_bytes: int = 0
-    read_bytes: int = 0
-    write_bytes: int = 0
     held_switches: int = 0
     touched_now: int = 0  # files outside the believed-cached set touched in the current tick
     touched_baseline: float = 0.0  # EWMA of files touched per tick outside scans
@@ -108,12 +151,13 @@ class Engine:
             policy=vp,
             chosen_by=chosen,
             state=VolumeState(info, error_threshold=vp.health.error_threshold),
-            cached=CachedSet(int(info.cache_bytes * vp.promotion.max_cache_fraction)),
+            cached=CachedSet(int(info.cache_bytes * vp.promotion.max_cache_fraction), self.hotness),
             freed=FreedExtentQueue(self._granularity(info, vp)),
             epochs=EpochTracker(start_ns=self.now_ns),
         )
         self.vols[info.dev] = ctl
         self.by_name[info.name] = ctl
+        self.hotness.register_dev(info.dev)
         return ctl
 
     @staticmethod
@@ -146,8 +190,6 @@ class Engine:
                 self.unknown_events += 1
                 return
             self.hotness.apply(ev)
-            c.read_bytes += ev.read_bytes
-            c.write_bytes += ev.write_bytes
         elif isinstance(ev, FreedExtent):
             c = self._vol(ev.dev)
             if c is not None:
@@ -176,19 +218,7 @@ class Engine:
 
     def feed_hotness_records(self, records: list[tuple[int, ...]]) -> None:
         """Fast path for replay: HotnessDelta records in trace layout (see cachepilot.trace.format)."""
-        vols = self.vols
-        known = [r for r in records if r[0] in vols]
-        self.unknown_events += len(records) - len(known)
-        self.hotness.apply_records(known)
-        if len(vols) == 1:
-            c = next(iter(vols.values()))
-            c.read_bytes += sum(r[5] for r in known)
-            c.write_bytes += sum(r[6] for r in known)
-        else:
-            for r in known:
-                c = vols[r[0]]
-                c.read_bytes += r[5]
-                c.write_bytes += r[6]
+        self.unknown_events += self.hotness.apply_records(records, known_only=True)
 
     def _vol(self, dev: int) -> VolumeCtl | None:
         c = self.vols.get(dev)
@@ -197,12 +227,14 @@ class Engine:
         return c
 
     def delete(self, ev: Delete) -> None:
-        slot = self.hotness.delete(ev)
-        if slot is not None:
-            c = self.vols.get(ev.key.dev)
-            if c is not None:
-                c.cached.discard(slot)
-                c.queued.discard(slot)
+        k = ev.key
+        slot = self.hotness.lookup(k.dev, k.ino, k.gen or None)
+        if slot is None:
+            return
+        c = self.vols.get(k.dev)
+        if c is not None:
+            c.cached.discard(slot)  # a queued promotion of it is dropped when it reaches the head
+        self.hotness.delete(ev)
 
     def sample(self, s: VolumeSample) -> None:
         c = self.vols.get(s.dev)
@@ -224,13 +256,16 @@ class Engine:
         """Queue members (hottest first); with idle_since_ns only those not accessed since then."""
         n = 0
         t = self.hotness
-        last = t.last
-        for slot in c.cached.hottest_members(t):
+        last, flags = t.last, t.flags
+        q = c.promo_queue
+        rid = q.reason_id(reason)
+        for slot in c.cached.hottest_members():
             if idle_since_ns is not None and last[slot] >= idle_since_ns:
                 continue
-            if slot not in c.queued:
-                c.promo_queue.append((slot, t.gen[slot], reason))
-                c.queued.add(slot)
+            f = flags[slot]
+            if not f & F_QUEUED:
+                flags[slot] = f | F_QUEUED
+                q.push(slot, rid)
                 n += 1
         return n
 
@@ -253,29 +288,39 @@ class Engine:
         return out
 
     def _admit(self, t: HotnessTable) -> None:
+        """Offer every file touched since the last tick to its volume's believed-cached set (inlined
+        sieve: size, write-only, append-only; see HotnessTable.sieve)."""
         vols = self.vols
-        devs = t.dev
-        sizes = t.size
+        devs, sizes, flags = t.dev, t.size, t.flags
+        cur_dev = -1
+        c: VolumeCtl | None = None
+        sieve = 0
+        enabled = False
         for slot in t.drain_touched():
-            c = vols.get(devs[slot])
+            dev = devs[slot]
+            if dev != cur_dev:
+                cur_dev = dev
+                c = vols.get(dev)
+                if c is not None:
+                    enabled = c.policy.promotion.enabled
+                    sieve = c.policy.promotion.sieve_size
             if c is None:
                 continue
-            if slot not in c.cached:
+            f = flags[slot]
+            member = f & F_MEMBER
+            if not member:
                 c.touched_now += 1
-            promo = c.policy.promotion
-            if not promo.enabled:
-                continue
-            why_not = t.sieve(slot, promo.sieve_size)
-            if why_not is not None:
-                if slot in c.cached:  # e.g. it grew past the sieve: invalidate
-                    c.cached.discard(slot)
+            if not enabled:
                 continue
             size = sizes[slot]
-            bar = c.cached.admission_bar(t.epoch)
-            admitted, _ = c.cached.consider(t, slot, size)
-            if admitted and slot not in c.queued:
-                c.promo_queue.append((slot, t.gen[slot], f"counter {t.score(slot)} > last evicted {bar}"))
-                c.queued.add(slot)
+            if size < 0 or size > sieve or not f & F_READ or (f & 6) == 2:  # 6 = APPEND|OVERWRITE
+                if member:  # e.g. it grew past the sieve: invalidate
+                    c.cached.discard(slot)
+                continue
+            admitted, _ = c.cached.consider(slot, size)
+            if admitted and not flags[slot] & F_QUEUED:
+                flags[slot] |= F_QUEUED
+                c.promo_queue.push(slot, ADMITTED)
 
     def _scan_pollution(self, c: VolumeCtl, now: int) -> None:
         """Two signals of a polluted cache: a scan (far more cold files -- outside the believed-cached set --
@@ -304,9 +349,10 @@ class Engine:
 
     def _promote(self, c: VolumeCtl, now: int, out: list[Action]) -> None:
         promo = c.policy.promotion
+        t = self.hotness
         if not promo.enabled:
-            c.promo_queue.clear()
-            c.queued.clear()
+            for slot in c.promo_queue.clear():
+                t.flags[slot] &= ~F_QUEUED
             return
         if (promo.refresh_interval_s > 0 and not c.scanning
                 and now - c.last_refresh_ns >= promo.refresh_interval_s * NS):
@@ -316,21 +362,26 @@ class Engine:
         dt = (now - c.last_tick_ns) / NS if c.last_tick_ns is not None else 1.0
         cap = promo.rate * 2.0
         c.tokens = min(cap, c.tokens + promo.rate * max(0.0, dt))
-        t = self.hotness
         q = c.promo_queue
+        flags = t.flags
         while q:
-            slot, gen, reason = q[0]
-            if slot not in c.cached or t.gen[slot] != gen:
-                q.popleft()
-                c.queued.discard(slot)
+            slot, rid = q.peek()
+            f = flags[slot]
+            if not f & F_MEMBER:
+                q.pop()
+                flags[slot] = f & ~F_QUEUED
                 continue
             size = t.size[slot]
             if size > c.tokens:
                 break
-            q.popleft()
-            c.queued.discard(slot)
+            q.pop()
+            flags[slot] = f & ~F_QUEUED
             c.tokens -= size
-            out.append(Promote(c.info.name, t.dev[slot], t.ino[slot], gen, ((0, size),), reason))
+            if rid == ADMITTED:
+                reason = f"counter {t.score(slot)} > last evicted {c.cached.admission_bar(t.epoch)}"
+            else:
+                reason = q.reasons[rid] if rid < len(q.reasons) else "re-warm"
+            out.append(Promote(c.info.name, t.dev[slot], t.ino[slot], t.gen[slot], ((0, size),), reason))
 
     def _discard(self, c: VolumeCtl, now: int, out: list[Action]) -> None:
         d = c.policy.discard_on_delete
@@ -367,8 +418,9 @@ class Engine:
         vp = c.policy
         fm = vp.failure_model
         if fm == "auto":
-            total = c.read_bytes + c.write_bytes
-            wfrac = c.write_bytes / total if total else 0.0
+            rb, wb = self.hotness.dev_bytes.get(c.info.dev, (0, 0))
+            total = rb + wb
+            wfrac = wb / total if total else 0.0
             rate = c.epochs.stats(now).barrier_rate
             if wfrac < 0.1 and rate < 1.0:
                 return WRITETHROUGH, f"auto: read-mostly ({wfrac:.0%} writes, {rate:.1f} barriers/s)", False

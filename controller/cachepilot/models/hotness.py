@@ -14,8 +14,12 @@ wscore        u32     write counter (saturating), at aging epoch ``stamp``
 stamp         u32     aging epoch at which rscore/wscore were last normalised
 last          i64     last access, CLOCK_MONOTONIC ns
 size          i64     file size in bytes (-1 = unknown)
-flags         u8      READ / APPEND / OVERWRITE / TOUCHED / LIVE bits
+flags         u8      READ / APPEND / OVERWRITE / TOUCHED / LIVE / MEMBER / QUEUED bits
+mver          u32     version of the slot's entry in its volume's believed-cached set
+charged       u32     pages charged to the believed-cached set
 ============  ======  =====================================================================
+
+Per filesystem we also sum the read and write bytes (``dev_bytes``), for the ``auto`` failure model.
 
 Aging is lazy: time is cut into epochs of one half-life; a counter stamped at epoch ``s`` is worth
 ``raw >> (epoch - s)`` at epoch ``epoch``. Nothing walks the table to age it.
@@ -25,8 +29,9 @@ from __future__ import annotations
 
 import heapq
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
+from operator import itemgetter
 
 from cachepilot.errors import UserError
 from cachepilot.events import Delete, HotnessDelta
@@ -39,6 +44,10 @@ F_APPEND = 2  # a write that grew the file by at least its size was seen
 F_OVERWRITE = 4  # a write that did not (only) append was seen
 F_TOUCHED = 8  # changed since the last drain_touched()
 F_LIVE = 16  # slot in use
+F_MEMBER = 32  # in its volume's believed-cached set (models.admission)
+F_QUEUED = 64  # waiting in its volume's promotion queue (engine)
+
+_DEV, _RB, _WB = itemgetter(0), itemgetter(5), itemgetter(6)
 
 
 def inverse_bitmap_score(nbytes: int) -> int:
@@ -85,6 +94,9 @@ class HotnessTable:
         self.last = array("q")
         self.size = array("q")
         self.flags = array("B")
+        self.mver = array("I")
+        self.charged = array("I")
+        self.dev_bytes: dict[int, list[int]] = {}
         self._free: list[int] = []
         self.touched: list[int] = []
         self.live = 0
@@ -110,7 +122,8 @@ class HotnessTable:
             self.stamp[slot] = self.epoch
             self.last[slot] = 0
             self.size[slot] = -1
-            self.flags[slot] = F_LIVE
+            self.flags[slot] = F_LIVE | (self.flags[slot] & (F_TOUCHED | F_QUEUED))  # may sit in those lists
+            self.charged[slot] = 0
         else:
             slot = len(self.flags)
             self.dev.append(dev)
@@ -122,9 +135,12 @@ class HotnessTable:
             self.last.append(0)
             self.size.append(-1)
             self.flags.append(F_LIVE)
+            self.mver.append(0)
+            self.charged.append(0)
         idx = self.index.get(dev)
         if idx is None:
             idx = self.index[dev] = {}
+            self.dev_bytes[dev] = [0, 0]
         idx[ino] = slot
         self.live += 1
         return slot
@@ -142,11 +158,23 @@ class HotnessTable:
         return self.live
 
     # ---------------------------------------------------------------- updates
+    def register_dev(self, dev: int) -> None:
+        """Track files of this filesystem (apply_records(known_only=True) skips the others)."""
+        if dev not in self.index:
+            self.index[dev] = {}
+            self.dev_bytes[dev] = [0, 0]
+
     def apply(self, ev: HotnessDelta) -> int:
         k = ev.key
-        return self.update(
+        if ev.read_bytes < 0:
+            raise UserError(f"negative hotness delta for dev={k.dev} ino={k.ino}")
+        slot = self.update(
             k.dev, k.ino, k.gen, ev.read_score, ev.write_score, ev.write_bytes, ev.last_access_ns, ev.size
         )
+        db = self.dev_bytes[k.dev]
+        db[0] += ev.read_bytes
+        db[1] += ev.write_bytes
+        return slot
 
     def update(
         self, dev: int, ino: int, gen: int, rs: int, ws: int, wbytes: int, last_ns: int, size: int = -1
@@ -203,24 +231,93 @@ class HotnessTable:
             self.touched.append(slot)
         self.flags[slot] = f
 
-    def apply_records(self, records: Iterable[tuple[int, ...]]) -> int:
-        """Hot path for replay: tuples in trace layout
-        (dev, ino, gen, read_score, write_score, read_bytes, write_bytes, last_access_ns, size)."""
-        n = 0
+    def _slow_slot(self, dev: int, ino: int, gen: int, known_only: bool) -> int:
+        """apply_records' rare path: unknown filesystem, new file, or a new generation. -1 = skip."""
+        idx = self.index.get(dev)
+        if idx is None:
+            if known_only:
+                return -1
+            self.register_dev(dev)
+            idx = self.index[dev]
+        slot = idx.get(ino)
+        if slot is None:
+            return self._alloc(dev, ino, gen)
+        self._reset(slot, gen)
+        return slot
+
+    def _normalise(self, slot: int) -> None:
+        sh = self.epoch - self.stamp[slot]
+        self.rscore[slot] >>= sh
+        self.wscore[slot] >>= sh
+        self.stamp[slot] = self.epoch
+
+    def apply_records(self, records: list[tuple[int, ...]], known_only: bool = False) -> int:
+        """Hot path for replay and drains: tuples in trace layout (dev, ino, gen, read_score, write_score,
+        read_bytes, write_bytes, last_access_ns, size). Same semantics as :meth:`update`, inlined.
+        With known_only, records of filesystems never registered are skipped; returns how many."""
         index = self.index
-        gens = self.gen
-        bump = self._bump
-        alloc = self._alloc
+        gens, rsa, wsa, sta = self.gen, self.rscore, self.wscore, self.stamp
+        lasta, sizea, flags, touched = self.last, self.size, self.flags, self.touched
+        slow, normalise = self._slow_slot, self._normalise
+        e = self.epoch
+        cmax = COUNTER_MAX
+        skipped = 0
+        cur_dev = -1
+        idx: dict[int, int] = {}
         for dev, ino, gen, rs, ws, _rb, wb, last_ns, size in records:
-            idx = index.get(dev)
-            slot = None if idx is None else idx.get(ino)
-            if slot is None:
-                slot = alloc(dev, ino, gen)
-            elif gens[slot] != gen:
-                self._reset(slot, gen)
-            bump(slot, rs, ws, wb, last_ns, size)
-            n += 1
-        return n
+            if dev != cur_dev:
+                cur_dev = dev
+                idx = index.get(dev) or {}
+            slot = idx.get(ino)
+            if slot is None or gens[slot] != gen:
+                slot = slow(dev, ino, gen, known_only)
+                if slot < 0:
+                    skipped += 1
+                    continue
+                idx = index[dev]
+            if sta[slot] != e:
+                normalise(slot)
+            f = flags[slot]
+            if rs:
+                r = rsa[slot] + rs
+                rsa[slot] = r if r < cmax else cmax
+                f |= F_READ
+            if ws:
+                w = wsa[slot] + ws
+                wsa[slot] = w if w < cmax else cmax
+                old = sizea[slot]
+                if size >= 0 and old >= 0 and size - old >= wb > 0:
+                    f |= F_APPEND
+                elif old >= 0 or size < 0:
+                    f |= F_OVERWRITE
+            if size >= 0:
+                sizea[slot] = size
+            if last_ns > lasta[slot]:
+                lasta[slot] = last_ns
+            if not f & F_TOUCHED:
+                f |= F_TOUCHED
+                touched.append(slot)
+            flags[slot] = f
+        self._add_dev_bytes(records, known_only)
+        return skipped
+
+    def _add_dev_bytes(self, records: list[tuple[int, ...]], known_only: bool) -> None:
+        if not records:
+            return
+        db = self.dev_bytes
+        devs = set(map(_DEV, records))
+        if len(devs) == 1:
+            d = devs.pop()
+            if d in db:
+                acc = db[d]
+                acc[0] += sum(map(_RB, records))
+                acc[1] += sum(map(_WB, records))
+            return
+        for r in records:
+            acc = db.get(r[0])
+            if acc is not None:
+                acc[0] += r[5]
+                acc[1] += r[6]
 
     def forget(self, dev: int, ino: int, gen: int | None = None) -> int | None:
         """Drop a deleted file; returns its former slot (for the admission sets) or None."""
@@ -231,7 +328,8 @@ class HotnessTable:
         if slot is None or (gen is not None and gen != 0 and self.gen[slot] != gen):
             return None
         del idx[ino]
-        self.flags[slot] = 0
+        self.flags[slot] &= F_TOUCHED | F_QUEUED  # it may still sit in those lists
+        self.charged[slot] = 0
         self.rscore[slot] = 0
         self.wscore[slot] = 0
         self._free.append(slot)
@@ -322,5 +420,5 @@ class HotnessTable:
     def memory_bytes(self) -> int:
         """Bytes held by the parallel arrays (not the index dicts)."""
         arrays = (self.dev, self.ino, self.gen, self.rscore, self.wscore, self.stamp, self.last, self.size,
-                  self.flags)
+                  self.flags, self.mver, self.charged)
         return sum(a.buffer_info()[1] * a.itemsize for a in arrays)
