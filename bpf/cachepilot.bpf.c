@@ -35,8 +35,8 @@ struct {
 } watched SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 64);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, CP_MAX_VOLUMES);
 	__type(key, u32);
 	__type(value, struct cp_volume);
 } volumes SEC(".maps");
@@ -69,6 +69,13 @@ struct {
 	__type(key, u32);
 	__type(value, struct cp_dio);
 } dio_task SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct cp_dio);
+} dio_store SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -253,14 +260,19 @@ static __always_inline bool bio_page_file(struct bio *bio, struct file_id *id)
 	return mapping && inode_id_btf(mapping->host, id);
 }
 
-static __always_inline bool bio_file(struct bio *bio, u32 bdev, struct file_id *id)
+static __always_inline bool bio_file(struct cp_config *c, struct bio *bio, u32 bdev, struct file_id *id)
 {
 	if (bio_page_file(bio, id) && id->dev == bdev)
 		return true;
 	/* direct I/O: the pages belong to the user's buffer; use the file the task is doing direct I/O on */
-	u32 tid = (u32)bpf_get_current_pid_tgid();
-	struct cp_dio *d = bpf_map_lookup_elem(&dio_task, &tid);
-	if (d && d->dev == bdev) {
+	struct cp_dio *d;
+	if (c->flags & CP_CFG_DIO_SYSCALLS) {
+		u32 tid = (u32)bpf_get_current_pid_tgid();
+		d = bpf_map_lookup_elem(&dio_task, &tid);
+	} else {
+		d = bpf_task_storage_get(&dio_store, bpf_get_current_task_btf(), 0, 0);
+	}
+	if (d && d->dev == bdev && d->ino) {
 		id->ino = d->ino;
 		id->dev = d->dev;
 		id->gen = d->gen;
@@ -308,7 +320,7 @@ int BPF_PROG(on_bio_queue, struct bio *bio)
 	u64 size = bio->bi_iter.bi_size;
 
 	if (op == REQ_OP_DISCARD_) {
-		struct cp_volume *dv = bpf_map_lookup_elem(&volumes, &w->volume);
+		struct cp_volume *dv = bpf_map_lookup_elem(&volumes, &w->slot);
 		if (dv) {
 			__sync_fetch_and_add(&dv->discards, 1);
 			__sync_fetch_and_add(&dv->discard_sectors, size >> 9);
@@ -331,13 +343,10 @@ int BPF_PROG(on_bio_queue, struct bio *bio)
 	if (op != REQ_OP_READ_ && op != REQ_OP_WRITE_)
 		return 0;
 
-	struct cp_volume *v = bpf_map_lookup_elem(&volumes, &dev);
-	if (!v) {
-		struct cp_drops *d = drop_counters();
-		if (d)
-			__sync_fetch_and_add(&d->other, 1);
+	struct cp_volume *v = bpf_map_lookup_elem(&volumes, &w->slot);
+	struct cp_config *c = cfg();
+	if (!v || !c)
 		return 0;
-	}
 
 	u32 preflush = 1U << bpf_core_enum_value(enum req_flag_bits, __REQ_PREFLUSH);
 	u32 fua = 1U << bpf_core_enum_value(enum req_flag_bits, __REQ_FUA);
@@ -351,7 +360,7 @@ int BPF_PROG(on_bio_queue, struct bio *bio)
 
 	if (size) {
 		struct file_id id = {};
-		bool is_file = !(opf & meta) && bio_file(bio, dev, &id);
+		bool is_file = !(opf & meta) && bio_file(c, bio, dev, &id);
 		if (is_file && !is_self())
 			hot_add(&id, write, inv_bitmap(size), size >> 9);
 		if (is_file) {
@@ -387,7 +396,9 @@ SEC("tp_btf/block_split")
 int BPF_PROG(on_bio_split, struct bio *split, unsigned int new_sector)
 {
 	u32 dev = BPF_CORE_READ(split, bi_bdev, bd_dev);
-	if (!watch_of(dev, CP_ROLE_VOLUME))
+	struct cp_watch *w = watch_of(dev, CP_ROLE_VOLUME);
+	struct cp_config *c = cfg();
+	if (!w || !c)
 		return 0;
 	u32 opf = BPF_CORE_READ(split, bi_opf);
 	u32 op = opf & REQ_OP_MASK_;
@@ -407,11 +418,11 @@ int BPF_PROG(on_bio_split, struct bio *split, unsigned int new_sector)
 	u32 delta = inv_bitmap(s1) + inv_bitmap(r) - inv_bitmap(s1 + r);
 	u32 meta = 1U << bpf_core_enum_value(enum req_flag_bits, __REQ_META);
 	struct file_id id = {};
-	if (!(opf & meta) && bio_file(split, dev, &id)) {
+	if (!(opf & meta) && bio_file(c, split, dev, &id)) {
 		if (!is_self() && delta)
 			hot_add(&id, op == REQ_OP_WRITE_, delta, 0);
 	} else {
-		struct cp_volume *v = bpf_map_lookup_elem(&volumes, &dev);
+		struct cp_volume *v = bpf_map_lookup_elem(&volumes, &w->slot);
 		if (v) {
 			__sync_fetch_and_add(&v->meta_score, delta);
 			__sync_fetch_and_add(&v->meta_ios, 1);
@@ -450,13 +461,20 @@ static __always_inline void dio_clear(void)
 SEC("tp_btf/iomap_dio_rw_begin")
 int BPF_PROG(on_dio_begin, struct kiocb *iocb, struct iov_iter *iter, unsigned int dio_flags, size_t done_before)
 {
-	struct file_id id;
 	struct file *file = iocb->ki_filp;
+	struct file_id id = {};
+	struct cp_dio *d;
 
-	if (file && inode_id_btf(file->f_inode, &id) && watch_of(id.dev, CP_ROLE_VOLUME))
-		dio_set(&id);
-	else
-		dio_clear();
+	if (!file || !inode_id_btf(file->f_inode, &id))
+		id.ino = 0; /* not a regular file: clear the mark */
+	d = bpf_task_storage_get(&dio_store, bpf_get_current_task_btf(), 0,
+				 id.ino ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+	if (!d)
+		return 0;
+	d->ino = id.ino;
+	d->dev = id.dev;
+	d->gen = id.gen;
+	d->size = id.size;
 	return 0;
 }
 
@@ -581,9 +599,10 @@ static __always_inline int file_barrier(long fd, u32 kind, u64 arg)
 		return 0;
 	struct inode *inode = BPF_CORE_READ(f, f_inode);
 	u32 dev = BPF_CORE_READ(inode, i_sb, s_dev);
-	if (!watch_of(dev, CP_ROLE_FS))
+	struct cp_watch *w = watch_of(dev, CP_ROLE_FS);
+	if (!w)
 		return 0;
-	struct cp_volume *v = bpf_map_lookup_elem(&volumes, &dev);
+	struct cp_volume *v = bpf_map_lookup_elem(&volumes, &w->slot);
 	struct cp_ev_barrier *e = reserve(sizeof(*e));
 	if (!e)
 		return 0;

@@ -27,10 +27,15 @@ typedef __u64 u64;
 struct cp_watch {
 	u32 roles;
 	u32 volume; /* dev of the volume this device belongs to */
+	u32 slot;   /* index of the volume's state in the "volumes" array */
+	u32 pad;
 };
+
+#define CP_MAX_VOLUMES 64
 
 /* ---- configuration (array "cp_config_map", one element, written by user space after load) ---- */
 #define CP_CFG_IGNORE_SELF 0x1
+#define CP_CFG_DIO_SYSCALLS 0x2 /* direct I/O marks live in "dio_task" (syscall hooks), else in task storage */
 
 struct cp_config {
 	u32 self_tgid;
@@ -56,7 +61,7 @@ struct cp_hot_slot {
 
 #define CP_HOT_PROBES 8
 
-/* ---- per-volume state (hash "volumes": volume dev -> struct cp_volume, created by user space) ----
+/* ---- per-volume state (array "volumes", slot assigned by user space in struct cp_watch) ----
  * meta_* and the totals are cumulative (user space takes differences); epoch_* are reset by each block barrier. */
 struct cp_volume {
 	u64 meta_score;
@@ -72,7 +77,8 @@ struct cp_volume {
 	u64 discard_sectors;
 };
 
-/* ---- direct I/O attribution (LRU hash "dio_task": tid -> struct cp_dio) ---- */
+/* ---- direct I/O attribution: task storage "dio_store" (iomap hook) or LRU hash "dio_task": tid -> struct cp_dio
+ * (syscall hooks) ---- */
 struct cp_dio {
 	u64 ino;
 	u32 dev;

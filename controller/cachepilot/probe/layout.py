@@ -16,6 +16,8 @@ ROLE_FS = 0x2
 ROLE_LOWER = 0x4
 
 CFG_IGNORE_SELF = 0x1
+CFG_DIO_SYSCALLS = 0x2
+MAX_VOLUMES = 64
 
 EV_FREE = 1
 EV_DELETE = 2
@@ -35,7 +37,7 @@ class Struct(C.Structure):
 
 
 class cp_watch(Struct):  # noqa: N801 - mirrors the C name
-    _fields_ = [("roles", u32), ("volume", u32)]
+    _fields_ = [("roles", u32), ("volume", u32), ("slot", u32), ("pad", u32)]
 
 
 class cp_config(Struct):  # noqa: N801

@@ -153,7 +153,8 @@ class Probe:
         self._hot_mm: mmap.mmap | None = None
         self._raw: list[bytes] = []
         self._meta_prev: dict[int, tuple[int, int]] = {}
-        self.volumes: dict[int, L.cp_watch] = {}
+        self.volumes: dict[int, L.cp_watch] = {}  # every watched device -> its watch entry
+        self._slots: dict[int, int] = {}  # volume dev -> index in the "volumes" array
         if dio_hook not in ("auto", "iomap", "syscalls"):
             raise UserError(f"dio_hook must be auto, iomap or syscalls, not {dio_hook!r}")
         if max_files < 1:
@@ -266,9 +267,10 @@ class Probe:
             raise UserError(f"loading {self.object_path.name} failed: {libbpf.errno_str(rc)}\n{log}")
         self._fds = {
             name: h.bpf_map__fd(self._map(name))
-            for name in ("watched", "volumes", "cp_config_map", "drops", "hot_slots", "events", "dio_task")
+            for name in ("watched", "volumes", "cp_config_map", "drops", "hot_slots", "events", "dio_task", "dio_store")
         }
-        cfg = L.cp_config(self_tgid=os.getpid(), flags=L.CFG_IGNORE_SELF if self.ignore_self else 0, nslots=self.nslots)
+        flags = (L.CFG_IGNORE_SELF if self.ignore_self else 0) | (L.CFG_DIO_SYSCALLS if dio_hook == "syscalls" else 0)
+        cfg = L.cp_config(self_tgid=os.getpid(), flags=flags, nslots=self.nslots)
         self._update("cp_config_map", C.c_uint32(0), cfg)
         self._hot_bytes = self.nslots * SLOT_SIZE
         self._hot_mm = mmap.mmap(
@@ -325,28 +327,34 @@ class Probe:
     def watch_volume(self, dev: int, *, fs_dev: int | None = None, lower: Iterable[int] = ()) -> None:
         """Watch a cached volume: `dev` the cached block device (kernel dev_t), `fs_dev` the s_dev of the filesystem
         mounted on it (defaults to dev), `lower` its backing and cache devices (their discards are reported)."""
+        if dev not in self._slots:
+            free = sorted(set(range(L.MAX_VOLUMES)) - set(self._slots.values()))
+            if not free:
+                raise UserError(f"too many watched volumes (at most {L.MAX_VOLUMES})")
+            self._slots[dev] = free[0]
+            self._update("volumes", C.c_uint32(free[0]), L.cp_volume())  # fresh counters
+            self._meta_prev[dev] = (0, 0)
+        slot = self._slots[dev]
         roles: dict[int, int] = {dev: L.ROLE_VOLUME}
         fs = dev if fs_dev is None else fs_dev
         roles[fs] = roles.get(fs, 0) | L.ROLE_FS
         for low in lower:
             roles[low] = roles.get(low, 0) | L.ROLE_LOWER
-        vol = L.cp_volume()
-        if not self._lookup("volumes", C.c_uint32(dev), vol):
-            self._update("volumes", C.c_uint32(dev), L.cp_volume())
-            self._meta_prev[dev] = (0, 0)
         for d, r in roles.items():
             cur = L.cp_watch()
-            if self._lookup("watched", C.c_uint32(d), cur):
+            if self._lookup("watched", C.c_uint32(d), cur) and cur.volume == dev:
                 r |= cur.roles
-            w = L.cp_watch(roles=r, volume=dev)
+            w = L.cp_watch(roles=r, volume=dev, slot=slot)
             self._update("watched", C.c_uint32(d), w)
             self.volumes[d] = w
 
     def unwatch(self, dev: int) -> None:
-        """Stop watching a device (any role). The volume's counters are dropped with it."""
-        self._h.bpf_map_delete_elem(self._fds["watched"], C.byref(C.c_uint32(dev)))
-        self._h.bpf_map_delete_elem(self._fds["volumes"], C.byref(C.c_uint32(dev)))
-        self.volumes.pop(dev, None)
+        """Stop watching a volume and every device watched on its behalf; its counters are dropped."""
+        for d, w in list(self.volumes.items()):
+            if d == dev or w.volume == dev:
+                self._h.bpf_map_delete_elem(self._fds["watched"], C.byref(C.c_uint32(d)))
+                del self.volumes[d]
+        self._slots.pop(dev, None)
         self._meta_prev.pop(dev, None)
 
     # ---- discrete events ----
@@ -408,8 +416,11 @@ class Probe:
         return events
 
     def volume_state(self, dev: int) -> L.cp_volume | None:
+        """The kernel's counters of a watched volume (cumulative totals and the open epoch)."""
+        if dev not in self._slots:
+            return None
         vol = L.cp_volume()
-        return vol if self._lookup("volumes", C.c_uint32(dev), vol) else None
+        return vol if self._lookup("volumes", C.c_uint32(self._slots[dev]), vol) else None
 
     def drops(self) -> Drops:
         d = L.cp_drops()
