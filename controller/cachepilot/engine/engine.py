@@ -18,6 +18,8 @@ from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from cachepilot.engine.actions import Action, DiscardRanges, Promote, SetKnob, SetWritePolicy
 from cachepilot.errors import UserError
 from cachepilot.events import (
@@ -220,6 +222,10 @@ class Engine:
         """Fast path for replay: HotnessDelta records in trace layout (see cachepilot.trace.format)."""
         self.unknown_events += self.hotness.apply_records(records, known_only=True)
 
+    def feed_hotness_array(self, records: np.ndarray) -> None:
+        """Fastest path: a numpy array of HOT_DTYPE records (a trace block or a raw BPF drain)."""
+        self.unknown_events += self.hotness.apply_array(records, known_only=True)
+
     def _vol(self, dev: int) -> VolumeCtl | None:
         c = self.vols.get(dev)
         if c is None:
@@ -363,7 +369,9 @@ class Engine:
         cap = promo.rate * 2.0
         c.tokens = min(cap, c.tokens + promo.rate * max(0.0, dt))
         q = c.promo_queue
-        flags = t.flags
+        flags, tsize, tdev, tino, tgen = t.flags, t.size, t.dev, t.ino, t.gen
+        name = c.info.name
+        bar = c.cached.admission_bar(t.epoch)
         while q:
             slot, rid = q.peek()
             f = flags[slot]
@@ -371,17 +379,17 @@ class Engine:
                 q.pop()
                 flags[slot] = f & ~F_QUEUED
                 continue
-            size = t.size[slot]
+            size = tsize[slot]
             if size > c.tokens:
                 break
             q.pop()
             flags[slot] = f & ~F_QUEUED
             c.tokens -= size
             if rid == ADMITTED:
-                reason = f"counter {t.score(slot)} > last evicted {c.cached.admission_bar(t.epoch)}"
+                reason = f"counter {t.score(slot)} > last evicted {bar}"
             else:
                 reason = q.reasons[rid] if rid < len(q.reasons) else "re-warm"
-            out.append(Promote(c.info.name, t.dev[slot], t.ino[slot], t.gen[slot], ((0, size),), reason))
+            out.append(Promote(name, tdev[slot], tino[slot], tgen[slot], ((0, size),), reason))
 
     def _discard(self, c: VolumeCtl, now: int, out: list[Action]) -> None:
         d = c.policy.discard_on_delete

@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterator
 
-from cachepilot.models.hotness import F_MEMBER, PAGE, HotnessTable
+from cachepilot.models.hotness import COUNTER_MAX, F_MEMBER, PAGE, HotnessTable
 
 _SLOT_MASK = (1 << 32) - 1
 _LAST_MASK = (1 << 32) - 1
@@ -61,7 +61,12 @@ class CachedSet:
             self._rebase()
         ver = (t.mver[slot] + 1) & _SLOT_MASK
         t.mver[slot] = ver
-        heapq.heappush(self._heap, self._entry(slot, t.score(slot) << (e - self.base), ver))
+        sh = e - t.stamp[slot]
+        score = (t.rscore[slot] >> sh) + (t.wscore[slot] >> sh)
+        if score > COUNTER_MAX:
+            score = COUNTER_MAX
+        heapq.heappush(self._heap, ((score << (e - self.base)) << 96)
+                       | (((t.last[slot] >> 20) & _LAST_MASK) << 64) | (ver << 32) | slot)
 
     def _entry(self, slot: int, key: int, ver: int) -> int:
         return (key << 96) | (((self.t.last[slot] >> 20) & _LAST_MASK) << 64) | (ver << 32) | slot

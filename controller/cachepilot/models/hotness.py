@@ -31,7 +31,10 @@ import heapq
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import repeat
 from operator import itemgetter
+
+import numpy as np
 
 from cachepilot.errors import UserError
 from cachepilot.events import Delete, HotnessDelta
@@ -48,6 +51,10 @@ F_MEMBER = 32  # in its volume's believed-cached set (models.admission)
 F_QUEUED = 64  # waiting in its volume's promotion queue (engine)
 
 _DEV, _RB, _WB = itemgetter(0), itemgetter(5), itemgetter(6)
+
+HOT_DTYPE = np.dtype([("dev", "<u4"), ("ino", "<u8"), ("gen", "<u4"), ("rs", "<u4"), ("ws", "<u4"),
+                      ("rb", "<u8"), ("wb", "<u8"), ("last", "<i8"), ("size", "<i8")])
+"""HotnessDelta in trace layout (``<IQIIIQQqq``, 56 bytes, packed) as a numpy record."""
 
 
 def inverse_bitmap_score(nbytes: int) -> int:
@@ -144,6 +151,36 @@ class HotnessTable:
         idx[ino] = slot
         self.live += 1
         return slot
+
+    def _alloc_many(self, dev: int, new: dict[int, int]) -> dict[int, int]:
+        """Slots for many new files (ino -> gen) at once; returns ino -> slot."""
+        out: dict[int, int] = {}
+        items = list(new.items())
+        while items and self._free:
+            ino, gen = items.pop()
+            out[ino] = self._alloc(dev, ino, gen)
+        k = len(items)
+        if not k:
+            return out
+        base = len(self.flags)
+        inos = [i for i, _ in items]
+        self.dev.extend(array("I", [dev]) * k)
+        self.ino.extend(array("Q", inos))
+        self.gen.extend(array("I", [g for _, g in items]))
+        zeros = array("I", bytes(4 * k))
+        self.rscore.extend(zeros)
+        self.wscore.extend(zeros)
+        self.mver.extend(zeros)
+        self.charged.extend(zeros)
+        self.stamp.extend(array("I", [self.epoch]) * k)
+        self.last.extend(array("q", bytes(8 * k)))
+        self.size.extend(array("q", [-1]) * k)
+        self.flags.extend(array("B", [F_LIVE]) * k)
+        made = dict(zip(inos, range(base, base + k), strict=True))
+        self.index[dev].update(made)
+        self.live += k
+        out.update(made)
+        return out
 
     def lookup(self, dev: int, ino: int, gen: int | None = None) -> int | None:
         idx = self.index.get(dev)
@@ -318,6 +355,113 @@ class HotnessTable:
             if acc is not None:
                 acc[0] += r[5]
                 acc[1] += r[6]
+
+    def apply_array(self, rec: np.ndarray, known_only: bool = False) -> int:
+        """Vectorised :meth:`apply_records` for a numpy structured array of :data:`HOT_DTYPE` records
+        (a trace block decoded with ``np.frombuffer``, no per-record tuples). Returns records skipped."""
+        n = len(rec)
+        if n == 0:
+            return 0
+        devs = rec["dev"]
+        udevs = np.unique(devs).tolist()
+        slots = np.empty(n, dtype=np.int64)
+        keep: np.ndarray | None = None
+        skipped = 0
+        for d in udevs:
+            sel = (devs == d) if len(udevs) > 1 else np.ones(n, dtype=bool)
+            idx = self.index.get(d)
+            if idx is None:
+                if known_only:
+                    if keep is None:
+                        keep = np.ones(n, dtype=bool)
+                    keep &= ~sel
+                    skipped += int(sel.sum())
+                    continue
+                self.register_dev(d)
+                idx = self.index[d]
+            inos = rec["ino"][sel].tolist()
+            got = np.fromiter(map(idx.get, inos, repeat(-1)), dtype=np.int64, count=len(inos))
+            miss = np.nonzero(got < 0)[0].tolist()
+            if miss:  # new files (the arrays may grow: no numpy views exist yet)
+                gens = rec["gen"][sel].tolist()
+                new: dict[int, int] = {}
+                for i in miss:
+                    new.setdefault(inos[i], gens[i])
+                made = self._alloc_many(d, new)
+                got[miss] = [made[inos[i]] for i in miss]
+            slots[sel] = got
+        if keep is not None:
+            rec = rec[keep]
+            slots = slots[keep]
+            if len(rec) == 0:
+                return skipped
+        order = np.argsort(slots, kind="stable")
+        ss = slots[order]
+        dup = np.empty(len(ss), dtype=bool)
+        dup[0] = False
+        np.not_equal(ss[1:], ss[:-1], out=dup[1:])
+        if dup[1:].all():
+            self._apply_unique(rec, slots)
+        else:  # a file twice in one block: apply its 1st records, then its 2nd ... (exact semantics)
+            start = np.maximum.accumulate(np.where(dup, np.arange(len(ss)), 0))
+            rank = np.empty(len(ss), dtype=np.int64)
+            rank[order] = np.arange(len(ss)) - start
+            for r in range(int(rank.max()) + 1):
+                m = rank == r
+                self._apply_unique(rec[m], slots[m])
+        return skipped
+
+    def _apply_unique(self, rec: np.ndarray, slots: np.ndarray) -> None:
+        """apply_array's body for records whose slots are all different."""
+        u32, i64 = np.uint32, np.int64
+        gen = np.frombuffer(self.gen, dtype=u32)
+        bad = np.nonzero(gen[slots] != rec["gen"])[0]
+        for i in bad.tolist():  # inode reuse: rare
+            self._reset(int(slots[i]), int(rec["gen"][i]))
+        stamp = np.frombuffer(self.stamp, dtype=u32)
+        rsa = np.frombuffer(self.rscore, dtype=u32)
+        wsa = np.frombuffer(self.wscore, dtype=u32)
+        e = self.epoch
+        old = slots[stamp[slots] != e]
+        if len(old):
+            sh = (e - stamp[old].astype(i64)).clip(0, 63).astype(np.uint64)
+            rsa[old] = (rsa[old].astype(np.uint64) >> sh).astype(u32)
+            wsa[old] = (wsa[old].astype(np.uint64) >> sh).astype(u32)
+            stamp[old] = e
+        rs = rec["rs"]
+        ws = rec["ws"]
+        rsa[slots] = np.minimum(rsa[slots].astype(np.uint64) + rs, COUNTER_MAX).astype(u32)
+        wmask = ws > 0
+        anyw = bool(wmask.any())
+        if anyw:
+            wsa[slots] = np.minimum(wsa[slots].astype(np.uint64) + ws, COUNTER_MAX).astype(u32)
+        flags = np.frombuffer(self.flags, dtype=np.uint8)
+        sizea = np.frombuffer(self.size, dtype=i64)
+        f = flags[slots] | np.where(rs > 0, F_READ, 0).astype(np.uint8)
+        size = rec["size"]
+        if anyw:
+            oldsize = sizea[slots]
+            wb = rec["wb"].astype(i64)
+            app = wmask & (size >= 0) & (oldsize >= 0) & (wb > 0) & (size - oldsize >= wb)
+            ovw = wmask & ~app & ((oldsize >= 0) | (size < 0))
+            f |= (app * F_APPEND | ovw * F_OVERWRITE).astype(np.uint8)
+        known = size >= 0
+        sizea[slots[known]] = size[known]
+        lasta = np.frombuffer(self.last, dtype=i64)
+        lasta[slots] = np.maximum(lasta[slots], rec["last"])
+        new = (f & F_TOUCHED) == 0
+        self.touched.extend(slots[new].tolist())
+        flags[slots] = f | F_TOUCHED
+        del gen, stamp, rsa, wsa, flags, sizea, lasta  # release the buffers: the arrays may grow again
+        db = self.dev_bytes
+        rdev = rec["dev"]
+        for d in np.unique(rdev).tolist():
+            acc = db.get(d)
+            if acc is None:
+                continue
+            m = rdev == d
+            acc[0] += int(rec["rb"][m].sum())
+            acc[1] += int(rec["wb"][m].sum())
 
     def forget(self, dev: int, ino: int, gen: int | None = None) -> int | None:
         """Drop a deleted file; returns its former slot (for the admission sets) or None."""

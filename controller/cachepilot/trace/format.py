@@ -50,6 +50,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import numpy as np
+
 from cachepilot.errors import UserError
 from cachepilot.events import (
     Barrier,
@@ -64,6 +66,7 @@ from cachepilot.events import (
     JournalCommit,
     MetadataDelta,
 )
+from cachepilot.models.hotness import HOT_DTYPE
 from cachepilot.models.volume import VolumeInfo, VolumeSample
 
 MAGIC = b"CPTRACE\x00"
@@ -250,8 +253,9 @@ class TraceReader:
     def _err(self, off: int, msg: str) -> UserError:
         return UserError(f"{self.path}: offset {off}: {msg}")
 
-    def blocks(self) -> Iterator[tuple[int, list[Any]]]:
-        """(type, records) per block; fixed records as tuples, JSON records as dicts."""
+    def blocks(self, hot_as_array: bool = False) -> Iterator[tuple[int, Any]]:
+        """(type, records) per block; fixed records as tuples, JSON records as dicts. With hot_as_array,
+        hotness blocks come as one numpy structured array (HOT_DTYPE) instead: no per-record objects."""
         data = self.data
         off = HEADER.size
         n = len(data)
@@ -292,6 +296,11 @@ class TraceReader:
                 s = LAYOUTS[t]
                 if len(payload) != count * s.size:
                     raise self._err(off, f"{NAMES[t]} block has {len(payload)} bytes for {count} records")
+                if hot_as_array and t == T_HOT:
+                    total += count
+                    yield t, np.frombuffer(payload, dtype=HOT_DTYPE)
+                    off = start + length
+                    continue
                 recs = list(s.iter_unpack(payload))
             if len(recs) != count:
                 raise self._err(off, f"block says {count} records, holds {len(recs)}")

@@ -48,9 +48,9 @@ def replay(path: str | Path, policy: Policy, only_volume: str | None = None) -> 
     res = ReplayResult(engine=engine)
     t0 = time.process_time()
     feed = engine.feed
-    for t, recs in reader.blocks():
+    for t, recs in reader.blocks(hot_as_array=True):
         if t == T_HOT:
-            engine.feed_hotness_records(recs)
+            engine.feed_hotness_array(recs)
         elif t == T_TICK:
             for (ts,) in recs:
                 for a in engine.tick(ts):
