@@ -165,9 +165,13 @@ static __always_inline void hot_add(struct file_id *id, bool write, u32 score, u
 	if (!c || !c->nslots || !id->ino)
 		return;
 	nslots = c->nslots;
-	idx = hash_key(id->dev, id->ino, id->gen) % nslots;
+	/* multiply-shift range reduction: no division on the hot path */
+	idx = ((hash_key(id->dev, id->ino, id->gen) >> 32) * (nslots & 0xffffffff)) >> 32;
 	for (int i = 0; i < CP_HOT_PROBES; i++) {
-		u32 k = (u32)((idx + i) % nslots);
+		u64 k64 = idx + i;
+		if (k64 >= nslots)
+			k64 -= nslots;
+		u32 k = (u32)k64;
 		struct cp_hot_slot *s = bpf_map_lookup_elem(&hot_slots, &k);
 		u64 t;
 		if (!s)
@@ -192,7 +196,7 @@ found_or_mismatch:
 			__sync_fetch_and_add(&s->read_score, score);
 			__sync_fetch_and_add(&s->read_sectors, sectors);
 		}
-		s->last_ns = bpf_ktime_get_ns();
+		s->last_ns = c->clock_ns;
 		s->size = id->size;
 		return;
 	}
@@ -242,8 +246,19 @@ static __always_inline bool bio_page_file(struct bio *bio, struct file_id *id)
 	page = vec->bv_page;
 	if (!page)
 		return false;
-	head = 0;
-	bpf_probe_read_kernel(&head, sizeof(head), &page->compound_head); /* aliases a list_head in BTF */
+	/* compound_head (aliases a list_head in BTF) and mapping (low bits flag anonymous / movable / ksm pages) are
+	 * tested as scalars: one copy of the words from compound_head up to mapping */
+	struct {
+		unsigned long w[4];
+	} words = {};
+	u32 off_head = bpf_core_field_offset(struct page, compound_head);
+	u32 off_map = bpf_core_field_offset(struct page, mapping);
+	u32 nwords = (off_map - off_head) / 8;
+	if (off_map <= off_head || nwords > 3)
+		return false;
+	bpf_probe_read_kernel(&words, sizeof(words), (void *)page + off_head);
+	head = words.w[0];
+	unsigned long raw = words.w[nwords & 3];
 	if (head & 1) { /* tail page of a large folio: the head page has the mapping */
 		struct page *hp = (struct page *)(head - 1);
 		mapping = BPF_CORE_READ(hp, mapping);
@@ -251,9 +266,6 @@ static __always_inline bool bio_page_file(struct bio *bio, struct file_id *id)
 			return false;
 		return inode_id(BPF_CORE_READ(mapping, host), id);
 	}
-	/* the low bits flag anonymous / movable / ksm pages: test them on a scalar copy, then follow the typed pointer */
-	unsigned long raw = 0;
-	bpf_probe_read_kernel(&raw, sizeof(raw), &page->mapping);
 	if (!raw || (raw & 3))
 		return false;
 	mapping = page->mapping;

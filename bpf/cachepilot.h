@@ -40,7 +40,9 @@ struct cp_watch {
 struct cp_config {
 	u32 self_tgid;
 	u32 flags;
-	u64 nslots; /* number of slots of "hot_slots" actually used (<= max_entries) */
+	u64 nslots;   /* number of slots of "hot_slots" actually used (<= max_entries) */
+	u64 clock_ns; /* CLOCK_MONOTONIC, refreshed by user space at every poll: the hotness table's last-access time
+		       * (reading the clock per bio costs more than everything else in a virtual machine) */
 };
 
 /* ---- per-file hotness: open-addressed table in an mmap-able array ("hot_slots") ----

@@ -21,6 +21,7 @@ import math
 import mmap
 import os
 import struct
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -270,8 +271,8 @@ class Probe:
             for name in ("watched", "volumes", "cp_config_map", "drops", "hot_slots", "events", "dio_task", "dio_store")
         }
         flags = (L.CFG_IGNORE_SELF if self.ignore_self else 0) | (L.CFG_DIO_SYSCALLS if dio_hook == "syscalls" else 0)
-        cfg = L.cp_config(self_tgid=os.getpid(), flags=flags, nslots=self.nslots)
-        self._update("cp_config_map", C.c_uint32(0), cfg)
+        self._cfg = L.cp_config(self_tgid=os.getpid(), flags=flags, nslots=self.nslots)
+        self._tick_clock()
         self._hot_bytes = self.nslots * SLOT_SIZE
         self._hot_mm = mmap.mmap(
             self._fds["hot_slots"],
@@ -367,11 +368,19 @@ class Probe:
         Discard, JournalCommit), oldest first."""
         if self._rb is None:
             raise UserError("probe is closed")
+        self._tick_clock()
         rc = self._h.ring_buffer__poll(self._rb, int(timeout_ms))
+        if timeout_ms:
+            self._tick_clock()
         if rc < 0 and -rc != errno.EINTR:
             raise OSError(-rc, "ring_buffer__poll failed")
         raw, self._raw = self._raw, []
         return [ev for ev in map(decode_event, raw) if ev is not None]
+
+    def _tick_clock(self) -> None:
+        """The kernel stamps hotness with this clock (resolution: the interval between polls)."""
+        self._cfg.clock_ns = time.monotonic_ns()
+        self._update("cp_config_map", C.c_uint32(0), self._cfg)
 
     # ---- per-tick aggregates ----
     def drain_hotness_raw(self) -> list[tuple[int, ...]]:
