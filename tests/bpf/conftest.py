@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from bpf_support import LAB_CACHED_DEV, ROOT, LoopFs, lab_volume, make_loop_ext4, run, settle
+
 from cachepilot.probe.probe import DEFAULT_OBJECT, TRACEFS, Probe
 
 

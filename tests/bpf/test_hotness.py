@@ -6,6 +6,7 @@ import os
 
 import pytest
 from bpf_support import LoopFs, child, ftrace_bios, settle
+
 from cachepilot.events import FileKey, HotnessDelta, MetadataDelta
 from cachepilot.probe import Probe
 
