@@ -200,3 +200,25 @@ def test_table_full_is_counted(bpf_env: None, watched: LoopFs) -> None:
         assert dropped > 0
         assert len(tracked) + dropped == len(names)
         assert sum(e.read_score for e in tracked) == 64 * len(tracked)
+
+
+def test_split_bios_count_per_piece(probe: Probe, watched: LoopFs) -> None:
+    """With max_sectors_kb = 128 the block layer splits each 1 MiB direct read into 8 pieces of 128 KiB: b = 2 each."""
+    name = os.path.basename(os.path.realpath(watched.loopdev))
+    limit = f"/sys/block/{name}/queue/max_sectors_kb"
+    old = open(limit).read().strip()
+    path, key = make_file(watched, "big", 2 << 20)
+    settle(probe)
+    try:
+        with open(limit, "w") as f:
+            f.write("128\n")
+        with ftrace_bios(watched.dev) as trace:
+            child(DIRECT_READ, path, str(1 << 20), "2")
+    finally:
+        with open(limit, "w") as f:
+            f.write(old + "\n")
+    assert trace.pieces("R") == [128 * 1024] * 16, trace
+    assert len(trace.splits) == 14  # 7 splits per bio; the last piece is the remainder
+    d = file_delta(probe, key)
+    assert d.read_score == 16 * 2 == trace.score("R")
+    assert d.read_bytes == 2 << 20

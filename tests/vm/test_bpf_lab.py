@@ -17,8 +17,8 @@ pytestmark = pytest.mark.vm
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULES = ["tests/bpf/test_hotness.py", "tests/bpf/test_barriers.py", "tests/bpf/test_freed.py"]
-# host-only: a second loop device with its own ext4 (the unwatched-device check runs on the host)
-DESELECT = "not unwatched"
+# host-only: a second loop device with its own ext4, and a loop device whose max_sectors_kb is lowered
+DESELECT = "not unwatched and not split_bios"
 
 GUEST = f"""
 set -e
