@@ -36,7 +36,7 @@ from cachepilot.events import (
 from cachepilot.models.admission import CachedSet
 from cachepilot.models.epochs import EpochTracker
 from cachepilot.models.freed import FreedExtentQueue
-from cachepilot.models.hotness import F_MEMBER, F_QUEUED, F_READ, HotnessTable
+from cachepilot.models.hotness import F_MEMBER, F_QUEUED, F_READ, HOT_DTYPE, HotnessTable
 from cachepilot.models.volume import (
     BYPASS,
     BYPASS_NAMES,
@@ -88,7 +88,7 @@ class PromoQueue:
 
     def pop(self) -> None:
         self.head += 1
-        if self.head > 4096 and self.head * 2 > len(self.items):
+        if self.head > 4096 and self.head * 2 >= len(self.items):
             del self.items[:self.head]
             self.head = 0
 
@@ -153,7 +153,8 @@ class Engine:
             policy=vp,
             chosen_by=chosen,
             state=VolumeState(info, error_threshold=vp.health.error_threshold),
-            cached=CachedSet(int(info.cache_bytes * vp.promotion.max_cache_fraction), self.hotness),
+            cached=CachedSet(int(info.cache_bytes * vp.promotion.max_cache_fraction), self.hotness,
+                             dev=info.dev, low_water=0.95),
             freed=FreedExtentQueue(self._granularity(info, vp)),
             epochs=EpochTracker(start_ns=self.now_ns),
         )
@@ -219,8 +220,11 @@ class Engine:
             raise TypeError(f"not an event: {ev!r}")
 
     def feed_hotness_records(self, records: list[tuple[int, ...]]) -> None:
-        """Fast path for replay: HotnessDelta records in trace layout (see cachepilot.trace.format)."""
-        self.unknown_events += self.hotness.apply_records(records, known_only=True)
+        """HotnessDelta records as tuples in trace layout (see cachepilot.trace.format)."""
+        if len(records) >= 32:
+            self.feed_hotness_array(np.array(records, dtype=HOT_DTYPE))
+        else:
+            self.unknown_events += self.hotness.apply_records(records, known_only=True)
 
     def feed_hotness_array(self, records: np.ndarray) -> None:
         """Fastest path: a numpy array of HOT_DTYPE records (a trace block or a raw BPF drain)."""
@@ -372,24 +376,34 @@ class Engine:
         flags, tsize, tdev, tino, tgen = t.flags, t.size, t.dev, t.ino, t.gen
         name = c.info.name
         bar = c.cached.admission_bar(t.epoch)
-        while q:
-            slot, rid = q.peek()
+        items, head, end = q.items, q.head, len(q.items)
+        tokens = c.tokens
+        score = t.score
+        append = out.append
+        not_queued = ~F_QUEUED & 0xFF
+        while head < end:
+            v = items[head]
+            slot = v & 0xFFFFFFFF
             f = flags[slot]
             if not f & F_MEMBER:
-                q.pop()
-                flags[slot] = f & ~F_QUEUED
+                head += 1
+                flags[slot] = f & not_queued
                 continue
             size = tsize[slot]
-            if size > c.tokens:
+            if size > tokens:
                 break
-            q.pop()
-            flags[slot] = f & ~F_QUEUED
-            c.tokens -= size
+            head += 1
+            flags[slot] = f & not_queued
+            tokens -= size
+            rid = v >> 32
             if rid == ADMITTED:
-                reason = f"counter {t.score(slot)} > last evicted {bar}"
+                reason = f"counter {score(slot)} > last evicted {bar}"
             else:
                 reason = q.reasons[rid] if rid < len(q.reasons) else "re-warm"
-            out.append(Promote(name, tdev[slot], tino[slot], tgen[slot], ((0, size),), reason))
+            append(Promote(name, tdev[slot], tino[slot], tgen[slot], ((0, size),), reason))
+        c.tokens = tokens
+        q.head = head - 1
+        q.pop()  # compacts the array when the consumed head is large
 
     def _discard(self, c: VolumeCtl, now: int, out: list[Action]) -> None:
         d = c.policy.discard_on_delete

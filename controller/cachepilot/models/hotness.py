@@ -1,6 +1,7 @@
 """Per-file hotness: Loris' inverse-bitmap counters, kept in parallel arrays.
 
-One *slot* per tracked file. A file is found through ``index[dev][ino] -> slot``; the generation is
+One *slot* per tracked file. A file is found through ``index[dev][ino] -> slot`` (an
+:class:`~cachepilot.models.inoindex.InoIndex` per filesystem, ~12 bytes per file); the generation is
 stored in the slot and a different generation (inode reuse) resets the slot. Per slot we keep:
 
 ============  ======  =====================================================================
@@ -15,7 +16,6 @@ stamp         u32     aging epoch at which rscore/wscore were last normalised
 last          i64     last access, CLOCK_MONOTONIC ns
 size          i64     file size in bytes (-1 = unknown)
 flags         u8      READ / APPEND / OVERWRITE / TOUCHED / LIVE / MEMBER / QUEUED bits
-mver          u32     version of the slot's entry in its volume's believed-cached set
 charged       u32     pages charged to the believed-cached set
 ============  ======  =====================================================================
 
@@ -31,13 +31,13 @@ import heapq
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
-from itertools import repeat
 from operator import itemgetter
 
 import numpy as np
 
 from cachepilot.errors import UserError
 from cachepilot.events import Delete, HotnessDelta
+from cachepilot.models.inoindex import InoIndex
 
 COUNTER_MAX = 0xFFFFFFFF
 PAGE = 4096
@@ -91,7 +91,7 @@ class HotnessTable:
         self.start_ns = start_ns
         self.epoch = 0
         self.now_ns = start_ns
-        self.index: dict[int, dict[int, int]] = {}
+        self.index: dict[int, InoIndex] = {}
         self.dev = array("I")
         self.ino = array("Q")
         self.gen = array("I")
@@ -101,7 +101,6 @@ class HotnessTable:
         self.last = array("q")
         self.size = array("q")
         self.flags = array("B")
-        self.mver = array("I")
         self.charged = array("I")
         self.dev_bytes: dict[int, list[int]] = {}
         self._free: list[int] = []
@@ -142,11 +141,10 @@ class HotnessTable:
             self.last.append(0)
             self.size.append(-1)
             self.flags.append(F_LIVE)
-            self.mver.append(0)
             self.charged.append(0)
         idx = self.index.get(dev)
         if idx is None:
-            idx = self.index[dev] = {}
+            idx = self.index[dev] = InoIndex()
             self.dev_bytes[dev] = [0, 0]
         idx[ino] = slot
         self.live += 1
@@ -170,7 +168,6 @@ class HotnessTable:
         zeros = array("I", bytes(4 * k))
         self.rscore.extend(zeros)
         self.wscore.extend(zeros)
-        self.mver.extend(zeros)
         self.charged.extend(zeros)
         self.stamp.extend(array("I", [self.epoch]) * k)
         self.last.extend(array("q", bytes(8 * k)))
@@ -198,7 +195,7 @@ class HotnessTable:
     def register_dev(self, dev: int) -> None:
         """Track files of this filesystem (apply_records(known_only=True) skips the others)."""
         if dev not in self.index:
-            self.index[dev] = {}
+            self.index[dev] = InoIndex()
             self.dev_bytes[dev] = [0, 0]
 
     def apply(self, ev: HotnessDelta) -> int:
@@ -300,12 +297,12 @@ class HotnessTable:
         cmax = COUNTER_MAX
         skipped = 0
         cur_dev = -1
-        idx: dict[int, int] = {}
+        idx: InoIndex | None = None
         for dev, ino, gen, rs, ws, _rb, wb, last_ns, size in records:
             if dev != cur_dev:
                 cur_dev = dev
-                idx = index.get(dev) or {}
-            slot = idx.get(ino)
+                idx = index.get(dev)
+            slot = None if idx is None else idx.get(ino)
             if slot is None or gens[slot] != gen:
                 slot = slow(dev, ino, gen, known_only)
                 if slot < 0:
@@ -379,10 +376,11 @@ class HotnessTable:
                     continue
                 self.register_dev(d)
                 idx = self.index[d]
-            inos = rec["ino"][sel].tolist()
-            got = np.fromiter(map(idx.get, inos, repeat(-1)), dtype=np.int64, count=len(inos))
+            inos_arr = rec["ino"][sel]
+            got = idx.lookup_many(inos_arr)
             miss = np.nonzero(got < 0)[0].tolist()
             if miss:  # new files (the arrays may grow: no numpy views exist yet)
+                inos = inos_arr.tolist()
                 gens = rec["gen"][sel].tolist()
                 new: dict[int, int] = {}
                 for i in miss:
@@ -549,7 +547,9 @@ class HotnessTable:
             for idx in self.index.values():
                 yield from idx.values()
         else:
-            yield from self.index.get(dev, {}).values()
+            idx = self.index.get(dev)
+            if idx is not None:
+                yield from idx.values()
 
     def hottest(self, k: int, dev: int | None = None) -> list[int]:
         """Highest counter first; most recent access wins ties. O(n log k) scan: for queries, not ticks."""
@@ -562,7 +562,8 @@ class HotnessTable:
         return heapq.nsmallest(k, self._live_slots(dev), key=lambda s: (score(s), last[s]))
 
     def memory_bytes(self) -> int:
-        """Bytes held by the parallel arrays (not the index dicts)."""
+        """Bytes held by the parallel arrays and the sorted part of the indexes."""
         arrays = (self.dev, self.ino, self.gen, self.rscore, self.wscore, self.stamp, self.last, self.size,
-                  self.flags, self.mver, self.charged)
-        return sum(a.buffer_info()[1] * a.itemsize for a in arrays)
+                  self.flags, self.charged)
+        return (sum(a.buffer_info()[1] * a.itemsize for a in arrays)
+                + sum(i.memory_bytes() for i in self.index.values()))
