@@ -113,6 +113,17 @@ static __always_inline void *reserve(u64 size)
 	return e;
 }
 
+/*
+ * Events are rare but a wakeup per event would make the daemon's cost grow with the barrier rate: user space polls
+ * on its own schedule (Probe.poll consumes on timeout), and is only woken when the ring is a quarter full.
+ */
+static __always_inline void submit(void *e)
+{
+	u64 avail = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
+	u64 size = bpf_ringbuf_query(&events, BPF_RB_RING_SIZE);
+	bpf_ringbuf_submit(e, avail * 4 >= size ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
+}
+
 static __always_inline struct cp_watch *watch_of(u32 dev, u32 role)
 {
 	struct cp_watch *w = bpf_map_lookup_elem(&watched, &dev);
@@ -316,7 +327,7 @@ static __always_inline void emit_block_barrier(u32 dev, struct cp_volume *v, u32
 	e->kind = kind;
 	e->flags = flags;
 	e->closes = 1;
-	bpf_ringbuf_submit(e, 0);
+	submit(e);
 }
 
 SEC("tp_btf/block_bio_queue")
@@ -347,7 +358,7 @@ int BPF_PROG(on_bio_queue, struct bio *bio)
 		e->nr_sectors = size >> 9;
 		e->volume = w->volume;
 		e->roles = w->roles;
-		bpf_ringbuf_submit(e, 0);
+		submit(e);
 		return 0;
 	}
 	if (!(w->roles & CP_ROLE_VOLUME))
@@ -555,7 +566,7 @@ int BPF_PROG(on_ext4_free_blocks, struct inode *inode, u64 block, unsigned long 
 	e->count = count;
 	e->flags = flags;
 	e->pad = 0;
-	bpf_ringbuf_submit(e, 0);
+	submit(e);
 	return 0;
 }
 
@@ -578,7 +589,7 @@ int BPF_PROG(on_ext4_unlink, struct inode *parent, struct dentry *dentry)
 	e->size = BPF_CORE_READ(inode, i_size);
 	e->gen = id.gen;
 	e->pid = (u32)(bpf_get_current_pid_tgid() >> 32);
-	bpf_ringbuf_submit(e, 0);
+	submit(e);
 	return 0;
 }
 
@@ -596,7 +607,7 @@ int BPF_PROG(on_jbd2_end_commit, journal_t *journal, transaction_t *txn)
 	e->hdr.ts_ns = bpf_ktime_get_ns();
 	e->transaction = BPF_CORE_READ(txn, t_tid);
 	e->pad = 0;
-	bpf_ringbuf_submit(e, 0);
+	submit(e);
 	return 0;
 }
 
@@ -630,7 +641,7 @@ static __always_inline int file_barrier(long fd, u32 kind, u64 arg)
 	e->kind = kind;
 	e->flags = 0;
 	e->closes = 0;
-	bpf_ringbuf_submit(e, 0);
+	submit(e);
 	return 0;
 }
 

@@ -369,11 +369,15 @@ class Probe:
         if self._rb is None:
             raise UserError("probe is closed")
         self._tick_clock()
+        # the kernel wakes us only when the ring fills up (see submit() in the BPF program): wait, then consume
         rc = self._h.ring_buffer__poll(self._rb, int(timeout_ms))
-        if timeout_ms:
-            self._tick_clock()
         if rc < 0 and -rc != errno.EINTR:
             raise OSError(-rc, "ring_buffer__poll failed")
+        if timeout_ms:
+            self._tick_clock()
+        rc = self._h.ring_buffer__consume(self._rb)
+        if rc < 0:
+            raise OSError(-rc, "ring_buffer__consume failed")
         raw, self._raw = self._raw, []
         return [ev for ev in map(decode_event, raw) if ev is not None]
 
