@@ -54,14 +54,15 @@ def evaluate(key: str, policies: tuple[str, ...] = POLICIES, scale: float = 1.0)
 
 def table(evs: list[Evaluation]) -> str:
     lines = [
-        f"{'workload':24} {'policy':9} {'read hit':>8} {'origin written':>15} {'origin read':>12} "
+        f"{'workload':24} {'policy':9} {'read hit':>8} {'zipf hit':>8} {'origin written':>15} {'origin read':>12} "
         f"{'promoted':>9} {'dirty mean':>11} {'dirty max':>10} {'discarded':>10} {'cpu s':>6}",
     ]
     for ev in evs:
         name = ev.prepared.workload.name
         for label, r in ev.results.items():
             lines.append(
-                f"{name:24} {label:9} {r.hit_ratio:8.3f} {r.origin_write_bytes / MiB:11.1f} MiB "
+                f"{name:24} {label:9} {r.hit_ratio:8.3f} {r.zipf_hit_ratio:8.3f} "
+                f"{r.origin_write_bytes / MiB:11.1f} MiB "
                 f"{r.origin_read_bytes / MiB:8.1f} MiB {r.promoted_bytes / MiB:5.1f} MiB "
                 f"{r.dirty_mean_bytes / MiB:7.1f} MiB {r.dirty_max_bytes / MiB:6.1f} MiB "
                 f"{r.discarded_blocks:10d} {r.cpu_s:6.1f}"
@@ -109,13 +110,16 @@ def bars(evs: dict[str, Evaluation]) -> list[tuple[str, bool | None, str]]:
         ev = evs.get(key)
         if not ev or "opt" not in ev.results:
             continue
-        opt = ev.results["opt"].hit_ratio
+        opt = ev.results["opt"]
         for pol in ("lru", "smq"):
             r = ev.results.get(pol + "+ctl")
             if r:
-                gap = (opt - r.hit_ratio) * 100
-                out.append((f"{key} {pol}+ctl within 10 points of OPT", gap <= 10,
-                            f"{r.hit_ratio:.3f} vs OPT {opt:.3f} ({gap:.1f} points)"))
+                gap = (opt.zipf_hit_ratio - r.zipf_hit_ratio) * 100
+                all_gap = (opt.hit_ratio - r.hit_ratio) * 100
+                out.append((f"{key} {pol}+ctl within 10 points of OPT (Zipf reads)", gap <= 10,
+                            f"{r.zipf_hit_ratio:.3f} vs OPT {opt.zipf_hit_ratio:.3f} ({gap:.1f} points); "
+                            f"all reads incl. backup scan: {r.hit_ratio:.3f} vs {opt.hit_ratio:.3f} "
+                            f"({all_gap:.1f} points)"))
     return out
 
 

@@ -51,6 +51,8 @@ class SimResult:
     controller: bool
     reads: int = 0
     read_hits: int = 0
+    scan_reads: int = 0  # reads tagged as a backup scan (not part of the Zipf popularity)
+    scan_hits: int = 0
     origin_write_bytes: int = 0
     origin_read_bytes: int = 0
     promoted_bytes: int = 0
@@ -69,6 +71,12 @@ class SimResult:
     @property
     def hit_ratio(self) -> float:
         return self.read_hits / self.reads if self.reads else 0.0
+
+    @property
+    def zipf_hit_ratio(self) -> float:
+        """Hit ratio of the reads that follow the workload's popularity (backup-scan reads excluded)."""
+        n = self.reads - self.scan_reads
+        return (self.read_hits - self.scan_hits) / n if n else 0.0
 
 
 def sim_volume(capacity_blocks: int) -> VolumeInfo:
@@ -144,6 +152,7 @@ def run(p: Prepared, policy: str, controller: bool, capacity: int, writeback_per
     write = cache.write
     prefetch = cache.prefetch if isinstance(cache, OPT) else cache.access
     reads = hits = 0
+    sreads = shits = 0
     dirty_sum = 0
     start = 0
     for k, end in enumerate(p.tick_end):
@@ -156,10 +165,15 @@ def run(p: Prepared, policy: str, controller: bool, capacity: int, writeback_per
                 reads += 1
                 if h:
                     hits += 1
-                if tag[i] == 1:
+                tg = tag[i]
+                if tg == 1:
                     hr += 1
                     if h:
                         hh += 1
+                elif tg == 2:
+                    sreads += 1
+                    if h:
+                        shits += 1
             elif kd == K_WRITE:
                 write(b, i)
                 dead[b] = 0
@@ -211,6 +225,7 @@ def run(p: Prepared, policy: str, controller: bool, capacity: int, writeback_per
                 cache.set_writeback(a.mode == WRITEBACK)
     cache.flush()  # what would eventually be written back
     res.reads, res.read_hits = reads, hits
+    res.scan_reads, res.scan_hits = sreads, shits
     res.origin_write_bytes = (cache.written_back + cache.written_through) * BLOCK
     res.origin_read_bytes = (reads - hits) * BLOCK + res.promoted_bytes
     res.dirty_mean_bytes = dirty_sum / max(1, len(p.tick_end))
