@@ -160,3 +160,25 @@ def test_replay_cli_diff_and_unknown_volume(tmp_path: Path, capsys: pytest.Captu
 def test_record_without_volume_is_a_user_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["record", "--out", "/nonexistent/x"]) == 2
     assert "--volume" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", [
+    {"dev": DEV, "ts_ns": 1, "mode": "writeback", "dirty_bytes": -5, "hits": 0, "misses": 0, "io_errors": 0},
+    {"dev": DEV, "ts_ns": 1, "mode": "writeback", "dirty_bytes": "lots", "hits": 0, "misses": 0,
+     "io_errors": 0},
+    {"dev": DEV, "bogus": 1},
+])
+def test_bad_sample_in_trace_is_a_user_error(tmp_path: Path, bad: dict) -> None:  # type: ignore[type-arg]
+    f = tmp_path / "s.cptrace"
+    with TraceWriter(f, [VOL]) as w:
+        w.write_record(9, bad)  # T_SAMPLE, written raw: what a foreign or buggy writer could produce
+        w.write(Tick(5))
+    with pytest.raises(UserError, match="bad volume sample"):
+        replay(f, parse_policy("version: 1\n", "p.yaml"))
+
+
+def test_trace_without_volumes_is_a_user_error(tmp_path: Path) -> None:
+    f = tmp_path / "n.cptrace"
+    write_trace(f, [Tick(1)], [])
+    with pytest.raises(UserError, match="names no volumes"):
+        replay(f, parse_policy("version: 1\n", "p.yaml"))

@@ -249,7 +249,7 @@ def parse_policy(text: str, source: str = "<string>") -> Policy:
         name = r.get("name") or f"volumes[{i}]"
         settings = {k: v for k, v in r.items() if k not in ("name", "match")}
         vp = _settings(settings, defaults, doc, ("volumes", i))
-        rules.append(Rule(name=name, selector=sel, policy=vp, line=doc.line(("volumes", i))))
+        rules.append(Rule(name=name, selector=sel, policy=vp, line=doc.line(("volumes", i, "match"))))
     _check_overlaps(doc, rules)
     half_life = parse_duration(raw.get("hotness", {}).get("half_life", 600))
     if half_life <= 0:

@@ -23,6 +23,9 @@ class Scenario:
 
 SCENARIOS = {
     "fileserver": Scenario("fileserver", lambda: W.fileserver(iterations=8000, op_interval_ms=10), 2.0, 40.0),
+    # the same, with the dirty data a stock bcache keeps by default: how much the result depends on it
+    "fileserver-wb10": Scenario("fileserver-wb10", lambda: W.fileserver(iterations=8000, op_interval_ms=10),
+                                1.0, 10.0),
     "webserver": Scenario("webserver", lambda: W.webserver_backup(nfiles=20000, hot_files=2000,
                                                                   reads=100000), 0.25),
     "varmail": Scenario("varmail", lambda: W.varmail(), 0.5, 40.0),
@@ -79,14 +82,18 @@ def table(evs: list[Evaluation]) -> str:
 def bars(evs: dict[str, Evaluation]) -> list[tuple[str, bool | None, str]]:
     """(bar, PASS/FAIL/None=not applicable, detail)."""
     out: list[tuple[str, bool | None, str]] = []
-    fs = evs.get("fileserver")
-    if fs:
+    for key in ("fileserver", "fileserver-wb10"):
+        fs = evs.get(key)
+        if not fs:
+            continue
         for pol in ("lru", "smq"):
             a, b = fs.results.get(pol), fs.results.get(pol + "+ctl")
             if a and b:
                 ratio = b.origin_write_bytes / max(1, a.origin_write_bytes)
-                ok = ratio <= 0.5 and b.hit_ratio >= a.hit_ratio
-                out.append((f"fileserver {pol}: origin writes with discard <= 0.5x, hit ratio >= without", ok,
+                ok: bool | None = ratio <= 0.5 and b.hit_ratio >= a.hit_ratio
+                if key != "fileserver":
+                    ok = None  # sensitivity run, not the bar
+                out.append((f"{key} {pol}: origin writes with discard <= 0.5x, hit ratio >= without", ok,
                             f"ratio {ratio:.2f}, hit {b.hit_ratio:.3f} vs {a.hit_ratio:.3f}"))
     ws = evs.get("webserver")
     if ws and ws.prepared.workload.scan:
@@ -103,7 +110,7 @@ def bars(evs: dict[str, Evaluation]) -> list[tuple[str, bool | None, str]]:
             if ra is None or rb is None:
                 out.append((name, False, f"did not recover (stock {ra}, ctl {rb} ticks)"))
             elif ra == 0:
-                out.append((name, None, f"stock never fell below 90% (ctl {rb} ticks): bar not applicable"))
+                out.append((name, None, f"stock never fell below 90% (ctl {rb} s): bar not applicable"))
             else:
                 out.append((name, rb <= ra / 5, f"ctl {rb} s vs stock {ra} s after the scan ended"))
     for key in ("webserver", "warm-restart"):
@@ -124,5 +131,5 @@ def bars(evs: dict[str, Evaluation]) -> list[tuple[str, bool | None, str]]:
 
 
 def format_bars(b: list[tuple[str, bool | None, str]]) -> str:
-    word = {True: "PASS", False: "FAIL", None: "N/A "}
+    word = {True: "PASS", False: "FAIL", None: "INFO"}
     return "\n".join(f"[{word[ok]}] {name}: {detail}" for name, ok, detail in b)
