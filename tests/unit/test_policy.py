@@ -140,3 +140,12 @@ def test_cli_subprocess_ok() -> None:
                           str(ROOT / "policies" / "default.yaml")], capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr
     assert "OK" in out.stdout and "failure_model=destructive" in out.stdout
+
+
+def test_builtin_default_equals_shipped_default() -> None:
+    import dataclasses
+
+    from cachepilot.policy import DEFAULT_POLICY
+
+    shipped = load_policy(ROOT / "policies" / "default.yaml")
+    assert dataclasses.replace(shipped, source="<built-in>") == DEFAULT_POLICY

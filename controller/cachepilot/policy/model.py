@@ -13,15 +13,15 @@ MiB = 1 << 20
 
 @dataclass(frozen=True, slots=True)
 class Exposure:
-    max_dirty: int = 256 * MiB
+    max_dirty: int = 64 * MiB
     max_age_s: float = 30.0
 
 
 @dataclass(frozen=True, slots=True)
 class Promotion:
     enabled: bool = True
-    rate: int = 8 * MiB  # bytes per second
-    max_cache_fraction: float = 0.5
+    rate: int = 4 * MiB  # bytes per second
+    max_cache_fraction: float = 0.25
     sieve_size: int = 1 * MiB
     refresh_interval_s: float = 0.0  # 0 = never re-read the believed-cached set
 
@@ -105,3 +105,4 @@ class Policy:
 
 
 DEFAULT_POLICY = Policy(source="<built-in>", defaults=VolumePolicy())
+"""The built-in policy: the same settings as the shipped policies/default.yaml (a unit test checks)."""
