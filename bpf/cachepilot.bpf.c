@@ -466,7 +466,11 @@ static __always_inline void dio_set(struct file_id *id)
 		return;
 	}
 	struct cp_dio d = {.ino = id->ino, .dev = id->dev, .gen = id->gen, .size = id->size};
-	bpf_map_update_elem(&dio_task, &tid, &d, BPF_ANY);
+	if (bpf_map_update_elem(&dio_task, &tid, &d, BPF_ANY)) {
+		struct cp_drops *dr = drop_counters();
+		if (dr)
+			__sync_fetch_and_add(&dr->other, 1);
+	}
 }
 
 static __always_inline void dio_clear(void)
@@ -492,8 +496,12 @@ int BPF_PROG(on_dio_begin, struct kiocb *iocb, struct iov_iter *iter, unsigned i
 		id.ino = 0; /* not a regular file: clear the mark */
 	d = bpf_task_storage_get(&dio_store, bpf_get_current_task_btf(), 0,
 				 id.ino ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
-	if (!d)
+	if (!d) {
+		struct cp_drops *dr = id.ino ? drop_counters() : NULL;
+		if (dr)
+			__sync_fetch_and_add(&dr->other, 1);
 		return 0;
+	}
 	d->ino = id.ino;
 	d->dev = id.dev;
 	d->gen = id.gen;

@@ -92,7 +92,7 @@ struct cp_dio {
 struct cp_drops {
 	u64 ringbuf_full;
 	u64 hot_full; /* no free slot within CP_HOT_PROBES probes: the access was not counted */
-	u64 other;    /* a per-volume state entry missing for a watched volume */
+	u64 other;    /* a direct I/O mark that could not be stored (its bios then count as metadata) */
 };
 
 /* ---- ring-buffer events ("events") ---- */
