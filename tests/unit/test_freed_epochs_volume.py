@@ -163,3 +163,15 @@ def test_volume_exposure_age() -> None:
     assert v.exposure_age_s(8 * NS) == 0
     with pytest.raises(ValueError):
         v.update(_s(8, -1, 0))
+
+
+def test_exposure_age_fifo_estimate_under_sustained_writes() -> None:
+    v = VolumeState(VolumeInfo(1, "bcache0"))
+    mib = 1 << 20
+    for t in range(1, 120):  # 10 MiB/s written, the cache keeps 20 MiB dirty: the oldest is ~2 s old
+        v.update(VolumeSample(1, t * NS, "writeback", 20 * mib, 0, 0, 0), cum_written=10 * mib * t)
+    assert 1.0 <= v.exposure_age_s(119 * NS) <= 3.0
+    # writes stop and nothing is written back: the dirty data ages
+    for t in range(120, 140):
+        v.update(VolumeSample(1, t * NS, "writeback", 20 * mib, 0, 0, 0), cum_written=10 * mib * 119)
+    assert v.exposure_age_s(139 * NS) >= 20.0

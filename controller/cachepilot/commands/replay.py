@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
+import sys
 
 from cachepilot.policy import DEFAULT_POLICY, load_policy
 from cachepilot.trace import replay as run_replay
@@ -15,6 +17,14 @@ def _policy(path: str | None):  # type: ignore[no-untyped-def]
 
 
 def replay(args: argparse.Namespace) -> int:
+    try:
+        return _replay(args)
+    except BrokenPipeError:  # `cachepilot replay T | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _replay(args: argparse.Namespace) -> int:
     a = run_replay(args.trace, _policy(args.policy), args.volume)
     if args.against is None:
         if not args.quiet:

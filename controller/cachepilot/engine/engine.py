@@ -251,10 +251,11 @@ class Engine:
         if c is None:
             self.unknown_events += 1
             return
+        cum_written = self.hotness.dev_bytes.get(s.dev, (0, 0))[1]
         grew = c.state.update(VolumeSample(
             s.dev, s.ts_ns, normalise_mode(s.mode), s.dirty_bytes, s.hits, s.misses, s.io_errors, s.failed,
             s.knobs,
-        ))
+        ), cum_written)
         c.epochs.note_dirty(grew)
 
     def rewarm(self, name: str, reason: str = "re-warm requested") -> int:

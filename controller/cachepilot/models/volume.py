@@ -65,14 +65,31 @@ class VolumeState:
         self._ratios: deque[float] = deque(maxlen=window)
         self.last_ts = 0
         self.samples = 0
-        self.written_bytes = 0  # from hotness deltas, for the auto failure model
-        self.read_bytes = 0
+        self._dirtied: deque[tuple[int, int]] = deque()  # (ts, cumulative bytes dirtied by then)
+        self._cum_dirtied = 0
+        self._base_written: int | None = None
 
-    def update(self, s: VolumeSample) -> int:
-        """Apply a sample; returns the increase in dirty bytes since the previous one."""
+    def update(self, s: VolumeSample, cum_written: int | None = None) -> int:
+        """Apply a sample; returns the increase in dirty bytes since the previous one.
+
+        ``cum_written`` is the volume's cumulative bytes written (from the hotness deltas); with it the
+        age of the oldest dirty byte is estimated first-in-first-out (bytes written while in write-back
+        become dirty; what is no longer dirty was written back oldest first). Without it, the age is the
+        time since the cache was last clean."""
         if s.dirty_bytes < 0 or s.hits < 0 or s.misses < 0 or s.io_errors < 0:
             raise ValueError(f"negative counter in sample for {self.info.name}")
         grew = s.dirty_bytes - self.dirty_bytes if self.samples else s.dirty_bytes
+        if cum_written is not None:
+            if self._base_written is None:
+                self._base_written = cum_written - s.dirty_bytes
+            dirtied = max(cum_written - self._base_written, s.dirty_bytes)
+            if dirtied > self._cum_dirtied:
+                self._cum_dirtied = dirtied
+                self._dirtied.append((s.ts_ns, dirtied))
+            cleaned = self._cum_dirtied - s.dirty_bytes
+            d = self._dirtied
+            while len(d) > 1 and d[0][1] <= cleaned:
+                d.popleft()
         if self._hist:
             _, h0, m0, _ = self._hist[-1]
             dh, dm = s.hits - h0, s.misses - m0
@@ -117,7 +134,13 @@ class VolumeState:
         return self._hist[-1][3] - self._hist[0][3]
 
     def exposure_age_s(self, now_ns: int) -> float:
-        return 0.0 if self.dirty_since_ns is None else (now_ns - self.dirty_since_ns) / 1e9
+        """Estimated age of the oldest dirty byte."""
+        if self.dirty_since_ns is None:
+            return 0.0
+        since = self.dirty_since_ns
+        if self._dirtied:
+            since = max(since, self._dirtied[0][0])
+        return max(0.0, (now_ns - since) / 1e9)
 
     @property
     def health(self) -> Health:
