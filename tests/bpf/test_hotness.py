@@ -222,3 +222,18 @@ def test_split_bios_count_per_piece(probe: Probe, watched: LoopFs) -> None:
     d = file_delta(probe, key)
     assert d.read_score == 16 * 2 == trace.score("R")
     assert d.read_bytes == 2 << 20
+
+
+def test_drain_as_numpy_records_for_the_models(probe: Probe, watched: LoopFs) -> None:
+    path, key = make_file(watched, "arr", 4 * 65536)
+    settle(probe)
+    child(DIRECT_READ, path, "65536", "4")
+    rec = probe.drain_hotness_array()
+    mine = rec[(rec["ino"] == key.ino) & (rec["dev"] == key.dev)]
+    assert len(mine) == 1
+    r = mine[0]
+    assert (int(r["gen"]), int(r["rs"]), int(r["ws"]), int(r["rb"]), int(r["wb"]), int(r["size"])) == (
+        key.gen, 4 * 4, 0, 4 * 65536, 0, 4 * 65536
+    )
+    assert int(r["last"]) > 0
+    assert len(probe.drain_hotness_array()) == 0  # drained means reset

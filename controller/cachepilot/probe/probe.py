@@ -387,19 +387,16 @@ class Probe:
         self._update("cp_config_map", C.c_uint32(0), self._cfg)
 
     # ---- per-tick aggregates ----
-    def drain_hotness_raw(self) -> list[tuple[int, ...]]:
-        """Copy and reset the in-kernel hotness table; returns raw slot tuples
-        (ino, dev, gen, read_score, write_score, read_sectors, write_sectors, last_ns, size).
+    def _drain_chunks(self) -> Iterable[bytes]:
+        """Copy and reset the in-kernel hotness table, 64 KiB at a time; yields the chunks that held anything.
 
-        Each 64 KiB chunk is copied and zeroed at once; an increment landing on a slot between its copy and its
-        reset (microseconds) is lost. A file may appear twice; deltas are additive."""
+        Each chunk is copied and zeroed at once: an increment landing on a slot between its copy and its reset
+        (microseconds) is lost. A file may appear in two slots (a race at claim time); deltas are additive."""
         mm = self._hot_mm
         if mm is None:
             raise UserError("probe is closed")
-        out: list[tuple[int, ...]] = []
         chunk = SLOT_SIZE * 1365
         zero = bytes(chunk)
-        unpack = struct.Struct(L.HOT_SLOT_FORMAT).iter_unpack
         total = self._hot_bytes
         for off in range(0, total, chunk):
             end = min(off + chunk, total)
@@ -407,7 +404,39 @@ class Probe:
             if data == zero[: end - off]:
                 continue
             mm[off:end] = zero[: end - off]
+            yield data
+
+    def drain_hotness_raw(self) -> list[tuple[int, ...]]:
+        """Drain the hotness table as raw slot tuples
+        (ino, dev, gen, read_score, write_score, read_sectors, write_sectors, last_ns, size)."""
+        unpack = struct.Struct(L.HOT_SLOT_FORMAT).iter_unpack
+        out: list[tuple[int, ...]] = []
+        for data in self._drain_chunks():
             out.extend(t for t in unpack(data) if t[0])
+        return out
+
+    def drain_hotness_array(self):  # -> numpy.ndarray of cachepilot.models.hotness.HOT_DTYPE
+        """Drain the hotness table as one numpy record array in the models' layout (HOT_DTYPE: dev, ino, gen, rs,
+        ws, rb, wb, last, size), ready for HotnessModel.apply_array: the fast path for large drains."""
+        import numpy as np
+
+        from cachepilot.models.hotness import HOT_DTYPE
+
+        slot = np.dtype(
+            [("ino", "<u8"), ("dev", "<u4"), ("gen", "<u4"), ("rs", "<u4"), ("ws", "<u4"), ("rsec", "<u4"),
+             ("wsec", "<u4"), ("last", "<u8"), ("size", "<u8")]
+        )
+        assert slot.itemsize == SLOT_SIZE
+        parts = []
+        for data in self._drain_chunks():
+            a = np.frombuffer(data, dtype=slot)
+            parts.append(a[a["ino"] != 0])
+        used = np.concatenate(parts) if parts else np.empty(0, dtype=slot)
+        out = np.empty(len(used), dtype=HOT_DTYPE)
+        for f in ("dev", "ino", "gen", "rs", "ws", "last", "size"):
+            out[f] = used[f]
+        out["rb"] = used["rsec"].astype(np.uint64) << 9
+        out["wb"] = used["wsec"].astype(np.uint64) << 9
         return out
 
     def drain(self) -> list[Event]:
