@@ -23,7 +23,7 @@ def simulate(args: argparse.Namespace) -> int:
         if len(keys) != 1:
             raise UserError("--trace-out needs one --workload, not 'all'")
         sc = SCENARIOS[keys[0]]
-        prep = prepare(sc.make())
+        prep = prepare(sc.make(), tick_s=sc.tick_s)
         cap = max(16, int(prep.data_blocks_peak * sc.cache_fraction))
         meta = {"source": "cachepilot simulate", "workload": prep.workload.name,
                 "params": prep.workload.params, "cache_policy": "lru"}

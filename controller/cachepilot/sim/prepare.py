@@ -101,8 +101,9 @@ class _Alloc:
         return ext
 
 
-def prepare(w: Workload, commit_interval_s: float = 5.0, fs_blocks: int = 1 << 31) -> Prepared:
-    p = Prepared(w)
+def prepare(w: Workload, commit_interval_s: float = 5.0, fs_blocks: int = 1 << 31,
+            tick_s: float = 1.0) -> Prepared:
+    p = Prepared(w, tick_ns=int(tick_s * 1e9))
     blk, kind, tag = p.blk, p.kind, p.tag
     al = _Alloc(fs_blocks)
     files: dict[int, list[int]] = {}
