@@ -237,3 +237,12 @@ def test_drain_as_numpy_records_for_the_models(probe: Probe, watched: LoopFs) ->
     )
     assert int(r["last"]) > 0
     assert len(probe.drain_hotness_array()) == 0  # drained means reset
+
+
+def test_page_cache_hits_do_not_count(probe: Probe, watched: LoopFs) -> None:
+    """Only I/O that reaches the volume below the page cache counts: re-reading a cached file adds nothing."""
+    path, key = make_file(watched, "cached", 256 * 1024)
+    child("import sys; open(sys.argv[1], 'rb').read()", path)  # now fully in the page cache
+    settle(probe)
+    child("import sys\nfor _ in range(20): open(sys.argv[1], 'rb').read()", path)
+    assert not [e for e in probe.drain() if isinstance(e, HotnessDelta) and e.key == key]
