@@ -179,3 +179,13 @@ def test_never_bypass_a_dirty_volume(steps: list[dict], fm: str) -> None:  # typ
         for a in e.tick(t * NS):
             if isinstance(a, SetWritePolicy) and s["dirty"] > 0:
                 assert a.mode not in BYPASS_NAMES, (a, s)
+
+
+def test_failed_policy_switch_keeps_the_old_one() -> None:
+    e = engine()
+    bad = parse_policy("version: 1\nvolumes:\n  - match: {device: 'bcache*'}\n"
+                       "  - match: {mountpoint: /srv}\n    failure_model: auto\n", "bad.yaml")
+    e.add_volume(VolumeInfo(dev=kdev(252, 1), name="bcache1", mountpoint="/srv", cache_bytes=1 << 30))
+    with pytest.raises(UserError, match="overlapping selectors"):
+        e.set_policy(bad)
+    assert e.policy.source == "t.yaml" and e.vols[DEV].policy.failure_model == "destructive"

@@ -182,3 +182,8 @@ def test_trace_without_volumes_is_a_user_error(tmp_path: Path) -> None:
     write_trace(f, [Tick(1)], [])
     with pytest.raises(UserError, match="names no volumes"):
         replay(f, parse_policy("version: 1\n", "p.yaml"))
+
+
+def test_record_rejects_a_character_device(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["record", "--out", "/tmp/x.cptrace", "--volume", "/dev/null"]) == 2
+    assert "not a block device" in capsys.readouterr().err

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import stat
 import time
 from pathlib import Path
 
@@ -19,7 +20,7 @@ def _volume(path: str) -> VolumeInfo:
         st = os.stat(path)
     except OSError as exc:
         raise UserError(f"{path}: {exc.strerror}") from None
-    if not st.st_rdev:
+    if not stat.S_ISBLK(st.st_mode):
         raise UserError(f"{path}: not a block device")
     return VolumeInfo(dev=kdev_from_st_dev(st.st_rdev), name=Path(path).name)
 
