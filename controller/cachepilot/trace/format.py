@@ -35,7 +35,11 @@ Variable-size records are UTF-8 JSON objects, one per line (``\\n``-separated) i
 * type 9 ``VolumeSample``: the VolumeSample fields.
 
 Readers reject unknown versions, unknown block types, bad CRCs, short blocks and a missing END block
-with a :class:`~cachepilot.errors.UserError` naming the byte offset.
+with a :class:`~cachepilot.errors.UserError` naming the byte offset. A writer starts a new block when
+the record type changes or after 8192 records, so order across types is kept exactly; hotness blocks can
+be read without creating a Python object per record (``TraceReader.blocks(hot_as_array=True)`` gives a
+numpy view with :data:`cachepilot.models.hotness.HOT_DTYPE`). Compatibility: new record types get new
+numbers; a changed layout bumps the version.
 """
 
 from __future__ import annotations
