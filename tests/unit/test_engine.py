@@ -189,3 +189,27 @@ def test_failed_policy_switch_keeps_the_old_one() -> None:
     with pytest.raises(UserError, match="overlapping selectors"):
         e.set_policy(bad)
     assert e.policy.source == "t.yaml" and e.vols[DEV].policy.failure_model == "destructive"
+
+
+FORCED = ("errors", "failed", "exposure bound exceeded", "not bypassing")
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(STEP, min_size=2, max_size=30), st.sampled_from(["recoverable", "destructive", "auto"]))
+def test_no_flapping(steps: list[dict], fm: str) -> None:  # type: ignore[type-arg]
+    e = engine(f"version: 1\ndefaults: {{failure_model: {fm}, exposure: {{max_dirty: 1MiB}}, "
+               "hysteresis: {min_switch_interval: 300s}}\n")
+    t = 0
+    err = 0
+    last_switch: int | None = None
+    for s in steps:
+        t += s["dt"]
+        err += s["errors"]
+        sample(e, t, s["mode"], dirty=s["dirty"], errors=err, failed=s["failed"])
+        for a in e.tick(t * NS):
+            if not isinstance(a, SetWritePolicy):
+                continue
+            forced = any(k in a.reason for k in FORCED)
+            if not forced and last_switch is not None:
+                assert t - last_switch >= 300, (a, t, last_switch)
+            last_switch = t
