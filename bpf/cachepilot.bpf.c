@@ -578,6 +578,42 @@ int BPF_PROG(on_ext4_free_blocks, struct inode *inode, u64 block, unsigned long 
 	return 0;
 }
 
+/*
+ * XFS frees extents through deferred intents (after unlink, truncate, punch hole; in a background worker). Blocks are
+ * reported as linear fs blocks (agno * agblocks + agbno), like ext4's. The owner is the inode when XFS records it
+ * (data extents of a file), else 0 ("blocks were freed on this filesystem").
+ */
+#define XFS_EFI_BMBT_BLOCK_ (1U << 2)
+#define XFS_EFI_REALTIME_ (1U << 5)
+
+SEC("tp_btf/xfs_extent_free_defer")
+int BPF_PROG(on_xfs_extent_free, struct xfs_mount *mp, struct xfs_extent_free_item *xefi)
+{
+	u32 dev = mp->m_super->s_dev;
+	if (!watch_of(dev, CP_ROLE_FS))
+		return 0;
+	u64 fsb = xefi->xefi_startblock;
+	u32 flags = xefi->xefi_flags;
+	u8 agblklog = mp->m_sb.sb_agblklog;
+	u64 block = fsb;
+	if (!(flags & XFS_EFI_REALTIME_) && agblklog < 64)
+		block = (fsb >> agblklog) * mp->m_sb.sb_agblocks + (fsb & ((1ULL << agblklog) - 1));
+	u64 owner = xefi->xefi_owner;
+	struct cp_ev_free *e = reserve(sizeof(*e));
+	if (!e)
+		return 0;
+	e->hdr.type = CP_EV_FREE;
+	e->hdr.dev = dev;
+	e->hdr.ts_ns = bpf_ktime_get_ns();
+	e->ino = owner >> 62 ? 0 : owner; /* XFS_RMAP_OWN_* special owners are negative */
+	e->block = block;
+	e->count = xefi->xefi_blockcount;
+	e->flags = (flags & XFS_EFI_BMBT_BLOCK_) ? 1 : 0;
+	e->pad = 0;
+	submit(e);
+	return 0;
+}
+
 SEC("tp_btf/ext4_unlink_enter")
 int BPF_PROG(on_ext4_unlink, struct inode *parent, struct dentry *dentry)
 {

@@ -54,7 +54,7 @@ def lab_volume() -> Iterator[LoopFs]:
 
 
 @contextlib.contextmanager
-def make_loop_ext4(size_mb: int = 256, mkfs_opts: tuple[str, ...] = ()) -> Iterator[LoopFs]:
+def make_loop_ext4(size_mb: int = 256, mkfs_opts: tuple[str, ...] = (), fstype: str = "ext4") -> Iterator[LoopFs]:
     image = IMG_DIR / f"cachepilot-bpf-{uuid.uuid4().hex[:8]}.img"
     mnt = Path(tempfile.mkdtemp(prefix="cachepilot-bpf-"))
     loopdev = ""
@@ -63,9 +63,12 @@ def make_loop_ext4(size_mb: int = 256, mkfs_opts: tuple[str, ...] = ()) -> Itera
         with open(image, "wb") as f:
             f.truncate(size_mb << 20)
         loopdev = run("losetup", "--find", "--show", str(image)).stdout.strip()
-        run("mkfs.ext4", "-F", "-q", "-b", "4096", "-E", "lazy_itable_init=0,lazy_journal_init=0,nodiscard",
-            *mkfs_opts, loopdev)
-        run("mount", "-t", "ext4", loopdev, str(mnt))
+        if fstype == "ext4":
+            run("mkfs.ext4", "-F", "-q", "-b", "4096", "-E", "lazy_itable_init=0,lazy_journal_init=0,nodiscard",
+                *mkfs_opts, loopdev)
+        else:
+            run(f"mkfs.{fstype}", "-f", "-q", *mkfs_opts, loopdev)
+        run("mount", "-t", fstype, loopdev, str(mnt))
         mounted = True
         yield LoopFs(image, loopdev, mnt, kdev_from_st_dev(os.stat(loopdev).st_rdev))
     finally:

@@ -69,6 +69,7 @@ HOOKS: tuple[Hook, ...] = (
     ),
     Hook("on_ext4_free_blocks", "freed extents (ext4)"),
     Hook("on_ext4_unlink", "deletes (ext4)"),
+    Hook("on_xfs_extent_free", "freed extents (xfs)"),
     Hook("on_jbd2_end_commit", "journal commits (jbd2)"),
     Hook("sys_fsync", "file barriers: fsync"),
     Hook("sys_fdatasync", "file barriers: fdatasync"),
