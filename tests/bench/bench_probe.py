@@ -177,6 +177,8 @@ def main() -> int:
           "  goal >= 0.98")
     for job, r in overhead().items():
         verdict = "ok" if r["ratio"] >= 0.98 else "MISSED"
+        if r["max"] / r["min"] > 1.1 or r["ratio"] > 1.02:
+            verdict += f" (noisy: pairs {r['min']:.2f}..{r['max']:.2f}; see est.)"
         print(f"{job:<13}{r['base_iops']:>11.0f}{r['ratio']:>8.3f}{r['min']:>8.3f}{r['max']:>8.3f}"
               f"{r['bpf_ns']:>11.0f}{r['estimate']:>8.3f}  {verdict}")
     print("  (est. = 1 / (1 + BPF time per I/O x base IOPS): the cost the kernel itself measured for our programs;"
