@@ -45,7 +45,7 @@ class Lab:
         self._tmp = tmp_factory
 
     def run(self, argv: list[str], recipe: str = "bcache", mode: str | None = None, origin_delay_ms: int = 0,
-            timeout: float = 300, lab_args: tuple[str, ...] = ()) -> LabResult:
+            timeout: float = 300, lab_args: tuple[str, ...] = (), cwd: Path = ROOT) -> LabResult:
         out = self._tmp.mktemp(f"lab-{recipe}")
         cmd = [sys.executable, str(LAB), "run", "--recipe", recipe, "--origin-delay-ms", str(origin_delay_ms),
                "--timeout", str(timeout), "--out", str(out), *lab_args]
@@ -53,7 +53,7 @@ class Lab:
             cmd += ["--mode", mode]
         # The runner enforces the timeout itself; ours is a backstop against a hung runner.
         proc = subprocess.run([*cmd, "--", *argv], capture_output=True, text=True, errors="replace",
-                              timeout=timeout + 60, cwd=ROOT)
+                              timeout=timeout + 60, cwd=cwd)
         return LabResult(proc.returncode, proc.stdout, proc.stderr, out)
 
 

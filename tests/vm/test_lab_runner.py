@@ -42,6 +42,14 @@ def test_exit_code_output_and_env(lab):
     assert lab_temp_dirs() == before
 
 
+def test_host_tmp_is_visible_in_the_guest(lab, tmp_path):
+    """A checkout or working directory under the host's /tmp (CI clones may live there) is visible in the guest."""
+    (tmp_path / "marker").write_text("from the host\n")
+    r = lab.run(["sh", "-c", "cat marker; pwd"], recipe="none", cwd=tmp_path)
+    assert r.rc == 0, r.explain()
+    assert r.stdout.splitlines() == ["from the host", str(tmp_path)]
+
+
 def test_done_when_command_prints_the_mode_line(lab):
     r = lab.run(["sh", "-c", "cat /sys/block/bcache0/bcache/cache_mode"], recipe="bcache")
     assert r.rc == 0 and r.stdout.strip() == "[writethrough] writeback writearound none", r.explain()

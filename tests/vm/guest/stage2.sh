@@ -16,7 +16,8 @@ finish() {  # $1: exit code to report
     /bin/busybox reboot -f
 }
 
-mount -t tmpfs -o mode=1777 tmpfs /tmp
+# /tmp stays the overlay's (writable, in the guest's tmpfs upper layer): a fresh tmpfs there would hide a checkout
+# that lives under the host's /tmp, and with it this script's own recipes and the kernel's modules.
 mount -t tmpfs -o mode=0755 tmpfs /run
 mkdir -p /dev/pts /dev/shm
 mount -t devpts devpts /dev/pts
