@@ -2,13 +2,14 @@
 /*
  * cachepilot kernel half: files, deletes, freed extents, barriers and discards of watched volumes.
  *
- * Hooks (all tracepoint based; see README "Probe"):
- *   tp_btf/block_bio_queue   every bio entering a block device: hotness, metadata bucket, epochs, barriers, discards
- *   tp_btf/block_split       a queued bio split by the block layer: each piece counts on its own
- *   tp_btf/iomap_dio_rw_begin direct I/O attribution (preferred)   | tracepoint/syscalls/sys_enter_{p,}{read,write}*
- *                                                                 | (fallback, chosen at load time)
- *   tp_btf/ext4_free_blocks  freed extents          tp_btf/ext4_unlink_enter  deletes
- *   tp_btf/jbd2_end_commit   journal commits        tracepoint/syscalls/sys_enter_{fsync,fdatasync,sync_file_range,syncfs}
+ * Hooks (all tracepoint based: this host refuses fentry and has no kprobes):
+ *   tp_btf/block_bio_queue     every bio entering a block device: hotness, metadata bucket, epochs, barriers, discards
+ *   tp_btf/block_split         a queued bio split by the block layer: each piece counts on its own
+ *   tp_btf/iomap_dio_rw_begin  direct I/O attribution where the kernel has it (6.18); otherwise, chosen at load time,
+ *   tracepoint/syscalls/sys_enter_{read,write,pread64,pwrite64,readv,writev,preadv,pwritev,preadv2,pwritev2}
+ *   tp_btf/ext4_free_blocks, tp_btf/xfs_extent_free_defer   freed extents
+ *   tp_btf/ext4_unlink_enter   deletes                tp_btf/jbd2_end_commit   journal commits
+ *   tracepoint/syscalls/sys_enter_{fsync,fdatasync,sync_file_range,syncfs}   file-level barriers
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -244,8 +245,12 @@ static __always_inline bool inode_id_btf(struct inode *inode, struct file_id *id
 	return true;
 }
 
-/* The regular file whose page cache page heads this bio, if any. */
-static __always_inline bool bio_page_file(struct bio *bio, struct file_id *id)
+#define PAGE_FILE 1  /* a page of a regular file on the bio's device: id is set */
+#define PAGE_OTHER 0 /* another page-cache page (block device: metadata, journal; directories) */
+#define PAGE_ANON -1 /* no file of this device: anonymous / ksm memory or another filesystem's file (a user buffer) */
+
+/* What the page heading this bio belongs to. */
+static __always_inline int bio_page_file(struct bio *bio, u32 bdev, struct file_id *id)
 {
 	struct bio_vec *vec = bio->bi_io_vec;
 	struct address_space *mapping;
@@ -253,10 +258,10 @@ static __always_inline bool bio_page_file(struct bio *bio, struct file_id *id)
 	unsigned long head;
 
 	if (!vec)
-		return false;
+		return PAGE_OTHER;
 	page = vec->bv_page;
 	if (!page)
-		return false;
+		return PAGE_OTHER;
 	/* compound_head (aliases a list_head in BTF) and mapping (low bits flag anonymous / movable / ksm pages) are
 	 * tested as scalars: one copy of the words from compound_head up to mapping */
 	struct {
@@ -266,7 +271,7 @@ static __always_inline bool bio_page_file(struct bio *bio, struct file_id *id)
 	u32 off_map = bpf_core_field_offset(struct page, mapping);
 	u32 nwords = (off_map - off_head) / 8;
 	if (off_map <= off_head || nwords > 3)
-		return false;
+		return PAGE_OTHER;
 	bpf_probe_read_kernel(&words, sizeof(words), (void *)page + off_head);
 	head = words.w[0];
 	unsigned long raw = words.w[nwords & 3];
@@ -274,19 +279,27 @@ static __always_inline bool bio_page_file(struct bio *bio, struct file_id *id)
 		struct page *hp = (struct page *)(head - 1);
 		mapping = BPF_CORE_READ(hp, mapping);
 		if (!mapping || ((unsigned long)mapping & 3))
-			return false;
-		return inode_id(BPF_CORE_READ(mapping, host), id);
+			return PAGE_ANON;
+		struct inode *host = BPF_CORE_READ(mapping, host);
+		if (!inode_id(host, id))
+			return BPF_CORE_READ(host, i_sb, s_dev) == bdev ? PAGE_OTHER : PAGE_ANON;
+	} else {
+		if (!raw || (raw & 3))
+			return PAGE_ANON;
+		mapping = page->mapping;
+		if (!mapping || !mapping->host)
+			return PAGE_ANON;
+		if (!inode_id_btf(mapping->host, id))
+			return mapping->host->i_sb->s_dev == bdev ? PAGE_OTHER : PAGE_ANON;
 	}
-	if (!raw || (raw & 3))
-		return false;
-	mapping = page->mapping;
-	return mapping && inode_id_btf(mapping->host, id);
+	return id->dev == bdev ? PAGE_FILE : PAGE_ANON;
 }
 
 static __always_inline bool bio_file(struct cp_config *c, struct bio *bio, u32 bdev, struct file_id *id)
 {
-	if (bio_page_file(bio, id) && id->dev == bdev)
-		return true;
+	int kind = bio_page_file(bio, bdev, id);
+	if (kind != PAGE_ANON)
+		return kind == PAGE_FILE;
 	/* direct I/O: the pages belong to the user's buffer; use the file the task is doing direct I/O on */
 	struct cp_dio *d;
 	if (c->flags & CP_CFG_DIO_SYSCALLS) {

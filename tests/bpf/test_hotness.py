@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from bpf_support import LoopFs, child, ftrace_bios, settle
+from bpf_support import LoopFs, child, ftrace_bios, run, settle
 
 from cachepilot.events import FileKey, HotnessDelta, MetadataDelta
 from cachepilot.probe import Probe
@@ -246,3 +246,26 @@ def test_page_cache_hits_do_not_count(probe: Probe, watched: LoopFs) -> None:
     settle(probe)
     child("import sys\nfor _ in range(20): open(sys.argv[1], 'rb').read()", path)
     assert not [e for e in probe.drain() if isinstance(e, HotnessDelta) and e.key == key]
+
+
+def test_metadata_read_by_a_direct_io_task_is_not_the_file(probe: Probe, watched: LoopFs) -> None:
+    """A task that did direct I/O and then reads metadata (cold inode tables): the metadata goes to the volume's
+    bucket, the file only gets its own direct reads."""
+    path, key = make_file(watched, "dio", 4 * 4096)
+    names = [str(watched.path(f"m{i}")) for i in range(200)]
+    for n in names:
+        open(n, "w").close()
+    listing = str(watched.path("list"))
+    with open(listing, "w") as f:
+        f.write("\n".join(names))
+    os.sync()
+    run("umount", str(watched.mount))  # cold caches: the stats below must read inode tables from the device
+    run("mount", "-t", "ext4", watched.loopdev, str(watched.mount))
+    settle(probe)
+    before = probe.volume_state(watched.dev)
+    stat_after = DIRECT_READ + "for n in open(sys.argv[4]).read().split():\n    os.stat(n)\n"
+    child(stat_after, path, "4096", "4", listing)
+    d = file_delta(probe, key)
+    assert d.read_score == 4 * 64 and d.read_bytes == 4 * 4096
+    after = probe.volume_state(watched.dev)
+    assert before is not None and after is not None and after.meta_bytes > before.meta_bytes
