@@ -2,44 +2,16 @@
 
 from __future__ import annotations
 
-import fcntl
 import os
 import re
-import struct
 
 import pytest
-from bpf_support import LoopFs, child, collect, run, settle
+from bpf_support import BLOCK, LoopFs, blocks, child, collect, fiemap, run, settle
 
 from cachepilot.events import Delete, Discard, FreedExtent, JournalCommit
 from cachepilot.probe import Probe
 
 pytestmark = pytest.mark.bpf
-
-FS_IOC_FIEMAP = 0xC020660B
-FIEMAP_FLAG_SYNC = 1
-BLOCK = 4096
-
-
-def fiemap(path: str | bytes) -> list[tuple[int, int, int]]:
-    """(logical byte, physical block, blocks) of every extent of a file."""
-    n = 512
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        req = bytearray(struct.pack("<QQIIII", 0, 2**64 - 1, FIEMAP_FLAG_SYNC, 0, n, 0) + bytes(56 * n))
-        fcntl.ioctl(fd, FS_IOC_FIEMAP, req)
-    finally:
-        os.close(fd)
-    mapped = struct.unpack_from("<I", req, 20)[0]
-    out = []
-    for i in range(mapped):
-        logical, physical, length = struct.unpack_from("<QQQ", req, 32 + 56 * i)
-        out.append((logical, physical // BLOCK, length // BLOCK))
-    return out
-
-
-def blocks(extents: list[tuple[int, int]]) -> set[int]:
-    return {b for start, count in extents for b in range(start, start + count)}
-
 
 def fragmented(fs: LoopFs, name: str | bytes, chunks: int = 8) -> str | bytes:
     """A file whose blocks are interleaved with another file's (several extents)."""

@@ -5,8 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from bpf_support import child, collect, make_loop_ext4, settle
-from test_freed import blocks, fiemap
+from bpf_support import blocks, child, collect, fiemap, make_loop_ext4, settle
 
 from cachepilot.events import FreedExtent, HotnessDelta
 from cachepilot.probe import Probe
