@@ -92,5 +92,6 @@ def run(args: argparse.Namespace) -> int:
                         last_drops = ev
                 out.flush()
         for ev in probe.poll(0) + probe.drain():
-            print(format_event(ev, args.json), file=out)
+            if isinstance(ev, HotnessDelta | MetadataDelta) or ev != last_drops:
+                print(format_event(ev, args.json), file=out)
     return 0
