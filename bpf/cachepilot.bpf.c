@@ -103,14 +103,19 @@ static __always_inline bool is_self(void)
 	return (u32)(bpf_get_current_pid_tgid() >> 32) == c->self_tgid;
 }
 
-static __always_inline void *reserve(u64 size)
+/* Reserve a ring-buffer event and fill its common header; a full ring is counted, never silent. */
+static __always_inline void *reserve_event(u64 size, u32 type, u32 dev, u64 ts_ns)
 {
-	void *e = bpf_ringbuf_reserve(&events, size, 0);
+	struct cp_ev_hdr *e = bpf_ringbuf_reserve(&events, size, 0);
 	if (!e) {
 		struct cp_drops *d = drop_counters();
 		if (d)
 			__sync_fetch_and_add(&d->ringbuf_full, 1);
+		return NULL;
 	}
+	e->type = type;
+	e->dev = dev;
+	e->ts_ns = ts_ns;
 	return e;
 }
 
@@ -326,12 +331,9 @@ static __always_inline void emit_block_barrier(u32 dev, struct cp_volume *v, u32
 
 	v->epoch_start_ns = now;
 	__sync_fetch_and_add(&v->barriers, 1);
-	struct cp_ev_barrier *e = reserve(sizeof(*e));
+	struct cp_ev_barrier *e = reserve_event(sizeof(*e), CP_EV_BARRIER, dev, now);
 	if (!e)
 		return;
-	e->hdr.type = CP_EV_BARRIER;
-	e->hdr.dev = dev;
-	e->hdr.ts_ns = now;
 	e->ino = 0;
 	e->data_bytes = data;
 	e->meta_bytes = meta;
@@ -361,12 +363,9 @@ int BPF_PROG(on_bio_queue, struct bio *bio)
 			__sync_fetch_and_add(&dv->discards, 1);
 			__sync_fetch_and_add(&dv->discard_sectors, size >> 9);
 		}
-		struct cp_ev_discard *e = reserve(sizeof(*e));
+		struct cp_ev_discard *e = reserve_event(sizeof(*e), CP_EV_DISCARD, dev, bpf_ktime_get_ns());
 		if (!e)
 			return 0;
-		e->hdr.type = CP_EV_DISCARD;
-		e->hdr.dev = dev;
-		e->hdr.ts_ns = bpf_ktime_get_ns();
 		e->sector = BPF_CORE_READ(bio, bi_iter.bi_sector);
 		e->nr_sectors = size >> 9;
 		e->volume = w->volume;
@@ -576,12 +575,9 @@ int BPF_PROG(on_ext4_free_blocks, struct inode *inode, u64 block, unsigned long 
 	u32 dev = BPF_CORE_READ(inode, i_sb, s_dev);
 	if (!watch_of(dev, CP_ROLE_FS))
 		return 0;
-	struct cp_ev_free *e = reserve(sizeof(*e));
+	struct cp_ev_free *e = reserve_event(sizeof(*e), CP_EV_FREE, dev, bpf_ktime_get_ns());
 	if (!e)
 		return 0;
-	e->hdr.type = CP_EV_FREE;
-	e->hdr.dev = dev;
-	e->hdr.ts_ns = bpf_ktime_get_ns();
 	e->ino = BPF_CORE_READ(inode, i_ino);
 	e->block = block;
 	e->count = count;
@@ -612,12 +608,9 @@ int BPF_PROG(on_xfs_extent_free, struct xfs_mount *mp, struct xfs_extent_free_it
 	if (!(flags & XFS_EFI_REALTIME_) && agblklog < 64)
 		block = (fsb >> agblklog) * mp->m_sb.sb_agblocks + (fsb & ((1ULL << agblklog) - 1));
 	u64 owner = xefi->xefi_owner;
-	struct cp_ev_free *e = reserve(sizeof(*e));
+	struct cp_ev_free *e = reserve_event(sizeof(*e), CP_EV_FREE, dev, bpf_ktime_get_ns());
 	if (!e)
 		return 0;
-	e->hdr.type = CP_EV_FREE;
-	e->hdr.dev = dev;
-	e->hdr.ts_ns = bpf_ktime_get_ns();
 	e->ino = owner >> 62 ? 0 : owner; /* XFS_RMAP_OWN_* special owners are negative */
 	e->block = block;
 	e->count = xefi->xefi_blockcount;
@@ -636,12 +629,9 @@ int BPF_PROG(on_ext4_unlink, struct inode *parent, struct dentry *dentry)
 		return 0;
 	if (BPF_CORE_READ(inode, i_nlink) > 1)
 		return 0;
-	struct cp_ev_delete *e = reserve(sizeof(*e));
+	struct cp_ev_delete *e = reserve_event(sizeof(*e), CP_EV_DELETE, id.dev, bpf_ktime_get_ns());
 	if (!e)
 		return 0;
-	e->hdr.type = CP_EV_DELETE;
-	e->hdr.dev = id.dev;
-	e->hdr.ts_ns = bpf_ktime_get_ns();
 	e->ino = id.ino;
 	e->size = BPF_CORE_READ(inode, i_size);
 	e->gen = id.gen;
@@ -656,12 +646,9 @@ int BPF_PROG(on_jbd2_end_commit, journal_t *journal, transaction_t *txn)
 	u32 dev = BPF_CORE_READ(journal, j_fs_dev, bd_dev);
 	if (!watch_of(dev, CP_ROLE_FS))
 		return 0;
-	struct cp_ev_commit *e = reserve(sizeof(*e));
+	struct cp_ev_commit *e = reserve_event(sizeof(*e), CP_EV_COMMIT, dev, bpf_ktime_get_ns());
 	if (!e)
 		return 0;
-	e->hdr.type = CP_EV_COMMIT;
-	e->hdr.dev = dev;
-	e->hdr.ts_ns = bpf_ktime_get_ns();
 	e->transaction = BPF_CORE_READ(txn, t_tid);
 	e->pad = 0;
 	submit(e);
@@ -683,12 +670,9 @@ static __always_inline int file_barrier(long fd, u32 kind, u64 arg)
 	if (!w)
 		return 0;
 	struct cp_volume *v = bpf_map_lookup_elem(&volumes, &w->slot);
-	struct cp_ev_barrier *e = reserve(sizeof(*e));
+	struct cp_ev_barrier *e = reserve_event(sizeof(*e), CP_EV_BARRIER, dev, bpf_ktime_get_ns());
 	if (!e)
 		return 0;
-	e->hdr.type = CP_EV_BARRIER;
-	e->hdr.dev = dev;
-	e->hdr.ts_ns = bpf_ktime_get_ns();
 	e->ino = kind == CP_BAR_SYNCFS ? 0 : BPF_CORE_READ(inode, i_ino);
 	/* file-level barriers report the open epoch; the flush they cause closes it */
 	e->data_bytes = v ? v->epoch_data_bytes : 0;
