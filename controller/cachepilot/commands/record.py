@@ -3,26 +3,24 @@
 from __future__ import annotations
 
 import argparse
-import os
 import signal
-import stat
+import sys
 import time
-from pathlib import Path
 
+from cachepilot.backends.inspect import block_name, describe_volume, sample_volume
 from cachepilot.errors import UserError
-from cachepilot.events import kdev_from_st_dev
 from cachepilot.models.volume import VolumeInfo
 from cachepilot.trace.format import Tick, TraceWriter
 
 
 def _volume(path: str) -> VolumeInfo:
+    """The cached volume behind a device node; a plain block device is recorded too (events only, no samples)."""
     try:
-        st = os.stat(path)
-    except OSError as exc:
-        raise UserError(f"{path}: {exc.strerror}") from None
-    if not stat.S_ISBLK(st.st_mode):
-        raise UserError(f"{path}: not a block device")
-    return VolumeInfo(dev=kdev_from_st_dev(st.st_rdev), name=Path(path).name)
+        return describe_volume(path)
+    except UserError as exc:
+        name, dev = block_name(path)  # re-raises a clear error for a missing or non-block path
+        print(f"cachepilot record: {exc}; recording its events without cache samples", file=sys.stderr)
+        return VolumeInfo(dev=dev, name=name, kind="none")
 
 
 def record(args: argparse.Namespace) -> int:
@@ -45,11 +43,21 @@ def record(args: argparse.Namespace) -> int:
     with Probe() as probe, TraceWriter(args.out, volumes, {"source": "cachepilot record"}) as w:
         for v in volumes:
             probe.watch_volume(v.dev)
+        sampled = [v for v in volumes if v.kind != "none"]
+        # Said once the programs are attached, so that a caller can start its workload then.
+        print(f"cachepilot record: recording {', '.join(v.name for v in volumes)} to {args.out}",
+              file=sys.stderr, flush=True)
         next_tick = time.monotonic() + args.tick
         while not stop and (deadline is None or time.monotonic() < deadline):
             w.write_many(probe.poll(timeout_ms=int(max(0.0, next_tick - time.monotonic()) * 1000)))
             if time.monotonic() >= next_tick:
                 w.write_many(probe.drain())
+                for v in sampled:
+                    try:
+                        w.write(sample_volume(v))
+                    except UserError as exc:  # a vanished device ends its samples, not the recording
+                        print(f"cachepilot record: {v.name}: {exc}", file=sys.stderr)
+                        sampled.remove(v)
                 w.write(Tick(time.monotonic_ns()))
                 next_tick += args.tick
         n = w.total

@@ -1,0 +1,192 @@
+"""Read-only discovery and sampling of cached volumes: what a volume is (bcache, dm-cache, dm-writecache), where
+its filesystem is mounted, how big its cache is, and one reading of its state (mode, dirty bytes, hits, misses,
+errors). Nothing here writes to the kernel.
+
+Sources: bcache's sysfs (``/sys/block/bcacheN/bcache``), ``dmsetup table|status`` for the device-mapper targets
+(run with an argument vector, never a shell), ``/proc/self/mountinfo`` and ``blkid`` for the filesystem.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+from cachepilot.backends.dmstatus import StatusParseError, parse_dm_cache_status, parse_dm_writecache_status
+from cachepilot.errors import UserError
+from cachepilot.events import kdev_from_st_dev
+from cachepilot.models.volume import VolumeInfo, VolumeSample
+
+SYS_BLOCK = Path("/sys/block")
+KIND_BCACHE, KIND_DMCACHE, KIND_WRITECACHE = "bcache", "dm-cache", "dm-writecache"
+
+_HPRINT = re.compile(r"^(-?[0-9]+(?:\.[0-9]+)?)([kMGTPEZY]?)$")
+_UNITS = {"": 1, "k": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50, "E": 1 << 60}
+
+
+def parse_bcache_size(text: str) -> int:
+    """bcache prints sizes human-readably ("5.8M", "64.0k", "512"); back to bytes (to the precision printed)."""
+    m = _HPRINT.match(text.strip())
+    if not m or m.group(2) not in _UNITS:
+        raise UserError(f"unexpected bcache size {text.strip()!r}")
+    return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        raise UserError(f"{path} vanished: the device went away") from None
+    except OSError as exc:
+        raise UserError(f"{path}: {exc.strerror}") from None
+
+
+def _dmsetup(*args: str) -> str:
+    try:
+        r = subprocess.run(["dmsetup", *args], capture_output=True, text=True, timeout=10,
+                           env={**os.environ, "DM_DISABLE_UDEV": "1"})
+    except FileNotFoundError:
+        raise UserError("dmsetup is not installed (package dmsetup)") from None
+    except subprocess.TimeoutExpired:
+        raise UserError(f"dmsetup {' '.join(args)} did not answer within 10 s") from None
+    if r.returncode != 0:
+        raise UserError(f"dmsetup {' '.join(args)} failed: {r.stderr.strip() or r.returncode}")
+    return r.stdout.strip()
+
+
+def block_name(dev_path: str) -> tuple[str, int]:
+    """The kernel name (bcache0, dm-3) and kernel dev_t of a block device node."""
+    try:
+        st = os.stat(dev_path)
+    except OSError as exc:
+        raise UserError(f"{dev_path}: {exc.strerror}") from None
+    if not stat.S_ISBLK(st.st_mode):
+        raise UserError(f"{dev_path}: not a block device")
+    sysdir = Path(f"/sys/dev/block/{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}").resolve()
+    return sysdir.name, kdev_from_st_dev(st.st_rdev)
+
+
+def _kind(name: str) -> tuple[str, str]:
+    """(kind, dm name or '')."""
+    if (SYS_BLOCK / name / "bcache").is_dir():
+        return KIND_BCACHE, ""
+    dm_name_file = SYS_BLOCK / name / "dm" / "name"
+    if dm_name_file.is_file():
+        dm_name = _read(dm_name_file)
+        table = _dmsetup("table", dm_name).split()
+        target = table[2] if len(table) > 2 else "?"
+        if target == "cache":
+            return KIND_DMCACHE, dm_name
+        if target == "writecache":
+            return KIND_WRITECACHE, dm_name
+        raise UserError(f"/dev/{name} ({dm_name}) is a dm '{target}' target, not a cache")
+    raise UserError(f"/dev/{name} is neither a bcache device nor a dm-cache / dm-writecache target")
+
+
+def _unescape_mount(field: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def _mount_of(dev_path: str) -> tuple[str, bool]:
+    """(mountpoint, mounted with -o discard) of the filesystem on the device, or ('', False)."""
+    st = os.stat(dev_path)
+    want = f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            if fields[2] != want or fields[3] != "/":
+                continue
+            sep = fields.index("-")
+            options = set(fields[5].split(",")) | set(fields[sep + 3].split(","))
+            return _unescape_mount(fields[4]), "discard" in options
+    return "", False
+
+
+def _fs_uuid(dev_path: str) -> str:
+    try:
+        r = subprocess.run(["blkid", "-p", "-o", "value", "-s", "UUID", dev_path], capture_output=True,
+                           text=True, timeout=10)
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        return ""
+    return r.stdout.strip() if r.returncode == 0 else ""
+
+
+def _bcache_cache_bytes(name: str) -> int:
+    cset = SYS_BLOCK / name / "bcache" / "cache"
+    if not cset.exists():
+        return 0  # detached: no cache
+    cache_dev = (cset / "cache0").resolve().parent  # .../block/<cache device>/bcache -> the device
+    return int(_read(cache_dev / "size")) * 512
+
+
+def describe_volume(dev_path: str) -> VolumeInfo:
+    """What the volume is; UserError naming the problem if it is not a cached volume."""
+    name, dev = block_name(dev_path)
+    kind, dm_name = _kind(name)
+    mountpoint, fs_discard = _mount_of(dev_path)
+    if kind == KIND_BCACHE:
+        cache_bytes = _bcache_cache_bytes(name)
+    elif kind == KIND_DMCACHE:
+        cache_bytes = parse_dm_cache_status(_dmsetup("status", dm_name)).cache_bytes
+    else:
+        table = _dmsetup("table", dm_name).split()
+        block = int(table[6]) if len(table) > 6 and table[6].isdigit() else 4096
+        cache_bytes = parse_dm_writecache_status(_dmsetup("status", dm_name)).total_blocks * block
+    return VolumeInfo(
+        dev=dev,
+        name=name,
+        kind=kind,
+        fs_uuid=_fs_uuid(dev_path) if mountpoint else "",
+        mountpoint=mountpoint,
+        cache_bytes=cache_bytes,
+        fs_block_size=os.statvfs(mountpoint).f_bsize if mountpoint else 4096,
+        fs_discard=fs_discard,
+    )
+
+
+def sample_volume(info: VolumeInfo) -> VolumeSample:
+    """One reading of the volume's state. Counters are cumulative, as the engine expects."""
+    now = time.monotonic_ns()
+    if info.kind == KIND_BCACHE:
+        sysfs = SYS_BLOCK / info.name / "bcache"
+        mode_line = _read(sysfs / "cache_mode")
+        mode = next((w.strip("[]") for w in mode_line.split() if w.startswith("[")), mode_line)
+        attached = (sysfs / "cache").exists()
+        errors = 0
+        if attached:
+            try:
+                errors = int(_read(sysfs / "cache" / "cache0" / "io_errors"))
+            except UserError:
+                attached = False  # the cache set went away between the two reads
+        return VolumeSample(
+            dev=info.dev, ts_ns=now, mode=mode, dirty_bytes=parse_bcache_size(_read(sysfs / "dirty_data")),
+            hits=int(_read(sysfs / "stats_total" / "cache_hits")),
+            misses=int(_read(sysfs / "stats_total" / "cache_misses")),
+            io_errors=errors, failed=not attached,
+            knobs={k: _read(sysfs / k) for k in ("sequential_cutoff", "writeback_percent")},
+        )
+    dm_name = _read(SYS_BLOCK / info.name / "dm" / "name")
+    line = _dmsetup("status", dm_name)
+    try:
+        if info.kind == KIND_DMCACHE:
+            s = parse_dm_cache_status(line)
+            return VolumeSample(
+                dev=info.dev, ts_ns=now, mode=s.io_mode if not s.failed else "writethrough",
+                dirty_bytes=s.dirty_bytes, hits=s.read_hits + s.write_hits,
+                misses=s.read_misses + s.write_misses, io_errors=0,
+                failed=s.failed or s.metadata_mode == "ro" or s.needs_check,
+                knobs={k: v for k, v in s.core_args.items()},
+            )
+        w = parse_dm_writecache_status(line)
+        block = info.cache_bytes // w.total_blocks if w.total_blocks else 4096
+        hits = w.stats[1] + w.stats[3] + w.stats[4] if len(w.stats) >= 5 else 0  # read hits + write hits
+        total = w.stats[0] + w.stats[2] if len(w.stats) >= 3 else 0  # read blocks + write blocks
+        return VolumeSample(
+            dev=info.dev, ts_ns=now, mode="writeback", dirty_bytes=w.used_blocks * block, hits=hits,
+            misses=max(0, total - hits), io_errors=w.error, failed=w.error != 0,
+        )
+    except StatusParseError as exc:
+        raise UserError(f"dmsetup status {dm_name}: {exc}") from None
