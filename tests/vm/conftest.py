@@ -7,6 +7,7 @@ returns a LabResult; the guest's $LAB_OUT is copied to `result.out`. Guest scrip
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -45,7 +46,8 @@ class Lab:
         self._tmp = tmp_factory
 
     def run(self, argv: list[str], recipe: str = "bcache", mode: str | None = None, origin_delay_ms: int = 0,
-            timeout: float = 300, lab_args: tuple[str, ...] = (), cwd: Path = ROOT) -> LabResult:
+            timeout: float = 300, lab_args: tuple[str, ...] = (), cwd: Path = ROOT,
+            env: dict[str, str] | None = None) -> LabResult:
         out = self._tmp.mktemp(f"lab-{recipe}")
         cmd = [sys.executable, str(LAB), "run", "--recipe", recipe, "--origin-delay-ms", str(origin_delay_ms),
                "--timeout", str(timeout), "--out", str(out), *lab_args]
@@ -53,7 +55,7 @@ class Lab:
             cmd += ["--mode", mode]
         # The runner enforces the timeout itself; ours is a backstop against a hung runner.
         proc = subprocess.run([*cmd, "--", *argv], capture_output=True, text=True, errors="replace",
-                              timeout=timeout + 60, cwd=cwd)
+                              timeout=timeout + 60, cwd=cwd, env={**os.environ, **(env or {})})
         return LabResult(proc.returncode, proc.stdout, proc.stderr, out)
 
 

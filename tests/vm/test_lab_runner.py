@@ -9,7 +9,6 @@ import select
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -21,8 +20,15 @@ ROOT = LAB.parents[2]
 pytestmark = pytest.mark.vm
 
 
-def lab_temp_dirs() -> set[str]:
-    return set(glob.glob(os.path.join(tempfile.gettempdir(), "cachepilot-lab-*")))
+def private_tmp(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """A TMPDIR of the test's own, so that what the runner leaves behind is not confused with other lab runs."""
+    tmpdir = tmp_path / "runner-tmp"
+    tmpdir.mkdir()
+    return {"TMPDIR": str(tmpdir)}, tmpdir
+
+
+def leftovers(tmpdir: Path) -> list[str]:
+    return sorted(glob.glob(str(tmpdir / "cachepilot-lab-*")))
 
 
 def run_lab(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -30,16 +36,16 @@ def run_lab(*args: str, env: dict[str, str] | None = None, timeout: float = 120)
                           env={**os.environ, **(env or {})}, timeout=timeout)
 
 
-def test_exit_code_output_and_env(lab):
-    before = lab_temp_dirs()
+def test_exit_code_output_and_env(lab, tmp_path):
+    env, tmpdir = private_tmp(tmp_path)
     r = lab.run(["sh", "-c", 'echo "out:$LAB_RECIPE:$LAB_CACHED_DEV:$LAB_MOUNT"; echo err >&2; '
-                 'echo x > "$LAB_OUT/result"; pwd; exit 7'], recipe="bcache")
+                 'echo x > "$LAB_OUT/result"; pwd; exit 7'], recipe="bcache", env=env)
     assert r.rc == 7, r.explain()
     assert "out:bcache:/dev/bcache0:/mnt/lab" in r.stdout
     assert str(ROOT) in r.stdout  # the command runs in the caller's directory, at the same path
     assert "err" in r.stderr
     assert (r.out / "result").read_text() == "x\n"
-    assert lab_temp_dirs() == before
+    assert leftovers(tmpdir) == []
 
 
 def test_host_tmp_is_visible_in_the_guest(lab, tmp_path):
@@ -64,15 +70,15 @@ def test_mode_and_origin_delay(lab):
     assert " delay " in lines[1] and lines[1].split()[-1] == "20", lines[1]
 
 
-def test_timeout_kills_the_guest_and_keeps_partial_output(lab):
-    before = lab_temp_dirs()
+def test_timeout_kills_the_guest_and_keeps_partial_output(lab, tmp_path):
+    env, tmpdir = private_tmp(tmp_path)
     t0 = time.monotonic()
-    r = lab.run(["sh", "-c", "echo started; sleep 600"], recipe="none", timeout=20)
+    r = lab.run(["sh", "-c", "echo started; sleep 600"], recipe="none", timeout=20, env=env)
     assert r.rc == 124, r.explain()
     assert "started" in r.stdout
     assert "timeout after 20" in r.stderr
     assert time.monotonic() - t0 < 40
-    assert lab_temp_dirs() == before
+    assert leftovers(tmpdir) == []
 
 
 def test_recipe_failure_names_the_step(lab):
@@ -96,19 +102,21 @@ def test_bad_arguments_are_refused():
     assert r.returncode == 2 and "needs a command" in r.stderr
 
 
-def test_interrupt_cleans_up(lab):
-    before = lab_temp_dirs()
+def test_interrupt_cleans_up(lab, tmp_path):
+    env, tmpdir = private_tmp(tmp_path)
     proc = subprocess.Popen([sys.executable, str(LAB), "run", "--recipe", "none", "--", "sleep", "600"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **env})
     time.sleep(3)
-    during = lab_temp_dirs() - before
+    during = leftovers(tmpdir)
     assert len(during) == 1, "the runner should have made exactly one temporary directory"
-    qemu_pids = subprocess.run(["pgrep", "-f", next(iter(during))], capture_output=True, text=True).stdout.split()
+    qemu_pids = subprocess.run(["pgrep", "-f", during[0]], capture_output=True, text=True).stdout.split()
+    assert qemu_pids, "no qemu process found for the running guest"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
     assert "interrupted" in err
-    assert lab_temp_dirs() == before
+    assert leftovers(tmpdir) == []
     for pid in qemu_pids:
         assert not Path(f"/proc/{pid}").exists(), f"qemu {pid} survived the interrupt"
 
