@@ -69,19 +69,19 @@ def block_name(dev_path: str) -> tuple[str, int]:
     return sysdir.name, kdev_from_st_dev(st.st_rdev)
 
 
-def _kind(name: str) -> tuple[str, str]:
-    """(kind, dm name or '')."""
+def _kind(name: str) -> tuple[str, str, list[str]]:
+    """(kind, dm name or '', dm table fields or [])."""
     if (SYS_BLOCK / name / "bcache").is_dir():
-        return KIND_BCACHE, ""
+        return KIND_BCACHE, "", []
     dm_name_file = SYS_BLOCK / name / "dm" / "name"
     if dm_name_file.is_file():
         dm_name = _read(dm_name_file)
         table = _dmsetup("table", dm_name).split()
         target = table[2] if len(table) > 2 else "?"
         if target == "cache":
-            return KIND_DMCACHE, dm_name
+            return KIND_DMCACHE, dm_name, table
         if target == "writecache":
-            return KIND_WRITECACHE, dm_name
+            return KIND_WRITECACHE, dm_name, table
         raise UserError(f"/dev/{name} ({dm_name}) is a dm '{target}' target, not a cache")
     raise UserError(f"/dev/{name} is neither a bcache device nor a dm-cache / dm-writecache target")
 
@@ -125,14 +125,13 @@ def _bcache_cache_bytes(name: str) -> int:
 def describe_volume(dev_path: str) -> VolumeInfo:
     """What the volume is; UserError naming the problem if it is not a cached volume."""
     name, dev = block_name(dev_path)
-    kind, dm_name = _kind(name)
+    kind, dm_name, table = _kind(name)
     mountpoint, fs_discard = _mount_of(dev_path)
     if kind == KIND_BCACHE:
         cache_bytes = _bcache_cache_bytes(name)
     elif kind == KIND_DMCACHE:
         cache_bytes = parse_dm_cache_status(_dmsetup("status", dm_name)).cache_bytes
-    else:
-        table = _dmsetup("table", dm_name).split()
+    else:  # "<start> <len> writecache <p|s> <origin> <cache> <block size> ..."
         block = int(table[6]) if len(table) > 6 and table[6].isdigit() else 4096
         cache_bytes = parse_dm_writecache_status(_dmsetup("status", dm_name)).total_blocks * block
     return VolumeInfo(
