@@ -121,6 +121,25 @@ def test_interrupt_cleans_up(lab, tmp_path):
         assert not Path(f"/proc/{pid}").exists(), f"qemu {pid} survived the interrupt"
 
 
+def test_guest_dies_with_a_killed_runner(lab, tmp_path):
+    """SIGKILL leaves the runner no chance to clean up; the kernel still takes its guest down with it."""
+    env, tmpdir = private_tmp(tmp_path)
+    proc = subprocess.Popen([sys.executable, str(LAB), "run", "--recipe", "none", "--", "sleep", "600"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **env})
+    time.sleep(3)
+    during = leftovers(tmpdir)
+    assert len(during) == 1
+    qemu_pids = subprocess.run(["pgrep", "-f", during[0]], capture_output=True, text=True).stdout.split()
+    assert qemu_pids, "no qemu process found for the running guest"
+    proc.kill()
+    proc.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{pid}").exists() for pid in qemu_pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in qemu_pids:
+        assert not Path(f"/proc/{pid}").exists(), f"qemu {pid} outlived its killed runner"
+
+
 def test_shell_is_interactive(lab):
     """`tests/vm/lab shell` gives a human a shell on the guest's serial console, with the recipe built."""
     pid, fd = pty.fork()
