@@ -126,25 +126,21 @@ def drain_cost() -> dict[str, float]:
         assert mm is not None
         pack = struct.Struct(L.HOT_SLOT_FORMAT).pack
         now = time.monotonic_ns()
-        blob = b"".join(pack(i + 1, 7 << 20, 1, 64, 0, 8, 0, now, 4096) for i in range(DRAIN_FILES))
-        mm[: len(blob)] = blob
-        del blob
+        # DRAIN_FILES occupied slots, as the BPF programs would leave them; copied in again before each drain
+        table = b"".join(pack(i + 1, 7 << 20, 1, 64, 0, 8, 0, now, 4096) for i in range(DRAIN_FILES))
+        mm[: len(table)] = table
         t0 = os.times()
         raw = p.drain_hotness_raw()
         t1 = os.times()
         assert len(raw) == DRAIN_FILES, len(raw)
         mem = p.kernel_memory_bytes()["hot_slots"]
         # the same again through drain(): typed HotnessDelta objects
-        blob = b"".join(pack(i + 1, 7 << 20, 1, 64, 0, 8, 0, now, 4096) for i in range(DRAIN_FILES))
-        mm[: len(blob)] = blob
-        del blob
+        mm[: len(table)] = table
         t2 = os.times()
         events = p.drain()
         t3 = os.times()
         assert len(events) >= DRAIN_FILES
-        blob = b"".join(pack(i + 1, 7 << 20, 1, 64, 0, 8, 0, now, 4096) for i in range(DRAIN_FILES))
-        mm[: len(blob)] = blob
-        del blob
+        mm[: len(table)] = table
         t4 = os.times()
         arr = p.drain_hotness_array()
         t5 = os.times()
