@@ -59,6 +59,17 @@ def _size(rng: random.Random, mean: int) -> int:
     return max(4 * KiB, (s + 4095) // 4096 * 4096)
 
 
+def _zipf_files(nfiles: int, zipf_s: float, hot_files: int, mean_size: int,
+                seed: int) -> tuple[random.Random, _Zipf, set[int], list[int]]:
+    """The seeded generator, the Zipf popularity, the hot set and the file sizes shared by the Zipf workloads
+    (drawn in this order, so a seed always yields the same workload)."""
+    rng = random.Random(seed)  # noqa: S311 - reproducible workloads, not crypto
+    z = _Zipf(nfiles, zipf_s, rng)
+    hot = {z.perm[i] for i in range(min(hot_files, nfiles))}
+    sizes = [_size(rng, mean_size) for _ in range(nfiles)]
+    return rng, z, hot, sizes
+
+
 class _Zipf:
     def __init__(self, n: int, s: float, rng: random.Random) -> None:
         w = [1.0 / (i + 1) ** s for i in range(n)]
@@ -117,10 +128,7 @@ def webserver_backup(reads: int = 120000, nfiles: int = 6000, mean_size: int = 1
     _check(reads=reads, nfiles=nfiles, mean_size=mean_size, zipf_s=zipf_s, hot_files=hot_files)
     if nfiles < 1:
         raise UserError("webserver needs at least one file")
-    rng = random.Random(seed)  # noqa: S311 - reproducible workloads, not crypto
-    z = _Zipf(nfiles, zipf_s, rng)
-    hot = {z.perm[i] for i in range(min(hot_files, nfiles))}
-    sizes = [_size(rng, mean_size) for _ in range(nfiles)]
+    rng, z, hot, sizes = _zipf_files(nfiles, zipf_s, hot_files, mean_size, seed)
     log = nfiles
     ops: list[Op] = [(CREATE, log, 0, 0, 0)]
     for f in range(nfiles):
@@ -190,10 +198,7 @@ def warm_restart(reads: int = 100000, nfiles: int = 8000, mean_size: int = 16 * 
     _check(reads=reads, nfiles=nfiles, mean_size=mean_size, zipf_s=zipf_s)
     if nfiles < 1:
         raise UserError("warm restart needs at least one file")
-    rng = random.Random(seed)  # noqa: S311 - reproducible workloads, not crypto
-    z = _Zipf(nfiles, zipf_s, rng)
-    hot = {z.perm[i] for i in range(min(hot_files, nfiles))}
-    sizes = [_size(rng, mean_size) for _ in range(nfiles)]
+    rng, z, hot, sizes = _zipf_files(nfiles, zipf_s, hot_files, mean_size, seed)
     ops: list[Op] = []
     for f in range(nfiles):
         ops += [(CREATE, f, 0, 0, 0), (WRITE, f, 0, sizes[f], 0)]
