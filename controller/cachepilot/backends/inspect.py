@@ -17,7 +17,7 @@ from pathlib import Path
 
 from cachepilot.backends.dmstatus import StatusParseError, parse_dm_cache_status, parse_dm_writecache_status
 from cachepilot.errors import UserError
-from cachepilot.events import kdev_from_st_dev
+from cachepilot.events import kdev_from_st_dev, kdev_major_minor
 from cachepilot.models.volume import VolumeInfo, VolumeSample
 
 SYS_BLOCK = Path("/sys/block")
@@ -90,10 +90,10 @@ def _unescape_mount(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
-def _mount_of(dev_path: str) -> tuple[str, bool]:
-    """(mountpoint, mounted with -o discard) of the filesystem on the device, or ('', False)."""
-    st = os.stat(dev_path)
-    want = f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
+def _mount_of(dev: int) -> tuple[str, bool]:
+    """(mountpoint, mounted with -o discard) of the filesystem on the device (kernel dev_t), or ('', False)."""
+    major, minor = kdev_major_minor(dev)
+    want = f"{major}:{minor}"
     with open("/proc/self/mountinfo") as f:
         for line in f:
             fields = line.split()
@@ -126,7 +126,7 @@ def describe_volume(dev_path: str) -> VolumeInfo:
     """What the volume is; UserError naming the problem if it is not a cached volume."""
     name, dev = block_name(dev_path)
     kind, dm_name, table = _kind(name)
-    mountpoint, fs_discard = _mount_of(dev_path)
+    mountpoint, fs_discard = _mount_of(dev)
     if kind == KIND_BCACHE:
         cache_bytes = _bcache_cache_bytes(name)
     elif kind == KIND_DMCACHE:
