@@ -71,6 +71,9 @@ class FreedExtent:
     count: int
     metadata: bool
     ts_ns: int
+    tid: int = -1
+    """The journal transaction that freed the blocks (ext4: jbd2's running transaction id); -1 when the
+    filesystem has no journal transaction for it (XFS today, ext4 data=writeback data blocks)."""
 
 
 @dataclass(frozen=True, slots=True)

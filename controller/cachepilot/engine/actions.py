@@ -72,4 +72,23 @@ class SetKnob:
         return f"set_knob {self.volume} {self.knob}={self.value}: {self.reason}"
 
 
-Action = Promote | DiscardRanges | SetWritePolicy | SetKnob
+@dataclass(frozen=True, slots=True)
+class Drain:
+    """Drive the volume's dirty data to zero by ``deadline_ns`` (CLOCK_MONOTONIC), then restore the previous
+    settings: bcache ``writeback_percent`` 0 until ``dirty_data`` is 0, dm-cache the ``cleaner`` policy until dirty
+    is 0, dm-writecache the ``flush`` message. The write-back flush point of Qin et al., made periodic: it is what
+    makes the destructive model's age bound hold by construction. A drain that misses its deadline is a breach."""
+
+    volume: str
+    deadline_ns: int
+    reason: str
+
+    @property
+    def kind(self) -> str:
+        return "drain"
+
+    def line(self) -> str:
+        return f"drain {self.volume} deadline={self.deadline_ns}: {self.reason}"
+
+
+Action = Promote | DiscardRanges | SetWritePolicy | SetKnob | Drain

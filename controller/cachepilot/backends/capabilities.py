@@ -1,0 +1,128 @@
+"""What each kind of stock cache can do: its write modes, how it drains, and its knobs with type and range.
+
+One table, used by the policy checker (a rule may not ask for a mode or knob that a kind it can match cannot
+take), by the engine (which modes exist, what "destructive" means for a kind) and by the backends (the range a
+setter enforces before it writes). Ranges are the kernel's own (confirmed in drivers/md/bcache/sysfs.c,
+dm-cache-target.c, dm-writecache.c of 6.1): a value outside is an error here rather than a silent clamp there.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from cachepilot.errors import UserError
+
+KIND_BCACHE, KIND_DMCACHE, KIND_WRITECACHE = "bcache", "dm-cache", "dm-writecache"
+KINDS = (KIND_BCACHE, KIND_DMCACHE, KIND_WRITECACHE)
+
+# Backend-neutral write modes (the same strings as models.volume).
+WRITEBACK, WRITETHROUGH, BYPASS = "writeback", "writethrough", "bypass"
+
+UINT_MAX = (1 << 32) - 1
+
+_SIZE = re.compile(r"^([0-9]+(?:\.[0-9]+)?) ?(B|K|M|G|T|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?$")
+_SIZE_UNITS = {None: 1, "B": 1, "K": 1 << 10, "KiB": 1 << 10, "M": 1 << 20, "MiB": 1 << 20, "G": 1 << 30,
+               "GiB": 1 << 30, "T": 1 << 40, "TiB": 1 << 40, "KB": 1000, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+
+
+@dataclass(frozen=True, slots=True)
+class Knob:
+    name: str
+    kinds: frozenset[str]
+    type: str  # "int" (a plain count, percent, µs, sectors) or "size" (bytes; a unit allowed)
+    min: int
+    max: int
+    unit: str  # for humans: "percent", "bytes", "seconds", "sectors/s", "µs", "ms", "blocks", "jobs"
+    doc: str
+
+    def parse(self, value: object) -> int:
+        """The knob's value as an integer in its unit, or UserError naming the knob and the range."""
+        n = _to_int(self, value)
+        if not self.min <= n <= self.max:
+            raise UserError(f"knob {self.name}: {n} is outside {self.min}..{self.max} ({self.unit})")
+        return n
+
+
+def _to_int(knob: Knob, value: object) -> int:
+    if isinstance(value, bool):
+        raise UserError(f"knob {knob.name}: expected a number, got a boolean")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value) or value != int(value):
+            raise UserError(f"knob {knob.name}: expected a whole number, got {value!r}")
+        return int(value)
+    if isinstance(value, str):
+        text = value.strip()
+        if knob.type == "int" and re.fullmatch(r"[0-9]{1,20}", text):
+            return int(text)
+        m = _SIZE.match(text) if knob.type == "size" else None
+        if m:
+            return int(float(m.group(1)) * _SIZE_UNITS[m.group(2)])
+    what = "a size (e.g. 4MiB)" if knob.type == "size" else "a whole number"
+    raise UserError(f"knob {knob.name}: expected {what}, got {str(value)[:40]!r}")
+
+
+def _k(name: str, kinds: tuple[str, ...], typ: str, lo: int, hi: int, unit: str, doc: str) -> Knob:
+    return Knob(name, frozenset(kinds), typ, lo, hi, unit, doc)
+
+
+B, D, W = (KIND_BCACHE,), (KIND_DMCACHE,), (KIND_WRITECACHE,)
+KNOBS: dict[str, Knob] = {k.name: k for k in (
+    _k("sequential_cutoff", B, "size", 0, UINT_MAX, "bytes", "sequential runs longer than this bypass the cache"),
+    _k("writeback_percent", B, "int", 0, 40, "percent", "dirty target as a share of the cache (kernel clamps 0..40)"),
+    _k("writeback_delay", B, "int", 0, UINT_MAX, "seconds", "sleep after each full write-back scan"),
+    _k("writeback_rate", B, "size", 512, UINT_MAX * 512, "bytes/s", "write-back rate when not throttled by percent"),
+    _k("writeback_rate_minimum", B, "int", 1, UINT_MAX, "sectors/s", "write-back rate floor below the target"),
+    _k("readahead", B, "size", 0, UINT_MAX, "bytes", "extra read-ahead on a read miss"),
+    _k("congested_read_threshold_us", B, "int", 0, UINT_MAX, "µs", "cache-set read latency that counts as congested"),
+    _k("congested_write_threshold_us", B, "int", 0, UINT_MAX, "µs", "cache-set write latency that counts as congested"),
+    _k("migration_threshold", D, "int", 1, UINT_MAX, "sectors", "cap on in-flight promotion/demotion I/O"),
+    _k("high_watermark", W, "int", 0, 100, "percent", "start writing back above this fill level"),
+    _k("low_watermark", W, "int", 0, 100, "percent", "stop writing back below this fill level"),
+    _k("writeback_jobs", W, "int", 1, UINT_MAX, "jobs", "cap on concurrent write-back jobs"),
+    _k("autocommit_blocks", W, "int", 1, UINT_MAX, "blocks", "commit after this many written blocks"),
+    _k("autocommit_time", W, "int", 1, UINT_MAX, "ms", "commit after this long"),
+)}
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    kind: str
+    modes: frozenset[str]
+    kernel_mode_names: dict[str, str]  # backend-neutral mode -> what the kernel calls it
+    drain: str  # how a drain is carried out, for humans and logs
+    destructive: str  # what the destructive failure model means for this kind
+
+    def knobs(self) -> dict[str, Knob]:
+        return {n: k for n, k in KNOBS.items() if self.kind in k.kinds}
+
+
+CAPABILITIES: dict[str, Capabilities] = {
+    KIND_BCACHE: Capabilities(
+        KIND_BCACHE, frozenset({WRITEBACK, WRITETHROUGH, BYPASS}),
+        {WRITEBACK: "writeback", WRITETHROUGH: "writethrough", BYPASS: "none"},
+        drain="writeback_percent 0 until dirty_data is 0, then restore",
+        destructive="write-back with a periodic drain; write-through before the byte bound",
+    ),
+    KIND_DMCACHE: Capabilities(
+        KIND_DMCACHE, frozenset({WRITEBACK, WRITETHROUGH, BYPASS}),
+        {WRITEBACK: "writeback", WRITETHROUGH: "writethrough", BYPASS: "passthrough"},
+        drain="table reload with the cleaner policy until dirty is 0, then the previous policy",
+        destructive="write-back with a periodic drain; write-through before the byte bound",
+    ),
+    KIND_WRITECACHE: Capabilities(
+        KIND_WRITECACHE, frozenset({WRITEBACK}), {WRITEBACK: "writeback"},
+        drain="the flush message (returns when every block is written back)",
+        destructive="write-back only: the bound is kept by flushing, never by a mode switch",
+    ),
+}
+
+
+def capabilities(kind: str) -> Capabilities:
+    try:
+        return CAPABILITIES[kind]
+    except KeyError:
+        raise UserError(f"unknown cache kind {kind!r} (known: {', '.join(KINDS)})") from None
