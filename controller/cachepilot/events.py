@@ -102,6 +102,9 @@ class BarrierKind(enum.IntEnum):
     FDATASYNC = 5
     SYNC_FILE_RANGE = 6
     SYNCFS = 7
+    SYNC = 8  # sync(2)
+    SYNC_WRITE = 9  # a write on an O_SYNC / O_DSYNC file, or with RWF_SYNC / RWF_DSYNC
+    MSYNC = 10  # msync(MS_SYNC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +135,20 @@ class Barrier:
 
 
 @dataclass(frozen=True, slots=True)
+class SyncCalls:
+    """File-level durability calls of one kind that succeeded on a volume since the last drain, counted in the
+    kernel (an unprivileged user can make millions a second, so they are never one event each). They annotate the
+    volume's open epoch with who synced; only block barriers close an epoch."""
+
+    dev: int
+    kind: BarrierKind
+    calls: int
+    last_pid: int
+    last_ino: int
+    ts_ns: int
+
+
+@dataclass(frozen=True, slots=True)
 class Discard:
     """A discard bio seen on a watched device (sectors of 512 bytes)."""
 
@@ -150,4 +167,4 @@ class Drops:
     other: int = 0
 
 
-Event = HotnessDelta | MetadataDelta | FreedExtent | JournalCommit | Delete | Barrier | Discard | Drops
+Event = HotnessDelta | MetadataDelta | FreedExtent | JournalCommit | Delete | Barrier | SyncCalls | Discard | Drops
