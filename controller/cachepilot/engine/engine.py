@@ -491,7 +491,7 @@ class Engine:
             self._rewarm(c, "refresh: hot file idle for a refresh interval",
                          idle_since_ns=now - int(promo.refresh_interval_s * NS))
         dt = (now - c.last_tick_ns) / NS if c.last_tick_ns is not None else 1.0
-        cap = promo.rate * 2.0
+        cap = promo.rate * 2.0  # bytes over any window T stay <= rate * T + cap + the largest file
         c.tokens = min(cap, c.tokens + promo.rate * max(0.0, dt))
         q = c.promo_queue
         flags, tsize, tdev, tino, tgen = t.flags, t.size, t.dev, t.ino, t.gen
@@ -511,8 +511,8 @@ class Engine:
                 flags[slot] = f & not_queued
                 continue
             size = tsize[slot]
-            if size > tokens:
-                break
+            if size > tokens and tokens < cap:
+                break  # a file larger than the bucket goes once the bucket is full, leaving a debt
             head += 1
             flags[slot] = f & not_queued
             tokens -= size

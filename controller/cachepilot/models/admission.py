@@ -38,6 +38,7 @@ class CachedSet:
         self.last_evicted = 0  # counter of the last evicted file, at epoch last_evicted_epoch
         self.last_evicted_epoch = 0
         self.evictions = 0
+        table.owners[dev] = self  # the table hands back members whose inode was reused or deleted
 
     def __contains__(self, slot: int) -> bool:
         return bool(self.t.flags[slot] & F_MEMBER) and (self.dev is None or self.t.dev[slot] == self.dev)
