@@ -271,3 +271,23 @@ def test_forty_inode_reuses_leave_the_set_usable() -> None:
     e.feed(HotnessDelta(FileKey(DEV, 10, 1), 64, 0, 4096, 0, 50, size=4096))
     e.tick(50 * NS)
     assert c.cached.count == 2
+
+
+def test_knobs_only_for_the_kind_and_compared_as_typed_values() -> None:
+    vol = VolumeInfo(dev=DEV, name="dm-3", kind="dm-cache", cache_bytes=1 << 30)
+    e = engine(POLICY, vol=vol)  # defaults pin sequential_cutoff, a bcache knob
+    sample(e, 1, knobs={"migration_threshold": "2048"})
+    assert not [a for a in e.tick(1 * NS) if isinstance(a, SetKnob)]
+    b = engine(POLICY)
+    sample(b, 1, knobs={"sequential_cutoff": "4.0M"})  # bcache's sysfs prints sizes human-readably
+    assert not [a for a in b.tick(1 * NS) if isinstance(a, SetKnob)]
+
+
+def test_auto_on_dm_writecache_is_destructive() -> None:
+    vol = VolumeInfo(dev=DEV, name="dm-3", kind="dm-writecache", cache_bytes=1 << 30)
+    e = engine("version: 1\ndefaults: {failure_model: auto}\n", vol=vol)
+    for i in range(50):
+        e.feed(HotnessDelta(FileKey(DEV, i + 1, 0), 64, 0, 1 << 20, 0, 1, size=4096))
+    sample(e, 1, "writeback", dirty=4096)
+    acts = e.tick(1 * NS)
+    assert not modes(acts) and [a for a in acts if type(a).__name__ == "Drain"]

@@ -18,6 +18,7 @@ import jsonschema
 import yaml
 
 from cachepilot.errors import UserError
+from cachepilot.policy import capcheck
 from cachepilot.policy.model import (
     DiscardOnDelete,
     Exposure,
@@ -204,7 +205,7 @@ def _settings(raw: dict[str, Any], base: VolumePolicy, doc: _Doc, path: PathT) -
 
 def _covers(a: Selector, b: Selector) -> bool:
     """Every volume b selects is also selected by a (a conservative, decidable check)."""
-    for attr in ("device", "fs_uuid", "mountpoint"):
+    for attr in ("device", "fs_uuid", "mountpoint", "kind"):
         av, bv = getattr(a, attr), getattr(b, attr)
         if av is None:
             continue
@@ -242,6 +243,7 @@ def parse_policy(text: str, source: str = "<string>") -> Policy:
         more = "; ".join(str(e) for e in errors[1:4])
         raise UserError(f"{errors[0]} (and {len(errors) - 1} more: {more})")
     raw = doc.value
+    capcheck.check(raw, doc.err)
     defaults = _settings(raw.get("defaults", {}), VolumePolicy(), doc, ("defaults",))
     rules: list[Rule] = []
     for i, r in enumerate(raw.get("volumes", [])):
