@@ -291,3 +291,17 @@ def test_auto_on_dm_writecache_is_destructive() -> None:
     sample(e, 1, "writeback", dirty=4096)
     acts = e.tick(1 * NS)
     assert not modes(acts) and [a for a in acts if type(a).__name__ == "Drain"]
+
+
+def test_one_tick_admits_many_files_keeping_the_hottest() -> None:
+    e = engine(POLICY.replace("max_cache_fraction: 0.5", "max_cache_fraction: 0.001"))  # ~1 MiB: 256 files
+    recs = [(DEV, i + 1, 1, 1 + i % 64, 0, 4096, 0, 1, 4096) for i in range(5000)]
+    e.feed_hotness_records(recs)
+    e.tick(1 * NS)
+    c = e.vols[DEV]
+    _members_consistent(e)
+    members = c.cached.members()
+    assert 0 < len(members) and c.cached.used_bytes <= c.cached.capacity_bytes
+    bar = c.cached.last_evicted
+    assert all(e.hotness.score(s) >= bar for s in members)  # evicted coldest first
+    assert bar > 1  # many were evicted, the bar rose

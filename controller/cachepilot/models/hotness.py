@@ -111,7 +111,7 @@ class HotnessTable:
         self.charged = array("I")
         self.dev_bytes: dict[int, list[int]] = {}
         self._free: list[int] = []
-        self.touched: list[int] = []
+        self.touched = array("q")  # slots changed since the last drain_touched (each once: F_TOUCHED)
         self.live = 0
         self.owners: dict[int | None, MemberOwner] = {}  # believed-cached sets by dev (None: any dev)
 
@@ -467,7 +467,7 @@ class HotnessTable:
         lasta = np.frombuffer(self.last, dtype=i64)
         lasta[slots] = np.maximum(lasta[slots], rec["last"])
         new = (f & F_TOUCHED) == 0
-        self.touched.extend(slots[new].tolist())
+        self.touched.frombytes(slots[new].astype(np.int64).tobytes())
         flags[slots] = f | F_TOUCHED
         del gen, stamp, rsa, wsa, flags, sizea, lasta  # release the buffers: the arrays may grow again
         db = self.dev_bytes
@@ -501,20 +501,20 @@ class HotnessTable:
     def delete(self, ev: Delete) -> int | None:
         return self.forget(ev.key.dev, ev.key.ino, ev.key.gen)
 
+    def drain_touched_array(self) -> np.ndarray:
+        """Slots changed since the last call (live ones only, int64, in order of first change); clears the marks."""
+        out = np.frombuffer(self.touched, dtype=np.int64).copy()
+        self.touched = array("q")
+        if not len(out):
+            return out
+        flags = np.frombuffer(self.flags, dtype=np.uint8)
+        f = flags[out]
+        flags[out] = f & (~F_TOUCHED & 0xFF)
+        del flags  # release the buffer: the array may grow again
+        return out[(f & F_LIVE) != 0]
+
     def drain_touched(self) -> list[int]:
-        """Slots changed since the last call (live ones only); clears the marks."""
-        out = self.touched
-        self.touched = []
-        flags = self.flags
-        live = []
-        for s in out:
-            f = flags[s]
-            if f & F_LIVE:
-                flags[s] = f & ~F_TOUCHED
-                live.append(s)
-            else:
-                flags[s] = f & ~F_TOUCHED
-        return live
+        return self.drain_touched_array().tolist()
 
     # ---------------------------------------------------------------- reads
     def score(self, slot: int) -> int:
