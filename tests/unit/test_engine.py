@@ -305,3 +305,14 @@ def test_one_tick_admits_many_files_keeping_the_hottest() -> None:
     bar = c.cached.last_evicted
     assert all(e.hotness.score(s) >= bar for s in members)  # evicted coldest first
     assert bar > 1  # many were evicted, the bar rose
+
+
+def test_free_in_the_next_transaction_is_not_released_by_the_previous_commit() -> None:
+    e = engine()
+    e.feed(JournalCommit(DEV, 40, 1 * NS))
+    e.feed(FreedExtent(DEV, 5, 100, 10, False, 2 * NS, tid=41))  # freed while T=40 was still committing
+    e.feed(JournalCommit(DEV, 40, 3 * NS))  # T's commit event fires after the free (main released it here)
+    assert not [a for a in e.tick(15 * NS) if isinstance(a, DiscardRanges)]
+    e.feed(JournalCommit(DEV, 41, 16 * NS))
+    d = [a for a in e.tick(30 * NS) if isinstance(a, DiscardRanges)]
+    assert len(d) == 1 and d[0].ranges == ((100 * 4096, 10 * 4096),)
