@@ -241,7 +241,7 @@ OP = st.tuples(st.sampled_from(["hot", "hot", "delete", "tick", "batch"]), st.in
                st.integers(1, 64), st.sampled_from([4096, 65536, 1 << 20]))
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(st.lists(OP, min_size=1, max_size=60))
 def test_inode_reuse_never_leaks_the_believed_cached_set(ops: list[tuple[str, int, int, int, int]]) -> None:
     e = engine(POLICY.replace("max_cache_fraction: 0.5", "max_cache_fraction: 0.002"))  # ~2 MiB: evictions too

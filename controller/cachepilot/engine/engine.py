@@ -15,7 +15,7 @@ samples), never to the number of tracked files:
 7. pinned knobs are set when the backend reports a different value (only knobs the cache kind has).
 
 How each action ended comes back through :meth:`Engine.outcome`: drains complete or breach, failed discards
-are re-queued, failed switches are retried.
+are re-queued, failed switches and knobs are asked again after ``REQUEST_RETRY_NS``.
 """
 
 from __future__ import annotations
@@ -358,10 +358,7 @@ class Engine:
         elif isinstance(a, DiscardRanges) and not ok:
             bs = c.info.fs_block_size
             c.freed.requeue([(off // bs, n // bs) for off, n in a.ranges])
-        elif isinstance(a, SetWritePolicy) and not ok:
-            c.requested_mode = None  # decide again next tick
-        elif isinstance(a, SetKnob) and not ok:
-            c.requested_knobs.pop(a.knob, None)
+        # a failed switch or knob is asked again after REQUEST_RETRY_NS (the request stays recorded until then)
 
     def _drain_ended(self, c: VolumeCtl, a: Drain, ok: bool, detail: str) -> None:
         d = c.drain
@@ -685,8 +682,8 @@ class Engine:
             return f"latched: {c.latch.reason}: draining {dirty} dirty bytes" if dirty > 0 else None
         if c.breach is not None:
             return f"exposure breach: {c.breach}: draining {dirty} dirty bytes" if dirty > 0 else None
-        fm, _ = self._fm(c, now)
-        if fm != "destructive" or (dirty == 0 and normalise_mode(st.mode) != WRITEBACK):
+        fm, _ = self._fm(c, now)  # auto is destructive about what it leaves dirty, read-mostly or not
+        if fm == "recoverable" or (dirty == 0 and normalise_mode(st.mode) != WRITEBACK):
             return None
         ex = c.policy.exposure
         if WRITETHROUGH not in c.caps.modes:
