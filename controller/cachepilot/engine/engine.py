@@ -367,6 +367,7 @@ class Engine:
         c.drain = None
         if ok:
             c.state.cleaned(d.start_ns)
+            c.breach = None  # the bound holds again (write-back resumes after the hysteresis interval)
         else:
             self._set_breach(c, f"drain started at {d.start_ns / NS:.0f} s failed: {detail or 'no reason given'}")
 
@@ -442,7 +443,7 @@ class Engine:
 
     def _admit_volume(self, c: VolumeCtl, s: np.ndarray) -> None:
         """Sieve (size, write-only, append-only; see HotnessTable.sieve), re-charge members, admit the rest against
-        the last evicted counter; queue the new members for promotion, hottest first."""
+        the last evicted counter; queue the new members for promotion in the order they were touched."""
         t = self.hotness
         f = np.frombuffer(t.flags, dtype=np.uint8)[s]
         member = (f & F_MEMBER) != 0
