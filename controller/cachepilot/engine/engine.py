@@ -430,9 +430,11 @@ class Engine:
             known = np.array(sorted(self.vols), dtype=np.uint32)
             key = np.searchsorted(known, devs).clip(0, len(known) - 1)
             mine = known[key] == devs  # files of filesystems that are not volumes are not offered
-            slots, key = slots[mine], key[mine].astype(np.uint16 if len(known) < 65536 else np.uint32)
-            if not len(slots):
-                return
+            if not mine.all():
+                slots, key = slots[mine], key[mine]
+                if not len(slots):
+                    return
+            key = key.astype(np.uint16 if len(known) < 65536 else np.uint32)
             order = np.argsort(key, kind="stable")
             cuts = np.flatnonzero(np.diff(key[order])) + 1
             groups = np.split(slots[order], cuts)
@@ -516,6 +518,7 @@ class Engine:
         items, head, end = q.items, q.head, len(q.items)
         tokens = c.tokens
         score = t.score
+        texts: dict[int, str] = {}  # reason texts by counter: thousands of promotions share a few
         append = out.append
         not_queued = ~F_QUEUED & 0xFF
         while head < end:
@@ -534,7 +537,10 @@ class Engine:
             tokens -= size
             rid = v >> 32
             if rid == ADMITTED:
-                reason = f"counter {score(slot)} > last evicted {bar}"
+                sc = score(slot)
+                reason = texts.get(sc)
+                if reason is None:
+                    reason = texts[sc] = f"counter {sc} > last evicted {bar}"
             else:
                 reason = q.reasons[rid] if rid < len(q.reasons) else "re-warm"
             append(Promote(name, tdev[slot], tino[slot], tgen[slot], ((0, size),), reason))
