@@ -5,6 +5,8 @@ write a workload's event stream as a trace for `cachepilot replay`."""
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 
 from cachepilot.errors import UserError
 from cachepilot.sim.prepare import prepare
@@ -22,6 +24,9 @@ def simulate(args: argparse.Namespace) -> int:
     if args.trace_out:
         if len(keys) != 1:
             raise UserError("--trace-out needs one --workload, not 'all'")
+        out_dir = Path(args.trace_out).resolve().parent
+        if not out_dir.is_dir() or not os.access(out_dir, os.W_OK):  # before minutes of simulation
+            raise UserError(f"{args.trace_out}: cannot write trace: no writable directory {out_dir}")
         sc = SCENARIOS[keys[0]]
         prep = prepare(sc.make(), tick_s=sc.tick_s)
         cap = max(16, int(prep.data_blocks_peak * sc.cache_fraction))
