@@ -107,3 +107,34 @@ def test_simulate_cli_rejects_bad_policy(capsys: pytest.CaptureFixture[str]) -> 
 
     assert main(["simulate", "--policies", "lru,clock"]) == 2
     assert "unknown cache policy 'clock'" in capsys.readouterr().err
+
+
+def test_simulator_emits_what_the_kernel_emits() -> None:
+    """fsyncs arrive as SyncCalls counted per tick; epochs are closed only by the block barrier of the journal
+    commit (PREFLUSH|FUA with the data/metadata split); freed extents carry the running transaction."""
+    from cachepilot.events import Barrier, BarrierKind, FreedExtent, JournalCommit, SyncCalls
+    from cachepilot.models.epochs import BLOCK_BARRIERS, EpochTracker
+
+    w = W.varmail(iterations=200, nfiles=20)
+    fsyncs = sum(1 for op, *_ in w.ops if op == W.FSYNC)
+    p = prepare(w)
+    evs = [e for tick in p.tick_events for e in tick]
+    barriers = [e for e in evs if isinstance(e, Barrier)]
+    assert barriers and all(b.kind in BLOCK_BARRIERS and b.closes_epoch and b.flags == 3 for b in barriers)
+    assert all(b.epoch_bytes == b.epoch_data_bytes + b.epoch_meta_bytes for b in barriers)
+    assert sum(e.calls for e in evs if isinstance(e, SyncCalls)) == fsyncs
+    assert all(e.kind is BarrierKind.FSYNC for e in evs if isinstance(e, SyncCalls))
+    committed: set[int] = set()
+    for e in evs:  # every free is tagged with a transaction that has not committed yet, and later commits
+        if isinstance(e, JournalCommit):
+            committed.add(e.transaction)
+        elif isinstance(e, FreedExtent):
+            assert e.tid > 0 and e.tid not in committed
+    frees = {e.tid for e in evs if isinstance(e, FreedExtent)}
+    assert frees and frees <= committed | {max(committed) + 1}
+    tr = EpochTracker(window=100_000)
+    for e in evs:
+        if isinstance(e, Barrier | SyncCalls):
+            tr.feed(e)
+    assert tr.total_barriers == len(barriers) and tr.total_syncs == fsyncs
+    assert sum(ep.bytes for ep in tr.window) == sum(b.epoch_bytes for b in barriers)  # counted once

@@ -288,7 +288,7 @@ class TraceWriter:
             self.f.flush()
 
 
-_VOLUME_KINDS = ("bcache", "dm-cache", "dm-writecache")
+_VOLUME_KINDS = ("bcache", "dm-cache", "dm-writecache", "none")  # none: a plain block device (record)
 _U32, _U60 = (1 << 32) - 1, 1 << 60
 
 
