@@ -119,7 +119,6 @@ def _dtype(layout: struct.Struct) -> np.dtype:
 
 
 DTYPES: dict[int, np.dtype] = {t: (HOT_DTYPE if t == T_HOT else _dtype(s)) for t, s in LAYOUTS.items()}
-DTYPES_V1: dict[int, np.dtype] = {t: (HOT_DTYPE if t == T_HOT else _dtype(s)) for t, s in LAYOUTS_V1.items()}
 JSON_TYPES = {T_META, T_SAMPLE}
 NAMES = {T_META: "meta", T_HOT: "hotness", T_META_DELTA: "metadata", T_FREED: "freed", T_COMMIT: "commit",
          T_DELETE: "delete", T_BARRIER: "barrier", T_DISCARD: "discard", T_DROPS: "drops",
@@ -128,8 +127,6 @@ BLOCK_RECORDS = 8192
 MAX_BLOCK_RECORDS = 1 << 20  # a reader refuses blocks that claim more (writers use BLOCK_RECORDS)
 MAX_BLOCK_BYTES = 64 << 20  # stored or inflated; a fixed-size block inflates to exactly count x size
 MAX_JSON_LINE = 1 << 20  # one meta or sample record
-_KINDS = np.array(sorted(int(k) for k in BarrierKind), dtype=np.uint8)
-_BLOCK_KINDS = np.array(sorted(int(k) for k in BLOCK_BARRIERS), dtype=np.uint8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,31 +173,47 @@ def upgrade_v1(t: int, r: tuple[Any, ...]) -> tuple[Any, ...]:
     return r
 
 
+_KIND = {int(k): k for k in BarrierKind}
+_SYNC_KIND = {v: k for v, k in _KIND.items() if k not in BLOCK_BARRIERS}
+
+
+def _barrier(r: tuple[Any, ...]) -> Barrier:
+    kind = _KIND.get(r[1])
+    if kind is None:
+        raise ValueError(f"unknown barrier kind {r[1]}")
+    return Barrier(r[0], kind, r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], bool(r[10]))
+
+
+def _sync(r: tuple[Any, ...]) -> SyncCalls:
+    kind = _SYNC_KIND.get(r[1])
+    if kind is None:
+        raise ValueError(f"unknown sync calls kind {r[1]} (file-level kinds only)")
+    return SyncCalls(r[0], kind, r[2], r[3], r[4], r[5])
+
+
+MAKERS: dict[int, Any] = {
+    T_HOT: lambda r: HotnessDelta(FileKey(r[0], r[1], r[2]), r[3], r[4], r[5], r[6], r[7], r[8]),
+    T_FREED: lambda r: FreedExtent(r[0], r[1], r[2], r[3], bool(r[4]), r[5], r[6]),
+    T_COMMIT: lambda r: JournalCommit(*r),
+    T_DELETE: lambda r: Delete(FileKey(r[0], r[1], r[2]), r[3], r[4]),
+    T_BARRIER: _barrier,
+    T_SYNC: _sync,
+    T_META_DELTA: lambda r: MetadataDelta(*r),
+    T_DISCARD: lambda r: Discard(*r),
+    T_DROPS: lambda r: Drops(*r),
+    T_TICK: lambda r: Tick(r[0]),
+}
+"""Per fixed record type: version-2 tuple -> event (ValueError for an unknown kind)."""
+
+
 def record_to_event(t: int, r: Any) -> Event | VolumeSample | Tick:
     """The event of one record in version-2 layout (tuples) or a sample (dict)."""
-    if t == T_HOT:
-        return HotnessDelta(FileKey(r[0], r[1], r[2]), r[3], r[4], r[5], r[6], r[7], r[8])
-    if t == T_FREED:
-        return FreedExtent(r[0], r[1], r[2], r[3], bool(r[4]), r[5], r[6])
-    if t == T_COMMIT:
-        return JournalCommit(*r)
-    if t == T_DELETE:
-        return Delete(FileKey(r[0], r[1], r[2]), r[3], r[4])
-    if t == T_BARRIER:
-        return Barrier(r[0], BarrierKind(r[1]), r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], bool(r[10]))
-    if t == T_SYNC:
-        return SyncCalls(r[0], BarrierKind(r[1]), r[2], r[3], r[4], r[5])
-    if t == T_META_DELTA:
-        return MetadataDelta(*r)
-    if t == T_DISCARD:
-        return Discard(*r)
-    if t == T_DROPS:
-        return Drops(*r)
-    if t == T_TICK:
-        return Tick(r[0])
     if t == T_SAMPLE:
         return VolumeSample(**r)
-    raise ValueError(f"no event for record type {t}")
+    make = MAKERS.get(t)
+    if make is None:
+        raise ValueError(f"no event for record type {t}")
+    return make(r)  # type: ignore[no-any-return]
 
 
 class TraceWriter:
@@ -352,7 +365,6 @@ class TraceReader:
             raise UserError(f"{self.path}: trace version {version} is not supported (supported: 1, 2)")
         self.version = version
         self.layouts = LAYOUTS if version == 2 else LAYOUTS_V1
-        self.dtypes = DTYPES if version == 2 else DTYPES_V1
         self.meta: dict[str, Any] = {}
         self.volumes: list[VolumeInfo] = []
         first = next(self.blocks(), None)
@@ -423,22 +435,27 @@ class TraceReader:
                     raise self._err(off, "sample records must be JSON objects")
         return recs
 
-    def _fixed(self, off: int, t: int, count: int, payload: bytes) -> np.ndarray:
-        dt = self.dtypes[t]
-        if len(payload) != count * dt.itemsize:
+    def _fixed(self, off: int, t: int, count: int, payload: bytes) -> np.ndarray | list[tuple[Any, ...]]:
+        """Hotness as a numpy array (vectorised path); other types as version-2 tuples (struct.iter_unpack
+        is faster than numpy for the short blocks they come in)."""
+        size = self.layouts[t].size
+        if len(payload) != count * size:
             raise self._err(off, f"{NAMES[t]} block has {len(payload)} bytes for {count} records")
-        arr = np.frombuffer(payload, dtype=dt)
+        if t == T_HOT:
+            return np.frombuffer(payload, dtype=HOT_DTYPE)
+        recs = list(self.layouts[t].iter_unpack(payload))
+        if self.version == 1 and t in (T_FREED, T_BARRIER):
+            recs = [upgrade_v1(t, r) for r in recs]
         if t in (T_BARRIER, T_SYNC):
-            bad = ~np.isin(arr["f1"], _KINDS)
-            if t == T_SYNC:
-                bad |= np.isin(arr["f1"], _BLOCK_KINDS)
-            if bad.any():
-                raise self._err(off, f"unknown {NAMES[t]} kind {int(arr['f1'][bad][0])}")
-        return arr
+            kinds = _KIND if t == T_BARRIER else _SYNC_KIND
+            for r in recs:
+                if r[1] not in kinds:
+                    raise self._err(off, f"unknown {NAMES[t]} kind {r[1]}")
+        return recs
 
     def raw_blocks(self) -> Iterator[tuple[int, int, Any]]:
-        """(offset, type, records) per block: JSON records as a list, fixed ones as a numpy array in this
-        file's version's layout (see :meth:`blocks` for version-2 tuples)."""
+        """(offset, type, records) per block: JSON records as a list of objects, hotness as a numpy array
+        (HOT_DTYPE), other fixed records as tuples in version-2 layout."""
         with self._open() as f:
             f.seek(HEADER.size)
             off = HEADER.size
@@ -469,12 +486,7 @@ class TraceReader:
         """(type, records) per block; fixed records as tuples in version-2 layout, JSON records as dicts.
         With hot_as_array, hotness blocks come as one numpy structured array (HOT_DTYPE) instead."""
         for _off, t, recs in self.raw_blocks():
-            if t in JSON_TYPES or (hot_as_array and t == T_HOT):
-                yield t, recs
-            elif self.version == 1:
-                yield t, [upgrade_v1(t, r) for r in recs.tolist()]
-            else:
-                yield t, recs.tolist()
+            yield t, (recs.tolist() if t == T_HOT and not hot_as_array else recs)
 
     def events(self) -> Iterator[Event | VolumeSample | Tick]:
         for t, recs in self.blocks():

@@ -12,13 +12,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from cachepilot.engine import Action, Engine
 from cachepilot.errors import UserError
 from cachepilot.events import kdev_major_minor
 from cachepilot.policy.model import Policy
 from cachepilot.trace.format import (
+    MAKERS,
     NAMES,
     T_DROPS,
     T_HOT,
@@ -26,8 +25,6 @@ from cachepilot.trace.format import (
     T_SAMPLE,
     T_TICK,
     TraceReader,
-    record_to_event,
-    upgrade_v1,
     volume_sample,
 )
 
@@ -72,21 +69,16 @@ def replay(path: str | Path, policy: Policy, only_volume: str | None = None) -> 
     res = ReplayResult(engine=engine)
     t0 = time.process_time()
     feed = engine.feed
-    v1 = reader.version == 1
-    known = np.array(sorted(v.dev for v in reader.volumes), dtype=np.uint32)
+    known = {v.dev for v in reader.volumes}
     unknown: Counter[int] = Counter()
     for off, t, recs in reader.raw_blocks():
-        if isinstance(recs, np.ndarray) and t not in (T_TICK, T_DROPS):
-            devs = recs["dev" if t == T_HOT else "f0"]
-            odd = devs[~np.isin(devs, known)]
-            if len(odd):
-                unknown.update(odd.tolist())
-        elif t == T_SAMPLE:
-            unknown.update(r.get("dev") for r in recs if r.get("dev") not in known)
         if t == T_HOT:
+            devs = recs["dev"]
+            if len(known) != 1 or not (devs == next(iter(known))).all():
+                unknown.update(d for d in devs.tolist() if d not in known)
             engine.feed_hotness_array(recs)
         elif t == T_TICK:
-            for ts in recs["f0"].tolist():
+            for (ts,) in recs:
                 for a in engine.tick(ts):
                     if only_volume is None or a.volume == only_volume:
                         res.decisions.append(Decision(ts, a))
@@ -95,15 +87,19 @@ def replay(path: str | Path, policy: Policy, only_volume: str | None = None) -> 
             continue
         elif t == T_SAMPLE:
             for r in recs:
+                if r.get("dev") not in known:
+                    unknown[r.get("dev")] += 1
                 try:
                     engine.sample(volume_sample(r))
                 except (TypeError, ValueError) as exc:
                     raise UserError(f"{path}: offset {off}: bad volume sample: {exc}") from None
         else:
-            rows = recs.tolist()
+            if t != T_DROPS:
+                unknown.update(r[0] for r in recs if r[0] not in known)
+            make = MAKERS[t]
             try:
-                for r in rows:
-                    feed(record_to_event(t, upgrade_v1(t, r) if v1 else r))  # type: ignore[arg-type]
+                for r in recs:
+                    feed(make(r))
             except (TypeError, ValueError) as exc:
                 raise UserError(f"{path}: offset {off}: bad {NAMES[t]} record: {exc}") from None
         res.events += len(recs)
