@@ -10,7 +10,7 @@ from pathlib import Path
 
 from cachepilot.errors import UserError
 from cachepilot.sim.prepare import prepare
-from cachepilot.sim.report import SCENARIOS, bars, evaluate, format_bars, table
+from cachepilot.sim.report import SCENARIOS, bars, describe_controllers, evaluate, format_bars, table
 from cachepilot.sim.runner import POLICIES, run, sim_volume
 from cachepilot.trace.format import TraceWriter
 
@@ -38,6 +38,8 @@ def simulate(args: argparse.Namespace) -> int:
         print(f"wrote {n} records to {args.trace_out} ({prep.workload.name}, stock LRU samples)")
         return 0
     evs = {k: evaluate(k, policies) for k in keys}
+    print(describe_controllers())
+    print()
     print(table(list(evs.values())))
     b = bars(evs)
     if b:

@@ -66,6 +66,7 @@ class EpochTracker:
         self.current_sync_kind: BarrierKind | None = None
         self.total_barriers = 0  # epochs closed
         self.total_syncs = 0  # file-level calls seen
+        self.total_bytes = 0  # bytes of all closed epochs
 
     def note_dirty(self, nbytes: int) -> None:
         if nbytes > 0:
@@ -107,7 +108,12 @@ class EpochTracker:
         self.current_pid = 0
         self.current_sync_kind = None
         self.total_barriers += 1
+        self.total_bytes += ev.epoch_bytes
         return ep
+
+    def summary(self) -> str:
+        """Totals, one line: what a live run and a replay of its trace must agree on."""
+        return f"{self.total_barriers} epochs, {self.total_syncs} file-level syncs, {self.total_bytes} bytes"
 
     def stats(self, now_ns: int | None = None) -> EpochStats:
         w = self.window

@@ -12,7 +12,7 @@ Generators (same seed, same parameters -> same list):
   delete, in a loop over a file set.
 * :func:`webserver_backup` — whole-file reads of a Zipf-popular set plus log appends; in the middle a
   backup reads every file once.
-* :func:`varmail` — small files: create+write+fsync, append+fsync, read, delete.
+* :func:`varmail` — small files: create+write+fsync, append 16 KiB+fsync, read, delete.
 * :func:`warm_restart` — Zipf reads; the cache is emptied midway (device replaced / re-attached).
 """
 
@@ -162,8 +162,10 @@ def webserver_backup(reads: int = 120000, nfiles: int = 6000, mean_size: int = 1
 
 
 def varmail(iterations: int = 20000, nfiles: int = 1000, mean_size: int = 16 * KiB,
-            seed: int = 3) -> Workload:
-    _check(iterations=iterations, nfiles=nfiles, mean_size=mean_size)
+            append_size: int = 16 * KiB, seed: int = 3) -> Workload:
+    """Filebench's varmail: delete a file; create, write and fsync one; append 16 KiB (Filebench's
+    iosize) to one and fsync it; read one whole."""
+    _check(iterations=iterations, nfiles=nfiles, mean_size=mean_size, append_size=append_size)
     rng = random.Random(seed)  # noqa: S311 - reproducible workloads, not crypto
     ops: list[Op] = []
     sizes: dict[int, int] = {}
@@ -185,12 +187,12 @@ def varmail(iterations: int = 20000, nfiles: int = 1000, mean_size: int = 16 * K
         live.append(fid)
         ops += [(CREATE, fid, 0, 0, 0), (WRITE, fid, 0, sizes[fid], 0), (FSYNC, fid, 0, 0, 0)]
         a = live[rng.randrange(len(live))]
-        ops += [(APPEND, a, sizes[a], 4 * KiB, 0), (FSYNC, a, 0, 0, 0)]
-        sizes[a] += 4 * KiB
+        ops += [(APPEND, a, sizes[a], append_size, 0), (FSYNC, a, 0, 0, 0)]
+        sizes[a] += append_size
         r = live[rng.randrange(len(live))]
         ops.append((READ, r, 0, sizes[r], 0))
     return Workload("varmail", ops, params=dict(iterations=iterations, nfiles=nfiles, mean_size=mean_size,
-                                                 seed=seed))
+                                                 append_size=append_size, seed=seed))
 
 
 def warm_restart(reads: int = 100000, nfiles: int = 8000, mean_size: int = 16 * KiB, zipf_s: float = 1.0,
