@@ -21,7 +21,7 @@ import pytest
 from cachepilot.events import Barrier, BarrierKind, FileKey, HotnessDelta, kdev
 from cachepilot.models.volume import VolumeInfo, VolumeSample
 from cachepilot.trace import Tick, TraceWriter
-from cachepilot.trace.format import BLOCK, HEADER, MAGIC, T_BARRIER, T_END, T_HOT, T_META, T_SAMPLE, T_SYNC
+from cachepilot.trace.format import BLOCK, HEADER, MAGIC, T_BARRIER, T_END, T_HOT, T_META, T_SAMPLE, T_SYNC, T_TICK
 
 CLI = str(Path(sys.executable).parent / "cachepilot")
 LIMIT_AS = 1 << 30
@@ -198,6 +198,8 @@ TRACES: dict[str, tuple[Callable[[], bytes], tuple[str, ...]]] = {
     "sample-not-object": (lambda: _trace((T_SAMPLE, b"[1]", 1)), ("JSON objects",)),
     "zlib-bomb": (lambda: _trace((T_HOT, _zlib_bomb(2 << 30), 1, 1)), ("inflates beyond",)),
     "zlib-bomb-json": (lambda: _trace((T_SAMPLE, _zlib_bomb(1 << 30), 1, 1)), ("inflates beyond",)),
+    "tick-far-future": (lambda: _trace((T_TICK, struct.pack("<q", (1 << 63) - 1), 1)), ("outside 0..136 years",)),
+    "tick-negative": (lambda: _trace((T_TICK, struct.pack("<q", -1), 1)), ("outside 0..136 years",)),
     "huge-count": (lambda: _trace((T_HOT, b"", 1 << 30)), ("records (at most",)),
     "huge-length": (lambda: HEADER.pack(MAGIC, 2, 0, 0) + BLOCK.pack(T_META, 0, 0, 1, 1 << 31, 0),
                     ("block of 2147483648 bytes",)),

@@ -127,6 +127,7 @@ BLOCK_RECORDS = 8192
 MAX_BLOCK_RECORDS = 1 << 20  # a reader refuses blocks that claim more (writers use BLOCK_RECORDS)
 MAX_BLOCK_BYTES = 64 << 20  # stored or inflated; a fixed-size block inflates to exactly count x size
 MAX_JSON_LINE = 1 << 20  # one meta or sample record
+MAX_TICK_NS = (1 << 32) * 1_000_000_000  # 136 years of CLOCK_MONOTONIC: hotness epochs fit in u32
 
 
 @dataclass(frozen=True, slots=True)
@@ -446,6 +447,10 @@ class TraceReader:
         recs = list(self.layouts[t].iter_unpack(payload))
         if self.version == 1 and t in (T_FREED, T_BARRIER):
             recs = [upgrade_v1(t, r) for r in recs]
+        if t == T_TICK:
+            for (ts,) in recs:
+                if not 0 <= ts < MAX_TICK_NS:
+                    raise self._err(off, f"tick at {ts} ns is outside 0..136 years of monotonic time")
         if t in (T_BARRIER, T_SYNC):
             kinds = _KIND if t == T_BARRIER else _SYNC_KIND
             for r in recs:
