@@ -10,6 +10,8 @@ Generators (same seed, same parameters -> same list):
 
 * :func:`fileserver` — Filebench's fileserver shape: create+write whole file, append, read whole file,
   delete, in a loop over a file set.
+* :func:`webserver` — Filebench's webserver: uniform whole-file reads of 1 000 files of 16 KiB, 16 KiB log
+  appends.
 * :func:`webserver_backup` — whole-file reads of a Zipf-popular set plus log appends; in the middle a
   backup reads every file once.
 * :func:`varmail` — small files: create+write+fsync, append 16 KiB+fsync, read, delete.
@@ -161,6 +163,30 @@ def webserver_backup(reads: int = 120000, nfiles: int = 6000, mean_size: int = 1
         scan_burst=scan_burst, seed=seed))
 
 
+def webserver(reads: int = 100000, nfiles: int = 1000, mean_size: int = 16 * KiB, log_every: int = 10,
+              append_size: int = 16 * KiB, seed: int = 5) -> Workload:
+    """Filebench's webserver: whole-file reads of files picked uniformly at random from the file set, and a
+    16 KiB append to a shared log after every ``log_every`` reads."""
+    _check(reads=reads, nfiles=nfiles, mean_size=mean_size, append_size=append_size)
+    if nfiles < 1:
+        raise UserError("webserver needs at least one file")
+    rng = random.Random(seed)  # noqa: S311 - reproducible workloads, not crypto
+    sizes = [_size(rng, mean_size) for _ in range(nfiles)]
+    log = nfiles
+    ops: list[Op] = [(CREATE, log, 0, 0, 0)]
+    for f in range(nfiles):
+        ops += [(CREATE, f, 0, 0, 0), (WRITE, f, 0, sizes[f], 0)]
+    log_size = 0
+    for i in range(1, reads + 1):
+        fid = rng.randrange(nfiles)
+        ops.append((READ, fid, 0, sizes[fid], 0))
+        if log_every and i % log_every == 0:
+            ops.append((APPEND, log, log_size, append_size, 0))
+            log_size += append_size
+    return Workload("webserver", ops, params=dict(reads=reads, nfiles=nfiles, mean_size=mean_size,
+                                                   log_every=log_every, append_size=append_size, seed=seed))
+
+
 def varmail(iterations: int = 20000, nfiles: int = 1000, mean_size: int = 16 * KiB,
             append_size: int = 16 * KiB, seed: int = 3) -> Workload:
     """Filebench's varmail: delete a file; create, write and fsync one; append 16 KiB (Filebench's
@@ -217,7 +243,8 @@ def warm_restart(reads: int = 100000, nfiles: int = 8000, mean_size: int = 16 * 
 
 GENERATORS = {
     "fileserver": fileserver,
-    "webserver": webserver_backup,
+    "webserver": webserver,
+    "webserver-backup": webserver_backup,
     "varmail": varmail,
     "warm-restart": warm_restart,
 }
