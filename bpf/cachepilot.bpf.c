@@ -569,12 +569,39 @@ DIO_SYSCALL(pwritev2)
 
 /* ---- freed extents, deletes, journal commits ---- */
 
+/*
+ * The journal transaction that frees these blocks: ext4_free_blocks runs under the caller's jbd2 handle
+ * (current->journal_info), and mballoc keeps the blocks busy until exactly that handle's transaction commits
+ * (ext4_mb_free_metadata records handle->h_transaction->t_tid; same on 6.1 and 6.18). Without a journal,
+ * journal_info is only ext4's nesting counter (a small integer), so the superblock's journal is checked first; a handle
+ * of another journal (never expected) falls back to the running transaction. Data blocks in data=writeback are
+ * released at once: their tid is still the handle's (waiting for it is merely conservative).
+ */
+static __always_inline bool ext4_free_tid(struct inode *inode, u32 *tid)
+{
+	struct ext4_sb_info *sbi = BPF_CORE_READ(inode, i_sb, s_fs_info);
+	journal_t *journal = BPF_CORE_READ(sbi, s_journal);
+	if (!journal)
+		return false;
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	handle_t *handle = BPF_CORE_READ(task, journal_info);
+	transaction_t *txn = handle ? BPF_CORE_READ(handle, h_transaction) : NULL;
+	if (!txn || BPF_CORE_READ(txn, t_journal) != journal)
+		txn = BPF_CORE_READ(journal, j_running_transaction);
+	if (!txn)
+		return false;
+	*tid = BPF_CORE_READ(txn, t_tid);
+	return true;
+}
+
 SEC("tp_btf/ext4_free_blocks")
 int BPF_PROG(on_ext4_free_blocks, struct inode *inode, u64 block, unsigned long count, int flags)
 {
 	u32 dev = BPF_CORE_READ(inode, i_sb, s_dev);
 	if (!watch_of(dev, CP_ROLE_FS))
 		return 0;
+	u32 tid = 0;
+	bool has_tid = ext4_free_tid(inode, &tid);
 	struct cp_ev_free *e = reserve_event(sizeof(*e), CP_EV_FREE, dev, bpf_ktime_get_ns());
 	if (!e)
 		return 0;
@@ -582,6 +609,8 @@ int BPF_PROG(on_ext4_free_blocks, struct inode *inode, u64 block, unsigned long 
 	e->block = block;
 	e->count = count;
 	e->flags = flags;
+	e->tid = tid;
+	e->has_tid = has_tid;
 	e->pad = 0;
 	submit(e);
 	return 0;
@@ -615,6 +644,8 @@ int BPF_PROG(on_xfs_extent_free, struct xfs_mount *mp, struct xfs_extent_free_it
 	e->block = block;
 	e->count = xefi->xefi_blockcount;
 	e->flags = (flags & XFS_EFI_BMBT_BLOCK_) ? 1 : 0;
+	e->tid = 0;
+	e->has_tid = 0; /* XFS: a log sequence, not a jbd2 tid; FITRIM skips busy extents itself */
 	e->pad = 0;
 	submit(e);
 	return 0;

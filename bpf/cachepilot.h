@@ -124,12 +124,14 @@ struct cp_ev_hdr {
 	u64 ts_ns;
 };
 
-struct cp_ev_free { /* ext4_free_blocks */
+struct cp_ev_free { /* ext4_free_blocks, xfs_extent_free_defer */
 	struct cp_ev_hdr hdr;
 	u64 ino;
 	u64 block;
 	u64 count;
-	u32 flags; /* ext4 EXT4_FREE_BLOCKS_*; bit 0 = metadata */
+	u32 flags;   /* ext4 EXT4_FREE_BLOCKS_*; bit 0 = metadata */
+	u32 tid;     /* the journal transaction the blocks were freed in (valid if has_tid) */
+	u32 has_tid; /* 0: no journal transaction (no journal, XFS) */
 	u32 pad;
 };
 

@@ -6,7 +6,7 @@ import os
 import re
 
 import pytest
-from bpf_support import BLOCK, LoopFs, blocks, child, collect, fiemap, run, settle
+from bpf_support import BLOCK, LoopFs, blocks, child, collect, fiemap, ftrace_events, run, settle
 
 from cachepilot.events import Delete, Discard, FreedExtent, JournalCommit
 from cachepilot.probe import Probe
@@ -59,6 +59,44 @@ def test_unlink_frees_exactly_the_extents_and_reports_the_delete(probe: Probe, w
     child("import os, sys\nos.sync()")
     later = collect(probe, lambda evs: bool(commits(events + evs)))
     assert commits(events + later)
+
+
+UNLINK = "import os, sys\nos.unlink(sys.argv[1])\nprint(os.getpid())"
+
+
+def test_freed_extents_carry_the_transaction_that_frees_them(probe: Probe, watched: LoopFs) -> None:
+    """Each freed extent names its jbd2 transaction (the witness: ftrace's jbd2_handle_start of the unlinking task);
+    the commit of that transaction covers it, and blocks freed after that commit belong to a later transaction."""
+    a, b = fragmented(watched, "a"), fragmented(watched, "b")
+    ino_a, ino_b = os.stat(a).st_ino, os.stat(b).st_ino
+    settle(probe)
+    with ftrace_events("jbd2", ("jbd2_handle_start", "jbd2_end_commit"), f"dev == {watched.dev}") as trace:
+        pid_a = int(child(UNLINK, str(a)).stdout)
+        frees_a = [e for e in collect(probe, lambda evs: bool(freed_for(evs, ino_a))) if isinstance(e, FreedExtent)]
+        child("import os\nos.sync()")
+
+        def committed(evs: list) -> list[int]:
+            return [e.transaction for e in evs if isinstance(e, JournalCommit) and e.dev == watched.dev]
+
+        tids_a = {e.tid for e in frees_a if e.ino == ino_a}
+        after = collect(probe, lambda evs: bool(committed(evs)) and max(committed(evs)) >= max(tids_a))
+        frees_a += [e for e in after if isinstance(e, FreedExtent)]
+        pid_b = int(child(UNLINK, str(b)).stdout)
+        later = collect(probe, lambda evs: bool(freed_for(evs, ino_b)))
+        child("import os\nos.sync()")
+        later += collect(probe, lambda evs: bool(committed(evs)) and max(committed(evs)) >= max(tids_a) + 1)
+    tids_a = {e.tid for e in frees_a if e.ino == ino_a}
+    tids_b = {e.tid for e in later if isinstance(e, FreedExtent) and e.ino == ino_b}
+    handles = {(r.pid, int(r.fields["tid"])) for r in trace if r.event == "jbd2_handle_start"}
+    assert tids_a and all(t >= 0 for t in tids_a)
+    assert tids_a <= {t for p, t in handles if p == pid_a}, (tids_a, handles)
+    assert tids_b <= {t for p, t in handles if p == pid_b}, (tids_b, handles)
+    first_commit = min(t for t in committed(after) if t >= max(tids_a))
+    assert min(tids_b) > first_commit  # T's commit does not cover the frees of a later transaction
+    # the probe's commit events are the kernel's own (ftrace's jbd2_end_commit)
+    witnessed = {int(r.fields["transaction"]) for r in trace if r.event == "jbd2_end_commit"}
+    assert set(committed(after + later)) <= witnessed and first_commit in witnessed
+    assert any(t >= max(tids_b) for t in committed(later)), "the commit covering the later frees was not seen"
 
 
 def test_unlink_of_a_hard_linked_file_is_not_a_delete(probe: Probe, watched: LoopFs) -> None:

@@ -90,7 +90,16 @@ class cp_ev_hdr(Struct):  # noqa: N801
 
 
 class cp_ev_free(Struct):  # noqa: N801
-    _fields_ = [("hdr", cp_ev_hdr), ("ino", u64), ("block", u64), ("count", u64), ("flags", u32), ("pad", u32)]
+    _fields_ = [
+        ("hdr", cp_ev_hdr),
+        ("ino", u64),
+        ("block", u64),
+        ("count", u64),
+        ("flags", u32),
+        ("tid", u32),
+        ("has_tid", u32),
+        ("pad", u32),
+    ]
 
 
 class cp_ev_delete(Struct):  # noqa: N801

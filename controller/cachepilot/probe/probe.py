@@ -532,7 +532,8 @@ def decode_event(raw: bytes) -> Event | None:
     e = cls.from_buffer_copy(raw[: C.sizeof(cls)])
     dev, ts = e.hdr.dev, e.hdr.ts_ns
     if isinstance(e, L.cp_ev_free):
-        return FreedExtent(dev, e.ino, e.block, e.count, bool(e.flags & L.EXT4_FREE_BLOCKS_METADATA), ts)
+        metadata = bool(e.flags & L.EXT4_FREE_BLOCKS_METADATA)
+        return FreedExtent(dev, e.ino, e.block, e.count, metadata, ts, tid=e.tid if e.has_tid else -1)
     if isinstance(e, L.cp_ev_delete):
         return Delete(FileKey(dev, e.ino, e.gen), e.size, ts)
     if isinstance(e, L.cp_ev_barrier):
