@@ -9,7 +9,7 @@
  *   tracepoint/syscalls/sys_enter_{read,write,pread64,pwrite64,readv,writev,preadv,pwritev,preadv2,pwritev2}
  *   tp_btf/ext4_free_blocks, tp_btf/xfs_extent_free_defer   freed extents
  *   tp_btf/ext4_unlink_enter   deletes                tp_btf/jbd2_end_commit   journal commits
- *   tracepoint/syscalls/sys_enter_{fsync,fdatasync,sync_file_range,syncfs}   file-level barriers
+ *   tracepoint/syscalls/sys_{enter,exit}_{fsync,fdatasync,sync_file_range,syncfs}   file-level durability calls
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -83,6 +83,34 @@ struct {
 	__uint(max_entries, 1 << 20); /* resized by user space before load */
 } events SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 20); /* resized by user space before load */
+} barrier_events SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, CP_MAX_VOLUMES * CP_DROP_KINDS);
+	__type(key, u32);
+	__type(value, u64);
+} vol_drops SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, CP_MAX_VOLUMES * CP_SYNC_KINDS);
+	__type(key, u32);
+	__type(value, struct cp_sync);
+} sync_calls SEC(".maps");
+
+/* a thread is in at most one syscall: entries live from a durability call's entry to its exit (LRU: an exit missed
+ * while attaching cannot leak an entry forever) */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 8192);
+	__type(key, u32);
+	__type(value, struct cp_sync_pending);
+} sync_pending SEC(".maps");
+
 static __always_inline struct cp_config *cfg(void)
 {
 	u32 zero = 0;
@@ -103,14 +131,24 @@ static __always_inline bool is_self(void)
 	return (u32)(bpf_get_current_pid_tgid() >> 32) == c->self_tgid;
 }
 
-/* Reserve a ring-buffer event and fill its common header; a full ring is counted, never silent. */
-static __always_inline void *reserve_event(u64 size, u32 type, u32 dev, u64 ts_ns)
+static __always_inline void count_drop(u32 slot, u32 kind)
 {
-	struct cp_ev_hdr *e = bpf_ringbuf_reserve(&events, size, 0);
+	u32 idx = slot * CP_DROP_KINDS + kind;
+	u64 *n = bpf_map_lookup_elem(&vol_drops, &idx);
+	if (n)
+		*n += 1; /* per-CPU */
+}
+
+/* Reserve a ring-buffer event and fill its common header; a full ring is counted (globally and per volume and kind),
+ * never silent. */
+static __always_inline void *reserve_on(void *ring, u64 size, u32 type, u32 dev, u32 slot, u64 ts_ns)
+{
+	struct cp_ev_hdr *e = bpf_ringbuf_reserve(ring, size, 0);
 	if (!e) {
 		struct cp_drops *d = drop_counters();
 		if (d)
 			__sync_fetch_and_add(&d->ringbuf_full, 1);
+		count_drop(slot, type);
 		return NULL;
 	}
 	e->type = type;
@@ -119,14 +157,27 @@ static __always_inline void *reserve_event(u64 size, u32 type, u32 dev, u64 ts_n
 	return e;
 }
 
-/*
- * Events are rare but a wakeup per event would make the daemon's cost grow with the barrier rate: user space polls
- * on its own schedule (Probe.poll consumes on timeout), and is only woken when the ring is a quarter full.
- */
+/* the events the controller must not miss: their own ring */
+static __always_inline void *reserve_event(u64 size, u32 type, u32 dev, u32 slot, u64 ts_ns)
+{
+	return reserve_on(&events, size, type, dev, slot, ts_ns);
+}
+
+/* Rare events: the default (adaptive) wakeup, one per batch the consumer has not started on, so poll(-1) returns
+ * after a lone delete. */
 static __always_inline void submit(void *e)
 {
-	u64 avail = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA);
-	u64 size = bpf_ringbuf_query(&events, BPF_RB_RING_SIZE);
+	bpf_ringbuf_submit(e, 0);
+}
+
+/*
+ * Block barriers can come by the hundred thousand a second: a wakeup per event would make the daemon's cost grow with
+ * the barrier rate, so user space consumes them on its own schedule and is only woken when the ring is a quarter full.
+ */
+static __always_inline void submit_barrier(void *e)
+{
+	u64 avail = bpf_ringbuf_query(&barrier_events, BPF_RB_AVAIL_DATA);
+	u64 size = bpf_ringbuf_query(&barrier_events, BPF_RB_RING_SIZE);
 	bpf_ringbuf_submit(e, avail * 4 >= size ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
 }
 
@@ -323,7 +374,8 @@ static __always_inline bool bio_file(struct cp_config *c, struct bio *bio, u32 b
 	return false;
 }
 
-static __always_inline void emit_block_barrier(u32 dev, struct cp_volume *v, u32 kind, u32 flags, u64 size)
+static __always_inline void emit_block_barrier(u32 dev, u32 slot, struct cp_volume *v, u32 kind, u32 flags,
+					      u64 size)
 {
 	u64 data = __sync_lock_test_and_set(&v->epoch_data_bytes, 0);
 	u64 meta = __sync_lock_test_and_set(&v->epoch_meta_bytes, 0);
@@ -331,7 +383,7 @@ static __always_inline void emit_block_barrier(u32 dev, struct cp_volume *v, u32
 
 	v->epoch_start_ns = now;
 	__sync_fetch_and_add(&v->barriers, 1);
-	struct cp_ev_barrier *e = reserve_event(sizeof(*e), CP_EV_BARRIER, dev, now);
+	struct cp_ev_barrier *e = reserve_on(&barrier_events, sizeof(*e), CP_EV_BARRIER, dev, slot, now);
 	if (!e)
 		return;
 	e->ino = 0;
@@ -342,7 +394,7 @@ static __always_inline void emit_block_barrier(u32 dev, struct cp_volume *v, u32
 	e->kind = kind;
 	e->flags = flags;
 	e->closes = 1;
-	submit(e);
+	submit_barrier(e);
 }
 
 SEC("tp_btf/block_bio_queue")
@@ -363,7 +415,7 @@ int BPF_PROG(on_bio_queue, struct bio *bio)
 			__sync_fetch_and_add(&dv->discards, 1);
 			__sync_fetch_and_add(&dv->discard_sectors, size >> 9);
 		}
-		struct cp_ev_discard *e = reserve_event(sizeof(*e), CP_EV_DISCARD, dev, bpf_ktime_get_ns());
+		struct cp_ev_discard *e = reserve_event(sizeof(*e), CP_EV_DISCARD, dev, w->slot, bpf_ktime_get_ns());
 		if (!e)
 			return 0;
 		e->sector = BPF_CORE_READ(bio, bi_iter.bi_sector);
@@ -391,7 +443,7 @@ int BPF_PROG(on_bio_queue, struct bio *bio)
 
 	/* a flush before the payload closes the epoch before the payload is counted */
 	if (write && (bflags & CP_BAR_F_PREFLUSH) && !(bflags & CP_BAR_F_FUA))
-		emit_block_barrier(dev, v, size ? CP_BAR_PREFLUSH : CP_BAR_EMPTY_FLUSH, bflags, size);
+		emit_block_barrier(dev, w->slot, v, size ? CP_BAR_PREFLUSH : CP_BAR_EMPTY_FLUSH, bflags, size);
 
 	if (size) {
 		struct file_id id = {};
@@ -416,8 +468,8 @@ int BPF_PROG(on_bio_queue, struct bio *bio)
 
 	/* FUA makes the payload itself durable: it belongs to the epoch it closes */
 	if (write && (bflags & CP_BAR_F_FUA))
-		emit_block_barrier(dev, v, (bflags & CP_BAR_F_PREFLUSH) ? (size ? CP_BAR_PREFLUSH : CP_BAR_EMPTY_FLUSH)
-									 : CP_BAR_FUA,
+		emit_block_barrier(dev, w->slot, v,
+				   (bflags & CP_BAR_F_PREFLUSH) ? (size ? CP_BAR_PREFLUSH : CP_BAR_EMPTY_FLUSH) : CP_BAR_FUA,
 				   bflags, size);
 	return 0;
 }
@@ -598,11 +650,12 @@ SEC("tp_btf/ext4_free_blocks")
 int BPF_PROG(on_ext4_free_blocks, struct inode *inode, u64 block, unsigned long count, int flags)
 {
 	u32 dev = BPF_CORE_READ(inode, i_sb, s_dev);
-	if (!watch_of(dev, CP_ROLE_FS))
+	struct cp_watch *w = watch_of(dev, CP_ROLE_FS);
+	if (!w)
 		return 0;
 	u32 tid = 0;
 	bool has_tid = ext4_free_tid(inode, &tid);
-	struct cp_ev_free *e = reserve_event(sizeof(*e), CP_EV_FREE, dev, bpf_ktime_get_ns());
+	struct cp_ev_free *e = reserve_event(sizeof(*e), CP_EV_FREE, dev, w->slot, bpf_ktime_get_ns());
 	if (!e)
 		return 0;
 	e->ino = BPF_CORE_READ(inode, i_ino);
@@ -628,7 +681,8 @@ SEC("tp_btf/xfs_extent_free_defer")
 int BPF_PROG(on_xfs_extent_free, struct xfs_mount *mp, struct xfs_extent_free_item *xefi)
 {
 	u32 dev = mp->m_super->s_dev;
-	if (!watch_of(dev, CP_ROLE_FS))
+	struct cp_watch *w = watch_of(dev, CP_ROLE_FS);
+	if (!w)
 		return 0;
 	u64 fsb = xefi->xefi_startblock;
 	u32 flags = xefi->xefi_flags;
@@ -637,7 +691,7 @@ int BPF_PROG(on_xfs_extent_free, struct xfs_mount *mp, struct xfs_extent_free_it
 	if (!(flags & XFS_EFI_REALTIME_) && agblklog < 64)
 		block = (fsb >> agblklog) * mp->m_sb.sb_agblocks + (fsb & ((1ULL << agblklog) - 1));
 	u64 owner = xefi->xefi_owner;
-	struct cp_ev_free *e = reserve_event(sizeof(*e), CP_EV_FREE, dev, bpf_ktime_get_ns());
+	struct cp_ev_free *e = reserve_event(sizeof(*e), CP_EV_FREE, dev, w->slot, bpf_ktime_get_ns());
 	if (!e)
 		return 0;
 	e->ino = owner >> 62 ? 0 : owner; /* XFS_RMAP_OWN_* special owners are negative */
@@ -656,11 +710,12 @@ int BPF_PROG(on_ext4_unlink, struct inode *parent, struct dentry *dentry)
 {
 	struct inode *inode = BPF_CORE_READ(dentry, d_inode);
 	struct file_id id;
-	if (is_self() || !inode_id(inode, &id) || !watch_of(id.dev, CP_ROLE_FS))
+	struct cp_watch *w;
+	if (is_self() || !inode_id(inode, &id) || !(w = watch_of(id.dev, CP_ROLE_FS)))
 		return 0;
 	if (BPF_CORE_READ(inode, i_nlink) > 1)
 		return 0;
-	struct cp_ev_delete *e = reserve_event(sizeof(*e), CP_EV_DELETE, id.dev, bpf_ktime_get_ns());
+	struct cp_ev_delete *e = reserve_event(sizeof(*e), CP_EV_DELETE, id.dev, w->slot, bpf_ktime_get_ns());
 	if (!e)
 		return 0;
 	e->ino = id.ino;
@@ -675,9 +730,10 @@ SEC("tp_btf/jbd2_end_commit")
 int BPF_PROG(on_jbd2_end_commit, journal_t *journal, transaction_t *txn)
 {
 	u32 dev = BPF_CORE_READ(journal, j_fs_dev, bd_dev);
-	if (!watch_of(dev, CP_ROLE_FS))
+	struct cp_watch *w = watch_of(dev, CP_ROLE_FS);
+	if (!w)
 		return 0;
-	struct cp_ev_commit *e = reserve_event(sizeof(*e), CP_EV_COMMIT, dev, bpf_ktime_get_ns());
+	struct cp_ev_commit *e = reserve_event(sizeof(*e), CP_EV_COMMIT, dev, w->slot, bpf_ktime_get_ns());
 	if (!e)
 		return 0;
 	e->transaction = BPF_CORE_READ(txn, t_tid);
@@ -686,9 +742,9 @@ int BPF_PROG(on_jbd2_end_commit, journal_t *journal, transaction_t *txn)
 	return 0;
 }
 
-/* ---- file-level barriers ---- */
+/* ---- file-level durability calls: counted per volume and kind, only when they succeed ---- */
 
-static __always_inline int file_barrier(long fd, u32 kind, u64 arg)
+static __always_inline int sync_enter(long fd, u32 kind)
 {
 	if (is_self())
 		return 0;
@@ -696,50 +752,54 @@ static __always_inline int file_barrier(long fd, u32 kind, u64 arg)
 	if (!f)
 		return 0;
 	struct inode *inode = BPF_CORE_READ(f, f_inode);
-	u32 dev = BPF_CORE_READ(inode, i_sb, s_dev);
-	struct cp_watch *w = watch_of(dev, CP_ROLE_FS);
+	struct cp_watch *w = watch_of(BPF_CORE_READ(inode, i_sb, s_dev), CP_ROLE_FS);
 	if (!w)
 		return 0;
-	struct cp_volume *v = bpf_map_lookup_elem(&volumes, &w->slot);
-	struct cp_ev_barrier *e = reserve_event(sizeof(*e), CP_EV_BARRIER, dev, bpf_ktime_get_ns());
-	if (!e)
-		return 0;
-	e->ino = kind == CP_BAR_SYNCFS ? 0 : BPF_CORE_READ(inode, i_ino);
-	/* file-level barriers report the open epoch; the flush they cause closes it */
-	e->data_bytes = v ? v->epoch_data_bytes : 0;
-	e->meta_bytes = v ? v->epoch_meta_bytes : 0;
-	e->arg = arg;
-	e->pid = (u32)(bpf_get_current_pid_tgid() >> 32);
-	e->kind = kind;
-	e->flags = 0;
-	e->closes = 0;
-	submit(e);
+	u32 tid = (u32)bpf_get_current_pid_tgid();
+	struct cp_sync_pending p = {.ino = kind == CP_BAR_SYNCFS ? 0 : BPF_CORE_READ(inode, i_ino), .slot = w->slot,
+				    .kind = kind};
+	if (bpf_map_update_elem(&sync_pending, &tid, &p, BPF_ANY))
+		count_drop(w->slot, CP_DROP_SYNC);
 	return 0;
 }
 
-SEC("tracepoint/syscalls/sys_enter_fsync")
-int sys_fsync(struct trace_event_raw_sys_enter *ctx)
+static __always_inline int sync_exit(long ret)
 {
-	return file_barrier(ctx->args[0], CP_BAR_FSYNC, 0);
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	u32 tid = (u32)pid_tgid;
+	struct cp_sync_pending *p = bpf_map_lookup_elem(&sync_pending, &tid);
+	if (!p)
+		return 0;
+	if (ret == 0 && p->slot < CP_MAX_VOLUMES && p->kind < CP_SYNC_KINDS) {
+		u32 idx = p->slot * CP_SYNC_KINDS + p->kind;
+		struct cp_sync *c = bpf_map_lookup_elem(&sync_calls, &idx);
+		if (c) { /* per-CPU: plain stores */
+			c->calls += 1;
+			c->last_ino = p->ino;
+			c->last_pid = (u32)(pid_tgid >> 32);
+			c->ts_ns = bpf_ktime_get_ns();
+		}
+	}
+	bpf_map_delete_elem(&sync_pending, &tid);
+	return 0;
 }
 
-SEC("tracepoint/syscalls/sys_enter_fdatasync")
-int sys_fdatasync(struct trace_event_raw_sys_enter *ctx)
-{
-	return file_barrier(ctx->args[0], CP_BAR_FDATASYNC, 0);
-}
+#define SYNC_SYSCALL(name, kind)                                         \
+	SEC("tracepoint/syscalls/sys_enter_" #name)                     \
+	int sys_##name(struct trace_event_raw_sys_enter *ctx)            \
+	{                                                                \
+		return sync_enter(ctx->args[0], kind);                   \
+	}                                                                \
+	SEC("tracepoint/syscalls/sys_exit_" #name)                      \
+	int sys_exit_##name(struct trace_event_raw_sys_exit *ctx)        \
+	{                                                                \
+		return sync_exit(ctx->ret);                              \
+	}
 
-SEC("tracepoint/syscalls/sys_enter_sync_file_range")
-int sys_sync_file_range(struct trace_event_raw_sys_enter *ctx)
-{
-	return file_barrier(ctx->args[0], CP_BAR_SYNC_FILE_RANGE, ctx->args[3]);
-}
-
-SEC("tracepoint/syscalls/sys_enter_syncfs")
-int sys_syncfs(struct trace_event_raw_sys_enter *ctx)
-{
-	return file_barrier(ctx->args[0], CP_BAR_SYNCFS, 0);
-}
+SYNC_SYSCALL(fsync, CP_BAR_FSYNC)
+SYNC_SYSCALL(fdatasync, CP_BAR_FDATASYNC)
+SYNC_SYSCALL(sync_file_range, CP_BAR_SYNC_FILE_RANGE)
+SYNC_SYSCALL(syncfs, CP_BAR_SYNCFS)
 
 /* keep every event layout in the object's BTF (the layout test and bpftool read them from there) */
 struct cp_ev_hdr *cp_btf_ev_hdr __attribute__((unused));
@@ -748,3 +808,5 @@ struct cp_ev_delete *cp_btf_ev_delete __attribute__((unused));
 struct cp_ev_barrier *cp_btf_ev_barrier __attribute__((unused));
 struct cp_ev_discard *cp_btf_ev_discard __attribute__((unused));
 struct cp_ev_commit *cp_btf_ev_commit __attribute__((unused));
+struct cp_sync *cp_btf_sync __attribute__((unused));
+struct cp_sync_pending *cp_btf_sync_pending __attribute__((unused));

@@ -95,7 +95,37 @@ struct cp_drops {
 	u64 other;    /* a direct I/O mark that could not be stored (its bios then count as metadata) */
 };
 
-/* ---- ring-buffer events ("events") ---- */
+/* ---- per-(volume, kind) drop counters (per-CPU array "vol_drops", index slot * CP_DROP_KINDS + kind) ----
+ * kind: an event type (enum cp_event_type) whose ring was full, or CP_DROP_SYNC (a durability call that could not be
+ * tracked from its entry to its result). */
+#define CP_DROP_KINDS 8
+#define CP_DROP_SYNC 7
+
+/* ---- file-level durability calls, counted in the kernel (per-CPU array "sync_calls",
+ * index slot * CP_SYNC_KINDS + enum cp_barrier_kind) ----
+ * An unprivileged user can make millions a second: never one event each. Only calls that succeeded count: the entry
+ * of the syscall notes the file in "sync_pending" (tid -> struct cp_sync_pending), its exit counts it if it returned 0.
+ * Cumulative; user space takes differences. */
+#define CP_SYNC_KINDS 16
+
+struct cp_sync {
+	u64 calls;
+	u64 last_ino;
+	u64 ts_ns;
+	u32 last_pid;
+	u32 pad;
+};
+
+struct cp_sync_pending {
+	u64 ino;
+	u32 slot;
+	u32 kind;
+};
+
+/* ---- ring-buffer events ----
+ * Two rings, so that a storm of one kind cannot starve the other: "events" carries what the controller must never
+ * miss (freed extents, deletes, journal commits, discards), "barrier_events" the block barriers (an unprivileged fsync
+ * loop makes flushes). */
 enum cp_event_type {
 	CP_EV_FREE = 1,
 	CP_EV_DELETE = 2,

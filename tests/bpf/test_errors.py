@@ -37,7 +37,7 @@ def test_missing_optional_hook_is_a_reported_partial_attach(bpf_env: None) -> No
         assert p.report.partial
         assert set(p.report.failed) == {"on_ext4_free_blocks", "sys_fsync"}
         assert "on_bio_queue" in p.report.attached
-        assert p.report.missing_features() == ["file barriers: fsync", "freed extents (ext4)"]
+        assert p.report.missing_features() == ["durability calls: fsync", "freed extents (ext4)"]
         summary = p.report.summary()
         assert "NOT attached: on_ext4_free_blocks" in summary and "missing features" in summary
 

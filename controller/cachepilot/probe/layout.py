@@ -29,6 +29,9 @@ BAR_F_PREFLUSH = 0x1
 BAR_F_FUA = 0x2
 
 HOT_PROBES = 8
+DROP_KINDS = 8
+DROP_SYNC = 7
+SYNC_KINDS = 16
 EXT4_FREE_BLOCKS_METADATA = 0x1
 
 
@@ -85,6 +88,14 @@ class cp_drops(Struct):  # noqa: N801
     _fields_ = [("ringbuf_full", u64), ("hot_full", u64), ("other", u64)]
 
 
+class cp_sync(Struct):  # noqa: N801
+    _fields_ = [("calls", u64), ("last_ino", u64), ("ts_ns", u64), ("last_pid", u32), ("pad", u32)]
+
+
+class cp_sync_pending(Struct):  # noqa: N801
+    _fields_ = [("ino", u64), ("slot", u32), ("kind", u32)]
+
+
 class cp_ev_hdr(Struct):  # noqa: N801
     _fields_ = [("type", u32), ("dev", u32), ("ts_ns", u64)]
 
@@ -135,6 +146,8 @@ ALL_STRUCTS: tuple[type[C.Structure], ...] = (
     cp_volume,
     cp_dio,
     cp_drops,
+    cp_sync,
+    cp_sync_pending,
     cp_ev_hdr,
     cp_ev_free,
     cp_ev_delete,

@@ -39,6 +39,7 @@ from cachepilot.events import (
     HotnessDelta,
     JournalCommit,
     MetadataDelta,
+    SyncCalls,
 )
 from cachepilot.probe import layout as L
 from cachepilot.probe import libbpf
@@ -71,11 +72,28 @@ HOOKS: tuple[Hook, ...] = (
     Hook("on_ext4_unlink", "deletes (ext4)"),
     Hook("on_xfs_extent_free", "freed extents (xfs)"),
     Hook("on_jbd2_end_commit", "journal commits (jbd2)"),
-    Hook("sys_fsync", "file barriers: fsync"),
-    Hook("sys_fdatasync", "file barriers: fdatasync"),
-    Hook("sys_sync_file_range", "file barriers: sync_file_range"),
-    Hook("sys_syncfs", "file barriers: syncfs"),
+    *(
+        Hook(f"sys_{p}{s}", f"durability calls: {s}")
+        for s in ("fsync", "fdatasync", "sync_file_range", "syncfs")
+        for p in ("", "exit_")
+    ),
 )
+# durability calls counted in the kernel (SyncCalls), by kind
+SYNC_KINDS = (BarrierKind.FSYNC, BarrierKind.FDATASYNC, BarrierKind.SYNC_FILE_RANGE, BarrierKind.SYNCFS)
+# what a per-(volume, kind) drop counter counts (probe.drops_by_volume())
+DROP_KIND_NAMES = {
+    L.EV_FREE: "freed_extent",
+    L.EV_DELETE: "delete",
+    L.EV_BARRIER: "barrier",
+    L.EV_DISCARD: "discard",
+    L.EV_COMMIT: "journal_commit",
+    L.DROP_SYNC: "sync_call",
+}
+# Work per poll() is bounded: at most this many records of each ring are consumed per call (the rest waits in the
+# ring; a full ring is counted as drops). The must-not-miss ring gets the larger share.
+POLL_BUDGET_EVENTS = 16384
+POLL_BUDGET_BARRIERS = 2048
+_BUDGET_SPENT = -1000  # returned by the sample callback to stop libbpf's consume loop
 DIO_IOMAP = ("on_dio_begin",)
 DIO_SYSCALLS = tuple(h.program for h in HOOKS if h.program.startswith("sys_dio_"))
 
@@ -95,9 +113,10 @@ class AttachReport:
         return bool(self.failed)
 
     def missing_features(self) -> list[str]:
+        """Features with a program that failed: a feature needs all its programs (a durability call's entry and
+        exit; every read/write syscall of the direct I/O fallback)."""
         by_prog = {h.program: h.feature for h in HOOKS}
-        attached = {by_prog[p] for p in self.attached}
-        return sorted({by_prog[p] for p in self.failed} - attached)
+        return sorted({by_prog[p] for p in self.failed})
 
     def summary(self) -> str:
         lines = [f"kernel {self.kernel}; direct I/O attribution: {self.dio_hook or 'none'}"]
@@ -154,7 +173,9 @@ class Probe:
         self._rb: int | None = None
         self._hot_mm: mmap.mmap | None = None
         self._raw: list[bytes] = []
+        self._raw_barriers: list[bytes] = []
         self._meta_prev: dict[int, tuple[int, int]] = {}
+        self._sync_prev: dict[tuple[int, int], int] = {}  # (volume dev, kind) -> calls already reported
         self.volumes: dict[int, L.cp_watch] = {}  # every watched device -> its watch entry
         self._slots: dict[int, int] = {}  # volume dev -> index in the "volumes" array
         if dio_hook not in ("auto", "iomap", "syscalls"):
@@ -263,14 +284,21 @@ class Probe:
 
         self._set_max_entries("hot_slots", self.nslots)
         self._set_max_entries("events", self.ringbuf_bytes)
+        self._set_max_entries("barrier_events", self.ringbuf_bytes)
         rc = h.bpf_object__load(obj)
         if rc:
             log = "\n".join(libbpf.log_tail(15))
             raise UserError(f"loading {self.object_path.name} failed: {libbpf.errno_str(rc)}\n{log}")
         self._fds = {
             name: h.bpf_map__fd(self._map(name))
-            for name in ("watched", "volumes", "cp_config_map", "drops", "hot_slots", "events", "dio_task", "dio_store")
+            for name in (
+                "watched", "volumes", "cp_config_map", "drops", "hot_slots", "events", "barrier_events", "dio_task",
+                "dio_store", "vol_drops", "sync_calls", "sync_pending",
+            )
         }
+        self._ncpus = h.libbpf_num_possible_cpus()
+        if self._ncpus < 1:
+            raise UserError(f"cannot count the possible CPUs: {libbpf.errno_str(self._ncpus)}")
         flags = (L.CFG_IGNORE_SELF if self.ignore_self else 0) | (L.CFG_DIO_SYSCALLS if dio_hook == "syscalls" else 0)
         self._cfg = L.cp_config(self_tgid=os.getpid(), flags=flags, nslots=self.nslots)
         self._tick_clock()
@@ -300,10 +328,15 @@ class Probe:
             )
 
         self._cb = libbpf.RINGBUF_SAMPLE_FN(self._on_sample)
+        self._cb_barrier = libbpf.RINGBUF_SAMPLE_FN(self._on_barrier_sample)
         rb = h.ring_buffer__new(self._fds["events"], self._cb, None, None)
         if not rb:
             raise UserError(f"ring_buffer__new failed: {libbpf.errno_str(C.get_errno())}")
         self._rb = rb
+        # added second: libbpf consumes rings in order, so the must-not-miss events come first
+        rc = h.ring_buffer__add(rb, self._fds["barrier_events"], self._cb_barrier, None)
+        if rc:
+            raise UserError(f"ring_buffer__add failed: {libbpf.errno_str(rc)}")
 
     def _map(self, name: str) -> int:
         m = self._h.bpf_object__find_map_by_name(self._obj, name.encode())
@@ -335,6 +368,7 @@ class Probe:
                 raise UserError(f"too many watched volumes (at most {L.MAX_VOLUMES})")
             self._slots[dev] = free[0]
             self._update("volumes", C.c_uint32(free[0]), L.cp_volume())  # fresh counters
+            self._fresh_percpu(free[0])
             self._meta_prev[dev] = (0, 0)
         slot = self._slots[dev]
         roles: dict[int, int] = {dev: L.ROLE_VOLUME}
@@ -358,28 +392,52 @@ class Probe:
                 del self.volumes[d]
         self._slots.pop(dev, None)
         self._meta_prev.pop(dev, None)
+        for key in [k for k in self._sync_prev if k[0] == dev]:
+            del self._sync_prev[key]
+
+    def _fresh_percpu(self, slot: int) -> None:
+        """Zero a volume slot's per-CPU counters (durability calls, drops) before the slot is (re)used."""
+        for name, first, n, size in (
+            ("sync_calls", slot * L.SYNC_KINDS, L.SYNC_KINDS, C.sizeof(L.cp_sync)),
+            ("vol_drops", slot * L.DROP_KINDS, L.DROP_KINDS, 8),
+        ):
+            zero = C.create_string_buffer((size + 7) // 8 * 8 * self._ncpus)
+            for key in range(first, first + n):
+                rc = self._h.bpf_map_update_elem(self._fds[name], C.byref(C.c_uint32(key)), zero, 0)
+                if rc:
+                    raise OSError(-rc if rc < 0 else C.get_errno(), f"update of map {name} failed")
 
     # ---- discrete events ----
+    # A sample handed to a callback is consumed even when the callback stops the loop: keep it, then stop.
     def _on_sample(self, _ctx: int, data: int, size: int) -> int:
         self._raw.append(C.string_at(data, size))
-        return 0
+        return _BUDGET_SPENT if len(self._raw) >= POLL_BUDGET_EVENTS else 0
+
+    def _on_barrier_sample(self, _ctx: int, data: int, size: int) -> int:
+        self._raw_barriers.append(C.string_at(data, size))
+        return _BUDGET_SPENT if len(self._raw_barriers) >= POLL_BUDGET_BARRIERS else 0
 
     def poll(self, timeout_ms: int = 0) -> list[Event]:
-        """Wait up to timeout_ms for ring-buffer events and return them decoded (FreedExtent, Delete, Barrier,
-        Discard, JournalCommit), oldest first."""
+        """Wait up to timeout_ms (-1: until something arrives) for ring-buffer events and return them decoded
+        (FreedExtent, Delete, JournalCommit, Discard, then block Barriers), each kind oldest first.
+
+        Bounded work: at most POLL_BUDGET_EVENTS + POLL_BUDGET_BARRIERS records per call; what is left stays in the
+        rings for the next call. Deletes, freed extents, commits and discards wake a waiting poll at once; block
+        barriers only when their ring is a quarter full (a timeout consumes them)."""
         if self._rb is None:
             raise UserError("probe is closed")
         self._tick_clock()
-        # the kernel wakes us only when the ring fills up (see submit() in the BPF program): wait, then consume
         rc = self._h.ring_buffer__poll(self._rb, int(timeout_ms))
-        if rc < 0 and -rc != errno.EINTR:
+        if rc < 0 and rc != _BUDGET_SPENT and -rc != errno.EINTR:
             raise OSError(-rc, "ring_buffer__poll failed")
         if timeout_ms:
             self._tick_clock()
-        rc = self._h.ring_buffer__consume(self._rb)
-        if rc < 0:
-            raise OSError(-rc, "ring_buffer__consume failed")
-        raw, self._raw = self._raw, []
+        if len(self._raw) < POLL_BUDGET_EVENTS and len(self._raw_barriers) < POLL_BUDGET_BARRIERS:
+            rc = self._h.ring_buffer__consume(self._rb)
+            if rc < 0 and rc != _BUDGET_SPENT:
+                raise OSError(-rc, "ring_buffer__consume failed")
+        raw, self._raw = self._raw + self._raw_barriers, []
+        self._raw_barriers = []
         return [ev for ev in map(decode_event, raw) if ev is not None]
 
     def _tick_clock(self) -> None:
@@ -455,8 +513,46 @@ class Probe:
             if vol.meta_score != prev_score or vol.meta_bytes != prev_bytes:
                 events.append(MetadataDelta(dev, vol.meta_score - prev_score, vol.meta_bytes - prev_bytes))
                 self._meta_prev[dev] = (vol.meta_score, vol.meta_bytes)
+        events += self._sync_deltas()
         events.append(self.drops())
         return events
+
+    def _percpu(self, name: str, key: int, value_type: type[C.Structure] | type[C.c_uint64]) -> list:
+        """Every CPU's copy of one element of a per-CPU array."""
+        stride = (C.sizeof(value_type) + 7) // 8 * 8
+        buf = C.create_string_buffer(stride * self._ncpus)
+        rc = self._h.bpf_map_lookup_elem(self._fds[name], C.byref(C.c_uint32(key)), buf)
+        if rc:
+            return []
+        return [value_type.from_buffer_copy(buf.raw[i * stride : i * stride + C.sizeof(value_type)])
+                for i in range(self._ncpus)]
+
+    def _sync_deltas(self) -> list[SyncCalls]:
+        """One SyncCalls per (volume, kind) with calls that succeeded since the last drain."""
+        out: list[SyncCalls] = []
+        for dev, slot in self._slots.items():
+            for kind in SYNC_KINDS:
+                cpus = self._percpu("sync_calls", slot * L.SYNC_KINDS + kind, L.cp_sync)
+                calls = sum(c.calls for c in cpus)
+                prev = self._sync_prev.get((dev, kind), 0)
+                if calls == prev:
+                    continue
+                self._sync_prev[(dev, kind)] = calls
+                last = max(cpus, key=lambda c: c.ts_ns)
+                out.append(SyncCalls(dev, kind, calls - prev, last.last_pid, last.last_ino, last.ts_ns))
+        return out
+
+    def drops_by_volume(self) -> dict[tuple[int, str], int]:
+        """Cumulative drops per (volume dev, kind): an event whose ring was full ("freed_extent", "delete",
+        "barrier", "discard", "journal_commit") or a durability call that could not be tracked ("sync_call").
+        Only non-zero counters are listed."""
+        out: dict[tuple[int, str], int] = {}
+        for dev, slot in self._slots.items():
+            for kind, name in DROP_KIND_NAMES.items():
+                n = sum(v.value for v in self._percpu("vol_drops", slot * L.DROP_KINDS + kind, C.c_uint64))
+                if n:
+                    out[(dev, name)] = n
+        return out
 
     def volume_state(self, dev: int) -> L.cp_volume | None:
         """The kernel's counters of a watched volume (cumulative totals and the open epoch)."""
