@@ -25,6 +25,7 @@ char LICENSE[] SEC("license") = "GPL";
 #define REQ_OP_DISCARD_ 3
 #define S_IFMT_ 00170000
 #define S_IFREG_ 0100000
+#define S_IFBLK_ 0060000
 #define O_DIRECT_ 00040000
 #define PAGE_SHIFT_ 12
 
@@ -305,6 +306,16 @@ static __always_inline bool inode_id_btf(struct inode *inode, struct file_id *id
 #define PAGE_OTHER 0 /* another page-cache page (block device: metadata, journal; directories) */
 #define PAGE_ANON -1 /* no file of this device: anonymous / ksm memory or another filesystem's file (a user buffer) */
 
+/* A page of no regular file: a block device's own page cache (buffer heads: superblock, bitmaps, inode tables,
+ * directory blocks and their read-ahead, the journal; often sent without REQ_META) is the volume's metadata, whichever
+ * task sends it; anything else of this device too (directories); pages of other devices are user buffers. */
+static __always_inline int non_file_page(umode_t mode, u32 host_dev, u32 bdev)
+{
+	if ((mode & S_IFMT_) == S_IFBLK_ || host_dev == bdev)
+		return PAGE_OTHER;
+	return PAGE_ANON;
+}
+
 /* What the page heading this bio belongs to. */
 static __always_inline int bio_page_file(struct bio *bio, u32 bdev, struct file_id *id)
 {
@@ -338,7 +349,7 @@ static __always_inline int bio_page_file(struct bio *bio, u32 bdev, struct file_
 			return PAGE_ANON;
 		struct inode *host = BPF_CORE_READ(mapping, host);
 		if (!inode_id(host, id))
-			return BPF_CORE_READ(host, i_sb, s_dev) == bdev ? PAGE_OTHER : PAGE_ANON;
+			return non_file_page(BPF_CORE_READ(host, i_mode), BPF_CORE_READ(host, i_sb, s_dev), bdev);
 	} else {
 		if (!raw || (raw & 3))
 			return PAGE_ANON;
@@ -346,7 +357,7 @@ static __always_inline int bio_page_file(struct bio *bio, u32 bdev, struct file_
 		if (!mapping || !mapping->host)
 			return PAGE_ANON;
 		if (!inode_id_btf(mapping->host, id))
-			return mapping->host->i_sb->s_dev == bdev ? PAGE_OTHER : PAGE_ANON;
+			return non_file_page(mapping->host->i_mode, mapping->host->i_sb->s_dev, bdev);
 	}
 	return id->dev == bdev ? PAGE_FILE : PAGE_ANON;
 }
@@ -546,8 +557,8 @@ static __always_inline void dio_clear(void)
 
 /*
  * The task is about to do direct I/O on a file: bios it submits with pages that belong to no file (the user's buffer)
- * are that file's. The mark stays until the task's next direct I/O (a stale mark is harmless: page-cache and
- * metadata bios are attributed by their pages first).
+ * are that file's. The mark lives while the task submits that I/O: it ends when the I/O completes (synchronous) or is
+ * queued (asynchronous: every bio has been submitted by then), so a later raw-device read is not the file's.
  */
 SEC("tp_btf/iomap_dio_rw_begin")
 int BPF_PROG(on_dio_begin, struct kiocb *iocb, struct iov_iter *iter, unsigned int dio_flags, size_t done_before)
@@ -573,6 +584,30 @@ int BPF_PROG(on_dio_begin, struct kiocb *iocb, struct iov_iter *iter, unsigned i
 	return 0;
 }
 
+static __always_inline void dio_end(struct inode *inode)
+{
+	struct cp_dio *d = bpf_task_storage_get(&dio_store, bpf_get_current_task_btf(), 0, 0);
+	/* an asynchronous completion runs in whatever task it interrupted: only a mark for this very file is ended */
+	if (d && inode && d->ino == inode->i_ino && d->dev == inode->i_sb->s_dev)
+		d->ino = 0;
+}
+
+SEC("tp_btf/iomap_dio_complete")
+int BPF_PROG(on_dio_complete, struct kiocb *iocb, int error, ssize_t ret)
+{
+	struct file *file = iocb->ki_filp;
+	if (file)
+		dio_end(file->f_inode);
+	return 0;
+}
+
+SEC("tp_btf/iomap_dio_rw_queued")
+int BPF_PROG(on_dio_queued, struct inode *inode, loff_t offset, u64 length)
+{
+	dio_end(inode);
+	return 0;
+}
+
 static __always_inline struct file *fd_file(long fd)
 {
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
@@ -588,6 +623,7 @@ static __always_inline struct file *fd_file(long fd)
 	return f;
 }
 
+/* the mark lives from the syscall's entry to its exit: the bios of a direct read or write are submitted in between */
 static __always_inline int dio_syscall(long fd)
 {
 	struct file *f = fd_file(fd);
@@ -596,8 +632,6 @@ static __always_inline int dio_syscall(long fd)
 	if (f && (BPF_CORE_READ(f, f_flags) & O_DIRECT_) && inode_id(BPF_CORE_READ(f, f_inode), &id) &&
 	    watch_of(id.dev, CP_ROLE_VOLUME))
 		dio_set(&id);
-	else
-		dio_clear();
 	return 0;
 }
 
@@ -606,6 +640,12 @@ static __always_inline int dio_syscall(long fd)
 	int sys_dio_##name(struct trace_event_raw_sys_enter *ctx)        \
 	{                                                                \
 		return dio_syscall(ctx->args[0]);                        \
+	}                                                                \
+	SEC("tracepoint/syscalls/sys_exit_" #name)                      \
+	int sys_dio_exit_##name(struct trace_event_raw_sys_exit *ctx)    \
+	{                                                                \
+		dio_clear();                                             \
+		return 0;                                                \
 	}
 
 DIO_SYSCALL(read)

@@ -269,3 +269,38 @@ def test_metadata_read_by_a_direct_io_task_is_not_the_file(probe: Probe, watched
     assert d.read_score == 4 * 64 and d.read_bytes == 4 * 4096
     after = probe.volume_state(watched.dev)
     assert before is not None and after is not None and after.meta_bytes > before.meta_bytes
+
+
+def test_cold_directory_listing_after_direct_io_is_metadata(probe: Probe, watched: LoopFs) -> None:
+    """Directory and inode-table read-ahead (block-device pages, no REQ_META) after a task's direct I/O is the
+    volume's metadata, not the file's: the file gets exactly its 4 direct reads of 4 KiB."""
+    path, key = make_file(watched, "dio", 4 * 4096)
+    d = watched.path("many")
+    os.mkdir(d)
+    for i in range(3000):
+        open(os.path.join(d, f"{i:06d}-{'n' * 40}"), "w").close()
+    os.sync()
+    run("umount", str(watched.mount))  # cold caches: the listing below reads directory blocks and inode tables
+    run("mount", "-t", "ext4", watched.loopdev, str(watched.mount))
+    settle(probe)
+    before = probe.volume_state(watched.dev)
+    listing = DIRECT_READ + "for e in os.scandir(sys.argv[4]):\n    e.stat()\n"
+    child(listing, path, "4096", "4", str(d))
+    delta = file_delta(probe, key)
+    assert (delta.read_score, delta.read_bytes) == (4 * 64, 4 * 4096)
+    after = probe.volume_state(watched.dev)
+    assert before is not None and after is not None and after.meta_bytes - before.meta_bytes >= 64 * 1024
+
+
+def test_raw_device_direct_read_after_a_files_direct_io_is_not_the_file(probe: Probe, watched: LoopFs) -> None:
+    path, key = make_file(watched, "dio", 4 * 4096)
+    settle(probe)
+    before = probe.volume_state(watched.dev)
+    raw = DIRECT_READ + (
+        "fd = os.open(sys.argv[4], os.O_RDONLY | os.O_DIRECT)\nos.preadv(fd, [mmap.mmap(-1, 65536)], 1 << 20)\n"
+    )
+    child(raw, path, "4096", "4", watched.loopdev)
+    delta = file_delta(probe, key)
+    assert (delta.read_score, delta.read_bytes) == (4 * 64, 4 * 4096)
+    after = probe.volume_state(watched.dev)
+    assert before is not None and after is not None and after.meta_bytes - before.meta_bytes >= 65536

@@ -64,9 +64,12 @@ HOOKS: tuple[Hook, ...] = (
     Hook("on_bio_queue", "block I/O: hotness, metadata bucket, epochs, block barriers, discards", required=True),
     Hook("on_bio_split", "split bios count per piece"),
     Hook("on_dio_begin", "direct I/O attribution (iomap)"),
+    Hook("on_dio_complete", "direct I/O attribution (iomap)"),
+    Hook("on_dio_queued", "direct I/O attribution (iomap)"),
     *(
-        Hook(f"sys_dio_{s}", "direct I/O attribution (syscalls)")
+        Hook(f"sys_dio_{e}{s}", "direct I/O attribution (syscalls)")
         for s in ("read", "write", "pread64", "pwrite64", "readv", "writev", "preadv", "pwritev", "preadv2", "pwritev2")
+        for e in ("", "exit_")
     ),
     Hook("on_ext4_free_blocks", "freed extents (ext4)"),
     Hook("on_ext4_unlink", "deletes (ext4)"),
@@ -94,7 +97,7 @@ DROP_KIND_NAMES = {
 POLL_BUDGET_EVENTS = 16384
 POLL_BUDGET_BARRIERS = 2048
 _BUDGET_SPENT = -1000  # returned by the sample callback to stop libbpf's consume loop
-DIO_IOMAP = ("on_dio_begin",)
+DIO_IOMAP = ("on_dio_begin", "on_dio_complete", "on_dio_queued")
 DIO_SYSCALLS = tuple(h.program for h in HOOKS if h.program.startswith("sys_dio_"))
 
 
