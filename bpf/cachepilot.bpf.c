@@ -824,22 +824,46 @@ static __always_inline int sync_exit(long ret)
 	return 0;
 }
 
-#define SYNC_SYSCALL(name, kind)                                         \
+#define SYNC_ENTER(name, kind)                                           \
 	SEC("tracepoint/syscalls/sys_enter_" #name)                     \
 	int sys_##name(struct trace_event_raw_sys_enter *ctx)            \
 	{                                                                \
 		return sync_enter(ctx->args[0], kind);                   \
-	}                                                                \
+	}
+#define SYNC_EXIT(name)                                                  \
 	SEC("tracepoint/syscalls/sys_exit_" #name)                      \
 	int sys_exit_##name(struct trace_event_raw_sys_exit *ctx)        \
 	{                                                                \
 		return sync_exit(ctx->ret);                              \
 	}
 
-SYNC_SYSCALL(fsync, CP_BAR_FSYNC)
-SYNC_SYSCALL(fdatasync, CP_BAR_FDATASYNC)
-SYNC_SYSCALL(sync_file_range, CP_BAR_SYNC_FILE_RANGE)
-SYNC_SYSCALL(syncfs, CP_BAR_SYNCFS)
+SYNC_ENTER(fsync, CP_BAR_FSYNC)
+SYNC_EXIT(fsync)
+SYNC_ENTER(fdatasync, CP_BAR_FDATASYNC)
+SYNC_EXIT(fdatasync)
+SYNC_ENTER(syncfs, CP_BAR_SYNCFS)
+SYNC_EXIT(syncfs)
+SYNC_EXIT(sync_file_range)
+
+/* the loader's claim of its own tgid (CP_SELF_CLAIM_FD in cachepilot.h) */
+static __always_inline void claim_self(u64 nonce)
+{
+	struct cp_config *c = cfg();
+	if (c && c->nonce && nonce == c->nonce) {
+		c->self_tgid = (u32)(bpf_get_current_pid_tgid() >> 32);
+		c->nonce = 0;
+	}
+}
+
+SEC("tracepoint/syscalls/sys_enter_sync_file_range")
+int sys_sync_file_range(struct trace_event_raw_sys_enter *ctx)
+{
+	if ((int)ctx->args[0] == CP_SELF_CLAIM_FD) {
+		claim_self(ctx->args[1]);
+		return 0;
+	}
+	return sync_enter(ctx->args[0], CP_BAR_SYNC_FILE_RANGE);
+}
 
 /* keep every event layout in the object's BTF (the layout test and bpftool read them from there) */
 struct cp_ev_hdr *cp_btf_ev_hdr __attribute__((unused));

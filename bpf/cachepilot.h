@@ -38,12 +38,21 @@ struct cp_watch {
 #define CP_CFG_DIO_SYSCALLS 0x2 /* direct I/O marks live in "dio_task" (syscall hooks), else in task storage */
 
 struct cp_config {
-	u32 self_tgid;
+	u32 self_tgid; /* the loader's tgid in the initial PID namespace (what bpf_get_current_pid_tgid returns) */
 	u32 flags;
 	u64 nslots;   /* number of slots of "hot_slots" actually used (<= max_entries) */
 	u64 clock_ns; /* CLOCK_MONOTONIC, refreshed by user space at every poll: the hotness table's last-access time
 		       * (reading the clock per bio costs more than everything else in a virtual machine) */
+	u64 nonce;    /* non-zero while the loader claims self_tgid (see CP_SELF_CLAIM_FD) */
 };
+
+/*
+ * The loader may run in a PID namespace (a container): its getpid() is not the kernel's tgid. So it identifies
+ * itself in the kernel's own terms: with a random nonce in the config, it calls sync_file_range(CP_SELF_CLAIM_FD,
+ * nonce, 0, 0) (EBADF, no effect); the program records the caller's global tgid and clears the nonce. Only root can
+ * read the config, so no one else can claim to be the loader.
+ */
+#define CP_SELF_CLAIM_FD -4242
 
 /* ---- per-file hotness: open-addressed table in an mmap-able array ("hot_slots") ----
  * A slot is claimed by compare-and-swap of ino (0 = free; inode 0 does not exist), then dev and gen are written; a

@@ -61,3 +61,15 @@ def test_missing_required_hook_refuses_to_run(bpf_env: None) -> None:
 def test_bad_parameters(bpf_env: None, kwargs: dict) -> None:
     with pytest.raises(UserError):
         Probe(**kwargs)
+
+
+def test_a_broken_object_is_one_line_and_libbpf_stays_quiet(
+    bpf_env: None, tmp_path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "broken.bpf.o"
+    bad.write_bytes(b"\x7fELF" + bytes(200))
+    with pytest.raises(UserError) as exc:
+        Probe(object_path=bad)
+    assert "\n" not in str(exc.value) and "broken.bpf.o" in str(exc.value)
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""

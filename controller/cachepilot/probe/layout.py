@@ -18,6 +18,7 @@ ROLE_LOWER = 0x4
 CFG_IGNORE_SELF = 0x1
 CFG_DIO_SYSCALLS = 0x2
 MAX_VOLUMES = 64
+SELF_CLAIM_FD = -4242
 
 EV_FREE = 1
 EV_DELETE = 2
@@ -44,7 +45,7 @@ class cp_watch(Struct):  # noqa: N801 - mirrors the C name
 
 
 class cp_config(Struct):  # noqa: N801
-    _fields_ = [("self_tgid", u32), ("flags", u32), ("nslots", u64), ("clock_ns", u64)]
+    _fields_ = [("self_tgid", u32), ("flags", u32), ("nslots", u64), ("clock_ns", u64), ("nonce", u64)]
 
 
 class cp_hot_slot(Struct):  # noqa: N801

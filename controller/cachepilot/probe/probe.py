@@ -20,6 +20,7 @@ import errno
 import math
 import mmap
 import os
+import secrets
 import struct
 import time
 from collections.abc import Iterable
@@ -107,6 +108,7 @@ class AttachReport:
 
     kernel: str
     dio_hook: str = ""
+    self_id: str = "not ignored"
     attached: list[str] = field(default_factory=list)
     disabled: dict[str, str] = field(default_factory=dict)  # by choice (e.g. the other direct I/O variant)
     failed: dict[str, str] = field(default_factory=dict)  # wanted but unavailable: program -> reason
@@ -122,7 +124,9 @@ class AttachReport:
         return sorted({by_prog[p] for p in self.failed})
 
     def summary(self) -> str:
-        lines = [f"kernel {self.kernel}; direct I/O attribution: {self.dio_hook or 'none'}"]
+        lines = [
+            f"kernel {self.kernel}; direct I/O attribution: {self.dio_hook or 'none'}; own I/O: {self.self_id}"
+        ]
         lines.append(f"attached: {', '.join(self.attached) or 'nothing'}")
         for prog, why in sorted(self.failed.items()):
             lines.append(f"NOT attached: {prog}: {why}")
@@ -181,6 +185,7 @@ class Probe:
         self._sync_prev: dict[tuple[int, int], int] = {}  # (volume dev, kind) -> calls already reported
         self.volumes: dict[int, L.cp_watch] = {}  # every watched device -> its watch entry
         self._slots: dict[int, int] = {}  # volume dev -> index in the "volumes" array
+        self.self_tgid = 0  # our tgid as the kernel knows it (0: our own I/O is counted like anyone's)
         if dio_hook not in ("auto", "iomap", "syscalls"):
             raise UserError(f"dio_hook must be auto, iomap or syscalls, not {dio_hook!r}")
         if max_files < 1:
@@ -290,8 +295,11 @@ class Probe:
         self._set_max_entries("barrier_events", self.ringbuf_bytes)
         rc = h.bpf_object__load(obj)
         if rc:
-            log = "\n".join(libbpf.log_tail(15))
-            raise UserError(f"loading {self.object_path.name} failed: {libbpf.errno_str(rc)}\n{log}")
+            # one line; libbpf's own log (the verifier's output) stays in libbpf.log_tail() for debugging
+            raise UserError(
+                f"loading {self.object_path.name} failed: {libbpf.errno_str(rc)} (libbpf's log: "
+                "cachepilot.probe.libbpf.log_tail())"
+            )
         self._fds = {
             name: h.bpf_map__fd(self._map(name))
             for name in (
@@ -302,8 +310,7 @@ class Probe:
         self._ncpus = h.libbpf_num_possible_cpus()
         if self._ncpus < 1:
             raise UserError(f"cannot count the possible CPUs: {libbpf.errno_str(self._ncpus)}")
-        flags = (L.CFG_IGNORE_SELF if self.ignore_self else 0) | (L.CFG_DIO_SYSCALLS if dio_hook == "syscalls" else 0)
-        self._cfg = L.cp_config(self_tgid=os.getpid(), flags=flags, nslots=self.nslots)
+        self._cfg = L.cp_config(flags=L.CFG_DIO_SYSCALLS if dio_hook == "syscalls" else 0, nslots=self.nslots)
         self._tick_clock()
         self._hot_bytes = self.nslots * SLOT_SIZE
         self._hot_mm = mmap.mmap(
@@ -329,6 +336,8 @@ class Probe:
                 + "; ".join(f"{p}: {self.report.failed.get(p, 'not in object')}" for p in required)
                 + f"; {works}"
             )
+        if self.ignore_self:
+            self._claim_self()
 
         self._cb = libbpf.RINGBUF_SAMPLE_FN(self._on_sample)
         self._cb_barrier = libbpf.RINGBUF_SAMPLE_FN(self._on_barrier_sample)
@@ -340,6 +349,26 @@ class Probe:
         rc = h.ring_buffer__add(rb, self._fds["barrier_events"], self._cb_barrier, None)
         if rc:
             raise UserError(f"ring_buffer__add failed: {libbpf.errno_str(rc)}")
+
+    def _claim_self(self) -> None:
+        """Tell the kernel which tgid is ours, in its own terms (our getpid() is wrong in a PID namespace): see
+        CP_SELF_CLAIM_FD in bpf/cachepilot.h."""
+        self._cfg.nonce = secrets.randbits(62) | 1
+        self._update("cp_config_map", C.c_uint32(0), self._cfg)
+        libc = C.CDLL(None, use_errno=True)
+        sfr = libc.sync_file_range
+        sfr.argtypes = [C.c_int, C.c_int64, C.c_int64, C.c_uint]
+        sfr(L.SELF_CLAIM_FD, self._cfg.nonce, 0, 0)  # EBADF by design
+        seen = L.cp_config()
+        self._lookup("cp_config_map", C.c_uint32(0), seen)
+        self._cfg.nonce = 0
+        if seen.nonce == 0 and seen.self_tgid:
+            self.self_tgid, self.report.self_id = seen.self_tgid, "claimed in the kernel"
+        else:  # the claim hook is missing: getpid() is right outside PID namespaces only
+            self.self_tgid, self.report.self_id = os.getpid(), "getpid() (wrong inside a PID namespace)"
+        self._cfg.self_tgid = self.self_tgid
+        self._cfg.flags |= L.CFG_IGNORE_SELF
+        self._tick_clock()
 
     def _map(self, name: str) -> int:
         m = self._h.bpf_object__find_map_by_name(self._obj, name.encode())
