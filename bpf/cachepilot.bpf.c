@@ -8,7 +8,7 @@
  *   tp_btf/iomap_dio_rw_begin  direct I/O attribution where the kernel has it (6.18); otherwise, chosen at load time,
  *   tracepoint/syscalls/sys_enter_{read,write,pread64,pwrite64,readv,writev,preadv,pwritev,preadv2,pwritev2}
  *   tp_btf/ext4_free_blocks, tp_btf/xfs_extent_free_defer   freed extents
- *   tp_btf/ext4_unlink_enter   deletes                tp_btf/jbd2_end_commit   journal commits
+ *   tp_btf/ext4_evict_inode    a file's end (deletes)  tp_btf/jbd2_end_commit   journal commits
  *   tracepoint/syscalls/sys_{enter,exit}_{fsync,fdatasync,sync_file_range,syncfs}   file-level durability calls
  */
 #include "vmlinux.h"
@@ -745,15 +745,19 @@ int BPF_PROG(on_xfs_extent_free, struct xfs_mount *mp, struct xfs_extent_free_it
 	return 0;
 }
 
-SEC("tp_btf/ext4_unlink_enter")
-int BPF_PROG(on_ext4_unlink, struct inode *parent, struct dentry *dentry)
+/*
+ * A file's end: the inode is evicted with no link left. Whatever caused it (the last unlink of a closed file, the last
+ * close of an unlinked open file, a rename over it, an O_TMPFILE never linked, orphan clean-up at mount), this is when
+ * its blocks are freed; an inode merely dropped from the cache still has links and is not reported.
+ */
+SEC("tp_btf/ext4_evict_inode")
+int BPF_PROG(on_ext4_evict, struct inode *inode)
 {
-	struct inode *inode = BPF_CORE_READ(dentry, d_inode);
 	struct file_id id;
 	struct cp_watch *w;
 	if (is_self() || !inode_id(inode, &id) || !(w = watch_of(id.dev, CP_ROLE_FS)))
 		return 0;
-	if (BPF_CORE_READ(inode, i_nlink) > 1)
+	if (BPF_CORE_READ(inode, i_nlink) != 0)
 		return 0;
 	struct cp_ev_delete *e = reserve_event(sizeof(*e), CP_EV_DELETE, id.dev, w->slot, bpf_ktime_get_ns());
 	if (!e)

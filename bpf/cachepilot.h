@@ -174,7 +174,7 @@ struct cp_ev_free { /* ext4_free_blocks, xfs_extent_free_defer */
 	u32 pad;
 };
 
-struct cp_ev_delete { /* last unlink of a regular file */
+struct cp_ev_delete { /* a regular file's end: evicted with no link left */
 	struct cp_ev_hdr hdr;
 	u64 ino;
 	u64 size;

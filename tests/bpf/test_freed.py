@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 from bpf_support import BLOCK, LoopFs, blocks, child, collect, fiemap, ftrace_events, run, settle
@@ -179,3 +181,61 @@ def test_unwatched_devices_cost_nothing(probe: Probe, watched: LoopFs) -> None:
         assert [e for e in events if getattr(e, "dev", None) == other.dev] == []
         assert [e for e in events if getattr(getattr(e, "key", None), "dev", None) == other.dev] == []
         assert probe.drops() == drops
+
+
+def ended(events: list, ino: int) -> list[Delete]:
+    return [e for e in events if isinstance(e, Delete) and e.key.ino == ino]
+
+
+def test_rename_over_a_file_is_its_end(probe: Probe, watched: LoopFs) -> None:
+    victim = fragmented(watched, "victim")
+    st = os.stat(victim)
+    expect = blocks([(p, n) for _, p, n in fiemap(victim)])
+    new = str(watched.path("new"))
+    with open(new, "wb") as f:
+        f.write(b"n" * 4096)
+    settle(probe)
+    child("import os, sys\nos.rename(sys.argv[1], sys.argv[2])", new, str(victim))
+    events = collect(probe, lambda evs: bool(ended(evs, st.st_ino)) and blocks(freed_for(evs, st.st_ino)) >= expect)
+    assert [(d.key.dev, d.size) for d in ended(events, st.st_ino)] == [(watched.dev, st.st_size)]
+    assert blocks(freed_for(events, st.st_ino)) == expect
+
+
+def test_an_o_tmpfile_never_linked_ends_at_its_last_close(probe: Probe, watched: LoopFs) -> None:
+    fd = os.open(str(watched.mount if watched.workdir is None else watched.workdir), os.O_TMPFILE | os.O_RDWR)
+    try:
+        for _ in range(4):
+            os.write(fd, os.urandom(65536))
+        os.fsync(fd)
+        ino = os.fstat(fd).st_ino
+        expect = blocks([(p, n) for _, p, n in fiemap(f"/proc/self/fd/{fd}")])
+        settle(probe)
+        # a child holds the last reference: its close is the file's end (the probe ignores its own process)
+        proc = subprocess.Popen([sys.executable, "-c", "import os, sys\nsys.stdin.read()\nos.close(int(sys.argv[1]))",
+                                 str(fd)], pass_fds=(fd,), stdin=subprocess.PIPE)
+    finally:
+        os.close(fd)
+    assert not ended(collect(probe, timeout=0.3), ino)
+    proc.communicate(b"", timeout=10)
+    events = collect(probe, lambda evs: bool(ended(evs, ino)) and blocks(freed_for(evs, ino)) >= expect)
+    assert [(d.key.dev, d.size) for d in ended(events, ino)] == [(watched.dev, 4 * 65536)]
+    assert expect and blocks(freed_for(events, ino)) == expect
+
+
+def test_an_unlinked_open_file_ends_at_its_last_close(probe: Probe, watched: LoopFs) -> None:
+    path = fragmented(watched, "open")
+    st = os.stat(path)
+    expect = blocks([(p, n) for _, p, n in fiemap(path)])
+    settle(probe)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import os, sys\nfd = os.open(sys.argv[1], os.O_RDONLY)\nos.unlink(sys.argv[1])\n"
+         "print('unlinked', flush=True)\nsys.stdin.read()\nos.close(fd)", str(path)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == b"unlinked\n"
+    early = collect(probe, timeout=0.3)
+    assert not ended(early, st.st_ino) and not freed_for(early, st.st_ino)  # still open: not the end yet
+    proc.communicate(b"", timeout=10)
+    events = collect(probe, lambda evs: bool(ended(evs, st.st_ino)) and blocks(freed_for(evs, st.st_ino)) >= expect)
+    assert [(d.key.dev, d.size) for d in ended(events, st.st_ino)] == [(watched.dev, st.st_size)]
+    assert blocks(freed_for(events, st.st_ino)) == expect

@@ -73,7 +73,7 @@ HOOKS: tuple[Hook, ...] = (
         for e in ("", "exit_")
     ),
     Hook("on_ext4_free_blocks", "freed extents (ext4)"),
-    Hook("on_ext4_unlink", "deletes (ext4)"),
+    Hook("on_ext4_evict", "deletes: a file's end (ext4)"),
     Hook("on_xfs_extent_free", "freed extents (xfs)"),
     Hook("on_jbd2_end_commit", "journal commits (jbd2)"),
     *(
