@@ -128,8 +128,10 @@ struct cp_sync {
 struct cp_sync_pending {
 	u64 ino;
 	u32 slot;
-	u32 kind;
+	u32 kind; /* | CP_SYNC_FS_LEVEL: noted by the filesystem's own fsync (ext4_sync_file_enter), not a syscall's entry */
 };
+
+#define CP_SYNC_FS_LEVEL 0x100
 
 /* ---- ring-buffer events ----
  * Two rings, so that a storm of one kind cannot starve the other: "events" carries what the controller must never
@@ -152,6 +154,9 @@ enum cp_barrier_kind {
 	CP_BAR_FDATASYNC = 5,
 	CP_BAR_SYNC_FILE_RANGE = 6,
 	CP_BAR_SYNCFS = 7,
+	CP_BAR_SYNC = 8,       /* sync(2) */
+	CP_BAR_SYNC_WRITE = 9, /* a write on an O_SYNC / O_DSYNC file, or with RWF_SYNC / RWF_DSYNC */
+	CP_BAR_MSYNC = 10,     /* msync(MS_SYNC) */
 };
 
 #define CP_BAR_F_PREFLUSH 0x1

@@ -16,7 +16,12 @@ import pytest
 pytestmark = pytest.mark.vm
 
 ROOT = Path(__file__).resolve().parents[2]
-MODULES = ["tests/bpf/test_hotness.py", "tests/bpf/test_barriers.py", "tests/bpf/test_freed.py"]
+MODULES = [
+    "tests/bpf/test_hotness.py",
+    "tests/bpf/test_barriers.py",
+    "tests/bpf/test_freed.py",
+    "tests/bpf/test_durability.py",
+]
 GUEST_ONLY = ["tests/bpf/lab_attribution.py"]  # attribution to the cached device vs the disks below it
 # host-only: a second loop device with its own ext4, and a loop device whose max_sectors_kb is lowered
 DESELECT = "not unwatched and not split_bios"

@@ -81,9 +81,20 @@ HOOKS: tuple[Hook, ...] = (
         for s in ("fsync", "fdatasync", "sync_file_range", "syncfs")
         for p in ("", "exit_")
     ),
+    Hook("on_ext4_sync_enter", "durability points: O_SYNC/RWF_DSYNC writes, msync, io_uring and overlayfs fsync (ext4)"),
+    Hook("on_ext4_sync_exit", "durability points: O_SYNC/RWF_DSYNC writes, msync, io_uring and overlayfs fsync (ext4)"),
+    Hook("on_ext4_sync_fs", "durability points: sync(2) (ext4)"),
 )
 # durability calls counted in the kernel (SyncCalls), by kind
-SYNC_KINDS = (BarrierKind.FSYNC, BarrierKind.FDATASYNC, BarrierKind.SYNC_FILE_RANGE, BarrierKind.SYNCFS)
+SYNC_KINDS = (
+    BarrierKind.FSYNC,
+    BarrierKind.FDATASYNC,
+    BarrierKind.SYNC_FILE_RANGE,
+    BarrierKind.SYNCFS,
+    BarrierKind.SYNC,
+    BarrierKind.SYNC_WRITE,
+    BarrierKind.MSYNC,
+)
 # what a per-(volume, kind) drop counter counts (probe.drops_by_volume())
 DROP_KIND_NAMES = {
     L.EV_FREE: "freed_extent",
