@@ -81,8 +81,8 @@ HOOKS: tuple[Hook, ...] = (
         for s in ("fsync", "fdatasync", "sync_file_range", "syncfs")
         for p in ("", "exit_")
     ),
-    Hook("on_ext4_sync_enter", "durability points: O_SYNC/RWF_DSYNC writes, msync, io_uring and overlayfs fsync (ext4)"),
-    Hook("on_ext4_sync_exit", "durability points: O_SYNC/RWF_DSYNC writes, msync, io_uring and overlayfs fsync (ext4)"),
+    *(Hook(f"on_ext4_sync_{e}", "durability points: sync writes, msync, io_uring and overlayfs fsync (ext4)")
+      for e in ("enter", "exit")),
     Hook("on_ext4_sync_fs", "durability points: sync(2) (ext4)"),
 )
 # durability calls counted in the kernel (SyncCalls), by kind
