@@ -226,49 +226,85 @@ struct file_id {
 	u32 gen;
 };
 
+struct hot_ctx {
+	u64 ino;
+	u64 size;
+	u64 now;
+	u64 idx;
+	u64 nslots;
+	u32 dev;
+	u32 gen;
+	u32 score;
+	u32 sectors;
+	u32 write;
+	u32 done;
+};
+
+/* Probe slot idx + i: claim it if free, count into it if it is this file's. 1 = done (counted or table end). */
+static __always_inline long hot_try(u32 i, struct hot_ctx *h)
+{
+	u64 k64 = h->idx + i;
+	if (k64 >= h->nslots)
+		k64 -= h->nslots;
+	u32 k = (u32)k64;
+	struct cp_hot_slot *s = bpf_map_lookup_elem(&hot_slots, &k);
+	u64 t;
+	if (!s)
+		return 1;
+	t = s->ino;
+	if (t == 0) {
+		t = __sync_val_compare_and_swap(&s->ino, 0, h->ino);
+		if (t == 0) { /* claimed */
+			s->dev = h->dev;
+			s->gen = h->gen;
+			t = h->ino;
+		}
+	}
+	if (t != h->ino || s->dev != h->dev || s->gen != h->gen)
+		return 0;
+	if (h->write) {
+		__sync_fetch_and_add(&s->write_score, h->score);
+		__sync_fetch_and_add(&s->write_sectors, h->sectors);
+	} else {
+		__sync_fetch_and_add(&s->read_score, h->score);
+		__sync_fetch_and_add(&s->read_sectors, h->sectors);
+	}
+	s->last_ns = h->now;
+	s->size = h->size;
+	h->done = 1;
+	return 1;
+}
+
+static long hot_try_far(u32 i, struct hot_ctx *h)
+{
+	return hot_try(i + CP_HOT_PROBES, h);
+}
+
+/*
+ * Open addressing with linear probing at a 0.76 load factor has long probe tails: the first CP_HOT_PROBES slots are
+ * probed inline (the common case), the rest of the run through bpf_loop (checked once by the verifier), up to
+ * CP_HOT_PROBES_MAX, so a tick with max_files files fits.
+ */
 static __always_inline void hot_add(struct file_id *id, bool write, u32 score, u32 sectors)
 {
 	struct cp_config *c = cfg();
-	u64 nslots, idx;
 
 	if (!c || !c->nslots || !id->ino)
 		return;
-	nslots = c->nslots;
+	struct hot_ctx h = {.ino = id->ino, .size = id->size, .now = c->clock_ns, .nslots = c->nslots, .dev = id->dev,
+			    .gen = id->gen, .score = score, .sectors = sectors, .write = write};
 	/* multiply-shift range reduction: no division on the hot path */
-	idx = ((hash_key(id->dev, id->ino, id->gen) >> 32) * (nslots & 0xffffffff)) >> 32;
-	for (int i = 0; i < CP_HOT_PROBES; i++) {
-		u64 k64 = idx + i;
-		if (k64 >= nslots)
-			k64 -= nslots;
-		u32 k = (u32)k64;
-		struct cp_hot_slot *s = bpf_map_lookup_elem(&hot_slots, &k);
-		u64 t;
-		if (!s)
+	h.idx = ((hash_key(id->dev, id->ino, id->gen) >> 32) * (h.nslots & 0xffffffff)) >> 32;
+	for (int i = 0; i < CP_HOT_PROBES; i++)
+		if (hot_try(i, &h))
 			break;
-		t = s->ino;
-		if (t == 0) {
-			t = __sync_val_compare_and_swap(&s->ino, 0, id->ino);
-			if (t == 0) { /* claimed */
-				s->dev = id->dev;
-				s->gen = id->gen;
-				t = id->ino;
-				goto found_or_mismatch;
-			}
-		}
-		if (t != id->ino || s->dev != id->dev || s->gen != id->gen)
-			continue;
-found_or_mismatch:
-		if (write) {
-			__sync_fetch_and_add(&s->write_score, score);
-			__sync_fetch_and_add(&s->write_sectors, sectors);
-		} else {
-			__sync_fetch_and_add(&s->read_score, score);
-			__sync_fetch_and_add(&s->read_sectors, sectors);
-		}
-		s->last_ns = c->clock_ns;
-		s->size = id->size;
-		return;
+	if (!h.done && h.nslots > CP_HOT_PROBES) {
+		u64 more = h.nslots - CP_HOT_PROBES;
+		bpf_loop(more < CP_HOT_PROBES_MAX - CP_HOT_PROBES ? more : CP_HOT_PROBES_MAX - CP_HOT_PROBES,
+			 hot_try_far, &h, 0);
 	}
+	if (h.done)
+		return;
 	struct cp_drops *d = drop_counters();
 	if (d)
 		__sync_fetch_and_add(&d->hot_full, 1);
@@ -309,15 +345,15 @@ static __always_inline bool inode_id_btf(struct inode *inode, struct file_id *id
 /* A page of no regular file: a block device's own page cache (buffer heads: superblock, bitmaps, inode tables,
  * directory blocks and their read-ahead, the journal; often sent without REQ_META) is the volume's metadata, whichever
  * task sends it; anything else of this device too (directories); pages of other devices are user buffers. */
-static __always_inline int non_file_page(umode_t mode, u32 host_dev, u32 bdev)
+static __always_inline int non_file_page(umode_t mode, u32 host_dev, u32 bdev, u32 fsdev)
 {
-	if ((mode & S_IFMT_) == S_IFBLK_ || host_dev == bdev)
+	if ((mode & S_IFMT_) == S_IFBLK_ || host_dev == bdev || host_dev == fsdev)
 		return PAGE_OTHER;
 	return PAGE_ANON;
 }
 
-/* What the page heading this bio belongs to. */
-static __always_inline int bio_page_file(struct bio *bio, u32 bdev, struct file_id *id)
+/* What the page heading this bio belongs to. fsdev: the volume's filesystem, on the volume (== bdev) or stacked on it. */
+static __always_inline int bio_page_file(struct bio *bio, u32 bdev, u32 fsdev, struct file_id *id)
 {
 	struct bio_vec *vec = bio->bi_io_vec;
 	struct address_space *mapping;
@@ -349,7 +385,7 @@ static __always_inline int bio_page_file(struct bio *bio, u32 bdev, struct file_
 			return PAGE_ANON;
 		struct inode *host = BPF_CORE_READ(mapping, host);
 		if (!inode_id(host, id))
-			return non_file_page(BPF_CORE_READ(host, i_mode), BPF_CORE_READ(host, i_sb, s_dev), bdev);
+			return non_file_page(BPF_CORE_READ(host, i_mode), BPF_CORE_READ(host, i_sb, s_dev), bdev, fsdev);
 	} else {
 		if (!raw || (raw & 3))
 			return PAGE_ANON;
@@ -357,14 +393,14 @@ static __always_inline int bio_page_file(struct bio *bio, u32 bdev, struct file_
 		if (!mapping || !mapping->host)
 			return PAGE_ANON;
 		if (!inode_id_btf(mapping->host, id))
-			return non_file_page(mapping->host->i_mode, mapping->host->i_sb->s_dev, bdev);
+			return non_file_page(mapping->host->i_mode, mapping->host->i_sb->s_dev, bdev, fsdev);
 	}
-	return id->dev == bdev ? PAGE_FILE : PAGE_ANON;
+	return id->dev == bdev || id->dev == fsdev ? PAGE_FILE : PAGE_ANON;
 }
 
-static __always_inline bool bio_file(struct cp_config *c, struct bio *bio, u32 bdev, struct file_id *id)
+static __always_inline bool bio_file(struct cp_config *c, struct bio *bio, u32 bdev, u32 fsdev, struct file_id *id)
 {
-	int kind = bio_page_file(bio, bdev, id);
+	int kind = bio_page_file(bio, bdev, fsdev, id);
 	if (kind != PAGE_ANON)
 		return kind == PAGE_FILE;
 	/* direct I/O: the pages belong to the user's buffer; use the file the task is doing direct I/O on */
@@ -375,7 +411,7 @@ static __always_inline bool bio_file(struct cp_config *c, struct bio *bio, u32 b
 	} else {
 		d = bpf_task_storage_get(&dio_store, bpf_get_current_task_btf(), 0, 0);
 	}
-	if (d && d->dev == bdev && d->ino) {
+	if (d && (d->dev == bdev || d->dev == fsdev) && d->ino) {
 		id->ino = d->ino;
 		id->dev = d->dev;
 		id->gen = d->gen;
@@ -408,6 +444,34 @@ static __always_inline void emit_block_barrier(u32 dev, u32 slot, struct cp_volu
 	submit_barrier(e);
 }
 
+/* a discard counts for every volume the device belongs to (a cache device shared by several volumes) */
+struct discard_ctx {
+	u64 mask;
+	u64 sectors;
+};
+
+/* bpf_loop: the verifier checks the body once (an open-coded loop over 64 unknown bits explodes its state count) */
+static long count_discard_slot(u32 i, struct discard_ctx *dc)
+{
+	u32 slot = i;
+	if (!(dc->mask & (1ULL << (i & 63))))
+		return 0;
+	struct cp_volume *v = bpf_map_lookup_elem(&volumes, &slot);
+	if (v) {
+		__sync_fetch_and_add(&v->discards, 1);
+		__sync_fetch_and_add(&v->discard_sectors, dc->sectors);
+	}
+	return 0;
+}
+
+static __always_inline void count_discard(struct cp_watch *w, u64 sectors)
+{
+	struct discard_ctx dc = {.mask = w->lower_of, .sectors = sectors};
+	if (w->roles & CP_ROLE_VOLUME && w->slot < CP_MAX_VOLUMES)
+		dc.mask |= 1ULL << w->slot;
+	bpf_loop(CP_MAX_VOLUMES, count_discard_slot, &dc, 0);
+}
+
 SEC("tp_btf/block_bio_queue")
 int BPF_PROG(on_bio_queue, struct bio *bio)
 {
@@ -421,11 +485,10 @@ int BPF_PROG(on_bio_queue, struct bio *bio)
 	u64 size = bio->bi_iter.bi_size;
 
 	if (op == REQ_OP_DISCARD_) {
-		struct cp_volume *dv = bpf_map_lookup_elem(&volumes, &w->slot);
-		if (dv) {
-			__sync_fetch_and_add(&dv->discards, 1);
-			__sync_fetch_and_add(&dv->discard_sectors, size >> 9);
-		}
+		/* a filesystem stacked on the volume: its discards are counted where they reach the volume */
+		if (!(w->roles & (CP_ROLE_VOLUME | CP_ROLE_LOWER)))
+			return 0;
+		count_discard(w, size >> 9);
 		struct cp_ev_discard *e = reserve_event(sizeof(*e), CP_EV_DISCARD, dev, w->slot, bpf_ktime_get_ns());
 		if (!e)
 			return 0;
@@ -458,7 +521,7 @@ int BPF_PROG(on_bio_queue, struct bio *bio)
 
 	if (size) {
 		struct file_id id = {};
-		bool is_file = !(opf & meta) && bio_file(c, bio, dev, &id);
+		bool is_file = !(opf & meta) && bio_file(c, bio, dev, w->fs_dev, &id);
 		if (is_file && !is_self())
 			hot_add(&id, write, inv_bitmap(size), size >> 9);
 		if (is_file) {
@@ -516,7 +579,7 @@ int BPF_PROG(on_bio_split, struct bio *split, unsigned int new_sector)
 	u32 delta = inv_bitmap(s1) + inv_bitmap(r) - inv_bitmap(s1 + r);
 	u32 meta = 1U << bpf_core_enum_value(enum req_flag_bits, __REQ_META);
 	struct file_id id = {};
-	if (!(opf & meta) && bio_file(c, split, dev, &id)) {
+	if (!(opf & meta) && bio_file(c, split, dev, w->fs_dev, &id)) {
 		if (!is_self() && delta)
 			hot_add(&id, op == REQ_OP_WRITE_, delta, 0);
 	} else {
@@ -630,7 +693,7 @@ static __always_inline int dio_syscall(long fd)
 	struct file_id id;
 
 	if (f && (BPF_CORE_READ(f, f_flags) & O_DIRECT_) && inode_id(BPF_CORE_READ(f, f_inode), &id) &&
-	    watch_of(id.dev, CP_ROLE_VOLUME))
+	    watch_of(id.dev, CP_ROLE_VOLUME | CP_ROLE_FS))
 		dio_set(&id);
 	return 0;
 }

@@ -26,9 +26,11 @@ typedef __u64 u64;
 
 struct cp_watch {
 	u32 roles;
-	u32 volume; /* dev of the volume this device belongs to */
-	u32 slot;   /* index of the volume's state in the "volumes" array */
-	u32 pad;
+	u32 volume;   /* dev of the (first) volume this device belongs to */
+	u32 slot;     /* index of that volume's state in the "volumes" array */
+	u32 fs_dev;   /* s_dev of the filesystem of that volume: the volume itself, or a device stacked on it (LVM,
+		       * dm-linear, dm-crypt, a loop device with direct I/O): its files' pages reach the volume in bios */
+	u64 lower_of; /* CP_ROLE_LOWER: bit i set = a lower device of the volume in slot i (a device may be shared) */
 };
 
 #define CP_MAX_VOLUMES 64
@@ -70,7 +72,8 @@ struct cp_hot_slot {
 	u64 size; /* i_size at the last access */
 };
 
-#define CP_HOT_PROBES 8
+#define CP_HOT_PROBES 8       /* probed inline */
+#define CP_HOT_PROBES_MAX 1024 /* then through bpf_loop */
 
 /* ---- per-volume state (array "volumes", slot assigned by user space in struct cp_watch) ----
  * meta_* and the totals are cumulative (user space takes differences); epoch_* are reset by each block barrier. */
@@ -100,7 +103,7 @@ struct cp_dio {
 /* ---- drop counters (array "drops", one element) ---- */
 struct cp_drops {
 	u64 ringbuf_full;
-	u64 hot_full; /* no free slot within CP_HOT_PROBES probes: the access was not counted */
+	u64 hot_full; /* no free slot within CP_HOT_PROBES_MAX probes: the access was not counted */
 	u64 other;    /* a direct I/O mark that could not be stored (its bios then count as metadata) */
 };
 

@@ -41,7 +41,7 @@ class Struct(C.Structure):
 
 
 class cp_watch(Struct):  # noqa: N801 - mirrors the C name
-    _fields_ = [("roles", u32), ("volume", u32), ("slot", u32), ("pad", u32)]
+    _fields_ = [("roles", u32), ("volume", u32), ("slot", u32), ("fs_dev", u32), ("lower_of", u64)]
 
 
 class cp_config(Struct):  # noqa: N801

@@ -195,6 +195,8 @@ class Probe:
         self._meta_prev: dict[int, tuple[int, int]] = {}
         self._sync_prev: dict[tuple[int, int], int] = {}  # (volume dev, kind) -> calls already reported
         self.volumes: dict[int, L.cp_watch] = {}  # every watched device -> its watch entry
+        self._members: dict[int, dict[int, int]] = {}  # watched device -> {volume dev: its roles for that volume}
+        self._fs_of: dict[int, int] = {}  # volume dev -> the s_dev of its filesystem (itself, or stacked on it)
         self._slots: dict[int, int] = {}  # volume dev -> index in the "volumes" array
         self.self_tgid = 0  # our tgid as the kernel knows it (0: our own I/O is counted like anyone's)
         if dio_hook not in ("auto", "iomap", "syscalls"):
@@ -404,7 +406,9 @@ class Probe:
     # ---- which volumes to watch ----
     def watch_volume(self, dev: int, *, fs_dev: int | None = None, lower: Iterable[int] = ()) -> None:
         """Watch a cached volume: `dev` the cached block device (kernel dev_t), `fs_dev` the s_dev of the filesystem
-        mounted on it (defaults to dev), `lower` its backing and cache devices (their discards are reported)."""
+        on it (defaults to dev; a device stacked on the volume — LVM, dm-linear, dm-crypt, a direct-I/O loop device —
+        when the filesystem is there), `lower` its backing and cache devices (their discards are reported and counted
+        for every volume they belong to)."""
         if dev not in self._slots:
             free = sorted(set(range(L.MAX_VOLUMES)) - set(self._slots.values()))
             if not free:
@@ -413,26 +417,42 @@ class Probe:
             self._update("volumes", C.c_uint32(free[0]), L.cp_volume())  # fresh counters
             self._fresh_percpu(free[0])
             self._meta_prev[dev] = (0, 0)
-        slot = self._slots[dev]
-        roles: dict[int, int] = {dev: L.ROLE_VOLUME}
-        fs = dev if fs_dev is None else fs_dev
-        roles[fs] = roles.get(fs, 0) | L.ROLE_FS
+        self._fs_of[dev] = dev if fs_dev is None else fs_dev
+        touched = {dev: L.ROLE_VOLUME}
+        touched[self._fs_of[dev]] = touched.get(self._fs_of[dev], 0) | L.ROLE_FS
         for low in lower:
-            roles[low] = roles.get(low, 0) | L.ROLE_LOWER
-        for d, r in roles.items():
-            cur = L.cp_watch()
-            if self._lookup("watched", C.c_uint32(d), cur) and cur.volume == dev:
-                r |= cur.roles
-            w = L.cp_watch(roles=r, volume=dev, slot=slot)
-            self._update("watched", C.c_uint32(d), w)
-            self.volumes[d] = w
+            touched[low] = touched.get(low, 0) | L.ROLE_LOWER
+        for d, roles in touched.items():
+            of = self._members.setdefault(d, {})
+            of[dev] = of.get(dev, 0) | roles
+            self._sync_watch(d)
+
+    def _sync_watch(self, d: int) -> None:
+        """Write device d's kernel entry from every volume it belongs to (a cache device may serve several)."""
+        of = self._members.get(d)
+        if not of:
+            self._members.pop(d, None)
+            if self.volumes.pop(d, None) is not None:
+                self._h.bpf_map_delete_elem(self._fds["watched"], C.byref(C.c_uint32(d)))
+            return
+        # the entry's own volume: the one it is the volume or the filesystem of, else the first it is below
+        primary = min(of, key=lambda v: (not of[v] & (L.ROLE_VOLUME | L.ROLE_FS), self._slots[v]))
+        lower_of = sum(1 << self._slots[v] for v, r in of.items() if r & L.ROLE_LOWER)
+        roles = 0
+        for r in of.values():
+            roles |= r
+        w = L.cp_watch(roles=roles, volume=primary, slot=self._slots[primary], fs_dev=self._fs_of[primary],
+                       lower_of=lower_of)
+        self._update("watched", C.c_uint32(d), w)
+        self.volumes[d] = w
 
     def unwatch(self, dev: int) -> None:
-        """Stop watching a volume and every device watched on its behalf; its counters are dropped."""
-        for d, w in list(self.volumes.items()):
-            if d == dev or w.volume == dev:
-                self._h.bpf_map_delete_elem(self._fds["watched"], C.byref(C.c_uint32(d)))
-                del self.volumes[d]
+        """Stop watching a volume and the devices watched on its behalf only (a device shared with another watched
+        volume stays watched for it); its counters are dropped."""
+        for d in [d for d, of in self._members.items() if dev in of]:
+            del self._members[d][dev]
+            self._sync_watch(d)
+        self._fs_of.pop(dev, None)
         self._slots.pop(dev, None)
         self._meta_prev.pop(dev, None)
         for key in [k for k in self._sync_prev if k[0] == dev]:
