@@ -168,7 +168,8 @@ class Probe:
     """The loaded and attached BPF object. Construct once per daemon; close() (or `with`) detaches everything.
 
     Parameters
-    - max_files: files tracked per tick (the hotness table has max_files / 0.75 slots of 48 bytes)
+    - max_files: distinct files one tick holds (the hotness table has max_files / 0.76 slots of 48 bytes; a file that
+      finds no slot within 1024 probes is counted in Drops.hotness_map_full)
     - ringbuf_bytes: size of the event ring buffer (power of two, >= page size)
     - dio_hook: "auto" (iomap tracepoints if the kernel has them, else syscall tracepoints), "iomap", "syscalls"
     - ignore_self: do not count this process's own file I/O, fsyncs and unlinks (its discards are still seen)
