@@ -398,11 +398,39 @@ static __always_inline int bio_page_file(struct bio *bio, u32 bdev, u32 fsdev, s
 	return id->dev == bdev || id->dev == fsdev ? PAGE_FILE : PAGE_ANON;
 }
 
+/* the completion of iomap's direct-I/O bios (ext4, XFS...; 6.1 and 6.18) and of a split piece (chained to its
+ * original): their addresses, from kallsyms (0 if absent) */
+extern const void iomap_dio_bio_end_io __ksym __weak;
+extern const void bio_chain_endio __ksym __weak;
+
+/* A direct-I/O bio of iomap carries its request: bi_private is the struct iomap_dio, whose iocb names the file. A piece
+ * the block layer split off is chained to the original (bi_private). */
+static __always_inline bool iomap_dio_file(struct bio *bio, u32 bdev, u32 fsdev, struct file_id *id)
+{
+	void *end_io = BPF_CORE_READ(bio, bi_end_io);
+	void *priv = BPF_CORE_READ(bio, bi_private);
+	if (!&iomap_dio_bio_end_io)
+		return false;
+	if (&bio_chain_endio && end_io == (void *)&bio_chain_endio && priv) {
+		struct bio *parent = priv;
+		end_io = BPF_CORE_READ(parent, bi_end_io);
+		priv = BPF_CORE_READ(parent, bi_private);
+	}
+	if (end_io != (void *)&iomap_dio_bio_end_io || !priv)
+		return false;
+	struct iomap_dio *dio = priv;
+	struct inode *inode = BPF_CORE_READ(dio, iocb, ki_filp, f_inode);
+	return inode_id(inode, id) && (id->dev == bdev || id->dev == fsdev);
+}
+
 static __always_inline bool bio_file(struct cp_config *c, struct bio *bio, u32 bdev, u32 fsdev, struct file_id *id)
 {
 	int kind = bio_page_file(bio, bdev, fsdev, id);
 	if (kind != PAGE_ANON)
 		return kind == PAGE_FILE;
+	if (iomap_dio_file(bio, bdev, fsdev, id))
+		return true;
+	/* a clone of a direct-I/O bio (device-mapper below a stacked filesystem): the task's direct-I/O mark */
 	/* direct I/O: the pages belong to the user's buffer; use the file the task is doing direct I/O on */
 	struct cp_dio *d;
 	if (c->flags & CP_CFG_DIO_SYSCALLS) {

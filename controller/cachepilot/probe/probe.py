@@ -152,6 +152,15 @@ def _tp_of(section: str) -> tuple[str, str]:
     return kind, rest
 
 
+def _has_kernel_symbol(name: str) -> bool:
+    try:
+        with open("/proc/kallsyms", "rb") as f:
+            needle = f" {name}".encode()
+            return any(line.rstrip().endswith(needle) for line in f)
+    except OSError:
+        return False
+
+
 def _mount_tracefs() -> str | None:
     """Mount tracefs if it is not; returns a reason string if tracepoint/* programs cannot work."""
     if (TRACEFS / "events").is_dir():
@@ -198,6 +207,7 @@ class Probe:
         self.volumes: dict[int, L.cp_watch] = {}  # every watched device -> its watch entry
         self._members: dict[int, dict[int, int]] = {}  # watched device -> {volume dev: its roles for that volume}
         self._fs_of: dict[int, int] = {}  # volume dev -> the s_dev of its filesystem (itself, or stacked on it)
+        self._deferred: dict[str, int] = {}  # loaded programs attached only when needed (direct I/O marks)
         self._slots: dict[int, int] = {}  # volume dev -> index in the "volumes" array
         self.self_tgid = 0  # our tgid as the kernel knows it (0: our own I/O is counted like anyone's)
         if dio_hook not in ("auto", "iomap", "syscalls"):
@@ -334,8 +344,16 @@ class Probe:
             prot=mmap.PROT_READ | mmap.PROT_WRITE,
         )
 
+        # iomap's direct-I/O bios name their file themselves (bi_private): the per-task marks are only needed for the
+        # clones device-mapper makes below a stacked filesystem, so their hooks (one run per read/write) wait for one
+        marks = DIO_IOMAP if dio_hook == "iomap" else DIO_SYSCALLS
+        if _has_kernel_symbol("iomap_dio_bio_end_io"):
+            self._deferred = {n: progs[n] for n in marks if n in progs and h.bpf_program__autoload(progs[n])}
         for name, prog in progs.items():
             if not h.bpf_program__autoload(prog):
+                continue
+            if name in self._deferred:
+                self.report.disabled[name] = "direct I/O marks: attached when a stacked volume is watched"
                 continue
             link = h.bpf_program__attach(prog)
             if not link:
@@ -419,6 +437,8 @@ class Probe:
             self._fresh_percpu(free[0])
             self._meta_prev[dev] = (0, 0)
         self._fs_of[dev] = dev if fs_dev is None else fs_dev
+        if self._fs_of[dev] != dev:
+            self._attach_deferred()
         touched = {dev: L.ROLE_VOLUME}
         touched[self._fs_of[dev]] = touched.get(self._fs_of[dev], 0) | L.ROLE_FS
         for low in lower:
@@ -427,6 +447,17 @@ class Probe:
             of = self._members.setdefault(d, {})
             of[dev] = of.get(dev, 0) | roles
             self._sync_watch(d)
+
+    def _attach_deferred(self) -> None:
+        for name, prog in list(self._deferred.items()):
+            link = self._h.bpf_program__attach(prog)
+            if not link:
+                self.report.failed[name] = f"attach failed: {libbpf.errno_str(C.get_errno())}"
+                continue
+            del self._deferred[name]
+            self.report.disabled.pop(name, None)
+            self._links.append(link)
+            self.report.attached.append(name)
 
     def _sync_watch(self, d: int) -> None:
         """Write device d's kernel entry from every volume it belongs to (a cache device may serve several)."""
