@@ -32,7 +32,7 @@ def bcache_tree(root: Path, *, mode: str = "writeback", dirty: str = "24.0M", st
     (d / "cache").symlink_to(cset)
     modes = " ".join(f"[{m}]" if m == mode else m for m in ("writethrough", "writeback", "writearound", "none"))
     files = {"cache_mode": modes, "dirty_data": dirty, "state": state, "writeback_percent": "10",
-             "writeback_running": "1", "sequential_cutoff": "4.0M", "writeback_rate": "4.0k",
+             "writeback_running": "1", "writeback_delay": "30", "sequential_cutoff": "4.0M", "writeback_rate": "4.0k",
              "stats_total/cache_hits": "5", "stats_total/cache_misses": "7"}
     for name, value in files.items():
         (d / name).write_text(value + "\n")
@@ -76,8 +76,9 @@ def test_bcache_drain_waits_for_clean_then_puts_percent_back(bc, caplog):
     out = b.apply(Drain("bcache0", 10 * S, "age bound"))
     assert out.status == PENDING
     assert (d / "writeback_percent").read_text().strip() == "0"
-    assert [w.target for w in out.writes] == ["bcache0 writeback_running", "bcache0 writeback_percent"]
-    assert out.writes[1].before == "10" and out.writes[1].readback == "0"
+    assert [w.target for w in out.writes] == [
+        "bcache0 writeback_running", "bcache0 writeback_delay", "bcache0 writeback_percent"]
+    assert out.writes[2].before == "10" and out.writes[2].readback == "0"
     assert "10 -> 0" in caplog.text and "age bound" in caplog.text
     assert b.step(1 * S) == [] and b.pending() == [out.action]
     (d / "dirty_data").write_text("0\n")
@@ -85,6 +86,7 @@ def test_bcache_drain_waits_for_clean_then_puts_percent_back(bc, caplog):
     done = b.step(2 * S)
     assert [o.status for o in done] == [DONE]
     assert (d / "writeback_percent").read_text().strip() == "10"
+    assert (d / "writeback_delay").read_text().strip() == "30"
     assert b.pending() == []
 
 

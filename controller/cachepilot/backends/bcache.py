@@ -3,10 +3,12 @@
 What the kernel does (drivers/md/bcache/sysfs.c, writeback.c, 6.1): writing ``cache_mode`` only rewrites the
 superblock — dirty data stays dirty and drains at the write-back controller's pace. So every switch that must
 not leave dirty data behind drains first: ``writeback_percent`` 0 (no throttling) until ``dirty_data`` is 0 and
-``state`` is clean, then the old percent is put back. writeback→writethrough switches the mode first (so no new
-dirty data appears and the drain converges under load), then drains; bypass (``none``) is written only once the
-cache is clean, from writethrough. Sizes in sysfs are human-readable (``4.0M``); a read-back is compared at the
-precision it is printed with.
+``state`` is clean, then the old percent is put back. The write-back thread also sleeps ``writeback_delay``
+(default 30 s) after every full scan of the dirty keys, and that sleep is not cut short by any sysfs write: a
+drain sets it to 0 for its duration, and a policy that needs quick drains pins it low.
+writeback→writethrough switches the mode first (so no new dirty data appears and the drain converges under
+load), then drains; bypass (``none``) is written only once the cache is clean, from writethrough.
+Sizes in sysfs are human-readable (``4.0M``); a read-back is compared at the precision it is printed with.
 """
 
 from __future__ import annotations
@@ -117,6 +119,9 @@ class BcacheBackend(OperationBackend):
             return True
         op.phase = "draining"
         op.save(self._attr("writeback_running"), "1", f"drain: {reason}")
+        # No sleep after each full scan of the dirty keys (a sleep already begun cannot be cut short:
+        # pin writeback_delay low in the policy where drains must be quick).
+        op.save(self._attr("writeback_delay"), "0", f"drain: {reason}")
         op.save(self._attr("writeback_percent"), "0", f"drain: {reason}")
         return False
 
