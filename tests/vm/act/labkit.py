@@ -15,7 +15,6 @@ from cachepilot.backends import open_backend
 from cachepilot.backends.base import PENDING, Backend, ControlAction, Outcome
 from cachepilot.backends.inspect import block_name, describe_volume
 
-
 _T0 = time.monotonic()
 
 
