@@ -67,7 +67,7 @@ def workload() -> dict[str, bytearray]:
     for _ in range(OPS):
         op = rng.random()
         names = list(model)
-        if op < 0.30 or not names:  # write (creating the file if needed)
+        if op < 0.40 or not names:  # write (creating the file if needed)
             name = rng.choice(names) if names and rng.random() < 0.5 else f"f{counter}"
             counter += 1 if name == f"f{counter}" else 0
             data = model.setdefault(name, bytearray())
@@ -78,14 +78,14 @@ def workload() -> dict[str, bytearray]:
             os.close(fd)
             data[len(data):off] = bytes(max(0, off - len(data)))
             data[off:off + len(buf)] = buf
-        elif op < 0.45:  # truncate, shorter or longer
+        elif op < 0.55:  # truncate, shorter or longer
             name = rng.choice(names)
             size = rng.randrange(0, 256 << 10)
             os.truncate(mnt / name, size)
             data = model[name]
             del data[size:]
             data.extend(bytes(size - len(data)))
-        elif op < 0.60:  # punch a block-aligned hole
+        elif op < 0.70:  # punch a block-aligned hole
             name = rng.choice(names)
             data = model[name]
             if len(data) < bs:
