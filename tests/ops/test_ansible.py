@@ -10,8 +10,11 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 from ops_support import ROOT, need_tool
+
+pytestmark = pytest.mark.ops
 
 PLAYBOOKS = ROOT / "playbooks"
 EXE = ROOT / ".venv" / "bin" / "cachepilot"

@@ -30,6 +30,8 @@ from cachepilot.exporter import (
 )
 from cachepilot.exporter.collectors import COLLECTORS
 
+pytestmark = pytest.mark.ops
+
 V, VK, K = ("device", "volume"), ("device", "kind", "volume"), ("kind",)
 # name -> (type, label names). The contract the rules, the dashboard and README's table rely on.
 EXPECTED = {
