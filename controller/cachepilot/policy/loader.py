@@ -107,7 +107,8 @@ def _build(node: yaml.Node, path: PathT, doc: _Doc) -> Any:
     return yaml.safe_load(yaml.serialize(node))
 
 
-def _read(text: str, source: str) -> _Doc:
+def read_yaml(text: str, source: str, what: str = "policy file") -> _Doc:
+    """Parse YAML keeping the line of every key and value (shared by the policy and the daemon's config)."""
     doc = _Doc(source, None, {}, {})
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -118,7 +119,7 @@ def _read(text: str, source: str) -> _Doc:
     except yaml.YAMLError as exc:
         raise UserError(f"{source}:1: YAML error: {exc}") from None
     if node is None:
-        raise UserError(f"{source}:1: empty policy file")
+        raise UserError(f"{source}:1: empty {what}")
     doc.value = _build(node, (), doc)
     return doc
 
@@ -126,9 +127,10 @@ def _read(text: str, source: str) -> _Doc:
 _validator = jsonschema.Draft202012Validator(SCHEMA)
 
 
-def _schema_errors(doc: _Doc) -> list[UserError]:
+def schema_errors(doc: _Doc, validator: jsonschema.Draft202012Validator = _validator) -> list[UserError]:
+    """Schema violations as ``FILE:LINE: key: message`` errors, in file order."""
     out: list[tuple[int, UserError]] = []
-    for e in _validator.iter_errors(doc.value):
+    for e in validator.iter_errors(doc.value):
         path: PathT = tuple(e.absolute_path)
         if e.validator == "additionalProperties" and isinstance(e.instance, dict):
             allowed = set(e.schema.get("properties", {}))
@@ -231,16 +233,20 @@ def _check_overlaps(doc: _Doc, rules: Sequence[Rule]) -> None:
                 )
 
 
-def parse_policy(text: str, source: str = "<string>") -> Policy:
-    doc = _read(text, source)
-    if not isinstance(doc.value, dict):
-        raise UserError(f"{source}:{doc.line(())}: a policy file is a mapping (version, defaults, volumes)")
-    errors = _schema_errors(doc)
+def raise_first(errors: list[UserError]) -> None:
+    """One line: the first error, and how many more (with up to three of them)."""
     if errors:
         if len(errors) == 1:
             raise errors[0]
         more = "; ".join(str(e) for e in errors[1:4])
         raise UserError(f"{errors[0]} (and {len(errors) - 1} more: {more})")
+
+
+def parse_policy(text: str, source: str = "<string>") -> Policy:
+    doc = read_yaml(text, source)
+    if not isinstance(doc.value, dict):
+        raise UserError(f"{source}:{doc.line(())}: a policy file is a mapping (version, defaults, volumes)")
+    raise_first(schema_errors(doc))
     raw = doc.value
     defaults = _settings(raw.get("defaults", {}), VolumePolicy(), doc, ("defaults",))
     rules: list[Rule] = []

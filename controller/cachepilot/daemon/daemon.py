@@ -1,0 +1,673 @@
+"""The daemon: probe → engine → backends and actuators, once per tick, on every cached volume of the host.
+
+Per tick (``Daemon.tick``): a pending SIGHUP reload; the probe's per-tick aggregates into the engine (discrete
+events are fed as they arrive, while the loop waits); a rescan for volumes that appeared or vanished; one sample of
+every backend; the engine's decisions carried out (``apply(action, dry_run)``, the actuators for promotions and
+discards); retries that are due; ``step`` of every backend's pending operations; then the snapshot that the control
+socket and the metrics exporter serve, the watchdog ping, and now and then the state file.
+
+Errors by class (cachepilot.errors): a configuration or policy error keeps the last good one; DeviceGone drops the
+volume (one log line, its pending actions cancelled); RetryLater retries with backoff, counted; KernelRejected is
+counted and not retried; the probe unusable at start is a FatalError. Expected conditions are one log line, never a
+traceback.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from cachepilot.backends.base import FAILED, PENDING, Backend, Outcome
+from cachepilot.daemon import actuation, volumes
+from cachepilot.daemon.config import DaemonConfig, load_config
+from cachepilot.daemon.control import ControlServer
+from cachepilot.daemon.lock import DaemonLock
+from cachepilot.daemon.loop import TickLoop
+from cachepilot.daemon.notify import Notifier
+from cachepilot.daemon.snapshot import hottest
+from cachepilot.daemon.state import MAX_DECISIONS, MAX_HOT, StateFile
+from cachepilot.engine.actions import Action, DiscardRanges, Promote, SetKnob
+from cachepilot.engine.engine import Engine, normalise_mode
+from cachepilot.errors import CachepilotError, DeviceGone, FatalError, KernelRejected, RetryLater, UserError
+from cachepilot.events import Drops, kdev_major_minor
+from cachepilot.models.hotness import F_READ
+
+log = logging.getLogger("cachepilot")
+
+NS = 1_000_000_000
+MAX_RETRIES = 5
+BACKOFF_MAX_S = 60.0
+TOP_K = 25
+TOP_EVERY_S = 5.0
+DECISIONS_KEPT = 1000
+
+Discover = Callable[[], tuple[list[volumes.Found], list[str]]]
+BackendFactory = Callable[[Any], Backend]
+CarryOut = Callable[[Any, Any, bool], Outcome]
+
+
+@dataclass
+class Vol:
+    found: volumes.Found
+    backend: Backend | None  # None: observe only
+    in_flight: dict[Any, dict[str, Any]] = field(default_factory=dict)  # action -> its decision (with writes)
+    retries: list[tuple[int, int, Action]] = field(default_factory=list)  # (due ns, attempt, action)
+    last_sample: Any = None
+    sample_errors: int = 0
+
+    @property
+    def info(self) -> Any:
+        return self.found.info
+
+    @property
+    def observe_only(self) -> bool:
+        return self.backend is None
+
+
+def classify(exc: OSError) -> CachepilotError:
+    """An OSError from a control write, as the class the daemon acts on."""
+    e = exc.errno
+    text = f"{exc.filename + ': ' if exc.filename else ''}{exc.strerror or exc}"
+    if e in (errno.ENOENT, errno.ENODEV, errno.ENXIO):
+        return DeviceGone(text)
+    if e in (errno.EBUSY, errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT):
+        return RetryLater(text)
+    if e in (errno.EINVAL, errno.EPERM, errno.EACCES, errno.EROFS, errno.EOPNOTSUPP):
+        return KernelRejected(text)
+    return RetryLater(text)
+
+
+def devname(dev: int) -> str:
+    major, minor = kdev_major_minor(dev)
+    return f"{major}:{minor}"
+
+
+class Daemon:
+    def __init__(
+        self,
+        config: DaemonConfig,
+        *,
+        config_path: Path | None = None,
+        probe_factory: Callable[[int], Any] | None = None,
+        discover: Discover = volumes.discover,
+        backend_factory: BackendFactory = actuation.open_backend,
+        carry_out: CarryOut = actuation.carry_out,
+        notifier: Notifier | None = None,
+    ) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.probe_factory = probe_factory
+        self.discover = discover
+        self.backend_factory = backend_factory
+        self.carry_out = carry_out
+        self.notifier = notifier or Notifier()
+        self.engine = Engine(config.policy, start_ns=time.monotonic_ns())
+        self.vols: dict[int, Vol] = {}
+        self.probe: Any = None
+        self.state = StateFile(config.state_dir)
+        self.lock = DaemonLock(config.state_dir)
+        self.control = ControlServer(config.socket, self.answer)
+        self.loop = TickLoop(config.tick_s, self.tick, wait=self._wait)
+        self.counters: Counter[str] = Counter()
+        self.decisions: deque[dict[str, Any]] = deque(maxlen=DECISIONS_KEPT)
+        self.saved: dict[str, Any] = {}
+        self.previous_counters: dict[str, int] = {}  # the last run's, from the state file
+        self.snapshot: dict[str, Any] = {}
+        self.snapshot_listeners: list[Callable[[dict[str, Any]], None]] = []  # the metrics exporter's hook
+        self.top: dict[str, list[dict[str, int]]] = {}
+        self.policy_error: str | None = None
+        self.policy_generation = 1
+        self.reload_requested = False
+        self.started_wall = time.time()
+        self.started_ns = time.monotonic_ns()
+        self._next_rescan = 0
+        self._next_state = 0
+        self._next_top = 0
+        self._said_observe_only = False
+        self._said: set[str] = set()
+        self.drops: Drops | None = None
+
+    # ------------------------------------------------------------------ start / stop
+    @property
+    def dry_run(self) -> bool:
+        return self.config.effective_dry_run
+
+    def start(self) -> None:
+        """Everything before the first tick; FatalError if the daemon cannot run here."""
+        try:
+            self.config.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise FatalError(f"state directory {self.config.state_dir}: {exc.strerror}") from None
+        self.lock.acquire()
+        if self.probe_factory is not None:
+            try:
+                self.probe = self.probe_factory(self.config.max_files)
+            except UserError as exc:
+                raise FatalError(f"the eBPF probe is unusable: {exc}") from None
+            log.info("probe: %s", "; ".join(self.probe.report.summary().splitlines()))
+        self._read_state()
+        self.control.start()
+        now = time.monotonic_ns()
+        self._rescan(now, starting=True)
+        self._reconcile(now)
+        self._attach_metrics()
+        self._next_rescan = now + int(self.config.rescan_s * NS)
+        self._next_state = now + int(self.config.state_interval_s * NS)
+        self._publish(now, 0)
+        what = ", ".join(f"{v.info.name} ({v.info.kind})" for v in self.vols.values()) or "no volume"
+        mode = " DRY RUN:" if self.dry_run else ""
+        self.notifier.ready(f"watching {what}")
+        log.info("ready:%s watching %s; control socket %s", mode, what, self.config.socket)
+
+    def run(self) -> None:
+        self.loop.run()
+
+    def shutdown(self) -> None:
+        """Leave every cache safe and stable: unfinished operations are put back, the state file written."""
+        self.notifier.stopping()
+        for v in list(self.vols.values()):
+            self._restore(v, "stopping")
+        self._save_state()
+        self.control.stop()
+        if self.probe is not None:
+            self.probe.close()
+            self.probe = None
+        self.lock.release()
+        log.info("stopped")
+
+    def _restore(self, v: Vol, why: str) -> None:
+        if v.backend is None:
+            return
+        try:
+            outs = v.backend.restore()
+        except CachepilotError as exc:
+            log.warning("%s: restore (%s) failed: %s", v.info.name, why, exc)
+            return
+        for out in outs:
+            self._record(v, out, now=time.monotonic_ns(), note=f"restored ({why})")
+        v.in_flight.clear()
+        v.retries.clear()
+
+    def _attach_metrics(self) -> None:
+        """The exporter (ops) hooks itself in with ``cachepilot.metrics.attach(daemon)``: it reads
+        ``daemon.config.metrics_listen`` / ``metrics_textfile`` and appends to ``daemon.snapshot_listeners``."""
+        if not (self.config.metrics_listen or self.config.metrics_textfile):
+            return
+        attach = actuation._optional("cachepilot.metrics", "attach")  # noqa: SLF001 - one optional-import helper
+        if attach is None:
+            log.info("metrics: no exporter in this build; %s not served", self.config.metrics_listen)
+            return
+        try:
+            attach(self)
+        except (CachepilotError, OSError) as exc:
+            log.warning("metrics: exporter not started: %s", exc)
+
+    # ------------------------------------------------------------------ signals (called from handlers: flags only)
+    def request_stop(self) -> None:
+        self.loop.stop()
+
+    def request_reload(self) -> None:
+        self.reload_requested = True
+
+    # ------------------------------------------------------------------ the loop
+    def _wait(self, seconds: float) -> None:
+        if self.probe is None:
+            self.loop.stop_event.wait(seconds)
+            return
+        for ev in self.probe.poll(int(seconds * 1000)):
+            self._feed(ev)
+
+    def _feed(self, ev: Any) -> None:
+        self.counters[f"events.{type(ev).__name__}"] += 1
+        try:
+            self.engine.feed(ev)
+        except TypeError:  # an event kind this engine does not know yet
+            self.counters["events.unhandled"] += 1
+        except UserError as exc:
+            self.counters["events.rejected"] += 1
+            self._once(f"event rejected: {exc}")
+
+    def tick(self, now: int) -> None:
+        t0 = time.monotonic_ns()
+        if self.reload_requested:
+            self.reload_requested = False
+            self.reload()
+        if self.probe is not None:
+            self._drain()
+        if now >= self._next_rescan:
+            self._rescan(now)
+            self._next_rescan = now + int(self.config.rescan_s * NS)
+        self._sample(now)
+        for action in self.engine.tick(now):
+            self.execute(action, now)
+        self._retry_due(now)
+        self._step(now)
+        self.counters["ticks"] += 1
+        dur = time.monotonic_ns() - t0
+        self.counters["tick_ns"] += dur
+        self._publish(now, dur)
+        self.notifier.watchdog()
+        if now >= self._next_state:
+            self._save_state()
+            self._next_state = now + int(self.config.state_interval_s * NS)
+
+    def _drain(self) -> None:
+        arr = self.probe.drain_hotness_array()
+        if len(arr):
+            self.counters["events.HotnessDelta"] += len(arr)
+            self.engine.feed_hotness_array(arr)
+        for ev in self.probe.drain():  # metadata deltas and the drop counters (hotness already taken)
+            if isinstance(ev, Drops):
+                self.drops = ev
+            self._feed(ev)
+
+    # ------------------------------------------------------------------ volumes
+    def _rescan(self, now: int, starting: bool = False) -> None:
+        found, problems = self.discover()
+        for p in problems:
+            self._once(f"volume not adopted: {p}")
+        want: dict[int, volumes.Found] = {f.info.dev: f for f in found}
+        for spec in self.config.observe:
+            try:
+                f = volumes.observed(spec)
+            except UserError as exc:
+                self._once(str(exc))
+                continue
+            want.setdefault(f.info.dev, f)
+        for dev in [d for d in self.vols if d not in want]:
+            self.drop(dev, "vanished")
+        for dev, f in want.items():
+            if dev not in self.vols:
+                self.adopt(f, now)
+        cached = [v for v in self.vols.values() if not v.observe_only]
+        if not cached and not self._said_observe_only:
+            self._said_observe_only = True
+            log.warning("no cached volume on this host: observe-only (nothing will be changed)")
+        elif cached:
+            self._said_observe_only = False
+
+    def adopt(self, f: volumes.Found, now: int) -> None:
+        info = f.info
+        backend = None
+        if info.kind != volumes.OBSERVE:
+            try:
+                backend = self.backend_factory(info)
+            except CachepilotError as exc:
+                self._once(f"{info.name}: cannot open its backend: {exc}")
+                return
+        try:
+            self.engine.add_volume(info)
+        except UserError as exc:  # e.g. the volume matches overlapping rules: keep going without it
+            self._once(f"{info.name}: not adopted: {exc}")
+            return
+        if self.probe is not None:
+            try:
+                self.probe.watch_volume(info.dev, lower=f.lower)
+            except (UserError, OSError) as exc:
+                self.engine.remove_volume(info.dev)
+                self._once(f"{info.name}: cannot watch it: {exc}")
+                return
+        v = Vol(f, backend)
+        self.vols[info.dev] = v
+        self.counters["volumes.adopted"] += 1
+        how = "observe only" if v.observe_only else info.kind
+        log.info("adopted %s (%s, %s, mounted at %r)", info.name, how, devname(info.dev), info.mountpoint)
+        self._rewarm_from_state(v, now)
+
+    def drop(self, dev: int, why: str) -> None:
+        v = self.vols.pop(dev, None)
+        if v is None:
+            return
+        cancelled = len(v.in_flight) + len(v.retries)
+        if v.backend is not None:
+            try:
+                v.backend.restore()
+            except CachepilotError:
+                pass  # it is gone: nothing to put back
+        self.engine.remove_volume(dev)
+        if self.probe is not None:
+            self.probe.unwatch(dev)
+        self.counters["volumes.dropped"] += 1
+        log.warning("dropped %s: %s; %d pending action(s) cancelled", v.info.name, why, cancelled)
+
+    def _sample(self, now: int) -> None:
+        for dev, v in list(self.vols.items()):
+            if v.backend is None:
+                continue
+            try:
+                s = v.backend.sample(now)
+            except DeviceGone as exc:
+                self.drop(dev, f"device gone ({exc})")
+                continue
+            except CachepilotError as exc:
+                v.sample_errors += 1
+                self.counters[f"sample_errors.{exc.kind}"] += 1
+                self._once(f"{v.info.name}: cannot sample: {exc}")
+                continue
+            v.last_sample = s
+            self.engine.sample(s)
+
+    # ------------------------------------------------------------------ acting
+    def execute(self, action: Action, now: int, attempt: int = 0) -> None:
+        self.counters[f"decisions.{action.kind}"] += 1
+        v = self.engine_vol(action.volume)
+        if v is None:
+            self._record(None, Outcome(action, FAILED, detail="volume gone"), now)  # type: ignore[arg-type]
+            return
+        if v.observe_only:
+            self._record(v, Outcome(action, FAILED, detail="not carried out: observe-only volume"),  # type: ignore[arg-type]
+                         now)
+            return
+        try:
+            if isinstance(action, Promote | DiscardRanges):
+                out = self.carry_out(action, v.info, self.dry_run)
+            else:
+                assert v.backend is not None
+                out = v.backend.apply(action, dry_run=self.dry_run)
+        except CachepilotError as exc:
+            out = Outcome(action, FAILED, dry_run=self.dry_run, error=exc)  # type: ignore[arg-type]
+        except OSError as exc:
+            out = Outcome(action, FAILED, dry_run=self.dry_run, error=classify(exc))  # type: ignore[arg-type]
+        self._outcome(v, out, now, attempt)
+
+    def engine_vol(self, name: str) -> Vol | None:
+        for v in self.vols.values():
+            if v.info.name == name:
+                return v
+        return None
+
+    def _outcome(self, v: Vol, out: Outcome, now: int, attempt: int) -> None:
+        d = self._record(v, out, now, attempt=attempt)
+        if out.status == PENDING:
+            v.in_flight[out.action] = d
+        err = out.error
+        if err is None:
+            return
+        self.counters[f"failed.{err.kind}"] += 1
+        if isinstance(err, RetryLater) and attempt < MAX_RETRIES:
+            delay = min(BACKOFF_MAX_S, 2.0 ** attempt)
+            v.retries.append((now + int(delay * NS), attempt + 1, out.action))
+            self.counters["retries"] += 1
+        elif isinstance(err, DeviceGone):
+            self.drop(v.info.dev, f"device gone ({err})")
+
+    def _retry_due(self, now: int) -> None:
+        for v in list(self.vols.values()):
+            due = [r for r in v.retries if r[0] <= now]
+            if not due:
+                continue
+            v.retries = [r for r in v.retries if r[0] > now]
+            for _, attempt, action in due:
+                if v.info.dev in self.vols:
+                    self.execute(action, now, attempt)
+
+    def _step(self, now: int) -> None:
+        for dev, v in list(self.vols.items()):
+            if v.backend is None:
+                continue
+            try:
+                outs = v.backend.step(now)
+            except DeviceGone as exc:
+                self.drop(dev, f"device gone ({exc})")
+                continue
+            except CachepilotError as exc:
+                self._once(f"{v.info.name}: step failed: {exc}")
+                continue
+            for out in outs:
+                v.in_flight.pop(out.action, None)
+                self._outcome(v, out, now, attempt=MAX_RETRIES)
+
+    def _record(self, v: Vol | None, out: Outcome, now: int, attempt: int = 0, note: str = "") -> dict[str, Any]:
+        a = out.action
+        err = out.error
+        d = {
+            "ts": time.time(),
+            "volume": getattr(a, "volume", v.info.name if v else "?"),
+            "kind": a.kind,
+            "action": a.line(),
+            "reason": getattr(a, "reason", ""),
+            "status": out.status,
+            "dry_run": out.dry_run,
+            "writes": [{"target": w.target, "before": w.before, "value": w.value, "readback": w.readback}
+                       for w in out.writes],
+            "error": str(err) if err else None,
+            "error_kind": err.kind if err else None,
+            "detail": " ".join(x for x in (note, out.detail) if x),
+            "attempt": attempt,
+        }
+        self.decisions.append(d)
+        line = out.line() + (f" [{d['detail']}]" if d["detail"] else "")
+        level = logging.WARNING if out.status == FAILED and err is not None else logging.INFO
+        log.log(level, "%s%s", "DRY RUN " if out.dry_run else "", line)
+        return d
+
+    # ------------------------------------------------------------------ reload
+    def reload(self) -> bool:
+        """Re-read the configuration and its policies; anything invalid keeps the running ones (logged)."""
+        self.notifier.reloading()
+        self.counters["reloads"] += 1
+        try:
+            if self.config_path is None:
+                raise UserError("no configuration file to reload")
+            new = load_config(self.config_path)
+            self.engine.set_policy(new.policy)
+        except UserError as exc:
+            self.counters["reloads_failed"] += 1
+            self.policy_error = str(exc)
+            log.error("reload failed, keeping the running policy: %s", exc)
+            self.notifier.ready("reload failed; running policy kept")
+            return False
+        fixed = ("state_dir", "socket", "tick_s", "max_files", "metrics_listen", "metrics_textfile")
+        for key in fixed:
+            if getattr(new, key) != getattr(self.config, key):
+                log.warning("reload: %s changed; takes effect at the next start", key)
+        self.config = replace(new, **{k: getattr(self.config, k) for k in fixed})
+        self.policy_error = None
+        self.policy_generation += 1
+        log.info("reloaded %s (policies: %s)%s", new.source, new.policy.source, " DRY RUN" if self.dry_run else "")
+        self.notifier.ready("reloaded")
+        return True
+
+    # ------------------------------------------------------------------ state file
+    def _read_state(self) -> None:
+        doc, why = self.state.read()
+        if doc is None:
+            log.warning("starting fresh: %s", why)
+            return
+        self.saved = doc
+        saved = [v for v in doc.get("volumes", {}).values() if isinstance(v, dict)]
+        n = sum(len(v.get("hot", [])) for v in saved)
+        inflight = sum(len(v.get("in_flight", [])) for v in saved)
+        log.info("state file %s: %d volume(s), %d hot file(s), %d in-flight action(s)", self.state.path,
+                 len(saved), n, inflight)
+        prev = doc.get("counters", {})
+        if isinstance(prev, dict):
+            self.previous_counters = {k: v for k, v in prev.items() if isinstance(v, int)}
+        for d in doc.get("decisions", [])[-MAX_DECISIONS:]:
+            if isinstance(d, dict):
+                self.decisions.append(d)
+
+    def _saved_volume(self, info: Any) -> dict[str, Any] | None:
+        for sv in self.saved.get("volumes", {}).values():
+            if not isinstance(sv, dict):
+                continue
+            if info.fs_uuid and sv.get("fs_uuid") == info.fs_uuid:
+                return sv
+            if not info.fs_uuid and sv.get("name") == info.name and sv.get("kind") == info.kind:
+                return sv
+        return None
+
+    def _rewarm_from_state(self, v: Vol, now: int) -> None:
+        """Put the saved hot list back into the hotness table: the engine admits and promotes the files at the
+        volume's promotion rate (paced), hottest first."""
+        sv = self._saved_volume(v.info)
+        if sv is None:
+            return
+        t = self.engine.hotness
+        n = 0
+        for item in sv.get("hot", [])[:MAX_HOT]:
+            try:
+                ino, gen, score, size = (int(x) for x in item)
+            except (TypeError, ValueError):
+                continue
+            if ino <= 0 or score <= 0:
+                continue
+            slot = t.update(v.info.dev, ino, gen, score, 0, 0, now, size)
+            t.flags[slot] |= F_READ
+            n += 1
+        if n:
+            log.info("%s: re-warming %d file(s) from the state file (paced by the promotion rate)", v.info.name, n)
+            self.counters["rewarm_files"] += n
+
+    def _reconcile(self, now: int) -> None:
+        """Before the first decision: read every cache's actual state, and report what the last run left
+        unfinished. An interrupted step is never repeated; only a setting the interrupted operation changed and
+        that still reads back as it left it is put back."""
+        for v in self.vols.values():
+            if v.backend is None:
+                continue
+            try:
+                s = v.backend.sample(now)
+            except CachepilotError as exc:
+                self._once(f"{v.info.name}: cannot read its state before acting: {exc}")
+                continue
+            v.last_sample = s
+            self.engine.sample(s)
+            log.info("%s: actual state: mode %s, %d dirty bytes", v.info.name, s.mode, s.dirty_bytes)
+            sv = self._saved_volume(v.info) or {}
+            for d in sv.get("in_flight", []):
+                if not isinstance(d, dict):
+                    continue
+                log.warning("%s: interrupted at the last stop: %s (not repeated)", v.info.name, d.get("action"))
+                for w in d.get("writes", []):
+                    knob = str(w.get("target", "")).split()[-1:]
+                    if knob and s.knobs.get(knob[0]) == w.get("value") and w.get("before") not in (None, ""):
+                        self.execute(SetKnob(v.info.name, knob[0], str(w["before"]),
+                                             f"put back after an interrupted {d.get('kind')}"), now)
+
+    def state_doc(self) -> dict[str, Any]:
+        vols: dict[str, Any] = {}
+        for v in self.vols.values():
+            info = v.info
+            ctl = self.engine.vols.get(info.dev)
+            hot = hottest(self.engine.hotness, info.dev, MAX_HOT)
+            vols[info.name] = {
+                "name": info.name, "kind": info.kind, "dev": devname(info.dev), "fs_uuid": info.fs_uuid,
+                "hot": [[h["ino"], h["gen"], h["score"], h["size"]] for h in hot],
+                "health": ctl.state.health.name if ctl else "UNKNOWN",
+                "latched": bool(getattr(ctl, "latched", False)) if ctl else False,
+                "in_flight": list(v.in_flight.values()),
+            }
+        return {
+            "written": time.time(), "pid": os.getpid(), "volumes": vols,
+            "counters": {k: int(n) for k, n in self.counters.items()},
+            "decisions": list(self.decisions)[-MAX_DECISIONS:],
+        }
+
+    def _save_state(self) -> None:
+        ok = self.state.write(self.state_doc())
+        self.counters["state_writes" if ok else "state_writes_failed"] += 1
+        if not ok:
+            self._once(f"state file not written (carrying on): {self.state.last_error}")
+
+    # ------------------------------------------------------------------ snapshot and answers
+    def _publish(self, now: int, tick_ns: int) -> None:
+        if now >= self._next_top:
+            self.top = {v.info.name: hottest(self.engine.hotness, v.info.dev, TOP_K) for v in self.vols.values()}
+            self._next_top = now + int(TOP_EVERY_S * NS)
+        vols = []
+        for v in self.vols.values():
+            info = v.info
+            c = self.engine.vols.get(info.dev)
+            if c is None:
+                continue
+            st = c.state
+            req = c.requested_mode
+            pend = v.backend.pending() if v.backend is not None else []
+            vols.append({
+                "name": info.name, "dev": devname(info.dev), "kind": info.kind, "observe_only": v.observe_only,
+                "mountpoint": info.mountpoint, "fs_uuid": info.fs_uuid, "cache_bytes": info.cache_bytes,
+                "policy": c.chosen_by, "failure_model": c.policy.failure_model,
+                "mode": normalise_mode(st.mode) if st.samples else None,
+                "target_mode": req[0] if req else (normalise_mode(st.mode) if st.samples else None),
+                "dirty_bytes": st.dirty_bytes if st.samples else None,
+                "max_dirty_bytes": c.policy.exposure.max_dirty,
+                "exposure_age_s": round(st.exposure_age_s(now), 3),
+                "hit_ratio": st.hit_ratio, "hits": v.last_sample.hits if v.last_sample else None,
+                "misses": v.last_sample.misses if v.last_sample else None,
+                "io_errors": st.io_errors, "health": st.health.name,
+                "latched": bool(getattr(c, "latched", False)),
+                "pending": [a.line() for a in pend], "retries": len(v.retries),
+                "promo_queue": len(c.promo_queue), "believed_cached": len(c.cached),
+                "discard_pending_blocks": c.freed.pending_blocks(), "held_switches": c.held_switches,
+            })
+        d = self.drops
+        self.snapshot = {
+            "version": 1,
+            "pid": os.getpid(),
+            "started": self.started_wall,
+            "uptime_s": round((now - self.started_ns) / NS, 3),
+            "dry_run": self.dry_run,
+            "observe_only": not any(not v.observe_only for v in self.vols.values()),
+            "actuators": actuation.has_real_backends(),
+            "config": self.config.source,
+            "policy": {"source": self.config.policy.source, "generation": self.policy_generation,
+                       "last_error": self.policy_error},
+            "probe": {"attached": self.probe is not None,
+                      "summary": self.probe.report.summary() if self.probe is not None else "no probe"},
+            "drops": {"ringbuf_full": d.ringbuf_full, "hotness_map_full": d.hotness_map_full, "other": d.other}
+            if d else {"ringbuf_full": 0, "hotness_map_full": 0, "other": 0},
+            "last_tick": {"time": time.time(), "duration_s": tick_ns / NS, "n": self.counters["ticks"],
+                          "skipped": self.loop.skipped},
+            "tracked_files": len(self.engine.hotness),
+            "counters": dict(self.counters),
+            "state_file": {"path": str(self.state.path), "writes": self.state.writes,
+                           "failed_writes": self.state.failed_writes, "last_error": self.state.last_error},
+            "volumes": vols,
+            "top": self.top,
+            "decisions": list(self.decisions),
+        }
+        for fn in self.snapshot_listeners:
+            try:
+                fn(self.snapshot)
+            except Exception as exc:  # noqa: BLE001 - a broken listener must not stop the loop
+                self._once(f"snapshot listener failed: {type(exc).__name__}: {exc}")
+
+    def answer(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Control-socket requests, from the last snapshot only (called on the server thread)."""
+        snap = self.snapshot  # one reference: a consistent view even while the loop publishes the next
+        cmd = req.get("cmd")
+        if cmd == "status":
+            return {k: v for k, v in snap.items() if k not in ("top", "decisions")}
+        if cmd == "top":
+            vols = {v["name"]: v for v in snap.get("volumes", [])}
+            want = req.get("volume")
+            if want is not None and want not in vols:
+                raise UserError(f"unknown volume {want!r} (known: {', '.join(sorted(vols)) or 'none'})")
+            n = int(req.get("n", TOP_K))
+            return {"volumes": [{"name": name, "mountpoint": vols[name]["mountpoint"], "dev": vols[name]["dev"],
+                                 "files": files[:n]}
+                                for name, files in snap.get("top", {}).items()
+                                if name in vols and (want is None or name == want)]}
+        if cmd == "explain":
+            since = float(req.get("since", 0) or 0)
+            want = req.get("volume")
+            out = [d for d in snap.get("decisions", [])
+                   if d.get("ts", 0) >= since and (want is None or d.get("volume") == want)]
+            return {"decisions": out[-int(req.get("limit", DECISIONS_KEPT)):]}
+        raise UserError(f"unknown command {cmd!r} (status, top, explain)")
+
+    def _once(self, msg: str) -> None:
+        """Log an expected problem once (it may recur every tick)."""
+        if msg not in self._said:
+            if len(self._said) > 1000:
+                self._said.clear()
+            self._said.add(msg)
+            log.warning("%s", msg)
