@@ -31,6 +31,8 @@ class ControlServer:
         self.handler = handler
         self.served = 0
         self.refused = 0
+        self.errors = 0
+        self.last_error: str | None = None
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -100,6 +102,13 @@ class ControlServer:
                     self._one(conn)
                 except OSError:
                     pass  # the client went away; nothing to answer
+                except Exception as exc:  # noqa: BLE001 - a bug in one answer must not close the socket for good
+                    self.errors += 1
+                    self.last_error = f"{type(exc).__name__}: {exc}"
+                    try:
+                        conn.sendall(json.dumps({"error": f"internal error: {self.last_error}"}).encode() + b"\n")
+                    except OSError:
+                        pass
 
     def _one(self, conn: socket.socket) -> None:
         creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
@@ -115,8 +124,10 @@ class ControlServer:
             if not chunk:
                 break
             buf += chunk
+        if not buf.strip():
+            return  # a connect-and-close (e.g. a liveness check)
         try:
-            req = json.loads(buf.split(b"\n", 1)[0] or b"{}")
+            req = json.loads(buf.split(b"\n", 1)[0])
             if not isinstance(req, dict):
                 raise ValueError("not an object")
             answer = self.handler(req)

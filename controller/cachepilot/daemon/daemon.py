@@ -606,7 +606,7 @@ class Daemon:
                 "latched": bool(getattr(c, "latched", False)),
                 "pending": [a.line() for a in pend], "retries": len(v.retries),
                 "promo_queue": len(c.promo_queue), "believed_cached": len(c.cached),
-                "discard_pending_blocks": c.freed.pending_blocks(), "held_switches": c.held_switches,
+                "discard_pending_blocks": c.freed.pending_blocks, "held_switches": c.held_switches,
             })
         d = self.drops
         self.snapshot = {
