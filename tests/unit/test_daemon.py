@@ -446,3 +446,24 @@ def test_sigterm_path_restores_every_backend(rig: Rig) -> None:
     rig.d.shutdown()
     assert b.restored == 1 and b.knobs["writeback_percent"] == "10"
     assert (rig.tmp / "st" / "state.json").exists() and not (rig.tmp / "ctl.sock").exists()
+
+
+# ---------------------------------------------------------------------------------------------- sd_notify
+def test_notify_never_blocks_on_a_receiver_that_does_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    from cachepilot.daemon.notify import Notifier
+
+    rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    rx.bind(str(tmp_path / "n.sock"))
+    monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "n.sock"))
+    n = Notifier()
+    n.ready("up")
+    t0 = time.monotonic()
+    for _ in range(200):  # far more than the receiver's queue holds
+        n.watchdog()
+    assert time.monotonic() - t0 < 1.0 and n.dropped > 0
+    assert rx.recv(4096).decode().startswith("READY=1\nSTATUS=up\nMAINPID=")
+    rx.close()
+    monkeypatch.delenv("NOTIFY_SOCKET")
+    assert Notifier()._sock is None

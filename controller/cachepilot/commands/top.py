@@ -21,7 +21,7 @@ def table(answer: dict[str, Any]) -> Any:
         t = Table(title=Text(f"{v['name']} ({v['dev']}) {v['mountpoint'] or ''}"), title_justify="left")
         for col, just in (("SCORE", "right"), ("READ", "right"), ("WRITE", "right"), ("SIZE", "right"),
                           ("IDLE", "right"), ("INODE", "right"), ("FILE", "left")):
-            t.add_column(col, justify=just)  # type: ignore[arg-type]
+            t.add_column(col, justify=just, overflow="fold")  # type: ignore[arg-type]  # never hide a name
         for f in v["files"]:
             idle = max(0.0, (now - f["last_ns"]) / 1e9) if f["last_ns"] else 0.0
             t.add_row(str(f["score"]), str(f["read_score"]), str(f["write_score"]),

@@ -45,7 +45,7 @@ NS = 1_000_000_000
 MAX_RETRIES = 5
 BACKOFF_MAX_S = 60.0
 TOP_K = 25
-TOP_EVERY_S = 5.0
+TOP_EVERY_S = 2.0
 DECISIONS_KEPT = 1000
 
 Discover = Callable[[], tuple[list[volumes.Found], list[str]]]
@@ -445,6 +445,8 @@ class Daemon:
         self.decisions.append(d)
         line = out.line() + (f" [{d['detail']}]" if d["detail"] else "")
         level = logging.WARNING if out.status == FAILED and err is not None else logging.INFO
+        if v is not None and v.observe_only:
+            level = logging.DEBUG  # what it would do on a volume it only observes: explain shows it
         log.log(level, "%s%s", "DRY RUN " if out.dry_run else "", line)
         return d
 
