@@ -13,14 +13,17 @@ import re
 import stat
 import subprocess
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from cachepilot.backends.dmstatus import StatusParseError, parse_dm_cache_status, parse_dm_writecache_status
-from cachepilot.errors import UserError
+from cachepilot.backends.kernelio import read_attr, run_dmsetup
+from cachepilot.errors import DeviceGone, RetryLater, UserError
 from cachepilot.events import kdev_from_st_dev, kdev_major_minor
 from cachepilot.models.volume import VolumeInfo, VolumeSample
 
 SYS_BLOCK = Path("/sys/block")
+DmRunner = Callable[[Sequence[str], float], str]  # the same shape as backends.base.DmRunner
 KIND_BCACHE, KIND_DMCACHE, KIND_WRITECACHE = "bcache", "dm-cache", "dm-writecache"
 
 _HPRINT = re.compile(r"^(-?[0-9]+(?:\.[0-9]+)?)([kMGTPEZY]?)$")
@@ -36,25 +39,20 @@ def parse_bcache_size(text: str) -> int:
 
 
 def _read(path: Path) -> str:
+    return read_attr(path)
+
+
+def _dm_reporting(args: Sequence[str], timeout: float) -> str:
+    """The default runner here: inspect's callers (record, describe) report a dmsetup that does not answer
+    as a problem; backends pass their own runner and retry instead."""
     try:
-        return path.read_text().strip()
-    except FileNotFoundError:
-        raise UserError(f"{path} vanished: the device went away") from None
-    except OSError as exc:
-        raise UserError(f"{path}: {exc.strerror}") from None
+        return run_dmsetup(args, timeout)
+    except RetryLater as exc:
+        raise UserError(str(exc)) from None
 
 
 def _dmsetup(*args: str) -> str:
-    try:
-        r = subprocess.run(["dmsetup", *args], capture_output=True, text=True, timeout=10,
-                           env={**os.environ, "DM_DISABLE_UDEV": "1"})
-    except FileNotFoundError:
-        raise UserError("dmsetup is not installed (package dmsetup)") from None
-    except subprocess.TimeoutExpired:
-        raise UserError(f"dmsetup {' '.join(args)} did not answer within 10 s") from None
-    if r.returncode != 0:
-        raise UserError(f"dmsetup {' '.join(args)} failed: {r.stderr.strip() or r.returncode}")
-    return r.stdout.strip()
+    return _dm_reporting(args, 10.0)
 
 
 def block_name(dev_path: str) -> tuple[str, int]:
@@ -146,11 +144,14 @@ def describe_volume(dev_path: str) -> VolumeInfo:
     )
 
 
-def sample_volume(info: VolumeInfo) -> VolumeSample:
-    """One reading of the volume's state. Counters are cumulative, as the engine expects."""
-    now = time.monotonic_ns()
+def sample_volume(info: VolumeInfo, *, sysfs_root: Path = Path("/sys"), dm: DmRunner = _dm_reporting,
+                  now_ns: int | None = None) -> VolumeSample:
+    """One reading of the volume's state. Counters are cumulative, as the engine expects. DeviceGone when the
+    volume's sysfs or dm node vanished."""
+    now = time.monotonic_ns() if now_ns is None else now_ns
+    sys_block = sysfs_root / "block"
     if info.kind == KIND_BCACHE:
-        sysfs = SYS_BLOCK / info.name / "bcache"
+        sysfs = sys_block / info.name / "bcache"
         mode_line = _read(sysfs / "cache_mode")
         mode = next((w.strip("[]") for w in mode_line.split() if w.startswith("[")), mode_line)
         attached = (sysfs / "cache").exists()
@@ -158,7 +159,7 @@ def sample_volume(info: VolumeInfo) -> VolumeSample:
         if attached:
             try:
                 errors = int(_read(sysfs / "cache" / "cache0" / "io_errors"))
-            except UserError:
+            except DeviceGone:
                 attached = False  # the cache set went away between the two reads
         return VolumeSample(
             dev=info.dev, ts_ns=now, mode=mode, dirty_bytes=parse_bcache_size(_read(sysfs / "dirty_data")),
@@ -167,8 +168,8 @@ def sample_volume(info: VolumeInfo) -> VolumeSample:
             io_errors=errors, failed=not attached,
             knobs={k: _read(sysfs / k) for k in ("sequential_cutoff", "writeback_percent")},
         )
-    dm_name = _read(SYS_BLOCK / info.name / "dm" / "name")
-    line = _dmsetup("status", dm_name)
+    dm_name = _read(sys_block / info.name / "dm" / "name")
+    line = dm(("status", dm_name), 10.0)
     try:
         if info.kind == KIND_DMCACHE:
             s = parse_dm_cache_status(line)

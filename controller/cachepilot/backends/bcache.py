@@ -1,0 +1,147 @@
+"""bcache: one instance per /dev/bcacheN, through its sysfs (``block/bcacheN/bcache`` and its cache set).
+
+What the kernel does (drivers/md/bcache/sysfs.c, writeback.c, 6.1): writing ``cache_mode`` only rewrites the
+superblock — dirty data stays dirty and drains at the write-back controller's pace. So every switch that must
+not leave dirty data behind drains first: ``writeback_percent`` 0 (no throttling) until ``dirty_data`` is 0 and
+``state`` is clean, then the old percent is put back. The write-back thread also sleeps ``writeback_delay``
+(default 30 s) after every full scan of the dirty keys, and that sleep is not cut short by any sysfs write: a
+drain sets it to 0 for its duration, and a policy that needs quick drains pins it low.
+writeback→writethrough switches the mode first (so no new dirty data appears and the drain converges under
+load), then drains; bypass (``none``) is written only once the cache is clean, from writethrough.
+Sizes in sysfs are human-readable (``4.0M``); a read-back is compared at the precision it is printed with.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cachepilot.backends.capabilities import BYPASS, KIND_BCACHE, WRITEBACK, WRITETHROUGH, Knob
+from cachepilot.backends.inspect import parse_bcache_size, sample_volume
+from cachepilot.backends.kernelio import read_attr, write_attr
+from cachepilot.backends.operation import Operation, OperationBackend, Setting
+from cachepilot.engine.actions import Drain, SetKnob, SetWritePolicy
+from cachepilot.errors import KernelRejected, UserError
+from cachepilot.models.volume import VolumeSample
+
+_UNIT = {"": 1, "k": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+# Knobs that live on the cache set rather than on the backing device.
+_CSET_KNOBS = frozenset({"congested_read_threshold_us", "congested_write_threshold_us"})
+
+
+def bracketed(line: str) -> str:
+    """``writethrough [writeback] writearound none`` -> ``writeback``."""
+    return next((w.strip("[]") for w in line.split() if w.startswith("[")), line.strip())
+
+
+def size_matches(readback: str, wanted: str) -> bool:
+    """bcache prints sizes rounded (``4.0M``): equal within one unit of the last printed digit."""
+    try:
+        got, want = parse_bcache_size(readback), int(wanted)
+    except (UserError, ValueError):
+        return readback == wanted
+    text = readback.strip()
+    unit = _UNIT.get(text[-1], 1) if text and not text[-1].isdigit() else 1
+    step = unit // 10 if "." in text else unit
+    return abs(got - want) <= max(step, 0)
+
+
+class BcacheBackend(OperationBackend):
+    kind = KIND_BCACHE
+
+    @property
+    def dir(self) -> Path:
+        return self.sysfs_root / "block" / self.info.name / "bcache"
+
+    def sample(self, now_ns: int) -> VolumeSample:
+        return sample_volume(self.info, sysfs_root=self.sysfs_root, dm=self.dmsetup, now_ns=now_ns)
+
+    # -------------------------------------------------------------- settings
+    def _attr(self, name: str, base: Path | None = None) -> Setting:
+        path = (base or self.dir) / name
+        return Setting(f"{self.info.name} {name}", lambda: read_attr(path), lambda v: write_attr(path, v))
+
+    def mode_setting(self) -> Setting:
+        path = self.dir / "cache_mode"
+        return Setting(f"{self.info.name} cache_mode", lambda: bracketed(read_attr(path)),
+                       lambda v: write_attr(path, v))
+
+    def knob_setting(self, knob: Knob) -> Setting:
+        name = knob.name
+        base = self.dir / "cache" if name in _CSET_KNOBS else self.dir
+        path = base / name
+        target = f"{self.info.name} {name}"
+        if name == "writeback_rate":  # read as bytes/s (human), written in sectors/s
+            return Setting(target, lambda: str(parse_bcache_size(read_attr(path))),
+                           lambda v: write_attr(path, str(max(1, int(v) // 512))),
+                           lambda rb, want: abs(int(rb) - int(want)) <= max(512, int(want) // 10))
+        if knob.type == "size":
+            return Setting(target, lambda: read_attr(path), lambda v: write_attr(path, v), size_matches)
+        return self._attr(name, base)
+
+    def dirty_bytes(self) -> int:
+        return parse_bcache_size(read_attr(self.dir / "dirty_data"))
+
+    def clean(self) -> bool:
+        """No dirty data and the superblock says clean (or there is no cache at all)."""
+        return self.dirty_bytes() == 0 and read_attr(self.dir / "state") in ("clean", "no cache")
+
+    # -------------------------------------------------------------- operations
+    def _start(self, op: Operation) -> bool:
+        a = op.action
+        if isinstance(a, SetKnob):
+            knob = self.caps.knobs().get(a.knob)
+            if knob is None:
+                raise KernelRejected(f"bcache has no knob {a.knob!r}")
+            op.put(self.knob_setting(knob), str(knob.parse(a.value)), a.reason)
+            return True
+        if isinstance(a, Drain):
+            return self._begin_drain(op, a.reason)
+        assert isinstance(a, SetWritePolicy)
+        if a.mode not in self.caps.modes:
+            raise KernelRejected(f"bcache has no write mode {a.mode!r}")
+        kernel_mode = self.caps.kernel_mode_names[a.mode]
+        mode = self.mode_setting()
+        if a.mode == WRITEBACK:
+            op.put(mode, kernel_mode, a.reason)
+            return True
+        current = mode.get()
+        if a.mode == WRITETHROUGH or current == "writeback":
+            # Stop new dirty data first: in writethrough every write goes to the backing device.
+            op.put(mode, "writethrough", a.reason if a.mode == WRITETHROUGH else f"{a.reason} (clean first)")
+        if self._begin_drain(op, a.reason):
+            return self._finish_switch(op)
+        return False
+
+    def _begin_drain(self, op: Operation, reason: str) -> bool:
+        if self.clean():
+            op.phase = "clean"
+            return True
+        op.phase = "draining"
+        op.save(self._attr("writeback_running"), "1", f"drain: {reason}")
+        # No sleep after each full scan of the dirty keys (a sleep already begun cannot be cut short:
+        # pin writeback_delay low in the policy where drains must be quick).
+        op.save(self._attr("writeback_delay"), "0", f"drain: {reason}")
+        op.save(self._attr("writeback_percent"), "0", f"drain: {reason}")
+        return False
+
+    def _advance(self, op: Operation, now_ns: int) -> bool:
+        if not self.clean():
+            return False
+        self._put_back(op, f"drained: {op.action.reason}")
+        op.phase = "clean"
+        if isinstance(op.action, SetWritePolicy):
+            return self._finish_switch(op)
+        return True
+
+    def _finish_switch(self, op: Operation) -> bool:
+        """The cache is clean: write the target mode (bypass only now), then verify mode and cleanliness."""
+        a = op.action
+        assert isinstance(a, SetWritePolicy)
+        want = self.caps.kernel_mode_names[a.mode]
+        if a.mode == BYPASS:
+            op.put(self.mode_setting(), want, a.reason)
+        if not op.dry_run and (self.mode_setting().get() != want or not self.clean()):
+            raise KernelRejected(f"{self.info.name}: not {want} and clean after the switch")
+        op.phase = f"{want}, clean"
+        return True

@@ -1,0 +1,220 @@
+"""dm-cache: one instance per dm ``cache`` target, through ``dmsetup`` (table, status, message, reload).
+
+What the kernel does (drivers/md/dm-cache-target.c, 6.1): the table line is the constructor's arguments
+(``<meta> <cache> <origin> <block> <#features> <features> <policy> <#args> <args>``); the io mode and the policy
+change only by a table reload (``dmsetup reload`` + ``suspend`` + ``resume``). A failed reload leaves the old
+table live: it is checked with ``dmsetup table``. A reload to writethrough leaves dirty blocks dirty, so
+dirty blocks are drained with the ``cleaner`` policy (it writes back every dirty block and promotes nothing) and
+the previous policy is put back once ``dirty`` reads 0. passthrough is loaded only from a clean cache, after a
+writethrough drain. ``migration_threshold`` changes live by message; reloads carry its live value along.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cachepilot.backends.capabilities import BYPASS, KIND_DMCACHE, WRITEBACK
+from cachepilot.backends.dmstatus import DmCacheStatus, StatusParseError, parse_dm_cache_status
+from cachepilot.backends.inspect import sample_volume
+from cachepilot.backends.kernelio import read_attr
+from cachepilot.backends.operation import Operation, OperationBackend, Setting
+from cachepilot.engine.actions import Drain, SetKnob, SetWritePolicy
+from cachepilot.errors import DeviceGone, KernelRejected
+from cachepilot.models.volume import VolumeSample
+
+_IO_MODES = ("writeback", "writethrough", "passthrough")
+
+
+@dataclass(frozen=True)
+class CacheTable:
+    """A dm-cache table line, split into what a reload may change (mode, policy, policy args) and the rest."""
+
+    head: tuple[str, ...]  # start, length, "cache", meta, cache, origin, block size
+    features: tuple[str, ...]
+    policy: str
+    policy_args: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, line: str) -> CacheTable:
+        f = line.split()
+        try:
+            if f[2] != "cache":
+                raise KernelRejected(f"not a dm-cache table: {line!r}")
+            n = int(f[7])
+            features = tuple(f[8:8 + n])
+            policy = f[8 + n]
+            m = int(f[9 + n])
+            args = tuple(f[10 + n:10 + n + m])
+        except (IndexError, ValueError):
+            raise KernelRejected(f"dm-cache table line not understood: {line!r}") from None
+        if len(args) != m:
+            raise KernelRejected(f"dm-cache table line ends early: {line!r}")
+        return cls(tuple(f[:7]), features, policy, args)
+
+    @property
+    def mode(self) -> str:
+        return next((x for x in self.features if x in _IO_MODES), "writethrough")
+
+    def with_(self, *, mode: str | None = None, policy: str | None = None,
+              policy_args: tuple[str, ...] | None = None) -> CacheTable:
+        features = self.features
+        if mode is not None:
+            features = tuple(x for x in features if x not in _IO_MODES) + (mode,)
+        return CacheTable(self.head, features, policy or self.policy,
+                          self.policy_args if policy_args is None else policy_args)
+
+    def line(self) -> str:
+        return " ".join((*self.head, str(len(self.features)), *self.features, self.policy,
+                         str(len(self.policy_args)), *self.policy_args))
+
+    def same_config(self, other: CacheTable) -> bool:
+        return (self.mode, self.policy, sorted(self.features)) == (other.mode, other.policy, sorted(other.features))
+
+
+def _with_arg(args: tuple[str, ...], key: str, value: str) -> tuple[str, ...]:
+    pairs = dict(zip(args[::2], args[1::2], strict=False))
+    pairs[key] = value
+    return tuple(x for kv in pairs.items() for x in kv)
+
+
+class DmCacheBackend(OperationBackend):
+    kind = KIND_DMCACHE
+
+    @property
+    def dm_name(self) -> str:
+        return read_attr(self.sysfs_root / "block" / self.info.name / "dm" / "name")
+
+    def sample(self, now_ns: int) -> VolumeSample:
+        return sample_volume(self.info, sysfs_root=self.sysfs_root, dm=self.dmsetup, now_ns=now_ns)
+
+    def status(self) -> DmCacheStatus:
+        line = self.dmsetup(("status", self.dm_name))
+        try:
+            s = parse_dm_cache_status(line)
+        except StatusParseError as exc:
+            raise KernelRejected(f"dmsetup status {self.dm_name}: {exc}") from None
+        if s.failed:
+            raise DeviceGone(f"{self.dm_name}: dm-cache reports Fail (its cache device failed)")
+        return s
+
+    def table(self) -> CacheTable:
+        return CacheTable.parse(self.dmsetup(("table", self.dm_name)))
+
+    # -------------------------------------------------------------- settings
+    def table_setting(self, what: str) -> Setting:
+        """The table as one setting: value = 'mode/policy'. A reload with the live migration_threshold."""
+        name = self.dm_name
+
+        def get() -> str:
+            t = self.table()
+            return f"{t.mode}/{t.policy}"
+
+        def put(value: str) -> None:
+            mode, policy = value.split("/")
+            old = self.table()
+            args = old.policy_args if policy == old.policy else tuple(
+                x for kv in zip(old.policy_args[::2], old.policy_args[1::2], strict=False)
+                if kv[0] == "migration_threshold" for x in kv)  # core args only; a policy's own are its own
+            live = self.status().core_args.get("migration_threshold")
+            if live is not None:
+                args = _with_arg(args, "migration_threshold", live)
+            new = old.with_(mode=mode, policy=policy, policy_args=args)
+            self.reload(new, old)
+
+        return Setting(f"{name} table ({what})", get, put)
+
+    def reload(self, new: CacheTable, old: CacheTable) -> None:
+        """reload + suspend + resume. If the reload is refused the old table is still live (checked)."""
+        name = self.dm_name
+        try:
+            self.dmsetup(("reload", name, "--table", new.line()))
+        except KernelRejected:
+            live = self.table()
+            if not live.same_config(old):
+                raise KernelRejected(f"{name}: reload refused and the live table changed: {live.line()}") from None
+            raise
+        try:
+            self.dmsetup(("suspend", name), 60.0)
+        except Exception:
+            self.dmsetup(("clear", name))  # drop the inactive table; the old one stays live
+            raise
+        self.dmsetup(("resume", name), 60.0)
+
+    def migration_threshold_setting(self) -> Setting:
+        name = self.dm_name
+        return Setting(f"{name} migration_threshold",
+                       lambda: self.status().core_args.get("migration_threshold", ""),
+                       lambda v: self._message("migration_threshold", v))
+
+    def _message(self, *words: str) -> None:
+        self.dmsetup(("message", self.dm_name, "0", *words))
+
+    # -------------------------------------------------------------- operations
+    def _start(self, op: Operation) -> bool:
+        a = op.action
+        if isinstance(a, SetKnob):
+            knob = self.caps.knobs().get(a.knob)
+            if knob is None:
+                raise KernelRejected(f"dm-cache has no knob {a.knob!r}")
+            op.put(self.migration_threshold_setting(), str(knob.parse(a.value)), a.reason)
+            return True
+        t = self.table()
+        # A cleaner left live (a daemon that died mid-drain) is not a policy to go back to.
+        op.data["policy"] = t.policy if t.policy != "cleaner" else "smq"
+        op.data["mode"] = t.mode
+        if isinstance(a, Drain):
+            return self._begin_drain(op, t.mode, a.reason)
+        assert isinstance(a, SetWritePolicy)
+        if a.mode not in self.caps.modes:
+            raise KernelRejected(f"dm-cache has no write mode {a.mode!r}")
+        if a.mode == WRITEBACK:
+            op.put(self.table_setting("mode"), f"writeback/{op.data['policy']}", a.reason)
+            return True
+        # writethrough or passthrough: first writethrough (no new dirty blocks), drained with the cleaner.
+        op.data["mode"] = "writethrough"
+        if self._begin_drain(op, "writethrough", a.reason):
+            return self._finish_switch(op)
+        return False
+
+    def _begin_drain(self, op: Operation, mode: str, reason: str) -> bool:
+        """Load ``mode`` (with the cleaner policy while dirty blocks remain); True if already clean."""
+        if self.status().dirty_blocks == 0:
+            if self.table().mode != mode:
+                op.put(self.table_setting("mode"), f"{mode}/{op.data['policy']}", reason)
+            op.phase = "clean"
+            return True
+        op.phase = "cleaning"
+        op.put(self.table_setting("cleaner"), f"{mode}/cleaner", f"drain: {reason}")
+        op.data["cleaner"] = "1"
+        return False
+
+    def _advance(self, op: Operation, now_ns: int) -> bool:
+        if self.status().dirty_blocks:
+            return False
+        self._end_cleaner(op, f"drained: {op.action.reason}")
+        op.phase = "clean"
+        if isinstance(op.action, SetWritePolicy):
+            return self._finish_switch(op)
+        return True
+
+    def _end_cleaner(self, op: Operation, reason: str) -> None:
+        if op.data.pop("cleaner", None):
+            op.put(self.table_setting("policy"), f"{op.data['mode']}/{op.data['policy']}", reason)
+
+    def _undo(self, op: Operation) -> None:
+        self._end_cleaner(op, f"undo {op.action.kind}")
+
+    def _finish_switch(self, op: Operation) -> bool:
+        a = op.action
+        assert isinstance(a, SetWritePolicy)
+        want = self.caps.kernel_mode_names[a.mode]
+        if a.mode == BYPASS:
+            op.put(self.table_setting("mode"), f"passthrough/{op.data['policy']}", a.reason)
+        if not op.dry_run:
+            s, t = self.status(), self.table()
+            if s.dirty_blocks or t.mode != want:
+                raise KernelRejected(f"{self.dm_name}: {t.mode} with {s.dirty_blocks} dirty blocks after "
+                                     f"switching to {want}")
+        op.phase = f"{want}, clean"
+        return True
+

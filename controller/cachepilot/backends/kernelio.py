@@ -1,0 +1,92 @@
+"""The two ways a backend talks to the kernel — sysfs files and ``dmsetup`` — with every failure classified.
+
+One place turns an errno (or what dmsetup printed) into an error class the daemon can act on:
+EINVAL/ERANGE/EOPNOTSUPP → :class:`KernelRejected` (a config problem: not retried until the input changes),
+ENOENT/ENODEV/ENXIO → :class:`DeviceGone`, EBUSY/EAGAIN/EINTR and time-outs → :class:`RetryLater`.
+Each classified error is counted in an :class:`ErrorCounts`, which the backend owns and the exporter reads.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+from cachepilot.errors import CachepilotError, DeviceGone, KernelRejected, RetryLater, UserError
+
+_REJECTED = {errno.EINVAL, errno.ERANGE, errno.EOPNOTSUPP, errno.EPERM, errno.EACCES, errno.EROFS}
+_GONE = {errno.ENOENT, errno.ENODEV, errno.ENXIO}
+_RETRY = {errno.EBUSY, errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT}
+
+# What dmsetup prints (libdevmapper's strerror of the ioctl's errno), by class.
+_DM_GONE = ("No such device", "Device does not exist", "No such file or directory")
+_DM_RETRY = ("Device or resource busy", "Resource temporarily unavailable")
+
+
+class ErrorCounts(Counter[str]):
+    """Classified errors by kind ("rejected", "gone", "retry", "config"), cumulative."""
+
+    def count(self, exc: CachepilotError) -> CachepilotError:
+        self[exc.kind] += 1
+        return exc
+
+
+def classify_errno(code: int | None, what: str) -> CachepilotError:
+    text = f"{what}: {os.strerror(code) if code else 'failed'}"
+    if code in _GONE:
+        return DeviceGone(text)
+    if code in _RETRY:
+        return RetryLater(text)
+    if code in _REJECTED:
+        return KernelRejected(text)
+    return KernelRejected(text)  # an unexpected errno is still a refusal of this write, not a reason to retry
+
+
+def read_attr(path: Path) -> str:
+    """One sysfs attribute, stripped; DeviceGone / RetryLater / KernelRejected on failure."""
+    try:
+        return path.read_text().strip()
+    except OSError as exc:
+        raise classify_errno(exc.errno, f"read {path}") from None
+
+
+def write_attr(path: Path, value: str) -> None:
+    """Write one sysfs attribute in a single write(2), as sysfs expects."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC)  # as a shell redirect does; sysfs ignores the truncate
+    except OSError as exc:
+        raise classify_errno(exc.errno, f"open {path}") from None
+    try:
+        os.write(fd, value.encode())
+    except OSError as exc:
+        raise classify_errno(exc.errno, f"write {value!r} to {path}") from None
+    finally:
+        os.close(fd)
+
+
+def run_dmsetup(args: Sequence[str], timeout: float) -> str:
+    """The real :data:`~cachepilot.backends.base.DmRunner`: ``dmsetup ARGS`` as an argument vector, never a
+    shell, without udev (the daemon does not wait for udev cookies), bounded by ``timeout`` seconds."""
+    argv = ["dmsetup", *args]
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                           env={**os.environ, "DM_DISABLE_UDEV": "1"})
+    except FileNotFoundError:
+        raise UserError("dmsetup is not installed (package dmsetup)") from None
+    except subprocess.TimeoutExpired:
+        raise RetryLater(f"dmsetup {' '.join(args)} did not answer within {timeout:g} s") from None
+    if r.returncode != 0:
+        raise classify_dmsetup(args, r.stderr.strip() or f"exit status {r.returncode}")
+    return r.stdout.strip()
+
+
+def classify_dmsetup(args: Sequence[str], stderr: str) -> CachepilotError:
+    text = f"dmsetup {' '.join(args)} failed: {stderr.splitlines()[-1] if stderr else 'no message'}"
+    if any(s in stderr for s in _DM_GONE):
+        return DeviceGone(text)
+    if any(s in stderr for s in _DM_RETRY):
+        return RetryLater(text)
+    return KernelRejected(text)

@@ -1,0 +1,212 @@
+"""The machinery every backend shares: declared settings (a get/set pair per knob, tuned's shape) and
+long-running operations (drains, drain-then-switch) advanced tick by tick.
+
+A :class:`Setting` reads its current value, writes a new one, reads it back and compares the normalised
+read-back with what was asked; :func:`put_setting` logs each change with its reason and the previous value, and a
+dry run returns the write it would make, writing nothing. An :class:`Operation` is a control action in progress:
+it holds the writes made so far and the settings it saved, so that a failure, a missed deadline or ``restore()``
+puts them back and never leaves a half-applied change.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cachepilot.backends.base import DONE, FAILED, PENDING, Backend, ControlAction, DmRunner, Outcome, Write
+from cachepilot.backends.kernelio import ErrorCounts, run_dmsetup
+from cachepilot.engine.actions import Drain
+from cachepilot.errors import CachepilotError, KernelRejected, RetryLater
+from cachepilot.models.volume import VolumeInfo
+
+log = logging.getLogger("cachepilot.backends")
+
+DRY = "(dry run)"
+
+
+def _same(readback: str, wanted: str) -> bool:
+    return readback == wanted
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One control knob of one volume: ``get`` returns the current value in normal form, ``put`` writes a value
+    (already in the form the kernel takes), ``matches(readback, wanted)`` says whether the write took."""
+
+    target: str  # "bcache0 cache_mode", "lab-cached migration_threshold" — names only, never from events
+    get: Callable[[], str]
+    put: Callable[[str], None]
+    matches: Callable[[str, str], bool] = _same
+
+
+def put_setting(s: Setting, value: str, reason: str, *, dry_run: bool) -> Write:
+    """Save the old value, write, read back, compare, log. KernelRejected if the read-back differs."""
+    before = s.get()
+    if dry_run:
+        log.info("%s: would write %s (now %s): %s", s.target, value, before, reason)
+        return Write(s.target, before, value, DRY)
+    if s.matches(before, value):
+        log.info("%s: already %s: %s", s.target, before, reason)
+        return Write(s.target, before, value, before)
+    s.put(value)
+    readback = s.get()
+    if not s.matches(readback, value):
+        raise KernelRejected(f"{s.target}: wrote {value!r}, reads back {readback!r} (was {before!r})")
+    log.info("%s: %s -> %s (read back %s): %s", s.target, before, value, readback, reason)
+    return Write(s.target, before, value, readback)
+
+
+@dataclass
+class Operation:
+    """A control action in progress. ``phase`` is the backend's own state name; ``saved`` are the settings to
+    put back (with their old values) when the operation ends, in any way."""
+
+    action: ControlAction
+    deadline_ns: int
+    phase: str
+    dry_run: bool = False
+    writes: list[Write] = field(default_factory=list)
+    saved: list[tuple[Setting, str]] = field(default_factory=list)
+    retry_at_ns: int = 0
+    retries: int = 0
+    data: dict[str, str] = field(default_factory=dict)
+
+    def save(self, s: Setting, value: str, reason: str) -> Write:
+        """Write ``value`` now, remembering the old value to put back when the operation ends."""
+        w = put_setting(s, value, reason, dry_run=self.dry_run)
+        self.writes.append(w)
+        if not self.dry_run:
+            self.saved.append((s, w.before))
+        return w
+
+    def put(self, s: Setting, value: str, reason: str) -> Write:
+        w = put_setting(s, value, reason, dry_run=self.dry_run)
+        self.writes.append(w)
+        return w
+
+
+class OperationBackend(Backend):
+    """Backend whose actions may take several ticks. Subclasses implement :meth:`_start` (first writes; returns
+    the finished Outcome or an Operation) and :meth:`_advance` (True when the operation is complete)."""
+
+    default_timeout_s = 600.0  # how long a mode switch may spend draining before it is reported as failed
+    max_backoff_ns = 30_000_000_000
+
+    def __init__(self, info: VolumeInfo, *, sysfs_root: Path = Path("/sys"), dm: DmRunner | None = None,
+                 clock: Callable[[], int] = time.monotonic_ns) -> None:
+        super().__init__(info, sysfs_root=sysfs_root, dm=dm if dm is not None else run_dmsetup)
+        self.errors = ErrorCounts()
+        self.clock = clock
+        self._ops: list[Operation] = []
+
+    # -------------------------------------------------------------- the contract
+    def apply(self, action: ControlAction, *, dry_run: bool = False) -> Outcome:
+        if action.volume not in (self.info.name, self.volume_label):
+            return self._failed(action, dry_run, [], KernelRejected(
+                f"{action.kind} for volume {action.volume!r} sent to the backend of {self.info.name}"))
+        if any(op.action.volume == action.volume and not op.dry_run for op in self._ops) and not dry_run:
+            return self._failed(action, dry_run, [], RetryLater(
+                f"{self.info.name}: another operation is in progress ({self._ops[0].action.line()})"))
+        deadline = action.deadline_ns if isinstance(action, Drain) else \
+            self.clock() + int(self.default_timeout_s * 1e9)
+        op = Operation(action, deadline, phase="start", dry_run=dry_run)
+        try:
+            if self._start(op):
+                return self._finish(op)
+        except CachepilotError as exc:
+            return self._abandon(op, exc)
+        if dry_run:
+            return Outcome(action, PENDING, True, tuple(op.writes), detail=f"would wait: {op.phase}")
+        self._ops.append(op)
+        return Outcome(action, PENDING, False, tuple(op.writes), detail=op.phase)
+
+    def step(self, now_ns: int) -> list[Outcome]:
+        out: list[Outcome] = []
+        for op in list(self._ops):
+            if now_ns < op.retry_at_ns:
+                continue
+            try:
+                finished = self._advance(op, now_ns)
+            except RetryLater as exc:
+                self.errors.count(exc)
+                op.retries += 1
+                op.retry_at_ns = now_ns + min(self.max_backoff_ns, 250_000_000 << min(op.retries, 7))
+                log.warning("%s: %s (retry %d)", self.info.name, exc, op.retries)
+                finished = False
+            except CachepilotError as exc:
+                self._ops.remove(op)
+                out.append(self._abandon(op, exc))
+                continue
+            if finished:
+                self._ops.remove(op)
+                out.append(self._finish(op))
+            elif now_ns > op.deadline_ns:
+                self._ops.remove(op)
+                out.append(self._abandon(op, RetryLater(
+                    f"{self.info.name}: {op.action.kind} missed its deadline in phase {op.phase}")))
+        return out
+
+    def pending(self) -> list[ControlAction]:
+        return [op.action for op in self._ops]
+
+    def restore(self) -> list[Outcome]:
+        out = [self._abandon(op, None) for op in self._ops]
+        self._ops.clear()
+        return out
+
+    # -------------------------------------------------------------- helpers
+    def dmsetup(self, args: Sequence[str], timeout: float = 10.0) -> str:
+        assert self.dm is not None
+        return self.dm(args, timeout)
+
+    @property
+    def volume_label(self) -> str:
+        return self.info.name
+
+    def _finish(self, op: Operation) -> Outcome:
+        try:
+            self._put_back(op, "operation complete")
+        except CachepilotError as exc:
+            return self._failed(op.action, op.dry_run, op.writes, exc)
+        return Outcome(op.action, DONE, op.dry_run, tuple(op.writes), detail=op.phase)
+
+    def _abandon(self, op: Operation, exc: CachepilotError | None) -> Outcome:
+        """Put back what the operation saved; report it failed with ``exc`` (None: abandoned by restore)."""
+        undo_error: CachepilotError | None = None
+        try:
+            self._undo(op)
+            self._put_back(op, f"undo {op.action.kind}: {exc or 'abandoned'}")
+        except CachepilotError as e:
+            undo_error = e
+        detail = f"abandoned in phase {op.phase}" if exc is None else f"failed in phase {op.phase}"
+        if undo_error is not None:
+            detail += f"; putting back saved values failed too: {undo_error}"
+            self.errors.count(undo_error)
+        return self._failed(op.action, op.dry_run, op.writes, exc or undo_error, detail)
+
+    def _failed(self, action: ControlAction, dry_run: bool, writes: list[Write],
+                exc: CachepilotError | None, detail: str = "") -> Outcome:
+        if exc is not None:
+            self.errors.count(exc)
+            log.warning("%s: %s failed: %s", self.info.name, action.line(), exc)
+        return Outcome(action, FAILED, dry_run, tuple(writes), error=exc, detail=detail)
+
+    def _put_back(self, op: Operation, reason: str) -> None:
+        while op.saved:
+            s, before = op.saved.pop()
+            op.writes.append(put_setting(s, before, reason, dry_run=False))
+
+    def _undo(self, op: Operation) -> None:
+        """Kind-specific clean-up beyond saved settings (e.g. a dm-cache policy put back). Default: nothing."""
+
+    @abc.abstractmethod
+    def _start(self, op: Operation) -> bool:
+        """First writes of the action; True if it is already complete."""
+
+    @abc.abstractmethod
+    def _advance(self, op: Operation, now_ns: int) -> bool:
+        """One tick of a pending operation; True when complete. Raise to fail (RetryLater: try again later)."""

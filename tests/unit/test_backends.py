@@ -1,0 +1,372 @@
+"""Backends on fixture sysfs trees and a fake dmsetup: every write read back and logged, drains that wait for
+clean, switches that never bypass a dirty cache, failures classified and counted, nothing half-applied."""
+
+from __future__ import annotations
+
+import errno
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from cachepilot.backends import open_backend
+from cachepilot.backends.base import DONE, FAILED, PENDING
+from cachepilot.backends.bcache import BcacheBackend, size_matches
+from cachepilot.backends.dmcache import CacheTable, DmCacheBackend
+from cachepilot.backends.kernelio import classify_dmsetup, classify_errno
+from cachepilot.backends.writecache import WritecacheBackend, WritecacheTable
+from cachepilot.engine.actions import Drain, SetKnob, SetWritePolicy
+from cachepilot.errors import DeviceGone, KernelRejected, RetryLater
+from cachepilot.models.volume import VolumeInfo
+
+S = 1_000_000_000
+
+
+# ------------------------------------------------------------------ bcache on a fixture tree
+def bcache_tree(root: Path, *, mode: str = "writeback", dirty: str = "24.0M", state: str = "dirty") -> Path:
+    d = root / "block" / "bcache0" / "bcache"
+    (d / "stats_total").mkdir(parents=True)
+    cset = root / "fs" / "bcache" / "uuid"
+    (cset / "cache0").mkdir(parents=True)
+    (d / "cache").symlink_to(cset)
+    modes = " ".join(f"[{m}]" if m == mode else m for m in ("writethrough", "writeback", "writearound", "none"))
+    files = {"cache_mode": modes, "dirty_data": dirty, "state": state, "writeback_percent": "10",
+             "writeback_running": "1", "writeback_delay": "30", "sequential_cutoff": "4.0M", "writeback_rate": "4.0k",
+             "stats_total/cache_hits": "5", "stats_total/cache_misses": "7"}
+    for name, value in files.items():
+        (d / name).write_text(value + "\n")
+    (cset / "cache0" / "io_errors").write_text("0\n")
+    (cset / "congested_read_threshold_us").write_text("2000\n")
+    return d
+
+
+class FakeBcacheFile:
+    """Makes cache_mode behave like the kernel's: a written mode reads back bracketed."""
+
+    @staticmethod
+    def normalise(d: Path) -> None:
+        raw = (d / "cache_mode").read_text().strip()
+        if "[" not in raw:
+            modes = ("writethrough", "writeback", "writearound", "none")
+            (d / "cache_mode").write_text(" ".join(f"[{m}]" if m == raw else m for m in modes) + "\n")
+
+
+@pytest.fixture
+def bc(tmp_path, monkeypatch):
+    d = bcache_tree(tmp_path)
+    import cachepilot.backends.bcache as mod
+
+    real_write = mod.write_attr
+
+    def write(path: Path, value: str) -> None:
+        real_write(path, value)
+        if path.name == "cache_mode":
+            FakeBcacheFile.normalise(d)
+
+    monkeypatch.setattr(mod, "write_attr", write)
+    b = open_backend(VolumeInfo(dev=1, name="bcache0", kind="bcache"), sysfs_root=tmp_path)
+    assert isinstance(b, BcacheBackend)
+    return b, d
+
+
+def test_bcache_drain_waits_for_clean_then_puts_percent_back(bc, caplog):
+    b, d = bc
+    caplog.set_level(logging.INFO, "cachepilot.backends")
+    out = b.apply(Drain("bcache0", 10 * S, "age bound"))
+    assert out.status == PENDING
+    assert (d / "writeback_percent").read_text().strip() == "0"
+    assert [w.target for w in out.writes] == [
+        "bcache0 writeback_running", "bcache0 writeback_delay", "bcache0 writeback_percent"]
+    assert out.writes[2].before == "10" and out.writes[2].readback == "0"
+    assert "10 -> 0" in caplog.text and "age bound" in caplog.text
+    assert b.step(1 * S) == [] and b.pending() == [out.action]
+    (d / "dirty_data").write_text("0\n")
+    (d / "state").write_text("clean\n")
+    done = b.step(2 * S)
+    assert [o.status for o in done] == [DONE]
+    assert (d / "writeback_percent").read_text().strip() == "10"
+    assert (d / "writeback_delay").read_text().strip() == "30"
+    assert b.pending() == []
+
+
+def test_bcache_drain_missing_deadline_fails_and_restores(bc):
+    b, d = bc
+    b.apply(Drain("bcache0", 5 * S, "age bound"))
+    out = b.step(6 * S)
+    assert out[0].status == FAILED and isinstance(out[0].error, RetryLater)
+    assert "deadline" in str(out[0].error)
+    assert (d / "writeback_percent").read_text().strip() == "10"
+    assert b.errors["retry"] == 1
+
+
+def test_bcache_writethrough_switch_stops_new_dirt_then_drains(bc):
+    b, d = bc
+    out = b.apply(SetWritePolicy("bcache0", "writethrough", "destructive bound"))
+    assert out.status == PENDING
+    assert "[writethrough]" in (d / "cache_mode").read_text()
+    (d / "dirty_data").write_text("0\n")
+    (d / "state").write_text("clean\n")
+    [done] = b.step(1 * S)
+    assert done.status == DONE and done.detail == "writethrough, clean"
+    assert (d / "writeback_percent").read_text().strip() == "10"
+
+
+def test_bcache_bypass_only_once_clean(bc):
+    b, d = bc
+    out = b.apply(SetWritePolicy("bcache0", "bypass", "cache failing"))
+    assert out.status == PENDING
+    assert "[writethrough]" in (d / "cache_mode").read_text()  # never none while dirty
+    b.step(1 * S)
+    assert "[none]" not in (d / "cache_mode").read_text()
+    (d / "dirty_data").write_text("0\n")
+    (d / "state").write_text("clean\n")
+    [done] = b.step(2 * S)
+    assert done.status == DONE, done.line()
+    assert "[none]" in (d / "cache_mode").read_text()
+
+
+def test_bcache_dry_run_writes_nothing_but_says_what(bc):
+    b, d = bc
+    out = b.apply(SetWritePolicy("bcache0", "writethrough", "x"), dry_run=True)
+    assert out.dry_run and out.writes[0].value == "writethrough" and out.writes[0].readback == "(dry run)"
+    assert "[writeback]" in (d / "cache_mode").read_text()
+    assert (d / "writeback_percent").read_text().strip() == "10"
+    assert b.pending() == []
+
+
+def test_bcache_knobs_are_parsed_ranged_and_read_back(bc):
+    b, d = bc
+    out = b.apply(SetKnob("bcache0", "sequential_cutoff", "8MiB", "policy"))
+    assert out.status == DONE and (d / "sequential_cutoff").read_text().strip() == str(8 << 20)
+    out = b.apply(SetKnob("bcache0", "writeback_percent", "41", "policy"))
+    assert out.status == FAILED and "outside 0..40" in str(out.error)
+    out = b.apply(SetKnob("bcache0", "congested_read_threshold_us", "0", "policy"))
+    assert out.status == DONE
+    assert (d / "cache" / "congested_read_threshold_us").read_text().strip() == "0"
+    out = b.apply(SetKnob("bcache0", "migration_threshold", "1", "policy"))
+    assert out.status == FAILED and isinstance(out.error, KernelRejected)
+
+
+def test_bcache_write_not_read_back_is_rejected(bc, monkeypatch):
+    b, d = bc
+    import cachepilot.backends.bcache as mod
+    monkeypatch.setattr(mod, "write_attr", lambda path, value: None)  # the kernel ignores the write
+    out = b.apply(SetKnob("bcache0", "writeback_percent", "20", "policy"))
+    assert out.status == FAILED and "reads back '10'" in str(out.error)
+    assert b.errors["rejected"] == 1
+
+
+def test_bcache_vanishing_volume_is_device_gone(bc):
+    b, d = bc
+    (d / "dirty_data").unlink()
+    out = b.apply(Drain("bcache0", 10 * S, "x"))
+    assert out.status == FAILED and isinstance(out.error, DeviceGone)
+    assert b.errors["gone"] == 1
+
+
+def test_bcache_restore_puts_saved_values_back(bc):
+    b, d = bc
+    b.apply(Drain("bcache0", 10 * S, "x"))
+    [out] = b.restore()
+    assert out.status == FAILED and out.error is None and "abandoned" in out.detail
+    assert (d / "writeback_percent").read_text().strip() == "10"
+
+
+def test_bcache_sample_reads_the_tree(bc):
+    b, _ = bc
+    s = b.sample(123)
+    assert (s.mode, s.dirty_bytes, s.hits, s.misses, s.ts_ns) == ("writeback", 24 << 20, 5, 7, 123)
+
+
+@pytest.mark.parametrize("rb, want, ok", [("4.0M", str(4 << 20), True), ("8.0M", str(4 << 20), False),
+                                          ("512", "512", True), ("1.5k", "1536", True), ("1.5k", "4096", False)])
+def test_bcache_size_readback(rb, want, ok):
+    assert size_matches(rb, want) is ok
+
+
+# ------------------------------------------------------------------ a fake dmsetup
+class FakeDm:
+    """Just enough of dmsetup and the kernel: a live and an inactive table, dirty blocks, messages, failures."""
+
+    def __init__(self, table: str, dirty: int = 10) -> None:
+        self.live = table
+        self.inactive: str | None = None
+        self.dirty = dirty
+        self.calls: list[tuple[str, ...]] = []
+        self.fail: dict[str, str] = {}  # verb -> stderr
+        self.core = {"migration_threshold": "2048"}
+        self.used = 100
+
+    def __call__(self, args: Sequence[str], timeout: float) -> str:
+        args = tuple(args)
+        self.calls.append(args)
+        verb = args[0]
+        if verb in self.fail:
+            from cachepilot.backends.kernelio import classify_dmsetup
+            raise classify_dmsetup(args, self.fail[verb])
+        if verb == "table":
+            return self.live
+        if verb == "reload":
+            self.inactive = args[3]
+            return ""
+        if verb == "clear":
+            self.inactive = None
+            return ""
+        if verb == "resume" and self.inactive:
+            self.live, self.inactive = self.inactive, None
+            return ""
+        if verb in ("suspend", "resume"):
+            return ""
+        if verb == "message":
+            if args[3] == "migration_threshold":
+                self.core["migration_threshold"] = args[4]
+            elif args[3] == "flush":
+                self.used = 0
+            return ""
+        if verb == "status":
+            if " writecache " in self.live:
+                return f"0 2097152 writecache 0 1000 {1000 - self.used} 0"
+            t = CacheTable.parse(self.live)
+            core = " ".join(f"{k} {v}" for k, v in self.core.items())
+            return (f"0 2097152 cache 8 27/4096 128 100/3840 5 6 7 8 0 9 {self.dirty} {len(t.features)} "
+                    f"{' '.join(t.features)} {2 * len(self.core)} {core} {t.policy} 0 rw -")
+        raise AssertionError(args)
+
+
+def dm_tree(root: Path, name: str = "lab-cached") -> None:
+    (root / "block" / "dm-2" / "dm").mkdir(parents=True)
+    (root / "block" / "dm-2" / "dm" / "name").write_text(name + "\n")
+
+
+CACHE_TABLE = "0 2097152 cache 253:2 253:3 253:0 128 1 writeback smq 2 migration_threshold 2048"
+
+
+@pytest.fixture
+def dmc(tmp_path):
+    dm_tree(tmp_path)
+    fake = FakeDm(CACHE_TABLE)
+    b = open_backend(VolumeInfo(dev=2, name="dm-2", kind="dm-cache"), sysfs_root=tmp_path, dm=fake)
+    assert isinstance(b, DmCacheBackend)
+    return b, fake
+
+
+def test_cache_table_round_trip():
+    t = CacheTable.parse(CACHE_TABLE)
+    assert t.line() == CACHE_TABLE and t.mode == "writeback" and t.policy == "smq"
+    assert t.with_(mode="passthrough", policy="cleaner").line() == \
+        "0 2097152 cache 253:2 253:3 253:0 128 1 passthrough cleaner 2 migration_threshold 2048"
+
+
+def test_dmcache_drain_uses_the_cleaner_then_the_previous_policy(dmc):
+    b, fake = dmc
+    out = b.apply(Drain("dm-2", 10 * S, "age bound"))
+    assert out.status == PENDING
+    assert CacheTable.parse(fake.live).policy == "cleaner" and CacheTable.parse(fake.live).mode == "writeback"
+    assert ("suspend", "lab-cached") in fake.calls and ("resume", "lab-cached") in fake.calls
+    assert b.step(1 * S) == []
+    fake.dirty = 0
+    [done] = b.step(2 * S)
+    assert done.status == DONE
+    assert fake.live == CACHE_TABLE
+
+
+def test_dmcache_reload_carries_the_live_migration_threshold(dmc):
+    b, fake = dmc
+    assert b.apply(SetKnob("dm-2", "migration_threshold", "4096", "x")).status == DONE
+    assert ("message", "lab-cached", "0", "migration_threshold", "4096") in fake.calls
+    b.apply(Drain("dm-2", 10 * S, "x"))
+    assert fake.live.endswith("cleaner 2 migration_threshold 4096")
+
+
+def test_dmcache_passthrough_only_from_clean_through_writethrough(dmc):
+    b, fake = dmc
+    out = b.apply(SetWritePolicy("dm-2", "bypass", "cache failing"))
+    assert out.status == PENDING
+    t = CacheTable.parse(fake.live)
+    assert (t.mode, t.policy) == ("writethrough", "cleaner")
+    fake.dirty = 0
+    [done] = b.step(1 * S)
+    assert done.status == DONE, done.line()
+    t = CacheTable.parse(fake.live)
+    assert (t.mode, t.policy) == ("passthrough", "smq")
+
+
+def test_dmcache_refused_reload_leaves_the_old_table_and_says_so(dmc):
+    b, fake = dmc
+    fake.fail["reload"] = "device-mapper: reload ioctl on lab-cached failed: Invalid argument"
+    out = b.apply(SetWritePolicy("dm-2", "writethrough", "x"))
+    assert out.status == FAILED and isinstance(out.error, KernelRejected)
+    assert fake.live == CACHE_TABLE
+    assert b.errors["rejected"] == 1
+
+
+def test_dmcache_busy_step_is_retried_with_backoff(dmc):
+    b, fake = dmc
+    b.apply(Drain("dm-2", 100 * S, "x"))
+    fake.fail["status"] = "device-mapper: Device or resource busy"
+    assert b.step(1 * S) == [] and b.errors["retry"] == 1
+    del fake.fail["status"]
+    fake.dirty = 0
+    assert b.step(1 * S + 1) == []  # still backing off
+    [done] = b.step(3 * S)
+    assert done.status == DONE
+
+
+def test_dmcache_gone(dmc):
+    b, fake = dmc
+    fake.fail["table"] = "Device does not exist."
+    out = b.apply(SetWritePolicy("dm-2", "writethrough", "x"))
+    assert isinstance(out.error, DeviceGone)
+
+
+# ------------------------------------------------------------------ dm-writecache
+WC_TABLE = "0 2097152 writecache s 253:0 253:1 4096 4 high_watermark 50 low_watermark 45"
+
+
+@pytest.fixture
+def wc(tmp_path):
+    dm_tree(tmp_path)
+    fake = FakeDm(WC_TABLE)
+    b = open_backend(VolumeInfo(dev=2, name="dm-2", kind="dm-writecache"), sysfs_root=tmp_path, dm=fake)
+    assert isinstance(b, WritecacheBackend)
+    return b, fake
+
+
+def test_writecache_table_round_trip():
+    t = WritecacheTable.parse(WC_TABLE)
+    assert t.line() == WC_TABLE and t.get("low_watermark") == "45"
+    assert WritecacheTable.parse("0 8 writecache s 1:1 1:2 4096 1 cleaner").get("cleaner") is None
+
+
+def test_writecache_drain_is_the_flush_message(wc):
+    b, fake = wc
+    out = b.apply(Drain("dm-2", 10 * S, "x"))
+    assert out.status == DONE and out.writes[0].readback == "0 used blocks"
+    assert ("message", "lab-cached", "0", "flush") in fake.calls
+
+
+def test_writecache_watermark_by_reload_and_no_writethrough(wc):
+    b, fake = wc
+    assert b.apply(SetKnob("dm-2", "low_watermark", "10", "x")).status == DONE
+    assert WritecacheTable.parse(fake.live).get("low_watermark") == "10"
+    out = b.apply(SetWritePolicy("dm-2", "writethrough", "x"))
+    assert out.status == FAILED and "write-back only" in str(out.error)
+
+
+# ------------------------------------------------------------------ classification
+def test_errors_are_classified():
+    assert isinstance(classify_errno(errno.EINVAL, "w"), KernelRejected)
+    assert isinstance(classify_errno(errno.ENODEV, "w"), DeviceGone)
+    assert isinstance(classify_errno(errno.EBUSY, "w"), RetryLater)
+    assert isinstance(classify_dmsetup(["x"], "Device does not exist."), DeviceGone)
+    assert isinstance(classify_dmsetup(["x"], "ioctl failed: Device or resource busy"), RetryLater)
+    assert isinstance(classify_dmsetup(["x"], "ioctl failed: Invalid argument"), KernelRejected)
+
+
+def test_wrong_volume_and_busy_volume(bc):
+    b, _ = bc
+    assert b.apply(Drain("bcache9", S, "x")).status == FAILED
+    b.apply(Drain("bcache0", 10 * S, "x"))
+    out = b.apply(SetWritePolicy("bcache0", "writethrough", "x"))
+    assert out.status == FAILED and isinstance(out.error, RetryLater)

@@ -1,0 +1,76 @@
+"""Helpers for the actuator lab scripts (run inside the lab guest by the venv's python): files with known
+checksums, dropping caches, block-device counters, and driving a backend action to completion."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import subprocess
+import time
+from pathlib import Path
+
+from cachepilot.backends import open_backend
+from cachepilot.backends.base import PENDING, Backend, ControlAction, Outcome
+from cachepilot.backends.inspect import block_name, describe_volume
+
+
+def say(key: str, value: object) -> None:
+    print(f"{key}={value}", flush=True)
+
+
+def volume() -> Backend:
+    return open_backend(describe_volume(os.environ["LAB_CACHED_DEV"]))
+
+
+def write_files(d: Path, prefix: str, n: int, size: int, seed: int) -> dict[str, str]:
+    """n files of ``size`` pseudo-random bytes (seeded, so a rewrite with another seed differs), fsynced."""
+    sums = {}
+    for i in range(n):
+        data = random.Random(f"{seed}:{prefix}{i}").randbytes(size)  # noqa: S311 (test data)
+        path = d / f"{prefix}{i}"
+        with open(path, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        sums[path.name] = hashlib.sha256(data).hexdigest()
+    return sums
+
+
+def intact(d: Path, sums: dict[str, str]) -> str:
+    """'yes' or the names that differ."""
+    bad = [n for n, s in sums.items() if hashlib.sha256((d / n).read_bytes()).hexdigest() != s]
+    return "yes" if not bad else "no:" + ",".join(sorted(bad)[:5])
+
+
+def drop_caches() -> None:
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def sectors(dev_path: str) -> tuple[int, int]:
+    """(read sectors, written sectors) of a block device, from /sys/block/NAME/stat."""
+    name, _ = block_name(dev_path)
+    f = Path(f"/sys/block/{name}/stat").read_text().split()
+    return int(f[2]), int(f[6])
+
+
+def drive(b: Backend, action: ControlAction, timeout: float = 120.0) -> tuple[Outcome, float]:
+    """Apply an action and step the backend every 50 ms until it finishes; (outcome, seconds)."""
+    t0 = time.monotonic()
+    out = b.apply(action)
+    while out.status == PENDING:
+        if time.monotonic() - t0 > timeout:
+            raise SystemExit(f"{action.line()} still pending after {timeout} s")
+        time.sleep(0.05)
+        done = b.step(time.monotonic_ns())
+        if done:
+            out = done[0]
+    return out, time.monotonic() - t0
+
+
+def run(*argv: str) -> str:
+    r = subprocess.run(argv, capture_output=True, text=True)
+    if r.returncode:
+        raise SystemExit(f"{' '.join(argv)} failed ({r.returncode}): {r.stderr.strip()}")
+    return r.stdout.strip()

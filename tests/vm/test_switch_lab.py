@@ -1,0 +1,33 @@
+"""Drain-and-verify write-policy switches through cachepilot's backends on real bcache, dm-cache and
+dm-writecache in the lab, with dirty data; the data is then checked through the volume and on the origin alone."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.vm
+
+PY = ".venv/bin/python"
+
+
+@pytest.mark.parametrize("recipe", ["bcache", "dmcache", "writecache"])
+def test_switch_drains_dirty_data_and_keeps_it(lab, recipe):
+    r = lab.run([PY, "tests/vm/act/switch.py"], recipe=recipe, timeout=240)
+    print(r.stdout)  # the measured times (pytest -s)
+    assert r.rc == 0, r.explain()
+    v = r.values
+    assert r.int("dirty_before") >= (16 << 20), r.explain()  # the switch really had dirty data to drain
+    assert v["switch_status"] == "done", r.explain()
+    assert r.int("dirty_after") == 0, r.explain()
+    if recipe == "writecache":
+        assert v["writethrough_status"] == "failed" and "write-back only" in v["writethrough_line"]
+        assert "high_watermark 90" in v["table"] and "low_watermark 80" in v["table"], v["table"]
+    else:
+        assert v["mode_after"] == "writethrough", r.explain()
+        assert v["bypass_status"] == "done" and v["mode_bypass"] in ("none", "passthrough"), r.explain()
+    if recipe == "bcache":
+        assert v["writeback_percent_after"] == "40"  # the drain put back what it changed
+    if recipe == "dmcache":
+        assert " passthrough smq " in v["table_after"], v["table_after"]  # the cleaner is gone again
+    assert v["intact_volume"] == "yes", r.explain()
+    assert v["intact_origin"] == "yes", r.explain()  # everything reached the origin
