@@ -17,7 +17,7 @@ BASE_PY   ?= $(shell command -v python3.11 || command -v python3)
 APT_PACKAGES := clang llvm libbpf-dev libbpf1 bpftool make gcc \
 	qemu-system-x86 qemu-utils busybox-static cpio zstd xz-utils kmod \
 	bcache-tools dmsetup lvm2 thin-provisioning-tools e2fsprogs xfsprogs util-linux fio \
-	prometheus ansible yamllint systemd procps file
+	prometheus prometheus-node-exporter ansible ansible-lint yamllint systemd procps file openssh-server
 
 .PHONY: help deps deps-system deps-python deps-lab bpf lint test test-unit test-bpf test-vm test-ops \
 	demo bench lab-shell clean distclean

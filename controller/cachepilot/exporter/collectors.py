@@ -1,0 +1,209 @@
+"""One collector per concern, each building its metrics from the last published snapshot (node_exporter's shape).
+
+A collector here is a function ``DaemonSnapshot -> list of metric families``: it never touches the kernel, the
+caches or the loop, so a scrape costs a few dictionary reads. :mod:`cachepilot.exporter.registry` runs them,
+timing each and reporting whether it succeeded. Names follow Prometheus' conventions: ``cachepilot_`` prefix,
+base units (bytes, seconds), ``_total`` on counters, labels ``volume``, ``device`` and ``kind`` only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from cachepilot.exporter.snapshot import MODES, DaemonSnapshot, Histogram, VolumeSnapshot
+
+VOL = ["volume", "device"]
+Collect = Callable[[DaemonSnapshot], list[Metric]]
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=value)
+
+
+def _by_kind(name: str, doc: str, table: dict[str, int]) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, doc, labels=["kind"])
+    for kind in sorted(table):
+        family.add_metric([kind], table[kind])
+    return family
+
+
+def _buckets(h: Histogram) -> list[tuple[str, float]]:
+    return [(repr(float(b)), c) for b, c in zip(h.bounds, h.counts, strict=True)] + [("+Inf", h.count)]
+
+
+def _per_volume(kind: type[Metric], name: str, doc: str, vols: Iterable[VolumeSnapshot],
+                value: Callable[[VolumeSnapshot], float | None]) -> Metric:
+    """One sample per volume; a volume whose value is None (unknown to its backend) is left out."""
+    family = kind(name, doc, labels=VOL)
+    for v in vols:
+        x = value(v)
+        if x is not None:
+            family.add_metric([v.volume, v.device], float(x))
+    return family
+
+
+def daemon(s: DaemonSnapshot) -> list[Metric]:
+    ticks = HistogramMetricFamily("cachepilot_tick_duration_seconds", "Duration of the daemon's ticks.")
+    ticks.add_metric([], _buckets(s.tick_duration), s.tick_duration.sum)
+    return [
+        _gauge("cachepilot_start_time_seconds", "When the daemon started, Unix seconds.", s.start_time),
+        _gauge("cachepilot_ready", "1 once the probe is attached and the volumes adopted.", int(s.ready)),
+        _gauge("cachepilot_dry_run", "1 when decisions are only logged, never carried out.", int(s.dry_run)),
+        _gauge("cachepilot_observe_only", "1 when the host has no cached volume (the daemon only watches).",
+               int(s.observe_only)),
+        _gauge("cachepilot_snapshot_timestamp_seconds", "When the exported snapshot was built, Unix seconds.",
+               s.timestamp),
+        _gauge("cachepilot_last_tick_timestamp_seconds", "When the last tick finished, Unix seconds.",
+               s.last_tick_timestamp),
+        _counter("cachepilot_ticks_total", "Ticks run.", s.ticks),
+        ticks,
+        _gauge("cachepilot_volumes", "Cached volumes adopted.", len(s.volumes)),
+    ]
+
+
+def events(s: DaemonSnapshot) -> list[Metric]:
+    return [
+        _by_kind("cachepilot_events_total", "Events received from the kernel probe, by kind.", s.events),
+        _by_kind("cachepilot_event_drops_total", "Events the kernel side lost, by kind of loss.", s.drops),
+    ]
+
+
+def decisions(s: DaemonSnapshot) -> list[Metric]:
+    return [
+        _by_kind("cachepilot_decisions_total", "Actions the engine decided, by action kind.", s.decisions),
+        _by_kind("cachepilot_action_failures_total", "Actions that failed, by error class.", s.action_failures),
+    ]
+
+
+def policy(s: DaemonSnapshot) -> list[Metric]:
+    return [
+        _counter("cachepilot_policy_reloads_total", "Policy reloads that took effect.", s.policy_reloads),
+        _counter("cachepilot_policy_reload_failures_total", "Policy reloads refused (the last good policy stayed).",
+                 s.policy_reload_failures),
+        _gauge("cachepilot_policy_last_reload_success", "1 if the last policy reload succeeded.",
+               int(s.policy_last_reload_success)),
+    ]
+
+
+def state(s: DaemonSnapshot) -> list[Metric]:
+    return [
+        _counter("cachepilot_state_writes_total", "State file writes that completed.", s.state_writes),
+        _counter("cachepilot_state_write_failures_total", "State file writes that failed (e.g. a full disk).",
+                 s.state_write_failures),
+    ]
+
+
+def _mode_set(name: str, doc: str, vols: Iterable[VolumeSnapshot], mode: Callable[[VolumeSnapshot], str]) -> Metric:
+    """A state set: one series per mode, 1 for the volume's mode and 0 for the others (a timeline in Grafana)."""
+    family = GaugeMetricFamily(name, doc, labels=[*VOL, "kind"])
+    for v in vols:
+        for m in MODES:
+            family.add_metric([v.volume, v.device, m], int(mode(v) == m))
+    return family
+
+
+def volume(s: DaemonSnapshot) -> list[Metric]:
+    vols = s.volumes
+    info = GaugeMetricFamily("cachepilot_volume_info", "Adopted cached volumes; kind is the cache kind.",
+                             labels=[*VOL, "kind"])
+    for v in vols:
+        info.add_metric([v.volume, v.device, v.kind], 1)
+    return [
+        info,
+        _mode_set("cachepilot_volume_mode", "Current write mode (kind), 1 for the active one.", vols, lambda v: v.mode),
+        _mode_set("cachepilot_volume_target_mode", "Write mode the engine wants (kind), 1 for the wanted one.", vols,
+                  lambda v: v.target_mode),
+        _per_volume(GaugeMetricFamily, "cachepilot_volume_health", "0 ok, 1 degraded (cache errors), 2 failed.",
+                    vols, lambda v: v.health),
+        _per_volume(GaugeMetricFamily, "cachepilot_volume_latched", "1 while the failure latch keeps the volume "
+                    "out of write-back.", vols, lambda v: int(v.latched)),
+        _per_volume(GaugeMetricFamily, "cachepilot_volume_draining", "1 while a drain is in progress.", vols,
+                    lambda v: int(v.draining)),
+        _per_volume(GaugeMetricFamily, "cachepilot_volume_cache_size_bytes", "Size of the cache device.", vols,
+                    lambda v: v.cache_bytes),
+        _per_volume(CounterMetricFamily, "cachepilot_volume_cache_io_errors_total",
+                    "I/O errors of the cache device, as the stock cache counts them.", vols,
+                    lambda v: v.cache_io_errors),
+    ]
+
+
+def exposure(s: DaemonSnapshot) -> list[Metric]:
+    vols = s.volumes
+    return [
+        _per_volume(GaugeMetricFamily, "cachepilot_volume_dirty_bytes", "Data only on the cache device.", vols,
+                    lambda v: v.dirty_bytes),
+        _per_volume(GaugeMetricFamily, "cachepilot_volume_dirty_age_seconds", "Age of the oldest dirty data.", vols,
+                    lambda v: v.dirty_age_seconds),
+        _per_volume(GaugeMetricFamily, "cachepilot_volume_dirty_bound_bytes",
+                    "Exposure bound on dirty data (destructive failure model).", vols, lambda v: v.dirty_bound_bytes),
+        _per_volume(GaugeMetricFamily, "cachepilot_volume_dirty_age_bound_seconds",
+                    "Age guarantee: no dirty data older than this (destructive failure model).", vols,
+                    lambda v: v.age_bound_seconds),
+        _per_volume(CounterMetricFamily, "cachepilot_volume_drains_total", "Drains completed.", vols,
+                    lambda v: v.drains),
+        _per_volume(CounterMetricFamily, "cachepilot_volume_drain_deadline_misses_total",
+                    "Drains that missed their deadline.", vols, lambda v: v.drain_deadline_misses),
+    ]
+
+
+def cache(s: DaemonSnapshot) -> list[Metric]:
+    vols = s.volumes
+    return [
+        _per_volume(CounterMetricFamily, "cachepilot_volume_cache_hits_total", "Stock cache hits.", vols,
+                    lambda v: v.hits),
+        _per_volume(CounterMetricFamily, "cachepilot_volume_cache_misses_total", "Stock cache misses.", vols,
+                    lambda v: v.misses),
+        _per_volume(CounterMetricFamily, "cachepilot_volume_cache_bypasses_total",
+                    "I/O the stock cache sent around itself (bcache only).", vols, lambda v: v.bypasses),
+    ]
+
+
+def actuation(s: DaemonSnapshot) -> list[Metric]:
+    vols = s.volumes
+    return [
+        _per_volume(CounterMetricFamily, "cachepilot_volume_promoted_bytes_total", "Bytes read in by promotions.",
+                    vols, lambda v: v.promoted_bytes),
+        _per_volume(CounterMetricFamily, "cachepilot_volume_discard_issued_bytes_total",
+                    "Bytes of freed ranges handed to FITRIM.", vols, lambda v: v.discard_issued_bytes),
+        _per_volume(CounterMetricFamily, "cachepilot_volume_discard_landed_bytes_total",
+                    "Bytes of discards seen reaching the devices below.", vols, lambda v: v.discard_landed_bytes),
+    ]
+
+
+def epochs(s: DaemonSnapshot) -> list[Metric]:
+    vols = s.volumes
+    sizes = HistogramMetricFamily("cachepilot_volume_epoch_size_bytes", "Bytes written per barrier epoch.",
+                                  labels=VOL)
+    for v in vols:
+        sizes.add_metric([v.volume, v.device], _buckets(v.epoch_bytes), v.epoch_bytes.sum)
+    return [
+        _per_volume(CounterMetricFamily, "cachepilot_volume_barriers_total", "Block barriers that closed an epoch.",
+                    vols, lambda v: v.barriers),
+        sizes,
+    ]
+
+
+# name (the collector's `kind` label) -> collector; the order is the exposition's order.
+COLLECTORS: dict[str, Collect] = {
+    "daemon": daemon,
+    "events": events,
+    "decisions": decisions,
+    "policy": policy,
+    "state": state,
+    "volume": volume,
+    "exposure": exposure,
+    "cache": cache,
+    "actuation": actuation,
+    "epochs": epochs,
+}

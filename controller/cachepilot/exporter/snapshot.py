@@ -1,0 +1,186 @@
+"""What the exporter knows about the daemon: one immutable snapshot, built by the daemon once per tick.
+
+The daemon loop fills a :class:`DaemonSnapshot` (with one :class:`VolumeSnapshot` per adopted volume) at the end
+of every tick and hands it to :meth:`SnapshotBox.publish`. Scrapes (HTTP or the textfile writer) only ever read
+the last published snapshot, so a scrape never waits for the loop and the loop never waits for a scrape: the box
+holds one reference, swapped atomically.
+
+Conventions, so the metrics come out right without the collectors guessing:
+
+- Counters are cumulative since the daemon started (never reset while it runs, never negative). Sizes are bytes,
+  durations seconds, times Unix seconds (``time.time()``), never nanoseconds or MiB.
+- ``volume`` is the volume's name as cachepilot reports it (``VolumeInfo.name``: ``bcache0``, the dm name
+  ``lab-cached``); ``device`` is the kernel block device name under ``/sys/block`` (``bcache0``, ``dm-3``),
+  the same value node_exporter's ``node_disk_*{device=...}`` carry, so the two join. Neither is ever a path:
+  a value containing ``/`` is refused (:func:`check_label_value`).
+- A value the backend cannot know is ``None`` and its metric is left out (e.g. dm-cache has no bypass counter; a
+  ``recoverable`` volume has no exposure bound). Absent is honest; a made-up 0 is not.
+- Kinds (the ``kind`` label) are short fixed words: event kinds (``freed_extent``, ``delete``, ``barrier``,
+  ``discard``, ``journal_commit``, ``sync_calls``...), drop kinds (the probe's ``ringbuf_full``,
+  ``hotness_map_full``, ``other``), decision kinds (``Action.kind``: ``promote``, ``discard``,
+  ``set_write_policy``, ``set_knob``, ``drain``), failure classes (``CachepilotError.kind``: ``config``,
+  ``rejected``, ``gone``, ``retry``, ``fatal``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+# Tick durations: the engine's steady tick is ~30 ms, the goal ≤ 100 ms; a first tick can take seconds.
+TICK_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# Epoch sizes (bytes written between two barriers): 4 KiB .. 1 GiB in powers of 4.
+EPOCH_BUCKETS: tuple[float, ...] = tuple(float(4096 * 4**i) for i in range(10))
+
+MODES = ("writeback", "writethrough", "bypass")  # the backend-neutral modes (models/volume.py)
+
+
+def check_label_value(what: str, value: str) -> str:
+    """A label value must be a short name, never a path (paths are for humans only, design.md)."""
+    if not value or "/" in value or any(c in value for c in "\n\r\"\\") or len(value) > 128:
+        raise ValueError(f"{what}: {value!r} is not a usable label value (a short name, no '/', no quotes)")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Histogram:
+    """A cumulative histogram as Prometheus wants it: ``counts[i]`` observations were ``<= bounds[i]``;
+    ``count`` is every observation (the implicit ``+Inf`` bucket), ``sum`` their total."""
+
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+    count: int = 0
+    sum: float = 0.0
+
+    @classmethod
+    def empty(cls, bounds: Sequence[float]) -> Histogram:
+        return cls(tuple(bounds), (0,) * len(bounds))
+
+    def __post_init__(self) -> None:
+        if len(self.bounds) != len(self.counts):
+            raise ValueError("histogram: one count per bound")
+        if list(self.bounds) != sorted(set(self.bounds)) or any(math.isinf(b) for b in self.bounds):
+            raise ValueError("histogram: bounds must be finite and strictly increasing (+Inf is implicit)")
+        if list(self.counts) != sorted(self.counts) or (self.counts and self.counts[-1] > self.count):
+            raise ValueError("histogram: counts must be cumulative and at most count")
+
+
+class HistogramAccumulator:
+    """What the daemon keeps between ticks to fill a :class:`Histogram` (``observe`` each value, ``freeze``
+    at publish time). Not thread-safe: only the loop touches it."""
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(float(b) for b in bounds)
+        self._per_bucket = [0] * (len(self.bounds) + 1)
+        self.count = 0
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self._per_bucket[bisect.bisect_left(self.bounds, value)] += 1
+        self.count += 1
+        self.sum += value
+
+    def freeze(self) -> Histogram:
+        cumulative, total = [], 0
+        for n in self._per_bucket[:-1]:
+            total += n
+            cumulative.append(total)
+        return Histogram(self.bounds, tuple(cumulative), self.count, self.sum)
+
+
+@dataclass(frozen=True, slots=True)
+class VolumeSnapshot:
+    """One adopted volume at the end of a tick. Every counter is cumulative since the daemon started."""
+
+    # identity (labels)
+    volume: str  # VolumeInfo.name: bcache0, lab-cached
+    device: str  # kernel block device name under /sys/block: bcache0, dm-3
+    kind: str  # cache kind: bcache | dm-cache | dm-writecache
+    # mode and health
+    mode: str  # current write mode, one of MODES (as read back from the cache)
+    target_mode: str  # the mode the engine wants (equal to mode when settled), one of MODES
+    health: int  # models.volume.Health: 0 ok, 1 degraded (cache errors rising), 2 failed
+    latched: bool  # the failure latch: out of write-back until the cache is replaced or an operator clears it
+    draining: bool  # a drain (or a writeback→writethrough switch, which drains) is in progress
+    cache_bytes: int  # size of the cache device
+    cache_io_errors: int  # cumulative cache-device I/O errors the stock cache reported
+    # exposure (the destructive failure model's bound)
+    dirty_bytes: int  # data only on the cache device now
+    dirty_age_seconds: float  # age of the oldest dirty data (0 when clean)
+    dirty_bound_bytes: int | None  # policy exposure.max_dirty; None when the volume has no bound (recoverable)
+    age_bound_seconds: float | None  # policy exposure.max_age: the age guarantee; None when unbounded
+    drains: int  # drains completed
+    drain_deadline_misses: int  # drains that missed their deadline (each a breach of the bound)
+    # the stock cache's own counters (cumulative as the cache reports them; None where it has none)
+    hits: int
+    misses: int
+    bypasses: int | None  # bcache cache_bypass_hits + cache_bypass_misses; dm-cache/dm-writecache: None
+    # what cachepilot did
+    promoted_bytes: int  # bytes read through the volume by promotions
+    discard_issued_bytes: int  # bytes of freed ranges handed to FITRIM
+    discard_landed_bytes: int  # bytes of discards the probe saw reach the devices below
+    # barriers and epochs
+    barriers: int  # block barriers (PREFLUSH/FUA, empty flush) that closed an epoch
+    epoch_bytes: Histogram = field(default_factory=lambda: Histogram.empty(EPOCH_BUCKETS))  # bytes per epoch
+
+    def __post_init__(self) -> None:
+        check_label_value("volume", self.volume)
+        check_label_value("device", self.device)
+        check_label_value("kind", self.kind)
+        for what, mode in (("mode", self.mode), ("target_mode", self.target_mode)):
+            if mode not in MODES:
+                raise ValueError(f"{self.volume}: {what} {mode!r} is not one of {', '.join(MODES)}")
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonSnapshot:
+    """The daemon at the end of a tick. Counters are cumulative since the daemon started; mappings are by kind
+    (see the module's docstring for the words)."""
+
+    timestamp: float  # Unix seconds when this snapshot was built
+    start_time: float  # Unix seconds when the daemon started
+    ready: bool  # readiness was reported (probe attached, volumes adopted)
+    dry_run: bool
+    observe_only: bool  # no cached volume: the daemon only watches
+    events: dict[str, int] = field(default_factory=dict)  # events received from the probe, by kind
+    drops: dict[str, int] = field(default_factory=dict)  # events the kernel side lost, by drop kind
+    ticks: int = 0
+    tick_duration: Histogram = field(default_factory=lambda: Histogram.empty(TICK_BUCKETS))
+    last_tick_timestamp: float = 0.0  # Unix seconds when the last tick finished (a stuck loop stops it)
+    decisions: dict[str, int] = field(default_factory=dict)  # actions the engine decided, by action kind
+    action_failures: dict[str, int] = field(default_factory=dict)  # failed actions, by error class
+    policy_reloads: int = 0  # successful reloads (SIGHUP)
+    policy_reload_failures: int = 0  # reloads refused (the last good policy stayed)
+    policy_last_reload_success: bool = True
+    state_writes: int = 0
+    state_write_failures: int = 0
+    volumes: tuple[VolumeSnapshot, ...] = ()
+
+    def __post_init__(self) -> None:
+        for what, table in (("events", self.events), ("drops", self.drops), ("decisions", self.decisions),
+                            ("action_failures", self.action_failures)):
+            for kind in table:
+                check_label_value(f"{what} kind", kind)
+        names = [v.volume for v in self.volumes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"volumes: duplicate volume names in {names}")
+
+
+class SnapshotBox:
+    """The hand-over point between the loop (``publish``) and scrapes (``latest``). One reference, replaced
+    whole: a reader gets either the old or the new snapshot, never a mix, and never waits on the loop."""
+
+    def __init__(self) -> None:
+        self._snapshot: DaemonSnapshot | None = None
+        self._lock = threading.Lock()  # only guards the swap; held for nanoseconds
+
+    def publish(self, snapshot: DaemonSnapshot) -> None:
+        with self._lock:
+            self._snapshot = snapshot
+
+    def latest(self) -> DaemonSnapshot | None:
+        with self._lock:
+            return self._snapshot

@@ -1,0 +1,263 @@
+"""The exporter from a hand-built snapshot: names, types, units, label sets, no paths, promtool's lint, HTTP,
+the textfile writer and node_exporter carrying our metrics."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from ops_support import free_port, need_tool, promtool, snapshot
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import CollectorRegistry
+
+from cachepilot.errors import UserError
+from cachepilot.exporter import (
+    TICK_BUCKETS,
+    Histogram,
+    HistogramAccumulator,
+    SnapshotBox,
+    SnapshotCollector,
+    make_registry,
+    parse_listen,
+    serve,
+    write_textfile,
+)
+from cachepilot.exporter.collectors import COLLECTORS
+
+V, VK, K = ("device", "volume"), ("device", "kind", "volume"), ("kind",)
+# name -> (type, label names). The contract the rules, the dashboard and README's table rely on.
+EXPECTED = {
+    "cachepilot_start_time_seconds": ("gauge", ()),
+    "cachepilot_ready": ("gauge", ()),
+    "cachepilot_dry_run": ("gauge", ()),
+    "cachepilot_observe_only": ("gauge", ()),
+    "cachepilot_snapshot_timestamp_seconds": ("gauge", ()),
+    "cachepilot_last_tick_timestamp_seconds": ("gauge", ()),
+    "cachepilot_ticks": ("counter", ()),
+    "cachepilot_tick_duration_seconds": ("histogram", ()),
+    "cachepilot_volumes": ("gauge", ()),
+    "cachepilot_events": ("counter", K),
+    "cachepilot_event_drops": ("counter", K),
+    "cachepilot_decisions": ("counter", K),
+    "cachepilot_action_failures": ("counter", K),
+    "cachepilot_policy_reloads": ("counter", ()),
+    "cachepilot_policy_reload_failures": ("counter", ()),
+    "cachepilot_policy_last_reload_success": ("gauge", ()),
+    "cachepilot_state_writes": ("counter", ()),
+    "cachepilot_state_write_failures": ("counter", ()),
+    "cachepilot_volume_info": ("gauge", VK),
+    "cachepilot_volume_mode": ("gauge", VK),
+    "cachepilot_volume_target_mode": ("gauge", VK),
+    "cachepilot_volume_health": ("gauge", V),
+    "cachepilot_volume_latched": ("gauge", V),
+    "cachepilot_volume_draining": ("gauge", V),
+    "cachepilot_volume_cache_size_bytes": ("gauge", V),
+    "cachepilot_volume_cache_io_errors": ("counter", V),
+    "cachepilot_volume_dirty_bytes": ("gauge", V),
+    "cachepilot_volume_dirty_age_seconds": ("gauge", V),
+    "cachepilot_volume_dirty_bound_bytes": ("gauge", V),
+    "cachepilot_volume_dirty_age_bound_seconds": ("gauge", V),
+    "cachepilot_volume_drains": ("counter", V),
+    "cachepilot_volume_drain_deadline_misses": ("counter", V),
+    "cachepilot_volume_cache_hits": ("counter", V),
+    "cachepilot_volume_cache_misses": ("counter", V),
+    "cachepilot_volume_cache_bypasses": ("counter", V),
+    "cachepilot_volume_promoted_bytes": ("counter", V),
+    "cachepilot_volume_discard_issued_bytes": ("counter", V),
+    "cachepilot_volume_discard_landed_bytes": ("counter", V),
+    "cachepilot_volume_barriers": ("counter", V),
+    "cachepilot_volume_epoch_size_bytes": ("histogram", V),
+    "cachepilot_exporter_collector_success": ("gauge", K),
+    "cachepilot_exporter_collector_duration_seconds": ("gauge", K),
+}
+
+
+def exposition(box: SnapshotBox | None = None) -> str:
+    if box is None:
+        box = SnapshotBox()
+        box.publish(snapshot(step=10))
+    return generate_latest(make_registry(box)).decode()
+
+
+def families(text: str) -> dict:
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def test_names_types_and_label_sets() -> None:
+    fams = families(exposition())
+    assert {n: (f.type, ) for n, f in fams.items()} == {n: (t, ) for n, (t, _) in EXPECTED.items()}
+    for name, fam in fams.items():
+        labels = {tuple(sorted(set(s.labels) - {"le"})) for s in fam.samples}
+        assert labels == {EXPECTED[name][1]}, name
+
+
+def test_units_and_counter_suffixes() -> None:
+    text = exposition()
+    sample_names = {m.group(1) for m in re.finditer(r"^([a-z_:]+)[{ ]", text, re.M)}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if fam.type == "counter":
+                assert s.name == fam.name + "_total", s.name
+            assert not re.search(r"_(milli|micro|nano)?seconds_seconds|_(ms|us|ns|kib|mib|gib|kb|mb)(_|$)", s.name)
+    # bytes and seconds are the only units; no family is named after a rate or a percentage
+    assert not [n for n in sample_names if re.search(r"percent|per_second|_rate$", n)]
+    assert "cachepilot_volume_dirty_bytes" in sample_names and "cachepilot_tick_duration_seconds_bucket" in sample_names
+
+
+def test_no_label_value_is_a_path_and_values_match_the_snapshot() -> None:
+    fams = families(exposition())
+    for fam in fams.values():
+        for s in fam.samples:
+            for k, v in s.labels.items():
+                assert "/" not in v, (s.name, k, v)
+    by = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in fams.values() for s in f.samples}
+    vol = (("device", "bcache0"), ("volume", "bcache0"))
+    assert by[("cachepilot_volume_cache_hits_total", vol)] == 9000
+    assert by[("cachepilot_volume_dirty_bound_bytes", vol)] == 64 << 20
+    assert by[("cachepilot_volume_mode", (*vol[:1], ("kind", "writeback"), vol[1]))] == 1
+    assert by[("cachepilot_volume_mode", (*vol[:1], ("kind", "bypass"), vol[1]))] == 0
+    dm = (("device", "dm-3"), ("volume", "lab-cached"))
+    # unknown to the backend -> absent, not 0
+    assert ("cachepilot_volume_cache_bypasses_total", dm) not in by
+    assert ("cachepilot_volume_dirty_bound_bytes", dm) not in by
+    assert by[("cachepilot_tick_duration_seconds_count", ())] == 10
+    assert by[("cachepilot_tick_duration_seconds_bucket", (("le", "+Inf"),))] == 10
+    assert by[("cachepilot_events_total", (("kind", "freed_extent"),))] == 60
+
+
+def test_promtool_check_metrics_is_clean() -> None:
+    r = promtool("check", "metrics", stdin=exposition())
+    assert r.returncode == 0 and not r.stdout.strip() and not r.stderr.strip(), r.stdout + r.stderr
+
+
+def test_label_values_refuse_paths() -> None:
+    s = snapshot()
+    with pytest.raises(ValueError, match="label value"):
+        type(s.volumes[0])(**{**{f: getattr(s.volumes[0], f) for f in s.volumes[0].__slots__}, "device": "/dev/x"})
+    with pytest.raises(ValueError, match="label value"):
+        type(s)(**{**{f: getattr(s, f) for f in s.__slots__}, "events": {"/etc/passwd": 1}})
+
+
+def test_histogram_accumulator_is_cumulative_and_validated() -> None:
+    acc = HistogramAccumulator(TICK_BUCKETS)
+    for v in (0.001, 0.005, 0.2, 99.0):
+        acc.observe(v)
+    h = acc.freeze()
+    assert h.counts[0] == 2 and h.counts[-1] == 3 and h.count == 4 and h.sum == pytest.approx(99.206)
+    with pytest.raises(ValueError):
+        Histogram((1.0, 2.0), (2, 1), 2)
+    with pytest.raises(ValueError):
+        Histogram((2.0, 1.0), (0, 0), 0)
+
+
+def test_before_the_first_tick_only_not_ready() -> None:
+    fams = families(exposition(SnapshotBox()))
+    assert list(fams) == ["cachepilot_ready"] and fams["cachepilot_ready"].samples[0].value == 0
+
+
+def test_a_failing_collector_is_reported_and_the_others_still_export() -> None:
+    def broken(_s: object) -> list:
+        raise RuntimeError("boom")
+
+    box = SnapshotBox()
+    box.publish(snapshot())
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(box, {**COLLECTORS, "events": broken}))
+    fams = families(generate_latest(registry).decode())
+    assert "cachepilot_events" not in fams and "cachepilot_volume_dirty_bytes" in fams
+    ok = {s.labels["kind"]: s.value for s in fams["cachepilot_exporter_collector_success"].samples}
+    assert ok["events"] == 0 and ok["daemon"] == 1 and set(ok) == set(COLLECTORS)
+
+
+def test_listen_address_parsing() -> None:
+    assert parse_listen("127.0.0.1:9854") == ("127.0.0.1", 9854)
+    assert parse_listen("[::1]:9854") == ("::1", 9854)
+    for bad in ("9854", "localhost:9854", "127.0.0.1:0", "127.0.0.1:70000", "127.0.0.1:x", ""):
+        with pytest.raises(UserError, match="metrics listen address"):
+            parse_listen(bad)
+
+
+def test_http_serves_on_loopback_and_a_slow_scrape_never_blocks_publish() -> None:
+    box = SnapshotBox()
+    box.publish(snapshot(step=1))
+    entered = threading.Event()
+
+    def slow(s: object) -> list:  # a scrape stuck inside a collector for 1 s
+        entered.set()
+        time.sleep(1.0)
+        return []
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(box, {"slow": slow, **COLLECTORS}))
+    server = serve(f"127.0.0.1:{free_port()}", registry)
+    try:
+        assert server.host == "127.0.0.1"
+        body: list[str] = []
+        t = threading.Thread(target=lambda: body.append(
+            urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10).read().decode()))
+        t.start()
+        assert entered.wait(5)
+        start = time.monotonic()
+        box.publish(snapshot(step=2))  # the loop's side: must not wait for the scrape
+        assert time.monotonic() - start < 0.05
+        t.join(10)
+        # the scrape that started before the publish saw the old snapshot, whole
+        assert "cachepilot_ticks_total 1.0" in body[0] and "cachepilot_ticks_total 2.0" not in body[0]
+        with pytest.raises(UserError, match="metrics listen address"):
+            serve(f"127.0.0.1:{server.port}", registry)  # taken: one line, no traceback
+    finally:
+        server.close()
+
+
+def test_textfile_is_written_atomically(tmp_path: Path) -> None:
+    box = SnapshotBox()
+    box.publish(snapshot(step=3))
+    registry = make_registry(box)
+    target = tmp_path / "cachepilot.prom"
+    write_textfile(target, registry)
+    assert families(target.read_text())["cachepilot_ticks"].samples[0].value == 3
+    assert oct(target.stat().st_mode & 0o777) == "0o644"
+    # a failed write leaves the previous file whole and no temporary behind
+    (tmp_path / "sub").mkdir()
+    box.publish(snapshot(step=4))
+    with pytest.raises(OSError):
+        write_textfile(tmp_path / "missing" / "cachepilot.prom", registry)
+    write_textfile(target, registry)
+    assert families(target.read_text())["cachepilot_ticks"].samples[0].value == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cachepilot.prom", "sub"]
+
+
+def test_node_exporter_textfile_collector_carries_our_metrics(tmp_path: Path) -> None:
+    box = SnapshotBox()
+    box.publish(snapshot(step=5))
+    write_textfile(tmp_path / "cachepilot.prom", make_registry(box))
+    port = free_port()
+    exe = need_tool("prometheus-node-exporter")
+    proc = subprocess.Popen([exe, f"--web.listen-address=127.0.0.1:{port}", "--collector.disable-defaults",
+                             "--collector.textfile", f"--collector.textfile.directory={tmp_path}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        text = ""
+        for _ in range(100):
+            try:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+                break
+            except OSError:
+                assert proc.poll() is None, proc.stderr.read() if proc.stderr else "node_exporter exited"
+                time.sleep(0.1)
+        fams = families(text)
+        assert fams["node_textfile_scrape_error"].samples[0].value == 0
+        assert fams["cachepilot_volume_cache_hits"].type == "counter"
+        hits = {s.labels["volume"]: s.value for s in fams["cachepilot_volume_cache_hits"].samples}
+        assert hits == {"bcache0": 4500, "lab-cached": 2500}
+        assert set(EXPECTED) - {"cachepilot_exporter_collector_success",
+                                "cachepilot_exporter_collector_duration_seconds"} <= set(fams)
+    finally:
+        proc.terminate()
+        proc.wait(10)
