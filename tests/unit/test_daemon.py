@@ -281,11 +281,12 @@ defaults:
 class Rig:
     """A daemon without a probe, on fakes; ticks driven by hand."""
 
-    def __init__(self, tmp: Path, policy: str = POLICY_DESTRUCTIVE, dry_run: bool = False) -> None:
+    def __init__(self, tmp: Path, policy: str = POLICY_DESTRUCTIVE, dry_run: bool = False,
+                 metrics: str = "{listen: ''}") -> None:
         self.tmp = tmp
         write(tmp / "p.yaml", policy)
         self.cfg_path = write(tmp / "c.yaml", f"version: 1\npolicies: [p.yaml]\nstate_dir: st\nsocket: ctl.sock\n"
-                              f"dry_run: {str(dry_run).lower()}\nmetrics: {{listen: ''}}\nrescan: 1s\n")
+                              f"dry_run: {str(dry_run).lower()}\nmetrics: {metrics}\nrescan: 1s\n")
         self.found = [Found(VOL)]
         self.backends: dict[str, FakeBackend] = {}
         self.d = Daemon(load_config(self.cfg_path), config_path=self.cfg_path,
@@ -467,3 +468,41 @@ def test_notify_never_blocks_on_a_receiver_that_does_not_read(tmp_path: Path, mo
     rx.close()
     monkeypatch.delenv("NOTIFY_SOCKET")
     assert Notifier()._sock is None
+
+
+# ---------------------------------------------------------------------------------------------- latch, metrics
+class FailingBackend(FakeBackend):
+    def sample(self, now_ns: int) -> VolumeSample:
+        s = super().sample(now_ns)
+        return VolumeSample(s.dev, s.ts_ns, s.mode, s.dirty_bytes, s.hits, s.misses, 3, True, s.knobs)
+
+
+def test_the_failure_latch_survives_a_restart_until_cleared(tmp_path: Path) -> None:
+    r = Rig(tmp_path)
+    r.backends["bcache0"] = FailingBackend(VOL)
+    r.d.start()
+    r.tick(1)
+    assert r.d.engine.vols[DEV].latch is not None
+    r.d.shutdown()
+    r2 = Rig(tmp_path)  # the cache reads healthy now, but nobody replaced it or cleared the latch
+    r2.d.start()
+    ctl = r2.d.engine.vols[DEV]
+    assert ctl.latch is not None and "kept from the state file" in ctl.latch.reason
+    assert r2.d.answer({"cmd": "status"})["volumes"][0]["latched"] is True
+    assert r2.d.answer({"cmd": "clear_latch", "volume": "bcache0"}) == {"queued": "bcache0"}
+    r2.tick(1)
+    assert ctl.latch is None
+    r2.d.shutdown()
+
+
+def test_metrics_textfile_carries_the_daemons_snapshot(tmp_path: Path) -> None:
+    r = Rig(tmp_path, metrics=f"{{listen: '', textfile: {tmp_path}/m.prom}}")
+    r.d.start()
+    r.backends["bcache0"].dirty = 8 << 20
+    r.tick(1)
+    r.tick(2)
+    text = (tmp_path / "m.prom").read_text()
+    assert "cachepilot_ready 1.0" in text
+    assert 'cachepilot_decisions_total{kind="set_write_policy"} 1.0' in text
+    assert "cachepilot_volume_dirty_bytes{device=\"bcache0\",volume=\"bcache0\"} 8.388608e+06" in text
+    r.d.shutdown()

@@ -1,10 +1,11 @@
-"""The daemon's one seam to the backends and actuators: open a backend for a volume, carry out a file-level action
-(promotion, discard).
+"""The daemon's one seam to the backends and actuators: open a backend for a volume, and the file-level actuators
+(discards, promotions) of a volume.
 
-The real backends (``cachepilot.backends.open_backend``) and actuators (``cachepilot.actuators.discard`` /
-``.promote``) are used when this build has them; until then a volume gets a read-only backend (samples through
-``backends.inspect``; every control action fails with the reason, nothing is written) and file actions are
-reported as not carried out. Nothing else in the daemon knows which is which.
+Backends come from ``cachepilot.backends.open_backend``; a volume of a kind it does not know gets a read-only
+backend (samples through ``backends.inspect``; every control action fails with the reason, nothing is written).
+Discards go through ``cachepilot.actuators.discard.Discarder`` (FITRIM of each freed range, paced). Promotions go
+through ``cachepilot.actuators.promote`` when this build has it; until then they are reported as not carried out.
+Nothing else in the daemon knows which is which.
 """
 
 from __future__ import annotations
@@ -17,14 +18,14 @@ from typing import Any
 from cachepilot.backends import inspect
 from cachepilot.backends.base import FAILED, Backend, ControlAction, Outcome
 from cachepilot.engine.actions import DiscardRanges, Promote
-from cachepilot.errors import DeviceGone, UserError
+from cachepilot.errors import CachepilotError, DeviceGone, UserError
 from cachepilot.models.volume import VolumeInfo, VolumeSample
 
-NO_ACTUATORS = "not carried out: this build has no actuators for it yet"
+NO_ACTUATOR = "not carried out: this build has no actuator for it yet"
 
 
 class ReadOnlyBackend(Backend):
-    """Samples the volume, changes nothing (the stand-in until the real backends are in this build)."""
+    """Samples the volume, changes nothing (for a kind without a backend in this build)."""
 
     kind = "read-only"
 
@@ -32,16 +33,16 @@ class ReadOnlyBackend(Backend):
         if not (self.sysfs_root / "block" / self.info.name).exists():
             raise DeviceGone(f"{self.info.name} vanished")
         try:
-            return inspect.sample_volume(self.info)
+            return inspect.sample_volume(self.info, sysfs_root=self.sysfs_root)
         except DeviceGone:
             raise
-        except UserError as exc:
+        except UserError:
             if not (self.sysfs_root / "block" / self.info.name).exists():
                 raise DeviceGone(f"{self.info.name} vanished") from None
-            raise exc
+            raise
 
     def apply(self, action: ControlAction, *, dry_run: bool = False) -> Outcome:
-        return Outcome(action, FAILED, dry_run=dry_run, detail=NO_ACTUATORS)
+        return Outcome(action, FAILED, dry_run=dry_run, detail=NO_ACTUATOR)
 
     def step(self, now_ns: int) -> list[Outcome]:
         return []
@@ -68,17 +69,32 @@ def has_real_backends() -> bool:
 def open_backend(info: VolumeInfo, sysfs_root: Path = Path("/sys")) -> Backend:
     real = _optional("cachepilot.backends", "open_backend")
     if real is not None:
-        return real(info, sysfs_root=sysfs_root)  # type: ignore[no-any-return]
+        try:
+            return real(info, sysfs_root=sysfs_root)  # type: ignore[no-any-return]
+        except UserError:
+            pass  # a kind without a backend: watch it read-only
     return ReadOnlyBackend(info, sysfs_root=sysfs_root)
 
 
-FileAction = Promote | DiscardRanges
+class FileActuators:
+    """One volume's discarder (its token bucket lives across ticks) and promoter."""
 
+    def __init__(self, info: VolumeInfo, discard_max_rate: int) -> None:
+        self.info = info
+        discarder = _optional("cachepilot.actuators.discard", "Discarder")
+        self.discarder = discarder(info, max_rate=discard_max_rate) if discarder else None
+        self.promote_fn = _optional("cachepilot.actuators.promote", "apply")
 
-def carry_out(action: FileAction, info: VolumeInfo, dry_run: bool) -> Outcome:
-    """Promote or discard through the actuators (``apply(action, info, dry_run=...) -> Outcome``)."""
-    module = "cachepilot.actuators.promote" if isinstance(action, Promote) else "cachepilot.actuators.discard"
-    fn = _optional(module, "apply")
-    if fn is None:
-        return Outcome(action, FAILED, dry_run=dry_run, detail=NO_ACTUATORS)  # type: ignore[arg-type]
-    return fn(action, info, dry_run=dry_run)  # type: ignore[no-any-return]
+    def run(self, action: Promote | DiscardRanges, dry_run: bool) -> Any:
+        """An outcome (``action``, ``status``, ``dry_run``, ``error``, ``detail``, ``line()``; discards also
+        ``issued``/``trimmed_bytes``/``deferred``)."""
+        if isinstance(action, DiscardRanges):
+            if self.discarder is None:
+                return Outcome(action, FAILED, dry_run=dry_run, detail=NO_ACTUATOR)  # type: ignore[arg-type]
+            return self.discarder.run(action, dry_run=dry_run)
+        if self.promote_fn is None:
+            return Outcome(action, FAILED, dry_run=dry_run, detail=NO_ACTUATOR)  # type: ignore[arg-type]
+        try:
+            return self.promote_fn(action, self.info, dry_run=dry_run)
+        except CachepilotError as exc:
+            return Outcome(action, FAILED, dry_run=dry_run, error=exc)  # type: ignore[arg-type]

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from cachepilot.backends.base import FAILED, PENDING, Backend, Outcome
+from cachepilot.backends.base import DONE, FAILED, PENDING, Backend, Outcome
 from cachepilot.daemon import actuation, volumes
 from cachepilot.daemon.config import DaemonConfig, load_config
 from cachepilot.daemon.control import ControlServer
@@ -33,10 +33,10 @@ from cachepilot.daemon.loop import TickLoop
 from cachepilot.daemon.notify import Notifier
 from cachepilot.daemon.snapshot import hottest
 from cachepilot.daemon.state import MAX_DECISIONS, MAX_HOT, StateFile
-from cachepilot.engine.actions import Action, DiscardRanges, Promote, SetKnob
-from cachepilot.engine.engine import Engine, normalise_mode
+from cachepilot.engine.actions import Action, DiscardRanges, Drain, Promote, SetKnob
+from cachepilot.engine.engine import Engine, Latch, normalise_mode
 from cachepilot.errors import CachepilotError, DeviceGone, FatalError, KernelRejected, RetryLater, UserError
-from cachepilot.events import Drops, kdev_major_minor
+from cachepilot.events import Barrier, Discard, Drops, kdev_major_minor
 from cachepilot.models.hotness import F_READ
 
 log = logging.getLogger("cachepilot")
@@ -47,20 +47,33 @@ BACKOFF_MAX_S = 60.0
 TOP_K = 25
 TOP_EVERY_S = 2.0
 DECISIONS_KEPT = 1000
+_EVENT_KINDS = {"FreedExtent": "freed_extent", "Delete": "delete", "Barrier": "barrier", "Discard": "discard",
+                "JournalCommit": "journal_commit", "SyncCalls": "sync_calls", "HotnessDelta": "hotness_delta",
+                "MetadataDelta": "metadata_delta"}
 
 Discover = Callable[[], tuple[list[volumes.Found], list[str]]]
 BackendFactory = Callable[[Any], Backend]
-CarryOut = Callable[[Any, Any, bool], Outcome]
+ActuatorsFactory = Callable[[Any, int], Any]  # (VolumeInfo, discard max rate) -> .run(action, dry_run)
 
 
 @dataclass
 class Vol:
     found: volumes.Found
     backend: Backend | None  # None: observe only
+    files: Any = None  # FileActuators: discards and promotions
     in_flight: dict[Any, dict[str, Any]] = field(default_factory=dict)  # action -> its decision (with writes)
     retries: list[tuple[int, int, Action]] = field(default_factory=list)  # (due ns, attempt, action)
+    deferred: list[Action] = field(default_factory=list)  # what pacing left for the next tick
     last_sample: Any = None
     sample_errors: int = 0
+    # cumulative, for the exporter
+    promoted_bytes: int = 0
+    discard_issued_bytes: int = 0
+    discard_trimmed_bytes: int = 0
+    discard_landed_bytes: int = 0
+    barriers: int = 0
+    drains: int = 0
+    epoch_bytes: Any = None  # exporter HistogramAccumulator when the exporter is in this build
 
     @property
     def info(self) -> Any:
@@ -98,7 +111,7 @@ class Daemon:
         probe_factory: Callable[[int], Any] | None = None,
         discover: Discover = volumes.discover,
         backend_factory: BackendFactory = actuation.open_backend,
-        carry_out: CarryOut = actuation.carry_out,
+        actuators_factory: ActuatorsFactory = actuation.FileActuators,
         notifier: Notifier | None = None,
     ) -> None:
         self.config = config
@@ -106,7 +119,7 @@ class Daemon:
         self.probe_factory = probe_factory
         self.discover = discover
         self.backend_factory = backend_factory
-        self.carry_out = carry_out
+        self.actuators_factory = actuators_factory
         self.notifier = notifier or Notifier()
         self.engine = Engine(config.policy, start_ns=time.monotonic_ns())
         self.vols: dict[int, Vol] = {}
@@ -133,6 +146,10 @@ class Daemon:
         self._said_observe_only = False
         self._said: set[str] = set()
         self.drops: Drops | None = None
+        self.by_lower: dict[int, int] = {}  # a device below a volume -> the volume's dev
+        self.clear_requests: list[str] = []  # from the control socket, done on the loop thread
+        self.metrics: Any = None  # the exporter (box, registry, server) when configured
+        self.ready = False
 
     # ------------------------------------------------------------------ start / stop
     @property
@@ -163,6 +180,7 @@ class Daemon:
         self._publish(now, 0)
         what = ", ".join(f"{v.info.name} ({v.info.kind})" for v in self.vols.values()) or "no volume"
         mode = " DRY RUN:" if self.dry_run else ""
+        self.ready = True
         self.notifier.ready(f"watching {what}")
         log.info("ready:%s watching %s; control socket %s", mode, what, self.config.socket)
 
@@ -176,6 +194,8 @@ class Daemon:
             self._restore(v, "stopping")
         self._save_state()
         self.control.stop()
+        if self.metrics is not None and self.metrics.get("server") is not None:
+            self.metrics["server"].close()
         if self.probe is not None:
             self.probe.close()
             self.probe = None
@@ -196,18 +216,26 @@ class Daemon:
         v.retries.clear()
 
     def _attach_metrics(self) -> None:
-        """The exporter (ops) hooks itself in with ``cachepilot.metrics.attach(daemon)``: it reads
-        ``daemon.config.metrics_listen`` / ``metrics_textfile`` and appends to ``daemon.snapshot_listeners``."""
-        if not (self.config.metrics_listen or self.config.metrics_textfile):
-            return
-        attach = actuation._optional("cachepilot.metrics", "attach")  # noqa: SLF001 - one optional-import helper
-        if attach is None:
-            log.info("metrics: no exporter in this build; %s not served", self.config.metrics_listen)
+        """The Prometheus exporter (cachepilot.exporter): a snapshot box the loop publishes to every tick, HTTP on
+        ``metrics.listen`` and/or the node_exporter textfile. A taken port is logged; the daemon runs on."""
+        cfg = self.config
+        if not (cfg.metrics_listen or cfg.metrics_textfile):
             return
         try:
-            attach(self)
-        except (CachepilotError, OSError) as exc:
-            log.warning("metrics: exporter not started: %s", exc)
+            from cachepilot import exporter
+        except ImportError:
+            log.info("metrics: no exporter in this build; %s not served", cfg.metrics_listen)
+            return
+        box = exporter.SnapshotBox()
+        registry = exporter.make_registry(box)
+        self.metrics = {"mod": exporter, "box": box, "registry": registry, "server": None,
+                        "ticks": exporter.HistogramAccumulator(exporter.TICK_BUCKETS)}
+        if cfg.metrics_listen:
+            try:
+                self.metrics["server"] = exporter.serve(cfg.metrics_listen, registry)
+                log.info("metrics: http://%s/metrics", cfg.metrics_listen)
+            except UserError as exc:
+                log.warning("metrics: not served: %s", exc)
 
     # ------------------------------------------------------------------ signals (called from handlers: flags only)
     def request_stop(self) -> None:
@@ -226,6 +254,16 @@ class Daemon:
 
     def _feed(self, ev: Any) -> None:
         self.counters[f"events.{type(ev).__name__}"] += 1
+        if isinstance(ev, Discard):
+            v = self.vols.get(self.by_lower.get(ev.dev, -1))
+            if v is not None:
+                v.discard_landed_bytes += ev.nr_sectors * 512
+        elif isinstance(ev, Barrier) and ev.closes_epoch:
+            v = self.vols.get(ev.dev)
+            if v is not None:
+                v.barriers += 1
+                if v.epoch_bytes is not None:
+                    v.epoch_bytes.observe(ev.epoch_bytes)
         try:
             self.engine.feed(ev)
         except TypeError:  # an event kind this engine does not know yet
@@ -245,6 +283,11 @@ class Daemon:
             self._rescan(now)
             self._next_rescan = now + int(self.config.rescan_s * NS)
         self._sample(now)
+        self._clear_latches()
+        for v in list(self.vols.values()):
+            deferred, v.deferred = v.deferred, []
+            for action in deferred:
+                self.execute(action, now)
         for action in self.engine.tick(now):
             self.execute(action, now)
         self._retry_due(now)
@@ -315,11 +358,37 @@ class Daemon:
                 self._once(f"{info.name}: cannot watch it: {exc}")
                 return
         v = Vol(f, backend)
+        if backend is not None:
+            ctl = self.engine.vols[info.dev]
+            v.files = self.actuators_factory(info, ctl.policy.discard_on_delete.max_rate)
+        if self.metrics is not None or self.config.metrics_listen or self.config.metrics_textfile:
+            try:
+                from cachepilot.exporter import EPOCH_BUCKETS, HistogramAccumulator
+                v.epoch_bytes = HistogramAccumulator(EPOCH_BUCKETS)
+            except ImportError:
+                pass
+        for low in f.lower:
+            self.by_lower[low] = info.dev
         self.vols[info.dev] = v
         self.counters["volumes.adopted"] += 1
         how = "observe only" if v.observe_only else info.kind
         log.info("adopted %s (%s, %s, mounted at %r)", info.name, how, devname(info.dev), info.mountpoint)
+        self._restore_latch(v, now)
         self._rewarm_from_state(v, now)
+
+    def _restore_latch(self, v: Vol, now: int) -> None:
+        """A latched volume stays latched across restarts (unless its cache device was replaced since)."""
+        sv = self._saved_volume(v.info) or {}
+        latch = sv.get("latch")
+        ctl = self.engine.vols.get(v.info.dev)
+        if not isinstance(latch, dict) or ctl is None or ctl.latch is not None:
+            return
+        cache_id = str(latch.get("cache_id", ""))
+        if cache_id and v.info.cache_id and cache_id != v.info.cache_id:
+            log.info("%s: was latched on cache %s; the cache device was replaced: not latched", v.info.name, cache_id)
+            return
+        ctl.latch = Latch(f"{latch.get('reason', 'latched')} (kept from the state file)", now, cache_id)
+        log.warning("%s: still latched: %s", v.info.name, ctl.latch.reason)
 
     def drop(self, dev: int, why: str) -> None:
         v = self.vols.pop(dev, None)
@@ -332,6 +401,8 @@ class Daemon:
             except CachepilotError:
                 pass  # it is gone: nothing to put back
         self.engine.remove_volume(dev)
+        for low in v.found.lower:
+            self.by_lower.pop(low, None)
         if self.probe is not None:
             self.probe.unwatch(dev)
         self.counters["volumes.dropped"] += 1
@@ -367,7 +438,7 @@ class Daemon:
             return
         try:
             if isinstance(action, Promote | DiscardRanges):
-                out = self.carry_out(action, v.info, self.dry_run)
+                out = v.files.run(action, self.dry_run)
             else:
                 assert v.backend is not None
                 out = v.backend.apply(action, dry_run=self.dry_run)
@@ -383,15 +454,30 @@ class Daemon:
                 return v
         return None
 
-    def _outcome(self, v: Vol, out: Outcome, now: int, attempt: int) -> None:
+    def _outcome(self, v: Vol, out: Any, now: int, attempt: int) -> None:
         d = self._record(v, out, now, attempt=attempt)
-        if out.status == PENDING:
-            v.in_flight[out.action] = d
+        a = out.action
+        if isinstance(a, DiscardRanges):
+            if not out.dry_run:
+                v.discard_issued_bytes += getattr(out, "issued_bytes", 0)
+                v.discard_trimmed_bytes += getattr(out, "trimmed_bytes", 0)
+            if getattr(out, "deferred", None) is not None:
+                v.deferred.append(out.deferred)  # paced: the rest goes next tick
+        elif isinstance(a, Promote):
+            if out.status == DONE and not out.dry_run:
+                v.promoted_bytes += sum(n for _, n in a.ranges)
+        elif out.status == PENDING:
+            v.in_flight[a] = d
+        elif isinstance(a, Drain) and out.status == DONE and not out.dry_run:
+            v.drains += 1
         err = out.error
+        retry = isinstance(err, RetryLater) and attempt < MAX_RETRIES
+        if not retry and not (isinstance(a, DiscardRanges) and out.status == PENDING):
+            self.engine.outcome(out)  # the engine learns how it ended (re-queues failed discards, ends drains)
         if err is None:
             return
         self.counters[f"failed.{err.kind}"] += 1
-        if isinstance(err, RetryLater) and attempt < MAX_RETRIES:
+        if retry:  # busy: the daemon retries with backoff; the engine hears only the final result
             delay = min(BACKOFF_MAX_S, 2.0 ** attempt)
             v.retries.append((now + int(delay * NS), attempt + 1, out.action))
             self.counters["retries"] += 1
@@ -436,10 +522,10 @@ class Daemon:
             "status": out.status,
             "dry_run": out.dry_run,
             "writes": [{"target": w.target, "before": w.before, "value": w.value, "readback": w.readback}
-                       for w in out.writes],
+                       for w in getattr(out, "writes", ())],
             "error": str(err) if err else None,
             "error_kind": err.kind if err else None,
-            "detail": " ".join(x for x in (note, out.detail) if x),
+            "detail": " ".join(x for x in (note, out.detail, self._discard_note(out)) if x),
             "attempt": attempt,
         }
         self.decisions.append(d)
@@ -449,6 +535,24 @@ class Daemon:
             level = logging.DEBUG  # what it would do on a volume it only observes: explain shows it
         log.log(level, "%s%s", "DRY RUN " if out.dry_run else "", line)
         return d
+
+    @staticmethod
+    def _discard_note(out: Any) -> str:
+        if not isinstance(out.action, DiscardRanges) or not hasattr(out, "issued_bytes"):
+            return ""
+        later = f", {sum(n for _, n in out.deferred.ranges)} bytes deferred" if out.deferred else ""
+        return (f"FITRIM issued {len(out.issued)} range(s), {out.issued_bytes} bytes; "
+                f"filesystem trimmed {out.trimmed_bytes} bytes{later}")
+
+    def _clear_latches(self) -> None:
+        for name in self.clear_requests:
+            try:
+                was = self.engine.clear_latch(name)
+            except UserError as exc:
+                log.warning("clear latch: %s", exc)
+                continue
+            log.warning("%s: latch cleared by the operator%s", name, f" (was: {was})" if was else " (none was set)")
+        self.clear_requests = []
 
     # ------------------------------------------------------------------ reload
     def reload(self) -> bool:
@@ -564,7 +668,8 @@ class Daemon:
                 "name": info.name, "kind": info.kind, "dev": devname(info.dev), "fs_uuid": info.fs_uuid,
                 "hot": [[h["ino"], h["gen"], h["score"], h["size"]] for h in hot],
                 "health": ctl.state.health.name if ctl else "UNKNOWN",
-                "latched": bool(getattr(ctl, "latched", False)) if ctl else False,
+                "latch": {"reason": ctl.latch.reason, "cache_id": ctl.latch.cache_id}
+                if ctl is not None and ctl.latch is not None else None,
                 "in_flight": list(v.in_flight.values()),
             }
         return {
@@ -605,7 +710,8 @@ class Daemon:
                 "hit_ratio": st.hit_ratio, "hits": v.last_sample.hits if v.last_sample else None,
                 "misses": v.last_sample.misses if v.last_sample else None,
                 "io_errors": st.io_errors, "health": st.health.name,
-                "latched": bool(getattr(c, "latched", False)),
+                "latched": c.latch is not None, "latch_reason": c.latch.reason if c.latch else None,
+                "breach": c.breach, "last_failure": c.last_failure or None,
                 "pending": [a.line() for a in pend], "retries": len(v.retries),
                 "promo_queue": len(c.promo_queue), "believed_cached": len(c.cached),
                 "discard_pending_blocks": c.freed.pending_blocks, "held_switches": c.held_switches,
@@ -636,11 +742,67 @@ class Daemon:
             "top": self.top,
             "decisions": list(self.decisions),
         }
+        if self.metrics is not None:
+            self._export(tick_ns)
         for fn in self.snapshot_listeners:
             try:
                 fn(self.snapshot)
             except Exception as exc:  # noqa: BLE001 - a broken listener must not stop the loop
                 self._once(f"snapshot listener failed: {type(exc).__name__}: {exc}")
+
+    def _export(self, tick_ns: int) -> None:
+        m = self.metrics
+        ex = m["mod"]
+        if tick_ns:
+            m["ticks"].observe(tick_ns / NS)
+        c = self.counters
+        vols = []
+        for v in self.vols.values():
+            ctl = self.engine.vols.get(v.info.dev)
+            s = v.last_sample
+            if ctl is None or s is None or v.observe_only:
+                continue
+            st = ctl.state
+            mode = normalise_mode(st.mode)
+            req = ctl.requested_mode
+            recoverable = ctl.policy.failure_model == "recoverable"
+            try:
+                vols.append(ex.VolumeSnapshot(
+                    volume=v.info.name, device=v.info.name, kind=v.info.kind, mode=mode,
+                    target_mode=req[0] if req else mode, health=int(st.health), latched=ctl.latch is not None,
+                    draining=ctl.drain is not None or bool(v.in_flight), cache_bytes=v.info.cache_bytes,
+                    cache_io_errors=st.io_errors, dirty_bytes=st.dirty_bytes,
+                    dirty_age_seconds=st.exposure_age_s(self.engine.now_ns),
+                    dirty_bound_bytes=None if recoverable else ctl.policy.exposure.max_dirty,
+                    age_bound_seconds=None if recoverable else ctl.policy.exposure.max_age_s,
+                    drains=v.drains, drain_deadline_misses=ctl.breaches, hits=s.hits, misses=s.misses,
+                    bypasses=None, promoted_bytes=v.promoted_bytes, discard_issued_bytes=v.discard_issued_bytes,
+                    discard_landed_bytes=v.discard_landed_bytes, barriers=v.barriers,
+                    epoch_bytes=v.epoch_bytes.freeze() if v.epoch_bytes is not None else ex.Histogram.empty(
+                        ex.EPOCH_BUCKETS)))
+            except ValueError as exc:
+                self._once(f"metrics: {v.info.name} left out: {exc}")
+        d = self.drops
+
+        def by(prefix: str) -> dict[str, int]:
+            return {k[len(prefix):]: int(n) for k, n in c.items() if k.startswith(prefix)}
+
+        events = {_EVENT_KINDS.get(k, k.lower()): n for k, n in by("events.").items() if k in _EVENT_KINDS}
+        snap = ex.DaemonSnapshot(
+            timestamp=time.time(), start_time=self.started_wall, ready=self.ready, dry_run=self.dry_run,
+            observe_only=not any(not v.observe_only for v in self.vols.values()), events=events,
+            drops={"ringbuf_full": d.ringbuf_full, "hotness_map_full": d.hotness_map_full, "other": d.other}
+            if d else {}, ticks=c["ticks"], tick_duration=m["ticks"].freeze(), last_tick_timestamp=time.time(),
+            decisions=by("decisions."), action_failures=by("failed."),
+            policy_reloads=c["reloads"] - c["reloads_failed"], policy_reload_failures=c["reloads_failed"],
+            policy_last_reload_success=self.policy_error is None, state_writes=self.state.writes,
+            state_write_failures=self.state.failed_writes, volumes=tuple(vols))
+        m["box"].publish(snap)
+        if self.config.metrics_textfile:
+            try:
+                ex.write_textfile(self.config.metrics_textfile, m["registry"])
+            except OSError as exc:
+                self._once(f"metrics: textfile {self.config.metrics_textfile} not written: {exc.strerror}")
 
     def answer(self, req: dict[str, Any]) -> dict[str, Any]:
         """Control-socket requests, from the last snapshot only (called on the server thread)."""
@@ -664,7 +826,13 @@ class Daemon:
             out = [d for d in snap.get("decisions", [])
                    if d.get("ts", 0) >= since and (want is None or d.get("volume") == want)]
             return {"decisions": out[-int(req.get("limit", DECISIONS_KEPT)):]}
-        raise UserError(f"unknown command {cmd!r} (status, top, explain)")
+        if cmd == "clear_latch":
+            name = str(req.get("volume", ""))
+            if name not in {v["name"] for v in snap.get("volumes", [])}:
+                raise UserError(f"unknown volume {name!r}")
+            self.clear_requests.append(name)  # done by the loop at its next tick (the engine is the loop's)
+            return {"queued": name}
+        raise UserError(f"unknown command {cmd!r} (status, top, explain, clear_latch)")
 
     def _once(self, msg: str) -> None:
         """Log an expected problem once (it may recur every tick)."""
