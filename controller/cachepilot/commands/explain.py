@@ -12,13 +12,14 @@ from typing import Any
 from cachepilot.commands.status import socket_arg, socket_path
 from cachepilot.display import escape
 from cachepilot.errors import UserError
-from cachepilot.policy.loader import parse_duration
 
 
 def since_ts(text: str | None) -> float:
     """--since: a duration back from now (90s, 5m) or a date-time (2026-11-23T20:00:00)."""
     if not text:
         return 0.0
+    from cachepilot.policy.loader import parse_duration  # lazy: the loader pulls in jsonschema (slow)
+
     try:
         return time.time() - parse_duration(text)
     except ValueError:

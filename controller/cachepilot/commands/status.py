@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cachepilot.daemon.config import DEFAULT_SOCKET, load_config
+from cachepilot.daemon.control import DEFAULT_SOCKET
 from cachepilot.display import escape
 
 
@@ -22,6 +22,8 @@ def socket_path(args: argparse.Namespace) -> Path:
     if args.socket:
         return Path(args.socket)
     if args.config:
+        from cachepilot.daemon.config import load_config  # lazy: jsonschema is slow to import (in the lab, seconds)
+
         return load_config(args.config).socket
     return Path(DEFAULT_SOCKET)
 

@@ -15,12 +15,12 @@ from typing import Any
 
 import jsonschema
 
+from cachepilot.daemon.control import DEFAULT_SOCKET
 from cachepilot.errors import UserError
 from cachepilot.policy.loader import load_policy, parse_duration, raise_first, read_yaml, schema_errors
 from cachepilot.policy.model import DEFAULT_POLICY, Policy
 
 DEFAULT_STATE_DIR = "/var/lib/cachepilot"
-DEFAULT_SOCKET = "/run/cachepilot/control.sock"
 DEFAULT_METRICS = "127.0.0.1:9854"
 
 _DURATION = {

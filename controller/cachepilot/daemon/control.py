@@ -19,6 +19,7 @@ from typing import Any
 
 from cachepilot.errors import FatalError, UserError
 
+DEFAULT_SOCKET = "/run/cachepilot/control.sock"
 MAX_REQUEST = 4096
 CLIENT_TIMEOUT_S = 1.0
 

@@ -326,6 +326,8 @@ class Daemon:
             want.setdefault(f.info.dev, f)
         for dev in [d for d in self.vols if d not in want]:
             self.drop(dev, "vanished")
+        for dev in [d for d, v in self.vols.items() if want[d].info != v.info]:
+            self.drop(dev, f"changed (now {want[dev].info.kind}, mounted at {want[dev].info.mountpoint!r})")
         for dev, f in want.items():
             if dev not in self.vols:
                 self.adopt(f, now)

@@ -46,7 +46,7 @@ def origin_written() -> int:
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([cli, *args, "--socket", str(tmp / "ctl.sock")], capture_output=True, text=True,
-                          env={**os.environ, "COLUMNS": "300"}, timeout=60)
+                          env={**os.environ, "COLUMNS": "300"}, timeout=180)
 
 
 def wait(pred, timeout: float, step: float = 0.25) -> bool:  # type: ignore[no-untyped-def]
@@ -60,7 +60,7 @@ def wait(pred, timeout: float, step: float = 0.25) -> bool:  # type: ignore[no-u
 
 (tmp / "policy.yaml").write_text(POLICY)
 (tmp / "c.yaml").write_text("version: 1\npolicies: [policy.yaml]\nstate_dir: state\nsocket: ctl.sock\ntick: 500ms\n"
-                            "rescan: 5s\nstate_interval: 2s\nmetrics: {listen: ''}\n")
+                            "rescan: 2s\nstate_interval: 2s\nmetrics: {listen: ''}\n")
 say("mode_before", (sysfs / "cache_mode").read_text().strip())
 err = open(tmp / "stderr", "w+")
 t0 = time.monotonic()
@@ -75,6 +75,9 @@ if not ok:
 knobs = wait(lambda: (sysfs / "writeback_percent").read_text().strip() == "40", 20)
 say("knob_set", "yes" if knobs else "no")
 
+# keep what is written dirty however slow this guest is (an idle bcache writes back at full speed): only the
+# daemon's discards may take it out of the cache
+(sysfs / "writeback_running").write_text("0")
 # the workload: 16 MiB of new files (dirty in the write-back cache), a small hot file read again and again
 work = mnt / "work"
 work.mkdir()
@@ -135,6 +138,21 @@ p = request(tmp / "ctl.sock", {"cmd": "status"})["policy"]
 say("reload_error", json.dumps(p["last_error"]))
 say("policy_generation", p["generation"])
 say("alive_after_hup", "yes" if d.poll() is None else "no")
+
+# the volume vanishes (unmounted, bcache device stopped) and comes back (backing device registered, mounted)
+logged = lambda text: text in (tmp / "stderr").read_text()  # noqa: E731
+subprocess.run(["umount", str(mnt)], check=True)
+(sysfs / "stop").write_text("1")
+say("dropped", "yes" if wait(lambda: logged("dropped bcache0: "), 30) else "no")
+say("gone_from_status", "yes" if not request(tmp / "ctl.sock", {"cmd": "status"})["volumes"] else "no")
+Path("/sys/fs/bcache/register").write_text(os.path.realpath(origin))
+wait(lambda: Path("/dev/bcache0").exists() and sysfs.exists(), 20)
+subprocess.run(["mount", "/dev/bcache0", str(mnt)], check=True)
+say("readopted", "yes" if wait(lambda: any(v["mountpoint"] == str(mnt) for v in request(
+    tmp / "ctl.sock", {"cmd": "status"})["volumes"]), 30) else "no")
+say("knob_repinned", "yes" if wait(lambda: (sysfs / "writeback_percent").read_text().strip() == "40", 20) else "no")
+
+(sysfs / "writeback_running").write_text("1")
 
 # SIGTERM: exit 0, the cache left as it was (mode, writeback_percent), nothing pending
 d.send_signal(signal.SIGTERM)
