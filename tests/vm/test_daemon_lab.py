@@ -18,9 +18,9 @@ def test_daemon_discards_deleted_dirty_data_answers_reloads_and_stops_clean(lab)
     # the policy's pinned knobs were set through the real backend (read back)
     assert v["knob_set"] == "yes" and r.int("knob_decisions_done") >= 2, r.explain()
     # deletes became discards: ~16 MiB of dirty data left the cache, and it never went to the origin
-    assert r.int("dirty_before") >= 16 * MIB, r.explain()
-    assert r.int("dirty_before") - r.int("dirty_after") >= 15 * MIB, r.explain()
-    assert r.int("origin_written_during") < 8 * MIB, r.explain()
+    # (most of the 16 MiB is dirty; bcache may bypass some before the daemon pinned sequential_cutoff 0)
+    assert r.int("dirty_before") >= 8 * MIB and r.int("dirty_after") <= MIB, r.explain()
+    assert r.int("origin_written_during") < MIB, r.explain()
     assert r.int("discard_done") >= 1 and r.int("discard_issued_bytes") >= 16 * MIB, r.explain()
     # status, top and explain answer through the real CLI
     assert v["cli_status_rc"] == "0" and v["cli_status_has_volume"] == "yes", r.explain()
