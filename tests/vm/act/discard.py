@@ -5,8 +5,10 @@ key=value lines on stdout."""
 
 from __future__ import annotations
 
+import mmap
 import os
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -63,6 +65,19 @@ def dirty() -> int:
     return b.sample(time.monotonic_ns()).dirty_bytes
 
 
+def keep_busy(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    buf = mmap.mmap(-1, 4096)
+    while not stop_busy.is_set():
+        os.preadv(fd, [buf], 0)
+        time.sleep(0.1)
+    os.close(fd)
+
+
+stop_busy = threading.Event()
+busy = threading.Thread(target=lambda: keep_busy(mnt / "keep0"), daemon=True)
+
+
 def dm_status() -> str:
     return run("dmsetup", "status", os.environ["LAB_DM_NAME"])
 
@@ -84,6 +99,11 @@ else:  # dm-cache: promote by reading three times, then overwrite: the cached co
     for _ in range(3):
         for n in dead:
             run("dd", f"if={mnt / n}", "of=/dev/null", "bs=64k", "iflag=direct", "status=none")
+    # dm-cache writes dirty blocks back as soon as it has been idle for a second, or while busy within
+    # migration_threshold: keep it busy (small reads) and the threshold below one block, so the dirty copies
+    # stay for the duration of the test.
+    drive(b, SetKnob(name, "migration_threshold", "1", "lab: hold dirty blocks"))
+    busy.start()
     dead = write_files(mnt, "dead", 4, 4 * MIB, seed=3)
 os.sync()
 time.sleep(1)
@@ -139,6 +159,8 @@ time.sleep(1)
 say("dirty_after", dirty())
 if recipe == "dmcache":
     say("status_after", dm_status())
+    stop_busy.set()
+    busy.join()
 
 drop_caches()
 say("keep_intact", intact(mnt, keep))

@@ -1,0 +1,214 @@
+"""Promotion by reading: the hot ranges of a file read through the cached volume so that the stock cache admits
+them — the stock caches promote on access, so the controller promotes by accessing.
+
+A file is named by (filesystem dev, inode, generation), never by a path: it is opened with
+``open_by_handle_at`` on a descriptor of the filesystem's mountpoint, with a handle built from the inode and
+generation (ext4's FILEID_INO32_GEN: type 1, ``{u32 ino, u32 gen}``). A file deleted or replaced since the
+decision (generation mismatch, ESTALE) is skipped and logged. Needs CAP_DAC_READ_SEARCH. The file is opened
+``O_DIRECT | O_NOATIME``: reads go to the volume (not the page cache) and no inode is dirtied.
+
+FIEMAP gives the on-disk extents (holes and unwritten extents are never read). The ranges are cut into aligned
+chunks of 64–256 KiB and read in *descending physical order*: bcache extends a sequential run only when a bio
+starts where a recent one ended (``check_should_bypass``: the last 128 I/Os, within 5 s) and bypasses a run past
+``sequential_cutoff``; reading downwards, no chunk ever starts where an earlier one ended, so no run forms and
+the reads are admitted (as misses, then hits). dm-cache's smq promotes blocks whose hotspot has been hit
+enough: ``passes`` reads every chunk that many times (the lab measures what smq needs). A token bucket keeps
+the reads within ``rate`` bytes per second; what does not fit now comes back as ``deferred``. The probe ignores
+the daemon's own I/O, so promotion reads never count as hotness.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import mmap
+import os
+import random
+import stat
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from cachepilot.actuators.extents import fiemap
+from cachepilot.backends.kernelio import classify_errno
+from cachepilot.engine.actions import Promote
+from cachepilot.errors import CachepilotError, DeviceGone
+from cachepilot.events import kdev_from_st_dev
+from cachepilot.models.volume import VolumeInfo
+
+log = logging.getLogger("cachepilot.actuators.promote")
+
+DONE, PENDING, FAILED, SKIPPED = "done", "pending", "failed", "skipped"
+FILEID_INO32_GEN = 1
+MIN_CHUNK, MAX_CHUNK = 64 << 10, 256 << 10
+PASSES = {"bcache": 1, "dm-cache": 2, "dm-writecache": 0}  # dm-writecache never caches reads
+
+
+class _FileHandle(ctypes.Structure):
+    _fields_ = [("handle_bytes", ctypes.c_uint), ("handle_type", ctypes.c_int), ("f_handle", ctypes.c_ubyte * 8)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.open_by_handle_at.argtypes = [ctypes.c_int, ctypes.POINTER(_FileHandle), ctypes.c_int]
+_libc.open_by_handle_at.restype = ctypes.c_int
+
+
+def open_by_handle(mount_fd: int, ino: int, gen: int, flags: int) -> int:
+    """open_by_handle_at(2) with an ext4 FILEID_INO32_GEN handle; OSError (ESTALE: gone or replaced)."""
+    h = _FileHandle(8, FILEID_INO32_GEN)
+    h.f_handle[:] = list(struct.pack("<II", ino & 0xFFFFFFFF, gen & 0xFFFFFFFF))
+    fd = _libc.open_by_handle_at(mount_fd, ctypes.byref(h), flags)
+    if fd < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+    return fd
+
+
+@dataclass(frozen=True, slots=True)
+class PromoteResult:
+    action: Promote
+    status: str  # DONE | PENDING (some deferred by pacing) | SKIPPED (file gone/replaced/not regular) | FAILED
+    dry_run: bool = False
+    read_bytes: int = 0
+    reads: int = 0
+    deferred: Promote | None = None
+    error: CachepilotError | None = None
+    detail: str = ""
+
+    def line(self) -> str:
+        dry = " (dry run)" if self.dry_run else ""
+        later = f", {sum(n for _, n in self.deferred.ranges)} bytes deferred" if self.deferred else ""
+        err = f" error[{self.error.kind}]: {self.error}" if self.error else ""
+        why = f" ({self.detail})" if self.detail else ""
+        return (f"{self.action.line()} => {self.status}{dry}: {self.reads} reads, {self.read_bytes} bytes"
+                f"{later}{why}{err}")
+
+
+Chunk = tuple[int, int, int]  # (physical, logical, length)
+
+
+class Promoter:
+    """One per filesystem (volume). ``run`` reads what the budget allows now and returns the rest."""
+
+    def __init__(self, info: VolumeInfo, *, rate: int = 4 << 20, passes: int | None = None, seed: int = 0,
+                 clock: Callable[[], int] = time.monotonic_ns,
+                 opener: Callable[[int, int, int, int], int] = open_by_handle) -> None:
+        self.info = info
+        self.rate = max(1, rate)
+        self.passes = PASSES.get(info.kind, 1) if passes is None else passes
+        self.rng = random.Random(seed)  # noqa: S311 (chunk sizes, not secrets)
+        self.clock = clock
+        self.opener = opener
+        self._tokens = float(self.rate)
+        self._last = clock()
+        self.errors: dict[str, int] = {}
+        self.read_bytes_total = 0
+        self.skipped_total = 0
+
+    def run(self, action: Promote, *, dry_run: bool = False) -> PromoteResult:
+        if self.passes == 0:
+            return self._skip(action, dry_run, f"{self.info.kind} does not cache reads")
+        try:
+            fd = self._open(action)
+        except _Skip as s:
+            return self._skip(action, dry_run, str(s))
+        except CachepilotError as exc:
+            return self._failed(action, dry_run, exc)
+        try:
+            chunks = self.plan(fd, action.ranges)
+            return self._read(fd, action, chunks, dry_run)
+        except OSError as exc:
+            return self._failed(action, dry_run, classify_errno(exc.errno, f"promote ino {action.ino}"))
+        finally:
+            os.close(fd)
+
+    # -------------------------------------------------------------- opening by handle
+    def _open(self, action: Promote) -> int:
+        if not self.info.mountpoint:
+            raise DeviceGone(f"{self.info.name}: no filesystem mounted")
+        try:
+            mfd = os.open(self.info.mountpoint, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as exc:
+            raise classify_errno(exc.errno, f"open {self.info.mountpoint}") from None
+        try:
+            dev = kdev_from_st_dev(os.fstat(mfd).st_dev)
+            if dev != action.dev:
+                raise DeviceGone(f"{self.info.mountpoint} is filesystem {dev:#x}, not {action.dev:#x}")
+            flags = os.O_RDONLY | os.O_DIRECT | os.O_NOATIME | os.O_CLOEXEC
+            try:
+                fd = self.opener(mfd, action.ino, action.gen, flags)
+            except OSError as exc:
+                if exc.errno in (errno.ESTALE, errno.ENOENT):
+                    raise _Skip(f"inode {action.ino} generation {action.gen} is gone or was replaced") from None
+                raise classify_errno(exc.errno, f"open_by_handle_at ino {action.ino}") from None
+        finally:
+            os.close(mfd)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_ino != action.ino:
+            os.close(fd)
+            raise _Skip(f"inode {action.ino} is not a regular file")
+        return fd
+
+    # -------------------------------------------------------------- what to read, in which order
+    def plan(self, fd: int, ranges: tuple[tuple[int, int], ...]) -> list[Chunk]:
+        """Aligned chunks of the on-disk parts of ``ranges``, in descending physical order."""
+        bs = self.info.fs_block_size
+        chunks: list[Chunk] = []
+        for off, length in ranges:
+            lo, hi = off // bs * bs, -(-(off + length) // bs) * bs
+            for e in fiemap(fd, lo, hi - lo):
+                if not e.on_disk:
+                    continue
+                s, t = max(lo, e.logical), min(hi, e.logical + e.length)
+                while s < t:
+                    n = min(t - s, self.rng.randrange(MIN_CHUNK, MAX_CHUNK + 1, bs))
+                    chunks.append((e.physical + (s - e.logical), s, n))
+                    s += n
+        chunks.sort(reverse=True)
+        return chunks
+
+    def _read(self, fd: int, action: Promote, chunks: list[Chunk], dry_run: bool) -> PromoteResult:
+        self._refill()
+        buf = mmap.mmap(-1, MAX_CHUNK)  # page-aligned, as O_DIRECT needs
+        done_bytes = reads = 0
+        left = list(chunks)
+        while left and self._tokens >= left[0][2] * self.passes:
+            _, logical, n = left.pop(0)
+            for _ in range(self.passes):
+                if not dry_run:
+                    os.preadv(fd, [memoryview(buf)[:n]], logical)
+                reads += 1
+            self._tokens -= n * self.passes
+            done_bytes += n * self.passes
+        buf.close()
+        if not dry_run:
+            self.read_bytes_total += done_bytes
+        deferred = None
+        if left:
+            rest = tuple(sorted((lg, n) for _, lg, n in left))
+            deferred = Promote(action.volume, action.dev, action.ino, action.gen, rest, action.reason)
+        r = PromoteResult(action, PENDING if left else DONE, dry_run, done_bytes, reads, deferred)
+        log.info("%s", r.line())
+        return r
+
+    def _refill(self) -> None:
+        now = self.clock()
+        self._tokens = min(float(max(self.rate, MAX_CHUNK * self.passes)),
+                           self._tokens + (now - self._last) / 1e9 * self.rate)
+        self._last = now
+
+    def _skip(self, action: Promote, dry_run: bool, why: str) -> PromoteResult:
+        self.skipped_total += 1
+        log.info("%s: skipped: %s", action.line(), why)
+        return PromoteResult(action, SKIPPED, dry_run, detail=why)
+
+    def _failed(self, action: Promote, dry_run: bool, exc: CachepilotError) -> PromoteResult:
+        self.errors[exc.kind] = self.errors.get(exc.kind, 0) + 1
+        log.warning("%s failed: %s", action.line(), exc)
+        return PromoteResult(action, FAILED, dry_run, error=exc)
+
+
+class _Skip(Exception):
+    """The file is not there to promote (an expected condition, not an error)."""

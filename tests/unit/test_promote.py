@@ -1,0 +1,122 @@
+"""The promoter on the host's filesystem (root: open_by_handle_at and FIEMAP are real here): files opened by
+(dev, ino, gen), only on-disk extents read, in aligned 64-256 KiB chunks that never continue an earlier read,
+within the byte budget; a replaced or deleted file skipped; another filesystem refused."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import struct
+from dataclasses import replace
+
+import pytest
+
+from cachepilot.actuators.promote import DONE, FAILED, MAX_CHUNK, MIN_CHUNK, PENDING, SKIPPED, Promoter
+from cachepilot.engine.actions import Promote
+from cachepilot.errors import DeviceGone
+from cachepilot.events import kdev_from_st_dev
+from cachepilot.models.volume import VolumeInfo
+
+MIB = 1 << 20
+
+
+def generation(path) -> int:
+    with open(path, "rb") as f:
+        buf = bytearray(8)
+        fcntl.ioctl(f.fileno(), 0x80087601, buf, True)  # FS_IOC_GETVERSION
+        return struct.unpack("=q", buf)[0] & 0xFFFFFFFF
+
+
+@pytest.fixture
+def fs(tmp_path):
+    if os.geteuid() != 0:
+        pytest.fail("needs root (CAP_DAC_READ_SEARCH for open_by_handle_at)", pytrace=False)
+    info = VolumeInfo(dev=kdev_from_st_dev(os.stat(tmp_path).st_dev), name="bcache0", kind="bcache",
+                      mountpoint=str(tmp_path), fs_block_size=4096)
+    return info, tmp_path
+
+
+def make_file(path, parts):
+    with open(path, "wb") as f:
+        for off, n in parts:
+            f.seek(off)
+            f.write(os.urandom(n))
+        f.flush()
+        os.fsync(f.fileno())
+    st = os.stat(path)
+    return st.st_ino, generation(path)
+
+
+def action(info, ino, gen, ranges):
+    return Promote(info.name, info.dev, ino, gen, tuple(ranges), "hot")
+
+
+class Clock:
+    t = 0
+
+    def __call__(self):
+        return self.t
+
+
+def test_reads_exactly_the_on_disk_parts_in_chunks_that_never_continue_a_run(fs):
+    info, d = fs
+    ino, gen = make_file(d / "f", [(0, 3 * MIB), (5 * MIB, MIB)])  # a 2 MiB hole in between
+    p = Promoter(info, rate=64 * MIB, seed=1)
+    fd = os.open(d / "f", os.O_RDONLY)
+    try:
+        chunks = p.plan(fd, ((0, 6 * MIB),))
+    finally:
+        os.close(fd)
+    assert sum(n for _, _, n in chunks) == 4 * MIB
+    assert all(lg % 4096 == 0 and MIN_CHUNK <= n <= MAX_CHUNK or n < MIN_CHUNK for _, lg, n in chunks)
+    assert not any(MIB * 3 <= lg < 5 * MIB for _, lg, _ in chunks)  # the hole is never read
+    ends = set()
+    for phys, _, n in chunks:  # no chunk starts where an earlier-read one ended: no sequential run
+        assert phys not in ends
+        ends.add(phys + n)
+    r = p.run(action(info, ino, gen, [(0, 6 * MIB)]))
+    assert r.status == DONE and r.read_bytes == 4 * MIB and r.reads == len(chunks), r.line()
+
+
+def test_replaced_or_deleted_file_is_skipped(fs):
+    info, d = fs
+    ino, gen = make_file(d / "f", [(0, MIB)])
+    p = Promoter(info)
+    r = p.run(action(info, ino, gen + 1, [(0, MIB)]))
+    assert r.status == SKIPPED and "replaced" in r.detail
+    os.unlink(d / "f")
+    assert p.run(action(info, ino, gen, [(0, MIB)])).status == SKIPPED
+    assert p.skipped_total == 2
+
+
+def test_budget_defers_the_rest(fs):
+    info, d = fs
+    ino, gen = make_file(d / "f", [(0, 2 * MIB)])
+    clock = Clock()
+    p = Promoter(info, rate=MIB, clock=clock)
+    r = p.run(action(info, ino, gen, [(0, 2 * MIB)]))
+    assert r.status == PENDING and r.read_bytes <= MIB and r.deferred is not None
+    assert r.read_bytes + sum(n for _, n in r.deferred.ranges) == 2 * MIB
+    total = r.read_bytes
+    while r.deferred is not None:  # a second's budget at a time, never more
+        clock.t += 1_000_000_000
+        r = p.run(r.deferred)
+        assert 0 < r.read_bytes <= MIB
+        total += r.read_bytes
+    assert r.status == DONE and total == 2 * MIB
+
+
+def test_another_filesystem_is_refused(fs):
+    info, d = fs
+    ino, gen = make_file(d / "f", [(0, MIB)])
+    r = Promoter(info).run(Promote(info.name, info.dev + 1, ino, gen, ((0, MIB),), "hot"))
+    assert r.status == FAILED and isinstance(r.error, DeviceGone)
+
+
+def test_writecache_caches_no_reads_and_dry_run_reads_nothing(fs, monkeypatch):
+    info, d = fs
+    ino, gen = make_file(d / "f", [(0, MIB)])
+    assert Promoter(replace(info, kind="dm-writecache")).run(action(info, ino, gen, [(0, MIB)])).status == SKIPPED
+    monkeypatch.setattr(os, "preadv", lambda *a: pytest.fail("a dry run read"))
+    r = Promoter(info).run(action(info, ino, gen, [(0, MIB)]), dry_run=True)
+    assert r.dry_run and r.status == DONE and r.read_bytes == MIB
