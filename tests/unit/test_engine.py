@@ -214,3 +214,94 @@ def test_no_flapping(steps: list[dict], fm: str) -> None:  # type: ignore[type-a
             if not forced and last_switch is not None:
                 assert t - last_switch >= 300, (a, t, last_switch)
             last_switch = t
+
+
+def test_file_larger_than_the_token_bucket_is_promoted() -> None:
+    """rate 256KiB (a 512 KiB bucket) and one hot 1 MiB file: main never promoted it."""
+    e = engine(POLICY.replace("rate: 64KiB", "rate: 256KiB"))
+    e.feed(HotnessDelta(FileKey(DEV, 7, 1), 64, 0, 1 << 20, 0, 1, size=1 << 20))
+    e.feed(HotnessDelta(FileKey(DEV, 8, 1), 64, 0, 4096, 0, 1, size=4096))
+    got = [(t, a) for t in range(1, 12) for a in e.tick(t * NS) if isinstance(a, Promote)]
+    big = [t for t, a in got if a.ino == 7]
+    assert big and big[0] <= 3, got  # within the time the bucket takes to fill
+    total = sum(a.ranges[0][1] for _, a in got)
+    assert total <= 256 * 1024 * 11 + 512 * 1024 + (1 << 20)  # the rate still holds, with one file of debt
+
+
+def _members_consistent(e: Engine) -> None:
+    from cachepilot.models.hotness import F_MEMBER, PAGE
+    t = e.hotness
+    for c in e.vols.values():
+        members = [s for s in range(len(t.flags)) if t.flags[s] & F_MEMBER and t.dev[s] == c.info.dev]
+        assert c.cached.count == len(members)
+        assert c.cached.used_bytes == sum(t.charged[s] * PAGE for s in members)
+
+
+OP = st.tuples(st.sampled_from(["hot", "hot", "delete", "tick", "batch"]), st.integers(1, 6), st.integers(1, 3),
+               st.integers(1, 64), st.sampled_from([4096, 65536, 1 << 20]))
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.lists(OP, min_size=1, max_size=60))
+def test_inode_reuse_never_leaks_the_believed_cached_set(ops: list[tuple[str, int, int, int, int]]) -> None:
+    e = engine(POLICY.replace("max_cache_fraction: 0.5", "max_cache_fraction: 0.002"))  # ~2 MiB: evictions too
+    now = 1
+    for op, ino, gen, score, size in ops:
+        if op == "hot":
+            e.feed(HotnessDelta(FileKey(DEV, ino, gen), score, 0, size, 0, now, size=size))
+        elif op == "batch":  # the vectorised path (>= 32 records)
+            e.feed_hotness_records([(DEV, (ino + k) % 7 + 1, gen, score, 0, size, 0, now, size) for k in range(40)])
+        elif op == "delete":
+            e.feed(Delete(FileKey(DEV, ino, gen), size, now))
+        else:
+            now += 1
+            e.tick(now * NS)
+        _members_consistent(e)
+    e.tick((now + 1) * NS)
+    _members_consistent(e)
+
+
+def test_forty_inode_reuses_leave_the_set_usable() -> None:
+    e = engine(POLICY.replace("max_cache_fraction: 0.5", "max_cache_fraction: 0.0625"))  # 64 MiB
+    for gen in range(1, 41):  # the same inode number, a new file each time, each admitted
+        e.feed(HotnessDelta(FileKey(DEV, 9, gen), 64, 0, 1 << 20, 0, gen, size=(1 << 20) - 4096))
+        e.tick(gen * NS)
+    c = e.vols[DEV]
+    assert c.cached.count == 1 and c.cached.used_bytes == (1 << 20) - 4096
+    e.feed(HotnessDelta(FileKey(DEV, 10, 1), 64, 0, 4096, 0, 50, size=4096))
+    e.tick(50 * NS)
+    assert c.cached.count == 2
+
+
+def test_knobs_only_for_the_kind_and_compared_as_typed_values() -> None:
+    vol = VolumeInfo(dev=DEV, name="dm-3", kind="dm-cache", cache_bytes=1 << 30)
+    e = engine(POLICY, vol=vol)  # defaults pin sequential_cutoff, a bcache knob
+    sample(e, 1, knobs={"migration_threshold": "2048"})
+    assert not [a for a in e.tick(1 * NS) if isinstance(a, SetKnob)]
+    b = engine(POLICY)
+    sample(b, 1, knobs={"sequential_cutoff": "4.0M"})  # bcache's sysfs prints sizes human-readably
+    assert not [a for a in b.tick(1 * NS) if isinstance(a, SetKnob)]
+
+
+def test_auto_on_dm_writecache_is_destructive() -> None:
+    vol = VolumeInfo(dev=DEV, name="dm-3", kind="dm-writecache", cache_bytes=1 << 30)
+    e = engine("version: 1\ndefaults: {failure_model: auto}\n", vol=vol)
+    for i in range(50):
+        e.feed(HotnessDelta(FileKey(DEV, i + 1, 0), 64, 0, 1 << 20, 0, 1, size=4096))
+    sample(e, 1, "writeback", dirty=4096)
+    acts = e.tick(1 * NS)
+    assert not modes(acts) and [a for a in acts if type(a).__name__ == "Drain"]
+
+
+def test_one_tick_admits_many_files_keeping_the_hottest() -> None:
+    e = engine(POLICY.replace("max_cache_fraction: 0.5", "max_cache_fraction: 0.001"))  # ~1 MiB: 256 files
+    recs = [(DEV, i + 1, 1, 1 + i % 64, 0, 4096, 0, 1, 4096) for i in range(5000)]
+    e.feed_hotness_records(recs)
+    e.tick(1 * NS)
+    c = e.vols[DEV]
+    _members_consistent(e)
+    members = c.cached.members()
+    assert 0 < len(members) and c.cached.used_bytes <= c.cached.capacity_bytes
+    bar = c.cached.last_evicted
+    assert all(e.hotness.score(s) >= bar for s in members)  # evicted coldest first
+    assert bar > 1  # many were evicted, the bar rose

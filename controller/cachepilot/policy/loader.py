@@ -18,6 +18,7 @@ import jsonschema
 import yaml
 
 from cachepilot.errors import UserError
+from cachepilot.policy import capcheck
 from cachepilot.policy.model import (
     DiscardOnDelete,
     Exposure,
@@ -206,7 +207,7 @@ def _settings(raw: dict[str, Any], base: VolumePolicy, doc: _Doc, path: PathT) -
 
 def _covers(a: Selector, b: Selector) -> bool:
     """Every volume b selects is also selected by a (a conservative, decidable check)."""
-    for attr in ("device", "fs_uuid", "mountpoint"):
+    for attr in ("device", "fs_uuid", "mountpoint", "kind"):
         av, bv = getattr(a, attr), getattr(b, attr)
         if av is None:
             continue
@@ -248,6 +249,7 @@ def parse_policy(text: str, source: str = "<string>") -> Policy:
         raise UserError(f"{source}:{doc.line(())}: a policy file is a mapping (version, defaults, volumes)")
     raise_first(schema_errors(doc))
     raw = doc.value
+    capcheck.check(raw, doc.err)
     defaults = _settings(raw.get("defaults", {}), VolumePolicy(), doc, ("defaults",))
     rules: list[Rule] = []
     for i, r in enumerate(raw.get("volumes", [])):
