@@ -261,3 +261,12 @@ def test_node_exporter_textfile_collector_carries_our_metrics(tmp_path: Path) ->
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_readme_metric_table_lists_exactly_the_exported_metrics() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Metrics and alerts")[1].split("**Rules**")[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `cachepilot_")]
+    documented = {n for line in rows for n in re.findall(r"`(cachepilot_[a-z_]+)`", line.split("|")[1])}
+    exported = {f.name + ("_total" if f.type == "counter" else "") for f in families(exposition()).values()}
+    assert documented == exported, (sorted(documented - exported), sorted(exported - documented))

@@ -98,3 +98,9 @@ def test_recording_rules_follow_the_naming_convention() -> None:
     for r in rules():
         if "record" in r:
             assert re.fullmatch(r"(volume|instance):cachepilot_[a-z_]+:[a-z0-9_]+", r["record"]), r["record"]
+
+
+def test_readme_alert_table_lists_every_alert() -> None:
+    section = (ROOT / "README.md").read_text().split("**Rules**")[1].split("**Dashboard**")[0]
+    documented = set(re.findall(r"`(Cachepilot[A-Za-z]+)`", section))
+    assert documented == {a["alert"] for a in alerts()}

@@ -16,20 +16,24 @@ finish() {  # $1: exit code to report
     /bin/busybox reboot -f
 }
 
-# /tmp stays the overlay's (writable, in the guest's tmpfs upper layer): a fresh tmpfs there would hide a checkout
-# that lives under the host's /tmp, and with it this script's own recipes and the kernel's modules.
-mount -t tmpfs -o mode=0755 tmpfs /run
-mkdir -p /dev/pts /dev/shm
-mount -t devpts devpts /dev/pts
-mount -t tmpfs tmpfs /dev/shm
-mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null
-mount -t debugfs nodev /sys/kernel/debug 2>/dev/null
-mount -t bpf bpf /sys/fs/bpf 2>/dev/null
+# With --init systemd this runs as a service (stage2-systemd.sh set the guest up, systemd mounted /run and /dev).
+if [[ ${LAB_INIT:-} != systemd ]]; then
+    # /tmp stays the overlay's (writable, in the guest's tmpfs upper layer): a fresh tmpfs there would hide a
+    # checkout that lives under the host's /tmp, and with it this script's own recipes and the kernel's modules.
+    mount -t tmpfs -o mode=0755 tmpfs /run
+    mkdir -p /dev/pts /dev/shm
+    mount -t devpts devpts /dev/pts
+    mount -t tmpfs tmpfs /dev/shm
+fi
+mountpoint -q /sys/kernel/tracing || mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null
+mountpoint -q /sys/kernel/debug || mount -t debugfs nodev /sys/kernel/debug 2>/dev/null
+mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf 2>/dev/null
 
 # shellcheck disable=SC1091
 source "$JOB/job.env"
 : > "$JOB/booted"
-mkdir -p /lib/modules && mount --bind "$LAB_KERNEL_DIR/lib/modules" /lib/modules
+mkdir -p /lib/modules
+mountpoint -q /lib/modules || mount --bind "$LAB_KERNEL_DIR/lib/modules" /lib/modules
 hostname lab
 export DM_DISABLE_UDEV=1 HOME=/root TERM=${TERM:-linux}
 export PATH="$here:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

@@ -1,0 +1,134 @@
+"""The Ansible role and site.yml, run for real on this host against throw-away roots (`cachepilot_root`): lint
+(production profile), syntax, convergence (files only: no systemd here), idempotence, check mode, variables
+rejected early naming the variable, a policy the host's cachepilot refuses stopping the rollout after the first
+batch. Service management and the health gate run only on real hosts (the lab test waits for `cachepilot run`)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import yaml
+from ops_support import ROOT, need_tool
+
+PLAYBOOKS = ROOT / "playbooks"
+EXE = ROOT / ".venv" / "bin" / "cachepilot"
+POLICY = {"version": 1, "defaults": {"failure_model": "destructive", "exposure": {"max_dirty": "32MiB",
+                                                                                 "max_age": "20s"}}}
+LOGS = {"version": 1, "volumes": [{"name": "logs", "match": {"mountpoint": "/var/log"},
+                                   "failure_model": "recoverable"}]}
+
+
+def playbook(tmp: Path, hosts: dict[str, dict], *args: str, prometheus: tuple[str, ...] = ()) -> tuple[int, str]:
+    """Run site.yml over local hosts (each with its own vars) and return (rc, output)."""
+    common = {"ansible_connection": "local", "ansible_python_interpreter": "/usr/bin/python3",
+              "ansible_become": False, "cachepilot_install_method": "preinstalled",
+              "cachepilot_executable": str(EXE)}
+    inventory = {"all": {"children": {
+        "cachepilot": {"hosts": {h: {**common, **v} for h, v in hosts.items()}},
+        "prometheus": {"hosts": {h: {} for h in prometheus}}}}}
+    (tmp / "inventory.yml").write_text(yaml.safe_dump(inventory))
+    env = {**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_RETRY_FILES_ENABLED": "0", "ANSIBLE_FORCE_COLOR": "0",
+           "ANSIBLE_LOCAL_TEMP": str(tmp / ".ansible"), "ANSIBLE_REMOTE_TEMP": str(tmp / ".ansible"),
+           "ANSIBLE_PIPELINING": "1"}
+    r = subprocess.run([need_tool("ansible-playbook"), "-i", str(tmp / "inventory.yml"),
+                        str(PLAYBOOKS / "site.yml"), *args], capture_output=True, text=True, env=env, timeout=300)
+    return r.returncode, (r.stdout + r.stderr).replace('\\"', '"')  # messages appear inside JSON
+
+
+def recap(out: str) -> dict[str, dict[str, int]]:
+    return {m.group(1): {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(2))}
+            for m in re.finditer(r"^(\S+)\s+: (ok=.*)$", out, re.M)}
+
+
+def files(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): (os.readlink(p) if p.is_symlink() else p.read_text())
+            for p in sorted(root.rglob("*")) if p.is_file() or p.is_symlink()}
+
+
+def test_ansible_lint_production_profile() -> None:
+    r = subprocess.run([need_tool("ansible-lint"), "--nocolor", "--profile", "production", "playbooks/"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_syntax_check() -> None:
+    r = subprocess.run([need_tool("ansible-playbook"), "--syntax-check", "-i",
+                        str(PLAYBOOKS / "inventory" / "example.yml"), str(PLAYBOOKS / "site.yml")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_converges_idempotent_check_mode_and_a_refused_policy_stops_the_rollout(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    host = {"cachepilot_root": str(root), "cachepilot_policy": POLICY, "cachepilot_extra_policies": {"logs": LOGS},
+            "cachepilot_textfile_enabled": True, "cachepilot_metrics_allow": ["localhost", "10.0.0.0/8"],
+            "cachepilot_runbook_base_url": "https://docs.example.net/cachepilot/runbooks/"}
+    rc, out = playbook(tmp_path, {"h1": host}, prometheus=("h1",))
+    assert rc == 0, out
+    assert recap(out)["h1"]["failed"] == 0 and recap(out)["h1"]["changed"] > 0
+    got = files(root)
+    unit = (ROOT / "controller" / "cachepilot" / "data" / "cachepilot.service").read_text()
+    assert got["etc/systemd/system/cachepilot.service"] == unit  # the packaged unit, unchanged
+    dropin = got["etc/systemd/system/cachepilot.service.d/ansible.conf"]
+    assert "IPAddressAllow=localhost 10.0.0.0/8" in dropin
+    assert "ReadWritePaths=/var/lib/prometheus/node-exporter" in dropin
+    config = yaml.safe_load(got["etc/cachepilot/config.yaml"])
+    assert config["policies"] == ["/etc/cachepilot/policy.yaml", "/etc/cachepilot/policies/logs.yaml"]
+    assert config["metrics"] == {"listen": "127.0.0.1:9854",
+                                 "textfile": "/var/lib/prometheus/node-exporter/cachepilot.prom"}
+    assert yaml.safe_load(got["etc/cachepilot/policy.yaml"]) == POLICY
+    assert yaml.safe_load(got["etc/cachepilot/policies/logs.yaml"]) == LOGS
+    assert got["usr/local/bin/cachepilot"] == str(EXE)
+    assert (root / "var/lib/prometheus/node-exporter").is_dir()
+    rules = got["etc/prometheus/rules/cachepilot.rules.yml"]
+    assert "runbook_url: https://docs.example.net/cachepilot/runbooks/daemon-down.md" in rules
+    assert "dashboards/runbooks/" not in rules
+
+    rc, out = playbook(tmp_path, {"h1": host}, prometheus=("h1",))
+    assert rc == 0 and recap(out)["h1"]["changed"] == 0, out  # idempotent
+    assert files(root) == got
+
+    # check mode with a changed policy and one extra policy dropped: reports the changes, makes none
+    changed = {**host, "cachepilot_policy": {**POLICY, "dry_run": True}, "cachepilot_extra_policies": {}}
+    rc, out = playbook(tmp_path, {"h1": changed}, "--check", "--diff")
+    assert rc == 0, out
+    assert recap(out)["h1"]["changed"] >= 3, out  # policy.yaml, logs.yaml removed, config.yaml
+    assert "+dry_run: true" in out
+    assert files(root) == got
+
+    # a policy that passes the early checks (they do not know every key) but cachepilot on h1 refuses: h1 fails
+    # and keeps its last good policy; h2, in the second batch, is never touched
+    refused = {**POLICY, "defaults": {**POLICY["defaults"], "exposure": {"max_dirty": "32MiB", "max_agee": "20s"}}}
+    rc, out = playbook(tmp_path, {"h1": {**host, "cachepilot_policy": refused},
+                                  "h2": {**host, "cachepilot_root": str(tmp_path / "r2")}})
+    assert rc != 0
+    assert "max_agee" in out, out  # cachepilot policy check names the key
+    assert recap(out)["h1"]["failed"] == 1 and "h2" in recap(out), out
+    assert files(root) == got
+    assert not (tmp_path / "r2").exists(), "the second batch ran after the first failed"
+
+
+def test_bad_variables_fail_early_naming_the_variable(tmp_path: Path) -> None:
+    roots = {h: tmp_path / h for h in ("model", "size", "fine")}
+    bad_model = {**POLICY, "volumes": [{"name": "db", "match": {"device": "bcache*"}, "failure_model": "sometimes"}]}
+    bad_size = {**POLICY, "defaults": {"exposure": {"max_dirty": "lots"}}}
+    rc, out = playbook(tmp_path, {
+        "model": {"cachepilot_root": str(roots["model"]), "cachepilot_policy": bad_model},
+        "size": {"cachepilot_root": str(roots["size"]), "cachepilot_policy": bad_size},
+        "fine": {"cachepilot_root": str(roots["fine"]), "cachepilot_policy": POLICY},
+    })
+    assert rc != 0
+    assert 'cachepilot_policy.volumes[0].failure_model: "sometimes" is not one of recoverable, destructive, auto' \
+        in out, out
+    assert "cachepilot_policy.defaults.exposure.max_dirty" in out and "is not a size" in out, out
+    # the valid host was not touched either: nothing changes anywhere until every host's settings are valid
+    assert not any(r.exists() for r in roots.values()), out
+
+    rc, out = playbook(tmp_path, {"listen": {"cachepilot_root": str(tmp_path / "listen"),
+                                             "cachepilot_policy": POLICY,
+                                             "cachepilot_metrics_listen": "localhost:9854"}})
+    assert rc != 0 and 'cachepilot_metrics_listen: "localhost:9854" is not IP:PORT' in out, out
+    assert not (tmp_path / "listen").exists()
