@@ -23,7 +23,7 @@ from cachepilot.daemon.lock import DaemonLock
 from cachepilot.daemon.loop import TickLoop
 from cachepilot.daemon.state import MAX_HOT, StateFile
 from cachepilot.daemon.volumes import Found
-from cachepilot.engine.actions import Drain, SetKnob, SetWritePolicy
+from cachepilot.engine.actions import Drain, Promote, SetKnob, SetWritePolicy
 from cachepilot.errors import DeviceGone, FatalError, RetryLater, UserError
 from cachepilot.events import FileKey, HotnessDelta, kdev
 from cachepilot.models.volume import VolumeInfo, VolumeSample
@@ -268,6 +268,18 @@ class FakeBackend(Backend):
         return outs
 
 
+class FakeFiles:
+    """Stands in for the FITRIM and promotion actuators (the real ones are tested in tests/unit/test_discard.py,
+    test_promote.py and the lab)."""
+
+    def __init__(self, info: VolumeInfo, discard_rate: int, promote_rate: int) -> None:
+        self.ran: list[tuple[object, bool]] = []
+
+    def run(self, action: object, dry_run: bool) -> Outcome:
+        self.ran.append((action, dry_run))
+        return Outcome(action, DONE, dry_run=dry_run)  # type: ignore[arg-type]
+
+
 POLICY_DESTRUCTIVE = """
 version: 1
 defaults:
@@ -290,7 +302,8 @@ class Rig:
         self.found = [Found(VOL)]
         self.backends: dict[str, FakeBackend] = {}
         self.d = Daemon(load_config(self.cfg_path), config_path=self.cfg_path,
-                        discover=lambda: (list(self.found), []), backend_factory=self.backend)
+                        discover=lambda: (list(self.found), []), backend_factory=self.backend,
+                        actuators_factory=FakeFiles)
 
     def backend(self, info: VolumeInfo) -> FakeBackend:
         b = self.backends.setdefault(info.name, FakeBackend(info))
@@ -425,7 +438,10 @@ def test_state_survives_a_restart_rewarms_and_reconciles(tmp_path: Path) -> None
     t = r2.d.engine.hotness
     assert all(t.lookup(DEV, ino, 7) is not None for ino in range(1, 6))
     r2.tick(1)
+    r2.tick(2)
     assert r2.d.counters["rewarm_files"] == 5 and len(r2.d.engine.vols[DEV].cached) == 5
+    promoted = [a for a, _ in r2.d.vols[DEV].files.ran if isinstance(a, Promote)]
+    assert sorted(a.ino for a in promoted) == [1, 2, 3, 4, 5] and all(a.gen == 7 for a in promoted)
     r2.d.shutdown()
 
 

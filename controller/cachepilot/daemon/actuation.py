@@ -3,8 +3,9 @@
 
 Backends come from ``cachepilot.backends.open_backend``; a volume of a kind it does not know gets a read-only
 backend (samples through ``backends.inspect``; every control action fails with the reason, nothing is written).
-Discards go through ``cachepilot.actuators.discard.Discarder`` (FITRIM of each freed range, paced). Promotions go
-through ``cachepilot.actuators.promote`` when this build has it; until then they are reported as not carried out.
+Discards go through ``cachepilot.actuators.discard.Discarder`` (FITRIM of each freed range, paced), promotions
+through ``cachepilot.actuators.promote.Promoter`` (reads by handle, paced); both defer what pacing does not allow
+now. A build without them reports those actions as not carried out.
 Nothing else in the daemon knows which is which.
 """
 
@@ -18,7 +19,7 @@ from typing import Any
 from cachepilot.backends import inspect
 from cachepilot.backends.base import FAILED, Backend, ControlAction, Outcome
 from cachepilot.engine.actions import DiscardRanges, Promote
-from cachepilot.errors import CachepilotError, DeviceGone, UserError
+from cachepilot.errors import DeviceGone, UserError
 from cachepilot.models.volume import VolumeInfo, VolumeSample
 
 NO_ACTUATOR = "not carried out: this build has no actuator for it yet"
@@ -79,22 +80,20 @@ def open_backend(info: VolumeInfo, sysfs_root: Path = Path("/sys")) -> Backend:
 class FileActuators:
     """One volume's discarder (its token bucket lives across ticks) and promoter."""
 
-    def __init__(self, info: VolumeInfo, discard_max_rate: int) -> None:
+    def __init__(self, info: VolumeInfo, discard_max_rate: int, promote_rate: int) -> None:
         self.info = info
         discarder = _optional("cachepilot.actuators.discard", "Discarder")
         self.discarder = discarder(info, max_rate=discard_max_rate) if discarder else None
-        self.promote_fn = _optional("cachepilot.actuators.promote", "apply")
+        promoter = _optional("cachepilot.actuators.promote", "Promoter")
+        self.promoter = promoter(info, rate=promote_rate) if promoter else None
 
     def run(self, action: Promote | DiscardRanges, dry_run: bool) -> Any:
-        """An outcome (``action``, ``status``, ``dry_run``, ``error``, ``detail``, ``line()``; discards also
-        ``issued``/``trimmed_bytes``/``deferred``)."""
+        """An outcome (``action``, ``status``, ``dry_run``, ``error``, ``detail``, ``line()``, ``deferred``;
+        discards also ``issued``/``trimmed_bytes``, promotions ``read_bytes``)."""
         if isinstance(action, DiscardRanges):
             if self.discarder is None:
                 return Outcome(action, FAILED, dry_run=dry_run, detail=NO_ACTUATOR)  # type: ignore[arg-type]
             return self.discarder.run(action, dry_run=dry_run)
-        if self.promote_fn is None:
+        if self.promoter is None:
             return Outcome(action, FAILED, dry_run=dry_run, detail=NO_ACTUATOR)  # type: ignore[arg-type]
-        try:
-            return self.promote_fn(action, self.info, dry_run=dry_run)
-        except CachepilotError as exc:
-            return Outcome(action, FAILED, dry_run=dry_run, error=exc)  # type: ignore[arg-type]
+        return self.promoter.run(action, dry_run=dry_run)

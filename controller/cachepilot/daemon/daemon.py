@@ -53,7 +53,7 @@ _EVENT_KINDS = {"FreedExtent": "freed_extent", "Delete": "delete", "Barrier": "b
 
 Discover = Callable[[], tuple[list[volumes.Found], list[str]]]
 BackendFactory = Callable[[Any], Backend]
-ActuatorsFactory = Callable[[Any, int], Any]  # (VolumeInfo, discard max rate) -> .run(action, dry_run)
+ActuatorsFactory = Callable[[Any, int, int], Any]  # (info, discard max rate, promote rate) -> .run(action, dry)
 
 
 @dataclass
@@ -362,7 +362,7 @@ class Daemon:
         v = Vol(f, backend)
         if backend is not None:
             ctl = self.engine.vols[info.dev]
-            v.files = self.actuators_factory(info, ctl.policy.discard_on_delete.max_rate)
+            v.files = self.actuators_factory(info, ctl.policy.discard_on_delete.max_rate, ctl.policy.promotion.rate)
         if self.metrics is not None or self.config.metrics_listen or self.config.metrics_textfile:
             try:
                 from cachepilot.exporter import EPOCH_BUCKETS, HistogramAccumulator
@@ -466,15 +466,17 @@ class Daemon:
             if getattr(out, "deferred", None) is not None:
                 v.deferred.append(out.deferred)  # paced: the rest goes next tick
         elif isinstance(a, Promote):
-            if out.status == DONE and not out.dry_run:
-                v.promoted_bytes += sum(n for _, n in a.ranges)
+            if not out.dry_run:
+                v.promoted_bytes += getattr(out, "read_bytes", 0)
+            if getattr(out, "deferred", None) is not None:
+                v.deferred.append(out.deferred)
         elif out.status == PENDING:
             v.in_flight[a] = d
         elif isinstance(a, Drain) and out.status == DONE and not out.dry_run:
             v.drains += 1
         err = out.error
         retry = isinstance(err, RetryLater) and attempt < MAX_RETRIES
-        if not retry and not (isinstance(a, DiscardRanges) and out.status == PENDING):
+        if not retry and not (isinstance(a, DiscardRanges | Promote) and out.status == PENDING):
             self.engine.outcome(out)  # the engine learns how it ended (re-queues failed discards, ends drains)
         if err is None:
             return
@@ -483,8 +485,8 @@ class Daemon:
             delay = min(BACKOFF_MAX_S, 2.0 ** attempt)
             v.retries.append((now + int(delay * NS), attempt + 1, out.action))
             self.counters["retries"] += 1
-        elif isinstance(err, DeviceGone):
-            self.drop(v.info.dev, f"device gone ({err})")
+        elif isinstance(err, DeviceGone) and not isinstance(a, DiscardRanges | Promote):
+            self.drop(v.info.dev, f"device gone ({err})")  # (a filesystem gone under a file action: the rescan)
 
     def _retry_due(self, now: int) -> None:
         for v in list(self.vols.values()):
