@@ -510,7 +510,10 @@ def test_the_failure_latch_survives_a_restart_until_cleared(tmp_path: Path) -> N
     ctl = r2.d.engine.vols[DEV]
     assert ctl.latch is not None and "kept from the state file" in ctl.latch.reason
     assert r2.d.answer({"cmd": "status"})["volumes"][0]["latched"] is True
-    assert r2.d.answer({"cmd": "clear_latch", "volume": "bcache0"}) == {"queued": "bcache0"}
+    from cachepilot.cli import main
+
+    assert main(["clear-latch", "bcache0", "--socket", str(r2.d.config.socket)]) == 0
+    assert main(["clear-latch", "nope", "--socket", str(r2.d.config.socket)]) == 2  # unknown volume: one line
     r2.tick(1)
     assert ctl.latch is None
     r2.d.shutdown()

@@ -22,6 +22,8 @@ def test_daemon_discards_deleted_dirty_data_answers_reloads_and_stops_clean(lab)
     assert r.int("dirty_before") >= 8 * MIB and r.int("dirty_after") <= MIB, r.explain()
     assert r.int("origin_written_during") < MIB, r.explain()
     assert r.int("discard_done") >= 1 and r.int("discard_issued_bytes") >= 16 * MIB, r.explain()
+    # the hot file was promoted (read through the cache by handle)
+    assert r.int("promote_done") >= 1, r.explain()
     # status, top and explain answer through the real CLI
     assert v["cli_status_rc"] == "0" and v["cli_status_has_volume"] == "yes", r.explain()
     assert v["cli_top_rc"] == "0" and v["cli_top_has_hot"] == "yes", r.explain()

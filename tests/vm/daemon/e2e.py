@@ -26,7 +26,7 @@ tmp = Path(tempfile.mkdtemp(prefix="cp-daemon-"))
 POLICY = """version: 1
 defaults:
   failure_model: recoverable
-  promotion: {enabled: false}
+  promotion: {enabled: true, rate: 4MiB, sieve_size: 1MiB}
   discard_on_delete: {enabled: true, interval: 1s, min_extent: 4KiB}
   knobs: {writeback_percent: 40, sequential_cutoff: 0}  # keep written data dirty (set by the daemon)
 """
@@ -114,6 +114,7 @@ say("status_kind", vol["kind"])
 say("status_mode", vol["mode"])
 say("observe_only", s["observe_only"])
 explain = request(tmp / "ctl.sock", {"cmd": "explain"})["decisions"]
+say("promote_done", sum(1 for x in explain if x["kind"] == "promote" and x["status"] == "done"))
 say("knob_decisions_done", sum(1 for x in explain if x["kind"] == "set_knob" and x["status"] == "done"))
 discards = [x for x in explain if x["kind"] == "discard"]
 say("discard_decisions", len(discards))
