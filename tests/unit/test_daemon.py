@@ -344,6 +344,10 @@ def test_dry_run_goes_through_apply_and_changes_nothing(tmp_path: Path) -> None:
     r.tick(1)
     assert [(a.mode, dry) for a, dry in b.applied if isinstance(a, SetWritePolicy)] == [("writethrough", True)]
     assert b.mode == "writeback" and r.d.decisions[-1]["dry_run"] is True
+    r.d.engine.feed(HotnessDelta(FileKey(DEV, 9, 1), 64, 0, 4096, 0, 1, size=16384))
+    r.tick(2)
+    files = r.d.vols[DEV].files.ran
+    assert [(a.ino, dry) for a, dry in files if isinstance(a, Promote)] == [(9, True)]  # the actuator, told dry
     r.d.shutdown()
 
 
