@@ -10,7 +10,7 @@ MIB = 1 << 20
 
 
 def test_daemon_discards_deleted_dirty_data_answers_reloads_and_stops_clean(lab):
-    r = lab.run([".venv/bin/python", "tests/vm/daemon/e2e.py"], recipe="bcache", mode="writeback", timeout=360)
+    r = lab.run([".venv/bin/python", "tests/vm/daemon/e2e.py"], recipe="bcache", mode="writeback", timeout=420)
     print(r.stdout)
     assert r.rc == 0, r.explain()
     v = r.values

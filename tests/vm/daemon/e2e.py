@@ -4,6 +4,8 @@ broken policy keeps the running one; SIGTERM exits 0 and leaves the cache as it 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import mmap
 import os
@@ -21,7 +23,7 @@ MIB = 1 << 20
 mnt = Path(os.environ["LAB_MOUNT"])
 sysfs = Path(os.environ["LAB_BCACHE_SYSFS"])
 origin = os.environ["LAB_ORIGIN_DEV"]
-cli = str(Path(sys.executable).with_name("cachepilot"))
+cli = str(Path(sys.executable).with_name("cachepilot"))  # the daemon itself runs as its own process
 tmp = Path(tempfile.mkdtemp(prefix="cp-daemon-"))
 POLICY = """version: 1
 defaults:
@@ -45,8 +47,15 @@ def origin_written() -> int:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([cli, *args, "--socket", str(tmp / "ctl.sock")], capture_output=True, text=True,
-                          env={**os.environ, "COLUMNS": "300"}, timeout=180)
+    """The CLI's own code (cachepilot.cli.main) in this process: a new python per call costs tens of seconds in a
+    busy TCG guest (imports over 9p)."""
+    from cachepilot.cli import main
+
+    out, errs = io.StringIO(), io.StringIO()
+    os.environ["COLUMNS"] = "300"
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(errs):
+        rc = main([*args, "--socket", str(tmp / "ctl.sock")])
+    return subprocess.CompletedProcess(args, rc, out.getvalue(), errs.getvalue())
 
 
 def wait(pred, timeout: float, step: float = 0.25) -> bool:  # type: ignore[no-untyped-def]
