@@ -26,9 +26,11 @@ typedef __u64 u64;
 
 struct cp_watch {
 	u32 roles;
-	u32 volume; /* dev of the volume this device belongs to */
-	u32 slot;   /* index of the volume's state in the "volumes" array */
-	u32 pad;
+	u32 volume;   /* dev of the (first) volume this device belongs to */
+	u32 slot;     /* index of that volume's state in the "volumes" array */
+	u32 fs_dev;   /* s_dev of the filesystem of that volume: the volume itself, or a device stacked on it (LVM,
+		       * dm-linear, dm-crypt, a loop device with direct I/O): its files' pages reach the volume in bios */
+	u64 lower_of; /* CP_ROLE_LOWER: bit i set = a lower device of the volume in slot i (a device may be shared) */
 };
 
 #define CP_MAX_VOLUMES 64
@@ -38,12 +40,21 @@ struct cp_watch {
 #define CP_CFG_DIO_SYSCALLS 0x2 /* direct I/O marks live in "dio_task" (syscall hooks), else in task storage */
 
 struct cp_config {
-	u32 self_tgid;
+	u32 self_tgid; /* the loader's tgid in the initial PID namespace (what bpf_get_current_pid_tgid returns) */
 	u32 flags;
 	u64 nslots;   /* number of slots of "hot_slots" actually used (<= max_entries) */
 	u64 clock_ns; /* CLOCK_MONOTONIC, refreshed by user space at every poll: the hotness table's last-access time
 		       * (reading the clock per bio costs more than everything else in a virtual machine) */
+	u64 nonce;    /* non-zero while the loader claims self_tgid (see CP_SELF_CLAIM_FD) */
 };
+
+/*
+ * The loader may run in a PID namespace (a container): its getpid() is not the kernel's tgid. So it identifies
+ * itself in the kernel's own terms: with a random nonce in the config, it calls sync_file_range(CP_SELF_CLAIM_FD,
+ * nonce, 0, 0) (EBADF, no effect); the program records the caller's global tgid and clears the nonce. Only root can
+ * read the config, so no one else can claim to be the loader.
+ */
+#define CP_SELF_CLAIM_FD -4242
 
 /* ---- per-file hotness: open-addressed table in an mmap-able array ("hot_slots") ----
  * A slot is claimed by compare-and-swap of ino (0 = free; inode 0 does not exist), then dev and gen are written; a
@@ -61,7 +72,8 @@ struct cp_hot_slot {
 	u64 size; /* i_size at the last access */
 };
 
-#define CP_HOT_PROBES 8
+#define CP_HOT_PROBES 8       /* probed inline */
+#define CP_HOT_PROBES_MAX 1024 /* then through bpf_loop */
 
 /* ---- per-volume state (array "volumes", slot assigned by user space in struct cp_watch) ----
  * meta_* and the totals are cumulative (user space takes differences); epoch_* are reset by each block barrier. */
@@ -91,11 +103,43 @@ struct cp_dio {
 /* ---- drop counters (array "drops", one element) ---- */
 struct cp_drops {
 	u64 ringbuf_full;
-	u64 hot_full; /* no free slot within CP_HOT_PROBES probes: the access was not counted */
+	u64 hot_full; /* no free slot within CP_HOT_PROBES_MAX probes: the access was not counted */
 	u64 other;    /* a direct I/O mark that could not be stored (its bios then count as metadata) */
 };
 
-/* ---- ring-buffer events ("events") ---- */
+/* ---- per-(volume, kind) drop counters (per-CPU array "vol_drops", index slot * CP_DROP_KINDS + kind) ----
+ * kind: an event type (enum cp_event_type) whose ring was full, or CP_DROP_SYNC (a durability call that could not be
+ * tracked from its entry to its result). */
+#define CP_DROP_KINDS 8
+#define CP_DROP_SYNC 7
+
+/* ---- file-level durability calls, counted in the kernel (per-CPU array "sync_calls",
+ * index slot * CP_SYNC_KINDS + enum cp_barrier_kind) ----
+ * An unprivileged user can make millions a second: never one event each. Only calls that succeeded count: the entry
+ * of the syscall notes the file in "sync_pending" (tid -> struct cp_sync_pending), its exit counts it if it returned 0.
+ * Cumulative; user space takes differences. */
+#define CP_SYNC_KINDS 16
+
+struct cp_sync {
+	u64 calls;
+	u64 last_ino;
+	u64 ts_ns;
+	u32 last_pid;
+	u32 pad;
+};
+
+struct cp_sync_pending {
+	u64 ino;
+	u32 slot;
+	u32 kind; /* | CP_SYNC_FS_LEVEL: noted by the filesystem's own fsync (ext4_sync_file_enter), not a syscall's entry */
+};
+
+#define CP_SYNC_FS_LEVEL 0x100
+
+/* ---- ring-buffer events ----
+ * Two rings, so that a storm of one kind cannot starve the other: "events" carries what the controller must never
+ * miss (freed extents, deletes, journal commits, discards), "barrier_events" the block barriers (an unprivileged fsync
+ * loop makes flushes). */
 enum cp_event_type {
 	CP_EV_FREE = 1,
 	CP_EV_DELETE = 2,
@@ -113,6 +157,9 @@ enum cp_barrier_kind {
 	CP_BAR_FDATASYNC = 5,
 	CP_BAR_SYNC_FILE_RANGE = 6,
 	CP_BAR_SYNCFS = 7,
+	CP_BAR_SYNC = 8,       /* sync(2) */
+	CP_BAR_SYNC_WRITE = 9, /* a write on an O_SYNC / O_DSYNC file, or with RWF_SYNC / RWF_DSYNC */
+	CP_BAR_MSYNC = 10,     /* msync(MS_SYNC) */
 };
 
 #define CP_BAR_F_PREFLUSH 0x1
@@ -124,16 +171,18 @@ struct cp_ev_hdr {
 	u64 ts_ns;
 };
 
-struct cp_ev_free { /* ext4_free_blocks */
+struct cp_ev_free { /* ext4_free_blocks, xfs_extent_free_defer */
 	struct cp_ev_hdr hdr;
 	u64 ino;
 	u64 block;
 	u64 count;
-	u32 flags; /* ext4 EXT4_FREE_BLOCKS_*; bit 0 = metadata */
+	u32 flags;   /* ext4 EXT4_FREE_BLOCKS_*; bit 0 = metadata */
+	u32 tid;     /* the journal transaction the blocks were freed in (valid if has_tid) */
+	u32 has_tid; /* 0: no journal transaction (no journal, XFS) */
 	u32 pad;
 };
 
-struct cp_ev_delete { /* last unlink of a regular file */
+struct cp_ev_delete { /* a regular file's end: evicted with no link left */
 	struct cp_ev_hdr hdr;
 	u64 ino;
 	u64 size;

@@ -199,3 +199,44 @@ def fiemap(path: str | bytes) -> list[tuple[int, int, int]]:
 
 def blocks(extents: list[tuple[int, int]]) -> set[int]:
     return {b for start, count in extents for b in range(start, start + count)}
+
+
+# ---- the kernel's own record of any tracepoint, as (pid, event name, {field: value}) ----
+
+
+@dataclass
+class TraceRecord:
+    pid: int
+    event: str
+    fields: dict[str, str]
+
+
+@contextlib.contextmanager
+def ftrace_events(group: str, events: tuple[str, ...], filt: str = "") -> Iterator[list[TraceRecord]]:
+    """Record tracepoints of one group with ftrace (a private instance); the list fills when the block exits.
+    Fields are parsed from the print format's "name value" pairs (jbd2, ext4 style)."""
+    inst = TRACEFS / "instances" / f"cachepilot-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    inst.mkdir()
+    records: list[TraceRecord] = []
+    try:
+        (inst / "buffer_size_kb").write_text("8192\n")
+        for ev in events:
+            if filt:
+                (inst / "events" / group / ev / "filter").write_text(filt + "\n")
+            (inst / "events" / group / ev / "enable").write_text("1\n")
+        yield records
+        for ev in events:
+            (inst / "events" / group / ev / "enable").write_text("0\n")
+        for line in (inst / "trace").read_text().splitlines():
+            if line.startswith("#"):
+                continue
+            head, sep, rest = line.partition(": ")
+            name, sep2, body = rest.partition(": ")
+            if not sep or not sep2 or name not in events:
+                continue
+            task = head.split("[")[0].strip()
+            pid = int(task.rsplit("-", 1)[1])
+            words = body.split()
+            records.append(TraceRecord(pid, name, dict(zip(words[::2], words[1::2], strict=False))))
+    finally:
+        inst.rmdir()

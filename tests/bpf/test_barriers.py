@@ -7,7 +7,7 @@ import os
 import pytest
 from bpf_support import LoopFs, child, collect, settle
 
-from cachepilot.events import Barrier, BarrierKind, JournalCommit
+from cachepilot.events import Barrier, BarrierKind, JournalCommit, SyncCalls
 from cachepilot.probe import Probe
 
 pytestmark = pytest.mark.bpf
@@ -38,17 +38,14 @@ def test_fsync_epochs_carry_exactly_the_data_written(probe: Probe, watched: Loop
         return sum(b.epoch_data_bytes for b in block_barriers(evs)) >= sum(pages)
 
     events = collect(probe, done)
-    fsyncs = [e for e in events if isinstance(e, Barrier) and e.kind == BarrierKind.FSYNC]
-    assert [(e.dev, e.ino, e.closes_epoch) for e in fsyncs] == [(watched.dev, ino, False)] * len(sizes)
-    assert all(e.pid > 0 and e.pid != os.getpid() for e in fsyncs)
+    fsyncs = [e for e in probe.drain() if isinstance(e, SyncCalls)]
+    assert [(e.dev, e.kind, e.calls, e.last_ino) for e in fsyncs] == [(watched.dev, BarrierKind.FSYNC, len(sizes), ino)]
+    assert fsyncs[0].last_pid > 0 and fsyncs[0].last_pid != os.getpid()
+    assert not [e for e in events if isinstance(e, Barrier) and not e.closes_epoch]  # never one event per call
     blocks = block_barriers(events)
     assert blocks and all(b.dev == watched.dev and b.ino == 0 for b in blocks)
-    # per fsync: the barrier(s) it caused close epochs that hold exactly that fsync's data
-    per_fsync: list[int] = []
-    for i, f in enumerate(fsyncs):
-        end = fsyncs[i + 1].ts_ns if i + 1 < len(fsyncs) else float("inf")
-        per_fsync.append(sum(b.epoch_data_bytes for b in blocks if f.ts_ns <= b.ts_ns < end))
-    assert per_fsync == pages
+    # per fsync: the barrier it caused closes an epoch that holds exactly that fsync's data
+    assert [b.epoch_data_bytes for b in blocks if b.epoch_data_bytes] == pages
     # journal commits: the commit block is PREFLUSH|FUA, and the journal/metadata bytes are accounted apart
     assert any(b.kind == BarrierKind.PREFLUSH and b.flags == 3 for b in blocks)
     assert sum(b.epoch_meta_bytes for b in blocks) > 0
@@ -57,29 +54,35 @@ def test_fsync_epochs_carry_exactly_the_data_written(probe: Probe, watched: Loop
     assert vol is not None and vol.epoch_data_bytes == 0
 
 
-def test_fdatasync_sync_file_range_syncfs(probe: Probe, watched: LoopFs) -> None:
+def test_durability_calls_are_counted_per_kind_only_when_they_succeed(probe: Probe, watched: LoopFs) -> None:
     path = str(watched.path("f"))
     settle(probe)
     r = child(
-        "import os, sys\n"
+        "import os, sys, ctypes\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "libc.sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]\n"
         "fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT)\n"
         "os.write(fd, b'x' * 8192); os.fdatasync(fd)\n"
         "os.write(fd, b'y' * 8192)\n"
-        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-        "libc.sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]\n"
         "assert libc.sync_file_range(fd, 0, 0, 7) == 0\n"
+        "assert libc.sync_file_range(fd, 0, 0, 7) == 0\n"
+        "assert libc.sync_file_range(fd, -1, 0, 7) == -1\n"  # EINVAL: not counted
         "assert libc.syncfs(fd) == 0\n"
+        "opath = os.open(sys.argv[1], os.O_PATH)\n"
+        "assert libc.fsync(opath) == -1 and libc.fdatasync(opath) == -1\n"  # EBADF on an O_PATH fd: not counted
         "print(os.getpid(), os.fstat(fd).st_ino)",
         path,
     )
     pid, ino = map(int, r.stdout.split())
-    events = collect(probe, lambda evs: any(getattr(e, "kind", 0) == BarrierKind.SYNCFS for e in evs))
-    files = [(e.kind, e.ino, e.pid, e.arg) for e in events if isinstance(e, Barrier) and not e.closes_epoch]
-    assert files == [
-        (BarrierKind.FDATASYNC, ino, pid, 0),
-        (BarrierKind.SYNC_FILE_RANGE, ino, pid, 7),
-        (BarrierKind.SYNCFS, 0, pid, 0),
+    events = collect(probe, timeout=0.3)
+    assert not [e for e in events if isinstance(e, Barrier) and not e.closes_epoch]
+    calls = sorted((e.kind, e.calls, e.last_pid, e.last_ino) for e in probe.drain() if isinstance(e, SyncCalls))
+    assert calls == [
+        (BarrierKind.FDATASYNC, 1, pid, ino),
+        (BarrierKind.SYNC_FILE_RANGE, 2, pid, ino),
+        (BarrierKind.SYNCFS, 1, pid, 0),
     ]
+    assert not [e for e in probe.drain() if isinstance(e, SyncCalls)]  # deltas: reported once
 
 
 def test_empty_flush_and_journal_commits(probe: Probe, watched: LoopFs) -> None:

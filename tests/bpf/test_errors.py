@@ -37,7 +37,7 @@ def test_missing_optional_hook_is_a_reported_partial_attach(bpf_env: None) -> No
         assert p.report.partial
         assert set(p.report.failed) == {"on_ext4_free_blocks", "sys_fsync"}
         assert "on_bio_queue" in p.report.attached
-        assert p.report.missing_features() == ["file barriers: fsync", "freed extents (ext4)"]
+        assert p.report.missing_features() == ["durability calls: fsync", "freed extents (ext4)"]
         summary = p.report.summary()
         assert "NOT attached: on_ext4_free_blocks" in summary and "missing features" in summary
 
@@ -45,7 +45,7 @@ def test_missing_optional_hook_is_a_reported_partial_attach(bpf_env: None) -> No
 def test_missing_iomap_falls_back_to_syscalls(bpf_env: None) -> None:
     with Probe(max_files=64, unavailable={"on_dio_begin"}) as p:
         assert p.report.dio_hook == "syscalls"
-        assert "sys_dio_pread64" in p.report.attached
+        assert "sys_dio_pread64" in p.report.disabled  # loaded, attached when a stacked volume is watched
         assert not p.report.partial  # the fallback covers it
 
 
@@ -61,3 +61,15 @@ def test_missing_required_hook_refuses_to_run(bpf_env: None) -> None:
 def test_bad_parameters(bpf_env: None, kwargs: dict) -> None:
     with pytest.raises(UserError):
         Probe(**kwargs)
+
+
+def test_a_broken_object_is_one_line_and_libbpf_stays_quiet(
+    bpf_env: None, tmp_path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "broken.bpf.o"
+    bad.write_bytes(b"\x7fELF" + bytes(200))
+    with pytest.raises(UserError) as exc:
+        Probe(object_path=bad)
+    assert "\n" not in str(exc.value) and "broken.bpf.o" in str(exc.value)
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""

@@ -16,7 +16,12 @@ import pytest
 pytestmark = pytest.mark.vm
 
 ROOT = Path(__file__).resolve().parents[2]
-MODULES = ["tests/bpf/test_hotness.py", "tests/bpf/test_barriers.py", "tests/bpf/test_freed.py"]
+MODULES = [
+    "tests/bpf/test_hotness.py",
+    "tests/bpf/test_barriers.py",
+    "tests/bpf/test_freed.py",
+    "tests/bpf/test_durability.py",
+]
 GUEST_ONLY = ["tests/bpf/lab_attribution.py"]  # attribution to the cached device vs the disks below it
 # host-only: a second loop device with its own ext4, and a loop device whose max_sectors_kb is lowered
 DESELECT = "not unwatched and not split_bios"
@@ -73,3 +78,29 @@ def test_bpf_exact_counts_on_cached_volume(lab, recipe: str) -> None:
     assert all(line.startswith("NOT attached: on_xfs_extent_free:") for line in missing), attach
     assert "attached: on_bio_queue" in attach, attach
     assert "on_ext4_free_blocks" in attach.splitlines()[1] and "on_jbd2_end_commit" in attach.splitlines()[1], attach
+
+
+STACKED_GUEST = f"""
+set -e
+cd {ROOT}
+export DM_DISABLE_UDEV=1
+umount "$LAB_MOUNT"
+dmsetup create lab-stack --table "0 $(blockdev --getsz "$LAB_CACHED_DEV") linear $LAB_CACHED_DEV 0"
+mkfs.ext4 -q -F -E nodiscard,lazy_itable_init=0,lazy_journal_init=1 /dev/mapper/lab-stack
+mkdir -p /mnt/stack
+mount -t ext4 /dev/mapper/lab-stack /mnt/stack
+export LAB_STACK_UPPER=/dev/mapper/lab-stack LAB_STACK_LOWER="$LAB_CACHED_DEV" LAB_STACK_MOUNT=/mnt/stack
+exec {sys.executable} -m pytest -q -p no:cacheprovider -k stacked --junitxml="$LAB_OUT/junit.xml" \\
+    tests/bpf/test_stacking.py
+"""
+
+
+def test_bpf_files_of_dm_linear_on_bcache(lab) -> None:
+    """A filesystem on dm-linear over the bcache volume: its files are hot at the volume (the host test's layout)."""
+    res = lab.run(["bash", "-c", STACKED_GUEST], recipe="bcache", timeout=600)
+    junit = res.out / "junit.xml"
+    assert junit.exists(), f"the guest produced no test report\n{res.explain()}"
+    suite = ET.parse(junit).getroot()  # noqa: S314 - our own guest's report
+    ran = {case.get("name", ""): [child.tag for child in case] for case in suite.iter("testcase")}
+    assert ran == {"test_files_of_a_filesystem_stacked_on_the_volume_are_hot": []}, f"{ran}\n{res.explain()}"
+    assert res.rc == 0, res.explain()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import stat
 import sys
@@ -26,25 +27,45 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="cached block device (/dev/bcache0, /dev/mapper/x) or a mountpoint on it; repeatable")
     p.add_argument("--lower", action="append", default=[], metavar="DEV",
                    help="a backing or cache device below (its discards are reported); repeatable")
-    p.add_argument("--seconds", type=float, default=0, help="stop after this long (0 = until Ctrl-C)")
-    p.add_argument("--tick", type=float, default=1.0, help="seconds between hotness drains (default 1)")
+    p.add_argument("--seconds", default="0", help="stop after this long (0 = until Ctrl-C)")
+    p.add_argument("--tick", default="1", help="seconds between hotness drains (default 1, at most 3600)")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.add_argument("--dio-hook", choices=("auto", "iomap", "syscalls"), default="auto")
-    p.add_argument("--max-files", type=int, default=1 << 18, help="files tracked per tick (kernel table size)")
+    p.add_argument("--max-files", default=str(1 << 18), help="files tracked per tick (kernel table size)")
     p.set_defaults(handler=run)
 
 
+def shown(arg: str) -> str:
+    """A user-supplied string fit for a one-line message (newlines and control characters escaped)."""
+    return ascii(arg)
+
+
+def number(name: str, text: str, *, low: float, high: float, low_ok: bool = True) -> float:
+    """A finite number within bounds, or a UserError naming the option (nan, inf and negatives never pass)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise UserError(f"--{name} {shown(text)}: not a number") from None
+    if not math.isfinite(value) or value > high or value < low or (value == low and not low_ok):
+        bound = f">= {low:g}" if low_ok else f"> {low:g}"
+        raise UserError(f"--{name} {shown(text)}: must be a finite number {bound} and <= {high:g}")
+    return value
+
+
 def resolve_dev(arg: str) -> int:
-    """Kernel dev_t of a block device node, or of the filesystem a path lives on."""
+    """Kernel dev_t of a block device node, or of the block device a mounted directory lives on."""
     try:
         st = os.stat(arg)
     except OSError as exc:
-        raise UserError(f"{arg}: {exc.strerror}") from exc
+        raise UserError(f"{shown(arg)}: {exc.strerror}") from exc
     if stat.S_ISBLK(st.st_mode):
         return kdev_from_st_dev(st.st_rdev)
-    if stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode):
-        return kdev_from_st_dev(st.st_dev)
-    raise UserError(f"{arg}: neither a block device nor a path on a mounted filesystem")
+    if not stat.S_ISDIR(st.st_mode):
+        raise UserError(f"{shown(arg)}: neither a block device nor a directory on a mounted filesystem")
+    major, minor = os.major(st.st_dev), os.minor(st.st_dev)
+    if not os.path.exists(f"/sys/dev/block/{major}:{minor}"):
+        raise UserError(f"{shown(arg)}: its filesystem has no block device ({major}:{minor}: tmpfs, proc, overlay...)")
+    return kdev_from_st_dev(st.st_dev)
 
 
 def _devname(dev: int) -> str:
@@ -70,9 +91,14 @@ def format_event(ev: object, as_json: bool) -> str:
 def run(args: argparse.Namespace) -> int:
     from cachepilot.probe import Probe
 
+    seconds = number("seconds", args.seconds, low=0, high=10 * 365 * 86400)
+    tick = number("tick", args.tick, low=0, high=3600, low_ok=False)
+    max_files = number("max-files", args.max_files, low=1, high=1 << 26)
+    if max_files != int(max_files):
+        raise UserError(f"--max-files {shown(args.max_files)}: must be a whole number")
     devs = [resolve_dev(d) for d in args.dev]
     lower = [resolve_dev(d) for d in args.lower]
-    with Probe(max_files=args.max_files, dio_hook=args.dio_hook) as probe:
+    with Probe(max_files=int(max_files), dio_hook=args.dio_hook) as probe:
         print(probe.report.summary(), file=sys.stderr)
         for dev in devs:
             probe.watch_volume(dev, lower=lower)
@@ -87,11 +113,11 @@ def run(args: argparse.Namespace) -> int:
                 if isinstance(ev, Drops):
                     last_drops = ev
 
-        def tick(_now: int) -> None:
+        def on_tick(_now: int) -> None:
             show(probe.drain())
             out.flush()
 
-        loop = TickLoop(args.tick, tick, wait=lambda s: show(probe.poll(int(s * 1000))))
-        loop.run(deadline_ns=loop.clock_ns() + int(args.seconds * 1e9) if args.seconds > 0 else None)
+        loop = TickLoop(tick, on_tick, wait=lambda s: show(probe.poll(int(s * 1000))))
+        loop.run(deadline_ns=loop.clock_ns() + int(seconds * 1e9) if seconds > 0 else None)
         show(probe.poll(0) + probe.drain())
     return 0

@@ -18,6 +18,7 @@ ROLE_LOWER = 0x4
 CFG_IGNORE_SELF = 0x1
 CFG_DIO_SYSCALLS = 0x2
 MAX_VOLUMES = 64
+SELF_CLAIM_FD = -4242
 
 EV_FREE = 1
 EV_DELETE = 2
@@ -29,6 +30,9 @@ BAR_F_PREFLUSH = 0x1
 BAR_F_FUA = 0x2
 
 HOT_PROBES = 8
+DROP_KINDS = 8
+DROP_SYNC = 7
+SYNC_KINDS = 16
 EXT4_FREE_BLOCKS_METADATA = 0x1
 
 
@@ -37,11 +41,11 @@ class Struct(C.Structure):
 
 
 class cp_watch(Struct):  # noqa: N801 - mirrors the C name
-    _fields_ = [("roles", u32), ("volume", u32), ("slot", u32), ("pad", u32)]
+    _fields_ = [("roles", u32), ("volume", u32), ("slot", u32), ("fs_dev", u32), ("lower_of", u64)]
 
 
 class cp_config(Struct):  # noqa: N801
-    _fields_ = [("self_tgid", u32), ("flags", u32), ("nslots", u64), ("clock_ns", u64)]
+    _fields_ = [("self_tgid", u32), ("flags", u32), ("nslots", u64), ("clock_ns", u64), ("nonce", u64)]
 
 
 class cp_hot_slot(Struct):  # noqa: N801
@@ -85,12 +89,29 @@ class cp_drops(Struct):  # noqa: N801
     _fields_ = [("ringbuf_full", u64), ("hot_full", u64), ("other", u64)]
 
 
+class cp_sync(Struct):  # noqa: N801
+    _fields_ = [("calls", u64), ("last_ino", u64), ("ts_ns", u64), ("last_pid", u32), ("pad", u32)]
+
+
+class cp_sync_pending(Struct):  # noqa: N801
+    _fields_ = [("ino", u64), ("slot", u32), ("kind", u32)]
+
+
 class cp_ev_hdr(Struct):  # noqa: N801
     _fields_ = [("type", u32), ("dev", u32), ("ts_ns", u64)]
 
 
 class cp_ev_free(Struct):  # noqa: N801
-    _fields_ = [("hdr", cp_ev_hdr), ("ino", u64), ("block", u64), ("count", u64), ("flags", u32), ("pad", u32)]
+    _fields_ = [
+        ("hdr", cp_ev_hdr),
+        ("ino", u64),
+        ("block", u64),
+        ("count", u64),
+        ("flags", u32),
+        ("tid", u32),
+        ("has_tid", u32),
+        ("pad", u32),
+    ]
 
 
 class cp_ev_delete(Struct):  # noqa: N801
@@ -126,6 +147,8 @@ ALL_STRUCTS: tuple[type[C.Structure], ...] = (
     cp_volume,
     cp_dio,
     cp_drops,
+    cp_sync,
+    cp_sync_pending,
     cp_ev_hdr,
     cp_ev_free,
     cp_ev_delete,

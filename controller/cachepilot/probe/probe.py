@@ -20,6 +20,7 @@ import errno
 import math
 import mmap
 import os
+import secrets
 import struct
 import time
 from collections.abc import Iterable
@@ -39,6 +40,7 @@ from cachepilot.events import (
     HotnessDelta,
     JournalCommit,
     MetadataDelta,
+    SyncCalls,
 )
 from cachepilot.probe import layout as L
 from cachepilot.probe import libbpf
@@ -63,20 +65,51 @@ HOOKS: tuple[Hook, ...] = (
     Hook("on_bio_queue", "block I/O: hotness, metadata bucket, epochs, block barriers, discards", required=True),
     Hook("on_bio_split", "split bios count per piece"),
     Hook("on_dio_begin", "direct I/O attribution (iomap)"),
+    Hook("on_dio_complete", "direct I/O attribution (iomap)"),
+    Hook("on_dio_queued", "direct I/O attribution (iomap)"),
     *(
-        Hook(f"sys_dio_{s}", "direct I/O attribution (syscalls)")
+        Hook(f"sys_dio_{e}{s}", "direct I/O attribution (syscalls)")
         for s in ("read", "write", "pread64", "pwrite64", "readv", "writev", "preadv", "pwritev", "preadv2", "pwritev2")
+        for e in ("", "exit_")
     ),
     Hook("on_ext4_free_blocks", "freed extents (ext4)"),
-    Hook("on_ext4_unlink", "deletes (ext4)"),
+    Hook("on_ext4_evict", "deletes: a file's end (ext4)"),
     Hook("on_xfs_extent_free", "freed extents (xfs)"),
     Hook("on_jbd2_end_commit", "journal commits (jbd2)"),
-    Hook("sys_fsync", "file barriers: fsync"),
-    Hook("sys_fdatasync", "file barriers: fdatasync"),
-    Hook("sys_sync_file_range", "file barriers: sync_file_range"),
-    Hook("sys_syncfs", "file barriers: syncfs"),
+    *(
+        Hook(f"sys_{p}{s}", f"durability calls: {s}")
+        for s in ("fsync", "fdatasync", "sync_file_range", "syncfs")
+        for p in ("", "exit_")
+    ),
+    *(Hook(f"on_ext4_sync_{e}", "durability points: sync writes, msync, io_uring and overlayfs fsync (ext4)")
+      for e in ("enter", "exit")),
+    Hook("on_ext4_sync_fs", "durability points: sync(2) (ext4)"),
 )
-DIO_IOMAP = ("on_dio_begin",)
+# durability calls counted in the kernel (SyncCalls), by kind
+SYNC_KINDS = (
+    BarrierKind.FSYNC,
+    BarrierKind.FDATASYNC,
+    BarrierKind.SYNC_FILE_RANGE,
+    BarrierKind.SYNCFS,
+    BarrierKind.SYNC,
+    BarrierKind.SYNC_WRITE,
+    BarrierKind.MSYNC,
+)
+# what a per-(volume, kind) drop counter counts (probe.drops_by_volume())
+DROP_KIND_NAMES = {
+    L.EV_FREE: "freed_extent",
+    L.EV_DELETE: "delete",
+    L.EV_BARRIER: "barrier",
+    L.EV_DISCARD: "discard",
+    L.EV_COMMIT: "journal_commit",
+    L.DROP_SYNC: "sync_call",
+}
+# Work per poll() is bounded: at most this many records of each ring are consumed per call (the rest waits in the
+# ring; a full ring is counted as drops). The must-not-miss ring gets the larger share.
+POLL_BUDGET_EVENTS = 16384
+POLL_BUDGET_BARRIERS = 2048
+_BUDGET_SPENT = -1000  # returned by the sample callback to stop libbpf's consume loop
+DIO_IOMAP = ("on_dio_begin", "on_dio_complete", "on_dio_queued")
 DIO_SYSCALLS = tuple(h.program for h in HOOKS if h.program.startswith("sys_dio_"))
 
 
@@ -86,6 +119,7 @@ class AttachReport:
 
     kernel: str
     dio_hook: str = ""
+    self_id: str = "not ignored"
     attached: list[str] = field(default_factory=list)
     disabled: dict[str, str] = field(default_factory=dict)  # by choice (e.g. the other direct I/O variant)
     failed: dict[str, str] = field(default_factory=dict)  # wanted but unavailable: program -> reason
@@ -95,12 +129,15 @@ class AttachReport:
         return bool(self.failed)
 
     def missing_features(self) -> list[str]:
+        """Features with a program that failed: a feature needs all its programs (a durability call's entry and
+        exit; every read/write syscall of the direct I/O fallback)."""
         by_prog = {h.program: h.feature for h in HOOKS}
-        attached = {by_prog[p] for p in self.attached}
-        return sorted({by_prog[p] for p in self.failed} - attached)
+        return sorted({by_prog[p] for p in self.failed})
 
     def summary(self) -> str:
-        lines = [f"kernel {self.kernel}; direct I/O attribution: {self.dio_hook or 'none'}"]
+        lines = [
+            f"kernel {self.kernel}; direct I/O attribution: {self.dio_hook or 'none'}; own I/O: {self.self_id}"
+        ]
         lines.append(f"attached: {', '.join(self.attached) or 'nothing'}")
         for prog, why in sorted(self.failed.items()):
             lines.append(f"NOT attached: {prog}: {why}")
@@ -113,6 +150,15 @@ class AttachReport:
 def _tp_of(section: str) -> tuple[str, str]:
     kind, _, rest = section.partition("/")
     return kind, rest
+
+
+def _has_kernel_symbol(name: str) -> bool:
+    try:
+        with open("/proc/kallsyms", "rb") as f:
+            needle = f" {name}".encode()
+            return any(line.rstrip().endswith(needle) for line in f)
+    except OSError:
+        return False
 
 
 def _mount_tracefs() -> str | None:
@@ -131,7 +177,8 @@ class Probe:
     """The loaded and attached BPF object. Construct once per daemon; close() (or `with`) detaches everything.
 
     Parameters
-    - max_files: files tracked per tick (the hotness table has max_files / 0.75 slots of 48 bytes)
+    - max_files: distinct files one tick holds (the hotness table has max_files / 0.76 slots of 48 bytes; a file that
+      finds no slot within 1024 probes is counted in Drops.hotness_map_full)
     - ringbuf_bytes: size of the event ring buffer (power of two, >= page size)
     - dio_hook: "auto" (iomap tracepoints if the kernel has them, else syscall tracepoints), "iomap", "syscalls"
     - ignore_self: do not count this process's own file I/O, fsyncs and unlinks (its discards are still seen)
@@ -154,9 +201,15 @@ class Probe:
         self._rb: int | None = None
         self._hot_mm: mmap.mmap | None = None
         self._raw: list[bytes] = []
+        self._raw_barriers: list[bytes] = []
         self._meta_prev: dict[int, tuple[int, int]] = {}
+        self._sync_prev: dict[tuple[int, int], int] = {}  # (volume dev, kind) -> calls already reported
         self.volumes: dict[int, L.cp_watch] = {}  # every watched device -> its watch entry
+        self._members: dict[int, dict[int, int]] = {}  # watched device -> {volume dev: its roles for that volume}
+        self._fs_of: dict[int, int] = {}  # volume dev -> the s_dev of its filesystem (itself, or stacked on it)
+        self._deferred: dict[str, int] = {}  # loaded programs attached only when needed (direct I/O marks)
         self._slots: dict[int, int] = {}  # volume dev -> index in the "volumes" array
+        self.self_tgid = 0  # our tgid as the kernel knows it (0: our own I/O is counted like anyone's)
         if dio_hook not in ("auto", "iomap", "syscalls"):
             raise UserError(f"dio_hook must be auto, iomap or syscalls, not {dio_hook!r}")
         if max_files < 1:
@@ -263,16 +316,25 @@ class Probe:
 
         self._set_max_entries("hot_slots", self.nslots)
         self._set_max_entries("events", self.ringbuf_bytes)
+        self._set_max_entries("barrier_events", self.ringbuf_bytes)
         rc = h.bpf_object__load(obj)
         if rc:
-            log = "\n".join(libbpf.log_tail(15))
-            raise UserError(f"loading {self.object_path.name} failed: {libbpf.errno_str(rc)}\n{log}")
+            # one line; libbpf's own log (the verifier's output) stays in libbpf.log_tail() for debugging
+            raise UserError(
+                f"loading {self.object_path.name} failed: {libbpf.errno_str(rc)} (libbpf's log: "
+                "cachepilot.probe.libbpf.log_tail())"
+            )
         self._fds = {
             name: h.bpf_map__fd(self._map(name))
-            for name in ("watched", "volumes", "cp_config_map", "drops", "hot_slots", "events", "dio_task", "dio_store")
+            for name in (
+                "watched", "volumes", "cp_config_map", "drops", "hot_slots", "events", "barrier_events", "dio_task",
+                "dio_store", "vol_drops", "sync_calls", "sync_pending",
+            )
         }
-        flags = (L.CFG_IGNORE_SELF if self.ignore_self else 0) | (L.CFG_DIO_SYSCALLS if dio_hook == "syscalls" else 0)
-        self._cfg = L.cp_config(self_tgid=os.getpid(), flags=flags, nslots=self.nslots)
+        self._ncpus = h.libbpf_num_possible_cpus()
+        if self._ncpus < 1:
+            raise UserError(f"cannot count the possible CPUs: {libbpf.errno_str(self._ncpus)}")
+        self._cfg = L.cp_config(flags=L.CFG_DIO_SYSCALLS if dio_hook == "syscalls" else 0, nslots=self.nslots)
         self._tick_clock()
         self._hot_bytes = self.nslots * SLOT_SIZE
         self._hot_mm = mmap.mmap(
@@ -282,8 +344,16 @@ class Probe:
             prot=mmap.PROT_READ | mmap.PROT_WRITE,
         )
 
+        # iomap's direct-I/O bios name their file themselves (bi_private): the per-task marks are only needed for the
+        # clones device-mapper makes below a stacked filesystem, so their hooks (one run per read/write) wait for one
+        marks = DIO_IOMAP if dio_hook == "iomap" else DIO_SYSCALLS
+        if _has_kernel_symbol("iomap_dio_bio_end_io"):
+            self._deferred = {n: progs[n] for n in marks if n in progs and h.bpf_program__autoload(progs[n])}
         for name, prog in progs.items():
             if not h.bpf_program__autoload(prog):
+                continue
+            if name in self._deferred:
+                self.report.disabled[name] = "direct I/O marks: attached when a stacked volume is watched"
                 continue
             link = h.bpf_program__attach(prog)
             if not link:
@@ -298,12 +368,39 @@ class Probe:
                 + "; ".join(f"{p}: {self.report.failed.get(p, 'not in object')}" for p in required)
                 + f"; {works}"
             )
+        if self.ignore_self:
+            self._claim_self()
 
         self._cb = libbpf.RINGBUF_SAMPLE_FN(self._on_sample)
+        self._cb_barrier = libbpf.RINGBUF_SAMPLE_FN(self._on_barrier_sample)
         rb = h.ring_buffer__new(self._fds["events"], self._cb, None, None)
         if not rb:
             raise UserError(f"ring_buffer__new failed: {libbpf.errno_str(C.get_errno())}")
         self._rb = rb
+        # added second: libbpf consumes rings in order, so the must-not-miss events come first
+        rc = h.ring_buffer__add(rb, self._fds["barrier_events"], self._cb_barrier, None)
+        if rc:
+            raise UserError(f"ring_buffer__add failed: {libbpf.errno_str(rc)}")
+
+    def _claim_self(self) -> None:
+        """Tell the kernel which tgid is ours, in its own terms (our getpid() is wrong in a PID namespace): see
+        CP_SELF_CLAIM_FD in bpf/cachepilot.h."""
+        self._cfg.nonce = secrets.randbits(62) | 1
+        self._update("cp_config_map", C.c_uint32(0), self._cfg)
+        libc = C.CDLL(None, use_errno=True)
+        sfr = libc.sync_file_range
+        sfr.argtypes = [C.c_int, C.c_int64, C.c_int64, C.c_uint]
+        sfr(L.SELF_CLAIM_FD, self._cfg.nonce, 0, 0)  # EBADF by design
+        seen = L.cp_config()
+        self._lookup("cp_config_map", C.c_uint32(0), seen)
+        self._cfg.nonce = 0
+        if seen.nonce == 0 and seen.self_tgid:
+            self.self_tgid, self.report.self_id = seen.self_tgid, "claimed in the kernel"
+        else:  # the claim hook is missing: getpid() is right outside PID namespaces only
+            self.self_tgid, self.report.self_id = os.getpid(), "getpid() (wrong inside a PID namespace)"
+        self._cfg.self_tgid = self.self_tgid
+        self._cfg.flags |= L.CFG_IGNORE_SELF
+        self._tick_clock()
 
     def _map(self, name: str) -> int:
         m = self._h.bpf_object__find_map_by_name(self._obj, name.encode())
@@ -328,58 +425,114 @@ class Probe:
     # ---- which volumes to watch ----
     def watch_volume(self, dev: int, *, fs_dev: int | None = None, lower: Iterable[int] = ()) -> None:
         """Watch a cached volume: `dev` the cached block device (kernel dev_t), `fs_dev` the s_dev of the filesystem
-        mounted on it (defaults to dev), `lower` its backing and cache devices (their discards are reported)."""
+        on it (defaults to dev; a device stacked on the volume — LVM, dm-linear, dm-crypt, a direct-I/O loop device —
+        when the filesystem is there), `lower` its backing and cache devices (their discards are reported and counted
+        for every volume they belong to)."""
         if dev not in self._slots:
             free = sorted(set(range(L.MAX_VOLUMES)) - set(self._slots.values()))
             if not free:
                 raise UserError(f"too many watched volumes (at most {L.MAX_VOLUMES})")
             self._slots[dev] = free[0]
             self._update("volumes", C.c_uint32(free[0]), L.cp_volume())  # fresh counters
+            self._fresh_percpu(free[0])
             self._meta_prev[dev] = (0, 0)
-        slot = self._slots[dev]
-        roles: dict[int, int] = {dev: L.ROLE_VOLUME}
-        fs = dev if fs_dev is None else fs_dev
-        roles[fs] = roles.get(fs, 0) | L.ROLE_FS
+        self._fs_of[dev] = dev if fs_dev is None else fs_dev
+        if self._fs_of[dev] != dev:
+            self._attach_deferred()
+        touched = {dev: L.ROLE_VOLUME}
+        touched[self._fs_of[dev]] = touched.get(self._fs_of[dev], 0) | L.ROLE_FS
         for low in lower:
-            roles[low] = roles.get(low, 0) | L.ROLE_LOWER
-        for d, r in roles.items():
-            cur = L.cp_watch()
-            if self._lookup("watched", C.c_uint32(d), cur) and cur.volume == dev:
-                r |= cur.roles
-            w = L.cp_watch(roles=r, volume=dev, slot=slot)
-            self._update("watched", C.c_uint32(d), w)
-            self.volumes[d] = w
+            touched[low] = touched.get(low, 0) | L.ROLE_LOWER
+        for d, roles in touched.items():
+            of = self._members.setdefault(d, {})
+            of[dev] = of.get(dev, 0) | roles
+            self._sync_watch(d)
+
+    def _attach_deferred(self) -> None:
+        for name, prog in list(self._deferred.items()):
+            link = self._h.bpf_program__attach(prog)
+            if not link:
+                self.report.failed[name] = f"attach failed: {libbpf.errno_str(C.get_errno())}"
+                continue
+            del self._deferred[name]
+            self.report.disabled.pop(name, None)
+            self._links.append(link)
+            self.report.attached.append(name)
+
+    def _sync_watch(self, d: int) -> None:
+        """Write device d's kernel entry from every volume it belongs to (a cache device may serve several)."""
+        of = self._members.get(d)
+        if not of:
+            self._members.pop(d, None)
+            if self.volumes.pop(d, None) is not None:
+                self._h.bpf_map_delete_elem(self._fds["watched"], C.byref(C.c_uint32(d)))
+            return
+        # the entry's own volume: the one it is the volume or the filesystem of, else the first it is below
+        primary = min(of, key=lambda v: (not of[v] & (L.ROLE_VOLUME | L.ROLE_FS), self._slots[v]))
+        lower_of = sum(1 << self._slots[v] for v, r in of.items() if r & L.ROLE_LOWER)
+        roles = 0
+        for r in of.values():
+            roles |= r
+        w = L.cp_watch(roles=roles, volume=primary, slot=self._slots[primary], fs_dev=self._fs_of[primary],
+                       lower_of=lower_of)
+        self._update("watched", C.c_uint32(d), w)
+        self.volumes[d] = w
 
     def unwatch(self, dev: int) -> None:
-        """Stop watching a volume and every device watched on its behalf; its counters are dropped."""
-        for d, w in list(self.volumes.items()):
-            if d == dev or w.volume == dev:
-                self._h.bpf_map_delete_elem(self._fds["watched"], C.byref(C.c_uint32(d)))
-                del self.volumes[d]
+        """Stop watching a volume and the devices watched on its behalf only (a device shared with another watched
+        volume stays watched for it); its counters are dropped."""
+        for d in [d for d, of in self._members.items() if dev in of]:
+            del self._members[d][dev]
+            self._sync_watch(d)
+        self._fs_of.pop(dev, None)
         self._slots.pop(dev, None)
         self._meta_prev.pop(dev, None)
+        for key in [k for k in self._sync_prev if k[0] == dev]:
+            del self._sync_prev[key]
+
+    def _fresh_percpu(self, slot: int) -> None:
+        """Zero a volume slot's per-CPU counters (durability calls, drops) before the slot is (re)used."""
+        for name, first, n, size in (
+            ("sync_calls", slot * L.SYNC_KINDS, L.SYNC_KINDS, C.sizeof(L.cp_sync)),
+            ("vol_drops", slot * L.DROP_KINDS, L.DROP_KINDS, 8),
+        ):
+            zero = C.create_string_buffer((size + 7) // 8 * 8 * self._ncpus)
+            for key in range(first, first + n):
+                rc = self._h.bpf_map_update_elem(self._fds[name], C.byref(C.c_uint32(key)), zero, 0)
+                if rc:
+                    raise OSError(-rc if rc < 0 else C.get_errno(), f"update of map {name} failed")
 
     # ---- discrete events ----
+    # A sample handed to a callback is consumed even when the callback stops the loop: keep it, then stop.
     def _on_sample(self, _ctx: int, data: int, size: int) -> int:
         self._raw.append(C.string_at(data, size))
-        return 0
+        return _BUDGET_SPENT if len(self._raw) >= POLL_BUDGET_EVENTS else 0
+
+    def _on_barrier_sample(self, _ctx: int, data: int, size: int) -> int:
+        self._raw_barriers.append(C.string_at(data, size))
+        return _BUDGET_SPENT if len(self._raw_barriers) >= POLL_BUDGET_BARRIERS else 0
 
     def poll(self, timeout_ms: int = 0) -> list[Event]:
-        """Wait up to timeout_ms for ring-buffer events and return them decoded (FreedExtent, Delete, Barrier,
-        Discard, JournalCommit), oldest first."""
+        """Wait up to timeout_ms (-1: until something arrives) for ring-buffer events and return them decoded
+        (FreedExtent, Delete, JournalCommit, Discard, then block Barriers), each kind oldest first.
+
+        Bounded work: at most POLL_BUDGET_EVENTS + POLL_BUDGET_BARRIERS records per call; what is left stays in the
+        rings for the next call. Deletes, freed extents, commits and discards wake a waiting poll at once; block
+        barriers only when their ring is a quarter full (a timeout consumes them)."""
         if self._rb is None:
             raise UserError("probe is closed")
         self._tick_clock()
-        # the kernel wakes us only when the ring fills up (see submit() in the BPF program): wait, then consume
         rc = self._h.ring_buffer__poll(self._rb, int(timeout_ms))
-        if rc < 0 and -rc != errno.EINTR:
+        if rc < 0 and rc != _BUDGET_SPENT and -rc != errno.EINTR:
             raise OSError(-rc, "ring_buffer__poll failed")
         if timeout_ms:
             self._tick_clock()
-        rc = self._h.ring_buffer__consume(self._rb)
-        if rc < 0:
-            raise OSError(-rc, "ring_buffer__consume failed")
-        raw, self._raw = self._raw, []
+        if len(self._raw) < POLL_BUDGET_EVENTS and len(self._raw_barriers) < POLL_BUDGET_BARRIERS:
+            rc = self._h.ring_buffer__consume(self._rb)
+            if rc < 0 and rc != _BUDGET_SPENT:
+                raise OSError(-rc, "ring_buffer__consume failed")
+        raw, self._raw = self._raw + self._raw_barriers, []
+        self._raw_barriers = []
         return [ev for ev in map(decode_event, raw) if ev is not None]
 
     def _tick_clock(self) -> None:
@@ -455,8 +608,46 @@ class Probe:
             if vol.meta_score != prev_score or vol.meta_bytes != prev_bytes:
                 events.append(MetadataDelta(dev, vol.meta_score - prev_score, vol.meta_bytes - prev_bytes))
                 self._meta_prev[dev] = (vol.meta_score, vol.meta_bytes)
+        events += self._sync_deltas()
         events.append(self.drops())
         return events
+
+    def _percpu(self, name: str, key: int, value_type: type[C.Structure] | type[C.c_uint64]) -> list:
+        """Every CPU's copy of one element of a per-CPU array."""
+        stride = (C.sizeof(value_type) + 7) // 8 * 8
+        buf = C.create_string_buffer(stride * self._ncpus)
+        rc = self._h.bpf_map_lookup_elem(self._fds[name], C.byref(C.c_uint32(key)), buf)
+        if rc:
+            return []
+        return [value_type.from_buffer_copy(buf.raw[i * stride : i * stride + C.sizeof(value_type)])
+                for i in range(self._ncpus)]
+
+    def _sync_deltas(self) -> list[SyncCalls]:
+        """One SyncCalls per (volume, kind) with calls that succeeded since the last drain."""
+        out: list[SyncCalls] = []
+        for dev, slot in self._slots.items():
+            for kind in SYNC_KINDS:
+                cpus = self._percpu("sync_calls", slot * L.SYNC_KINDS + kind, L.cp_sync)
+                calls = sum(c.calls for c in cpus)
+                prev = self._sync_prev.get((dev, kind), 0)
+                if calls == prev:
+                    continue
+                self._sync_prev[(dev, kind)] = calls
+                last = max(cpus, key=lambda c: c.ts_ns)
+                out.append(SyncCalls(dev, kind, calls - prev, last.last_pid, last.last_ino, last.ts_ns))
+        return out
+
+    def drops_by_volume(self) -> dict[tuple[int, str], int]:
+        """Cumulative drops per (volume dev, kind): an event whose ring was full ("freed_extent", "delete",
+        "barrier", "discard", "journal_commit") or a durability call that could not be tracked ("sync_call").
+        Only non-zero counters are listed."""
+        out: dict[tuple[int, str], int] = {}
+        for dev, slot in self._slots.items():
+            for kind, name in DROP_KIND_NAMES.items():
+                n = sum(v.value for v in self._percpu("vol_drops", slot * L.DROP_KINDS + kind, C.c_uint64))
+                if n:
+                    out[(dev, name)] = n
+        return out
 
     def volume_state(self, dev: int) -> L.cp_volume | None:
         """The kernel's counters of a watched volume (cumulative totals and the open epoch)."""
@@ -532,7 +723,8 @@ def decode_event(raw: bytes) -> Event | None:
     e = cls.from_buffer_copy(raw[: C.sizeof(cls)])
     dev, ts = e.hdr.dev, e.hdr.ts_ns
     if isinstance(e, L.cp_ev_free):
-        return FreedExtent(dev, e.ino, e.block, e.count, bool(e.flags & L.EXT4_FREE_BLOCKS_METADATA), ts)
+        metadata = bool(e.flags & L.EXT4_FREE_BLOCKS_METADATA)
+        return FreedExtent(dev, e.ino, e.block, e.count, metadata, ts, tid=e.tid if e.has_tid else -1)
     if isinstance(e, L.cp_ev_delete):
         return Delete(FileKey(dev, e.ino, e.gen), e.size, ts)
     if isinstance(e, L.cp_ev_barrier):

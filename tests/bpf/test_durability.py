@@ -1,0 +1,98 @@
+"""Every durability point is a SyncCalls of its kind: sync(2), O_SYNC / O_DSYNC / RWF_DSYNC writes, msync(MS_SYNC),
+io_uring's fsync, fsync through overlayfs. Witnesses: the children's own count of calls that succeeded; fio's count."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+from bpf_support import LoopFs, child, collect, run, settle
+
+from cachepilot.events import BarrierKind, SyncCalls
+from cachepilot.probe import Probe
+
+pytestmark = pytest.mark.bpf
+
+
+def sync_calls(probe: Probe, dev: int) -> dict[BarrierKind, SyncCalls]:
+    collect(probe, timeout=0.2)
+    return {e.kind: e for e in probe.drain() if isinstance(e, SyncCalls) and e.dev == dev}
+
+
+IMPLICIT = """
+import mmap, os, sys
+path = sys.argv[1]
+fd = os.open(path + ".sync", os.O_WRONLY | os.O_CREAT | os.O_SYNC)
+for _ in range(3):
+    os.write(fd, b"s" * 4096)
+os.close(fd)
+fd = os.open(path + ".dsync", os.O_WRONLY | os.O_CREAT | os.O_DSYNC)
+os.pwrite(fd, b"d" * 4096, 0)
+os.writev(fd, [b"d" * 4096])
+os.close(fd)
+fd = os.open(path + ".rwf", os.O_RDWR | os.O_CREAT)
+os.pwritev(fd, [b"r" * 4096], 0, os.RWF_DSYNC)
+os.pwrite(fd, b"r" * 4096, 4096)  # a plain write: not a durability point
+m = mmap.mmap(fd, 8192)
+m[:4] = b"mmap"
+m.flush()  # msync(MS_SYNC)
+m.close()
+rwf_ino = os.fstat(fd).st_ino
+os.close(fd)
+os.sync()
+print(os.getpid(), rwf_ino)
+"""
+
+
+def test_sync_writes_msync_and_sync_have_their_kinds(probe: Probe, watched: LoopFs) -> None:
+    settle(probe)
+    pid, rwf_ino = map(int, child(IMPLICIT, str(watched.path("f"))).stdout.split())
+    got = sync_calls(probe, watched.dev)
+    assert {k: (v.calls, v.last_pid) for k, v in got.items()} == {
+        BarrierKind.SYNC_WRITE: (6, pid),
+        BarrierKind.MSYNC: (1, pid),
+        BarrierKind.SYNC: (1, pid),
+    }
+    assert got[BarrierKind.MSYNC].last_ino == rwf_ino and got[BarrierKind.SYNC].last_ino == 0
+
+
+def test_io_uring_fsync_is_an_fsync(probe: Probe, watched: LoopFs) -> None:
+    settle(probe)
+    r = run(
+        "fio", "--output-format=json", "--name=uring", f"--directory={watched.path('')}", "--rw=write", "--bs=4k",
+        "--size=64k", "--ioengine=io_uring", "--fsync=1", "--end_fsync=0",
+    )
+    job = json.loads(r.stdout[r.stdout.index("{"):])["jobs"][0]
+    fsyncs = job["sync"]["total_ios"]
+    assert fsyncs >= 8
+    got = sync_calls(probe, watched.dev)
+    assert got[BarrierKind.FSYNC].calls == fsyncs, (got, fsyncs)
+
+
+def test_fsync_through_overlayfs_counts_for_the_volume_below(probe: Probe, watched: LoopFs) -> None:
+    base = Path(watched.path("ovl"))
+    for d in ("lower", "upper", "work"):
+        (base / d).mkdir(parents=True)
+    merged = Path(tempfile.mkdtemp(prefix="cachepilot-ovl-"))
+    run("modprobe", "overlay", check=False)
+    run("mount", "-t", "overlay", "overlay", "-o",
+        f"lowerdir={base / 'lower'},upperdir={base / 'upper'},workdir={base / 'work'}", str(merged))
+    try:
+        settle(probe)
+        pid = int(child(
+            "import os, sys\nfd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT)\nos.write(fd, b'o' * 8192)\n"
+            "os.fsync(fd); os.fdatasync(fd); os.close(fd)\nprint(os.getpid())",
+            str(merged / "file"),
+        ).stdout)
+        got = sync_calls(probe, watched.dev)
+    finally:
+        run("umount", str(merged), check=False)
+        os.rmdir(merged)
+    upper = os.stat(base / "upper" / "file").st_ino
+    assert {k: (v.calls, v.last_pid, v.last_ino) for k, v in got.items()} == {
+        BarrierKind.FSYNC: (1, pid, upper),
+        BarrierKind.FDATASYNC: (1, pid, upper),
+    }
