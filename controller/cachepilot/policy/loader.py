@@ -377,6 +377,8 @@ def _items(sel: Selector) -> tuple[tuple[str, str], ...]:
         out.append(("fs_uuid", sel.fs_uuid.lower()))
     if sel.mountpoint is not None:
         out.append(("mountpoint", sel.mountpoint.rstrip("/")))
+    if sel.kind is not None:
+        out.append(("kind", sel.kind))
     return tuple(out)
 
 
