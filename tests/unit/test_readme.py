@@ -1,4 +1,5 @@
-"""The README's examples stay true: its policy example passes `cachepilot policy check`."""
+"""The README's examples stay true: its policy example passes `cachepilot policy check`, its daemon configuration
+`cachepilot run --check`."""
 
 from __future__ import annotations
 
@@ -16,4 +17,5 @@ def test_readme_policy_example_is_valid(tmp_path, capsys):
     for i, block in enumerate(blocks):
         f = tmp_path / f"example{i}.yaml"
         f.write_text(block)
-        assert main(["policy", "check", str(f)]) == 0, capsys.readouterr().err
+        argv = ["run", "--config", str(f), "--check"] if "state_dir:" in block else ["policy", "check", str(f)]
+        assert main(argv) == 0, capsys.readouterr().err

@@ -8,11 +8,11 @@ import math
 import os
 import stat
 import sys
-import time
 from dataclasses import asdict, is_dataclass
 
+from cachepilot.daemon.loop import TickLoop
 from cachepilot.errors import UserError
-from cachepilot.events import HotnessDelta, MetadataDelta, kdev_from_st_dev, kdev_major_minor
+from cachepilot.events import Drops, kdev_from_st_dev, kdev_major_minor
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -103,21 +103,21 @@ def run(args: argparse.Namespace) -> int:
         for dev in devs:
             probe.watch_volume(dev, lower=lower)
         out = sys.stdout
-        deadline = time.monotonic() + seconds if seconds > 0 else None
-        next_tick = time.monotonic() + tick
-        last_drops = None
-        while deadline is None or time.monotonic() < deadline:
-            for ev in probe.poll(int(max(0.0, min(next_tick - time.monotonic(), 0.2)) * 1000)):
-                print(format_event(ev, args.json), file=out)
-            if time.monotonic() >= next_tick:
-                next_tick = max(next_tick + tick, time.monotonic())
-                for ev in probe.drain():
-                    if isinstance(ev, HotnessDelta | MetadataDelta) or ev != last_drops:
-                        print(format_event(ev, args.json), file=out)
-                    if not isinstance(ev, HotnessDelta | MetadataDelta):
-                        last_drops = ev
-                out.flush()
-        for ev in probe.poll(0) + probe.drain():
-            if isinstance(ev, HotnessDelta | MetadataDelta) or ev != last_drops:
-                print(format_event(ev, args.json), file=out)
+        last_drops: object = None
+
+        def show(events: list) -> None:
+            nonlocal last_drops
+            for ev in events:
+                if not isinstance(ev, Drops) or ev != last_drops:  # unchanged drop counters once
+                    print(format_event(ev, args.json), file=out)
+                if isinstance(ev, Drops):
+                    last_drops = ev
+
+        def on_tick(_now: int) -> None:
+            show(probe.drain())
+            out.flush()
+
+        loop = TickLoop(tick, on_tick, wait=lambda s: show(probe.poll(int(s * 1000))))
+        loop.run(deadline_ns=loop.clock_ns() + int(seconds * 1e9) if seconds > 0 else None)
+        show(probe.poll(0) + probe.drain())
     return 0

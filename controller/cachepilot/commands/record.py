@@ -8,6 +8,7 @@ import sys
 import time
 
 from cachepilot.backends.inspect import block_name, describe_volume, sample_volume
+from cachepilot.daemon.loop import TickLoop
 from cachepilot.errors import UserError
 from cachepilot.events import Barrier, SyncCalls
 from cachepilot.models.epochs import EpochTracker
@@ -33,15 +34,6 @@ def record(args: argparse.Namespace) -> int:
         from cachepilot.probe import Probe  # the live probe is optional: lazy import
     except ImportError as exc:
         raise UserError(f"the live probe (cachepilot.probe) is not available: {exc}") from None
-    stop = False
-
-    def _stop(*_: object) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    deadline = time.monotonic() + args.duration if args.duration else None
     epochs = {v.dev: EpochTracker() for v in volumes}  # the live epochs, to compare with a replay
 
     def write(events: list) -> None:  # type: ignore[type-arg]
@@ -54,22 +46,24 @@ def record(args: argparse.Namespace) -> int:
         for v in volumes:
             probe.watch_volume(v.dev)
         sampled = [v for v in volumes if v.kind != "none"]
+
+        def tick(now_ns: int) -> None:
+            write(probe.drain())
+            for v in list(sampled):
+                try:
+                    w.write(sample_volume(v))
+                except UserError as exc:  # a vanished device ends its samples, not the recording
+                    print(f"cachepilot record: {v.name}: {exc}", file=sys.stderr)
+                    sampled.remove(v)
+            w.write(Tick(time.monotonic_ns()))
+
+        loop = TickLoop(args.tick, tick, wait=lambda s: write(probe.poll(timeout_ms=int(s * 1000))))
+        signal.signal(signal.SIGTERM, lambda *_: loop.stop())
+        signal.signal(signal.SIGINT, lambda *_: loop.stop())
         # Said once the programs are attached, so that a caller can start its workload then.
         print(f"cachepilot record: recording {', '.join(v.name for v in volumes)} to {args.out}",
               file=sys.stderr, flush=True)
-        next_tick = time.monotonic() + args.tick
-        while not stop and (deadline is None or time.monotonic() < deadline):
-            write(probe.poll(timeout_ms=int(max(0.0, next_tick - time.monotonic()) * 1000)))
-            if time.monotonic() >= next_tick:
-                write(probe.drain())
-                for v in sampled:
-                    try:
-                        w.write(sample_volume(v))
-                    except UserError as exc:  # a vanished device ends its samples, not the recording
-                        print(f"cachepilot record: {v.name}: {exc}", file=sys.stderr)
-                        sampled.remove(v)
-                w.write(Tick(time.monotonic_ns()))
-                next_tick += args.tick
+        loop.run(deadline_ns=loop.clock_ns() + int(args.duration * 1e9) if args.duration else None)
         n = w.total
     print(f"wrote {n} records to {args.out}")
     for v in volumes:

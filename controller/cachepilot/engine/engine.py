@@ -223,6 +223,20 @@ class Engine:
         self.hotness.register_dev(info.dev)
         return ctl
 
+    def remove_volume(self, dev: int) -> VolumeCtl | None:
+        """Forget a volume that vanished: its queued promotions and pending discards go with it (its files'
+        counters stay, so a volume that comes back is not cold)."""
+        c = self.vols.pop(dev, None)
+        if c is None:
+            return None
+        self.by_name.pop(c.info.name, None)
+        flags = self.hotness.flags
+        for slot in c.promo_queue.clear():
+            flags[slot] &= ~F_QUEUED & 0xFF
+        for slot in c.cached.members():
+            c.cached.discard(slot)
+        return c
+
     @staticmethod
     def _granularity(info: VolumeInfo, vp: VolumePolicy) -> int:
         return max(1, vp.discard_on_delete.min_extent // max(1, info.fs_block_size))

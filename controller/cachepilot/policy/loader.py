@@ -245,7 +245,8 @@ def _walk(text: str, doc: _Doc) -> None:
         stack.append(_Frame(value, _place(stack, doc, value, line)))
 
 
-def _read(text: str, source: str) -> _Doc:
+def read_yaml(text: str, source: str, what: str = "policy file") -> _Doc:
+    """Parse YAML keeping the line of every key and value (shared by the policy and the daemon's config)."""
     doc = _Doc(source, None, {}, {})
     try:
         _walk(text, doc)
@@ -256,16 +257,17 @@ def _read(text: str, source: str) -> _Doc:
     except yaml.YAMLError as exc:
         raise UserError(f"{source}:1: YAML error: {exc}") from None
     if doc.value is None:
-        raise UserError(f"{source}:1: empty policy file")
+        raise UserError(f"{source}:1: empty {what}")
     return doc
 
 
 _validator = jsonschema.Draft202012Validator(SCHEMA)
 
 
-def _schema_errors(doc: _Doc) -> list[UserError]:
+def schema_errors(doc: _Doc, validator: jsonschema.Draft202012Validator = _validator) -> list[UserError]:
+    """Schema violations as ``FILE:LINE: key: message`` errors, in file order."""
     out: list[tuple[int, UserError]] = []
-    for e in _validator.iter_errors(doc.value):
+    for e in validator.iter_errors(doc.value):
         path: PathT = tuple(e.absolute_path)
         if e.validator == "additionalProperties" and isinstance(e.instance, dict):
             allowed = set(e.schema.get("properties", {}))
@@ -375,6 +377,8 @@ def _items(sel: Selector) -> tuple[tuple[str, str], ...]:
         out.append(("fs_uuid", sel.fs_uuid.lower()))
     if sel.mountpoint is not None:
         out.append(("mountpoint", sel.mountpoint.rstrip("/")))
+    if sel.kind is not None:
+        out.append(("kind", sel.kind))
     return tuple(out)
 
 
@@ -419,19 +423,23 @@ def _check_overlaps(doc: _Doc, rules: Sequence[Rule]) -> None:
             by_subset.setdefault(s, r)
 
 
-def parse_policy(text: str, source: str = "<string>") -> Policy:
-    doc = _read(text, source)
-    if not isinstance(doc.value, dict):
-        raise UserError(f"{source}:{doc.line(())}: a policy file is a mapping (version, defaults, volumes)")
-    vols = doc.value.get("volumes")
-    if isinstance(vols, list) and len(vols) > MAX_RULES:  # before the schema walks them all
-        raise doc.err(("volumes",), f"{len(vols)} volume rules (at most {MAX_RULES})")
-    errors = _schema_errors(doc)
+def raise_first(errors: list[UserError]) -> None:
+    """One line: the first error, and how many more (with up to three of them)."""
     if errors:
         if len(errors) == 1:
             raise errors[0]
         more = "; ".join(str(e) for e in errors[1:4])
         raise UserError(f"{errors[0]} (and {len(errors) - 1} more: {more})")
+
+
+def parse_policy(text: str, source: str = "<string>") -> Policy:
+    doc = read_yaml(text, source)
+    if not isinstance(doc.value, dict):
+        raise UserError(f"{source}:{doc.line(())}: a policy file is a mapping (version, defaults, volumes)")
+    vols = doc.value.get("volumes")
+    if isinstance(vols, list) and len(vols) > MAX_RULES:  # before the schema walks them all
+        raise doc.err(("volumes",), f"{len(vols)} volume rules (at most {MAX_RULES})")
+    raise_first(schema_errors(doc))
     raw = doc.value
     capcheck.check(raw, doc.err)
     defaults = _settings(raw.get("defaults", {}), VolumePolicy(), doc, ("defaults",))

@@ -1,0 +1,23 @@
+"""`cachepilot clear-latch VOLUME`: let a latched volume back into write-back (after the operator checked or
+replaced its cache device). The daemon clears it at its next tick; new cache errors latch it again."""
+
+from __future__ import annotations
+
+import argparse
+
+from cachepilot.commands.status import socket_arg, socket_path
+
+
+def clear_latch(args: argparse.Namespace) -> int:
+    from cachepilot.daemon.control import request
+
+    request(socket_path(args), {"cmd": "clear_latch", "volume": args.volume})
+    print(f"{args.volume}: latch cleared at the daemon's next tick (see `cachepilot status`)")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("clear-latch", help="let a latched volume back into write-back (control socket; root)")
+    socket_arg(p)
+    p.add_argument("volume", metavar="VOLUME", help="the volume's name as status shows it (e.g. bcache0)")
+    p.set_defaults(handler=clear_latch)

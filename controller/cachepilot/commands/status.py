@@ -1,0 +1,84 @@
+"""`cachepilot status [--json]`: the daemon's volumes, modes and targets, dirty data against its bound, hit ratios,
+health and latch, drops and the last tick, from its control socket."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from cachepilot.daemon.control import DEFAULT_SOCKET
+from cachepilot.display import escape
+
+
+def socket_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--socket", metavar="PATH", help=f"control socket (default {DEFAULT_SOCKET})")
+    p.add_argument("--config", metavar="FILE", help="take the control socket's path from this configuration")
+
+
+def socket_path(args: argparse.Namespace) -> Path:
+    if args.socket:
+        return Path(args.socket)
+    if args.config:
+        from cachepilot.daemon.config import load_config  # lazy: jsonschema is slow to import (in the lab, seconds)
+
+        return load_config(args.config).socket
+    return Path(DEFAULT_SOCKET)
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def render(s: dict[str, Any]) -> str:
+    age = time.time() - s["last_tick"]["time"]
+    head = [
+        f"cachepilot daemon pid {s['pid']}, up {s['uptime_s']:.0f} s{', DRY RUN' if s['dry_run'] else ''}"
+        f"{', observe-only (no cached volume)' if s['observe_only'] else ''}",
+        f"policy: {escape(s['policy']['source'])} (generation {s['policy']['generation']})"
+        + (f"; last reload failed: {escape(s['policy']['last_error'])}" if s["policy"]["last_error"] else ""),
+        f"last tick: {age:.1f} s ago, took {s['last_tick']['duration_s'] * 1000:.1f} ms (#{s['last_tick']['n']},"
+        f" {s['last_tick']['skipped']} skipped); tracked files {s['tracked_files']}",
+        f"drops: ring buffer {s['drops']['ringbuf_full']}, hotness table {s['drops']['hotness_map_full']},"
+        f" other {s['drops']['other']}; state file writes {s['state_file']['writes']}"
+        f" (failed {s['state_file']['failed_writes']})",
+        f"probe: {escape(s['probe']['summary'].splitlines()[0]) if s['probe']['summary'] else '-'}",
+        "",
+        f"{'VOLUME':<10} {'KIND':<14} {'MODE':<13} {'TARGET':<13} {'DIRTY':>10} {'BOUND':>10} {'HIT':>6} "
+        f"{'HEALTH':<9} {'LATCH':<6} MOUNT",
+    ]
+    for v in s["volumes"]:
+        hr = f"{v['hit_ratio']:.0%}" if v["hit_ratio"] is not None else "-"
+        kind = "observe" if v["observe_only"] else v["kind"]
+        head.append(
+            f"{escape(v['name']):<10} {kind:<14} {v['mode'] or '-':<13} {v['target_mode'] or '-':<13} "
+            f"{_bytes(v['dirty_bytes']):>10} {_bytes(v['max_dirty_bytes']):>10} {hr:>6} {v['health']:<9} "
+            f"{'yes' if v['latched'] else 'no':<6} {escape(v['mountpoint']) or '-'}"
+        )
+        for p in v["pending"]:
+            head.append(f"{'':<10} pending: {escape(p)}")
+    if not s["volumes"]:
+        head.append("(no volume)")
+    return "\n".join(head)
+
+
+def status(args: argparse.Namespace) -> int:
+    from cachepilot.daemon.control import request
+
+    s = request(socket_path(args), {"cmd": "status"})
+    print(json.dumps(s, indent=2, sort_keys=True) if args.json else render(s))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("status", help="what the running daemon sees and does (control socket; root)")
+    socket_arg(p)
+    p.add_argument("--json", action="store_true", help="the whole status as JSON")
+    p.set_defaults(handler=status)

@@ -1,0 +1,156 @@
+"""The daemon's configuration file (YAML): which policies, where the state and the control socket live, the tick,
+the metrics listener, dry run, extra devices to observe.
+
+Read with the policy loader's YAML reader, so an error names ``FILE:LINE: key: message`` the same way. Relative
+paths are relative to the configuration file's directory. Several policy files combine: the first one gives the
+defaults and the hotness half-life, every file adds its volume rules (each rule inheriting its own file's defaults),
+and any file saying ``dry_run: true`` makes the whole daemon dry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from cachepilot.daemon.control import DEFAULT_SOCKET
+from cachepilot.errors import UserError
+from cachepilot.policy.loader import load_policy, parse_duration, raise_first, read_yaml, schema_errors
+from cachepilot.policy.model import DEFAULT_POLICY, Policy
+
+DEFAULT_STATE_DIR = "/var/lib/cachepilot"
+DEFAULT_METRICS = "127.0.0.1:9854"
+
+_DURATION = {
+    "oneOf": [{"type": "number", "minimum": 0}, {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)? ?(ms|s|m|h|d)$"}],
+    "description": "a duration: seconds, or e.g. 500ms, 10s, 5m",
+}
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["version"],
+    "properties": {
+        "version": {"const": 1},
+        "policies": {"type": "array", "items": {"type": "string", "minLength": 1}},
+        "state_dir": {"type": "string", "minLength": 1},
+        "socket": {"type": "string", "minLength": 1},
+        "tick": _DURATION,
+        "rescan": _DURATION,
+        "state_interval": _DURATION,
+        "dry_run": {"type": "boolean"},
+        "observe": {"type": "array", "items": {"type": "string", "minLength": 1}},
+        "max_files": {"type": "integer", "minimum": 64, "maximum": 1 << 26},
+        "metrics": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "listen": {"type": "string"},
+                "textfile": {"type": "string"},
+            },
+        },
+    },
+}
+_validator = jsonschema.Draft202012Validator(SCHEMA)
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    source: str = "<built-in>"
+    policies: tuple[Path, ...] = ()
+    state_dir: Path = Path(DEFAULT_STATE_DIR)
+    socket: Path = Path(DEFAULT_SOCKET)
+    tick_s: float = 1.0
+    rescan_s: float = 10.0
+    state_interval_s: float = 30.0
+    dry_run: bool = False
+    observe: tuple[str, ...] = ()
+    max_files: int = 1 << 18
+    metrics_listen: str = DEFAULT_METRICS  # "" = no HTTP listener
+    metrics_textfile: str = ""  # node_exporter textfile collector file, "" = none
+    policy: Policy = field(default=DEFAULT_POLICY)
+
+    @property
+    def effective_dry_run(self) -> bool:
+        return self.dry_run or self.policy.dry_run
+
+
+def _listen(value: str, doc: Any) -> str:
+    if value == "":
+        return ""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise doc.err(("metrics", "listen"), f"expected HOST:PORT (e.g. {DEFAULT_METRICS}) or \"\", got {value!r}")
+    return value
+
+
+def combine_policies(policies: list[Policy]) -> Policy:
+    if not policies:
+        return DEFAULT_POLICY
+    first = policies[0]
+    return Policy(
+        source=" + ".join(p.source for p in policies),
+        defaults=first.defaults,
+        rules=tuple(r for p in policies for r in p.rules),
+        half_life_s=first.half_life_s,
+        dry_run=any(p.dry_run for p in policies),
+    )
+
+
+def parse_config(text: str, source: str, base_dir: Path) -> DaemonConfig:
+    """The configuration and the policies it names, all validated; UserError (one line, FILE:LINE) otherwise."""
+    doc = read_yaml(text, source, what="configuration file")
+    if not isinstance(doc.value, dict):
+        raise UserError(f"{source}:{doc.line(())}: a configuration file is a mapping (version, policies, ...)")
+    raise_first(schema_errors(doc, _validator))
+    raw = doc.value
+
+    def path(v: str) -> Path:
+        p = Path(v)
+        return p if p.is_absolute() else base_dir / p
+
+    def dur(key: str, default: float, minimum: float) -> float:
+        if key not in raw:
+            return default
+        v = parse_duration(raw[key])
+        if v < minimum:
+            raise doc.err((key,), f"must be at least {minimum:g} s, got {v:g} s")
+        return v
+
+    policy_paths = tuple(path(p) for p in raw.get("policies", []))
+    policies = []
+    for i, p in enumerate(policy_paths):
+        try:
+            policies.append(load_policy(p))
+        except UserError as exc:
+            if str(exc).startswith(f"{p}: no such policy file"):
+                raise doc.err(("policies", i), f"{p}: no such policy file") from None
+            raise
+    metrics = raw.get("metrics", {})
+    return DaemonConfig(
+        source=source,
+        policies=policy_paths,
+        state_dir=path(raw.get("state_dir", DEFAULT_STATE_DIR)),
+        socket=path(raw.get("socket", DEFAULT_SOCKET)),
+        tick_s=dur("tick", 1.0, 0.05),
+        rescan_s=dur("rescan", 10.0, 0.1),
+        state_interval_s=dur("state_interval", 30.0, 0.1),
+        dry_run=bool(raw.get("dry_run", False)),
+        observe=tuple(raw.get("observe", [])),
+        max_files=int(raw.get("max_files", 1 << 18)),
+        metrics_listen=_listen(metrics.get("listen", DEFAULT_METRICS), doc),
+        metrics_textfile=metrics.get("textfile", ""),
+        policy=combine_policies(policies),
+    )
+
+
+def load_config(path: str | Path) -> DaemonConfig:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{p}: no such configuration file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"{p}: cannot read configuration file: {exc}") from None
+    return parse_config(text, str(p), p.resolve().parent)

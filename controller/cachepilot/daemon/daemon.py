@@ -1,0 +1,847 @@
+"""The daemon: probe → engine → backends and actuators, once per tick, on every cached volume of the host.
+
+Per tick (``Daemon.tick``): a pending SIGHUP reload; the probe's per-tick aggregates into the engine (discrete
+events are fed as they arrive, while the loop waits); a rescan for volumes that appeared or vanished; one sample of
+every backend; the engine's decisions carried out (``apply(action, dry_run)``, the actuators for promotions and
+discards); retries that are due; ``step`` of every backend's pending operations; then the snapshot that the control
+socket and the metrics exporter serve, the watchdog ping, and now and then the state file.
+
+Errors by class (cachepilot.errors): a configuration or policy error keeps the last good one; DeviceGone drops the
+volume (one log line, its pending actions cancelled); RetryLater retries with backoff, counted; KernelRejected is
+counted and not retried; the probe unusable at start is a FatalError. Expected conditions are one log line, never a
+traceback.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from cachepilot.backends.base import DONE, FAILED, PENDING, Backend, Outcome
+from cachepilot.daemon import actuation, volumes
+from cachepilot.daemon.config import DaemonConfig, load_config
+from cachepilot.daemon.control import ControlServer
+from cachepilot.daemon.lock import DaemonLock
+from cachepilot.daemon.loop import TickLoop
+from cachepilot.daemon.notify import Notifier
+from cachepilot.daemon.snapshot import hottest
+from cachepilot.daemon.state import MAX_DECISIONS, MAX_HOT, StateFile
+from cachepilot.engine.actions import Action, DiscardRanges, Drain, Promote, SetKnob
+from cachepilot.engine.engine import Engine, Latch, normalise_mode
+from cachepilot.errors import CachepilotError, DeviceGone, FatalError, KernelRejected, RetryLater, UserError
+from cachepilot.events import Barrier, Discard, Drops, kdev_major_minor
+from cachepilot.models.hotness import F_READ
+
+log = logging.getLogger("cachepilot")
+
+NS = 1_000_000_000
+MAX_RETRIES = 5
+BACKOFF_MAX_S = 60.0
+TOP_K = 25
+TOP_EVERY_S = 2.0
+DECISIONS_KEPT = 1000
+_EVENT_KINDS = {"FreedExtent": "freed_extent", "Delete": "delete", "Barrier": "barrier", "Discard": "discard",
+                "JournalCommit": "journal_commit", "SyncCalls": "sync_calls", "HotnessDelta": "hotness_delta",
+                "MetadataDelta": "metadata_delta"}
+
+Discover = Callable[[], tuple[list[volumes.Found], list[str]]]
+BackendFactory = Callable[[Any], Backend]
+ActuatorsFactory = Callable[[Any, int, int], Any]  # (info, discard max rate, promote rate) -> .run(action, dry)
+
+
+@dataclass
+class Vol:
+    found: volumes.Found
+    backend: Backend | None  # None: observe only
+    files: Any = None  # FileActuators: discards and promotions
+    in_flight: dict[Any, dict[str, Any]] = field(default_factory=dict)  # action -> its decision (with writes)
+    retries: list[tuple[int, int, Action]] = field(default_factory=list)  # (due ns, attempt, action)
+    deferred: list[Action] = field(default_factory=list)  # what pacing left for the next tick
+    last_sample: Any = None
+    sample_errors: int = 0
+    # cumulative, for the exporter
+    promoted_bytes: int = 0
+    discard_issued_bytes: int = 0
+    discard_trimmed_bytes: int = 0
+    discard_landed_bytes: int = 0
+    barriers: int = 0
+    drains: int = 0
+    epoch_bytes: Any = None  # exporter HistogramAccumulator when the exporter is in this build
+
+    @property
+    def info(self) -> Any:
+        return self.found.info
+
+    @property
+    def observe_only(self) -> bool:
+        return self.backend is None
+
+
+def classify(exc: OSError) -> CachepilotError:
+    """An OSError from a control write, as the class the daemon acts on."""
+    e = exc.errno
+    text = f"{exc.filename + ': ' if exc.filename else ''}{exc.strerror or exc}"
+    if e in (errno.ENOENT, errno.ENODEV, errno.ENXIO):
+        return DeviceGone(text)
+    if e in (errno.EBUSY, errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT):
+        return RetryLater(text)
+    if e in (errno.EINVAL, errno.EPERM, errno.EACCES, errno.EROFS, errno.EOPNOTSUPP):
+        return KernelRejected(text)
+    return RetryLater(text)
+
+
+def devname(dev: int) -> str:
+    major, minor = kdev_major_minor(dev)
+    return f"{major}:{minor}"
+
+
+class Daemon:
+    def __init__(
+        self,
+        config: DaemonConfig,
+        *,
+        config_path: Path | None = None,
+        probe_factory: Callable[[int], Any] | None = None,
+        discover: Discover = volumes.discover,
+        backend_factory: BackendFactory = actuation.open_backend,
+        actuators_factory: ActuatorsFactory = actuation.FileActuators,
+        notifier: Notifier | None = None,
+    ) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.probe_factory = probe_factory
+        self.discover = discover
+        self.backend_factory = backend_factory
+        self.actuators_factory = actuators_factory
+        self.notifier = notifier or Notifier()
+        self.engine = Engine(config.policy, start_ns=time.monotonic_ns())
+        self.vols: dict[int, Vol] = {}
+        self.probe: Any = None
+        self.state = StateFile(config.state_dir)
+        self.lock = DaemonLock(config.state_dir)
+        self.control = ControlServer(config.socket, self.answer)
+        self.loop = TickLoop(config.tick_s, self.tick, wait=self._wait)
+        self.counters: Counter[str] = Counter()
+        self.decisions: deque[dict[str, Any]] = deque(maxlen=DECISIONS_KEPT)
+        self.saved: dict[str, Any] = {}
+        self.previous_counters: dict[str, int] = {}  # the last run's, from the state file
+        self.snapshot: dict[str, Any] = {}
+        self.snapshot_listeners: list[Callable[[dict[str, Any]], None]] = []  # the metrics exporter's hook
+        self.top: dict[str, list[dict[str, int]]] = {}
+        self.policy_error: str | None = None
+        self.policy_generation = 1
+        self.reload_requested = False
+        self.started_wall = time.time()
+        self.started_ns = time.monotonic_ns()
+        self._next_rescan = 0
+        self._next_state = 0
+        self._next_top = 0
+        self._said_observe_only = False
+        self._said: set[str] = set()
+        self.drops: Drops | None = None
+        self.by_lower: dict[int, int] = {}  # a device below a volume -> the volume's dev
+        self.clear_requests: list[str] = []  # from the control socket, done on the loop thread
+        self.metrics: Any = None  # the exporter (box, registry, server) when configured
+        self.ready = False
+
+    # ------------------------------------------------------------------ start / stop
+    @property
+    def dry_run(self) -> bool:
+        return self.config.effective_dry_run
+
+    def start(self) -> None:
+        """Everything before the first tick; FatalError if the daemon cannot run here."""
+        try:
+            self.config.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise FatalError(f"state directory {self.config.state_dir}: {exc.strerror}") from None
+        self.lock.acquire()
+        if self.probe_factory is not None:
+            try:
+                self.probe = self.probe_factory(self.config.max_files)
+            except UserError as exc:
+                raise FatalError(f"the eBPF probe is unusable: {exc}") from None
+            log.info("probe: %s", "; ".join(self.probe.report.summary().splitlines()))
+        self._read_state()
+        self.control.start()
+        now = time.monotonic_ns()
+        self._rescan(now, starting=True)
+        self._reconcile(now)
+        self._attach_metrics()
+        self._next_rescan = now + int(self.config.rescan_s * NS)
+        self._next_state = now + int(self.config.state_interval_s * NS)
+        self._publish(now, 0)
+        what = ", ".join(f"{v.info.name} ({v.info.kind})" for v in self.vols.values()) or "no volume"
+        mode = " DRY RUN:" if self.dry_run else ""
+        self.ready = True
+        self.notifier.ready(f"watching {what}")
+        log.info("ready:%s watching %s; control socket %s", mode, what, self.config.socket)
+
+    def run(self) -> None:
+        self.loop.run()
+
+    def shutdown(self) -> None:
+        """Leave every cache safe and stable: unfinished operations are put back, the state file written."""
+        self.notifier.stopping()
+        for v in list(self.vols.values()):
+            self._restore(v, "stopping")
+        self._save_state()
+        self.control.stop()
+        if self.metrics is not None and self.metrics.get("server") is not None:
+            self.metrics["server"].close()
+        if self.probe is not None:
+            self.probe.close()
+            self.probe = None
+        self.lock.release()
+        log.info("stopped")
+
+    def _restore(self, v: Vol, why: str) -> None:
+        if v.backend is None:
+            return
+        try:
+            outs = v.backend.restore()
+        except CachepilotError as exc:
+            log.warning("%s: restore (%s) failed: %s", v.info.name, why, exc)
+            return
+        for out in outs:
+            self._record(v, out, now=time.monotonic_ns(), note=f"restored ({why})")
+        v.in_flight.clear()
+        v.retries.clear()
+
+    def _attach_metrics(self) -> None:
+        """The Prometheus exporter (cachepilot.exporter): a snapshot box the loop publishes to every tick, HTTP on
+        ``metrics.listen`` and/or the node_exporter textfile. A taken port is logged; the daemon runs on."""
+        cfg = self.config
+        if not (cfg.metrics_listen or cfg.metrics_textfile):
+            return
+        try:
+            from cachepilot import exporter
+        except ImportError:
+            log.info("metrics: no exporter in this build; %s not served", cfg.metrics_listen)
+            return
+        box = exporter.SnapshotBox()
+        registry = exporter.make_registry(box)
+        self.metrics = {"mod": exporter, "box": box, "registry": registry, "server": None,
+                        "ticks": exporter.HistogramAccumulator(exporter.TICK_BUCKETS)}
+        if cfg.metrics_listen:
+            try:
+                self.metrics["server"] = exporter.serve(cfg.metrics_listen, registry)
+                log.info("metrics: http://%s/metrics", cfg.metrics_listen)
+            except UserError as exc:
+                log.warning("metrics: not served: %s", exc)
+
+    # ------------------------------------------------------------------ signals (called from handlers: flags only)
+    def request_stop(self) -> None:
+        self.loop.stop()
+
+    def request_reload(self) -> None:
+        self.reload_requested = True
+
+    # ------------------------------------------------------------------ the loop
+    def _wait(self, seconds: float) -> None:
+        if self.probe is None:
+            self.loop.stop_event.wait(seconds)
+            return
+        for ev in self.probe.poll(int(seconds * 1000)):
+            self._feed(ev)
+
+    def _feed(self, ev: Any) -> None:
+        self.counters[f"events.{type(ev).__name__}"] += 1
+        if isinstance(ev, Discard):
+            v = self.vols.get(self.by_lower.get(ev.dev, -1))
+            if v is not None:
+                v.discard_landed_bytes += ev.nr_sectors * 512
+        elif isinstance(ev, Barrier) and ev.closes_epoch:
+            v = self.vols.get(ev.dev)
+            if v is not None:
+                v.barriers += 1
+                if v.epoch_bytes is not None:
+                    v.epoch_bytes.observe(ev.epoch_bytes)
+        try:
+            self.engine.feed(ev)
+        except TypeError:  # an event kind this engine does not know yet
+            self.counters["events.unhandled"] += 1
+        except UserError as exc:
+            self.counters["events.rejected"] += 1
+            self._once(f"event rejected: {exc}")
+
+    def tick(self, now: int) -> None:
+        t0 = time.monotonic_ns()
+        if self.reload_requested:
+            self.reload_requested = False
+            self.reload()
+        if self.probe is not None:
+            self._drain()
+        if now >= self._next_rescan:
+            self._rescan(now)
+            self._next_rescan = now + int(self.config.rescan_s * NS)
+        self._sample(now)
+        self._clear_latches()
+        for v in list(self.vols.values()):
+            deferred, v.deferred = v.deferred, []
+            for action in deferred:
+                self.execute(action, now)
+        for action in self.engine.tick(now):
+            self.execute(action, now)
+        self._retry_due(now)
+        self._step(now)
+        self.counters["ticks"] += 1
+        dur = time.monotonic_ns() - t0
+        self.counters["tick_ns"] += dur
+        self._publish(now, dur)
+        self.notifier.watchdog()
+        if now >= self._next_state:
+            self._save_state()
+            self._next_state = now + int(self.config.state_interval_s * NS)
+
+    def _drain(self) -> None:
+        arr = self.probe.drain_hotness_array()
+        if len(arr):
+            self.counters["events.HotnessDelta"] += len(arr)
+            self.engine.feed_hotness_array(arr)
+        for ev in self.probe.drain():  # metadata deltas and the drop counters (hotness already taken)
+            if isinstance(ev, Drops):
+                self.drops = ev
+            self._feed(ev)
+
+    # ------------------------------------------------------------------ volumes
+    def _rescan(self, now: int, starting: bool = False) -> None:
+        found, problems = self.discover()
+        for p in problems:
+            self._once(f"volume not adopted: {p}")
+        want: dict[int, volumes.Found] = {f.info.dev: f for f in found}
+        for spec in self.config.observe:
+            try:
+                f = volumes.observed(spec)
+            except UserError as exc:
+                self._once(str(exc))
+                continue
+            want.setdefault(f.info.dev, f)
+        for dev in [d for d in self.vols if d not in want]:
+            self.drop(dev, "vanished")
+        for dev in [d for d, v in self.vols.items() if want[d].info != v.info]:
+            self.drop(dev, f"changed (now {want[dev].info.kind}, mounted at {want[dev].info.mountpoint!r})")
+        for dev, f in want.items():
+            if dev not in self.vols:
+                self.adopt(f, now)
+        cached = [v for v in self.vols.values() if not v.observe_only]
+        if not cached and not self._said_observe_only:
+            self._said_observe_only = True
+            log.warning("no cached volume on this host: observe-only (nothing will be changed)")
+        elif cached:
+            self._said_observe_only = False
+
+    def adopt(self, f: volumes.Found, now: int) -> None:
+        info = f.info
+        backend = None
+        if info.kind != volumes.OBSERVE:
+            try:
+                backend = self.backend_factory(info)
+            except CachepilotError as exc:
+                self._once(f"{info.name}: cannot open its backend: {exc}")
+                return
+        try:
+            self.engine.add_volume(info)
+        except UserError as exc:  # e.g. the volume matches overlapping rules: keep going without it
+            self._once(f"{info.name}: not adopted: {exc}")
+            return
+        if self.probe is not None:
+            try:
+                self.probe.watch_volume(info.dev, lower=f.lower)
+            except (UserError, OSError) as exc:
+                self.engine.remove_volume(info.dev)
+                self._once(f"{info.name}: cannot watch it: {exc}")
+                return
+        v = Vol(f, backend)
+        if backend is not None:
+            ctl = self.engine.vols[info.dev]
+            v.files = self.actuators_factory(info, ctl.policy.discard_on_delete.max_rate, ctl.policy.promotion.rate)
+        if self.metrics is not None or self.config.metrics_listen or self.config.metrics_textfile:
+            try:
+                from cachepilot.exporter import EPOCH_BUCKETS, HistogramAccumulator
+                v.epoch_bytes = HistogramAccumulator(EPOCH_BUCKETS)
+            except ImportError:
+                pass
+        for low in f.lower:
+            self.by_lower[low] = info.dev
+        self.vols[info.dev] = v
+        self.counters["volumes.adopted"] += 1
+        how = "observe only" if v.observe_only else info.kind
+        log.info("adopted %s (%s, %s, mounted at %r)", info.name, how, devname(info.dev), info.mountpoint)
+        self._restore_latch(v, now)
+        self._rewarm_from_state(v, now)
+
+    def _restore_latch(self, v: Vol, now: int) -> None:
+        """A latched volume stays latched across restarts (unless its cache device was replaced since)."""
+        sv = self._saved_volume(v.info) or {}
+        latch = sv.get("latch")
+        ctl = self.engine.vols.get(v.info.dev)
+        if not isinstance(latch, dict) or ctl is None or ctl.latch is not None:
+            return
+        cache_id = str(latch.get("cache_id", ""))
+        if cache_id and v.info.cache_id and cache_id != v.info.cache_id:
+            log.info("%s: was latched on cache %s; the cache device was replaced: not latched", v.info.name, cache_id)
+            return
+        ctl.latch = Latch(f"{latch.get('reason', 'latched')} (kept from the state file)", now, cache_id)
+        log.warning("%s: still latched: %s", v.info.name, ctl.latch.reason)
+
+    def drop(self, dev: int, why: str) -> None:
+        v = self.vols.pop(dev, None)
+        if v is None:
+            return
+        cancelled = len(v.in_flight) + len(v.retries)
+        if v.backend is not None:
+            try:
+                v.backend.restore()
+            except CachepilotError:
+                pass  # it is gone: nothing to put back
+        self.engine.remove_volume(dev)
+        for low in v.found.lower:
+            self.by_lower.pop(low, None)
+        if self.probe is not None:
+            self.probe.unwatch(dev)
+        self.counters["volumes.dropped"] += 1
+        log.warning("dropped %s: %s; %d pending action(s) cancelled", v.info.name, why, cancelled)
+
+    def _sample(self, now: int) -> None:
+        for dev, v in list(self.vols.items()):
+            if v.backend is None:
+                continue
+            try:
+                s = v.backend.sample(now)
+            except DeviceGone as exc:
+                self.drop(dev, f"device gone ({exc})")
+                continue
+            except CachepilotError as exc:
+                v.sample_errors += 1
+                self.counters[f"sample_errors.{exc.kind}"] += 1
+                self._once(f"{v.info.name}: cannot sample: {exc}")
+                continue
+            v.last_sample = s
+            self.engine.sample(s)
+
+    # ------------------------------------------------------------------ acting
+    def execute(self, action: Action, now: int, attempt: int = 0) -> None:
+        self.counters[f"decisions.{action.kind}"] += 1
+        v = self.engine_vol(action.volume)
+        if v is None:
+            self._record(None, Outcome(action, FAILED, detail="volume gone"), now)  # type: ignore[arg-type]
+            return
+        if v.observe_only:
+            self._record(v, Outcome(action, FAILED, detail="not carried out: observe-only volume"),  # type: ignore[arg-type]
+                         now)
+            return
+        try:
+            if isinstance(action, Promote | DiscardRanges):
+                out = v.files.run(action, self.dry_run)
+            else:
+                assert v.backend is not None
+                out = v.backend.apply(action, dry_run=self.dry_run)
+        except CachepilotError as exc:
+            out = Outcome(action, FAILED, dry_run=self.dry_run, error=exc)  # type: ignore[arg-type]
+        except OSError as exc:
+            out = Outcome(action, FAILED, dry_run=self.dry_run, error=classify(exc))  # type: ignore[arg-type]
+        self._outcome(v, out, now, attempt)
+
+    def engine_vol(self, name: str) -> Vol | None:
+        for v in self.vols.values():
+            if v.info.name == name:
+                return v
+        return None
+
+    def _outcome(self, v: Vol, out: Any, now: int, attempt: int) -> None:
+        d = self._record(v, out, now, attempt=attempt)
+        a = out.action
+        if isinstance(a, DiscardRanges):
+            if not out.dry_run:
+                v.discard_issued_bytes += getattr(out, "issued_bytes", 0)
+                v.discard_trimmed_bytes += getattr(out, "trimmed_bytes", 0)
+            if getattr(out, "deferred", None) is not None:
+                v.deferred.append(out.deferred)  # paced: the rest goes next tick
+        elif isinstance(a, Promote):
+            if not out.dry_run:
+                v.promoted_bytes += getattr(out, "read_bytes", 0)
+            if getattr(out, "deferred", None) is not None:
+                v.deferred.append(out.deferred)
+        elif out.status == PENDING:
+            v.in_flight[a] = d
+        elif isinstance(a, Drain) and out.status == DONE and not out.dry_run:
+            v.drains += 1
+        err = out.error
+        retry = isinstance(err, RetryLater) and attempt < MAX_RETRIES
+        if not retry and not (isinstance(a, DiscardRanges | Promote) and out.status == PENDING):
+            self.engine.outcome(out)  # the engine learns how it ended (re-queues failed discards, ends drains)
+        if err is None:
+            return
+        self.counters[f"failed.{err.kind}"] += 1
+        if retry:  # busy: the daemon retries with backoff; the engine hears only the final result
+            delay = min(BACKOFF_MAX_S, 2.0 ** attempt)
+            v.retries.append((now + int(delay * NS), attempt + 1, out.action))
+            self.counters["retries"] += 1
+        elif isinstance(err, DeviceGone) and not isinstance(a, DiscardRanges | Promote):
+            self.drop(v.info.dev, f"device gone ({err})")  # (a filesystem gone under a file action: the rescan)
+
+    def _retry_due(self, now: int) -> None:
+        for v in list(self.vols.values()):
+            due = [r for r in v.retries if r[0] <= now]
+            if not due:
+                continue
+            v.retries = [r for r in v.retries if r[0] > now]
+            for _, attempt, action in due:
+                if v.info.dev in self.vols:
+                    self.execute(action, now, attempt)
+
+    def _step(self, now: int) -> None:
+        for dev, v in list(self.vols.items()):
+            if v.backend is None:
+                continue
+            try:
+                outs = v.backend.step(now)
+            except DeviceGone as exc:
+                self.drop(dev, f"device gone ({exc})")
+                continue
+            except CachepilotError as exc:
+                self._once(f"{v.info.name}: step failed: {exc}")
+                continue
+            for out in outs:
+                v.in_flight.pop(out.action, None)
+                self._outcome(v, out, now, attempt=MAX_RETRIES)
+
+    def _record(self, v: Vol | None, out: Outcome, now: int, attempt: int = 0, note: str = "") -> dict[str, Any]:
+        a = out.action
+        err = out.error
+        d = {
+            "ts": time.time(),
+            "volume": getattr(a, "volume", v.info.name if v else "?"),
+            "kind": a.kind,
+            "action": a.line(),
+            "reason": getattr(a, "reason", ""),
+            "status": out.status,
+            "dry_run": out.dry_run,
+            "writes": [{"target": w.target, "before": w.before, "value": w.value, "readback": w.readback}
+                       for w in getattr(out, "writes", ())],
+            "error": str(err) if err else None,
+            "error_kind": err.kind if err else None,
+            "detail": " ".join(x for x in (note, out.detail, self._discard_note(out)) if x),
+            "attempt": attempt,
+        }
+        self.decisions.append(d)
+        line = out.line() + (f" [{d['detail']}]" if d["detail"] else "")
+        level = logging.WARNING if out.status == FAILED and err is not None else logging.INFO
+        if v is not None and v.observe_only:
+            level = logging.DEBUG  # what it would do on a volume it only observes: explain shows it
+        log.log(level, "%s%s", "DRY RUN " if out.dry_run else "", line)
+        return d
+
+    @staticmethod
+    def _discard_note(out: Any) -> str:
+        if not isinstance(out.action, DiscardRanges) or not hasattr(out, "issued_bytes"):
+            return ""
+        later = f", {sum(n for _, n in out.deferred.ranges)} bytes deferred" if out.deferred else ""
+        return (f"FITRIM issued {len(out.issued)} range(s), {out.issued_bytes} bytes; "
+                f"filesystem trimmed {out.trimmed_bytes} bytes{later}")
+
+    def _clear_latches(self) -> None:
+        for name in self.clear_requests:
+            try:
+                was = self.engine.clear_latch(name)
+            except UserError as exc:
+                log.warning("clear latch: %s", exc)
+                continue
+            log.warning("%s: latch cleared by the operator%s", name, f" (was: {was})" if was else " (none was set)")
+        self.clear_requests = []
+
+    # ------------------------------------------------------------------ reload
+    def reload(self) -> bool:
+        """Re-read the configuration and its policies; anything invalid keeps the running ones (logged)."""
+        self.notifier.reloading()
+        self.counters["reloads"] += 1
+        try:
+            if self.config_path is None:
+                raise UserError("no configuration file to reload")
+            new = load_config(self.config_path)
+            self.engine.set_policy(new.policy)
+        except UserError as exc:
+            self.counters["reloads_failed"] += 1
+            self.policy_error = str(exc)
+            log.error("reload failed, keeping the running policy: %s", exc)
+            self.notifier.ready("reload failed; running policy kept")
+            return False
+        fixed = ("state_dir", "socket", "tick_s", "max_files", "metrics_listen", "metrics_textfile")
+        for key in fixed:
+            if getattr(new, key) != getattr(self.config, key):
+                log.warning("reload: %s changed; takes effect at the next start", key)
+        self.config = replace(new, **{k: getattr(self.config, k) for k in fixed})
+        self.policy_error = None
+        self.policy_generation += 1
+        log.info("reloaded %s (policies: %s)%s", new.source, new.policy.source, " DRY RUN" if self.dry_run else "")
+        self.notifier.ready("reloaded")
+        return True
+
+    # ------------------------------------------------------------------ state file
+    def _read_state(self) -> None:
+        doc, why = self.state.read()
+        if doc is None:
+            log.warning("starting fresh: %s", why)
+            return
+        self.saved = doc
+        saved = [v for v in doc.get("volumes", {}).values() if isinstance(v, dict)]
+        n = sum(len(v.get("hot", [])) for v in saved)
+        inflight = sum(len(v.get("in_flight", [])) for v in saved)
+        log.info("state file %s: %d volume(s), %d hot file(s), %d in-flight action(s)", self.state.path,
+                 len(saved), n, inflight)
+        prev = doc.get("counters", {})
+        if isinstance(prev, dict):
+            self.previous_counters = {k: v for k, v in prev.items() if isinstance(v, int)}
+        for d in doc.get("decisions", [])[-MAX_DECISIONS:]:
+            if isinstance(d, dict):
+                self.decisions.append(d)
+
+    def _saved_volume(self, info: Any) -> dict[str, Any] | None:
+        for sv in self.saved.get("volumes", {}).values():
+            if not isinstance(sv, dict):
+                continue
+            if info.fs_uuid and sv.get("fs_uuid") == info.fs_uuid:
+                return sv
+            if not info.fs_uuid and sv.get("name") == info.name and sv.get("kind") == info.kind:
+                return sv
+        return None
+
+    def _rewarm_from_state(self, v: Vol, now: int) -> None:
+        """Put the saved hot list back into the hotness table: the engine admits and promotes the files at the
+        volume's promotion rate (paced), hottest first."""
+        sv = self._saved_volume(v.info)
+        if sv is None:
+            return
+        t = self.engine.hotness
+        n = 0
+        for item in sv.get("hot", [])[:MAX_HOT]:
+            try:
+                ino, gen, score, size = (int(x) for x in item)
+            except (TypeError, ValueError):
+                continue
+            if ino <= 0 or score <= 0:
+                continue
+            slot = t.update(v.info.dev, ino, gen, score, 0, 0, now, size)
+            t.flags[slot] |= F_READ
+            n += 1
+        if n:
+            log.info("%s: re-warming %d file(s) from the state file (paced by the promotion rate)", v.info.name, n)
+            self.counters["rewarm_files"] += n
+
+    def _reconcile(self, now: int) -> None:
+        """Before the first decision: read every cache's actual state, and report what the last run left
+        unfinished. An interrupted step is never repeated; only a setting the interrupted operation changed and
+        that still reads back as it left it is put back."""
+        for v in self.vols.values():
+            if v.backend is None:
+                continue
+            try:
+                s = v.backend.sample(now)
+            except CachepilotError as exc:
+                self._once(f"{v.info.name}: cannot read its state before acting: {exc}")
+                continue
+            v.last_sample = s
+            self.engine.sample(s)
+            log.info("%s: actual state: mode %s, %d dirty bytes", v.info.name, s.mode, s.dirty_bytes)
+            sv = self._saved_volume(v.info) or {}
+            for d in sv.get("in_flight", []):
+                if not isinstance(d, dict):
+                    continue
+                log.warning("%s: interrupted at the last stop: %s (not repeated)", v.info.name, d.get("action"))
+                for w in d.get("writes", []):
+                    knob = str(w.get("target", "")).split()[-1:]
+                    if knob and s.knobs.get(knob[0]) == w.get("value") and w.get("before") not in (None, ""):
+                        self.execute(SetKnob(v.info.name, knob[0], str(w["before"]),
+                                             f"put back after an interrupted {d.get('kind')}"), now)
+
+    def state_doc(self) -> dict[str, Any]:
+        vols: dict[str, Any] = {}
+        for v in self.vols.values():
+            info = v.info
+            ctl = self.engine.vols.get(info.dev)
+            hot = hottest(self.engine.hotness, info.dev, MAX_HOT)
+            vols[info.name] = {
+                "name": info.name, "kind": info.kind, "dev": devname(info.dev), "fs_uuid": info.fs_uuid,
+                "hot": [[h["ino"], h["gen"], h["score"], h["size"]] for h in hot],
+                "health": ctl.state.health.name if ctl else "UNKNOWN",
+                "latch": {"reason": ctl.latch.reason, "cache_id": ctl.latch.cache_id}
+                if ctl is not None and ctl.latch is not None else None,
+                "in_flight": list(v.in_flight.values()),
+            }
+        return {
+            "written": time.time(), "pid": os.getpid(), "volumes": vols,
+            "counters": {k: int(n) for k, n in self.counters.items()},
+            "decisions": list(self.decisions)[-MAX_DECISIONS:],
+        }
+
+    def _save_state(self) -> None:
+        ok = self.state.write(self.state_doc())
+        self.counters["state_writes" if ok else "state_writes_failed"] += 1
+        if not ok:
+            self._once(f"state file not written (carrying on): {self.state.last_error}")
+
+    # ------------------------------------------------------------------ snapshot and answers
+    def _publish(self, now: int, tick_ns: int) -> None:
+        if now >= self._next_top:
+            self.top = {v.info.name: hottest(self.engine.hotness, v.info.dev, TOP_K) for v in self.vols.values()}
+            self._next_top = now + int(TOP_EVERY_S * NS)
+        vols = []
+        for v in self.vols.values():
+            info = v.info
+            c = self.engine.vols.get(info.dev)
+            if c is None:
+                continue
+            st = c.state
+            req = c.requested_mode
+            pend = v.backend.pending() if v.backend is not None else []
+            vols.append({
+                "name": info.name, "dev": devname(info.dev), "kind": info.kind, "observe_only": v.observe_only,
+                "mountpoint": info.mountpoint, "fs_uuid": info.fs_uuid, "cache_bytes": info.cache_bytes,
+                "policy": c.chosen_by, "failure_model": c.policy.failure_model,
+                "mode": normalise_mode(st.mode) if st.samples else None,
+                "target_mode": req[0] if req else (normalise_mode(st.mode) if st.samples else None),
+                "dirty_bytes": st.dirty_bytes if st.samples else None,
+                "max_dirty_bytes": c.policy.exposure.max_dirty,
+                "exposure_age_s": round(st.exposure_age_s(now), 3),
+                "hit_ratio": st.hit_ratio, "hits": v.last_sample.hits if v.last_sample else None,
+                "misses": v.last_sample.misses if v.last_sample else None,
+                "io_errors": st.io_errors, "health": st.health.name,
+                "latched": c.latch is not None, "latch_reason": c.latch.reason if c.latch else None,
+                "breach": c.breach, "last_failure": c.last_failure or None,
+                "pending": [a.line() for a in pend], "retries": len(v.retries),
+                "promo_queue": len(c.promo_queue), "believed_cached": len(c.cached),
+                "discard_pending_blocks": c.freed.pending_blocks, "held_switches": c.held_switches,
+            })
+        d = self.drops
+        self.snapshot = {
+            "version": 1,
+            "pid": os.getpid(),
+            "started": self.started_wall,
+            "uptime_s": round((now - self.started_ns) / NS, 3),
+            "dry_run": self.dry_run,
+            "observe_only": not any(not v.observe_only for v in self.vols.values()),
+            "actuators": actuation.has_real_backends(),
+            "config": self.config.source,
+            "policy": {"source": self.config.policy.source, "generation": self.policy_generation,
+                       "last_error": self.policy_error},
+            "probe": {"attached": self.probe is not None,
+                      "summary": self.probe.report.summary() if self.probe is not None else "no probe"},
+            "drops": {"ringbuf_full": d.ringbuf_full, "hotness_map_full": d.hotness_map_full, "other": d.other}
+            if d else {"ringbuf_full": 0, "hotness_map_full": 0, "other": 0},
+            "last_tick": {"time": time.time(), "duration_s": tick_ns / NS, "n": self.counters["ticks"],
+                          "skipped": self.loop.skipped},
+            "tracked_files": len(self.engine.hotness),
+            "counters": dict(self.counters),
+            "state_file": {"path": str(self.state.path), "writes": self.state.writes,
+                           "failed_writes": self.state.failed_writes, "last_error": self.state.last_error},
+            "volumes": vols,
+            "top": self.top,
+            "decisions": list(self.decisions),
+        }
+        if self.metrics is not None:
+            self._export(tick_ns)
+        for fn in self.snapshot_listeners:
+            try:
+                fn(self.snapshot)
+            except Exception as exc:  # noqa: BLE001 - a broken listener must not stop the loop
+                self._once(f"snapshot listener failed: {type(exc).__name__}: {exc}")
+
+    def _export(self, tick_ns: int) -> None:
+        m = self.metrics
+        ex = m["mod"]
+        if tick_ns:
+            m["ticks"].observe(tick_ns / NS)
+        c = self.counters
+        vols = []
+        for v in self.vols.values():
+            ctl = self.engine.vols.get(v.info.dev)
+            s = v.last_sample
+            if ctl is None or s is None or v.observe_only:
+                continue
+            st = ctl.state
+            mode = normalise_mode(st.mode)
+            req = ctl.requested_mode
+            recoverable = ctl.policy.failure_model == "recoverable"
+            try:
+                vols.append(ex.VolumeSnapshot(
+                    volume=v.info.name, device=v.info.name, kind=v.info.kind, mode=mode,
+                    target_mode=req[0] if req else mode, health=int(st.health), latched=ctl.latch is not None,
+                    draining=ctl.drain is not None or bool(v.in_flight), cache_bytes=v.info.cache_bytes,
+                    cache_io_errors=st.io_errors, dirty_bytes=st.dirty_bytes,
+                    dirty_age_seconds=st.exposure_age_s(self.engine.now_ns),
+                    dirty_bound_bytes=None if recoverable else ctl.policy.exposure.max_dirty,
+                    age_bound_seconds=None if recoverable else ctl.policy.exposure.max_age_s,
+                    drains=v.drains, drain_deadline_misses=ctl.breaches, hits=s.hits, misses=s.misses,
+                    bypasses=None, promoted_bytes=v.promoted_bytes, discard_issued_bytes=v.discard_issued_bytes,
+                    discard_landed_bytes=v.discard_landed_bytes, barriers=v.barriers,
+                    epoch_bytes=v.epoch_bytes.freeze() if v.epoch_bytes is not None else ex.Histogram.empty(
+                        ex.EPOCH_BUCKETS)))
+            except ValueError as exc:
+                self._once(f"metrics: {v.info.name} left out: {exc}")
+        d = self.drops
+
+        def by(prefix: str) -> dict[str, int]:
+            return {k[len(prefix):]: int(n) for k, n in c.items() if k.startswith(prefix)}
+
+        events = {_EVENT_KINDS.get(k, k.lower()): n for k, n in by("events.").items() if k in _EVENT_KINDS}
+        snap = ex.DaemonSnapshot(
+            timestamp=time.time(), start_time=self.started_wall, ready=self.ready, dry_run=self.dry_run,
+            observe_only=not any(not v.observe_only for v in self.vols.values()), events=events,
+            drops={"ringbuf_full": d.ringbuf_full, "hotness_map_full": d.hotness_map_full, "other": d.other}
+            if d else {}, ticks=c["ticks"], tick_duration=m["ticks"].freeze(), last_tick_timestamp=time.time(),
+            decisions=by("decisions."), action_failures=by("failed."),
+            policy_reloads=c["reloads"] - c["reloads_failed"], policy_reload_failures=c["reloads_failed"],
+            policy_last_reload_success=self.policy_error is None, state_writes=self.state.writes,
+            state_write_failures=self.state.failed_writes, volumes=tuple(vols))
+        m["box"].publish(snap)
+        if self.config.metrics_textfile:
+            try:
+                ex.write_textfile(self.config.metrics_textfile, m["registry"])
+            except OSError as exc:
+                self._once(f"metrics: textfile {self.config.metrics_textfile} not written: {exc.strerror}")
+
+    def answer(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Control-socket requests, from the last snapshot only (called on the server thread)."""
+        snap = self.snapshot  # one reference: a consistent view even while the loop publishes the next
+        cmd = req.get("cmd")
+        if cmd == "status":
+            return {k: v for k, v in snap.items() if k not in ("top", "decisions")}
+        if cmd == "top":
+            vols = {v["name"]: v for v in snap.get("volumes", [])}
+            want = req.get("volume")
+            if want is not None and want not in vols:
+                raise UserError(f"unknown volume {want!r} (known: {', '.join(sorted(vols)) or 'none'})")
+            n = int(req.get("n", TOP_K))
+            return {"volumes": [{"name": name, "mountpoint": vols[name]["mountpoint"], "dev": vols[name]["dev"],
+                                 "files": files[:n]}
+                                for name, files in snap.get("top", {}).items()
+                                if name in vols and (want is None or name == want)]}
+        if cmd == "explain":
+            since = float(req.get("since", 0) or 0)
+            want = req.get("volume")
+            out = [d for d in snap.get("decisions", [])
+                   if d.get("ts", 0) >= since and (want is None or d.get("volume") == want)]
+            return {"decisions": out[-int(req.get("limit", DECISIONS_KEPT)):]}
+        if cmd == "clear_latch":
+            name = str(req.get("volume", ""))
+            if name not in {v["name"] for v in snap.get("volumes", [])}:
+                raise UserError(f"unknown volume {name!r}")
+            self.clear_requests.append(name)  # done by the loop at its next tick (the engine is the loop's)
+            return {"queued": name}
+        raise UserError(f"unknown command {cmd!r} (status, top, explain, clear_latch)")
+
+    def _once(self, msg: str) -> None:
+        """Log an expected problem once (it may recur every tick)."""
+        if msg not in self._said:
+            if len(self._said) > 1000:
+                self._said.clear()
+            self._said.add(msg)
+            log.warning("%s", msg)

@@ -1,0 +1,114 @@
+"""The state file: what a restarted daemon needs to carry on (hot list, counters, recent decisions, the failure
+latch, actions in flight), as one JSON document.
+
+Written atomically: a temporary file in the same directory, fsync, rename over the old one, fsync of the directory,
+so a crash leaves either the old or the new file, never a torn one. Bounded: at most ``MAX_HOT`` files per volume
+and ``MAX_DECISIONS`` decisions, and the whole document at most ``MAX_BYTES`` (hot lists are cut further if
+needed). A write that fails (a full disk) is counted and the daemon carries on. Reading a missing, unreadable or
+corrupt file gives ``None`` and the reason, never an exception: the daemon then starts fresh with one warning.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from pathlib import Path
+from typing import Any
+
+VERSION = 1
+MAX_HOT = 4096  # files per volume in the hot list
+MAX_DECISIONS = 200
+MAX_BYTES = 4 << 20
+STATE_NAME = "state.json"
+
+
+def _encode(doc: dict[str, Any]) -> bytes:
+    body = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+    crc = zlib.crc32(body.encode())
+    return json.dumps({"crc32": crc, "state": doc}, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+
+
+def bound(doc: dict[str, Any], max_bytes: int = MAX_BYTES) -> bytes:
+    """Encode, cutting hot lists (coldest last, so the tail goes) and decisions until it fits."""
+    doc["decisions"] = doc.get("decisions", [])[-MAX_DECISIONS:]
+    for v in doc.get("volumes", {}).values():
+        v["hot"] = v.get("hot", [])[:MAX_HOT]
+    data = _encode(doc)
+    while len(data) > max_bytes:
+        longest = max(doc.get("volumes", {}).values(), key=lambda v: len(v.get("hot", [])), default=None)
+        if longest is None or not longest.get("hot"):
+            doc["decisions"] = doc["decisions"][len(doc["decisions"]) // 2:] if doc["decisions"] else []
+            if not doc["decisions"]:
+                break
+        else:
+            longest["hot"] = longest["hot"][: len(longest["hot"]) // 2]
+        data = _encode(doc)
+    return data
+
+
+class StateFile:
+    def __init__(self, directory: Path, max_bytes: int = MAX_BYTES) -> None:
+        self.dir = directory
+        self.path = directory / STATE_NAME
+        self.max_bytes = max_bytes
+        self.writes = 0
+        self.failed_writes = 0
+        self.last_error: str | None = None
+        self.last_bytes = 0
+
+    def write(self, doc: dict[str, Any]) -> bool:
+        """Atomically replace the state file; False (counted, reason in last_error) if that failed."""
+        doc = {**doc, "version": VERSION}
+        data = bound(doc, self.max_bytes)
+        tmp = self.dir / f".{STATE_NAME}.{os.getpid()}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(tmp, self.path)
+            dfd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except OSError as exc:
+            self.failed_writes += 1
+            self.last_error = f"{self.path}: {exc.strerror or exc}"
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
+            return False
+        self.writes += 1
+        self.last_error = None
+        self.last_bytes = len(data)
+        return True
+
+    def read(self) -> tuple[dict[str, Any] | None, str]:
+        """(state, "") or (None, why it cannot be used)."""
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return None, f"no state file at {self.path}"
+        except OSError as exc:
+            return None, f"{self.path}: {exc.strerror or exc}"
+        if len(raw) > self.max_bytes * 2:
+            return None, f"{self.path}: {len(raw)} bytes, larger than any state file this daemon writes"
+        try:
+            outer = json.loads(raw)
+            doc = outer["state"]
+            body = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+            if zlib.crc32(body.encode()) != outer["crc32"]:
+                return None, f"{self.path}: checksum mismatch (corrupt)"
+        except (ValueError, KeyError, TypeError) as exc:
+            return None, f"{self.path}: corrupt ({type(exc).__name__}: {str(exc)[:80]})"
+        if not isinstance(doc, dict) or doc.get("version") != VERSION:
+            version = doc.get("version") if isinstance(doc, dict) else "?"
+            return None, f"{self.path}: unsupported state version {version}"
+        return doc, ""

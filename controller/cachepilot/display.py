@@ -1,0 +1,54 @@
+"""Showing files to humans: a path found by handle at display time, printed safely.
+
+Files are (dev, inode, generation) everywhere in cachepilot; a path is only looked up when a person asks
+(`cachepilot top`), by opening the file by handle on its filesystem and reading back the name the kernel has for
+it. Names are hostile input: control characters, invalid UTF-8 and terminal escapes are escaped, never passed
+through.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+from cachepilot.actuators.promote import open_by_handle  # the one open_by_handle_at (ext4 handles)
+
+
+def escape(text: str) -> str:
+    """Printable text: control characters, DEL, C1 controls and undecodable bytes become \\xNN escapes."""
+    out = []
+    for ch in text:
+        o = ord(ch)
+        if 0xDC80 <= o <= 0xDCFF:  # surrogateescape'd byte of invalid UTF-8
+            out.append(f"\\x{o - 0xDC00:02x}")
+        elif o < 0x20 or 0x7F <= o < 0xA0:
+            out.append(f"\\x{o:02x}")
+        elif ch == "\\":
+            out.append("\\\\")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def path_of(mount_path: str, ino: int, gen: int) -> str:
+    """The file's current path for display (escaped), or why there is none, in angle brackets."""
+    if not mount_path:
+        return f"<ino {ino}: filesystem not mounted>"
+    if not 0 <= ino < 1 << 32:
+        return f"<ino {ino}: no ext4 handle for it>"
+    try:
+        mfd = os.open(mount_path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fd = open_by_handle(mfd, ino, gen, os.O_PATH | os.O_CLOEXEC)
+        finally:
+            os.close(mfd)
+    except OSError as exc:
+        why = "gone" if exc.errno in (errno.ESTALE, errno.ENOENT) else (exc.strerror or str(exc))
+        return f"<ino {ino}: {why}>"
+    try:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError as exc:
+        return f"<ino {ino}: {exc.strerror}>"
+    finally:
+        os.close(fd)
+    return escape(target)

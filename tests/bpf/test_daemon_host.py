@@ -1,0 +1,261 @@
+"""`cachepilot run` for real on this host: the real probe, ext4 on a loop device and no cache (the host kernel has
+neither bcache nor dm), so the daemon runs observe-only — a real case of its own. Started as a subprocess with a
+NOTIFY_SOCKET the test listens on, driven with signals, asked through its control socket by the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+import pytest
+from bpf_support import LoopFs, child
+
+from cachepilot.daemon.control import request
+
+CLI = Path(sys.executable).with_name("cachepilot")
+HOSTILE = b"hot\n\x1b[31mred\xff[bold]"
+POLICY = """version: 1
+defaults:
+  discard_on_delete: {enabled: true, interval: 1s, min_extent: 4KiB}
+  promotion: {enabled: true, rate: 1MiB, sieve_size: 1MiB}
+"""
+
+
+class Daemon:
+    def __init__(self, tmp: Path, mount: Path) -> None:
+        self.tmp = tmp
+        self.policy = tmp / "policy.yaml"
+        self.policy.write_text(POLICY)
+        self.config = tmp / "cachepilot.yaml"
+        self.config.write_text(
+            f"version: 1\npolicies: [policy.yaml]\nstate_dir: state\nsocket: run/ctl.sock\ntick: 200ms\n"
+            f"rescan: 1s\nstate_interval: 1s\nobserve: [{json.dumps(str(mount))}]\nmetrics: {{listen: ''}}\n")
+        self.socket = tmp / "run" / "ctl.sock"
+        self.notify_path = tmp / "notify.sock"
+        self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.notify.bind(str(self.notify_path))
+        self.notify.settimeout(0.2)
+        self.messages: list[str] = []  # read by a thread, as systemd would (an unread queue holds 10)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._closing = False
+        self._reader.start()
+        self.proc: subprocess.Popen[str] | None = None
+        self.n = 0
+        self.errs: dict[int, IO[str]] = {}
+
+    def start(self, *extra: str, prefix: tuple[str, ...] = ()) -> subprocess.Popen[str]:
+        env = {**os.environ, "NOTIFY_SOCKET": str(self.notify_path)}
+        self.n += 1
+        err = open(self.tmp / f"stderr.{self.n}", "w+")  # a file, not a pipe: a full pipe would block the daemon
+        p = subprocess.Popen([*prefix, str(CLI), "run", "--config", str(self.config), *extra], env=env,
+                             stdout=subprocess.DEVNULL, stderr=err, text=True)
+        self.errs[p.pid] = err
+        if self.proc is None:
+            self.proc = p
+        return p
+
+    def stderr(self, p: subprocess.Popen[str]) -> str:
+        f = self.errs[p.pid]
+        f.seek(0)
+        return f.read()
+
+    def _read(self) -> None:
+        while not self._closing:
+            try:
+                self.messages.append(self.notify.recv(4096).decode())
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self._closing = True
+        self._reader.join()
+        self.notify.close()
+
+    def wait_for(self, what: str, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(what in m for m in self.messages):
+                return
+            if self.proc is not None and self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        err = self.stderr(self.proc) if self.proc else ""
+        raise AssertionError(f"no {what!r} from the daemon within {timeout} s: {self.messages[-5:]} {err}")
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(CLI), *args, "--socket", str(self.socket)], capture_output=True, text=True,
+                              timeout=30, env={**os.environ, "COLUMNS": "300"})
+
+    def stop(self) -> tuple[int, str]:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        rc = self.proc.wait(timeout=30)
+        err = self.stderr(self.proc)
+        self.proc = None
+        return rc, err
+
+
+@pytest.fixture
+def daemon(tmp_path: Path, loopfs: LoopFs) -> Iterator[Daemon]:
+    d = Daemon(tmp_path, loopfs.mount)
+    yield d
+    if d.proc is not None and d.proc.poll() is None:
+        d.proc.kill()
+        d.proc.wait()
+    d.close()
+
+
+def test_run_observe_only_status_top_explain_reload_stop(daemon: Daemon, loopfs: LoopFs) -> None:
+    daemon.start()
+    daemon.wait_for("READY=1")
+    daemon.wait_for("WATCHDOG=1")  # pinged from the loop
+
+    # a hot file with a hostile name (read with O_DIRECT from another process) and a deleted 1 MiB file
+    hot = loopfs.path(HOSTILE)
+    assert isinstance(hot, bytes)
+    with open(hot, "wb") as f:
+        f.write(os.urandom(64 << 10))
+    with open(loopfs.path("doomed"), "wb") as f:
+        f.write(os.urandom(1 << 20))
+    os.sync()
+    child("import os,sys,mmap\nb=mmap.mmap(-1,65536)\nfor _ in range(20):\n"
+          " fd=os.open(sys.argv[1].encode('utf-8','surrogateescape'),os.O_RDONLY|os.O_DIRECT)\n"
+          " os.readv(fd,[b]); os.close(fd)", os.fsdecode(hot))
+    os.unlink(loopfs.path("doomed"))
+    os.sync()
+
+    # status: observe-only, the loop device, answered from the snapshot fast
+    deadline = time.monotonic() + 15
+    while True:
+        t0 = time.monotonic()
+        s = request(daemon.socket, {"cmd": "status"})
+        took = time.monotonic() - t0
+        assert took < 0.2, f"status took {took:.3f} s"
+        if s["tracked_files"] >= 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    assert s["observe_only"] is True and s["probe"]["attached"] is True
+    assert [(v["kind"], v["observe_only"], v["mountpoint"]) for v in s["volumes"]] == [
+        ("none", True, str(loopfs.mount))]
+    r = daemon.cli("status")
+    assert r.returncode == 0 and "observe-only (no cached volume)" in r.stdout, r.stderr
+    r = daemon.cli("status", "--json")
+    assert json.loads(r.stdout)["pid"] == daemon.proc.pid  # type: ignore[union-attr]
+
+    # top: the hot file, its path found by handle and escaped (no raw control character reaches the terminal)
+    deadline = time.monotonic() + 15
+    while True:
+        r = daemon.cli("top", "--once")
+        if "red" in r.stdout or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert r.returncode == 0, r.stderr
+    assert "hot\\x0a\\x1b[31mred\\xff[bold]" in r.stdout, r.stdout
+    assert "\x1b" not in r.stdout and "\n\x1b" not in r.stdout
+
+    # explain: the delete became a discard decision, not carried out (observe-only)
+    deadline = time.monotonic() + 15
+    while True:
+        r = daemon.cli("explain", "--since", "5m")
+        if "discard" in r.stdout or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert r.returncode == 0 and "discard" in r.stdout and "not carried out: observe-only volume" in r.stdout, r.stdout
+
+    # a second daemon refuses, naming the first one's pid
+    second = daemon.start()
+    second.wait(timeout=30)
+    err = daemon.stderr(second)
+    assert second.returncode == 3 and f"another cachepilot daemon is running (pid {daemon.proc.pid}," in err, err  # type: ignore[union-attr]
+
+    # SIGHUP with a broken policy keeps the old one, says why, and the daemon keeps answering
+    daemon.policy.write_text("version: 1\ndefaults:\n  failure_model: yolo\n")
+    daemon.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+    deadline = time.monotonic() + 10
+    while request(daemon.socket, {"cmd": "status"})["policy"]["last_error"] is None:
+        assert time.monotonic() < deadline, f"reload error never reported: {request(daemon.socket, {'cmd': 'status'})}"
+        time.sleep(0.2)
+    s = request(daemon.socket, {"cmd": "status"})
+    assert s["policy"]["last_error"].startswith(f"{daemon.policy}:3: defaults.failure_model")
+    assert s["policy"]["generation"] == 1 and s["counters"]["reloads_failed"] == 1
+
+    # SIGTERM: exit 0, STOPPING=1, the state file holds the hot file
+    ino = os.stat(hot).st_ino
+    rc, err = daemon.stop()
+    assert rc == 0, err
+    assert "reload failed, keeping the running policy" in err and "Traceback" not in err
+    daemon.wait_for("STOPPING=1", timeout=5)
+    state = json.loads((daemon.tmp / "state" / "state.json").read_text())["state"]
+    (vol,) = state["volumes"].values()
+    assert ino in [h[0] for h in vol["hot"]]
+    assert not daemon.socket.exists()
+
+    # restart: reads the state back and re-warms from the hot list
+    daemon.policy.write_text(POLICY)
+    daemon.messages.clear()
+    daemon.start()
+    daemon.wait_for("READY=1")
+    rc, err = daemon.stop()
+    assert rc == 0 and "re-warming" in err and "starting fresh" not in err, err
+
+
+def test_unusable_probe_fails_at_start_with_the_reason(daemon: Daemon) -> None:
+    """No BTF (hidden in a private mount namespace): exit 3, one line naming the reason, no traceback."""
+    p = daemon.start(prefix=("unshare", "-m", "--", "sh", "-c",
+                             'mount -t tmpfs none /sys/kernel/btf && exec "$@"', "sh"))
+    p.wait(timeout=60)
+    err = daemon.stderr(p)
+    assert p.returncode == 3, err
+    assert "cannot run: the eBPF probe is unusable: the kernel has no BTF" in err and "Traceback" not in err
+    assert not any("READY=1" in m for m in daemon.messages)
+
+
+def test_bad_config_exits_2_naming_file_and_line(tmp_path: Path, bpf_env: None) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("version: 1\ntick: 1s\nstate_dri: /tmp/x\n")
+    r = subprocess.run([str(CLI), "run", "--config", str(cfg)], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and r.stderr.startswith(f"cachepilot: {cfg}:3: state_dri: unknown key"), r.stderr
+
+
+def test_sigkill_at_random_moments_then_restart(daemon: Daemon) -> None:
+    """Crash safety of what the daemon owns on the host: SIGKILLed at random moments (state written every 200 ms
+    here), it leaves a state file that is whole (old or new, never torn), a stale socket and a lock the kernel
+    released; the next start takes over without help and reads the state back."""
+    import random
+
+    from cachepilot.daemon.state import StateFile
+
+    daemon.config.write_text(daemon.config.read_text().replace("state_interval: 1s", "state_interval: 200ms"))
+    rng = random.Random(7)  # noqa: S311 - kill timing, not secrets
+    for i in range(6):
+        daemon.messages.clear()
+        p = daemon.start()
+        daemon.proc = p
+        daemon.wait_for("READY=1")
+        time.sleep(rng.uniform(0.05, 1.2))
+        p.kill()
+        p.wait(timeout=30)
+        doc, why = StateFile(daemon.tmp / "state").read()
+        assert doc is not None or why.startswith("no state file"), f"round {i}: {why}"
+        log = daemon.stderr(p)
+        if i > 0:
+            assert "starting fresh" not in log and "state file " in log, f"round {i}: {log}"
+        assert "Traceback" not in log
+        daemon.proc = None
+    assert daemon.socket.exists()  # stale, from the last SIGKILL: the next start replaces it
+    daemon.messages.clear()
+    daemon.start()
+    daemon.wait_for("READY=1")
+    rc, err = daemon.stop()
+    assert rc == 0 and "Traceback" not in err, err

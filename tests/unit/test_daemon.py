@@ -1,0 +1,536 @@
+"""The daemon with fakes: tick loop, configuration errors, state file, lock, control socket, and the daemon's
+handling of volumes, actions and errors by class (an in-memory backend stands in for a cache).
+
+The same paths run for real in tests/bpf/test_daemon_host.py (the real probe, observe-only) and in the lab."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from cachepilot.backends.base import DONE, FAILED, PENDING, Backend, ControlAction, Outcome, Write
+from cachepilot.daemon.config import DEFAULT_METRICS, load_config, parse_config
+from cachepilot.daemon.control import ControlServer, request
+from cachepilot.daemon.daemon import Daemon
+from cachepilot.daemon.lock import DaemonLock
+from cachepilot.daemon.loop import TickLoop
+from cachepilot.daemon.state import MAX_HOT, StateFile
+from cachepilot.daemon.volumes import Found
+from cachepilot.engine.actions import Drain, Promote, SetKnob, SetWritePolicy
+from cachepilot.errors import DeviceGone, FatalError, RetryLater, UserError
+from cachepilot.events import FileKey, HotnessDelta, kdev
+from cachepilot.models.volume import VolumeInfo, VolumeSample
+
+NS = 1_000_000_000
+DEV = kdev(252, 0)
+VOL = VolumeInfo(dev=DEV, name="bcache0", kind="bcache", fs_uuid="u-1", mountpoint="/mnt/x", cache_bytes=1 << 30)
+
+
+# ---------------------------------------------------------------------------------------------- the tick loop
+def test_loop_ticks_on_time_and_skips_overruns() -> None:
+    clock = [0]
+    ticks: list[int] = []
+
+    def wait(s: float) -> None:
+        clock[0] += int(s * NS)
+
+    def on_tick(now: int) -> None:
+        ticks.append(now)
+        if len(ticks) == 3:
+            clock[0] += int(3.5 * NS)  # a tick that overran by three and a half periods
+        if len(ticks) == 6:
+            loop.stop()
+
+    loop = TickLoop(1.0, on_tick, wait, clock_ns=lambda: clock[0])
+    loop.run()
+    assert ticks[:3] == [1 * NS, 2 * NS, 3 * NS]
+    assert ticks[3] == 7 * NS  # 4, 5, 6 skipped rather than run back to back
+    assert loop.skipped == 3 and loop.ticks == 6
+
+
+def test_loop_stops_from_another_thread_within_a_wait() -> None:
+    loop = TickLoop(10.0, lambda now: None)
+    threading.Timer(0.1, loop.stop).start()
+    t0 = time.monotonic()
+    loop.run()
+    assert time.monotonic() - t0 < 1.0
+
+
+def test_loop_deadline() -> None:
+    n = []
+    loop = TickLoop(0.05, n.append)
+    loop.run(deadline_ns=loop.clock_ns() + int(0.3 * NS))
+    assert 3 <= len(n) <= 7
+
+
+# ---------------------------------------------------------------------------------------------- configuration
+POLICY_A = "version: 1\ndefaults: {failure_model: recoverable}\n"
+POLICY_B = "version: 1\nvolumes:\n  - name: db\n    match: {device: bcache9}\n    failure_model: destructive\n"
+
+
+def write(p: Path, text: str) -> Path:
+    p.write_text(text)
+    return p
+
+
+def test_config_defaults_relative_paths_and_policy_combination(tmp_path: Path) -> None:
+    write(tmp_path / "a.yaml", POLICY_A)
+    write(tmp_path / "b.yaml", POLICY_B)
+    c = load_config(write(tmp_path / "c.yaml", "version: 1\npolicies: [a.yaml, b.yaml]\nstate_dir: st\ntick: 250ms\n"))
+    assert c.state_dir == tmp_path / "st" and c.tick_s == 0.25 and c.metrics_listen == DEFAULT_METRICS
+    assert c.policy.defaults.failure_model == "recoverable" and [r.name for r in c.policy.rules] == ["db"]
+    assert c.policy.resolve(VolumeInfo(dev=1, name="bcache9"))[0].failure_model == "destructive"
+    assert not c.effective_dry_run
+
+
+def test_shipped_default_config_is_valid() -> None:
+    c = load_config(Path(__file__).parents[2] / "controller/cachepilot/data/config.yaml")
+    assert c.policy.source == "<built-in>" and c.metrics_listen == "127.0.0.1:9854"
+
+
+@pytest.mark.parametrize("text, expect", [
+    ("version: 1\ntick: 1s\nbogus: 3\n", "c.yaml:3: bogus: unknown key"),
+    ("version: 1\n\ntick: soon\n", "c.yaml:3: tick:"),
+    ("version: 1\ntick: 10ms\n", "c.yaml:2: tick: must be at least 0.05 s"),
+    ("version: 1\npolicies:\n  - nope.yaml\n", "c.yaml:3: policies.0:"),
+    ("version: 1\nmetrics:\n  listen: localhost\n", "c.yaml:3: metrics.listen: expected HOST:PORT"),
+    ("version: 2\n", "c.yaml:1: version: unsupported version 2"),
+    ("version: 1\ntick: a: b\n", "c.yaml:2: YAML syntax error"),
+    ("", "c.yaml:1: empty configuration file"),
+])
+def test_config_errors_name_file_and_line(tmp_path: Path, text: str, expect: str) -> None:
+    with pytest.raises(UserError) as e:
+        parse_config(text, "c.yaml", tmp_path)
+    assert str(e.value).startswith(expect), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_config_names_the_policy_files_line(tmp_path: Path) -> None:
+    write(tmp_path / "bad.yaml", "version: 1\ndefaults:\n  failure_model: reckless\n")
+    with pytest.raises(UserError, match=r"bad.yaml:3: defaults.failure_model"):
+        parse_config("version: 1\npolicies: [bad.yaml]\n", "c.yaml", tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------- state file
+def test_state_roundtrip_is_atomic_and_private(tmp_path: Path) -> None:
+    sf = StateFile(tmp_path)
+    assert sf.read() == (None, f"no state file at {tmp_path}/state.json")
+    assert sf.write({"volumes": {"v": {"hot": [[1, 2, 3, 4]]}}, "decisions": [], "counters": {"ticks": 5}})
+    doc, why = sf.read()
+    assert why == "" and doc is not None and doc["counters"] == {"ticks": 5}
+    assert doc["volumes"]["v"]["hot"] == [[1, 2, 3, 4]]
+    assert stat.S_IMODE(os.stat(sf.path).st_mode) == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]  # no temporary left behind
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "garbage", "empty", "version"])
+def test_corrupt_state_starts_fresh_with_the_reason(tmp_path: Path, damage: str) -> None:
+    sf = StateFile(tmp_path)
+    sf.write({"volumes": {"v": {"hot": [[i, 1, 100 - i, 4096] for i in range(1, 50)]}}, "decisions": []})
+    data = sf.path.read_bytes()
+    if damage == "truncate":
+        sf.path.write_bytes(data[: len(data) // 2])
+    elif damage == "flip":
+        i = data.index(b"4096")
+        sf.path.write_bytes(data[:i] + b"4097" + data[i + 4:])
+    elif damage == "garbage":
+        sf.path.write_bytes(os.urandom(300))
+    elif damage == "empty":
+        sf.path.write_bytes(b"")
+    else:
+        sf.path.write_text(json.dumps({"crc32": 0, "state": {"version": 99}}))
+    doc, why = sf.read()
+    assert doc is None and str(sf.path) in why and ("corrupt" in why or "version" in why)
+
+
+def test_state_is_bounded(tmp_path: Path) -> None:
+    sf = StateFile(tmp_path, max_bytes=64 << 10)
+    hot = [[i, i, 1_000_000 - i, 4096] for i in range(1, 3 * MAX_HOT)]
+    assert sf.write({"volumes": {"a": {"hot": hot}, "b": {"hot": list(hot)}},
+                     "decisions": [{"action": "x" * 100}] * 5000})
+    assert sf.path.stat().st_size <= 64 << 10
+    doc, _ = sf.read()
+    assert doc is not None and len(doc["decisions"]) <= 200
+    assert doc["volumes"]["a"]["hot"][0] == hot[0]  # the hottest are the ones kept
+
+
+def test_full_disk_keeps_the_old_state_and_counts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sf = StateFile(tmp_path)
+    assert sf.write({"volumes": {}, "decisions": [], "counters": {"n": 1}})
+
+    def full(fd: int, data: bytes) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full)
+    assert not sf.write({"volumes": {}, "decisions": [], "counters": {"n": 2}})
+    monkeypatch.undo()
+    assert sf.failed_writes == 1 and "No space left" in (sf.last_error or "")
+    assert sf.read()[0]["counters"] == {"n": 1}  # type: ignore[index]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]
+
+
+# ---------------------------------------------------------------------------------------------- lock
+def test_second_daemon_refused_naming_the_first_pid(tmp_path: Path) -> None:
+    first = DaemonLock(tmp_path)
+    first.acquire()
+    with pytest.raises(FatalError, match=rf"another cachepilot daemon is running \(pid {os.getpid()}, lock "):
+        DaemonLock(tmp_path).acquire()
+    first.release()
+    again = DaemonLock(tmp_path)
+    again.acquire()  # released: a restart gets it (the kernel drops it with the process, too)
+    again.release()
+
+
+# ---------------------------------------------------------------------------------------------- control socket
+def test_control_socket_is_0600_and_answers(tmp_path: Path) -> None:
+    path = tmp_path / "run" / "ctl.sock"
+    srv = ControlServer(path, lambda req: {"echo": req["cmd"]} if req["cmd"] == "hi" else (_ for _ in ()).throw(
+        UserError("unknown command")))
+    srv.start()
+    try:
+        assert stat.S_ISSOCK(os.stat(path).st_mode) and stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        assert request(path, {"cmd": "hi"}) == {"echo": "hi"}
+        with pytest.raises(UserError, match="daemon: bad request: unknown command"):
+            request(path, {"cmd": "nope"})
+        with pytest.raises(FatalError, match="in use by another process"):
+            ControlServer(path, lambda r: {}).start()
+    finally:
+        srv.stop()
+    assert not path.exists()
+    with pytest.raises(UserError, match="no daemon"):
+        request(path, {"cmd": "hi"})
+
+
+# ---------------------------------------------------------------------------------------------- the daemon, with fakes
+class FakeBackend(Backend):
+    """An in-memory cache: mode, dirty bytes, knobs; drains take ``drain_steps`` steps; scripted errors."""
+
+    kind = "bcache"
+
+    def __init__(self, info: VolumeInfo, **kw: object) -> None:
+        super().__init__(info)
+        self.mode = "writeback"
+        self.dirty = 0
+        self.knobs = {"sequential_cutoff": "4194304", "writeback_percent": "10"}
+        self.applied: list[tuple[ControlAction, bool]] = []
+        self.fail_with: list[Exception] = []
+        self.gone = False
+        self.drains: list[Drain] = []
+        self.restored = 0
+
+    def sample(self, now_ns: int) -> VolumeSample:
+        if self.gone:
+            raise DeviceGone(f"{self.info.name} vanished")
+        return VolumeSample(self.info.dev, now_ns, self.mode, self.dirty, 10, 5, 0, False, dict(self.knobs))
+
+    def apply(self, action: ControlAction, *, dry_run: bool = False) -> Outcome:
+        self.applied.append((action, dry_run))
+        if self.fail_with:
+            exc = self.fail_with.pop(0)
+            return Outcome(action, FAILED, dry_run=dry_run, error=exc)  # type: ignore[arg-type]
+        if isinstance(action, SetWritePolicy):
+            w = Write(f"{self.info.name} cache_mode", self.mode, action.mode, action.mode)
+            if not dry_run:
+                self.mode = action.mode
+            return Outcome(action, DONE, dry_run=dry_run, writes=(w,))
+        if isinstance(action, Drain):
+            w = Write(f"{self.info.name} writeback_percent", self.knobs["writeback_percent"], "0", "0")
+            if not dry_run:
+                self.knobs["writeback_percent"] = "0"
+                self.drains.append(action)
+            return Outcome(action, PENDING, dry_run=dry_run, writes=(w,))
+        assert isinstance(action, SetKnob)
+        w = Write(f"{self.info.name} {action.knob}", self.knobs.get(action.knob, ""), action.value, action.value)
+        if not dry_run:
+            self.knobs[action.knob] = action.value
+        return Outcome(action, DONE, dry_run=dry_run, writes=(w,))
+
+    def step(self, now_ns: int) -> list[Outcome]:
+        return []
+
+    def pending(self) -> list[ControlAction]:
+        return list(self.drains)
+
+    def restore(self) -> list[Outcome]:
+        self.restored += 1
+        outs = []
+        for d in self.drains:
+            self.knobs["writeback_percent"] = "10"
+            outs.append(Outcome(d, FAILED, detail="abandoned; writeback_percent put back"))
+        self.drains = []
+        return outs
+
+
+class FakeFiles:
+    """Stands in for the FITRIM and promotion actuators (the real ones are tested in tests/unit/test_discard.py,
+    test_promote.py and the lab)."""
+
+    def __init__(self, info: VolumeInfo, discard_rate: int, promote_rate: int) -> None:
+        self.ran: list[tuple[object, bool]] = []
+
+    def run(self, action: object, dry_run: bool) -> Outcome:
+        self.ran.append((action, dry_run))
+        return Outcome(action, DONE, dry_run=dry_run)  # type: ignore[arg-type]
+
+
+POLICY_DESTRUCTIVE = """
+version: 1
+defaults:
+  failure_model: destructive
+  exposure: {max_dirty: 1MiB, max_age: 60s}
+  hysteresis: {min_switch_interval: 0s}
+  discard_on_delete: {enabled: false}
+"""
+
+
+class Rig:
+    """A daemon without a probe, on fakes; ticks driven by hand."""
+
+    def __init__(self, tmp: Path, policy: str = POLICY_DESTRUCTIVE, dry_run: bool = False,
+                 metrics: str = "{listen: ''}") -> None:
+        self.tmp = tmp
+        write(tmp / "p.yaml", policy)
+        self.cfg_path = write(tmp / "c.yaml", f"version: 1\npolicies: [p.yaml]\nstate_dir: st\nsocket: ctl.sock\n"
+                              f"dry_run: {str(dry_run).lower()}\nmetrics: {metrics}\nrescan: 1s\n")
+        self.found = [Found(VOL)]
+        self.backends: dict[str, FakeBackend] = {}
+        self.d = Daemon(load_config(self.cfg_path), config_path=self.cfg_path,
+                        discover=lambda: (list(self.found), []), backend_factory=self.backend,
+                        actuators_factory=FakeFiles)
+
+    def backend(self, info: VolumeInfo) -> FakeBackend:
+        b = self.backends.setdefault(info.name, FakeBackend(info))
+        return b
+
+    def tick(self, t: float) -> None:
+        self.d.tick(self.d.started_ns + int(t * NS))
+
+
+@pytest.fixture
+def rig(tmp_path: Path):  # type: ignore[no-untyped-def]
+    r = Rig(tmp_path)
+    yield r
+    r.d.shutdown()
+
+
+def test_daemon_adopts_samples_decides_and_acts(rig: Rig) -> None:
+    rig.d.start()
+    b = rig.backends["bcache0"]
+    b.dirty = 8 << 20  # over the 1 MiB bound in write-back: write-through at once
+    rig.tick(1)
+    assert [(a.mode, dry) for a, dry in b.applied if isinstance(a, SetWritePolicy)] == [("writethrough", False)]
+    assert b.mode == "writethrough"
+    d = rig.d.decisions[-1]
+    assert d["status"] == "done" and d["writes"][0]["readback"] == "writethrough" and "exposure bound" in d["reason"]
+    v = rig.d.answer({"cmd": "status"})["volumes"][0]
+    assert (v["mode"], v["target_mode"], v["dirty_bytes"]) == ("writeback", "writethrough", 8 << 20)  # as last read
+    rig.tick(2)
+    v = rig.d.answer({"cmd": "status"})["volumes"][0]
+    assert (v["mode"], v["target_mode"]) == ("writethrough", "writethrough")
+
+
+def test_dry_run_goes_through_apply_and_changes_nothing(tmp_path: Path) -> None:
+    r = Rig(tmp_path, dry_run=True)
+    r.d.start()
+    b = r.backends["bcache0"]
+    b.dirty = 8 << 20
+    r.tick(1)
+    assert [(a.mode, dry) for a, dry in b.applied if isinstance(a, SetWritePolicy)] == [("writethrough", True)]
+    assert b.mode == "writeback" and r.d.decisions[-1]["dry_run"] is True
+    r.d.engine.feed(HotnessDelta(FileKey(DEV, 9, 1), 64, 0, 4096, 0, 1, size=16384))
+    r.tick(2)
+    files = r.d.vols[DEV].files.ran
+    assert [(a.ino, dry) for a, dry in files if isinstance(a, Promote)] == [(9, True)]  # the actuator, told dry
+    r.d.shutdown()
+
+
+def test_retry_later_backs_off_and_counts(rig: Rig) -> None:
+    rig.d.start()
+    b = rig.backends["bcache0"]
+    b.fail_with = [RetryLater("busy"), RetryLater("busy")]
+    b.dirty = 8 << 20
+    rig.tick(1)
+    rig.tick(1.5)  # backoff 1 s: not yet
+    assert len([a for a, _ in b.applied if isinstance(a, SetWritePolicy)]) == 1
+    rig.tick(2.1)  # first retry (fails again: next backoff 2 s)
+    rig.tick(3.0)
+    assert len([a for a, _ in b.applied if isinstance(a, SetWritePolicy)]) == 2
+    rig.tick(4.2)  # second retry succeeds
+    assert b.mode == "writethrough" and rig.d.counters["retries"] == 2 and rig.d.counters["failed.retry"] == 2
+
+
+def test_vanished_volume_is_dropped_and_its_pending_actions_cancelled(
+        rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
+    rig.d.start()
+    b = rig.backends["bcache0"]
+    rig.d.execute(Drain("bcache0", 0, "test"), rig.d.started_ns)
+    assert rig.d.vols[DEV].in_flight and b.knobs["writeback_percent"] == "0"
+    rig.found = []
+    rig.tick(2)  # rescan: gone
+    assert DEV not in rig.d.vols and DEV not in rig.d.engine.vols and b.restored == 1
+    assert [r.message for r in caplog.records if "dropped" in r.message] == [
+        "dropped bcache0: vanished; 1 pending action(s) cancelled"]
+    rig.found = [Found(VOL)]
+    rig.tick(4)
+    assert DEV in rig.d.vols  # it came back: adopted again
+    moved = VolumeInfo(dev=DEV, name="bcache0", kind="bcache", fs_uuid="u-1", mountpoint="/mnt/y", cache_bytes=1 << 30)
+    rig.found = [Found(moved)]
+    rig.tick(6)
+    assert rig.d.vols[DEV].info.mountpoint == "/mnt/y"  # remounted elsewhere: dropped and adopted as it is now
+    assert any("dropped bcache0: changed (now bcache, mounted at '/mnt/y')" in r.message for r in caplog.records)
+
+
+def test_device_gone_while_sampling_drops_the_volume(rig: Rig) -> None:
+    rig.d.start()
+    rig.backends["bcache0"].gone = True
+    rig.tick(0.5)
+    assert DEV not in rig.d.vols and rig.d.counters["volumes.dropped"] == 1
+
+
+def test_observe_only_volume_is_never_acted_on(tmp_path: Path) -> None:
+    r = Rig(tmp_path)
+    r.found = [Found(VolumeInfo(dev=DEV, name="loop0", kind="none", mountpoint="/mnt"))]
+    r.d.start()
+    assert r.d.snapshot["observe_only"] is True and r.backends == {}
+    r.d.execute(SetKnob("loop0", "x", "1", "test"), r.d.started_ns)
+    assert r.d.decisions[-1]["detail"] == "not carried out: observe-only volume"
+    r.d.shutdown()
+
+
+def test_sighup_with_a_broken_policy_keeps_the_running_one(rig: Rig) -> None:
+    rig.d.start()
+    before = rig.d.engine.policy
+    write(rig.tmp / "p.yaml", "version: 1\ndefaults:\n  exposure: {max_dirty: lots}\n")
+    rig.d.request_reload()
+    rig.tick(1)
+    assert rig.d.engine.policy is before and rig.d.counters["reloads_failed"] == 1
+    assert rig.d.policy_error is not None and rig.d.policy_error.startswith(f"{rig.tmp}/p.yaml:3: ")
+    write(rig.tmp / "p.yaml", POLICY_DESTRUCTIVE.replace("1MiB", "2MiB"))
+    rig.d.request_reload()
+    rig.tick(2)
+    assert rig.d.engine.policy.defaults.exposure.max_dirty == 2 << 20 and rig.d.policy_error is None
+
+
+def test_state_survives_a_restart_rewarms_and_reconciles(tmp_path: Path) -> None:
+    r = Rig(tmp_path)
+    r.d.start()
+    for ino in range(1, 6):
+        r.d.engine.feed(HotnessDelta(FileKey(DEV, ino, 7), 64 * ino, 0, 4096, 0, 1, size=16384))
+    r.d.execute(Drain("bcache0", 0, "test"), r.d.started_ns)  # in flight when we "crash"
+    r.tick(1)
+    r.d._save_state()
+    r.d.control.stop()
+    r.d.lock.release()  # a crash: no restore(), the drain's writeback_percent=0 stays behind
+    doc, _ = StateFile(tmp_path / "st").read()
+    assert doc is not None
+    vol = doc["volumes"]["bcache0"]
+    assert [h[0] for h in vol["hot"]] == [5, 4, 3, 2, 1] and vol["in_flight"][0]["kind"] == "drain"
+
+    r2 = Rig(tmp_path)
+    r2.backends["bcache0"] = r.backends["bcache0"]  # the same cache, as the crash left it
+    r2.d.start()
+    b = r2.backends["bcache0"]
+    assert b.knobs["writeback_percent"] == "10"  # put back: it still read back as the interrupted drain left it
+    assert [a for a, _ in b.applied if isinstance(a, Drain)] == [Drain("bcache0", 0, "test")]  # never repeated
+    t = r2.d.engine.hotness
+    assert all(t.lookup(DEV, ino, 7) is not None for ino in range(1, 6))
+    r2.tick(1)
+    r2.tick(2)
+    assert r2.d.counters["rewarm_files"] == 5 and len(r2.d.engine.vols[DEV].cached) == 5
+    promoted = [a for a, _ in r2.d.vols[DEV].files.ran if isinstance(a, Promote)]
+    assert sorted(a.ino for a in promoted) == [1, 2, 3, 4, 5] and all(a.gen == 7 for a in promoted)
+    r2.d.shutdown()
+
+
+def test_status_is_served_from_the_snapshot_fast(rig: Rig) -> None:
+    rig.d.start()
+    rig.tick(1)
+    path = rig.d.config.socket
+    t0 = time.monotonic()
+    for _ in range(50):
+        s = request(path, {"cmd": "status"})
+    assert (time.monotonic() - t0) / 50 < 0.05
+    assert s["volumes"][0]["name"] == "bcache0" and "decisions" not in s
+    assert request(path, {"cmd": "explain", "volume": "nope"}) == {"decisions": []}
+    with pytest.raises(UserError, match="unknown volume 'nope'"):
+        request(path, {"cmd": "top", "volume": "nope"})
+
+
+def test_sigterm_path_restores_every_backend(rig: Rig) -> None:
+    rig.d.start()
+    b = rig.backends["bcache0"]
+    rig.d.execute(Drain("bcache0", 0, "test"), rig.d.started_ns)
+    rig.d.request_stop()
+    rig.d.run()  # returns at once: stop requested
+    rig.d.shutdown()
+    assert b.restored == 1 and b.knobs["writeback_percent"] == "10"
+    assert (rig.tmp / "st" / "state.json").exists() and not (rig.tmp / "ctl.sock").exists()
+
+
+# ---------------------------------------------------------------------------------------------- sd_notify
+def test_notify_never_blocks_on_a_receiver_that_does_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    from cachepilot.daemon.notify import Notifier
+
+    rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    rx.bind(str(tmp_path / "n.sock"))
+    monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "n.sock"))
+    n = Notifier()
+    n.ready("up")
+    t0 = time.monotonic()
+    for _ in range(200):  # far more than the receiver's queue holds
+        n.watchdog()
+    assert time.monotonic() - t0 < 1.0 and n.dropped > 0
+    assert rx.recv(4096).decode().startswith("READY=1\nSTATUS=up\nMAINPID=")
+    rx.close()
+    monkeypatch.delenv("NOTIFY_SOCKET")
+    assert Notifier()._sock is None
+
+
+# ---------------------------------------------------------------------------------------------- latch, metrics
+class FailingBackend(FakeBackend):
+    def sample(self, now_ns: int) -> VolumeSample:
+        s = super().sample(now_ns)
+        return VolumeSample(s.dev, s.ts_ns, s.mode, s.dirty_bytes, s.hits, s.misses, 3, True, s.knobs)
+
+
+def test_the_failure_latch_survives_a_restart_until_cleared(tmp_path: Path) -> None:
+    r = Rig(tmp_path)
+    r.backends["bcache0"] = FailingBackend(VOL)
+    r.d.start()
+    r.tick(1)
+    assert r.d.engine.vols[DEV].latch is not None
+    r.d.shutdown()
+    r2 = Rig(tmp_path)  # the cache reads healthy now, but nobody replaced it or cleared the latch
+    r2.d.start()
+    ctl = r2.d.engine.vols[DEV]
+    assert ctl.latch is not None and "kept from the state file" in ctl.latch.reason
+    assert r2.d.answer({"cmd": "status"})["volumes"][0]["latched"] is True
+    from cachepilot.cli import main
+
+    assert main(["clear-latch", "bcache0", "--socket", str(r2.d.config.socket)]) == 0
+    assert main(["clear-latch", "nope", "--socket", str(r2.d.config.socket)]) == 2  # unknown volume: one line
+    r2.tick(1)
+    assert ctl.latch is None
+    r2.d.shutdown()
+
+
+def test_metrics_textfile_carries_the_daemons_snapshot(tmp_path: Path) -> None:
+    r = Rig(tmp_path, metrics=f"{{listen: '', textfile: {tmp_path}/m.prom}}")
+    r.d.start()
+    r.backends["bcache0"].dirty = 8 << 20
+    r.tick(1)
+    r.tick(2)
+    text = (tmp_path / "m.prom").read_text()
+    assert "cachepilot_ready 1.0" in text
+    assert 'cachepilot_decisions_total{kind="set_write_policy"} 1.0' in text
+    assert "cachepilot_volume_dirty_bytes{device=\"bcache0\",volume=\"bcache0\"} 8.388608e+06" in text
+    r.d.shutdown()

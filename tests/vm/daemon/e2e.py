@@ -1,0 +1,182 @@
+"""Lab: `cachepilot run` on the lab's bcache (writeback) volume under a small workload. Deleted files' dirty data
+becomes discards (FITRIM through the daemon) and leaves the cache; status, top and explain answer; SIGHUP with a
+broken policy keeps the running one; SIGTERM exits 0 and leaves the cache as it was. key=value lines on stdout."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import mmap
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from cachepilot.backends.inspect import block_name, parse_bcache_size
+from cachepilot.daemon.control import request
+
+MIB = 1 << 20
+mnt = Path(os.environ["LAB_MOUNT"])
+sysfs = Path(os.environ["LAB_BCACHE_SYSFS"])
+origin = os.environ["LAB_ORIGIN_DEV"]
+cli = str(Path(sys.executable).with_name("cachepilot"))  # the daemon itself runs as its own process
+tmp = Path(tempfile.mkdtemp(prefix="cp-daemon-"))
+POLICY = """version: 1
+defaults:
+  failure_model: recoverable
+  promotion: {enabled: true, rate: 4MiB, sieve_size: 1MiB}
+  discard_on_delete: {enabled: true, interval: 1s, min_extent: 4KiB}
+  knobs: {writeback_percent: 40, sequential_cutoff: 0}  # keep written data dirty (set by the daemon)
+"""
+
+
+def say(key: str, value: object) -> None:
+    print(f"{key}={value}", flush=True)
+
+
+def dirty() -> int:
+    return parse_bcache_size((sysfs / "dirty_data").read_text())
+
+
+def origin_written() -> int:
+    return int(Path(f"/sys/block/{block_name(origin)[0]}/stat").read_text().split()[6]) * 512
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI's own code (cachepilot.cli.main) in this process: a new python per call costs tens of seconds in a
+    busy TCG guest (imports over 9p)."""
+    from cachepilot.cli import main
+
+    out, errs = io.StringIO(), io.StringIO()
+    os.environ["COLUMNS"] = "300"
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(errs):
+        rc = main([*args, "--socket", str(tmp / "ctl.sock")])
+    return subprocess.CompletedProcess(args, rc, out.getvalue(), errs.getvalue())
+
+
+def wait(pred, timeout: float, step: float = 0.25) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(step)
+    return False
+
+
+(tmp / "policy.yaml").write_text(POLICY)
+(tmp / "c.yaml").write_text("version: 1\npolicies: [policy.yaml]\nstate_dir: state\nsocket: ctl.sock\ntick: 500ms\n"
+                            "rescan: 2s\nstate_interval: 2s\nmetrics: {listen: ''}\n")
+say("mode_before", (sysfs / "cache_mode").read_text().strip())
+err = open(tmp / "stderr", "w+")
+t0 = time.monotonic()
+d = subprocess.Popen([cli, "run", "--config", str(tmp / "c.yaml")], stderr=err, stdout=subprocess.DEVNULL)
+ok = wait(lambda: (tmp / "ctl.sock").exists() and "ready" in (tmp / "stderr").read_text(), 150)
+say("ready", "yes" if ok else "no")
+say("ready_s", f"{time.monotonic() - t0:.1f}")
+if not ok:
+    err.seek(0)
+    print(err.read())
+    sys.exit(1)
+knobs = wait(lambda: (sysfs / "writeback_percent").read_text().strip() == "40", 20)
+say("knob_set", "yes" if knobs else "no")
+
+# keep what is written dirty however slow this guest is (an idle bcache writes back at full speed): only the
+# daemon's discards may take it out of the cache
+(sysfs / "writeback_running").write_text("0")
+# the workload: 16 MiB of new files (dirty in the write-back cache), a small hot file read again and again
+work = mnt / "work"
+work.mkdir()
+for i in range(4):
+    with open(work / f"dead{i}", "wb") as f:
+        f.write(os.urandom(4 * MIB))
+        f.flush()
+        os.fsync(f.fileno())
+with open(work / "hot", "wb") as f:
+    f.write(os.urandom(256 * 1024))
+    os.fsync(f.fileno())
+buf = mmap.mmap(-1, 256 * 1024)
+for _ in range(10):
+    fd = os.open(work / "hot", os.O_RDONLY | os.O_DIRECT)
+    os.readv(fd, [buf])
+    os.close(fd)
+os.sync()
+time.sleep(1)
+d0, w0 = dirty(), origin_written()
+say("dirty_before", d0)
+for i in range(4):
+    os.unlink(work / f"dead{i}")
+os.sync()
+t_del = time.monotonic()
+wait(lambda: dirty() <= MIB, 30)
+say("discard_s", f"{time.monotonic() - t_del:.1f}")
+time.sleep(1)
+say("dirty_after", dirty())
+say("origin_written_during", origin_written() - w0)
+
+s = request(tmp / "ctl.sock", {"cmd": "status"})
+(vol,) = s["volumes"]
+say("status_kind", vol["kind"])
+say("status_mode", vol["mode"])
+say("observe_only", s["observe_only"])
+explain = request(tmp / "ctl.sock", {"cmd": "explain"})["decisions"]
+say("promote_done", sum(1 for x in explain if x["kind"] == "promote" and x["status"] == "done"))
+say("knob_decisions_done", sum(1 for x in explain if x["kind"] == "set_knob" and x["status"] == "done"))
+discards = [x for x in explain if x["kind"] == "discard"]
+say("discard_decisions", len(discards))
+say("discard_done", sum(1 for x in discards if x["status"] == "done"))
+say("discard_issued_bytes", sum(int(x["detail"].split("range(s), ")[1].split(" bytes")[0]) for x in discards
+                                if "FITRIM issued" in x["detail"]))
+r = run_cli("status")
+say("cli_status_rc", r.returncode)
+say("cli_status_has_volume", "yes" if vol["name"] in r.stdout and "writeback" in r.stdout else "no")
+r = run_cli("top", "--once")
+say("cli_top_rc", r.returncode)
+say("cli_top_has_hot", "yes" if str(work / "hot") in r.stdout else "no:" + r.stdout[-400:].replace("\n", "|"))
+r = run_cli("explain", "--since", "10m")
+say("cli_explain_rc", r.returncode)
+say("cli_explain_has_fitrim", "yes" if "FITRIM issued" in r.stdout and "freed by deletes" in r.stdout else "no")
+
+# SIGHUP with a broken policy: the running one stays
+(tmp / "policy.yaml").write_text("version: 1\ndefaults:\n  exposure: {max_dirty: plenty}\n")
+d.send_signal(signal.SIGHUP)
+wait(lambda: request(tmp / "ctl.sock", {"cmd": "status"})["policy"]["last_error"] is not None, 10)
+p = request(tmp / "ctl.sock", {"cmd": "status"})["policy"]
+say("reload_error", json.dumps(p["last_error"]))
+say("policy_generation", p["generation"])
+say("alive_after_hup", "yes" if d.poll() is None else "no")
+
+# the volume vanishes (unmounted, bcache device stopped) and comes back (backing device registered, mounted)
+logged = lambda text: text in (tmp / "stderr").read_text()  # noqa: E731
+subprocess.run(["umount", str(mnt)], check=True)
+(sysfs / "stop").write_text("1")
+say("dropped", "yes" if wait(lambda: logged("dropped bcache0: "), 30) else "no")
+say("gone_from_status", "yes" if not request(tmp / "ctl.sock", {"cmd": "status"})["volumes"] else "no")
+Path("/sys/fs/bcache/register").write_text(os.path.realpath(origin))
+wait(lambda: Path("/dev/bcache0").exists() and sysfs.exists(), 20)
+subprocess.run(["mount", "/dev/bcache0", str(mnt)], check=True)
+say("readopted", "yes" if wait(lambda: any(v["mountpoint"] == str(mnt) for v in request(
+    tmp / "ctl.sock", {"cmd": "status"})["volumes"]), 30) else "no")
+say("knob_repinned", "yes" if wait(lambda: (sysfs / "writeback_percent").read_text().strip() == "40", 20) else "no")
+
+(sysfs / "writeback_running").write_text("1")
+
+# SIGTERM: exit 0, the cache left as it was (mode, writeback_percent), nothing pending
+d.send_signal(signal.SIGTERM)
+rc = d.wait(timeout=60)
+say("exit", rc)
+say("mode_after", (sysfs / "cache_mode").read_text().strip())
+say("wb_percent_after", (sysfs / "writeback_percent").read_text().strip())  # as pinned, not a drain's 0
+a = dirty()
+time.sleep(2)
+say("dirty_stable", "yes" if dirty() <= a else "no")
+state = json.loads((tmp / "state" / "state.json").read_text())["state"]
+say("state_volumes", ",".join(state["volumes"]))
+err.seek(0)
+log = err.read()
+say("traceback", "yes" if "Traceback" in log else "no")
+say("log_reload_failed", "yes" if "reload failed, keeping the running policy" in log else "no")
+print(log[-3000:])
