@@ -2,7 +2,8 @@
 """Engine and model benchmark (issue 4 speed goals). Run: python tests/bench/bench_engine.py
 
 1. an engine tick with 1 million tracked files on 16 volumes: <= 100 ms CPU; <= 200 B of user-space
-   memory per tracked file (tracemalloc, everything the engine holds);
+   memory per tracked file (tracemalloc, everything the engine holds); the first tick, which admits all
+   1 million files at once, <= 250 ms CPU (issue 7);
 2. model update from a replayed trace: >= 1 million events per second on one core (decode + update).
 """
 
@@ -103,7 +104,7 @@ def bench_tick() -> list[tuple[str, float, str, bool]]:
         total += dt
     rows.insert(0, ("tracked files", float(len(e2.hotness)), f"{len(e2.hotness)} on {VOLUMES} volumes", True))
     rows.append(("build 1M files (feed)", build_s, f"{build_s * 1000:.0f} ms CPU", True))
-    rows.append(("first tick (admits 1M files)", first, f"{first * 1000:.0f} ms CPU (one-off)", True))
+    rows.append(("first tick (admits 1M files)", first, f"{first * 1000:.0f} ms CPU (goal <= 250 ms)", first <= 0.25))
     rows.append(("steady tick, 20k active files", total / ticks,
                  f"mean {total / ticks * 1000:.1f} ms, worst {worst * 1000:.1f} ms CPU (goal <= 100 ms)",
                  worst <= 0.1))

@@ -17,33 +17,33 @@ NS = 1_000_000_000
 
 def test_extents_wait_for_their_commit() -> None:
     q = FreedExtentQueue()
-    q.freed(10, 5, ts_ns=100)
-    q.freed(50, 5, ts_ns=300)
+    q.freed(10, 5, ts_ns=100, tid=7)
+    q.freed(50, 5, ts_ns=300, tid=8)
     assert q.take(1000) == []  # nothing committed yet
-    q.commit(200)
+    q.commit(7, 200)
     assert q.take(1000) == [(10, 5)]
     assert q.pending_blocks == 5
-    q.commit(400)
+    q.commit(8, 400)
     assert q.take(1000) == [(50, 5)]
 
 
 def test_coalescing_neighbours_but_not_across_gaps() -> None:
     q = FreedExtentQueue()
     for block, count in [(0, 4), (4, 4), (20, 2), (8, 1), (22, 3), (30, 1)]:
-        q.freed(block, count, 1)
-    q.commit(1)
+        q.freed(block, count, 1, tid=3)
+    q.commit(3, 1)
     assert q.ready() == [(0, 9), (20, 25), (30, 31)]
     assert q.take(2) == [(0, 9), (20, 5), (30, 1)]
 
 
 def test_granularity_never_grows_a_range_and_fragments_wait() -> None:
     q = FreedExtentQueue(granularity_blocks=4, max_hold_ns=10 * NS)
-    q.freed(2, 9, 0)  # blocks 2..10 -> only 4..7 is a whole granule
-    q.commit(0)
+    q.freed(2, 9, 0, tid=1)  # blocks 2..10 -> only 4..7 is a whole granule
+    q.commit(1, 0)
     assert q.take(1) == [(4, 4)]
     assert q.ready() == [(2, 4), (8, 11)]
-    q.freed(11, 1, 2)  # completes 8..11
-    q.commit(2)
+    q.freed(11, 1, 2, tid=2)  # completes 8..11
+    q.commit(2, 2)
     assert q.take(3) == [(8, 4)]
     assert q.ready() == [(2, 4)]
     assert q.take(20 * NS) == []  # too small for too long: dropped and counted
@@ -52,18 +52,18 @@ def test_granularity_never_grows_a_range_and_fragments_wait() -> None:
 
 def test_max_blocks_budget() -> None:
     q = FreedExtentQueue()
-    q.freed(0, 100, 0)
-    q.commit(0)
+    q.freed(0, 100, 0, tid=1)
+    q.commit(1, 0)
     assert q.take(1, max_blocks=30) == [(0, 30)]
     assert q.take(1, max_blocks=100) == [(30, 70)]
 
 
 def test_reallocated_blocks_are_never_handed_out() -> None:
     q = FreedExtentQueue()
-    q.freed(0, 10, 0)
-    q.freed(20, 10, 0)
+    q.freed(0, 10, 0, tid=1)
+    q.freed(20, 10, 0, tid=1)
     q.allocated(5, 2)  # reused before the commit
-    q.commit(1)
+    q.commit(1, 1)
     q.allocated(22, 20)  # reused after it
     assert q.take(2) == [(0, 5), (7, 3), (20, 2)]
 
@@ -94,15 +94,15 @@ def test_coalescing_never_overlaps_live(freed: list[tuple[int, int]], reused: li
                 run.append(x)
                 continue
             if run:
-                q.freed(run[0], len(run), i)
+                q.freed(run[0], len(run), i, tid=i)
                 live -= set(run)
             run = [x] if x is not None else []
         if i % 3 == 0:
-            q.commit(i)
+            q.commit(i, i)
     for b, n in reused:  # blocks the filesystem allocated again
         q.allocated(b, n)
         live |= set(range(b, b + n))
-    q.commit(10**9)
+    q.commit(10**9, 10**9)
     out = q.take(10**9)
     for start, count in out:
         assert count > 0 and start % gran == 0 and count % gran == 0
@@ -167,13 +167,59 @@ def test_volume_exposure_age() -> None:
         v.update(_s(8, -1, 0))
 
 
-def test_exposure_age_fifo_estimate_under_sustained_writes() -> None:
+def test_exposure_age_is_time_since_known_clean_whatever_was_written() -> None:
+    """Main estimated the age from bytes written (FIFO): overwrites of a dirty block and writes the cache bypasses
+    made the oldest dirty byte look young. Now the age is bounded by the time since the cache was known clean."""
     v = VolumeState(VolumeInfo(1, "bcache0"))
-    mib = 1 << 20
-    for t in range(1, 120):  # 10 MiB/s written, the cache keeps 20 MiB dirty: the oldest is ~2 s old
-        v.update(VolumeSample(1, t * NS, "writeback", 20 * mib, 0, 0, 0), cum_written=10 * mib * t)
-    assert 1.0 <= v.exposure_age_s(119 * NS) <= 3.0
-    # writes stop and nothing is written back: the dirty data ages
-    for t in range(120, 140):
-        v.update(VolumeSample(1, t * NS, "writeback", 20 * mib, 0, 0, 0), cum_written=10 * mib * 119)
-    assert v.exposure_age_s(139 * NS) >= 20.0
+    v.update(VolumeSample(1, 0, "writeback", 0, 0, 0, 0))
+    for t in range(1, 120):  # one dirty block, overwritten / bypassed writes at 1 MiB/s: dirty stays 4 KiB
+        v.update(VolumeSample(1, t * NS, "writeback", 4096, 0, 0, 0))
+    assert v.exposure_age_s(119 * NS) == pytest.approx(119)
+    v.cleaned(100 * NS)  # a drain that started at 100 s completed
+    assert v.exposure_age_s(119 * NS) == pytest.approx(19)
+    v.update(VolumeSample(1, 120 * NS, "writeback", 0, 0, 0, 0))
+    assert v.exposure_age_s(121 * NS) == 0
+
+
+def test_free_in_t_plus_1_waits_for_its_own_commit() -> None:
+    """jbd2 opens T+1 before T's commit event fires: main released a T+1 free on T's commit (by timestamp)."""
+    q = FreedExtentQueue()
+    q.freed(100, 8, ts_ns=5, tid=41)  # freed in the running transaction T+1 = 41 ...
+    q.commit(40, ts_ns=6)  # ... then T = 40's commit ends
+    assert q.take(10) == [] and q.pending_blocks == 8
+    q.commit(41, ts_ns=7)
+    assert q.take(10) == [(100, 8)]
+
+
+def test_transaction_ids_wrap_like_tid_geq() -> None:
+    q = FreedExtentQueue()
+    q.freed(0, 4, 1, tid=0xFFFFFFFE)
+    q.freed(10, 4, 1, tid=1)  # after the wrap
+    q.commit(0xFFFFFFFF, 2)
+    assert q.take(3) == [(0, 4)]
+    q.commit(0, 4)
+    assert q.take(5) == []
+    q.commit(2, 6)
+    assert q.take(7) == [(10, 4)]
+
+
+def test_frees_without_a_transaction() -> None:
+    ext4 = FreedExtentQueue()  # a journaled filesystem (commits seen): data=writeback data frees are free at once
+    ext4.commit(1, 0)
+    ext4.freed(0, 4, 1)
+    assert ext4.take(2) == [(0, 4)]
+    xfs = FreedExtentQueue(unjournalled_hold_ns=30 * NS, max_pending=3)  # no commit events at all
+    for i in range(5):
+        xfs.freed(i * 10, 2, i * NS)
+    assert xfs.stats.dropped_overflow_blocks == 4 and xfs.pending_blocks == 6  # bounded, drops counted
+    assert xfs.take(32 * NS) == [(20, 2)]  # only what waited the hold
+    assert xfs.take(40 * NS) == [(30, 2), (40, 2)]
+
+
+def test_pending_is_bounded_when_commits_are_lost() -> None:
+    q = FreedExtentQueue(max_pending=100)
+    for i in range(1000):
+        q.freed(i * 2, 1, i, tid=i)
+    assert len(q.pending) == 100 and q.stats.dropped_overflow_blocks == 900
+    q.commit(999, 1000)  # a later commit releases everything earlier
+    assert q.pending == [] and q.ready_blocks == 100

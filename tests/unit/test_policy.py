@@ -149,3 +149,20 @@ def test_builtin_default_equals_shipped_default() -> None:
 
     shipped = load_policy(ROOT / "policies" / "default.yaml")
     assert dataclasses.replace(shipped, source="<built-in>") == DEFAULT_POLICY
+
+
+def test_kind_selector_resolves_and_does_not_overlap_other_kinds() -> None:
+    from cachepilot.policy.capcheck import glob_can_start_with, matchable_kinds
+    pol = parse_policy("version: 1\nvolumes:\n"
+                       "  - {name: b, match: {kind: bcache}, knobs: {writeback_percent: 10}}\n"
+                       "  - {name: d, match: {kind: dm-cache}, knobs: {migration_threshold: 4096}}\n", "k.yaml")
+    assert pol.resolve(VolumeInfo(1, "bcache0", kind="bcache"))[1] == "b"
+    assert pol.resolve(VolumeInfo(2, "dm-3", kind="dm-cache"))[1] == "d"
+    assert pol.resolve(VolumeInfo(3, "dm-4", kind="dm-writecache"))[1] == "defaults"
+    assert matchable_kinds({"device": "bcache*"}) == ("bcache",)
+    assert matchable_kinds({"device": "dm-[0-9]"}) == ("dm-cache", "dm-writecache")
+    assert matchable_kinds({"device": "*"}) == ("bcache", "dm-cache", "dm-writecache")
+    assert matchable_kinds({"device": "sd?"}) == ()
+    assert glob_can_start_with("b?a*", "bcache") and not glob_can_start_with("b?x*", "bcache")
+    with pytest.raises(UserError, match="overlaps"):
+        parse_policy("version: 1\nvolumes:\n  - match: {kind: bcache}\n  - match: {kind: bcache, mountpoint: /x}\n")

@@ -8,8 +8,14 @@ samples), never to the number of tracked files:
 2. a falling hit ratio (a scan polluted the cache) queues the whole believed-cached set for re-warming;
 3. promotions leave the queue within the volume's byte budget per second;
 4. freed extents whose journal transaction committed leave as discards every batching interval;
-5. the write policy follows health first, then the failure model, with hysteresis;
-6. pinned knobs are set when the backend reports a different value.
+5. the write policy follows the failure latch first (a failed or degraded cache stays out of write-back until
+   its cache device is replaced or an operator clears it), then the failure model, with hysteresis;
+6. destructive volumes drain: dirty data is driven to zero at least once per ``exposure.max_age``
+   (see :meth:`Engine._plan_drain` for the guarantee); a drain that misses its deadline is a breach;
+7. pinned knobs are set when the backend reports a different value (only knobs the cache kind has).
+
+How each action ended comes back through :meth:`Engine.outcome`: drains complete or breach, failed discards
+are re-queued, failed switches and knobs are asked again after ``REQUEST_RETRY_NS``.
 """
 
 from __future__ import annotations
@@ -17,10 +23,12 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
-from cachepilot.engine.actions import Action, DiscardRanges, Promote, SetKnob, SetWritePolicy
+from cachepilot.backends.capabilities import CAPABILITIES, KNOBS, Capabilities
+from cachepilot.engine.actions import Action, DiscardRanges, Drain, Promote, SetKnob, SetWritePolicy
 from cachepilot.errors import UserError
 from cachepilot.events import (
     Barrier,
@@ -83,6 +91,9 @@ class PromoQueue:
     def push(self, slot: int, rid: int) -> None:
         self.items.append(slot | rid << 32)
 
+    def push_many(self, slots: np.ndarray, rid: int) -> None:
+        self.items.frombytes((slots.astype(np.uint64) | np.uint64(rid << 32)).tobytes())
+
     def peek(self) -> tuple[int, int]:
         v = self.items[self.head]
         return v & 0xFFFFFFFF, v >> 32
@@ -102,6 +113,47 @@ class PromoQueue:
 
 def normalise_mode(mode: str) -> str:
     return BYPASS if mode in BYPASS_NAMES else mode
+
+
+_ANY_KIND = Capabilities("unknown", frozenset({WRITEBACK, WRITETHROUGH, BYPASS}), {}, drain="", destructive="")
+
+
+def caps_of(kind: str) -> Capabilities:
+    """The kind's capabilities; an unknown kind (e.g. a trace of a plain device) is assumed to take every mode."""
+    return CAPABILITIES.get(kind, _ANY_KIND)
+
+
+@dataclass(frozen=True, slots=True)
+class Latch:
+    """A failed or degraded cache, kept out of write-back until its cache device changes or an operator clears it."""
+
+    reason: str
+    since_ns: int
+    cache_id: str  # the cache device that failed ("" = unknown: only an operator can clear it)
+
+
+@dataclass(frozen=True, slots=True)
+class DrainInFlight:
+    action: Drain
+    start_ns: int
+
+
+class OutcomeLike(Protocol):
+    """How an action ended: backends.base.Outcome fits, as does :class:`Result`."""
+
+    @property
+    def action(self) -> object: ...
+    @property
+    def status(self) -> str: ...  # "done" | "pending" | "failed"
+    @property
+    def detail(self) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    action: Action
+    status: str
+    detail: str = ""
 
 
 @dataclass
@@ -128,6 +180,12 @@ class VolumeCtl:
     touched_now: int = 0  # files outside the believed-cached set touched in the current tick
     touched_baseline: float = 0.0  # EWMA of files touched per tick outside scans
     scanning: bool = False
+    caps: Capabilities = _ANY_KIND
+    latch: Latch | None = None
+    drain: DrainInFlight | None = None
+    breach: str | None = None  # an unresolved exposure breach (cleared when the cache is seen clean)
+    breaches: int = 0
+    last_failure: str = ""  # the last action that failed, for humans
 
 
 class Engine:
@@ -158,6 +216,7 @@ class Engine:
                              dev=info.dev, low_water=0.95),
             freed=FreedExtentQueue(self._granularity(info, vp)),
             epochs=EpochTracker(start_ns=self.now_ns),
+            caps=caps_of(info.kind),
         )
         self.vols[info.dev] = ctl
         self.by_name[info.name] = ctl
@@ -197,11 +256,11 @@ class Engine:
         elif isinstance(ev, FreedExtent):
             c = self._vol(ev.dev)
             if c is not None:
-                c.freed.freed(ev.block, ev.count, ev.ts_ns)
+                c.freed.freed(ev.block, ev.count, ev.ts_ns, ev.tid)
         elif isinstance(ev, JournalCommit):
             c = self._vol(ev.dev)
             if c is not None:
-                c.freed.commit(ev.ts_ns)
+                c.freed.commit(ev.transaction, ev.ts_ns)
         elif isinstance(ev, Delete):
             self.delete(ev)
         elif isinstance(ev, Barrier | SyncCalls):  # block barriers close epochs, file-level calls annotate
@@ -252,12 +311,70 @@ class Engine:
         if c is None:
             self.unknown_events += 1
             return
-        cum_written = self.hotness.dev_bytes.get(s.dev, (0, 0))[1]
-        grew = c.state.update(VolumeSample(
+        st = c.state
+        grew = st.update(VolumeSample(
             s.dev, s.ts_ns, normalise_mode(s.mode), s.dirty_bytes, s.hits, s.misses, s.io_errors, s.failed,
-            s.knobs,
-        ), cum_written)
+            s.knobs, s.cache_id,
+        ))
         c.epochs.note_dirty(grew)
+        if st.dirty_bytes == 0:
+            c.breach = None
+        self._latch(c, s.ts_ns)
+
+    # ------------------------------------------------------------ the failure latch
+    def _latch(self, c: VolumeCtl, ts: int) -> None:
+        st, latch = c.state, c.latch
+        if latch is not None and latch.cache_id and st.cache_id and st.cache_id != latch.cache_id:
+            c.latch = latch = None  # the cache device was replaced
+        if latch is not None or st.health is Health.OK:
+            return
+        what = "cache device failed" if st.health is Health.FAILED else f"{st.recent_errors()} cache I/O errors"
+        dev = f" on cache {st.cache_id}" if st.cache_id else ""
+        c.latch = Latch(f"{what}{dev} at {ts / NS:.0f} s", ts, st.cache_id)
+
+    def clear_latch(self, name: str, who: str = "operator") -> str | None:
+        """Let a latched volume back into write-back (the daemon's control socket calls this). Errors seen so far
+        are forgiven; new ones latch it again. Returns the reason that was cleared, or None if none was set."""
+        c = self.volume(name)
+        latch, c.latch = c.latch, None
+        c.state.forgive_errors()
+        return None if latch is None else f"{latch.reason} (cleared by {who})"
+
+    def latched(self) -> dict[str, str]:
+        return {c.info.name: c.latch.reason for c in self.vols.values() if c.latch is not None}
+
+    # ------------------------------------------------------------ how actions ended
+    def outcome(self, o: OutcomeLike) -> None:
+        """Learn how an action ended (backends.base.Outcome or :class:`Result`). Pending ones are ignored."""
+        a = o.action
+        status = o.status
+        c = self.by_name.get(getattr(a, "volume", ""))
+        if c is None or status not in ("done", "failed"):
+            return
+        ok = status == "done"
+        if not ok:
+            c.last_failure = f"{a.line() if hasattr(a, 'line') else a}: {o.detail or 'failed'}"
+        if isinstance(a, Drain):
+            self._drain_ended(c, a, ok, o.detail)
+        elif isinstance(a, DiscardRanges) and not ok:
+            bs = c.info.fs_block_size
+            c.freed.requeue([(off // bs, n // bs) for off, n in a.ranges])
+        # a failed switch or knob is asked again after REQUEST_RETRY_NS (the request stays recorded until then)
+
+    def _drain_ended(self, c: VolumeCtl, a: Drain, ok: bool, detail: str) -> None:
+        d = c.drain
+        if d is None or d.action != a:
+            return
+        c.drain = None
+        if ok:
+            c.state.cleaned(d.start_ns)
+            c.breach = None  # the bound holds again (write-back resumes after the hysteresis interval)
+        else:
+            self._set_breach(c, f"drain started at {d.start_ns / NS:.0f} s failed: {detail or 'no reason given'}")
+
+    def _set_breach(self, c: VolumeCtl, why: str) -> None:
+        c.breach = why
+        c.breaches += 1
 
     def rewarm(self, name: str, reason: str = "re-warm requested") -> int:
         """Queue a volume's whole believed-cached set for promotion, hottest first."""
@@ -294,45 +411,64 @@ class Engine:
             self._scan_pollution(c, now)
             self._promote(c, now, out)
             self._discard(c, now, out)
+            self._track_drain(c, now)
             self._write_policy(c, now, out)
+            self._plan_drain(c, now, out)
             self._knobs(c, now, out)
             c.last_tick_ns = now
         return out
 
     def _admit(self, t: HotnessTable) -> None:
-        """Offer every file touched since the last tick to its volume's believed-cached set (inlined
-        sieve: size, write-only, append-only; see HotnessTable.sieve)."""
-        vols = self.vols
-        devs, sizes, flags = t.dev, t.size, t.flags
-        cur_dev = -1
-        c: VolumeCtl | None = None
-        sieve = 0
-        enabled = False
-        for slot in t.drain_touched():
-            dev = devs[slot]
-            if dev != cur_dev:
-                cur_dev = dev
-                c = vols.get(dev)
-                if c is not None:
-                    enabled = c.policy.promotion.enabled
-                    sieve = c.policy.promotion.sieve_size
-            if c is None:
-                continue
-            f = flags[slot]
-            member = f & F_MEMBER
-            if not member:
-                c.touched_now += 1
-            if not enabled:
-                continue
-            size = sizes[slot]
-            if size < 0 or size > sieve or not f & F_READ or (f & 6) == 2:  # 6 = APPEND|OVERWRITE
-                if member:  # e.g. it grew past the sieve: invalidate
-                    c.cached.discard(slot)
-                continue
-            admitted, _ = c.cached.consider(slot, size)
-            if admitted and not flags[slot] & F_QUEUED:
-                flags[slot] |= F_QUEUED
-                c.promo_queue.push(slot, ADMITTED)
+        """Offer every file touched since the last tick to its volume's believed-cached set, one vectorised pass
+        per volume (1 M files in one tick must not cost a Python loop)."""
+        slots = t.drain_touched_array()
+        if not len(slots):
+            return
+        devs = np.frombuffer(t.dev, dtype=np.uint32)[slots]
+        if devs.min() == devs.max():
+            groups = [slots]
+        else:  # group by volume: small keys sort by radix (stable), ~10x faster than sorting dev_t values
+            known = np.array(sorted(self.vols), dtype=np.uint32)
+            key = np.searchsorted(known, devs).clip(0, len(known) - 1)
+            mine = known[key] == devs  # files of filesystems that are not volumes are not offered
+            if not mine.all():
+                slots, key = slots[mine], key[mine]
+                if not len(slots):
+                    return
+            key = key.astype(np.uint16 if len(known) < 65536 else np.uint32)
+            order = np.argsort(key, kind="stable")
+            cuts = np.flatnonzero(np.diff(key[order])) + 1
+            groups = np.split(slots[order], cuts)
+        for g in groups:
+            c = self.vols.get(int(t.dev[int(g[0])]))
+            if c is not None:
+                self._admit_volume(c, g)
+
+    def _admit_volume(self, c: VolumeCtl, s: np.ndarray) -> None:
+        """Sieve (size, write-only, append-only; see HotnessTable.sieve), re-charge members, admit the rest against
+        the last evicted counter; queue the new members for promotion in the order they were touched."""
+        t = self.hotness
+        f = np.frombuffer(t.flags, dtype=np.uint8)[s]
+        member = (f & F_MEMBER) != 0
+        c.touched_now += len(s) - int(member.sum())
+        promo = c.policy.promotion
+        if not promo.enabled:
+            return
+        size = np.frombuffer(t.size, dtype=np.int64)[s]
+        ok = (size >= 0) & (size <= promo.sieve_size) & ((f & F_READ) != 0) & ((f & 6) != 2)  # 6 = APPEND|OVERWRITE
+        for slot in s[member & ~ok].tolist():  # e.g. it grew past the sieve: invalidate
+            c.cached.discard(slot)
+        keep = member & ok
+        if keep.any():
+            c.cached.recharge(s[keep], size[keep])
+        cand = ~member & ok
+        admitted = c.cached.admit_many(s[cand], size[cand])
+        if len(admitted):
+            flags = np.frombuffer(t.flags, dtype=np.uint8)
+            fresh = admitted[(flags[admitted] & F_QUEUED) == 0]
+            flags[fresh] |= F_QUEUED
+            del flags
+            c.promo_queue.push_many(fresh, ADMITTED)
 
     def _scan_pollution(self, c: VolumeCtl, now: int) -> None:
         """Two signals of a polluted cache: a scan (far more cold files -- outside the believed-cached set --
@@ -366,13 +502,15 @@ class Engine:
             for slot in c.promo_queue.clear():
                 t.flags[slot] &= ~F_QUEUED
             return
+        if c.latch is not None:
+            return  # reading hot files into a failed cache helps nobody; the queue waits
         if (promo.refresh_interval_s > 0 and not c.scanning
                 and now - c.last_refresh_ns >= promo.refresh_interval_s * NS):
             c.last_refresh_ns = now
             self._rewarm(c, "refresh: hot file idle for a refresh interval",
                          idle_since_ns=now - int(promo.refresh_interval_s * NS))
         dt = (now - c.last_tick_ns) / NS if c.last_tick_ns is not None else 1.0
-        cap = promo.rate * 2.0
+        cap = promo.rate * 2.0  # bytes over any window T stay <= rate * T + cap + the largest file
         c.tokens = min(cap, c.tokens + promo.rate * max(0.0, dt))
         q = c.promo_queue
         flags, tsize, tdev, tino, tgen = t.flags, t.size, t.dev, t.ino, t.gen
@@ -381,6 +519,7 @@ class Engine:
         items, head, end = q.items, q.head, len(q.items)
         tokens = c.tokens
         score = t.score
+        texts: dict[int, str] = {}  # reason texts by counter: thousands of promotions share a few
         append = out.append
         not_queued = ~F_QUEUED & 0xFF
         while head < end:
@@ -392,14 +531,17 @@ class Engine:
                 flags[slot] = f & not_queued
                 continue
             size = tsize[slot]
-            if size > tokens:
-                break
+            if size > tokens and tokens < cap:
+                break  # a file larger than the bucket goes once the bucket is full, leaving a debt
             head += 1
             flags[slot] = f & not_queued
             tokens -= size
             rid = v >> 32
             if rid == ADMITTED:
-                reason = f"counter {score(slot)} > last evicted {bar}"
+                sc = score(slot)
+                reason = texts.get(sc)
+                if reason is None:
+                    reason = texts[sc] = f"counter {sc} > last evicted {bar}"
             else:
                 reason = q.reasons[rid] if rid < len(q.reasons) else "re-warm"
             append(Promote(name, tdev[slot], tino[slot], tgen[slot], ((0, size),), reason))
@@ -425,45 +567,60 @@ class Engine:
             f"{len(ranges)} extent(s), {total} bytes freed by deletes and committed by the journal",
         ))
 
+    def _tick_ns(self, c: VolumeCtl, now: int) -> int:
+        """The tick length, as last observed (1 s before the second tick)."""
+        return max(1, now - c.last_tick_ns) if c.last_tick_ns is not None and now > c.last_tick_ns else NS
+
+    def _fm(self, c: VolumeCtl, now: int) -> tuple[str, str]:
+        """The failure model in effect (auto resolved) and why."""
+        fm = c.policy.failure_model
+        if fm != "auto":
+            return fm, f"failure model {fm}"
+        rb, wb = self.hotness.dev_bytes.get(c.info.dev, (0, 0))
+        total = rb + wb
+        wfrac = wb / total if total else 0.0
+        rate = c.epochs.stats(now).barrier_rate
+        if wfrac < 0.1 and rate < 1.0 and WRITETHROUGH in c.caps.modes:
+            return "read-mostly", f"auto: read-mostly ({wfrac:.0%} writes, {rate:.1f} barriers/s)"
+        return "destructive", "auto: destructive"
+
+    def _projected_dirty(self, c: VolumeCtl, now: int) -> tuple[int, float]:
+        """Dirty bytes the next sample may show: the last one plus the peak growth rate over the time from that
+        sample to the next tick. (projected, rate in bytes/s)."""
+        st = c.state
+        rate = st.dirty_rate()
+        horizon_ns = max(0, now - st.last_ts) + self._tick_ns(c, now)
+        return st.dirty_bytes + int(rate * horizon_ns / NS), rate
+
     def _target_mode(self, c: VolumeCtl, now: int) -> tuple[str, str, bool]:
         """(mode, reason, forced): forced switches ignore the hysteresis interval."""
         st = c.state
         cur = normalise_mode(st.mode)
-        health = st.health
-        if health is not Health.OK:
-            what = (
-                "cache device failed" if health is Health.FAILED else f"{st.recent_errors()} cache I/O errors"
-            )
+        if c.latch is not None:
+            what = f"latched: {c.latch.reason}; stays out of write-back until the cache device is replaced or cleared"
             if st.dirty_bytes > 0:
                 return WRITETHROUGH, f"{what}: write-through and drain {st.dirty_bytes} dirty bytes", True
             if cur == WRITEBACK:
                 return WRITETHROUGH, f"{what}: write-through first", True
             return BYPASS, f"{what}: cache clean, taking it out of the path", True
-        vp = c.policy
-        fm = vp.failure_model
-        if fm == "auto":
-            rb, wb = self.hotness.dev_bytes.get(c.info.dev, (0, 0))
-            total = rb + wb
-            wfrac = wb / total if total else 0.0
-            rate = c.epochs.stats(now).barrier_rate
-            if wfrac < 0.1 and rate < 1.0:
-                return WRITETHROUGH, f"auto: read-mostly ({wfrac:.0%} writes, {rate:.1f} barriers/s)", False
-            fm = "destructive"
+        fm, why = self._fm(c, now)
+        if fm == "read-mostly":
+            return WRITETHROUGH, why, False
         if fm == "recoverable":
-            return WRITEBACK, "failure model recoverable: write-back is safe", False
-        ex = vp.exposure
-        age = st.exposure_age_s(now)
-        if st.dirty_bytes > ex.max_dirty or age > ex.max_age_s:
+            return WRITEBACK, f"{why}: write-back is safe", False
+        ex = c.policy.exposure
+        if c.breach is not None:
+            return WRITETHROUGH, f"exposure breach: {c.breach}", True
+        projected, rate = self._projected_dirty(c, now)
+        if projected > ex.max_dirty:
             if cur == WRITEBACK:
-                why = (
-                    f"exposure bound exceeded ({st.dirty_bytes} dirty bytes, {age:.0f} s old;"
-                    f" bound {ex.max_dirty} bytes / {ex.max_age_s:g} s)"
-                )
-                return WRITETHROUGH, why, True
-            return WRITETHROUGH, "draining to the exposure bound", False
-        if cur != WRITEBACK and st.dirty_bytes > vp.hysteresis.resume_below * ex.max_dirty:
+                return WRITETHROUGH, (
+                    f"exposure bound: {st.dirty_bytes} dirty bytes growing {rate:.0f} B/s may reach {projected}"
+                    f" by the next sample (bound {ex.max_dirty} bytes)"), True
+            return WRITETHROUGH, "holding write-through: write-back could cross the byte bound", False
+        if cur != WRITEBACK and st.dirty_bytes > c.policy.hysteresis.resume_below * ex.max_dirty:
             return WRITETHROUGH, "waiting for dirty data to drain below the resume mark", False
-        return WRITEBACK, f"failure model {vp.failure_model}: within exposure bound", False
+        return WRITEBACK, f"{why}: within exposure bound", False
 
     def _write_policy(self, c: VolumeCtl, now: int, out: list[Action]) -> None:
         st = c.state
@@ -473,9 +630,9 @@ class Engine:
         target, reason, forced = self._target_mode(c, now)
         if target == BYPASS and st.dirty_bytes > 0:  # the invariant, whatever the rules above say
             target, reason = WRITETHROUGH, f"not bypassing a dirty cache ({st.dirty_bytes} bytes): {reason}"
-        if target == cur:
+        if target == cur or target not in c.caps.modes:
             c.requested_mode = None
-            return
+            return  # e.g. dm-writecache: write-back only; its bound is kept by drains (_plan_drain)
         req = c.requested_mode
         if req is not None and req[0] == target and now - req[1] < REQUEST_RETRY_NS:
             return
@@ -488,9 +645,74 @@ class Engine:
         c.requested_mode = (target, now)
         c.last_switch_ns = now
 
+    # ------------------------------------------------------------ drains
+    def _track_drain(self, c: VolumeCtl, now: int) -> None:
+        """A drain is done once a sample taken after it started shows no dirty data (or the backend said so);
+        past its deadline it is a breach."""
+        d = c.drain
+        if d is None:
+            return
+        st = c.state
+        if st.clean_ns is not None and st.clean_ns >= d.start_ns:
+            c.drain = None
+        elif now >= d.action.deadline_ns:
+            c.drain = None
+            self._set_breach(c, (
+                f"drain started at {d.start_ns / NS:.0f} s missed its deadline"
+                f" ({d.action.deadline_ns / NS:.0f} s; {st.dirty_bytes} bytes still dirty)"))
+
+    def _plan_drain(self, c: VolumeCtl, now: int, out: list[Action]) -> None:
+        """The exposure guarantee. Let A = exposure.max_age, P = A/2, C = the last time the cache was known clean
+        (a sample with no dirty data, or the start of a drain that completed). Every dirty byte was written after
+        C. A drain starts no later than C + P (a tick early, so a late tick cannot delay it) with deadline C + A;
+        when it completes, every byte dirty at its start is written back and C moves to its start. So no byte
+        stays dirty longer than A, provided each drain completes within P (the backing device absorbs the
+        write-back, the samples or outcomes report it); a drain that does not is a breach: write-through
+        (where the kind has it), a new drain, and an alert-worthy reason."""
+        st = c.state
+        if st.samples == 0 or c.drain is not None:
+            return
+        ex = c.policy.exposure
+        half = int(ex.max_age_s * NS / 2)
+        why = self._drain_reason(c, now, half)
+        if why is None:
+            return
+        base = st.clean_ns
+        deadline = now + half if base is None else max(base + 2 * half, now + half)
+        a = Drain(c.info.name, deadline, why)
+        out.append(a)
+        c.drain = DrainInFlight(a, now)
+
+    def _drain_reason(self, c: VolumeCtl, now: int, half: int) -> str | None:
+        st = c.state
+        dirty = st.dirty_bytes
+        if c.latch is not None:
+            return f"latched: {c.latch.reason}: draining {dirty} dirty bytes" if dirty > 0 else None
+        if c.breach is not None:
+            return f"exposure breach: {c.breach}: draining {dirty} dirty bytes" if dirty > 0 else None
+        fm, _ = self._fm(c, now)  # auto is destructive about what it leaves dirty, read-mostly or not
+        if fm == "recoverable" or (dirty == 0 and normalise_mode(st.mode) != WRITEBACK):
+            return None
+        ex = c.policy.exposure
+        if WRITETHROUGH not in c.caps.modes:
+            projected, rate = self._projected_dirty(c, now)
+            if projected > ex.max_dirty:
+                return (f"exposure bound: {dirty} dirty bytes growing {rate:.0f} B/s may reach {projected}"
+                        f" (bound {ex.max_dirty}); {c.info.kind} has no write-through: flushing")
+        base = st.clean_ns
+        if base is None:
+            return f"periodic drain: dirty data of unknown age ({dirty} bytes)"
+        if now + self._tick_ns(c, now) >= base + half:
+            return (f"periodic drain: last known clean {(now - base) / NS:.0f} s ago; every dirty byte written back"
+                    f" within max_age {ex.max_age_s:g} s")
+        return None
+
     def _knobs(self, c: VolumeCtl, now: int, out: list[Action]) -> None:
+        kinds_knobs = c.caps.knobs() if c.caps is not _ANY_KIND else KNOBS
         for knob, value in c.policy.knobs.items():
-            if c.state.knobs.get(knob) == value:
+            if knob not in kinds_knobs:
+                continue  # a defaults knob for another kind of cache
+            if _same_knob_value(knob, c.state.knobs.get(knob), value):
                 c.requested_knobs.pop(knob, None)
                 continue
             req = c.requested_knobs.get(knob)
@@ -499,3 +721,18 @@ class Engine:
             was = c.state.knobs.get(knob, "unknown")
             out.append(SetKnob(c.info.name, knob, value, f"pinned by policy ({c.chosen_by}); was {was}"))
             c.requested_knobs[knob] = (value, now)
+
+
+def _same_knob_value(knob: str, have: str | None, want: str) -> bool:
+    """Compare as the knob's typed value ("4.0M" from bcache's sysfs equals "4MiB" and 4194304)."""
+    if have is None:
+        return False
+    if have == want:
+        return True
+    k = KNOBS.get(knob)
+    if k is None:
+        return False
+    try:
+        return k.parse(have) == k.parse(want)
+    except UserError:
+        return False

@@ -38,6 +38,7 @@ class CachedSet:
         self.last_evicted = 0  # counter of the last evicted file, at epoch last_evicted_epoch
         self.last_evicted_epoch = 0
         self.evictions = 0
+        table.owners[dev] = self  # the table hands back members whose inode was reused or deleted
 
     def __contains__(self, slot: int) -> bool:
         return bool(self.t.flags[slot] & F_MEMBER) and (self.dev is None or self.t.dev[slot] == self.dev)
@@ -74,6 +75,46 @@ class CachedSet:
             self._compact()
         return bool(t.flags[slot] & F_MEMBER), evicted
 
+    def admit_many(self, slots: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+        """Offer many sieved non-member files at once (the engine's per-tick path): every one whose counter beats
+        the admission bar enters, then one eviction pass brings the set back under capacity (so the survivors are
+        the hottest, and the bar is the counter of the last one evicted, as one at a time). Returns the new members
+        that survived, hottest first (most recent on ties)."""
+        t = self.t
+        if not len(slots):
+            return slots
+        pages = (sizes.astype(np.int64) + PAGE - 1) // PAGE
+        score = self._score_only(slots)
+        ok = (pages * PAGE <= self.capacity_bytes) & (score > self.admission_bar(t.epoch))
+        slots, pages = slots[ok], pages[ok]
+        if not len(slots):
+            return slots
+        flags = np.frombuffer(t.flags, dtype=np.uint8)
+        flags[slots] |= F_MEMBER
+        np.frombuffer(t.charged, dtype=np.uint32)[slots] = pages
+        self.used_bytes += int(pages.sum()) * PAGE
+        self.count += len(slots)
+        self._slots.frombytes(slots.astype(np.uint32).tobytes())
+        if self.used_bytes > self.capacity_bytes:
+            self._shrink([])
+            slots = slots[(flags[slots] & F_MEMBER) != 0]
+        elif len(self._slots) > 2 * self.count + 4096:
+            self._compact()
+        del flags
+        return slots
+
+    def recharge(self, slots: np.ndarray, sizes: np.ndarray) -> None:
+        """Members whose size changed: charge the new size (evicting if the set is now over capacity)."""
+        pages = (sizes.astype(np.int64) + PAGE - 1) // PAGE
+        charged = np.frombuffer(self.t.charged, dtype=np.uint32)
+        diff = pages - charged[slots].astype(np.int64)
+        if diff.any():
+            charged[slots] = pages
+            self.used_bytes += int(diff.sum()) * PAGE
+        del charged
+        if self.used_bytes > self.capacity_bytes:
+            self._shrink([])
+
     def _live(self) -> np.ndarray:
         t = self.t
         cand = np.unique(np.frombuffer(self._slots, dtype=np.uint32)).astype(np.int64)
@@ -88,15 +129,16 @@ class CachedSet:
         live = self._live() if live is None else live
         self._slots = array("I", live.astype(np.uint32).tobytes())
 
-    def _scores(self, live: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _score_only(self, live: np.ndarray) -> np.ndarray:
         t = self.t
         sh = (t.epoch - np.frombuffer(t.stamp, dtype=np.uint32)[live].astype(np.int64)).clip(0, 63)
         sh = sh.astype(np.uint64)
         r = np.frombuffer(t.rscore, dtype=np.uint32)[live].astype(np.uint64) >> sh
         w = np.frombuffer(t.wscore, dtype=np.uint32)[live].astype(np.uint64) >> sh
-        score = np.minimum(r + w, COUNTER_MAX).astype(np.int64)
-        last = np.frombuffer(t.last, dtype=np.int64)[live].copy()
-        return score, last
+        return np.minimum(r + w, COUNTER_MAX).astype(np.int64)
+
+    def _scores(self, live: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self._score_only(live), np.frombuffer(self.t.last, dtype=np.int64)[live].copy()
 
     def _shrink(self, evicted: list[int]) -> None:
         t = self.t

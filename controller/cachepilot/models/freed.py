@@ -2,15 +2,30 @@
 
 Life of an extent (units: filesystem blocks):
 
-1. ``freed()`` — the kernel freed it (FreedExtent). It is *pending*: the journal transaction that freed it
-   has not committed, so the blocks may not be discarded yet.
-2. ``commit()`` — a JournalCommit at time T makes every extent freed at or before T *ready*. Ready extents
-   are kept as sorted, disjoint intervals and coalesced with touching neighbours (never across a gap).
-3. ``take()`` — ready intervals are cut to the discard granularity (start rounded up, end rounded down,
-   so a range never grows beyond what was freed) and handed out. Fragments smaller than one granule stay
-   (a later neighbour may complete them) until ``max_hold_ns``, then they are dropped and counted.
+1. ``freed()`` -- the kernel freed it (FreedExtent) in journal transaction ``tid``. It is *pending*: until that
+   transaction commits, ext4 keeps the blocks out of its buddy bitmap, so a FITRIM would skip them.
+2. ``commit()`` -- a JournalCommit of transaction T makes every extent freed in a transaction ``tid`` with
+   ``tid_geq(T, tid)`` *ready* (jbd2 tids are u32 and wrap, compared as the kernel's ``tid_geq``). jbd2 opens
+   T+1 before T's commit event fires, so a timestamp would not do: a free in T+1 waits for T+1's commit.
+   Extents without a transaction (``tid`` -1):
 
-``allocated()`` removes blocks that were reused before they were trimmed, from both stages.
+   * on a filesystem whose journal commits we see (ext4 ``data=writeback`` data blocks, which ext4 frees at
+     once) they are ready at once;
+   * on one without commit events (XFS today: its FITRIM skips busy extents until the log checkpoint) they are
+     ready after ``unjournalled_hold_ns``.
+
+   Pending extents are bounded (``max_pending``): beyond it the oldest are dropped and counted, never an
+   unbounded list (e.g. when commit events are lost).
+3. Ready extents are kept as sorted, disjoint intervals and coalesced with touching neighbours (never across a
+   gap). ``take()`` cuts them to the discard granularity (start rounded up, end rounded down, so a range never
+   grows beyond what was freed) and hands them out. Fragments smaller than one granule stay (a later neighbour
+   may complete them) until ``max_hold_ns``, then they are dropped and counted.
+4. ``requeue()`` -- a discard whose FITRIM did not run goes back to ready, at most ``max_retries`` times.
+
+``allocated()`` removes blocks that were reused before they were trimmed, from every stage.
+
+Safety does not rest on this queue: FITRIM discards only blocks free in the bitmap, under the group lock, at the
+time of the call. Releasing too early wastes a discard (the blocks are skipped); this queue makes them land.
 """
 
 from __future__ import annotations
@@ -27,42 +42,103 @@ class FreedStats:
     handed_blocks: int = 0
     dropped_small_blocks: int = 0
     reallocated_blocks: int = 0
+    dropped_overflow_blocks: int = 0  # pending beyond max_pending
+    requeued_blocks: int = 0
+    dropped_retry_blocks: int = 0  # a discard that failed more than max_retries times
+
+
+TID_MASK = 0xFFFFFFFF
+
+
+def tid_geq(x: int, y: int) -> bool:
+    """jbd2's tid_geq: x is y or later, for u32 transaction ids that wrap."""
+    return ((x - y) & TID_MASK) < 0x80000000
 
 
 class FreedExtentQueue:
-    def __init__(self, granularity_blocks: int = 1, max_hold_ns: int = 60_000_000_000) -> None:
+    def __init__(self, granularity_blocks: int = 1, max_hold_ns: int = 60_000_000_000,
+                 unjournalled_hold_ns: int = 30_000_000_000, max_pending: int = 1 << 16,
+                 max_retries: int = 3) -> None:
         if granularity_blocks < 1:
             raise UserError(f"discard granularity must be at least one block, got {granularity_blocks}")
         self.granularity = granularity_blocks
         self.max_hold_ns = max_hold_ns
-        self.pending: list[tuple[int, int, int]] = []  # (ts_ns, start, end) in arrival order
+        self.unjournalled_hold_ns = unjournalled_hold_ns
+        self.max_pending = max_pending
+        self.max_retries = max_retries
+        self.pending: list[tuple[int, int, int, int]] = []  # (ts_ns, start, end, tid) in arrival order
+        self.commits_seen = 0
         self._starts: list[int] = []  # ready intervals [start, end), sorted, disjoint, non-touching
         self._ends: list[int] = []
         self._since: list[int] = []  # when each ready interval became ready (oldest part)
+        self._retries: dict[tuple[int, int], int] = {}
+        self._now = 0
         self.stats = FreedStats()
 
     # ------------------------------------------------------------ input
-    def freed(self, block: int, count: int, ts_ns: int) -> None:
+    def freed(self, block: int, count: int, ts_ns: int, tid: int = -1) -> None:
         if block < 0 or count < 0:
             raise UserError(f"freed extent with negative block or count ({block}, {count})")
         if count == 0:
             return
-        self.pending.append((ts_ns, block, block + count))
         self.stats.freed_blocks += count
+        self._now = max(self._now, ts_ns)
+        if tid < 0 and self.commits_seen:  # journaled fs, no transaction: free at once (data=writeback)
+            self._insert(block, block + count, ts_ns)
+            return
+        self.pending.append((ts_ns, block, block + count, tid & TID_MASK if tid >= 0 else -1))
+        if len(self.pending) > self.max_pending:
+            drop = len(self.pending) - self.max_pending
+            self.stats.dropped_overflow_blocks += sum(e - s for _, s, e, _ in self.pending[:drop])
+            del self.pending[:drop]
 
-    def commit(self, ts_ns: int) -> int:
-        """Journal committed at ts_ns: extents freed up to then become ready. Returns blocks made ready."""
-        keep: list[tuple[int, int, int]] = []
+    def commit(self, transaction: int, ts_ns: int) -> int:
+        """Transaction ``transaction`` committed: extents it (or an earlier one) freed become ready, and so do
+        extents without a transaction. Returns blocks made ready."""
+        self.commits_seen += 1
+        self._now = max(self._now, ts_ns)
+        done = transaction & TID_MASK
+        keep: list[tuple[int, int, int, int]] = []
         moved = 0
         for item in self.pending:
-            ts, s, e = item
-            if ts <= ts_ns:
+            _, s, e, tid = item
+            if tid < 0 or tid_geq(done, tid):
                 self._insert(s, e, ts_ns)
                 moved += e - s
             else:
                 keep.append(item)
         self.pending = keep
         return moved
+
+    def _release_unjournalled(self, now_ns: int) -> None:
+        """Without commit events (XFS): extents without a transaction are ready after a bounded hold."""
+        if self.commits_seen or not self.pending:
+            return
+        cut = now_ns - self.unjournalled_hold_ns
+        keep = []
+        for item in self.pending:
+            ts, s, e, tid = item
+            if tid < 0 and ts <= cut:
+                self._insert(s, e, now_ns)
+            else:
+                keep.append(item)
+        self.pending = keep
+
+    def requeue(self, ranges: list[tuple[int, int]]) -> None:
+        """Ranges (start, count) handed out whose FITRIM did not run: ready again, at most max_retries times."""
+        if len(self._retries) > 4096:  # bounded bookkeeping: forget old attempts
+            self._retries.clear()
+        for start, count in ranges:
+            if count <= 0:
+                continue
+            n = self._retries.get((start, count), 0) + 1
+            if n > self.max_retries:
+                self.stats.dropped_retry_blocks += count
+                self._retries.pop((start, count), None)
+                continue
+            self._retries[(start, count)] = n
+            self.stats.requeued_blocks += count
+            self._insert(start, start + count, self._now)
 
     def _insert(self, s: int, e: int, now: int) -> None:
         starts, ends, since = self._starts, self._ends, self._since
@@ -82,15 +158,15 @@ class FreedExtentQueue:
         """Blocks were reused: never hand them out."""
         s0, e0 = block, block + count
         newp = []
-        for ts, s, e in self.pending:
+        for ts, s, e, tid in self.pending:
             if e <= s0 or s >= e0:
-                newp.append((ts, s, e))
+                newp.append((ts, s, e, tid))
                 continue
             self.stats.reallocated_blocks += min(e, e0) - max(s, s0)
             if s < s0:
-                newp.append((ts, s, s0))
+                newp.append((ts, s, s0, tid))
             if e > e0:
-                newp.append((ts, e0, e))
+                newp.append((ts, e0, e, tid))
         self.pending = newp
         starts, ends, since = self._starts, self._ends, self._since
         i = bisect.bisect_right(ends, s0)
@@ -121,13 +197,15 @@ class FreedExtentQueue:
 
     @property
     def pending_blocks(self) -> int:
-        return sum(e - s for _, s, e in self.pending)
+        return sum(e - s for _, s, e, _ in self.pending)
 
     def ready(self) -> list[tuple[int, int]]:
         return list(zip(self._starts, self._ends, strict=True))
 
     def take(self, now_ns: int, max_blocks: int | None = None) -> list[tuple[int, int]]:
         """Ranges (start, count) to trim now, aligned to the granularity; at most max_blocks in total."""
+        self._now = max(self._now, now_ns)
+        self._release_unjournalled(now_ns)
         g = self.granularity
         out: list[tuple[int, int]] = []
         budget = max_blocks if max_blocks is not None else 1 << 62

@@ -32,6 +32,7 @@ from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
 from operator import itemgetter
+from typing import Protocol
 
 import numpy as np
 
@@ -83,6 +84,12 @@ class FileView:
     append_only: bool
 
 
+class MemberOwner(Protocol):
+    """Whoever holds a slot's F_MEMBER bit and its charge (models.admission.CachedSet)."""
+
+    def discard(self, slot: int) -> int: ...
+
+
 class HotnessTable:
     def __init__(self, half_life_s: float = 600.0, start_ns: int = 0) -> None:
         if half_life_s <= 0:
@@ -104,8 +111,9 @@ class HotnessTable:
         self.charged = array("I")
         self.dev_bytes: dict[int, list[int]] = {}
         self._free: list[int] = []
-        self.touched: list[int] = []
+        self.touched = array("q")  # slots changed since the last drain_touched (each once: F_TOUCHED)
         self.live = 0
+        self.owners: dict[int | None, MemberOwner] = {}  # believed-cached sets by dev (None: any dev)
 
     # ---------------------------------------------------------------- time
     def advance(self, now_ns: int) -> None:
@@ -224,13 +232,24 @@ class HotnessTable:
         self._bump(slot, rs, ws, wbytes, last_ns, size)
         return slot
 
+    def _release(self, slot: int) -> None:
+        """A member file is gone (deleted, or its inode reused): its believed-cached set gives back the charge."""
+        if self.flags[slot] & F_MEMBER:
+            owner = self.owners.get(self.dev[slot]) or self.owners.get(None)
+            if owner is not None:
+                owner.discard(slot)
+            self.flags[slot] &= ~F_MEMBER & 0xFF
+            self.charged[slot] = 0
+
     def _reset(self, slot: int, gen: int) -> None:
+        """Inode reuse: a new file behind the same inode number starts from nothing."""
+        self._release(slot)
         self.gen[slot] = gen
         self.rscore[slot] = 0
         self.wscore[slot] = 0
         self.stamp[slot] = self.epoch
         self.size[slot] = -1
-        self.flags[slot] = F_LIVE | (self.flags[slot] & F_TOUCHED)
+        self.flags[slot] = F_LIVE | (self.flags[slot] & (F_TOUCHED | F_QUEUED))  # may sit in those lists
 
     def _bump(self, slot: int, rs: int, ws: int, wbytes: int, last_ns: int, size: int) -> None:
         e = self.epoch
@@ -448,7 +467,7 @@ class HotnessTable:
         lasta = np.frombuffer(self.last, dtype=i64)
         lasta[slots] = np.maximum(lasta[slots], rec["last"])
         new = (f & F_TOUCHED) == 0
-        self.touched.extend(slots[new].tolist())
+        self.touched.frombytes(slots[new].astype(np.int64).tobytes())
         flags[slots] = f | F_TOUCHED
         del gen, stamp, rsa, wsa, flags, sizea, lasta  # release the buffers: the arrays may grow again
         db = self.dev_bytes
@@ -470,6 +489,7 @@ class HotnessTable:
         if slot is None or (gen is not None and gen != 0 and self.gen[slot] != gen):
             return None
         del idx[ino]
+        self._release(slot)
         self.flags[slot] &= F_TOUCHED | F_QUEUED  # it may still sit in those lists
         self.charged[slot] = 0
         self.rscore[slot] = 0
@@ -481,20 +501,20 @@ class HotnessTable:
     def delete(self, ev: Delete) -> int | None:
         return self.forget(ev.key.dev, ev.key.ino, ev.key.gen)
 
+    def drain_touched_array(self) -> np.ndarray:
+        """Slots changed since the last call (live ones only, int64, in order of first change); clears the marks."""
+        out = np.frombuffer(self.touched, dtype=np.int64).copy()
+        self.touched = array("q")
+        if not len(out):
+            return out
+        flags = np.frombuffer(self.flags, dtype=np.uint8)
+        f = flags[out]
+        flags[out] = f & (~F_TOUCHED & 0xFF)
+        del flags  # release the buffer: the array may grow again
+        return out[(f & F_LIVE) != 0]
+
     def drain_touched(self) -> list[int]:
-        """Slots changed since the last call (live ones only); clears the marks."""
-        out = self.touched
-        self.touched = []
-        flags = self.flags
-        live = []
-        for s in out:
-            f = flags[s]
-            if f & F_LIVE:
-                flags[s] = f & ~F_TOUCHED
-                live.append(s)
-            else:
-                flags[s] = f & ~F_TOUCHED
-        return live
+        return self.drain_touched_array().tolist()
 
     # ---------------------------------------------------------------- reads
     def score(self, slot: int) -> int:

@@ -2,7 +2,12 @@
 
 A :class:`VolumeInfo` is what discovery found (names, filesystem, cache kind); a :class:`VolumeSample` is
 one reading of the backend (mode, dirty bytes, cumulative hit/miss/error counters). :class:`VolumeState`
-turns samples into hit ratio, its trend, error rate, exposure age and a health verdict.
+turns samples into hit ratio, its trend, error rate, dirty growth rate, the last point the cache was known
+clean, and a health verdict.
+
+Exposure age is not estimated from writes (a write the cache bypasses, or an overwrite of a dirty block, tells
+nothing about the oldest dirty byte): it is bounded by the time since the cache was last *known* clean -- a
+sample showing no dirty data, or the start of a drain that completed (:meth:`VolumeState.cleaned`).
 """
 
 from __future__ import annotations
@@ -36,6 +41,9 @@ class VolumeInfo:
     cache_bytes: int = 0
     fs_block_size: int = 4096
     fs_discard: bool = False  # filesystem mounted with -o discard: do not duplicate
+    cache_id: str = ""
+    """Identity of the cache device: bcache cache-set UUID, dm-cache / dm-writecache cache device dev_t
+    ("major:minor"); "" = unknown. A new identity means the cache device was replaced (clears a failure latch)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,66 +57,69 @@ class VolumeSample:
     io_errors: int  # cumulative cache-device errors
     failed: bool = False
     knobs: dict[str, str] = field(default_factory=dict)
+    cache_id: str = ""  # as VolumeInfo.cache_id, read with this sample ("" = unknown or detached)
 
 
 class VolumeState:
-    def __init__(self, info: VolumeInfo, window: int = 60, error_threshold: int = 1) -> None:
+    def __init__(self, info: VolumeInfo, window: int = 60, error_threshold: int = 1, rate_window: int = 8) -> None:
         self.info = info
         self.mode = WRITETHROUGH
         self.dirty_bytes = 0
-        self.dirty_since_ns: int | None = None
+        self.clean_ns: int | None = None  # last time the cache was known to hold no dirty data
         self.io_errors = 0
         self.failed = False
         self.knobs: dict[str, str] = {}
+        self.cache_id = info.cache_id
         self.error_threshold = error_threshold
         self._hist: deque[tuple[int, int, int, int]] = deque(maxlen=window)  # ts, hits, misses, errors
         self._ratios: deque[float] = deque(maxlen=window)
+        self._dirty: deque[tuple[int, int]] = deque(maxlen=rate_window)  # (ts, dirty bytes)
+        self._error_base = 0  # errors up to here are forgiven (operator cleared, or another device)
         self.last_ts = 0
         self.samples = 0
-        self._dirtied: deque[tuple[int, int]] = deque()  # (ts, cumulative bytes dirtied by then)
-        self._cum_dirtied = 0
-        self._base_written: int | None = None
 
-    def update(self, s: VolumeSample, cum_written: int | None = None) -> int:
-        """Apply a sample; returns the increase in dirty bytes since the previous one.
-
-        ``cum_written`` is the volume's cumulative bytes written (from the hotness deltas); with it the
-        age of the oldest dirty byte is estimated first-in-first-out (bytes written while in write-back
-        become dirty; what is no longer dirty was written back oldest first). Without it, the age is the
-        time since the cache was last clean."""
+    def update(self, s: VolumeSample) -> int:
+        """Apply a sample; returns the increase in dirty bytes since the previous one."""
         if s.dirty_bytes < 0 or s.hits < 0 or s.misses < 0 or s.io_errors < 0:
             raise ValueError(f"negative counter in sample for {self.info.name}")
         grew = s.dirty_bytes - self.dirty_bytes if self.samples else s.dirty_bytes
-        if cum_written is not None:
-            if self._base_written is None:
-                self._base_written = cum_written - s.dirty_bytes
-            dirtied = max(cum_written - self._base_written, s.dirty_bytes)
-            if dirtied > self._cum_dirtied:
-                self._cum_dirtied = dirtied
-                self._dirtied.append((s.ts_ns, dirtied))
-            cleaned = self._cum_dirtied - s.dirty_bytes
-            d = self._dirtied
-            while len(d) > 1 and d[0][1] <= cleaned:
-                d.popleft()
+        if s.cache_id and s.cache_id != self.cache_id:
+            if self.cache_id:
+                self._new_cache_device()
+            self.cache_id = s.cache_id
         if self._hist:
             _, h0, m0, _ = self._hist[-1]
             dh, dm = s.hits - h0, s.misses - m0
             if dh >= 0 and dm >= 0 and dh + dm > 0:
                 self._ratios.append(dh / (dh + dm))
         self._hist.append((s.ts_ns, s.hits, s.misses, s.io_errors))
+        self._dirty.append((s.ts_ns, s.dirty_bytes))
         self.mode = s.mode
         self.dirty_bytes = s.dirty_bytes
-        if s.dirty_bytes > 0:
-            if self.dirty_since_ns is None:
-                self.dirty_since_ns = s.ts_ns
-        else:
-            self.dirty_since_ns = None
+        if s.dirty_bytes == 0:
+            self.clean_ns = s.ts_ns
         self.io_errors = s.io_errors
         self.failed = s.failed
         self.knobs = dict(s.knobs)
         self.last_ts = s.ts_ns
         self.samples += 1
         return max(0, grew)
+
+    def _new_cache_device(self) -> None:
+        """Another cache device: its counters start afresh; history of the old one means nothing."""
+        self._hist.clear()
+        self._ratios.clear()
+        self._dirty.clear()
+        self._error_base = 0
+
+    def cleaned(self, since_ns: int) -> None:
+        """Everything dirty at since_ns has been written back (a drain that started then completed)."""
+        if self.clean_ns is None or since_ns > self.clean_ns:
+            self.clean_ns = since_ns
+
+    def forgive_errors(self) -> None:
+        """Count only errors after this point (an operator cleared the failure)."""
+        self._error_base = self._hist[-1][3] if self._hist else self.io_errors
 
     @property
     def hit_ratio(self) -> float | None:
@@ -131,16 +142,28 @@ class VolumeState:
     def recent_errors(self) -> int:
         if len(self._hist) < 2:
             return 0
-        return self._hist[-1][3] - self._hist[0][3]
+        return max(0, self._hist[-1][3] - max(self._hist[0][3], self._error_base))
+
+    def dirty_rate(self) -> float:
+        """Peak growth of dirty data (bytes/s) between consecutive recent samples; 0 when it only shrank."""
+        peak = 0.0
+        prev: tuple[int, int] | None = None
+        for ts, d in self._dirty:
+            if prev is not None and ts > prev[0] and d > prev[1]:
+                peak = max(peak, (d - prev[1]) * 1e9 / (ts - prev[0]))
+            prev = (ts, d)
+        return peak
 
     def exposure_age_s(self, now_ns: int) -> float:
-        """Estimated age of the oldest dirty byte."""
-        if self.dirty_since_ns is None:
+        """Upper bound on the age of the oldest dirty byte: time since the cache was last known clean
+        (since the first sample when it was never seen clean)."""
+        if self.dirty_bytes == 0 and self.clean_ns is not None and self.clean_ns >= self.last_ts:
             return 0.0
-        since = self.dirty_since_ns
-        if self._dirtied:
-            since = max(since, self._dirtied[0][0])
+        since = self.clean_ns if self.clean_ns is not None else self._first_ts()
         return max(0.0, (now_ns - since) / 1e9)
+
+    def _first_ts(self) -> int:
+        return self._hist[0][0] if self._hist else self.last_ts
 
     @property
     def health(self) -> Health:

@@ -25,6 +25,7 @@ import jsonschema
 import yaml
 
 from cachepilot.errors import UserError
+from cachepilot.policy import capcheck
 from cachepilot.policy.model import (
     DiscardOnDelete,
     Exposure,
@@ -344,7 +345,7 @@ def _settings(raw: dict[str, Any], base: VolumePolicy, doc: _Doc, path: PathT) -
 
 def _covers(a: Selector, b: Selector) -> bool:
     """Every volume b selects is also selected by a (a conservative, decidable check)."""
-    for attr in ("device", "fs_uuid", "mountpoint"):
+    for attr in ("device", "fs_uuid", "mountpoint", "kind"):
         av, bv = getattr(a, attr), getattr(b, attr)
         if av is None:
             continue
@@ -374,6 +375,8 @@ def _items(sel: Selector) -> tuple[tuple[str, str], ...]:
         out.append(("fs_uuid", sel.fs_uuid.lower()))
     if sel.mountpoint is not None:
         out.append(("mountpoint", sel.mountpoint.rstrip("/")))
+    if sel.kind is not None:
+        out.append(("kind", sel.kind.rstrip("/")))
     return tuple(out)
 
 
@@ -382,7 +385,7 @@ def _subsets(items: tuple[tuple[str, str], ...]) -> list[tuple[tuple[str, str], 
 
 
 def _check_overlaps(doc: _Doc, rules: Sequence[Rule]) -> None:
-    """No two rules where one covers the other (_covers), in O(n x (8 + glob rules)) instead of O(n^2).
+    """No two rules where one covers the other (_covers), in O(n x (16 + glob rules)) instead of O(n^2).
 
     A literal selector a covers b exactly when a's attributes are a subset of b's (with equal values), so
     each rule is looked up by its own attributes among the earlier rules' subsets and vice versa; glob
@@ -432,6 +435,7 @@ def parse_policy(text: str, source: str = "<string>") -> Policy:
         more = "; ".join(str(e) for e in errors[1:4])
         raise UserError(f"{errors[0]} (and {len(errors) - 1} more: {more})")
     raw = doc.value
+    capcheck.check(raw, doc.err)
     defaults = _settings(raw.get("defaults", {}), VolumePolicy(), doc, ("defaults",))
     rules: list[Rule] = []
     for i, r in enumerate(raw.get("volumes", [])):

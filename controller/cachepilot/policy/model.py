@@ -62,8 +62,11 @@ class Selector:
     device: str | None = None
     fs_uuid: str | None = None
     mountpoint: str | None = None
+    kind: str | None = None  # bcache | dm-cache | dm-writecache
 
     def matches(self, v: VolumeInfo) -> bool:
+        if self.kind is not None and self.kind != v.kind:
+            return False
         if self.device is not None and not fnmatch.fnmatchcase(v.name, self.device):
             return False
         if self.fs_uuid is not None and self.fs_uuid.lower() != v.fs_uuid.lower():
@@ -73,7 +76,7 @@ class Selector:
         return True
 
     def __str__(self) -> str:
-        parts = [f"{k}={getattr(self, k)}" for k in ("device", "fs_uuid", "mountpoint") if getattr(self, k)]
+        parts = [f"{k}={getattr(self, k)}" for k in ("kind", "device", "fs_uuid", "mountpoint") if getattr(self, k)]
         return ",".join(parts)
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from cachepilot.backends.capabilities import KINDS
+
 SIZE_PATTERN = r"^[0-9]+(\.[0-9]+)? ?(B|K|M|G|T|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?$"
 DURATION_PATTERN = r"^[0-9]+(\.[0-9]+)? ?(ms|s|m|h|d)$"
 
@@ -95,6 +97,7 @@ SELECTOR: dict[str, Any] = _obj(
         "device": {"type": "string", "minLength": 1, "description": "glob on the device name"},
         "fs_uuid": {"type": "string", "pattern": "^[0-9a-fA-F-]{8,36}$"},
         "mountpoint": {"type": "string", "pattern": "^/"},
+        "kind": {"enum": list(KINDS), "description": "the kind of cache (knobs and modes are checked against it)"},
     },
     minProperties=1,
 )

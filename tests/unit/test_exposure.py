@@ -1,0 +1,245 @@
+"""The write-policy safety rules: the failure latch, the exposure bound held by periodic drains (age) and by an
+early switch (bytes), breaches, dm-writecache's flush-only bound, and how action outcomes feed back."""
+
+from __future__ import annotations
+
+from cachepilot.engine import DiscardRanges, Drain, Engine, Result, SetWritePolicy
+from cachepilot.events import FreedExtent, JournalCommit, kdev
+from cachepilot.models.volume import VolumeInfo, VolumeSample
+from cachepilot.policy import parse_policy
+
+NS = 1_000_000_000
+DEV = kdev(252, 0)
+KIB, MIB = 1 << 10, 1 << 20
+
+
+def engine(policy: str, kind: str = "bcache", cache_id: str = "cset-A") -> Engine:
+    vol = VolumeInfo(dev=DEV, name="vol0", kind=kind, cache_bytes=1 << 30, cache_id=cache_id)
+    return Engine(parse_policy(policy, "t.yaml"), [vol])
+
+
+def sample(e: Engine, t: float, mode: str, dirty: int = 0, errors: int = 0, failed: bool = False,
+           cache_id: str = "cset-A") -> None:
+    e.sample(VolumeSample(DEV, int(t * NS), mode, dirty, 0, 0, errors, failed, {}, cache_id))
+
+
+def switches(acts: list) -> list[SetWritePolicy]:  # type: ignore[type-arg]
+    return [a for a in acts if isinstance(a, SetWritePolicy)]
+
+
+def drains(acts: list) -> list[Drain]:  # type: ignore[type-arg]
+    return [a for a in acts if isinstance(a, Drain)]
+
+
+# ---------------------------------------------------------------- the failure latch
+RECOVERABLE = "version: 1\ndefaults: {failure_model: recoverable, hysteresis: {min_switch_interval: 60s}}\n"
+
+
+def _fail_then_idle(e: Engine, until: int) -> list:  # type: ignore[type-arg]
+    """Today's sequence: errors -> write-through -> bypass, then the device sits bypassed with no new errors."""
+    mode = "writeback"
+    seen = []
+    sample(e, 1, mode, dirty=5000)
+    e.tick(1 * NS)
+    for t in range(2, until):
+        sample(e, t, mode, dirty=0 if t > 3 else 5000, errors=4)
+        for a in e.tick(t * NS):
+            seen.append((t, a))
+            if isinstance(a, SetWritePolicy):
+                mode = {"bypass": "none"}.get(a.mode, a.mode)
+    return seen
+
+
+def test_failure_latches_until_the_cache_device_is_replaced() -> None:
+    e = engine(RECOVERABLE)
+    seen = _fail_then_idle(e, 400)  # main put the failing device back in write-back after the error window
+    modes = [a.mode for _, a in seen if isinstance(a, SetWritePolicy)]
+    assert modes == ["writethrough", "bypass"], modes
+    assert all("latched" in a.reason for _, a in seen if isinstance(a, SetWritePolicy | Drain))
+    assert "4 cache I/O errors on cache cset-A" in e.latched()["vol0"]
+    sample(e, 400, "none", cache_id="cset-B")  # a new cache set: the latch is gone, errors start afresh
+    acts = e.tick(400 * NS)
+    assert [a.mode for a in switches(acts)] == ["writeback"] and e.latched() == {}
+
+
+def test_operator_clears_the_latch_and_new_errors_latch_again() -> None:
+    e = engine(RECOVERABLE)
+    _fail_then_idle(e, 100)
+    sample(e, 100, "none", errors=4)  # same device, same (old) error count
+    assert not [a for a in switches(e.tick(100 * NS)) if a.mode == "writeback"]
+    assert "cleared by operator" in (e.clear_latch("vol0") or "")
+    sample(e, 101, "none", errors=4)
+    assert [a.mode for a in switches(e.tick(101 * NS))] == ["writeback"]
+    sample(e, 102, "writeback", errors=5)
+    acts = e.tick(102 * NS)
+    assert [a.mode for a in switches(acts)] == ["writethrough"] and "latched" in acts[-1].reason
+
+
+def test_unknown_cache_identity_is_never_taken_for_a_replacement() -> None:
+    e = engine(RECOVERABLE, cache_id="")
+    sample(e, 1, "writeback", failed=True, cache_id="")
+    e.tick(1 * NS)
+    sample(e, 2, "none", cache_id="cset-X")  # we never knew which device failed: only an operator can clear
+    e.tick(2 * NS)
+    assert "vol0" in e.latched()
+
+
+# ---------------------------------------------------------------- the age bound by construction
+DESTRUCTIVE = """version: 1
+defaults:
+  failure_model: destructive
+  exposure: {max_dirty: 64MiB, max_age: 30s}
+  hysteresis: {min_switch_interval: 60s}
+"""
+
+
+class FakeCache:
+    """Blocks dirty since a time; a drain writes back everything dirty when it started, one tick later."""
+
+    def __init__(self, e: Engine, drains_work: bool = True) -> None:
+        self.e = e
+        self.dirty: dict[int, int] = {}
+        self.mode = "writeback"
+        self.drains_work = drains_work
+        self.draining: list[int] = []
+        self.drain: Drain | None = None
+
+    def write(self, block: int, t: int) -> None:
+        if self.mode == "writeback":
+            self.dirty.setdefault(block, t)
+
+    def step(self) -> None:
+        for b in self.draining:
+            self.dirty.pop(b, None)
+        self.draining = []
+        if self.drain is not None:  # the daemon reports how the drain ended
+            self.e.outcome(Result(self.drain, "done"))
+            self.drain = None
+
+    def apply(self, acts: list) -> None:  # type: ignore[type-arg]
+        for a in acts:
+            if isinstance(a, SetWritePolicy):
+                self.mode = a.mode
+            elif isinstance(a, Drain) and self.drains_work:
+                self.draining = list(self.dirty)
+                self.drain = a
+
+    def oldest_age(self, t: int) -> int:
+        return max((t - since for since in self.dirty.values()), default=0)
+
+
+def _run(e: Engine, cache: FakeCache, seconds: int) -> tuple[int, list]:  # type: ignore[type-arg]
+    worst = 0
+    seen = []
+    sample(e, 0, cache.mode)
+    e.tick(0)
+    for t in range(1, seconds):
+        cache.step()
+        cache.write(0, t)  # one 4 KiB block dirtied at t=1, then overwritten: 256 writes/s = 1 MiB/s
+        worst = max(worst, cache.oldest_age(t))
+        sample(e, t, cache.mode, dirty=4 * KIB * len(cache.dirty))
+        acts = e.tick(t * NS)
+        seen += [(t, a) for a in acts]
+        cache.apply(acts)
+    return worst, seen
+
+
+def test_overwritten_block_is_drained_within_max_age() -> None:
+    """The review's case: main kept the age estimate at 1 s while the true age reached 119 s."""
+    e = engine(DESTRUCTIVE)
+    cache = FakeCache(e)
+    worst, seen = _run(e, cache, 200)
+    assert worst <= 30, worst
+    ds = [a for _, a in seen if isinstance(a, Drain)]
+    assert len(ds) >= 6 and all("periodic drain" in a.reason for a in ds)
+    assert all(a.deadline_ns - t * NS <= 30 * NS for t, a in seen if isinstance(a, Drain))
+    assert e.vols[DEV].breaches == 0 and not switches([a for _, a in seen])
+
+
+def test_drain_that_misses_its_deadline_is_a_breach() -> None:
+    e = engine(DESTRUCTIVE)
+    cache = FakeCache(e, drains_work=False)
+    _, seen = _run(e, cache, 60)
+    first = next(t for t, a in seen if isinstance(a, Drain))
+    deadline = next(a.deadline_ns for _, a in seen if isinstance(a, Drain))
+    assert deadline <= 31 * NS
+    breach = [(t, a) for t, a in seen if "exposure breach" in getattr(a, "reason", "")]
+    assert breach and breach[0][0] * NS >= deadline and breach[0][0] <= deadline / NS + 1 and first < breach[0][0]
+    kinds = {type(a).__name__ for t, a in breach if t == breach[0][0]}
+    assert kinds == {"SetWritePolicy", "Drain"}  # write-through and an active drain, at once
+    assert switches([a for _, a in breach])[0].mode == "writethrough"
+    assert e.vols[DEV].breaches >= 1 and "missed its deadline" in (e.vols[DEV].breach or "")
+
+
+def test_byte_bound_switches_before_it_is_crossed() -> None:
+    e = engine(DESTRUCTIVE.replace("64MiB", "8MiB"))
+    mode = "writeback"
+    dirty = 0
+    sampled = []
+    for t in range(0, 20):
+        if mode == "writeback":
+            dirty += MIB  # 1 MiB/s of new dirty data, 1 s ticks
+        sample(e, t, mode, dirty=dirty)
+        sampled.append(dirty)
+        for a in switches(e.tick(t * NS)):
+            mode = a.mode
+            assert "exposure bound" in a.reason
+    assert mode == "writethrough"
+    assert max(sampled) <= 8 * MIB, sampled  # main switched only after a sample showed more than the bound
+
+
+def test_dm_writecache_keeps_the_bound_by_flushing_never_by_mode() -> None:
+    e = engine(DESTRUCTIVE.replace("64MiB", "8MiB"), kind="dm-writecache")
+    acts_all = []
+    for t in range(0, 12):  # 1 MiB/s of new dirty data against an 8 MiB bound
+        sample(e, t, "writeback", dirty=t * MIB)
+        acts = e.tick(t * NS)
+        acts_all += acts
+        if drains(acts) and len(drains(acts_all)) == 1:
+            assert t * MIB <= 8 * MIB  # flushing starts before a sample could show more than the bound
+    assert not switches(acts_all)  # dm-writecache has no write-through
+    ds = drains(acts_all)
+    assert ds and "no write-through: flushing" in ds[0].reason
+
+
+# ---------------------------------------------------------------- outcomes
+def test_drain_outcome_moves_the_clean_point_and_failure_breaches() -> None:
+    e = engine(DESTRUCTIVE)
+    sample(e, 0, "writeback", dirty=4096)
+    d = drains(e.tick(0))[0]  # dirty data of unknown age: drain at once
+    e.outcome(Result(d, "done"))
+    assert e.vols[DEV].state.clean_ns == 0 and e.vols[DEV].drain is None
+    sample(e, 1, "writeback", dirty=4096)
+    assert not drains(e.tick(1 * NS))  # next one is due 15 s after the clean point
+    sample(e, 14, "writeback", dirty=4096)
+    d2 = drains(e.tick(14 * NS))[0]
+    assert d2.deadline_ns == 30 * NS
+    e.outcome(Result(d2, "failed", "dmsetup message failed"))
+    acts = e.tick(15 * NS)
+    assert switches(acts)[0].mode == "writethrough" and "dmsetup message failed" in switches(acts)[0].reason
+
+
+def test_failed_discard_is_requeued_with_bounded_retries() -> None:
+    e = engine(DESTRUCTIVE.replace("hysteresis", "discard_on_delete: {interval: 1s, min_extent: 4KiB}\n  hysteresis"))
+    e.feed(FreedExtent(DEV, 5, 100, 10, False, 1, tid=3))
+    e.feed(JournalCommit(DEV, 3, 2))
+    sent = []
+    for t in range(1, 10):
+        for a in e.tick(t * NS):
+            if isinstance(a, DiscardRanges):
+                sent.append(a)
+                e.outcome(Result(a, "failed", "FITRIM: EBUSY"))
+    assert len(sent) == 4  # the first try and three retries, then dropped and counted
+    assert all(a.ranges == ((100 * 4096, 10 * 4096),) for a in sent)
+    assert e.vols[DEV].freed.stats.dropped_retry_blocks == 10
+
+
+def test_dm_writecache_breach_is_a_flush_and_ends_when_one_completes() -> None:
+    e = engine(DESTRUCTIVE, kind="dm-writecache")
+    sample(e, 0, "writeback", dirty=4096)
+    d = drains(e.tick(0))[0]
+    sample(e, 16, "writeback", dirty=4096)  # past the deadline (15 s): breach
+    acts = e.tick(16 * NS)
+    assert not switches(acts) and "exposure breach" in drains(acts)[0].reason and d.deadline_ns == 15 * NS
+    e.outcome(Result(drains(acts)[0], "done"))
+    assert e.vols[DEV].breach is None and e.vols[DEV].breaches == 1
