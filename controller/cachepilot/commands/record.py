@@ -9,6 +9,8 @@ import time
 
 from cachepilot.backends.inspect import block_name, describe_volume, sample_volume
 from cachepilot.errors import UserError
+from cachepilot.events import Barrier, SyncCalls
+from cachepilot.models.epochs import EpochTracker
 from cachepilot.models.volume import VolumeInfo
 from cachepilot.trace.format import Tick, TraceWriter
 
@@ -40,6 +42,14 @@ def record(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     deadline = time.monotonic() + args.duration if args.duration else None
+    epochs = {v.dev: EpochTracker() for v in volumes}  # the live epochs, to compare with a replay
+
+    def write(events: list) -> None:  # type: ignore[type-arg]
+        for ev in events:
+            if isinstance(ev, Barrier | SyncCalls) and ev.dev in epochs:
+                epochs[ev.dev].feed(ev)
+        w.write_many(events)
+
     with Probe() as probe, TraceWriter(args.out, volumes, {"source": "cachepilot record"}) as w:
         for v in volumes:
             probe.watch_volume(v.dev)
@@ -49,9 +59,9 @@ def record(args: argparse.Namespace) -> int:
               file=sys.stderr, flush=True)
         next_tick = time.monotonic() + args.tick
         while not stop and (deadline is None or time.monotonic() < deadline):
-            w.write_many(probe.poll(timeout_ms=int(max(0.0, next_tick - time.monotonic()) * 1000)))
+            write(probe.poll(timeout_ms=int(max(0.0, next_tick - time.monotonic()) * 1000)))
             if time.monotonic() >= next_tick:
-                w.write_many(probe.drain())
+                write(probe.drain())
                 for v in sampled:
                     try:
                         w.write(sample_volume(v))
@@ -62,6 +72,8 @@ def record(args: argparse.Namespace) -> int:
                 next_tick += args.tick
         n = w.total
     print(f"wrote {n} records to {args.out}")
+    for v in volumes:
+        print(f"epochs {v.name}: {epochs[v.dev].summary()}")
     return 0
 
 

@@ -40,6 +40,7 @@ from cachepilot.events import (
     HotnessDelta,
     JournalCommit,
     MetadataDelta,
+    SyncCalls,
 )
 from cachepilot.models.admission import CachedSet
 from cachepilot.models.epochs import EpochTracker
@@ -262,10 +263,10 @@ class Engine:
                 c.freed.commit(ev.transaction, ev.ts_ns)
         elif isinstance(ev, Delete):
             self.delete(ev)
-        elif isinstance(ev, Barrier):
+        elif isinstance(ev, Barrier | SyncCalls):  # block barriers close epochs, file-level calls annotate
             c = self._vol(ev.dev)
             if c is not None:
-                c.epochs.barrier(ev)
+                c.epochs.feed(ev)
         elif isinstance(ev, MetadataDelta):
             c = self._vol(ev.dev)
             if c is not None:
