@@ -31,9 +31,13 @@ def test_daemon_discards_deleted_dirty_data_answers_reloads_and_stops_clean(lab)
     # SIGHUP with a broken policy keeps the running one
     assert ":3: defaults.exposure.max_dirty" in v["reload_error"] and v["policy_generation"] == "1", r.explain()
     assert v["alive_after_hup"] == "yes" and v["log_reload_failed"] == "yes", r.explain()
-    # the volume vanished (dropped, one log line) and came back (adopted again, its pinned knob set again)
+    # the volume vanished (dropped, one log line) and came back (adopted again, its pinned knob set again) ...
     assert v["dropped"] == "yes" and v["gone_from_status"] == "yes", r.explain()
     assert v["readopted"] == "yes" and v["knob_repinned"] == "yes", r.explain()
+    # ... with its filesystem now on a dm-linear device stacked on bcache0: found, and a delete there still drops
+    # the dirty data (the FITRIM goes to the stacked filesystem, the discard passes down to bcache)
+    assert r.int("stacked_discard_done") == 1, r.explain()
+    assert r.int("stacked_dirty_before") >= MIB and r.int("stacked_dirty_after") <= 256 * 1024, r.explain()
     # SIGTERM: exit 0, the cache as it was
     assert v["exit"] == "0" and v["traceback"] == "no", r.explain()
     assert v["mode_after"] == v["mode_before"] and "[writeback]" in v["mode_after"], r.explain()
