@@ -1,12 +1,14 @@
-"""Simulator benchmark: the four generated workloads x LRU / smq-like / OPT, each with and without the
-controller, and the issue's quality bars (PASS/FAIL printed honestly). Run: python tests/bench/bench_sim.py"""
+"""Simulator benchmark = `cachepilot simulate --workload all`: the generated workloads x LRU / smq-like / OPT,
+each stock, with the controller under the shipped default policy (+ctl, first) and under the simulator-tuned
+policy (+tuned, its settings printed), the fileserver sweep, and the issue's quality bars (PASS/FAIL printed
+honestly). Run: python tests/bench/bench_sim.py [SCENARIO...]"""
 
 from __future__ import annotations
 
 import sys
 import time
 
-from cachepilot.sim.report import SCENARIOS, bars, evaluate, format_bars, table
+from cachepilot.sim.report import SCENARIOS, bars, describe_controllers, evaluate, format_bars, table
 
 
 def main() -> int:
@@ -14,6 +16,8 @@ def main() -> int:
     evs = {}
     for key in (sys.argv[1:] or list(SCENARIOS)):
         evs[key] = evaluate(key)
+    print(describe_controllers())
+    print()
     print(table(list(evs.values())))
     print()
     print(format_bars(bars(evs)))

@@ -26,6 +26,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cachepilot.exporter import SnapshotBox, make_registry, serve
 
+pytestmark = pytest.mark.ops
+
 DASHBOARD = DASHBOARDS / "grafana" / "cachepilot.json"
 RULES = DASHBOARDS / "prometheus" / "cachepilot.rules.yml"
 VARIABLES = {"$instance": ".*", "$volume": ".*", "$__rate_interval": "1m"}

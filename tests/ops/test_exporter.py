@@ -19,6 +19,7 @@ from prometheus_client.registry import CollectorRegistry
 from cachepilot.errors import UserError
 from cachepilot.exporter import (
     TICK_BUCKETS,
+    DaemonSnapshot,
     Histogram,
     HistogramAccumulator,
     SnapshotBox,
@@ -29,6 +30,8 @@ from cachepilot.exporter import (
     write_textfile,
 )
 from cachepilot.exporter.collectors import COLLECTORS
+
+pytestmark = pytest.mark.ops
 
 V, VK, K = ("device", "volume"), ("device", "kind", "volume"), ("kind",)
 # name -> (type, label names). The contract the rules, the dashboard and README's table rely on.
@@ -270,3 +273,15 @@ def test_readme_metric_table_lists_exactly_the_exported_metrics() -> None:
     documented = {n for line in rows for n in re.findall(r"`(cachepilot_[a-z_]+)`", line.split("|")[1])}
     exported = {f.name + ("_total" if f.type == "counter" else "") for f in families(exposition()).values()}
     assert documented == exported, (sorted(documented - exported), sorted(exported - documented))
+
+
+def test_an_observe_only_daemon_exports_clean_metrics_without_volumes() -> None:
+    box = SnapshotBox()
+    box.publish(DaemonSnapshot(timestamp=2.0, start_time=1.0, ready=True, dry_run=False, observe_only=True))
+    text = exposition(box)
+    r = promtool("check", "metrics", stdin=text)
+    assert r.returncode == 0 and not (r.stdout + r.stderr).strip(), r.stdout + r.stderr
+    fams = families(text)
+    assert fams["cachepilot_observe_only"].samples[0].value == 1
+    assert fams["cachepilot_volumes"].samples[0].value == 0
+    assert not [s for f in fams.values() for s in f.samples if "volume" in s.labels]

@@ -6,8 +6,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 from ops_support import DASHBOARDS, ROOT, promtool
+
+pytestmark = pytest.mark.ops
 
 RULES = DASHBOARDS / "prometheus" / "cachepilot.rules.yml"
 TESTS = DASHBOARDS / "prometheus" / "tests" / "cachepilot.test.yml"

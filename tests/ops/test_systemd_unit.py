@@ -8,7 +8,10 @@ import subprocess
 from importlib import resources
 from pathlib import Path
 
+import pytest
 from ops_support import ROOT, need_tool
+
+pytestmark = pytest.mark.ops
 
 UNIT = ROOT / "controller" / "cachepilot" / "data" / "cachepilot.service"
 EXEC_START = "ExecStart=/usr/local/bin/cachepilot run --config /etc/cachepilot/config.yaml"

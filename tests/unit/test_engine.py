@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from cachepilot.engine import DiscardRanges, Engine, Promote, SetKnob, SetWritePolicy
 from cachepilot.errors import UserError
 from cachepilot.events import Delete, FileKey, FreedExtent, HotnessDelta, JournalCommit, kdev
+from cachepilot.models.hotness import F_MEMBER, PAGE
 from cachepilot.models.volume import BYPASS_NAMES, VolumeInfo, VolumeSample
 from cachepilot.policy import parse_policy
 
@@ -158,6 +159,12 @@ def test_rewarm_queues_members_hottest_first() -> None:
     assert p == [2, 3, 1]
 
 
+FMS = ("recoverable", "destructive", "auto")
+NEVER_BYPASS = {fm: parse_policy(f"version: 1\ndefaults: {{failure_model: {fm}, exposure: {{max_dirty: 1MiB}}}}\n")
+                for fm in FMS}  # parsed once: the property tests build many engines
+NO_FLAP = {fm: parse_policy(f"version: 1\ndefaults: {{failure_model: {fm}, exposure: {{max_dirty: 1MiB}}, "
+                            "hysteresis: {min_switch_interval: 300s}}\n") for fm in FMS}
+
 STEP = st.fixed_dictionaries({
     "mode": st.sampled_from(["writeback", "writethrough", "none", "passthrough", "writearound"]),
     "dirty": st.sampled_from([0, 0, 1, 4096, 1 << 30]),
@@ -170,7 +177,7 @@ STEP = st.fixed_dictionaries({
 @settings(max_examples=150, deadline=None)
 @given(st.lists(STEP, min_size=1, max_size=25), st.sampled_from(["recoverable", "destructive", "auto"]))
 def test_never_bypass_a_dirty_volume(steps: list[dict], fm: str) -> None:  # type: ignore[type-arg]
-    e = engine(f"version: 1\ndefaults: {{failure_model: {fm}, exposure: {{max_dirty: 1MiB}}}}\n")
+    e = Engine(NEVER_BYPASS[fm], [VOL])
     t = 0
     err = 0
     for s in steps:
@@ -198,8 +205,7 @@ FORCED = ("latched", "exposure bound:", "exposure breach", "not bypassing")
 @settings(max_examples=100, deadline=None)
 @given(st.lists(STEP, min_size=2, max_size=30), st.sampled_from(["recoverable", "destructive", "auto"]))
 def test_no_flapping(steps: list[dict], fm: str) -> None:  # type: ignore[type-arg]
-    e = engine(f"version: 1\ndefaults: {{failure_model: {fm}, exposure: {{max_dirty: 1MiB}}, "
-               "hysteresis: {min_switch_interval: 300s}}\n")
+    e = Engine(NO_FLAP[fm], [VOL])
     t = 0
     err = 0
     last_switch: int | None = None
@@ -229,7 +235,6 @@ def test_file_larger_than_the_token_bucket_is_promoted() -> None:
 
 
 def _members_consistent(e: Engine) -> None:
-    from cachepilot.models.hotness import F_MEMBER, PAGE
     t = e.hotness
     for c in e.vols.values():
         members = [s for s in range(len(t.flags)) if t.flags[s] & F_MEMBER and t.dev[s] == c.info.dev]
@@ -241,10 +246,13 @@ OP = st.tuples(st.sampled_from(["hot", "hot", "delete", "tick", "batch"]), st.in
                st.integers(1, 64), st.sampled_from([4096, 65536, 1 << 20]))
 
 
-@settings(max_examples=120, deadline=None)
+SMALL_SET = parse_policy(POLICY.replace("max_cache_fraction: 0.5", "max_cache_fraction: 0.002"), "s.yaml")  # ~2 MiB
+
+
+@settings(max_examples=80, deadline=None)
 @given(st.lists(OP, min_size=1, max_size=60))
 def test_inode_reuse_never_leaks_the_believed_cached_set(ops: list[tuple[str, int, int, int, int]]) -> None:
-    e = engine(POLICY.replace("max_cache_fraction: 0.5", "max_cache_fraction: 0.002"))  # ~2 MiB: evictions too
+    e = Engine(SMALL_SET, [VOL])  # a small set: evictions too
     now = 1
     for op, ino, gen, score, size in ops:
         if op == "hot":
@@ -305,3 +313,14 @@ def test_one_tick_admits_many_files_keeping_the_hottest() -> None:
     bar = c.cached.last_evicted
     assert all(e.hotness.score(s) >= bar for s in members)  # evicted coldest first
     assert bar > 1  # many were evicted, the bar rose
+
+
+def test_free_in_the_next_transaction_is_not_released_by_the_previous_commit() -> None:
+    e = engine()
+    e.feed(JournalCommit(DEV, 40, 1 * NS))
+    e.feed(FreedExtent(DEV, 5, 100, 10, False, 2 * NS, tid=41))  # freed while T=40 was still committing
+    e.feed(JournalCommit(DEV, 40, 3 * NS))  # T's commit event fires after the free (main released it here)
+    assert not [a for a in e.tick(15 * NS) if isinstance(a, DiscardRanges)]
+    e.feed(JournalCommit(DEV, 41, 16 * NS))
+    d = [a for a in e.tick(30 * NS) if isinstance(a, DiscardRanges)]
+    assert len(d) == 1 and d[0].ranges == ((100 * 4096, 10 * 4096),)

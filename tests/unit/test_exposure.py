@@ -232,3 +232,14 @@ def test_failed_discard_is_requeued_with_bounded_retries() -> None:
     assert len(sent) == 4  # the first try and three retries, then dropped and counted
     assert all(a.ranges == ((100 * 4096, 10 * 4096),) for a in sent)
     assert e.vols[DEV].freed.stats.dropped_retry_blocks == 10
+
+
+def test_dm_writecache_breach_is_a_flush_and_ends_when_one_completes() -> None:
+    e = engine(DESTRUCTIVE, kind="dm-writecache")
+    sample(e, 0, "writeback", dirty=4096)
+    d = drains(e.tick(0))[0]
+    sample(e, 16, "writeback", dirty=4096)  # past the deadline (15 s): breach
+    acts = e.tick(16 * NS)
+    assert not switches(acts) and "exposure breach" in drains(acts)[0].reason and d.deadline_ns == 15 * NS
+    e.outcome(Result(drains(acts)[0], "done"))
+    assert e.vols[DEV].breach is None and e.vols[DEV].breaches == 1

@@ -115,8 +115,10 @@ def test_coalescing_never_overlaps_live(freed: list[tuple[int, int]], reused: li
 def test_epochs() -> None:
     e = EpochTracker(window=4)
     e.note_dirty(100)
-    ep = e.barrier(Barrier(1, BarrierKind.FSYNC, 5, 9, 4096, 1 * NS))
-    assert ep.bytes == 4096 and ep.dirty_bytes == 100 and ep.start_ns == 0
+    assert e.barrier(Barrier(1, BarrierKind.FSYNC, 5, 9, 4096, 1 * NS, closes_epoch=False)) is None  # annotates
+    ep = e.barrier(Barrier(1, BarrierKind.PREFLUSH, 0, 0, 4096, 1 * NS))
+    assert ep is not None and ep.bytes == 4096 and ep.dirty_bytes == 100 and ep.start_ns == 0
+    assert ep.syncs == 1 and ep.pid == 9 and ep.sync_kind is BarrierKind.FSYNC
     for i in range(2, 8):
         e.barrier(Barrier(1, BarrierKind.PREFLUSH, 0, 0, 1000 * i, i * NS))
     st_ = e.stats()

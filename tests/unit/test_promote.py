@@ -120,3 +120,18 @@ def test_writecache_caches_no_reads_and_dry_run_reads_nothing(fs, monkeypatch):
     monkeypatch.setattr(os, "preadv", lambda *a: pytest.fail("a dry run read"))
     r = Promoter(info).run(action(info, ino, gen, [(0, MIB)]), dry_run=True)
     assert r.dry_run and r.status == DONE and r.read_bytes == MIB
+
+
+def test_dm_cache_gets_a_second_round_after_smqs_tick(fs):
+    info, d = fs
+    ino, gen = make_file(d / "f", [(0, MIB)])
+    clock = Clock()
+    p = Promoter(replace(info, kind="dm-cache"), rate=64 * MIB, clock=clock)
+    a = action(info, ino, gen, [(0, MIB)])
+    r = p.run(a)
+    assert r.status == PENDING and r.read_bytes == MIB and r.deferred == a and r.not_before_ns > 0
+    early = p.run(a)
+    assert early.status == PENDING and early.read_bytes == 0
+    clock.t = r.not_before_ns
+    r2 = p.run(a)
+    assert r2.status == DONE and r2.read_bytes == MIB

@@ -47,8 +47,7 @@ def _stream(blocks: list[int]) -> tuple[list[int], list[int]]:
 
 
 def test_lru_smq_opt_basics() -> None:
-    for cls in (LRU, SMQ):
-        c = cls(2)
+    for c in (LRU(2), SMQ(2, promote_threshold=1)):
         assert c.read(1, 0) is False and c.read(1, 1) is True
         c.read(2, 2)
         c.read(3, 3)
@@ -63,6 +62,37 @@ def test_lru_smq_opt_basics() -> None:
     assert c.written_back == 1 and c.dirty_dropped == 1
     c.flush()
     assert c.written_back == 3
+
+
+def test_writeback_has_a_time_component_in_lba_order() -> None:
+    """bcache: above the target back to it at once; below it at writeback_rate_minimum, in LBA order;
+    idle at full speed. Today's main wrote back only on overflow, oldest first, with no time at all."""
+    c = LRU(100, writeback_percent=10, rate_minimum=1.0)
+    for i, b in enumerate([50, 7, 90, 3, 60, 20, 80, 11, 40, 30, 70, 99]):  # 12 dirty, target 10
+        c.write(b, i)
+    assert len(c.dirty) == 12 and c.written_back == 0  # nothing is written back between ticks
+    assert c.tick(1.0, idle=False) == 2 and len(c.dirty) == 10  # back to the target: 3 and 7
+    assert 3 not in c.dirty and 7 not in c.dirty
+    assert c.tick(1.0, idle=False) == 1 and 11 not in c.dirty  # then one block a second, sweeping up
+    assert c.tick(0.5, idle=False) == 0 and c.tick(0.5, idle=False) == 1 and 20 not in c.dirty
+    assert c.tick(1.0, idle=True) == 8 and not c.dirty  # idle: everything
+    assert c.written_back == 12
+
+
+def test_smq_admits_on_hotspot_threshold_and_keeps_copies_on_discard() -> None:
+    c = SMQ(64, writeback_percent=100)
+    assert c.read(5, 0) is False and 5 not in c  # one miss: not promoted
+    assert c.read(6, 1) is False and 6 in c  # the hotspot (blocks 0..15) missed twice: promoted
+    c.write(40, 2)
+    assert 40 not in c and c.written_through == 1  # a write miss goes to the origin
+    c.write(6, 3)
+    assert 6 in c.dirty
+    c.discard(6)
+    assert 6 in c and 6 in c.dirty and c.dirty_dropped == 0  # dm-cache keeps the copy, dirty included
+    lru = LRU(64, writeback_percent=100)
+    lru.write(6, 0)
+    lru.discard(6)
+    assert 6 not in lru and lru.dirty_dropped == 1  # bcache drops it
 
 
 def test_opt_beats_lru_and_smq() -> None:
@@ -107,3 +137,34 @@ def test_simulate_cli_rejects_bad_policy(capsys: pytest.CaptureFixture[str]) -> 
 
     assert main(["simulate", "--policies", "lru,clock"]) == 2
     assert "unknown cache policy 'clock'" in capsys.readouterr().err
+
+
+def test_simulator_emits_what_the_kernel_emits() -> None:
+    """fsyncs arrive as SyncCalls counted per tick; epochs are closed only by the block barrier of the journal
+    commit (PREFLUSH|FUA with the data/metadata split); freed extents carry the running transaction."""
+    from cachepilot.events import Barrier, BarrierKind, FreedExtent, JournalCommit, SyncCalls
+    from cachepilot.models.epochs import BLOCK_BARRIERS, EpochTracker
+
+    w = W.varmail(iterations=200, nfiles=20)
+    fsyncs = sum(1 for op, *_ in w.ops if op == W.FSYNC)
+    p = prepare(w)
+    evs = [e for tick in p.tick_events for e in tick]
+    barriers = [e for e in evs if isinstance(e, Barrier)]
+    assert barriers and all(b.kind in BLOCK_BARRIERS and b.closes_epoch and b.flags == 3 for b in barriers)
+    assert all(b.epoch_bytes == b.epoch_data_bytes + b.epoch_meta_bytes for b in barriers)
+    assert sum(e.calls for e in evs if isinstance(e, SyncCalls)) == fsyncs
+    assert all(e.kind is BarrierKind.FSYNC for e in evs if isinstance(e, SyncCalls))
+    committed: set[int] = set()
+    for e in evs:  # every free is tagged with a transaction that has not committed yet, and later commits
+        if isinstance(e, JournalCommit):
+            committed.add(e.transaction)
+        elif isinstance(e, FreedExtent):
+            assert e.tid > 0 and e.tid not in committed
+    frees = {e.tid for e in evs if isinstance(e, FreedExtent)}
+    assert frees and frees <= committed | {max(committed) + 1}
+    tr = EpochTracker(window=100_000)
+    for e in evs:
+        if isinstance(e, Barrier | SyncCalls):
+            tr.feed(e)
+    assert tr.total_barriers == len(barriers) and tr.total_syncs == fsyncs
+    assert sum(ep.bytes for ep in tr.window) == sum(b.epoch_bytes for b in barriers)  # counted once

@@ -9,8 +9,11 @@ from collections import defaultdict
 
 import pytest
 
-from cachepilot.events import Delete, FreedExtent, HotnessDelta
+from cachepilot.events import Barrier, Delete, FreedExtent, HotnessDelta, SyncCalls
+from cachepilot.models.epochs import closes
 from cachepilot.models.volume import VolumeSample
+from cachepilot.policy import DEFAULT_POLICY
+from cachepilot.trace import replay
 from cachepilot.trace.format import TraceReader
 
 pytestmark = pytest.mark.vm
@@ -47,7 +50,13 @@ def test_record_then_replay_on_bcache(lab, tmp_path):
     read_score: dict[int, int] = defaultdict(int)
     freed_blocks: dict[int, int] = defaultdict(int)
     deletes, samples = [], []
+    closing = syncs = 0
     for ev in TraceReader(trace).events():
+        if isinstance(ev, Barrier):
+            closing += closes(ev)
+            syncs += not closes(ev) and ev.kind >= 4  # file-level kinds (fsync & co.)
+        elif isinstance(ev, SyncCalls):
+            syncs += ev.calls
         if isinstance(ev, HotnessDelta):
             read_score[ev.key.ino] += ev.read_score
         elif isinstance(ev, FreedExtent) and not ev.metadata:
@@ -61,6 +70,13 @@ def test_record_then_replay_on_bcache(lab, tmp_path):
     assert freed_blocks[gone] == 64, dict(freed_blocks)
     assert [(d.key.ino, d.size) for d in deletes] == [(gone, 256 << 10)]
     assert samples and all(s.mode == "writethrough" and not s.failed for s in samples)
+
+    # one epoch contract: the replay sees the epochs the live recording saw; fsyncs annotate, flushes close
+    live = (r.out / "record.out").read_text()
+    replayed = replay(trace, DEFAULT_POLICY).engine.volume("bcache0").epochs  # type: ignore[union-attr]
+    assert f"epochs bcache0: {replayed.summary()}" in live, (live, replayed.summary())
+    assert syncs >= 7 and replayed.total_syncs == syncs  # 2 dd conv=fsync + 5 fsync'd appends, at least
+    assert replayed.total_barriers == closing >= 1
 
     policy = tmp_path / "fast-discard.yaml"
     policy.write_text("version: 1\ndefaults:\n  discard_on_delete: {enabled: true, interval: 1s, min_extent: 4KiB}\n")

@@ -12,9 +12,12 @@ chunks of 64–256 KiB and read in *descending physical order*: bcache extends a
 starts where a recent one ended (``check_should_bypass``: the last 128 I/Os, within 5 s) and bypasses a run past
 ``sequential_cutoff``; reading downwards, no chunk ever starts where an earlier one ended, so no run forms and
 the reads are admitted (as misses, then hits). dm-cache's smq promotes blocks whose hotspot has been hit
-enough: ``passes`` reads every chunk that many times (the lab measures what smq needs). A token bucket keeps
-the reads within ``rate`` bytes per second; what does not fit now comes back as ``deferred``. The probe ignores
-the daemon's own I/O, so promotion reads never count as hotness.
+enough, and counts a hotspot at most once per tick (one second, ``hotspot_hit_bits``): measured in the lab,
+one round of reads over a fresh set promoted 0 of 64 blocks, a second round over a second later all 64. So on
+dm-cache a promotion takes ``rounds`` = 2 rounds at least ``round_gap_ns`` apart: after the first, ``run``
+returns the action as ``deferred`` with ``not_before_ns``; called again before then, it reads nothing.
+A token bucket keeps the reads within ``rate`` bytes per second; what does not fit now comes back as
+``deferred``. The probe ignores the daemon's own I/O, so promotion reads never count as hotness.
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ log = logging.getLogger("cachepilot.actuators.promote")
 DONE, PENDING, FAILED, SKIPPED = "done", "pending", "failed", "skipped"
 FILEID_INO32_GEN = 1
 MIN_CHUNK, MAX_CHUNK = 64 << 10, 256 << 10
-PASSES = {"bcache": 1, "dm-cache": 2, "dm-writecache": 0}  # dm-writecache never caches reads
+ROUNDS = {"bcache": 1, "dm-cache": 2, "dm-writecache": 0}  # dm-writecache never caches reads
+ROUND_GAP_NS = 1_200_000_000  # smq's hotspot tick is one second
 
 
 class _FileHandle(ctypes.Structure):
@@ -74,6 +78,7 @@ class PromoteResult:
     read_bytes: int = 0
     reads: int = 0
     deferred: Promote | None = None
+    not_before_ns: int = 0  # when to run ``deferred`` (a later round), 0: as soon as the budget allows
     error: CachepilotError | None = None
     detail: str = ""
 
@@ -92,12 +97,13 @@ Chunk = tuple[int, int, int]  # (physical, logical, length)
 class Promoter:
     """One per filesystem (volume). ``run`` reads what the budget allows now and returns the rest."""
 
-    def __init__(self, info: VolumeInfo, *, rate: int = 4 << 20, passes: int | None = None, seed: int = 0,
+    def __init__(self, info: VolumeInfo, *, rate: int = 4 << 20, rounds: int | None = None, seed: int = 0,
                  clock: Callable[[], int] = time.monotonic_ns,
                  opener: Callable[[int, int, int, int], int] = open_by_handle) -> None:
         self.info = info
         self.rate = max(1, rate)
-        self.passes = PASSES.get(info.kind, 1) if passes is None else passes
+        self.rounds = ROUNDS.get(info.kind, 1) if rounds is None else rounds
+        self._round: dict[tuple[int, int, int], tuple[int, int]] = {}  # file -> (rounds done, next not before)
         self.rng = random.Random(seed)  # noqa: S311 (chunk sizes, not secrets)
         self.clock = clock
         self.opener = opener
@@ -108,8 +114,13 @@ class Promoter:
         self.skipped_total = 0
 
     def run(self, action: Promote, *, dry_run: bool = False) -> PromoteResult:
-        if self.passes == 0:
+        if self.rounds == 0:
             return self._skip(action, dry_run, f"{self.info.kind} does not cache reads")
+        key = (action.dev, action.ino, action.gen)
+        done_rounds, not_before = self._round.get(key, (0, 0))
+        if self.clock() < not_before:
+            return PromoteResult(action, PENDING, dry_run, deferred=action, not_before_ns=not_before,
+                                 detail=f"round {done_rounds + 1} of {self.rounds} not due yet")
         try:
             fd = self._open(action)
         except _Skip as s:
@@ -118,7 +129,8 @@ class Promoter:
             return self._failed(action, dry_run, exc)
         try:
             chunks = self.plan(fd, action.ranges)
-            return self._read(fd, action, chunks, dry_run)
+            r = self._read(fd, action, chunks, dry_run)
+            return self._next_round(r, key, done_rounds)
         except OSError as exc:
             return self._failed(action, dry_run, classify_errno(exc.errno, f"promote ino {action.ino}"))
         finally:
@@ -174,14 +186,13 @@ class Promoter:
         buf = mmap.mmap(-1, MAX_CHUNK)  # page-aligned, as O_DIRECT needs
         done_bytes = reads = 0
         left = list(chunks)
-        while left and self._tokens >= left[0][2] * self.passes:
+        while left and self._tokens >= left[0][2]:
             _, logical, n = left.pop(0)
-            for _ in range(self.passes):
-                if not dry_run:
-                    os.preadv(fd, [memoryview(buf)[:n]], logical)
-                reads += 1
-            self._tokens -= n * self.passes
-            done_bytes += n * self.passes
+            if not dry_run:
+                os.preadv(fd, [memoryview(buf)[:n]], logical)
+            reads += 1
+            self._tokens -= n
+            done_bytes += n
         buf.close()
         if not dry_run:
             self.read_bytes_total += done_bytes
@@ -193,9 +204,22 @@ class Promoter:
         log.info("%s", r.line())
         return r
 
+    def _next_round(self, r: PromoteResult, key: tuple[int, int, int], done_rounds: int) -> PromoteResult:
+        """A round that read everything it had: count it; if the cache needs another, defer the whole action."""
+        if r.status != DONE or r.dry_run:
+            return r
+        done_rounds += 1
+        if done_rounds >= self.rounds:
+            self._round.pop(key, None)
+            return r
+        not_before = self.clock() + ROUND_GAP_NS
+        self._round[key] = (done_rounds, not_before)
+        return PromoteResult(r.action, PENDING, False, r.read_bytes, r.reads, r.action, not_before,
+                             detail=f"round {done_rounds} of {self.rounds} read")
+
     def _refill(self) -> None:
         now = self.clock()
-        self._tokens = min(float(max(self.rate, MAX_CHUNK * self.passes)),
+        self._tokens = min(float(max(self.rate, MAX_CHUNK)),
                            self._tokens + (now - self._last) / 1e9 * self.rate)
         self._last = now
 

@@ -10,6 +10,8 @@ import time
 from cachepilot.backends.inspect import block_name, describe_volume, sample_volume
 from cachepilot.daemon.loop import TickLoop
 from cachepilot.errors import UserError
+from cachepilot.events import Barrier, SyncCalls
+from cachepilot.models.epochs import EpochTracker
 from cachepilot.models.volume import VolumeInfo
 from cachepilot.trace.format import Tick, TraceWriter
 
@@ -32,13 +34,21 @@ def record(args: argparse.Namespace) -> int:
         from cachepilot.probe import Probe  # the live probe is optional: lazy import
     except ImportError as exc:
         raise UserError(f"the live probe (cachepilot.probe) is not available: {exc}") from None
+    epochs = {v.dev: EpochTracker() for v in volumes}  # the live epochs, to compare with a replay
+
+    def write(events: list) -> None:  # type: ignore[type-arg]
+        for ev in events:
+            if isinstance(ev, Barrier | SyncCalls) and ev.dev in epochs:
+                epochs[ev.dev].feed(ev)
+        w.write_many(events)
+
     with Probe() as probe, TraceWriter(args.out, volumes, {"source": "cachepilot record"}) as w:
         for v in volumes:
             probe.watch_volume(v.dev)
         sampled = [v for v in volumes if v.kind != "none"]
 
         def tick(now_ns: int) -> None:
-            w.write_many(probe.drain())
+            write(probe.drain())
             for v in list(sampled):
                 try:
                     w.write(sample_volume(v))
@@ -47,7 +57,7 @@ def record(args: argparse.Namespace) -> int:
                     sampled.remove(v)
             w.write(Tick(time.monotonic_ns()))
 
-        loop = TickLoop(args.tick, tick, wait=lambda s: w.write_many(probe.poll(timeout_ms=int(s * 1000))))
+        loop = TickLoop(args.tick, tick, wait=lambda s: write(probe.poll(timeout_ms=int(s * 1000))))
         signal.signal(signal.SIGTERM, lambda *_: loop.stop())
         signal.signal(signal.SIGINT, lambda *_: loop.stop())
         # Said once the programs are attached, so that a caller can start its workload then.
@@ -56,6 +66,8 @@ def record(args: argparse.Namespace) -> int:
         loop.run(deadline_ns=loop.clock_ns() + int(args.duration * 1e9) if args.duration else None)
         n = w.total
     print(f"wrote {n} records to {args.out}")
+    for v in volumes:
+        print(f"epochs {v.name}: {epochs[v.dev].summary()}")
     return 0
 
 

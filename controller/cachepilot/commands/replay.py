@@ -10,6 +10,7 @@ import sys
 
 from cachepilot.policy import DEFAULT_POLICY, load_policy
 from cachepilot.trace import replay as run_replay
+from cachepilot.trace.replay import unknown_volumes_warning
 
 
 def _policy(path: str | None):  # type: ignore[no-untyped-def]
@@ -26,6 +27,9 @@ def replay(args: argparse.Namespace) -> int:
 
 def _replay(args: argparse.Namespace) -> int:
     a = run_replay(args.trace, _policy(args.policy), args.volume)
+    warning = unknown_volumes_warning(a)
+    if warning:
+        print(f"cachepilot: {warning}", file=sys.stderr)
     if args.against is None:
         if not args.quiet:
             for d in a.decisions:

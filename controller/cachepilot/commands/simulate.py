@@ -5,10 +5,12 @@ write a workload's event stream as a trace for `cachepilot replay`."""
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 
 from cachepilot.errors import UserError
 from cachepilot.sim.prepare import prepare
-from cachepilot.sim.report import SCENARIOS, bars, evaluate, format_bars, table
+from cachepilot.sim.report import SCENARIOS, bars, describe_controllers, evaluate, format_bars, table
 from cachepilot.sim.runner import POLICIES, run, sim_volume
 from cachepilot.trace.format import TraceWriter
 
@@ -22,6 +24,9 @@ def simulate(args: argparse.Namespace) -> int:
     if args.trace_out:
         if len(keys) != 1:
             raise UserError("--trace-out needs one --workload, not 'all'")
+        out_dir = Path(args.trace_out).resolve().parent
+        if not out_dir.is_dir() or not os.access(out_dir, os.W_OK):  # before minutes of simulation
+            raise UserError(f"{args.trace_out}: cannot write trace: no writable directory {out_dir}")
         sc = SCENARIOS[keys[0]]
         prep = prepare(sc.make(), tick_s=sc.tick_s)
         cap = max(16, int(prep.data_blocks_peak * sc.cache_fraction))
@@ -33,6 +38,8 @@ def simulate(args: argparse.Namespace) -> int:
         print(f"wrote {n} records to {args.trace_out} ({prep.workload.name}, stock LRU samples)")
         return 0
     evs = {k: evaluate(k, policies) for k in keys}
+    print(describe_controllers())
+    print()
     print(table(list(evs.values())))
     b = bars(evs)
     if b:

@@ -15,7 +15,7 @@ samples), never to the number of tracked files:
 7. pinned knobs are set when the backend reports a different value (only knobs the cache kind has).
 
 How each action ended comes back through :meth:`Engine.outcome`: drains complete or breach, failed discards
-are re-queued, failed switches are retried.
+are re-queued, failed switches and knobs are asked again after ``REQUEST_RETRY_NS``.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from cachepilot.events import (
     HotnessDelta,
     JournalCommit,
     MetadataDelta,
+    SyncCalls,
 )
 from cachepilot.models.admission import CachedSet
 from cachepilot.models.epochs import EpochTracker
@@ -276,10 +277,10 @@ class Engine:
                 c.freed.commit(ev.transaction, ev.ts_ns)
         elif isinstance(ev, Delete):
             self.delete(ev)
-        elif isinstance(ev, Barrier):
+        elif isinstance(ev, Barrier | SyncCalls):  # block barriers close epochs, file-level calls annotate
             c = self._vol(ev.dev)
             if c is not None:
-                c.epochs.barrier(ev)
+                c.epochs.feed(ev)
         elif isinstance(ev, MetadataDelta):
             c = self._vol(ev.dev)
             if c is not None:
@@ -372,10 +373,7 @@ class Engine:
         elif isinstance(a, DiscardRanges) and not ok:
             bs = c.info.fs_block_size
             c.freed.requeue([(off // bs, n // bs) for off, n in a.ranges])
-        elif isinstance(a, SetWritePolicy) and not ok:
-            c.requested_mode = None  # decide again next tick
-        elif isinstance(a, SetKnob) and not ok:
-            c.requested_knobs.pop(a.knob, None)
+        # a failed switch or knob is asked again after REQUEST_RETRY_NS (the request stays recorded until then)
 
     def _drain_ended(self, c: VolumeCtl, a: Drain, ok: bool, detail: str) -> None:
         d = c.drain
@@ -384,6 +382,7 @@ class Engine:
         c.drain = None
         if ok:
             c.state.cleaned(d.start_ns)
+            c.breach = None  # the bound holds again (write-back resumes after the hysteresis interval)
         else:
             self._set_breach(c, f"drain started at {d.start_ns / NS:.0f} s failed: {detail or 'no reason given'}")
 
@@ -446,9 +445,11 @@ class Engine:
             known = np.array(sorted(self.vols), dtype=np.uint32)
             key = np.searchsorted(known, devs).clip(0, len(known) - 1)
             mine = known[key] == devs  # files of filesystems that are not volumes are not offered
-            slots, key = slots[mine], key[mine].astype(np.uint16 if len(known) < 65536 else np.uint32)
-            if not len(slots):
-                return
+            if not mine.all():
+                slots, key = slots[mine], key[mine]
+                if not len(slots):
+                    return
+            key = key.astype(np.uint16 if len(known) < 65536 else np.uint32)
             order = np.argsort(key, kind="stable")
             cuts = np.flatnonzero(np.diff(key[order])) + 1
             groups = np.split(slots[order], cuts)
@@ -459,7 +460,7 @@ class Engine:
 
     def _admit_volume(self, c: VolumeCtl, s: np.ndarray) -> None:
         """Sieve (size, write-only, append-only; see HotnessTable.sieve), re-charge members, admit the rest against
-        the last evicted counter; queue the new members for promotion, hottest first."""
+        the last evicted counter; queue the new members for promotion in the order they were touched."""
         t = self.hotness
         f = np.frombuffer(t.flags, dtype=np.uint8)[s]
         member = (f & F_MEMBER) != 0
@@ -532,6 +533,7 @@ class Engine:
         items, head, end = q.items, q.head, len(q.items)
         tokens = c.tokens
         score = t.score
+        texts: dict[int, str] = {}  # reason texts by counter: thousands of promotions share a few
         append = out.append
         not_queued = ~F_QUEUED & 0xFF
         while head < end:
@@ -550,7 +552,10 @@ class Engine:
             tokens -= size
             rid = v >> 32
             if rid == ADMITTED:
-                reason = f"counter {score(slot)} > last evicted {bar}"
+                sc = score(slot)
+                reason = texts.get(sc)
+                if reason is None:
+                    reason = texts[sc] = f"counter {sc} > last evicted {bar}"
             else:
                 reason = q.reasons[rid] if rid < len(q.reasons) else "re-warm"
             append(Promote(name, tdev[slot], tino[slot], tgen[slot], ((0, size),), reason))
@@ -699,8 +704,8 @@ class Engine:
             return f"latched: {c.latch.reason}: draining {dirty} dirty bytes" if dirty > 0 else None
         if c.breach is not None:
             return f"exposure breach: {c.breach}: draining {dirty} dirty bytes" if dirty > 0 else None
-        fm, _ = self._fm(c, now)
-        if fm != "destructive" or (dirty == 0 and normalise_mode(st.mode) != WRITEBACK):
+        fm, _ = self._fm(c, now)  # auto is destructive about what it leaves dirty, read-mostly or not
+        if fm == "recoverable" or (dirty == 0 and normalise_mode(st.mode) != WRITEBACK):
             return None
         ex = c.policy.exposure
         if WRITETHROUGH not in c.caps.modes:

@@ -29,7 +29,7 @@ class InoIndex:
         keys = self.keys
         if len(keys) == 0 or ino < 0 or ino > 0xFFFFFFFFFFFFFFFF:
             return -1
-        i = int(keys.searchsorted(ino))
+        i = int(keys.searchsorted(np.uint64(ino)))  # a Python int would convert the whole array
         if i < len(keys) and int(keys[i]) == ino:
             return i
         return -1

@@ -3,11 +3,18 @@
 PyYAML's ``compose`` keeps a mark (line, column) on every node; we build plain Python values and a map
 from each value's path to its line, validate with jsonschema, and point every error at the offending key.
 Unknown keys and duplicate keys are errors.
+
+Hostile input is bounded before anything is built: at most :data:`MAX_POLICY_BYTES` are read, the event
+stream is checked first (no anchors or aliases -- an alias bomb expands exponentially --, nesting at most
+:data:`MAX_DEPTH`, at most :data:`MAX_NODES` nodes), merge keys are refused, numbers are finite and in
+range, and the overlap check between rules is indexed rather than pairwise.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import itertools
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,31 +47,54 @@ _UNITS = {
 }  # fmt: skip
 _DUR = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
+MAX_POLICY_BYTES = 4 << 20  # a policy with 10 000 rules is about 1 MiB
+MAX_DEPTH = 32  # the schema needs 5 levels
+MAX_NODES = 1_000_000
+MAX_NUMBER_CHARS = 40  # longer digit strings are not sizes or durations (and int() of them is slow)
+MAX_SIZE = 1 << 60  # 1 EiB
+MAX_DURATION_S = 366 * 86400.0  # a year
+MIN_DURATION_S = 0.001  # below a millisecond a duration is a typo (and divides ticks into nothing)
+MAX_RULES = 10_000
+MAX_GLOB_RULES = 256  # rules whose device is a glob are compared with every rule (n x globs)
+
 
 def parse_size(v: int | str) -> int:
     if isinstance(v, bool):
         raise ValueError("not a size")
     if isinstance(v, int):
-        if v < 0:
-            raise ValueError("negative size")
-        return v
-    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?) ?([A-Za-z]*)", v.strip())
-    if not m or m.group(2) not in _UNITS:
-        raise ValueError(f"not a size: {v!r}")
-    return int(float(m.group(1)) * _UNITS[m.group(2)])
+        n = v
+    else:
+        m = re.fullmatch(r"([0-9]{1,30}(?:\.[0-9]{1,9})?) ?([A-Za-z]*)", v.strip())
+        if not m or m.group(2) not in _UNITS:
+            raise ValueError(f"not a size: {v!r}")
+        n = int(float(m.group(1)) * _UNITS[m.group(2)])
+    if n < 0:
+        raise ValueError("negative size")
+    if n > MAX_SIZE:
+        raise ValueError(f"size {v!r} is larger than 1 EiB")
+    return n
 
 
 def parse_duration(v: float | int | str) -> float:
+    """Seconds; 0 (= off, where a setting allows it) or between 1 ms and a year."""
     if isinstance(v, bool):
         raise ValueError("not a duration")
     if isinstance(v, int | float):
-        if v < 0:
-            raise ValueError("negative duration")
-        return float(v)
-    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?) ?(ms|s|m|h|d)", v.strip())
-    if not m:
-        raise ValueError(f"not a duration: {v!r}")
-    return float(m.group(1)) * _DUR[m.group(2)]
+        d = float(v)
+    else:
+        m = re.fullmatch(r"([0-9]{1,30}(?:\.[0-9]{1,9})?) ?(ms|s|m|h|d)", v.strip())
+        if not m:
+            raise ValueError(f"not a duration: {v!r}")
+        d = float(m.group(1)) * _DUR[m.group(2)]
+    if not math.isfinite(d):
+        raise ValueError(f"duration {v!r} is not a finite number")
+    if d < 0:
+        raise ValueError("negative duration")
+    if d > MAX_DURATION_S:
+        raise ValueError(f"duration {v!r} is longer than a year")
+    if 0 < d < MIN_DURATION_S:
+        raise ValueError(f"duration {v!r} is shorter than 1 ms")
+    return d
 
 
 @dataclass
@@ -89,39 +119,145 @@ class _Doc:
         return UserError(f"{self.source}:{self.line(path)}: {key}: {msg}")
 
 
-def _build(node: yaml.Node, path: PathT, doc: _Doc) -> Any:
-    doc.lines[path] = node.start_mark.line + 1
-    if isinstance(node, yaml.MappingNode):
-        out: dict[str, Any] = {}
-        for knode, vnode in node.value:
-            key = _build(knode, (*path, "<key>"), doc)
-            if not isinstance(key, str):
-                raise UserError(f"{doc.source}:{knode.start_mark.line + 1}: keys must be strings: {key!r}")
-            if key in out:
-                raise UserError(f"{doc.source}:{knode.start_mark.line + 1}: {key}: duplicate key")
-            doc.key_lines[(*path, key)] = knode.start_mark.line + 1
-            out[key] = _build(vnode, (*path, key), doc)
-        doc.lines.pop((*path, "<key>"), None)
-        return out
-    if isinstance(node, yaml.SequenceNode):
-        return [_build(n, (*path, i), doc) for i, n in enumerate(node.value)]
-    return yaml.safe_load(yaml.serialize(node))
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+_STR_TAG = "tag:yaml.org,2002:str"
+_NUMBER_TAGS = frozenset({"tag:yaml.org,2002:int", "tag:yaml.org,2002:float"})
+_constructor = yaml.constructor.SafeConstructor()
+
+
+def _scalar(node: yaml.ScalarNode, doc: _Doc) -> Any:
+    """One scalar with the safe constructor; only str, bool, null and bounded finite numbers."""
+    if node.tag == _STR_TAG:
+        return node.value
+    line = node.start_mark.line + 1
+    if node.tag in _NUMBER_TAGS and len(node.value) > MAX_NUMBER_CHARS:
+        raise UserError(f"{doc.source}:{line}: number too long ({len(node.value)} characters)")
+    try:
+        v = _constructor.construct_object(node)
+    except (yaml.YAMLError, ValueError) as exc:
+        raise UserError(f"{doc.source}:{line}: bad value {node.value[:40]!r}: {exc}") from None
+    if isinstance(v, float) and not math.isfinite(v):
+        raise UserError(f"{doc.source}:{line}: {node.value!r} is not a finite number")
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_SIZE:
+        raise UserError(f"{doc.source}:{line}: number {node.value!r} is out of range (at most 2^60)")
+    if v is not None and not isinstance(v, str | int | float | bool):
+        raise UserError(f"{doc.source}:{line}: unsupported value {node.value[:40]!r} "
+                        f"(a YAML {type(v).__name__}; quote it if it is a string)")
+    return v
+
+
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_resolver = yaml.resolver.Resolver()
+_COLLECTION_TAGS = frozenset({None, "!", "tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"})
+_NO_KEY = object()
+
+
+class _Frame:
+    """An open mapping or sequence while the event stream is walked."""
+
+    __slots__ = ("value", "path", "key", "key_line")
+
+    def __init__(self, value: dict[str, Any] | list[Any], path: PathT) -> None:
+        self.value = value
+        self.path = path
+        self.key: Any = _NO_KEY
+        self.key_line = 0
+
+
+def _place(stack: list[_Frame], doc: _Doc, value: Any, line: int) -> PathT:
+    """Put a value where the stream says (root, next list item, or the pending key); its path."""
+    if not stack:
+        doc.value = value
+        doc.lines[()] = line
+        return ()
+    top = stack[-1]
+    if isinstance(top.value, list):
+        path = (*top.path, len(top.value))
+        top.value.append(value)
+    else:
+        path = (*top.path, top.key)
+        top.value[top.key] = value
+        doc.key_lines[path] = top.key_line
+        top.key = _NO_KEY
+    doc.lines[path] = line
+    return path
+
+
+def _key(top: _Frame, ev: yaml.ScalarEvent, doc: _Doc, line: int) -> None:
+    node = yaml.ScalarNode(_tag(ev), ev.value, ev.start_mark, ev.end_mark, ev.style)
+    if node.tag == _MERGE_TAG:
+        raise UserError(f"{doc.source}:{line}: merge keys (<<) are not supported")
+    key = _scalar(node, doc)
+    if not isinstance(key, str):
+        raise UserError(f"{doc.source}:{line}: keys must be strings: {key!r}")
+    if key in top.value:
+        raise UserError(f"{doc.source}:{line}: {key}: duplicate key")
+    top.key, top.key_line = key, line
+
+
+def _tag(ev: yaml.ScalarEvent) -> str:
+    if ev.tag is None or ev.tag == "!":
+        return str(_resolver.resolve(yaml.ScalarNode, ev.value, ev.implicit))
+    return str(ev.tag)
+
+
+def _walk(text: str, doc: _Doc) -> None:
+    """Build plain values (and the line map) straight from the parser's event stream, iteratively: no
+    recursion, no node tree, one pass. Anchors and aliases are refused (an alias bomb expands
+    exponentially), as are nesting beyond MAX_DEPTH, more than MAX_NODES nodes and a second document."""
+    src = doc.source
+    stack: list[_Frame] = []
+    nodes = docs = 0
+    for ev in yaml.parse(text, Loader=_LOADER):
+        line = ev.start_mark.line + 1 if ev.start_mark else 1
+        if isinstance(ev, yaml.AliasEvent):
+            raise UserError(f"{src}:{line}: YAML aliases (*{ev.anchor}) are not allowed in a policy")
+        if isinstance(ev, yaml.DocumentStartEvent):
+            docs += 1
+            if docs > 1:
+                raise UserError(f"{src}:{line}: more than one YAML document")
+        if not isinstance(ev, yaml.NodeEvent | yaml.CollectionEndEvent):
+            continue
+        if isinstance(ev, yaml.CollectionEndEvent):
+            stack.pop()
+            continue
+        if ev.anchor is not None:
+            raise UserError(f"{src}:{line}: YAML anchors (&{ev.anchor}) are not allowed in a policy")
+        nodes += 1
+        if nodes > MAX_NODES:
+            raise UserError(f"{src}:{line}: more than {MAX_NODES} YAML nodes")
+        top = stack[-1] if stack else None
+        wants_key = top is not None and isinstance(top.value, dict) and top.key is _NO_KEY
+        if isinstance(ev, yaml.ScalarEvent):
+            if wants_key:
+                _key(top, ev, doc, line)  # type: ignore[arg-type]
+            else:
+                node = yaml.ScalarNode(_tag(ev), ev.value, ev.start_mark, ev.end_mark, ev.style)
+                _place(stack, doc, _scalar(node, doc), line)
+            continue
+        if wants_key:
+            raise UserError(f"{src}:{line}: keys must be strings, not a mapping or a list")
+        if ev.tag not in _COLLECTION_TAGS:
+            raise UserError(f"{src}:{line}: unsupported YAML tag {ev.tag}")
+        if len(stack) >= MAX_DEPTH:
+            raise UserError(f"{src}:{line}: nested deeper than {MAX_DEPTH} levels")
+        value: dict[str, Any] | list[Any] = {} if isinstance(ev, yaml.MappingStartEvent) else []
+        stack.append(_Frame(value, _place(stack, doc, value, line)))
 
 
 def read_yaml(text: str, source: str, what: str = "policy file") -> _Doc:
     """Parse YAML keeping the line of every key and value (shared by the policy and the daemon's config)."""
     doc = _Doc(source, None, {}, {})
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        _walk(text, doc)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else 1
         raise UserError(f"{source}:{line}: YAML syntax error: {exc.problem or exc}") from None
     except yaml.YAMLError as exc:
         raise UserError(f"{source}:1: YAML error: {exc}") from None
-    if node is None:
+    if doc.value is None:
         raise UserError(f"{source}:1: empty {what}")
-    doc.value = _build(node, (), doc)
     return doc
 
 
@@ -157,43 +293,47 @@ def schema_errors(doc: _Doc, validator: jsonschema.Draft202012Validator = _valid
     return [u for _, u in out]
 
 
-def _section(cls: type, raw: dict[str, Any], base: Any, conv: dict[str, tuple[str, Any]]) -> Any:
+def _section(cls: type, raw: dict[str, Any], base: Any, conv: dict[str, tuple[str, Any]], doc: _Doc,
+             path: PathT) -> Any:
     kwargs = {f: getattr(base, f) for f in cls.__dataclass_fields__}
     for key, value in raw.items():
         field, fn = conv.get(key, (key, None))
-        kwargs[field] = fn(value) if fn else value
+        try:
+            kwargs[field] = fn(value) if fn else value
+        except ValueError as exc:  # the schema checked shapes; ranges and units are checked here
+            raise doc.err((*path, key), str(exc)) from None
     return cls(**kwargs)
 
 
 def _settings(raw: dict[str, Any], base: VolumePolicy, doc: _Doc, path: PathT) -> VolumePolicy:
-    try:
-        exposure = _section(
-            Exposure, raw.get("exposure", {}), base.exposure,
-            {"max_dirty": ("max_dirty", parse_size), "max_age": ("max_age_s", parse_duration)},
-        )  # fmt: skip
-        promotion = _section(
-            Promotion, raw.get("promotion", {}), base.promotion,
-            {"rate": ("rate", parse_size), "sieve_size": ("sieve_size", parse_size),
-             "refresh_interval": ("refresh_interval_s", parse_duration)},
-        )  # fmt: skip
-        discard = _section(
-            DiscardOnDelete, raw.get("discard_on_delete", {}), base.discard_on_delete,
-            {"interval": ("interval_s", parse_duration), "min_extent": ("min_extent", parse_size),
-             "max_rate": ("max_rate", parse_size)},
-        )  # fmt: skip
-        hysteresis = _section(
-            Hysteresis, raw.get("hysteresis", {}), base.hysteresis,
-            {"min_switch_interval": ("min_switch_interval_s", parse_duration)},
-        )  # fmt: skip
-        health = _section(HealthPolicy, raw.get("health", {}), base.health, {})
-    except ValueError as exc:  # the schema already checked shapes; this is belt and braces
-        raise doc.err(path, str(exc)) from None
+    def sec(name: str, cls: type, b: Any, conv: dict[str, tuple[str, Any]]) -> Any:
+        if name not in raw:
+            return b
+        return _section(cls, raw.get(name, {}), b, conv, doc, (*path, name))
+
+    exposure = sec("exposure", Exposure, base.exposure,
+                   {"max_dirty": ("max_dirty", parse_size), "max_age": ("max_age_s", parse_duration)})
+    promotion = sec("promotion", Promotion, base.promotion,
+                    {"rate": ("rate", parse_size), "sieve_size": ("sieve_size", parse_size),
+                     "refresh_interval": ("refresh_interval_s", parse_duration)})
+    discard = sec("discard_on_delete", DiscardOnDelete, base.discard_on_delete,
+                  {"interval": ("interval_s", parse_duration), "min_extent": ("min_extent", parse_size),
+                   "max_rate": ("max_rate", parse_size)})
+    hysteresis = sec("hysteresis", Hysteresis, base.hysteresis,
+                     {"min_switch_interval": ("min_switch_interval_s", parse_duration)})
+    health = sec("health", HealthPolicy, base.health, {})
     knobs = dict(base.knobs)
     knobs.update({k: str(v) for k, v in raw.get("knobs", {}).items()})
     if promotion.enabled and promotion.rate == 0:
         raise doc.err((*path, "promotion", "rate"), "promotion is enabled but its rate is 0")
     if discard.enabled and discard.interval_s <= 0:
         raise doc.err((*path, "discard_on_delete", "interval"), "batching interval must be > 0")
+    if discard.enabled and discard.max_rate * discard.interval_s < max(1, discard.min_extent):
+        raise doc.err((*path, "discard_on_delete", "max_rate"),
+                      f"max_rate x interval ({discard.max_rate} B/s x {discard.interval_s:g} s) is below "
+                      f"min_extent ({discard.min_extent} B): no extent could ever be released")
+    if exposure.max_age_s <= 0:
+        raise doc.err((*path, "exposure", "max_age"), "the exposure age bound must be > 0")
     return VolumePolicy(
         failure_model=raw.get("failure_model", base.failure_model),
         exposure=exposure,
@@ -224,14 +364,63 @@ def _covers(a: Selector, b: Selector) -> bool:
     return True
 
 
+def _is_glob(sel: Selector) -> bool:
+    return sel.device is not None and any(ch in sel.device for ch in "*?[")
+
+
+def _items(sel: Selector) -> tuple[tuple[str, str], ...]:
+    """The selector's set attributes, canonical (as _covers compares them)."""
+    out = []
+    if sel.device is not None:
+        out.append(("device", sel.device))
+    if sel.fs_uuid is not None:
+        out.append(("fs_uuid", sel.fs_uuid.lower()))
+    if sel.mountpoint is not None:
+        out.append(("mountpoint", sel.mountpoint.rstrip("/")))
+    if sel.kind is not None:
+        out.append(("kind", sel.kind))
+    return tuple(out)
+
+
+def _subsets(items: tuple[tuple[str, str], ...]) -> list[tuple[tuple[str, str], ...]]:
+    return [c for n in range(len(items) + 1) for c in itertools.combinations(items, n)]
+
+
 def _check_overlaps(doc: _Doc, rules: Sequence[Rule]) -> None:
+    """No two rules where one covers the other (_covers), in O(n x (8 + glob rules)) instead of O(n^2).
+
+    A literal selector a covers b exactly when a's attributes are a subset of b's (with equal values), so
+    each rule is looked up by its own attributes among the earlier rules' subsets and vice versa; glob
+    selectors are compared with every rule."""
+    if len(rules) > MAX_RULES:
+        raise doc.err(("volumes",), f"{len(rules)} volume rules (at most {MAX_RULES})")
+    globs = [r for r in rules if _is_glob(r.selector)]
+    if len(globs) > MAX_GLOB_RULES:
+        raise doc.err(("volumes",), f"{len(globs)} rules with a device glob (at most {MAX_GLOB_RULES})")
+    by_items: dict[tuple[tuple[str, str], ...], Rule] = {}  # earlier literal rules, by their attributes
+    by_subset: dict[tuple[tuple[str, str], ...], Rule] = {}  # earlier rules, by each subset of theirs
+    earlier_globs: list[Rule] = []
     for i, r in enumerate(rules):
-        for other in rules[:i]:
-            if _covers(r.selector, other.selector) or _covers(other.selector, r.selector):
-                raise UserError(
-                    f"{doc.source}:{r.line}: volumes.{i}.match: selector {r.selector} of rule {r.name!r} "
-                    f"overlaps rule {other.name!r} (line {other.line})"
-                )
+        items = _items(r.selector)
+        glob = _is_glob(r.selector)
+        other = next((by_items[s] for s in _subsets(items) if s in by_items), None)  # a literal covers r
+        if other is None:
+            other = next((g for g in earlier_globs if _covers(g.selector, r.selector)), None)
+        if other is None and not glob:
+            other = by_subset.get(items)  # r covers an earlier rule
+        elif other is None:
+            other = next((o for o in rules[:i] if _covers(r.selector, o.selector)), None)
+        if other is not None:
+            raise UserError(
+                f"{doc.source}:{r.line}: volumes.{i}.match: selector {r.selector} of rule {r.name!r} "
+                f"overlaps rule {other.name!r} (line {other.line})"
+            )
+        if glob:
+            earlier_globs.append(r)
+        else:
+            by_items.setdefault(items, r)
+        for s in _subsets(items):
+            by_subset.setdefault(s, r)
 
 
 def raise_first(errors: list[UserError]) -> None:
@@ -247,6 +436,9 @@ def parse_policy(text: str, source: str = "<string>") -> Policy:
     doc = read_yaml(text, source)
     if not isinstance(doc.value, dict):
         raise UserError(f"{source}:{doc.line(())}: a policy file is a mapping (version, defaults, volumes)")
+    vols = doc.value.get("volumes")
+    if isinstance(vols, list) and len(vols) > MAX_RULES:  # before the schema walks them all
+        raise doc.err(("volumes",), f"{len(vols)} volume rules (at most {MAX_RULES})")
     raise_first(schema_errors(doc))
     raw = doc.value
     capcheck.check(raw, doc.err)
@@ -259,9 +451,12 @@ def parse_policy(text: str, source: str = "<string>") -> Policy:
         vp = _settings(settings, defaults, doc, ("volumes", i))
         rules.append(Rule(name=name, selector=sel, policy=vp, line=doc.line(("volumes", i, "match"))))
     _check_overlaps(doc, rules)
-    half_life = parse_duration(raw.get("hotness", {}).get("half_life", 600))
-    if half_life <= 0:
-        raise doc.err(("hotness", "half_life"), "half-life must be > 0")
+    try:
+        half_life = parse_duration(raw.get("hotness", {}).get("half_life", 600))
+    except ValueError as exc:
+        raise doc.err(("hotness", "half_life"), str(exc)) from None
+    if half_life < 1:
+        raise doc.err(("hotness", "half_life"), "half-life must be at least 1 s (counters decay per tick)")
     return Policy(
         source=source,
         defaults=defaults,
@@ -274,11 +469,18 @@ def parse_policy(text: str, source: str = "<string>") -> Policy:
 def load_policy(path: str | Path) -> Policy:
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        with open(p, "rb") as f:  # bounded: never slurp /dev/zero or a huge file
+            data = f.read(MAX_POLICY_BYTES + 1)
     except FileNotFoundError:
         raise UserError(f"{p}: no such policy file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"{p}: cannot read policy file: {exc}") from None
+    except OSError as exc:
+        raise UserError(f"{p}: cannot read policy file: {exc.strerror or exc}") from None
+    if len(data) > MAX_POLICY_BYTES:
+        raise UserError(f"{p}: policy file larger than {MAX_POLICY_BYTES >> 20} MiB")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{p}: cannot read policy file: not UTF-8 ({exc.reason} at byte {exc.start})") from None
     return parse_policy(text, str(p))
 
 

@@ -50,6 +50,11 @@ DEFAULT_OBJECT = REPO_ROOT / "bpf" / ".output" / "cachepilot.bpf.o"
 VMLINUX_BTF = Path("/sys/kernel/btf/vmlinux")
 TRACEFS = Path("/sys/kernel/tracing")
 SLOT_SIZE = C.sizeof(L.cp_hot_slot)
+WORKS_WITHOUT = "without it cachepilot runs blind (policy, backends and dry-run on recorded traces still work)"
+MAPS = (
+    "watched", "volumes", "cp_config_map", "drops", "hot_slots", "events", "barrier_events", "dio_task", "dio_store",
+    "vol_drops", "sync_calls", "sync_pending",
+)
 LOAD_FACTOR = 0.76  # slots = max_files / LOAD_FACTOR: 48 B / 0.76 = 63.2 B of kernel memory per tracked file
 
 
@@ -173,6 +178,49 @@ def _mount_tracefs() -> str | None:
     return None
 
 
+class _KernelFeatures:
+    """Which tracepoints this kernel has: BTF (vmlinux and loaded modules) for tp_btf, tracefs for tracepoint."""
+
+    def __init__(self, h: C.CDLL, vmlinux: int, btf_path: Path, tracefs_problem: str | None) -> None:
+        self._h, self._vmlinux, self._btf_path, self._tracefs_problem = h, vmlinux, btf_path, tracefs_problem
+        self._modules: list[int] | None = None
+
+    def has_btf_tracepoint(self, tp: str) -> bool:
+        """In vmlinux, or in a loaded module's BTF (ext4 and jbd2 are modules on distribution kernels)."""
+        h = self._h
+        name, kind = f"btf_trace_{tp}".encode(), libbpf.BTF_KIND_TYPEDEF
+        if h.btf__find_by_name_kind(self._vmlinux, name, kind) >= 0:
+            return True
+        if self._btf_path != VMLINUX_BTF:
+            return False
+        if self._modules is None:
+            self._modules = []
+            for f in sorted(self._btf_path.parent.iterdir()):
+                if f.name != "vmlinux":
+                    b = h.btf__parse_split(str(f).encode(), self._vmlinux)
+                    if b:
+                        self._modules.append(b)
+        return any(h.btf__find_by_name_kind(b, name, kind) >= 0 for b in self._modules)
+
+    def missing(self, name: str, section: str, unavailable: set[str]) -> str | None:
+        """Why program `name` (in `section`) cannot run here, or None."""
+        if name in unavailable:
+            return "marked unavailable"
+        kind, tp = _tp_of(section)
+        if kind == "tp_btf" and not self.has_btf_tracepoint(tp):
+            return f"the kernel has no tracepoint {tp} (nor a loaded module with it)"
+        if kind == "tracepoint":
+            if self._tracefs_problem:
+                return self._tracefs_problem
+            if not (TRACEFS / "events" / tp).is_dir():
+                return f"the kernel has no tracepoint {tp} (CONFIG_FTRACE_SYSCALLS?)"
+        return None
+
+    def close(self) -> None:
+        for b in self._modules or []:
+            self._h.btf__free(b)
+
+
 class Probe:
     """The loaded and attached BPF object. Construct once per daemon; close() (or `with`) detaches everything.
 
@@ -208,6 +256,7 @@ class Probe:
         self._members: dict[int, dict[int, int]] = {}  # watched device -> {volume dev: its roles for that volume}
         self._fs_of: dict[int, int] = {}  # volume dev -> the s_dev of its filesystem (itself, or stacked on it)
         self._deferred: dict[str, int] = {}  # loaded programs attached only when needed (direct I/O marks)
+        self._progs: dict[str, int] = {}  # every program of the object, by name
         self._slots: dict[int, int] = {}  # volume dev -> index in the "volumes" array
         self.self_tgid = 0  # our tgid as the kernel knows it (0: our own I/O is counted like anyone's)
         if dio_hook not in ("auto", "iomap", "syscalls"):
@@ -230,107 +279,88 @@ class Probe:
 
     # ---- loading ----
     def _open(self, btf_path: Path, dio_hook: str, unavailable: set[str]) -> None:
-        works = "without it cachepilot runs blind (policy, backends and dry-run on recorded traces still work)"
+        """Feature checks, program selection, load, attach: each step raises UserError naming what is missing."""
+        self._h = h = self._requirements(btf_path)
+        reasons = self._open_object(btf_path, unavailable)
+        dio_hook = self._select_programs(reasons, dio_hook)
+        self._load(dio_hook)
+        self._attach(dio_hook)
+        if self.ignore_self:
+            self._claim_self()
+        self._open_rings(h)
+
+    def _requirements(self, btf_path: Path) -> C.CDLL:
         if os.geteuid() != 0:
-            raise UserError(f"the eBPF probe needs root (CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN); {works}")
+            raise UserError(f"the eBPF probe needs root (CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN); {WORKS_WITHOUT}")
         if not btf_path.is_file():
             raise UserError(
                 f"the kernel has no BTF ({btf_path} missing, CONFIG_DEBUG_INFO_BTF=n): the CO-RE programs cannot be "
-                f"relocated; {works}"
+                f"relocated; {WORKS_WITHOUT}"
             )
         if not self.object_path.is_file():
             raise UserError(f"BPF object {self.object_path} not built: run 'make bpf'")
         try:
-            h = libbpf.lib()
+            return libbpf.lib()
         except libbpf.LibbpfMissing as exc:
-            raise UserError(f"{exc}; {works}") from exc
-        self._h = h
+            raise UserError(f"{exc}; {WORKS_WITHOUT}") from exc
 
-        # which tracepoints does this kernel have?
+    def _open_object(self, btf_path: Path, unavailable: set[str]) -> dict[str, str | None]:
+        """Open the object and say, per program, why this kernel cannot run it (None: it can)."""
+        h = self._h
         vmlinux = h.btf__load_vmlinux_btf() if btf_path == VMLINUX_BTF else h.btf__parse(str(btf_path).encode(), None)
         if not vmlinux:
-            raise UserError(f"cannot read the kernel BTF {btf_path}: {libbpf.errno_str(C.get_errno())}; {works}")
-        tracefs_problem = _mount_tracefs()
-
-        libbpf.clear_log()
-        obj = h.bpf_object__open_file(str(self.object_path).encode(), None)
-        if not obj:
+            err = libbpf.errno_str(C.get_errno())
+            raise UserError(f"cannot read the kernel BTF {btf_path}: {err}; {WORKS_WITHOUT}")
+        try:
+            libbpf.clear_log()
+            obj = h.bpf_object__open_file(str(self.object_path).encode(), None)
+            if not obj:
+                raise UserError(f"cannot open {self.object_path}: {libbpf.errno_str(C.get_errno())}")
+            self._obj = obj
+            p = h.bpf_object__next_program(obj, None)
+            while p:
+                self._progs[h.bpf_program__name(p).decode()] = p
+                p = h.bpf_object__next_program(obj, p)
+            features = _KernelFeatures(h, vmlinux, btf_path, _mount_tracefs())
+            try:
+                return {name: features.missing(name, self._section(name), unavailable) for name in self._progs}
+            finally:
+                features.close()
+        finally:
             h.btf__free(vmlinux)
-            raise UserError(f"cannot open {self.object_path}: {libbpf.errno_str(C.get_errno())}")
-        self._obj = obj
-        progs: dict[str, int] = {}
-        p = h.bpf_object__next_program(obj, None)
-        while p:
-            progs[h.bpf_program__name(p).decode()] = p
-            p = h.bpf_object__next_program(obj, p)
 
-        module_btfs: list[int] | None = None
+    def _section(self, name: str) -> str:
+        return str(self._h.bpf_program__section_name(self._progs[name]).decode())
 
-        def has_btf_tracepoint(tp: str) -> bool:
-            """In vmlinux, or in a loaded module's BTF (ext4 and jbd2 are modules on distribution kernels)."""
-            nonlocal module_btfs
-            name, kind = f"btf_trace_{tp}".encode(), libbpf.BTF_KIND_TYPEDEF
-            if h.btf__find_by_name_kind(vmlinux, name, kind) >= 0:
-                return True
-            if btf_path != VMLINUX_BTF:
-                return False
-            if module_btfs is None:
-                module_btfs = []
-                for f in sorted(btf_path.parent.iterdir()):
-                    if f.name != "vmlinux":
-                        b = h.btf__parse_split(str(f).encode(), vmlinux)
-                        if b:
-                            module_btfs.append(b)
-            return any(h.btf__find_by_name_kind(b, name, kind) >= 0 for b in module_btfs)
-
-        def missing_reason(name: str) -> str | None:
-            if name in unavailable:
-                return "marked unavailable"
-            kind, tp = _tp_of(h.bpf_program__section_name(progs[name]).decode())
-            if kind == "tp_btf":
-                if not has_btf_tracepoint(tp):
-                    return f"the kernel has no tracepoint {tp} (nor a loaded module with it)"
-            elif kind == "tracepoint":
-                if tracefs_problem:
-                    return tracefs_problem
-                if not (TRACEFS / "events" / tp).is_dir():
-                    return f"the kernel has no tracepoint {tp} (CONFIG_FTRACE_SYSCALLS?)"
-            return None
-
-        reasons = {name: missing_reason(name) for name in progs}
-        for b in module_btfs or []:
-            h.btf__free(b)
-        h.btf__free(vmlinux)
-        iomap_ok = all(reasons.get(n) is None for n in DIO_IOMAP)
+    def _select_programs(self, reasons: dict[str, str | None], dio_hook: str) -> str:
+        """Turn off what this kernel lacks and the direct-I/O variant not used; returns the variant used."""
+        h = self._h
         if dio_hook == "auto":
-            dio_hook = "iomap" if iomap_ok else "syscalls"
+            dio_hook = "iomap" if all(reasons.get(n) is None for n in DIO_IOMAP) else "syscalls"
         self.report.dio_hook = dio_hook
         off = DIO_SYSCALLS if dio_hook == "iomap" else DIO_IOMAP
-        for name, prog in progs.items():
+        for name, prog in self._progs.items():
             if name in off:
                 self.report.disabled[name] = f"direct I/O attribution uses {dio_hook}"
                 h.bpf_program__set_autoload(prog, False)
             elif reasons[name]:
                 self.report.failed[name] = str(reasons[name])
                 h.bpf_program__set_autoload(prog, False)
+        return dio_hook
 
+    def _load(self, dio_hook: str) -> None:
+        h = self._h
         self._set_max_entries("hot_slots", self.nslots)
         self._set_max_entries("events", self.ringbuf_bytes)
         self._set_max_entries("barrier_events", self.ringbuf_bytes)
-        rc = h.bpf_object__load(obj)
+        rc = h.bpf_object__load(self._obj)
         if rc:
             # one line; libbpf's own log (the verifier's output) stays in libbpf.log_tail() for debugging
             raise UserError(
                 f"loading {self.object_path.name} failed: {libbpf.errno_str(rc)} (libbpf's log: "
                 "cachepilot.probe.libbpf.log_tail())"
             )
-        self._fds = {
-            name: h.bpf_map__fd(self._map(name))
-            for name in (
-                "watched", "volumes", "cp_config_map", "drops", "hot_slots", "events", "barrier_events", "dio_task",
-                "dio_store", "vol_drops", "sync_calls", "sync_pending",
-            )
-        }
+        self._fds = {name: h.bpf_map__fd(self._map(name)) for name in MAPS}
         self._ncpus = h.libbpf_num_possible_cpus()
         if self._ncpus < 1:
             raise UserError(f"cannot count the possible CPUs: {libbpf.errno_str(self._ncpus)}")
@@ -344,12 +374,14 @@ class Probe:
             prot=mmap.PROT_READ | mmap.PROT_WRITE,
         )
 
+    def _attach(self, dio_hook: str) -> None:
+        h = self._h
         # iomap's direct-I/O bios name their file themselves (bi_private): the per-task marks are only needed for the
         # clones device-mapper makes below a stacked filesystem, so their hooks (one run per read/write) wait for one
         marks = DIO_IOMAP if dio_hook == "iomap" else DIO_SYSCALLS
         if _has_kernel_symbol("iomap_dio_bio_end_io"):
-            self._deferred = {n: progs[n] for n in marks if n in progs and h.bpf_program__autoload(progs[n])}
-        for name, prog in progs.items():
+            self._deferred = {n: p for n, p in self._progs.items() if n in marks and h.bpf_program__autoload(p)}
+        for name, prog in self._progs.items():
             if not h.bpf_program__autoload(prog):
                 continue
             if name in self._deferred:
@@ -366,11 +398,10 @@ class Probe:
             raise UserError(
                 "the probe cannot work: required hook(s) not attached: "
                 + "; ".join(f"{p}: {self.report.failed.get(p, 'not in object')}" for p in required)
-                + f"; {works}"
+                + f"; {WORKS_WITHOUT}"
             )
-        if self.ignore_self:
-            self._claim_self()
 
+    def _open_rings(self, h: C.CDLL) -> None:
         self._cb = libbpf.RINGBUF_SAMPLE_FN(self._on_sample)
         self._cb_barrier = libbpf.RINGBUF_SAMPLE_FN(self._on_barrier_sample)
         rb = h.ring_buffer__new(self._fds["events"], self._cb, None, None)

@@ -4,8 +4,11 @@ Files get 4 KiB blocks from a simple allocator: fresh space while the filesystem
 first-in-first-out reuse of freed extents (a freed block is not reused at once, like a filesystem that
 cannot reuse blocks before the journal commit and spreads allocations).
 The stream is a set of parallel arrays; every tick (1 s of simulated time) also carries the events the
-probe would have reported: per-file HotnessDelta, Delete, FreedExtent, Barrier, and a JournalCommit every
-``commit_interval_s``.
+probe reports, in the shape the kernel half delivers them: Delete and FreedExtent (tagged with the running
+journal transaction), a JournalCommit every ``commit_interval_s`` and at every fsync (ext4 commits the
+running transaction to make an fsync durable), the block barrier of that commit (PREFLUSH|FUA, closing
+the epoch, with the epoch's data/metadata bytes), and at the end of the tick the drain: per-file
+HotnessDelta and the file-level durability calls counted per kind (SyncCalls).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from cachepilot.events import (
     FreedExtent,
     HotnessDelta,
     JournalCommit,
+    SyncCalls,
     kdev,
 )
 from cachepilot.models.hotness import inverse_bitmap_score
@@ -41,6 +45,8 @@ BLOCK = 4096
 K_READ, K_WRITE, K_FREE, K_DROP = 0, 1, 2, 3
 SIM_DEV = kdev(252, 0)
 MAX_REQ = 128 * 1024  # requests are split like readahead / writeback would: at most 128 KiB
+SIM_PID = 4242  # the workload's process
+COMMIT_META_BYTES = 3 * BLOCK  # a small journal transaction: descriptor, one metadata block, commit block
 
 
 @dataclass
@@ -113,8 +119,20 @@ def prepare(w: Workload, commit_interval_s: float = 5.0, fs_blocks: int = 1 << 3
     hot: dict[int, list[int]] = {}  # fid -> [rs, ws, rb, wb, last_ns]
     events: list[Event] = []
     changed: dict[int, tuple[int, ...] | None] = {}
-    epoch_bytes = 0
+    epoch_data = 0
+    syncs: list[int] = [0, 0, 0]  # fsync calls this tick, last ino, last ts
+    tid = 1  # the running journal transaction
     dev = SIM_DEV
+
+    def commit(ts: int, flush: bool) -> None:
+        """Commit the running transaction; an fsync's commit is also the barrier that closes the epoch."""
+        nonlocal tid, epoch_data
+        events.append(JournalCommit(dev, tid, ts))
+        tid += 1
+        if flush:
+            events.append(Barrier(dev, BarrierKind.PREFLUSH, 0, 0, epoch_data + COMMIT_META_BYTES, ts,
+                                  epoch_data, COMMIT_META_BYTES, flags=3, arg=BLOCK, closes_epoch=True))
+            epoch_data = 0
 
     def account(fid: int, nbytes: int, write: bool, ts: int) -> None:
         h = hot.get(fid)
@@ -135,8 +153,11 @@ def prepare(w: Workload, commit_interval_s: float = 5.0, fs_blocks: int = 1 << 3
             events.append(HotnessDelta(FileKey(dev, p.ino(fid), 1), rs, ws, rb, wb, last,
                                        sizes.get(fid, -1)))
         hot.clear()
+        if syncs[0]:
+            events.append(SyncCalls(dev, BarrierKind.FSYNC, syncs[0], SIM_PID, p.ino(syncs[1]), syncs[2]))
+            syncs[0] = 0
         if (k + 1) % commit_every == 0:
-            events.append(JournalCommit(dev, k + 1, ts))
+            commit(ts, flush=True)  # jbd2's periodic commit flushes too
         p.tick_events.append(list(events))
         events.clear()
         p.tick_files.append(dict(changed))
@@ -171,7 +192,7 @@ def prepare(w: Workload, commit_interval_s: float = 5.0, fs_blocks: int = 1 << 3
                 tag.append(tg)
             sizes[fid] = max(sizes.get(fid, 0), off + length)
             account(fid, length, True, ts)
-            epoch_bytes += length
+            epoch_data += length
             changed[fid] = tuple(blocks)
         elif op == CREATE:
             files.setdefault(fid, [])
@@ -186,11 +207,12 @@ def prepare(w: Workload, commit_interval_s: float = 5.0, fs_blocks: int = 1 << 3
                 tag.append(0)
             events.append(Delete(FileKey(dev, p.ino(fid), 1), size, ts))
             for s, c in al.release(blocks):
-                events.append(FreedExtent(dev, p.ino(fid), s, c, False, ts))
+                events.append(FreedExtent(dev, p.ino(fid), s, c, False, ts, tid))
             changed[fid] = None
         elif op == FSYNC:
-            events.append(Barrier(dev, BarrierKind.FSYNC, p.ino(fid), 1, epoch_bytes, ts))
-            epoch_bytes = 0
+            syncs[0] += 1
+            syncs[1], syncs[2] = fid, ts
+            commit(ts, flush=True)
         elif op == DROP_CACHE:
             blk.append(0)
             kind.append(K_DROP)

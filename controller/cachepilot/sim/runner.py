@@ -63,10 +63,11 @@ class SimResult:
     hot_per_tick: list[tuple[int, int]] = field(default_factory=list)  # (hot reads, hot hits)
     actions: Counter[str] = field(default_factory=Counter)
     cpu_s: float = 0.0
+    ctl_name: str = "ctl"  # which controller policy (CONTROLLERS) drove it
 
     @property
     def label(self) -> str:
-        return self.policy + ("+ctl" if self.controller else "")
+        return self.policy + (f"+{self.ctl_name}" if self.controller else "")
 
     @property
     def hit_ratio(self) -> float:
@@ -79,8 +80,8 @@ class SimResult:
         return (self.read_hits - self.scan_hits) / n if n else 0.0
 
 
-def sim_volume(capacity_blocks: int) -> VolumeInfo:
-    return VolumeInfo(dev=SIM_DEV, name="sim0", kind="bcache", fs_uuid="5151510e-0000-4000-8000-000000000000",
+def sim_volume(capacity_blocks: int, kind: str = "bcache") -> VolumeInfo:
+    return VolumeInfo(dev=SIM_DEV, name="sim0", kind=kind, fs_uuid="5151510e-0000-4000-8000-000000000000",
                       mountpoint="/srv/sim", cache_bytes=capacity_blocks * BLOCK, fs_block_size=BLOCK)
 
 
@@ -137,20 +138,21 @@ def make_cache(name: str, p: Prepared, capacity: int, writeback_percent: float,
 
 def run(p: Prepared, policy: str, controller: bool, capacity: int, writeback_percent: float = 10.0,
         ctl_policy: Policy = SIM_POLICY, opt_aux: tuple[list[int], _NextRead] | None = None,
-        trace: TraceWriter | None = None) -> SimResult:
+        trace: TraceWriter | None = None, ctl_name: str = "ctl") -> SimResult:
     """Simulate; with ``trace`` also write every tick's events, a volume sample and the tick itself."""
     t0 = time.process_time()
     cache = make_cache(policy, p, capacity, writeback_percent, opt_aux)
-    res = SimResult(p.workload.name, policy, controller)
+    res = SimResult(p.workload.name, policy, controller, ctl_name=ctl_name)
     engine = None
-    if controller:
-        engine = Engine(ctl_policy, [sim_volume(capacity)])
+    if controller:  # the smq-like cache stands for dm-cache
+        engine = Engine(ctl_policy, [sim_volume(capacity, "dm-cache" if policy == "smq" else "bcache")])
     dead = bytearray(p.volume_blocks + 1)
     file_blocks: dict[int, tuple[int, ...]] = {}
     blk, kind, tag = p.blk, p.kind, p.tag
     read = cache.read
     write = cache.write
-    prefetch = cache.prefetch if isinstance(cache, OPT) else cache.access
+    prefetch = getattr(cache, "prefetch", cache.access)
+    dt_s = p.tick_ns / 1e9
     reads = hits = 0
     sreads = shits = 0
     dirty_sum = 0
@@ -183,6 +185,7 @@ def run(p: Prepared, policy: str, controller: bool, capacity: int, writeback_per
                 cache.empty()
                 if engine is not None:
                     engine.rewarm("sim0", "cache device re-attached empty: re-warming")
+        cache.tick(dt_s, idle=start == end)
         start = end
         res.hot_per_tick.append((hr, hh))
         d = len(cache.dirty) * BLOCK

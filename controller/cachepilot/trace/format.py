@@ -1,4 +1,4 @@
-"""cachepilot trace files (``.cptrace``), version 1.
+"""cachepilot trace files (``.cptrace``), version 2 (version 1 still reads).
 
 A trace is the event stream the controller saw (or a generator produced), plus the volume samples and
 the tick times, so that replaying it drives the models and the engine exactly as live.
@@ -6,7 +6,7 @@ the tick times, so that replaying it drives the models and the engine exactly as
 Layout (all integers little-endian)::
 
     file   := header block* end
-    header := magic "CPTRACE\\0" (8 bytes) | version u16 (=1) | flags u16 (=0) | reserved u32 (=0)
+    header := magic "CPTRACE\\0" (8 bytes) | version u16 (=2) | flags u16 (=0) | reserved u32 (=0)
     block  := type u8 | codec u8 | reserved u16 | count u32 | length u32 | crc32 u32 | payload[length]
     end    := a block of type END (255) whose count is the total number of records in the file
 
@@ -14,32 +14,41 @@ Layout (all integers little-endian)::
 ``count`` records of one type. Fixed-size records are packed back to back with these layouts
 (``struct`` notation, ``<`` = little-endian, no padding):
 
-=====  ===============  ==============  =========================================================
-type   record           layout          fields
-=====  ===============  ==============  =========================================================
-1      HotnessDelta     ``<IQIIIQQqq``  dev, ino, gen, read_score, write_score, read_bytes,
-                                        write_bytes, last_access_ns, size
-2      MetadataDelta    ``<IQQ``        dev, score, bytes
-3      FreedExtent      ``<IQQQBq``     dev, ino, block, count, metadata, ts_ns
-4      JournalCommit    ``<IQq``        dev, transaction, ts_ns
-5      Delete           ``<IQIqq``      dev, ino, gen, size, ts_ns
-6      Barrier          ``<IBQIQq``     dev, kind, ino, pid, epoch_bytes, ts_ns
-7      Discard          ``<IQQq``       dev, sector, nr_sectors, ts_ns
-8      Drops            ``<QQQ``        ringbuf_full, hotness_map_full, other
-10     Tick             ``<q``          ts_ns: the engine ticks here
-=====  ===============  ==============  =========================================================
+=====  ===============  =================  ======================================================
+type   record           layout             fields
+=====  ===============  =================  ======================================================
+1      HotnessDelta     ``<IQIIIQQqq``     dev, ino, gen, read_score, write_score, read_bytes,
+                                           write_bytes, last_access_ns, size
+2      MetadataDelta    ``<IQQ``           dev, score, bytes
+3      FreedExtent      ``<IQQQBqq``       dev, ino, block, count, metadata, ts_ns, tid
+4      JournalCommit    ``<IQq``           dev, transaction, ts_ns
+5      Delete           ``<IQIqq``         dev, ino, gen, size, ts_ns
+6      Barrier          ``<IBQIQqQQIQB``   dev, kind, ino, pid, epoch_bytes, ts_ns, epoch_data_bytes,
+                                           epoch_meta_bytes, flags, arg, closes_epoch
+7      Discard          ``<IQQq``          dev, sector, nr_sectors, ts_ns
+8      Drops            ``<QQQ``           ringbuf_full, hotness_map_full, other
+10     Tick             ``<q``             ts_ns: the engine ticks here
+11     SyncCalls        ``<IBQIQq``        dev, kind, calls, last_pid, last_ino, ts_ns
+=====  ===============  =================  ======================================================
+
+Version 1 differs only in FreedExtent (``<IQQQBq``: no tid, read as -1) and Barrier (``<IBQIQq``: no
+split, flags, arg or closes; read as closing exactly when the kind is a block barrier -- PREFLUSH, FUA,
+EMPTY_FLUSH --, which is what the v1 kernel half meant) and has no SyncCalls.
 
 Variable-size records are UTF-8 JSON objects, one per line (``\\n``-separated) in the payload:
 
-* type 0 ``Meta``: ``{"volumes": [VolumeInfo fields...], "source": str, ...}`` — first block of a file.
+* type 0 ``Meta``: ``{"volumes": [VolumeInfo fields...], "source": str, ...}`` -- the first block, one record.
 * type 9 ``VolumeSample``: the VolumeSample fields.
 
-Readers reject unknown versions, unknown block types, bad CRCs, short blocks and a missing END block
-with a :class:`~cachepilot.errors.UserError` naming the byte offset. A writer starts a new block when
-the record type changes or after 8192 records, so order across types is kept exactly; hotness blocks can
-be read without creating a Python object per record (``TraceReader.blocks(hot_as_array=True)`` gives a
-numpy view with :data:`cachepilot.models.hotness.HOT_DTYPE`). Compatibility: new record types get new
-numbers; a changed layout bumps the version.
+Readers stream the file (never more than one block in memory) and reject, with a
+:class:`~cachepilot.errors.UserError` naming the byte offset: unknown versions, block types or codecs, bad
+CRCs, short blocks, a missing END block, blocks larger than :data:`MAX_BLOCK_BYTES` or
+:data:`MAX_BLOCK_RECORDS`, compressed payloads that inflate beyond what the block declares, JSON that is
+not an object of the expected fields and types, unknown barrier kinds, and volumes with impossible
+values. A writer starts a new block when the record type changes or after 8192 records, so order
+across types is kept exactly; fixed-size blocks can be read as numpy structured arrays
+(:data:`DTYPES`) without a Python object per record. Compatibility: new record types get new numbers;
+a changed layout bumps the version.
 """
 
 from __future__ import annotations
@@ -69,34 +78,56 @@ from cachepilot.events import (
     HotnessDelta,
     JournalCommit,
     MetadataDelta,
+    SyncCalls,
 )
+from cachepilot.models.epochs import BLOCK_BARRIERS
 from cachepilot.models.hotness import HOT_DTYPE
 from cachepilot.models.volume import VolumeInfo, VolumeSample
 
 MAGIC = b"CPTRACE\x00"
-VERSION = 1
+VERSION = 2
+VERSIONS = (1, 2)
 HEADER = struct.Struct("<8sHHI")
 BLOCK = struct.Struct("<BBHIII")
 
 T_META, T_HOT, T_META_DELTA, T_FREED, T_COMMIT, T_DELETE, T_BARRIER, T_DISCARD, T_DROPS = range(9)
-T_SAMPLE, T_TICK, T_END = 9, 10, 255
+T_SAMPLE, T_TICK, T_SYNC, T_END = 9, 10, 11, 255
 
 LAYOUTS: dict[int, struct.Struct] = {
     T_HOT: struct.Struct("<IQIIIQQqq"),
     T_META_DELTA: struct.Struct("<IQQ"),
-    T_FREED: struct.Struct("<IQQQBq"),
+    T_FREED: struct.Struct("<IQQQBqq"),
     T_COMMIT: struct.Struct("<IQq"),
     T_DELETE: struct.Struct("<IQIqq"),
-    T_BARRIER: struct.Struct("<IBQIQq"),
+    T_BARRIER: struct.Struct("<IBQIQqQQIQB"),
     T_DISCARD: struct.Struct("<IQQq"),
     T_DROPS: struct.Struct("<QQQ"),
     T_TICK: struct.Struct("<q"),
+    T_SYNC: struct.Struct("<IBQIQq"),
 }
+LAYOUTS_V1: dict[int, struct.Struct] = {
+    **{t: s for t, s in LAYOUTS.items() if t != T_SYNC},
+    T_FREED: struct.Struct("<IQQQBq"),
+    T_BARRIER: struct.Struct("<IBQIQq"),
+}
+_NP = {"B": "u1", "H": "u2", "I": "u4", "Q": "u8", "b": "i1", "h": "i2", "i": "i4", "q": "i8"}
+
+
+def _dtype(layout: struct.Struct) -> np.dtype:
+    """The packed numpy record of a struct layout (fields f0, f1, ...)."""
+    return np.dtype([(f"f{i}", "<" + _NP[c]) for i, c in enumerate(layout.format.lstrip("<"))])
+
+
+DTYPES: dict[int, np.dtype] = {t: (HOT_DTYPE if t == T_HOT else _dtype(s)) for t, s in LAYOUTS.items()}
 JSON_TYPES = {T_META, T_SAMPLE}
 NAMES = {T_META: "meta", T_HOT: "hotness", T_META_DELTA: "metadata", T_FREED: "freed", T_COMMIT: "commit",
          T_DELETE: "delete", T_BARRIER: "barrier", T_DISCARD: "discard", T_DROPS: "drops",
-         T_SAMPLE: "sample", T_TICK: "tick", T_END: "end"}
+         T_SAMPLE: "sample", T_TICK: "tick", T_SYNC: "sync calls", T_END: "end"}
 BLOCK_RECORDS = 8192
+MAX_BLOCK_RECORDS = 1 << 20  # a reader refuses blocks that claim more (writers use BLOCK_RECORDS)
+MAX_BLOCK_BYTES = 64 << 20  # stored or inflated; a fixed-size block inflates to exactly count x size
+MAX_JSON_LINE = 1 << 20  # one meta or sample record
+MAX_TICK_NS = (1 << 32) * 1_000_000_000  # 136 years of CLOCK_MONOTONIC: hotness epochs fit in u32
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,13 +142,16 @@ def event_to_record(ev: Event | VolumeSample | Tick) -> tuple[int, tuple[Any, ..
         return T_HOT, (k.dev, k.ino, k.gen, ev.read_score, ev.write_score, ev.read_bytes, ev.write_bytes,
                        ev.last_access_ns, ev.size)
     if isinstance(ev, FreedExtent):
-        return T_FREED, (ev.dev, ev.ino, ev.block, ev.count, int(ev.metadata), ev.ts_ns)
+        return T_FREED, (ev.dev, ev.ino, ev.block, ev.count, int(ev.metadata), ev.ts_ns, ev.tid)
     if isinstance(ev, JournalCommit):
         return T_COMMIT, (ev.dev, ev.transaction, ev.ts_ns)
     if isinstance(ev, Delete):
         return T_DELETE, (ev.key.dev, ev.key.ino, ev.key.gen, ev.size, ev.ts_ns)
     if isinstance(ev, Barrier):
-        return T_BARRIER, (ev.dev, int(ev.kind), ev.ino, ev.pid, ev.epoch_bytes, ev.ts_ns)
+        return T_BARRIER, (ev.dev, int(ev.kind), ev.ino, ev.pid, ev.epoch_bytes, ev.ts_ns, ev.epoch_data_bytes,
+                           ev.epoch_meta_bytes, ev.flags, ev.arg, int(ev.closes_epoch))
+    if isinstance(ev, SyncCalls):
+        return T_SYNC, (ev.dev, int(ev.kind), ev.calls, ev.last_pid, ev.last_ino, ev.ts_ns)
     if isinstance(ev, MetadataDelta):
         return T_META_DELTA, (ev.dev, ev.score, ev.bytes)
     if isinstance(ev, Discard):
@@ -131,28 +165,56 @@ def event_to_record(ev: Event | VolumeSample | Tick) -> tuple[int, tuple[Any, ..
     raise TypeError(f"cannot record {type(ev).__name__}")
 
 
-def record_to_event(t: int, r: Any) -> Event | VolumeSample | Tick:
-    if t == T_HOT:
-        return HotnessDelta(FileKey(r[0], r[1], r[2]), r[3], r[4], r[5], r[6], r[7], r[8])
+def upgrade_v1(t: int, r: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A version-1 record in version-2 layout (see the module docstring)."""
     if t == T_FREED:
-        return FreedExtent(r[0], r[1], r[2], r[3], bool(r[4]), r[5])
-    if t == T_COMMIT:
-        return JournalCommit(*r)
-    if t == T_DELETE:
-        return Delete(FileKey(r[0], r[1], r[2]), r[3], r[4])
+        return (*r, -1)
     if t == T_BARRIER:
-        return Barrier(r[0], BarrierKind(r[1]), r[2], r[3], r[4], r[5])
-    if t == T_META_DELTA:
-        return MetadataDelta(*r)
-    if t == T_DISCARD:
-        return Discard(*r)
-    if t == T_DROPS:
-        return Drops(*r)
-    if t == T_TICK:
-        return Tick(r[0])
+        return (*r, 0, 0, 0, 0, int(r[1] in BLOCK_BARRIERS))
+    return r
+
+
+_KIND = {int(k): k for k in BarrierKind}
+_SYNC_KIND = {v: k for v, k in _KIND.items() if k not in BLOCK_BARRIERS}
+
+
+def _barrier(r: tuple[Any, ...]) -> Barrier:
+    kind = _KIND.get(r[1])
+    if kind is None:
+        raise ValueError(f"unknown barrier kind {r[1]}")
+    return Barrier(r[0], kind, r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], bool(r[10]))
+
+
+def _sync(r: tuple[Any, ...]) -> SyncCalls:
+    kind = _SYNC_KIND.get(r[1])
+    if kind is None:
+        raise ValueError(f"unknown sync calls kind {r[1]} (file-level kinds only)")
+    return SyncCalls(r[0], kind, r[2], r[3], r[4], r[5])
+
+
+MAKERS: dict[int, Any] = {
+    T_HOT: lambda r: HotnessDelta(FileKey(r[0], r[1], r[2]), r[3], r[4], r[5], r[6], r[7], r[8]),
+    T_FREED: lambda r: FreedExtent(r[0], r[1], r[2], r[3], bool(r[4]), r[5], r[6]),
+    T_COMMIT: lambda r: JournalCommit(*r),
+    T_DELETE: lambda r: Delete(FileKey(r[0], r[1], r[2]), r[3], r[4]),
+    T_BARRIER: _barrier,
+    T_SYNC: _sync,
+    T_META_DELTA: lambda r: MetadataDelta(*r),
+    T_DISCARD: lambda r: Discard(*r),
+    T_DROPS: lambda r: Drops(*r),
+    T_TICK: lambda r: Tick(r[0]),
+}
+"""Per fixed record type: version-2 tuple -> event (ValueError for an unknown kind)."""
+
+
+def record_to_event(t: int, r: Any) -> Event | VolumeSample | Tick:
+    """The event of one record in version-2 layout (tuples) or a sample (dict)."""
     if t == T_SAMPLE:
         return VolumeSample(**r)
-    raise ValueError(f"no event for record type {t}")
+    make = MAKERS.get(t)
+    if make is None:
+        raise ValueError(f"no event for record type {t}")
+    return make(r)  # type: ignore[no-any-return]
 
 
 class TraceWriter:
@@ -161,7 +223,10 @@ class TraceWriter:
     def __init__(self, path: str | Path | BinaryIO, volumes: Iterable[VolumeInfo] = (),
                  meta: dict[str, Any] | None = None, compress: bool = True) -> None:
         self._own = not hasattr(path, "write")
-        self.f: BinaryIO = open(path, "wb") if self._own else path  # type: ignore[arg-type]  # noqa: SIM115
+        try:
+            self.f: BinaryIO = open(path, "wb") if self._own else path  # type: ignore[arg-type]  # noqa: SIM115
+        except OSError as exc:
+            raise UserError(f"{path}: cannot write trace: {exc.strerror or exc}") from None
         self.compress = compress
         self.total = 0
         self._type: int | None = None
@@ -177,10 +242,12 @@ class TraceWriter:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _block(self, t: int, records: list[Any]) -> None:
+    def _block(self, t: int, records: list[Any] | np.ndarray) -> None:
         if t in JSON_TYPES:
             lines = (json.dumps(r, separators=(",", ":"), sort_keys=True) for r in records)
             payload = "\n".join(lines).encode()
+        elif isinstance(records, np.ndarray):
+            payload = records.tobytes()
         else:
             s = LAYOUTS[t]
             payload = b"".join(s.pack(*r) for r in records)
@@ -207,6 +274,15 @@ class TraceWriter:
         if len(self._buf) >= BLOCK_RECORDS:
             self.flush_block()
 
+    def write_array(self, t: int, arr: np.ndarray) -> None:
+        """Fixed-size records of one type straight from a numpy array of ``DTYPES[t]`` (no per-record
+        objects): generators and large drains."""
+        if arr.dtype != DTYPES[t]:
+            raise TypeError(f"expected dtype {DTYPES[t]}, got {arr.dtype}")
+        self.flush_block()
+        for i in range(0, len(arr), BLOCK_RECORDS):
+            self._block(t, arr[i:i + BLOCK_RECORDS])
+
     def write(self, ev: Event | VolumeSample | Tick) -> None:
         t, fields = event_to_record(ev)
         self.write_record(t, fields)
@@ -226,91 +302,196 @@ class TraceWriter:
             self.f.flush()
 
 
+_VOLUME_KINDS = ("bcache", "dm-cache", "dm-writecache", "none")  # none: a plain block device (record)
+_U32, _U60 = (1 << 32) - 1, 1 << 60
+
+
+def _typed(cls: type, d: Any, what: str) -> dict[str, Any]:
+    """Check a JSON object against a dataclass's fields and their (simple) annotated types."""
+    if not isinstance(d, dict):
+        raise ValueError(f"{what} must be a JSON object, not {type(d).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for k in d:
+        if k not in fields:
+            raise ValueError(f"{what}: unknown field {k!r}")
+    for name, f in fields.items():
+        if name not in d:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ValueError(f"{what}: missing field {name!r}")
+            continue
+        v, ty = d[name], str(f.type)
+        ok = {"int": isinstance(v, int) and not isinstance(v, bool), "str": isinstance(v, str),
+              "bool": isinstance(v, bool),
+              "dict[str, str]": isinstance(v, dict) and all(isinstance(x, str) for x in (*v, *v.values()))}[ty]
+        if not ok:
+            raise ValueError(f"{what}: field {name!r} must be {ty}, not {json.dumps(v)[:40]}")
+        if ty == "int" and not 0 <= v <= _U60 and name != "ts_ns":
+            raise ValueError(f"{what}: field {name!r} = {v} is out of range")
+    return d
+
+
+def volume_info(d: Any) -> VolumeInfo:
+    """A VolumeInfo from its JSON object, checked (ValueError naming the problem)."""
+    v = VolumeInfo(**_typed(VolumeInfo, d, "volume"))
+    if v.dev > _U32:
+        raise ValueError(f"volume {v.name!r}: dev {v.dev} is not a 32-bit device number")
+    if not v.name:
+        raise ValueError("volume: empty name")
+    if v.kind not in _VOLUME_KINDS:
+        raise ValueError(f"volume {v.name!r}: unknown kind {v.kind!r} (known: {', '.join(_VOLUME_KINDS)})")
+    bs = v.fs_block_size
+    if bs < 512 or bs > 65536 or bs & (bs - 1):
+        raise ValueError(f"volume {v.name!r}: fs_block_size {bs} is not a power of two in 512..65536")
+    return v
+
+
+def volume_sample(d: Any) -> VolumeSample:
+    return VolumeSample(**_typed(VolumeSample, d, "volume sample"))
+
+
 class TraceReader:
-    """Read a trace file block by block. Corruption raises UserError with the byte offset."""
+    """Read a trace file block by block, streaming (one block in memory at a time, bounded in size).
+    Corruption and hostile content raise UserError with the byte offset."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
-        try:
-            with open(path, "rb") as f:
-                self.data = f.read()
-        except OSError as exc:
-            raise UserError(f"{path}: cannot read trace: {exc.strerror or exc}") from None
-        if len(self.data) < HEADER.size:
-            raise UserError(f"{self.path}: not a cachepilot trace (file too short: {len(self.data)} bytes)")
-        magic, version, _flags, _ = HEADER.unpack_from(self.data, 0)
+        with self._open() as f:
+            head = f.read(HEADER.size)
+        if len(head) < HEADER.size:
+            raise UserError(f"{self.path}: not a cachepilot trace (file too short: {len(head)} bytes)")
+        magic, version, _flags, _ = HEADER.unpack(head)
         if magic != MAGIC:
             raise UserError(f"{self.path}: not a cachepilot trace (bad magic at offset 0)")
-        if version != VERSION:
-            raise UserError(f"{self.path}: trace version {version} is not supported (supported: 1)")
+        if version not in VERSIONS:
+            raise UserError(f"{self.path}: trace version {version} is not supported (supported: 1, 2)")
+        self.version = version
+        self.layouts = LAYOUTS if version == 2 else LAYOUTS_V1
         self.meta: dict[str, Any] = {}
         self.volumes: list[VolumeInfo] = []
         first = next(self.blocks(), None)
         if first is None or first[0] != T_META:
             raise UserError(f"{self.path}: offset {HEADER.size}: the first block must be the meta block")
-        self.meta = first[1][0]
+        recs = first[1]
+        if len(recs) != 1 or not isinstance(recs[0], dict):
+            raise UserError(f"{self.path}: offset {HEADER.size}: the meta block must hold one JSON object")
+        self.meta = recs[0]
+        vols = self.meta.get("volumes", [])
         try:
-            self.volumes = [VolumeInfo(**v) for v in self.meta.get("volumes", [])]
-        except TypeError as exc:
-            raise UserError(f"{self.path}: offset {HEADER.size}: bad volume in meta block: {exc}") from None
+            if not isinstance(vols, list):
+                raise ValueError("'volumes' must be a list")
+            self.volumes = [volume_info(v) for v in vols]
+        except (TypeError, ValueError) as exc:
+            raise UserError(f"{self.path}: offset {HEADER.size}: bad meta block: {exc}") from None
+        for attr in ("dev", "name"):
+            seen = [getattr(v, attr) for v in self.volumes]
+            if len(set(seen)) != len(seen):
+                raise UserError(f"{self.path}: offset {HEADER.size}: bad meta block: two volumes with one {attr}")
+
+    def _open(self) -> BinaryIO:
+        try:
+            return open(self.path, "rb")  # noqa: SIM115
+        except OSError as exc:
+            raise UserError(f"{self.path}: cannot read trace: {exc.strerror or exc}") from None
 
     def _err(self, off: int, msg: str) -> UserError:
         return UserError(f"{self.path}: offset {off}: {msg}")
 
-    def blocks(self, hot_as_array: bool = False) -> Iterator[tuple[int, Any]]:
-        """(type, records) per block; fixed records as tuples, JSON records as dicts. With hot_as_array,
-        hotness blocks come as one numpy structured array (HOT_DTYPE) instead: no per-record objects."""
-        data = self.data
-        off = HEADER.size
-        n = len(data)
-        total = 0
-        while True:
-            if off + BLOCK.size > n:
-                raise self._err(off, "truncated: block header cut short (no END block)")
-            t, codec, _r, count, length, crc = BLOCK.unpack_from(data, off)
-            start = off + BLOCK.size
-            if t == T_END:
-                if count != total:
-                    raise self._err(off, f"END block says {count} records, file has {total}")
-                if start != n:
-                    raise self._err(start, f"{n - start} bytes of garbage after the END block")
-                return
-            if t not in LAYOUTS and t not in JSON_TYPES:
-                raise self._err(off, f"unknown block type {t}")
-            if start + length > n:
-                raise self._err(off, f"truncated: block of {length} bytes but only {n - start} left")
-            payload = data[start:start + length]
-            if zlib.crc32(payload) != crc:
-                raise self._err(off, "corrupt block (CRC mismatch)")
-            if codec == 1:
-                try:
-                    payload = zlib.decompress(payload)
-                except zlib.error as exc:
-                    raise self._err(off, f"corrupt compressed block: {exc}") from None
-            elif codec != 0:
-                raise self._err(off, f"unknown codec {codec}")
-            if t in JSON_TYPES:
-                try:
-                    recs: list[Any] = [json.loads(line) for line in payload.split(b"\n")] if payload else []
-                except ValueError as exc:
-                    raise self._err(off, f"corrupt JSON record: {exc}") from None
-                if t == T_SAMPLE and not all(isinstance(r, dict) for r in recs):
+    def _payload(self, f: BinaryIO, off: int, t: int, codec: int, count: int, length: int, crc: int) -> bytes:
+        """One block's payload: read, checked and inflated, never beyond what the block may hold."""
+        if count > MAX_BLOCK_RECORDS:
+            raise self._err(off, f"block claims {count} records (at most {MAX_BLOCK_RECORDS})")
+        if length > MAX_BLOCK_BYTES:
+            raise self._err(off, f"block of {length} bytes (at most {MAX_BLOCK_BYTES})")
+        payload = f.read(length)
+        if len(payload) != length:
+            raise self._err(off, f"truncated: block of {length} bytes but only {len(payload)} left")
+        if zlib.crc32(payload) != crc:
+            raise self._err(off, "corrupt block (CRC mismatch)")
+        if codec == 0:
+            return payload
+        if codec != 1:
+            raise self._err(off, f"unknown codec {codec}")
+        limit = count * self.layouts[t].size if t in self.layouts else MAX_BLOCK_BYTES
+        d = zlib.decompressobj()
+        try:
+            out = d.decompress(payload, limit + 1)  # bounded: a zlib bomb stops here
+        except zlib.error as exc:
+            raise self._err(off, f"corrupt compressed block: {exc}") from None
+        if len(out) > limit:
+            raise self._err(off, f"compressed block inflates beyond {limit} bytes")
+        return out
+
+    def _json(self, off: int, t: int, payload: bytes) -> list[Any]:
+        recs: list[Any] = []
+        for line in payload.split(b"\n") if payload else ():
+            if len(line) > MAX_JSON_LINE:
+                raise self._err(off, f"{NAMES[t]} record longer than {MAX_JSON_LINE} bytes")
+            try:
+                recs.append(json.loads(line))
+            except (ValueError, RecursionError) as exc:
+                raise self._err(off, f"corrupt JSON record: {str(exc)[:80]}") from None
+        if t == T_SAMPLE:
+            for r in recs:
+                if not isinstance(r, dict):
                     raise self._err(off, "sample records must be JSON objects")
-            else:
-                s = LAYOUTS[t]
-                if len(payload) != count * s.size:
-                    raise self._err(off, f"{NAMES[t]} block has {len(payload)} bytes for {count} records")
-                if hot_as_array and t == T_HOT:
-                    total += count
-                    yield t, np.frombuffer(payload, dtype=HOT_DTYPE)
-                    off = start + length
-                    continue
-                recs = list(s.iter_unpack(payload))
-            if len(recs) != count:
-                raise self._err(off, f"block says {count} records, holds {len(recs)}")
-            total += count
-            yield t, recs
-            off = start + length
+        return recs
+
+    def _fixed(self, off: int, t: int, count: int, payload: bytes) -> np.ndarray | list[tuple[Any, ...]]:
+        """Hotness as a numpy array (vectorised path); other types as version-2 tuples (struct.iter_unpack
+        is faster than numpy for the short blocks they come in)."""
+        size = self.layouts[t].size
+        if len(payload) != count * size:
+            raise self._err(off, f"{NAMES[t]} block has {len(payload)} bytes for {count} records")
+        if t == T_HOT:
+            return np.frombuffer(payload, dtype=HOT_DTYPE)
+        recs = list(self.layouts[t].iter_unpack(payload))
+        if self.version == 1 and t in (T_FREED, T_BARRIER):
+            recs = [upgrade_v1(t, r) for r in recs]
+        if t == T_TICK:
+            for (ts,) in recs:
+                if not 0 <= ts < MAX_TICK_NS:
+                    raise self._err(off, f"tick at {ts} ns is outside 0..136 years of monotonic time")
+        if t in (T_BARRIER, T_SYNC):
+            kinds = _KIND if t == T_BARRIER else _SYNC_KIND
+            for r in recs:
+                if r[1] not in kinds:
+                    raise self._err(off, f"unknown {NAMES[t]} kind {r[1]}")
+        return recs
+
+    def raw_blocks(self) -> Iterator[tuple[int, int, Any]]:
+        """(offset, type, records) per block: JSON records as a list of objects, hotness as a numpy array
+        (HOT_DTYPE), other fixed records as tuples in version-2 layout."""
+        with self._open() as f:
+            f.seek(HEADER.size)
+            off = HEADER.size
+            total = 0
+            while True:
+                head = f.read(BLOCK.size)
+                if len(head) < BLOCK.size:
+                    raise self._err(off, "truncated: block header cut short (no END block)")
+                t, codec, _r, count, length, crc = BLOCK.unpack(head)
+                start = off + BLOCK.size
+                if t == T_END:
+                    if count != total:
+                        raise self._err(off, f"END block says {count} records, file has {total}")
+                    if f.read(1):
+                        raise self._err(start, "garbage after the END block")
+                    return
+                if t not in self.layouts and t not in JSON_TYPES:
+                    raise self._err(off, f"unknown block type {t}")
+                payload = self._payload(f, off, t, codec, count, length, crc)
+                recs = self._json(off, t, payload) if t in JSON_TYPES else self._fixed(off, t, count, payload)
+                if len(recs) != count:
+                    raise self._err(off, f"block says {count} records, holds {len(recs)}")
+                total += count
+                yield off, t, recs
+                off = start + length
+
+    def blocks(self, hot_as_array: bool = False) -> Iterator[tuple[int, Any]]:
+        """(type, records) per block; fixed records as tuples in version-2 layout, JSON records as dicts.
+        With hot_as_array, hotness blocks come as one numpy structured array (HOT_DTYPE) instead."""
+        for _off, t, recs in self.raw_blocks():
+            yield t, (recs.tolist() if t == T_HOT and not hot_as_array else recs)
 
     def events(self) -> Iterator[Event | VolumeSample | Tick]:
         for t, recs in self.blocks():
@@ -318,9 +499,9 @@ class TraceReader:
                 continue
             for r in recs:
                 try:
-                    yield record_to_event(t, r)
+                    yield volume_sample(r) if t == T_SAMPLE else record_to_event(t, r)
                 except (TypeError, ValueError) as exc:
-                    raise UserError(f"{self.path}: bad {NAMES[t]} record {r!r}: {exc}") from None
+                    raise UserError(f"{self.path}: bad {NAMES[t]} record: {exc}") from None
 
 
 def write_trace(path: str | Path | io.BufferedIOBase, events: Iterable[Event | VolumeSample | Tick],

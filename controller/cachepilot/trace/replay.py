@@ -1,22 +1,31 @@
-"""Replay a trace through the models and the engine, deterministically (time comes from the trace)."""
+"""Replay a trace through the models and the engine, deterministically (time comes from the trace).
+
+Blocks are decoded as numpy arrays: hotness blocks go to the engine's vectorised update whole; other
+fixed-size records become typed events once (their columns converted to Python lists in one call, not
+unpacked field by field); samples are checked against their fields' types.
+"""
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from cachepilot.engine import Action, Engine
 from cachepilot.errors import UserError
-from cachepilot.models.volume import VolumeSample
+from cachepilot.events import kdev_major_minor
 from cachepilot.policy.model import Policy
 from cachepilot.trace.format import (
+    MAKERS,
+    NAMES,
+    T_DROPS,
     T_HOT,
     T_META,
     T_SAMPLE,
     T_TICK,
     TraceReader,
-    record_to_event,
+    volume_sample,
 )
 
 
@@ -36,6 +45,18 @@ class ReplayResult:
     ticks: int = 0
     cpu_s: float = 0.0
     engine: Engine | None = None
+    unknown_volumes: dict[int, int] = field(default_factory=dict)  # dev -> events of volumes not in the meta
+
+
+def unknown_volumes_warning(res: ReplayResult) -> str | None:
+    """One line about events of volumes the meta block does not name (replay ignores them), or None."""
+    if not res.unknown_volumes:
+        return None
+    devs = sorted(res.unknown_volumes, key=lambda d: (not isinstance(d, int), str(d)))
+    names = ", ".join("{}:{}".format(*kdev_major_minor(d)) if isinstance(d, int) else repr(d) for d in devs[:8])
+    more = f" and {len(devs) - 8} more" if len(devs) > 8 else ""
+    return (f"warning: {sum(res.unknown_volumes.values())} events of volumes missing from the trace's meta "
+            f"block were ignored (dev {names}{more})")
 
 
 def replay(path: str | Path, policy: Policy, only_volume: str | None = None) -> ReplayResult:
@@ -48,8 +69,13 @@ def replay(path: str | Path, policy: Policy, only_volume: str | None = None) -> 
     res = ReplayResult(engine=engine)
     t0 = time.process_time()
     feed = engine.feed
-    for t, recs in reader.blocks(hot_as_array=True):
+    known = {v.dev for v in reader.volumes}
+    unknown: Counter[int] = Counter()
+    for off, t, recs in reader.raw_blocks():
         if t == T_HOT:
+            devs = recs["dev"]
+            if len(known) != 1 or not (devs == next(iter(known))).all():
+                unknown.update(d for d in devs.tolist() if d not in known)
             engine.feed_hotness_array(recs)
         elif t == T_TICK:
             for (ts,) in recs:
@@ -61,14 +87,22 @@ def replay(path: str | Path, policy: Policy, only_volume: str | None = None) -> 
             continue
         elif t == T_SAMPLE:
             for r in recs:
+                if r.get("dev") not in known:
+                    unknown[r.get("dev")] += 1
                 try:
-                    s = VolumeSample(**r)
-                    engine.sample(s)
+                    engine.sample(volume_sample(r))
                 except (TypeError, ValueError) as exc:
-                    raise UserError(f"{path}: bad volume sample {r!r}: {exc}") from None
+                    raise UserError(f"{path}: offset {off}: bad volume sample: {exc}") from None
         else:
-            for r in recs:
-                feed(record_to_event(t, r))  # type: ignore[arg-type]
+            if t != T_DROPS:
+                unknown.update(r[0] for r in recs if r[0] not in known)
+            make = MAKERS[t]
+            try:
+                for r in recs:
+                    feed(make(r))
+            except (TypeError, ValueError) as exc:
+                raise UserError(f"{path}: offset {off}: bad {NAMES[t]} record: {exc}") from None
         res.events += len(recs)
+    res.unknown_volumes = dict(unknown)
     res.cpu_s = time.process_time() - t0
     return res

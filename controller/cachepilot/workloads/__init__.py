@@ -10,9 +10,11 @@ Generators (same seed, same parameters -> same list):
 
 * :func:`fileserver` — Filebench's fileserver shape: create+write whole file, append, read whole file,
   delete, in a loop over a file set.
+* :func:`webserver` — Filebench's webserver: uniform whole-file reads of 1 000 files of 16 KiB, 16 KiB log
+  appends.
 * :func:`webserver_backup` — whole-file reads of a Zipf-popular set plus log appends; in the middle a
   backup reads every file once.
-* :func:`varmail` — small files: create+write+fsync, append+fsync, read, delete.
+* :func:`varmail` — small files: create+write+fsync, append 16 KiB+fsync, read, delete.
 * :func:`warm_restart` — Zipf reads; the cache is emptied midway (device replaced / re-attached).
 """
 
@@ -161,9 +163,35 @@ def webserver_backup(reads: int = 120000, nfiles: int = 6000, mean_size: int = 1
         scan_burst=scan_burst, seed=seed))
 
 
+def webserver(reads: int = 100000, nfiles: int = 1000, mean_size: int = 16 * KiB, log_every: int = 10,
+              append_size: int = 16 * KiB, seed: int = 5) -> Workload:
+    """Filebench's webserver: whole-file reads of files picked uniformly at random from the file set, and a
+    16 KiB append to a shared log after every ``log_every`` reads."""
+    _check(reads=reads, nfiles=nfiles, mean_size=mean_size, append_size=append_size)
+    if nfiles < 1:
+        raise UserError("webserver needs at least one file")
+    rng = random.Random(seed)  # noqa: S311 - reproducible workloads, not crypto
+    sizes = [_size(rng, mean_size) for _ in range(nfiles)]
+    log = nfiles
+    ops: list[Op] = [(CREATE, log, 0, 0, 0)]
+    for f in range(nfiles):
+        ops += [(CREATE, f, 0, 0, 0), (WRITE, f, 0, sizes[f], 0)]
+    log_size = 0
+    for i in range(1, reads + 1):
+        fid = rng.randrange(nfiles)
+        ops.append((READ, fid, 0, sizes[fid], 0))
+        if log_every and i % log_every == 0:
+            ops.append((APPEND, log, log_size, append_size, 0))
+            log_size += append_size
+    return Workload("webserver", ops, params=dict(reads=reads, nfiles=nfiles, mean_size=mean_size,
+                                                   log_every=log_every, append_size=append_size, seed=seed))
+
+
 def varmail(iterations: int = 20000, nfiles: int = 1000, mean_size: int = 16 * KiB,
-            seed: int = 3) -> Workload:
-    _check(iterations=iterations, nfiles=nfiles, mean_size=mean_size)
+            append_size: int = 16 * KiB, seed: int = 3) -> Workload:
+    """Filebench's varmail: delete a file; create, write and fsync one; append 16 KiB (Filebench's
+    iosize) to one and fsync it; read one whole."""
+    _check(iterations=iterations, nfiles=nfiles, mean_size=mean_size, append_size=append_size)
     rng = random.Random(seed)  # noqa: S311 - reproducible workloads, not crypto
     ops: list[Op] = []
     sizes: dict[int, int] = {}
@@ -185,12 +213,12 @@ def varmail(iterations: int = 20000, nfiles: int = 1000, mean_size: int = 16 * K
         live.append(fid)
         ops += [(CREATE, fid, 0, 0, 0), (WRITE, fid, 0, sizes[fid], 0), (FSYNC, fid, 0, 0, 0)]
         a = live[rng.randrange(len(live))]
-        ops += [(APPEND, a, sizes[a], 4 * KiB, 0), (FSYNC, a, 0, 0, 0)]
-        sizes[a] += 4 * KiB
+        ops += [(APPEND, a, sizes[a], append_size, 0), (FSYNC, a, 0, 0, 0)]
+        sizes[a] += append_size
         r = live[rng.randrange(len(live))]
         ops.append((READ, r, 0, sizes[r], 0))
     return Workload("varmail", ops, params=dict(iterations=iterations, nfiles=nfiles, mean_size=mean_size,
-                                                 seed=seed))
+                                                 append_size=append_size, seed=seed))
 
 
 def warm_restart(reads: int = 100000, nfiles: int = 8000, mean_size: int = 16 * KiB, zipf_s: float = 1.0,
@@ -215,7 +243,8 @@ def warm_restart(reads: int = 100000, nfiles: int = 8000, mean_size: int = 16 * 
 
 GENERATORS = {
     "fileserver": fileserver,
-    "webserver": webserver_backup,
+    "webserver": webserver,
+    "webserver-backup": webserver_backup,
     "varmail": varmail,
     "warm-restart": warm_restart,
 }

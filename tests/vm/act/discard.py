@@ -92,7 +92,7 @@ probe.watch_volume(info.dev, lower=[block_name(origin)[1], block_name(os.environ
 origin_written0 = written(origin)
 keep = write_files(mnt, "keep", 8, MIB, seed=1)
 if recipe == "bcache":
-    dead = write_files(mnt, "dead", 8, 4 * MIB, seed=2)
+    dead = write_files(mnt, "dead", 8, 2 * MIB, seed=2)
 else:  # dm-cache: promote by reading three times, then overwrite: the cached copies become dirty
     dead = write_files(mnt, "dead", 4, 4 * MIB, seed=2)
     drop_caches()
@@ -107,7 +107,7 @@ else:  # dm-cache: promote by reading three times, then overwrite: the cached co
     dead = write_files(mnt, "dead", 4, 4 * MIB, seed=3)
 os.sync()
 time.sleep(1)
-dead_bytes = 4 * MIB * len(dead)
+dead_bytes = sum((mnt / n).stat().st_size for n in dead)
 extents = merged([e for n in dead for e in extents_of(mnt / n)])
 say("dead_bytes", dead_bytes)
 say("fiemap_bytes", sum(n for _, n in extents))

@@ -7,6 +7,7 @@ import hashlib
 import os
 import random
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -14,9 +15,12 @@ from cachepilot.backends import open_backend
 from cachepilot.backends.base import PENDING, Backend, ControlAction, Outcome
 from cachepilot.backends.inspect import block_name, describe_volume
 
+_T0 = time.monotonic()
+
 
 def say(key: str, value: object) -> None:
     print(f"{key}={value}", flush=True)
+    print(f"[{time.monotonic() - _T0:6.1f} s] {key}", file=sys.stderr, flush=True)  # where the time goes
 
 
 def volume() -> Backend:

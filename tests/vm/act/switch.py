@@ -38,17 +38,17 @@ if recipe == "bcache":
     report("delay", SetKnob(name, "writeback_delay", os.environ.get("LAB_WB_DELAY", "1"), "lab: quick drains"))
     sums = write_files(mnt, "f", 16, 4 * MIB, seed=1)
 elif recipe == "dmcache":
-    sums = write_files(mnt, "f", 8, 4 * MIB, seed=1)
+    sums = write_files(mnt, "f", 4, 4 * MIB, seed=1)
     drop_caches()
     for _ in range(3):  # smq promotes blocks it sees read repeatedly; overwrites of cached blocks are dirty
         for n in sums:
             run("dd", f"if={mnt / n}", "of=/dev/null", "bs=64k", "iflag=direct", "status=none")
-    sums = write_files(mnt, "f", 8, 4 * MIB, seed=2)
+    sums = write_files(mnt, "f", 4, 4 * MIB, seed=2)
 else:
     report("high_wm", SetKnob(name, "high_watermark", "90", "lab: let dirty data sit"))
     report("low_wm", SetKnob(name, "low_watermark", "80", "lab: let dirty data sit"))
     say("table", run("dmsetup", "table", os.environ["LAB_DM_NAME"]))
-    sums = write_files(mnt, "f", 16, 4 * MIB, seed=1)
+    sums = write_files(mnt, "f", 8, 4 * MIB, seed=1)
 
 os.sync()
 say("dirty_before", dirty())

@@ -15,6 +15,9 @@ dd if=/dev/urandom of="$M/hot" bs=64k count=1 conv=fsync status=none
 dd if=/dev/urandom of="$M/gone" bs=256k count=1 conv=fsync status=none
 echo "hot_ino=$(stat -c %i "$M/hot")"
 echo "gone_ino=$(stat -c %i "$M/gone")"
+for _ in 1 2 3 4 5; do   # five fsync'd appends: each one annotates an epoch, its journal flush closes it
+    dd if=/dev/urandom of="$M/log" bs=4k count=1 oflag=append conv=notrunc,fsync status=none
+done
 sync; echo 3 > /proc/sys/vm/drop_caches
 for _ in 1 2 3; do dd if="$M/hot" of=/dev/null bs=4k iflag=direct status=none; done
 rm "$M/gone"

@@ -1,0 +1,247 @@
+/* SPDX-License-Identifier: GPL-2.0-only */
+/*
+ * Maps and helpers every unit shares: configuration, drop counters, the two rings, watches, file identity.
+ */
+#ifndef CP_COMMON_BPF_H
+#define CP_COMMON_BPF_H
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 256);
+	__type(key, u32);
+	__type(value, struct cp_watch);
+} watched SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, CP_MAX_VOLUMES);
+	__type(key, u32);
+	__type(value, struct cp_volume);
+} volumes SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, u32);
+	__type(value, struct cp_config);
+} cp_config_map SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, u32);
+	__type(value, struct cp_drops);
+} drops SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, 1 << 16); /* resized by user space before load */
+	__type(key, u32);
+	__type(value, struct cp_hot_slot);
+} hot_slots SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, u32);
+	__type(value, struct cp_dio);
+} dio_task SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct cp_dio);
+} dio_store SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 20); /* resized by user space before load */
+} events SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 20); /* resized by user space before load */
+} barrier_events SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, CP_MAX_VOLUMES * CP_DROP_KINDS);
+	__type(key, u32);
+	__type(value, u64);
+} vol_drops SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, CP_MAX_VOLUMES * CP_SYNC_KINDS);
+	__type(key, u32);
+	__type(value, struct cp_sync);
+} sync_calls SEC(".maps");
+
+/* a thread is in at most one syscall: entries live from a durability call's entry to its exit (LRU: an exit missed
+ * while attaching cannot leak an entry forever) */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 8192);
+	__type(key, u32);
+	__type(value, struct cp_sync_pending);
+} sync_pending SEC(".maps");
+
+static __always_inline struct cp_config *cfg(void)
+{
+	u32 zero = 0;
+	return bpf_map_lookup_elem(&cp_config_map, &zero);
+}
+
+static __always_inline struct cp_drops *drop_counters(void)
+{
+	u32 zero = 0;
+	return bpf_map_lookup_elem(&drops, &zero);
+}
+
+static __always_inline bool is_self(void)
+{
+	struct cp_config *c = cfg();
+	if (!c || !(c->flags & CP_CFG_IGNORE_SELF))
+		return false;
+	return (u32)(bpf_get_current_pid_tgid() >> 32) == c->self_tgid;
+}
+
+static __always_inline void count_drop(u32 slot, u32 kind)
+{
+	u32 idx = slot * CP_DROP_KINDS + kind;
+	u64 *n = bpf_map_lookup_elem(&vol_drops, &idx);
+	if (n)
+		*n += 1; /* per-CPU */
+}
+
+/* Reserve a ring-buffer event and fill its common header; a full ring is counted (globally and per volume and kind),
+ * never silent. */
+static __always_inline void *reserve_on(void *ring, u64 size, u32 type, u32 dev, u32 slot, u64 ts_ns)
+{
+	struct cp_ev_hdr *e = bpf_ringbuf_reserve(ring, size, 0);
+	if (!e) {
+		struct cp_drops *d = drop_counters();
+		if (d)
+			__sync_fetch_and_add(&d->ringbuf_full, 1);
+		count_drop(slot, type);
+		return NULL;
+	}
+	e->type = type;
+	e->dev = dev;
+	e->ts_ns = ts_ns;
+	return e;
+}
+
+/* the events the controller must not miss: their own ring */
+static __always_inline void *reserve_event(u64 size, u32 type, u32 dev, u32 slot, u64 ts_ns)
+{
+	return reserve_on(&events, size, type, dev, slot, ts_ns);
+}
+
+/* Rare events: the default (adaptive) wakeup, one per batch the consumer has not started on, so poll(-1) returns
+ * after a lone delete. */
+static __always_inline void submit(void *e)
+{
+	bpf_ringbuf_submit(e, 0);
+}
+
+/*
+ * Block barriers can come by the hundred thousand a second: a wakeup per event would make the daemon's cost grow with
+ * the barrier rate, so user space consumes them on its own schedule and is only woken when the ring is a quarter full.
+ */
+static __always_inline void submit_barrier(void *e)
+{
+	u64 avail = bpf_ringbuf_query(&barrier_events, BPF_RB_AVAIL_DATA);
+	u64 size = bpf_ringbuf_query(&barrier_events, BPF_RB_RING_SIZE);
+	bpf_ringbuf_submit(e, avail * 4 >= size ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
+}
+
+static __always_inline struct cp_watch *watch_of(u32 dev, u32 role)
+{
+	struct cp_watch *w = bpf_map_lookup_elem(&watched, &dev);
+	if (!w || !(w->roles & role))
+		return NULL;
+	return w;
+}
+
+/* b = 2^(6 - floor(log2 N)), N = 4 KiB pages clamped to 1..64 */
+static __always_inline u32 inv_bitmap(u64 bytes)
+{
+	u64 n = (bytes + 4095) >> PAGE_SHIFT_;
+	if (n >= 64)
+		return 1;
+	if (n >= 32)
+		return 2;
+	if (n >= 16)
+		return 4;
+	if (n >= 8)
+		return 8;
+	if (n >= 4)
+		return 16;
+	if (n >= 2)
+		return 32;
+	return 64;
+}
+
+static __always_inline u64 hash_key(u32 dev, u64 ino, u32 gen)
+{
+	u64 h = ino * 0x9E3779B97F4A7C15ULL;
+	h ^= (((u64)dev << 32) | gen) * 0xC2B2AE3D27D4EB4FULL;
+	h ^= h >> 29;
+	h *= 0xBF58476D1CE4E5B9ULL;
+	h ^= h >> 32;
+	return h;
+}
+
+struct file_id {
+	u64 ino;
+	u64 size;
+	u32 dev;
+	u32 gen;
+};
+
+static __always_inline bool inode_id(struct inode *inode, struct file_id *id)
+{
+	umode_t mode;
+	if (!inode)
+		return false;
+	mode = BPF_CORE_READ(inode, i_mode);
+	if ((mode & S_IFMT_) != S_IFREG_)
+		return false;
+	id->ino = BPF_CORE_READ(inode, i_ino);
+	id->dev = BPF_CORE_READ(inode, i_sb, s_dev);
+	id->gen = BPF_CORE_READ(inode, i_generation);
+	id->size = BPF_CORE_READ(inode, i_size);
+	return true;
+}
+
+/* Same as inode_id for a BTF-typed inode pointer: direct loads instead of bpf_probe_read calls (hot path). */
+static __always_inline bool inode_id_btf(struct inode *inode, struct file_id *id)
+{
+	if (!inode || (inode->i_mode & S_IFMT_) != S_IFREG_)
+		return false;
+	id->ino = inode->i_ino;
+	id->dev = inode->i_sb->s_dev;
+	id->gen = inode->i_generation;
+	id->size = inode->i_size;
+	return true;
+}
+
+static __always_inline struct file *fd_file(long fd)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
+	struct file **fds;
+	struct file *f = NULL;
+
+	if (!fdt || fd < 0 || (unsigned long)fd >= BPF_CORE_READ(fdt, max_fds))
+		return NULL;
+	fds = BPF_CORE_READ(fdt, fd);
+	if (bpf_probe_read_kernel(&f, sizeof(f), &fds[fd]))
+		return NULL;
+	return f;
+}
+
+#endif /* CP_COMMON_BPF_H */

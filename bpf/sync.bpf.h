@@ -1,0 +1,163 @@
+/* SPDX-License-Identifier: GPL-2.0-only */
+/*
+ * Durability calls and points, counted in the kernel per volume and kind (only those that succeed).
+ */
+#ifndef CP_SYNC_BPF_H
+#define CP_SYNC_BPF_H
+
+/* ---- file-level durability calls: counted per volume and kind, only when they succeed ---- */
+
+static __always_inline int sync_enter(long fd, u32 kind)
+{
+	if (is_self())
+		return 0;
+	struct file *f = fd_file(fd);
+	if (!f)
+		return 0;
+	struct inode *inode = BPF_CORE_READ(f, f_inode);
+	struct cp_watch *w = watch_of(BPF_CORE_READ(inode, i_sb, s_dev), CP_ROLE_FS);
+	if (!w)
+		return 0;
+	u32 tid = (u32)bpf_get_current_pid_tgid();
+	struct cp_sync_pending p = {.ino = kind == CP_BAR_SYNCFS ? 0 : BPF_CORE_READ(inode, i_ino), .slot = w->slot,
+				    .kind = kind};
+	if (bpf_map_update_elem(&sync_pending, &tid, &p, BPF_ANY))
+		count_drop(w->slot, CP_DROP_SYNC);
+	return 0;
+}
+
+static __always_inline void count_sync(u32 slot, u32 kind, u64 ino, u32 pid)
+{
+	if (slot >= CP_MAX_VOLUMES || kind >= CP_SYNC_KINDS)
+		return;
+	u32 idx = slot * CP_SYNC_KINDS + kind;
+	struct cp_sync *c = bpf_map_lookup_elem(&sync_calls, &idx);
+	if (c) { /* per-CPU: plain stores */
+		c->calls += 1;
+		c->last_ino = ino;
+		c->last_pid = pid;
+		c->ts_ns = bpf_ktime_get_ns();
+	}
+}
+
+static __always_inline int sync_exit(long ret)
+{
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	u32 tid = (u32)pid_tgid;
+	struct cp_sync_pending *p = bpf_map_lookup_elem(&sync_pending, &tid);
+	if (!p)
+		return 0;
+	if (p->kind & CP_SYNC_FS_LEVEL)
+		return 0; /* not ours: the filesystem's exit hook counts it */
+	if (ret == 0)
+		count_sync(p->slot, p->kind, p->ino, (u32)(pid_tgid >> 32));
+	bpf_map_delete_elem(&sync_pending, &tid);
+	return 0;
+}
+
+#define SYNC_ENTER(name, kind)                                           \
+	SEC("tracepoint/syscalls/sys_enter_" #name)                     \
+	int sys_##name(struct trace_event_raw_sys_enter *ctx)            \
+	{                                                                \
+		return sync_enter(ctx->args[0], kind);                   \
+	}
+#define SYNC_EXIT(name)                                                  \
+	SEC("tracepoint/syscalls/sys_exit_" #name)                      \
+	int sys_exit_##name(struct trace_event_raw_sys_exit *ctx)        \
+	{                                                                \
+		return sync_exit(ctx->ret);                              \
+	}
+
+SYNC_ENTER(fsync, CP_BAR_FSYNC)
+SYNC_EXIT(fsync)
+SYNC_ENTER(fdatasync, CP_BAR_FDATASYNC)
+SYNC_EXIT(fdatasync)
+SYNC_ENTER(syncfs, CP_BAR_SYNCFS)
+SYNC_EXIT(syncfs)
+SYNC_EXIT(sync_file_range)
+
+/* the loader's claim of its own tgid (CP_SELF_CLAIM_FD in cachepilot.h) */
+static __always_inline void claim_self(u64 nonce)
+{
+	struct cp_config *c = cfg();
+	if (c && c->nonce && nonce == c->nonce) {
+		c->self_tgid = (u32)(bpf_get_current_pid_tgid() >> 32);
+		c->nonce = 0;
+	}
+}
+
+SEC("tracepoint/syscalls/sys_enter_sync_file_range")
+int sys_sync_file_range(struct trace_event_raw_sys_enter *ctx)
+{
+	if ((int)ctx->args[0] == CP_SELF_CLAIM_FD) {
+		claim_self(ctx->args[1]);
+		return 0;
+	}
+	return sync_enter(ctx->args[0], CP_BAR_SYNC_FILE_RANGE);
+}
+
+/*
+ * Durability points that are not fsync-family syscalls on the filesystem's own files all end in the filesystem's
+ * fsync (vfs_fsync_range): writes on O_SYNC / O_DSYNC files or with RWF_DSYNC (generic_write_sync), msync(MS_SYNC),
+ * io_uring's fsync, fsync through overlayfs (the upper file's fsync). ext4_sync_file_{enter,exit} sees them all with
+ * the real file and the result; an fsync syscall on the file itself is left to the syscall hooks (its entry is
+ * pending). The kind comes from the file's flags, else from the system call the task is in.
+ */
+
+static __always_inline u32 implicit_sync_kind(struct file *file, int datasync)
+{
+	long nr;
+	if (BPF_CORE_READ(file, f_flags) & O_DSYNC_) /* O_SYNC includes O_DSYNC */
+		return CP_BAR_SYNC_WRITE;
+	nr = current_syscall();
+	if (nr == NR_MSYNC_)
+		return CP_BAR_MSYNC;
+	if (nr == NR_WRITE_ || nr == NR_PWRITE64_ || nr == NR_WRITEV_ || nr == NR_PWRITEV_ || nr == NR_PWRITEV2_)
+		return CP_BAR_SYNC_WRITE; /* RWF_SYNC / RWF_DSYNC */
+	return datasync ? CP_BAR_FDATASYNC : CP_BAR_FSYNC; /* io_uring, overlayfs, nfsd... */
+}
+
+SEC("tp_btf/ext4_sync_file_enter")
+int BPF_PROG(on_ext4_sync_enter, struct file *file, int datasync)
+{
+	u32 tid = (u32)bpf_get_current_pid_tgid();
+	if (is_self() || bpf_map_lookup_elem(&sync_pending, &tid))
+		return 0; /* an fsync syscall's own: counted at its exit */
+	struct inode *inode = file->f_inode;
+	struct cp_watch *w = watch_of(inode->i_sb->s_dev, CP_ROLE_FS);
+	if (!w)
+		return 0;
+	struct cp_sync_pending p = {.ino = inode->i_ino, .slot = w->slot,
+				    .kind = implicit_sync_kind(file, datasync) | CP_SYNC_FS_LEVEL};
+	if (bpf_map_update_elem(&sync_pending, &tid, &p, BPF_ANY))
+		count_drop(w->slot, CP_DROP_SYNC);
+	return 0;
+}
+
+SEC("tp_btf/ext4_sync_file_exit")
+int BPF_PROG(on_ext4_sync_exit, struct inode *inode, int ret)
+{
+	u64 pid_tgid = bpf_get_current_pid_tgid();
+	u32 tid = (u32)pid_tgid;
+	struct cp_sync_pending *p = bpf_map_lookup_elem(&sync_pending, &tid);
+	if (!p || !(p->kind & CP_SYNC_FS_LEVEL))
+		return 0;
+	if (ret == 0)
+		count_sync(p->slot, p->kind & ~CP_SYNC_FS_LEVEL, p->ino, (u32)(pid_tgid >> 32));
+	bpf_map_delete_elem(&sync_pending, &tid);
+	return 0;
+}
+
+/* sync(2) syncs every filesystem and cannot fail: one SYNC per watched filesystem it waited on */
+SEC("tp_btf/ext4_sync_fs")
+int BPF_PROG(on_ext4_sync_fs, struct super_block *sb, int wait)
+{
+	if (!wait || is_self() || current_syscall() != NR_SYNC_)
+		return 0;
+	struct cp_watch *w = watch_of(sb->s_dev, CP_ROLE_FS);
+	if (w)
+		count_sync(w->slot, CP_BAR_SYNC, 0, (u32)(bpf_get_current_pid_tgid() >> 32));
+	return 0;
+}
+
+#endif /* CP_SYNC_BPF_H */

@@ -1,0 +1,37 @@
+"""Promotion by reading, in the lab: the cache emptied (bcache detached and re-attached; dm-cache replaced by
+an empty one), the promoter reads the hot set, and an ordinary re-read then comes from the cache."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.vm
+
+PY = ".venv/bin/python"
+MIB = 1 << 20
+
+
+def test_promotion_on_bcache_is_admitted_and_the_next_reads_hit(lab):
+    r = lab.run([PY, "tests/vm/act/promote.py"], recipe="bcache", timeout=240)
+    print(r.stdout)
+    assert r.rc == 0, r.explain()
+    assert r.values["sequential_cutoff"] == "4.0M"  # the stock cutoff: the promoter must not look sequential
+    assert r.values["congested_read_threshold_us_status"] == "done"
+    assert r.int("promote_bytes") == 8 * MIB
+    assert r.int("promote_origin_bytes") >= 8 * MIB  # the promotion read the hot set from the origin ...
+    # ... as misses that bcache inserted (bcache counts per bio, so at least one per read), not bypassed ...
+    assert r.int("cache_misses") >= r.int("promote_reads"), r.explain()
+    assert r.int("cache_bypass_misses") <= 1, r.explain()
+    # ... and the next read of the hot set is served by the cache: hits (a long dd run is counted as bypass
+    # hits past sequential_cutoff, still from the cache), the origin (nearly) untouched
+    assert r.int("cache_hits") + r.int("cache_bypass_hits") >= r.int("reread_reads") * 0.9, r.explain()
+    assert r.int("reread_origin_bytes") <= 8 * MIB // 20, r.explain()
+
+
+def test_promotion_on_dmcache_takes_two_rounds_and_the_next_reads_hit(lab):
+    r = lab.run([PY, "tests/vm/act/promote.py"], recipe="dmcache", mode="writethrough", timeout=240)
+    print(r.stdout)
+    assert r.rc == 0, r.explain()
+    assert r.int("promote_bytes") == 8 * MIB  # 4 MiB, two rounds
+    assert r.int("promote_promotions") >= 60, r.explain()  # 64 blocks of 64 KiB
+    assert r.int("reread_origin_bytes") <= 4 * MIB // 20, r.explain()
