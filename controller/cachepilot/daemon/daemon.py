@@ -790,7 +790,7 @@ class Daemon:
                     dirty_age_seconds=st.exposure_age_s(self.engine.now_ns),
                     dirty_bound_bytes=None if recoverable else ctl.policy.exposure.max_dirty,
                     age_bound_seconds=None if recoverable else ctl.policy.exposure.max_age_s,
-                    drains=v.drains, drain_deadline_misses=ctl.breaches, hits=s.hits, misses=s.misses,
+                    drains=v.drains, exposure_breaches=ctl.breaches, hits=s.hits, misses=s.misses,
                     bypasses=None, promoted_bytes=v.promoted_bytes, discard_issued_bytes=v.discard_issued_bytes,
                     discard_landed_bytes=v.discard_landed_bytes, barriers=v.barriers,
                     epoch_bytes=v.epoch_bytes.freeze() if v.epoch_bytes is not None else ex.Histogram.empty(
