@@ -51,7 +51,7 @@ def snapshot(step: int = 1, now: float = 1_800_000_000.0) -> DaemonSnapshot:
         volume="bcache0", device="bcache0", kind="bcache", mode="writeback", target_mode="writeback", health=0,
         latched=False, draining=False, cache_bytes=256 * MiB, cache_io_errors=0,
         dirty_bytes=8 * MiB + step * 4 * KiB, dirty_age_seconds=3.0, dirty_bound_bytes=64 * MiB,
-        age_bound_seconds=30.0, drains=step // 10, drain_deadline_misses=0,
+        age_bound_seconds=30.0, drains=step // 10, exposure_breaches=0,
         hits=900 * step, misses=100 * step, bypasses=5 * step,
         promoted_bytes=MiB * step, discard_issued_bytes=256 * KiB * step, discard_landed_bytes=192 * KiB * step,
         barriers=3 * step, epoch_bytes=epochs.freeze(),
@@ -60,7 +60,7 @@ def snapshot(step: int = 1, now: float = 1_800_000_000.0) -> DaemonSnapshot:
         volume="lab-cached", device="dm-3", kind="dm-cache", mode="writethrough", target_mode="writethrough",
         health=0, latched=False, draining=False, cache_bytes=240 * MiB, cache_io_errors=0,
         dirty_bytes=0, dirty_age_seconds=0.0, dirty_bound_bytes=None, age_bound_seconds=None, drains=0,
-        drain_deadline_misses=0, hits=500 * step, misses=500 * step, bypasses=None,
+        exposure_breaches=0, hits=500 * step, misses=500 * step, bypasses=None,
         promoted_bytes=0, discard_issued_bytes=64 * KiB * step, discard_landed_bytes=64 * KiB * step,
         barriers=step, epoch_bytes=epochs.freeze(),
     )

@@ -67,7 +67,7 @@ EXPECTED = {
     "cachepilot_volume_dirty_bound_bytes": ("gauge", V),
     "cachepilot_volume_dirty_age_bound_seconds": ("gauge", V),
     "cachepilot_volume_drains": ("counter", V),
-    "cachepilot_volume_drain_deadline_misses": ("counter", V),
+    "cachepilot_volume_exposure_breaches": ("counter", V),
     "cachepilot_volume_cache_hits": ("counter", V),
     "cachepilot_volume_cache_misses": ("counter", V),
     "cachepilot_volume_cache_bypasses": ("counter", V),

@@ -58,7 +58,7 @@ def test_every_alert_is_complete_and_its_runbook_exists() -> None:
     # the alerts issue 11 asks for
     assert names >= {
         "CachepilotCacheDeviceErrors", "CachepilotCacheDeviceFailed", "CachepilotVolumeLatched",
-        "CachepilotDirtyOverBound", "CachepilotDrainDeadlineMissed", "CachepilotWriteBackStalled",
+        "CachepilotDirtyOverBound", "CachepilotExposureBreach", "CachepilotWriteBackStalled",
         "CachepilotDaemonDown", "CachepilotDaemonAbsent", "CachepilotEventDrops", "CachepilotVolumeBypass",
         "CachepilotHitRatioCollapse",
     }

@@ -152,8 +152,9 @@ def exposure(s: DaemonSnapshot) -> list[Metric]:
                     lambda v: v.age_bound_seconds),
         _per_volume(CounterMetricFamily, "cachepilot_volume_drains_total", "Drains completed.", vols,
                     lambda v: v.drains),
-        _per_volume(CounterMetricFamily, "cachepilot_volume_drain_deadline_misses_total",
-                    "Drains that missed their deadline.", vols, lambda v: v.drain_deadline_misses),
+        _per_volume(CounterMetricFamily, "cachepilot_volume_exposure_breaches_total",
+                    "Exposure breaches: drains that failed or missed their deadline.", vols,
+                    lambda v: v.exposure_breaches),
     ]
 
 

@@ -113,7 +113,7 @@ class VolumeSnapshot:
     dirty_bound_bytes: int | None  # policy exposure.max_dirty; None when the volume has no bound (recoverable)
     age_bound_seconds: float | None  # policy exposure.max_age: the age guarantee; None when unbounded
     drains: int  # drains completed
-    drain_deadline_misses: int  # drains that missed their deadline (each a breach of the bound)
+    exposure_breaches: int  # drains that failed or missed their deadline (the engine's VolumeCtl.breaches)
     # the stock cache's own counters (cumulative as the cache reports them; None where it has none)
     hits: int
     misses: int
