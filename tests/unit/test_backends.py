@@ -370,3 +370,35 @@ def test_wrong_volume_and_busy_volume(bc):
     b.apply(Drain("bcache0", 10 * S, "x"))
     out = b.apply(SetWritePolicy("bcache0", "writethrough", "x"))
     assert out.status == FAILED and isinstance(out.error, RetryLater)
+
+
+# ------------------------------------------------------------------ cache identity (ends a failure latch)
+def test_samples_carry_the_cache_identity(tmp_path):
+    from cachepilot.backends.inspect import sample_volume
+
+    bcache_tree(tmp_path)
+    s = sample_volume(VolumeInfo(dev=1, name="bcache0", kind="bcache"), sysfs_root=tmp_path, now_ns=1)
+    assert s.cache_id == "uuid"  # the cache set the volume is attached to
+    (tmp_path / "block" / "bcache0" / "bcache" / "cache").unlink()  # detached
+    (tmp_path / "block" / "bcache0" / "bcache" / "cache0").mkdir()
+    s = sample_volume(VolumeInfo(dev=1, name="bcache0", kind="bcache"), sysfs_root=tmp_path, now_ns=1)
+    assert s.cache_id == "" and s.failed
+
+
+@pytest.mark.parametrize(("kind", "table", "status", "want"), [
+    ("dm-cache", "0 2097152 cache 254:3 254:4 254:1 128 1 writeback smq 0",
+     "0 2097152 cache 8 27/4096 128 10/2048 1 2 3 4 0 0 0 1 writeback 2 migration_threshold 2048 smq 0 rw -",
+     "254:4"),
+    ("dm-writecache", "0 2097152 writecache s 254:1 254:5 4096 0", "0 2097152 writecache 0 65536 65000 0", "254:5"),
+])
+def test_dm_samples_carry_the_cache_device(tmp_path, kind, table, status, want):
+    from cachepilot.backends.inspect import sample_volume
+
+    (tmp_path / "block" / "dm-2" / "dm").mkdir(parents=True)
+    (tmp_path / "block" / "dm-2" / "dm" / "name").write_text("lab-cached\n")
+
+    def dm(args: Sequence[str], timeout: float) -> str:
+        return {"status": status, "table": table}[args[0]]
+
+    info = VolumeInfo(dev=2, name="dm-2", kind=kind, cache_bytes=65536 * 4096)
+    assert sample_volume(info, sysfs_root=tmp_path, dm=dm, now_ns=1).cache_id == want

@@ -174,6 +174,9 @@ def test_vectorised_apply_matches_sequential(batches: list, known_only: bool) ->
         a.advance(now)
         b.advance(now)
         assert a.apply_records(recs, known_only) == b.apply_array(np.array(recs, dtype=HOT_DTYPE), known_only)
+        for ino in sorted(a.index.get(7, ()))[:dt]:  # deletes: their slots are reused by later new files
+            a.forget(7, ino)
+            b.forget(7, ino)
     cols = ("dev", "ino", "gen", "rscore", "wscore", "stamp", "last", "size", "flags")
     assert a.dev_bytes == b.dev_bytes
     assert {d: set(i) for d, i in a.index.items()} == {d: set(i) for d, i in b.index.items()}

@@ -18,8 +18,10 @@ def test_daemon_discards_deleted_dirty_data_answers_reloads_and_stops_clean(lab)
     # the policy's pinned knobs were set through the real backend (read back)
     assert v["knob_set"] == "yes" and r.int("knob_decisions_done") >= 2, r.explain()
     # deletes became discards: ~16 MiB of dirty data left the cache, and it never went to the origin
-    # (most of the 16 MiB is dirty; bcache may bypass some before the daemon pinned sequential_cutoff 0)
-    assert r.int("dirty_before") >= 8 * MIB and r.int("dirty_after") <= MIB, r.explain()
+    # (much of the 16 MiB is dirty: under TCG bcache bypasses some writes as congested; what was dirty before the
+    # workload -- mkfs, the journal -- stays, as the hot file does)
+    base = r.int("dirty_base")
+    assert r.int("dirty_before") >= base + 4 * MIB and r.int("dirty_after") <= base + 512 * 1024, r.explain()
     assert r.int("origin_written_during") < MIB, r.explain()
     assert r.int("discard_done") >= 1 and r.int("discard_issued_bytes") >= 16 * MIB, r.explain()
     # the hot file was promoted (read through the cache by handle)
@@ -31,9 +33,15 @@ def test_daemon_discards_deleted_dirty_data_answers_reloads_and_stops_clean(lab)
     # SIGHUP with a broken policy keeps the running one
     assert ":3: defaults.exposure.max_dirty" in v["reload_error"] and v["policy_generation"] == "1", r.explain()
     assert v["alive_after_hup"] == "yes" and v["log_reload_failed"] == "yes", r.explain()
-    # the volume vanished (dropped, one log line) and came back (adopted again, its pinned knob set again)
+    # the volume vanished (dropped, one log line) and came back (adopted again, its pinned knob set again) ...
     assert v["dropped"] == "yes" and v["gone_from_status"] == "yes", r.explain()
     assert v["readopted"] == "yes" and v["knob_repinned"] == "yes", r.explain()
+    # ... with its filesystem now on a dm-linear device stacked on bcache0: found, and a delete there still drops
+    # the dirty data (the FITRIM goes to the stacked filesystem, the discard passes down to bcache)
+    assert r.int("stacked_discard_done") == 1, r.explain()
+    sbase = r.int("stacked_dirty_base")
+    assert r.int("stacked_dirty_before") >= sbase + MIB, r.explain()
+    assert r.int("stacked_dirty_after") <= sbase + 256 * 1024, r.explain()
     # SIGTERM: exit 0, the cache as it was
     assert v["exit"] == "0" and v["traceback"] == "no", r.explain()
     assert v["mode_after"] == v["mode_before"] and "[writeback]" in v["mode_after"], r.explain()

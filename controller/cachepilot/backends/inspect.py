@@ -120,13 +120,33 @@ def _bcache_cache_bytes(name: str) -> int:
     return int(_read(cache_dev / "size")) * 512
 
 
+def _bcache_cache_id(sysfs: Path) -> str:
+    """The cache set's UUID (the directory ``bcache/cache`` links to), or "" when detached. A new cache device
+    makes a new cache set, so a new UUID: this is what lets a failure latch end when the device is replaced."""
+    link = sysfs / "cache"
+    try:
+        return os.path.basename(os.readlink(link))
+    except OSError:
+        return ""
+
+
+def _dm_cache_id(kind: str, table: Sequence[str]) -> str:
+    """The cache device of a dm-cache / dm-writecache table line, as dmsetup prints it (major:minor)."""
+    # cache: "<start> <len> cache <metadata dev> <cache dev> <origin dev> ..."
+    # writecache: "<start> <len> writecache <p|s> <origin dev> <cache dev> ..."
+    i = 4 if kind == KIND_DMCACHE else 5
+    return table[i] if len(table) > i else ""
+
+
 def describe_volume(dev_path: str) -> VolumeInfo:
     """What the volume is; UserError naming the problem if it is not a cached volume."""
     name, dev = block_name(dev_path)
     kind, dm_name, table = _kind(name)
     mountpoint, fs_discard = _mount_of(dev)
+    cache_id = _dm_cache_id(kind, table)
     if kind == KIND_BCACHE:
         cache_bytes = _bcache_cache_bytes(name)
+        cache_id = _bcache_cache_id(SYS_BLOCK / name / "bcache")
     elif kind == KIND_DMCACHE:
         cache_bytes = parse_dm_cache_status(_dmsetup("status", dm_name)).cache_bytes
     else:  # "<start> <len> writecache <p|s> <origin> <cache> <block size> ..."
@@ -141,6 +161,7 @@ def describe_volume(dev_path: str) -> VolumeInfo:
         cache_bytes=cache_bytes,
         fs_block_size=os.statvfs(mountpoint).f_bsize if mountpoint else 4096,
         fs_discard=fs_discard,
+        cache_id=cache_id,
     )
 
 
@@ -165,11 +186,12 @@ def sample_volume(info: VolumeInfo, *, sysfs_root: Path = Path("/sys"), dm: DmRu
             dev=info.dev, ts_ns=now, mode=mode, dirty_bytes=parse_bcache_size(_read(sysfs / "dirty_data")),
             hits=int(_read(sysfs / "stats_total" / "cache_hits")),
             misses=int(_read(sysfs / "stats_total" / "cache_misses")),
-            io_errors=errors, failed=not attached,
+            io_errors=errors, failed=not attached, cache_id=_bcache_cache_id(sysfs) if attached else "",
             knobs={k: _read(sysfs / k) for k in ("sequential_cutoff", "writeback_percent")},
         )
     dm_name = _read(sys_block / info.name / "dm" / "name")
     line = dm(("status", dm_name), 10.0)
+    cache_id = _dm_cache_id(info.kind, dm(("table", dm_name), 10.0).split())
     try:
         if info.kind == KIND_DMCACHE:
             s = parse_dm_cache_status(line)
@@ -178,7 +200,7 @@ def sample_volume(info: VolumeInfo, *, sysfs_root: Path = Path("/sys"), dm: DmRu
                 dirty_bytes=s.dirty_bytes, hits=s.read_hits + s.write_hits,
                 misses=s.read_misses + s.write_misses, io_errors=0,
                 failed=s.failed or s.metadata_mode == "ro" or s.needs_check,
-                knobs={k: v for k, v in s.core_args.items()},
+                knobs={k: v for k, v in s.core_args.items()}, cache_id=cache_id,
             )
         w = parse_dm_writecache_status(line)
         block = info.cache_bytes // w.total_blocks if w.total_blocks else 4096
@@ -186,7 +208,7 @@ def sample_volume(info: VolumeInfo, *, sysfs_root: Path = Path("/sys"), dm: DmRu
         total = w.stats[0] + w.stats[2] if len(w.stats) >= 3 else 0  # read blocks + write blocks
         return VolumeSample(
             dev=info.dev, ts_ns=now, mode="writeback", dirty_bytes=w.used_blocks * block, hits=hits,
-            misses=max(0, total - hits), io_errors=w.error, failed=w.error != 0,
+            misses=max(0, total - hits), io_errors=w.error, failed=w.error != 0, cache_id=cache_id,
         )
     except StatusParseError as exc:
         raise UserError(f"dmsetup status {dm_name}: {exc}") from None

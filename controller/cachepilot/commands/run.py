@@ -39,6 +39,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
                         format="cachepilot: %(levelname)s: %(message)s")
+    if not args.verbose:  # the daemon logs each action with its outcome and read-back once; their own lines repeat it
+        for name in ("cachepilot.backends", "cachepilot.actuators"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     daemon = Daemon(config, config_path=Path(args.config), probe_factory=None if args.no_probe else _probe_factory)
     signal.signal(signal.SIGTERM, lambda *_: daemon.request_stop())
     signal.signal(signal.SIGINT, lambda *_: daemon.request_stop())

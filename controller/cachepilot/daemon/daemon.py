@@ -147,6 +147,7 @@ class Daemon:
         self._said: set[str] = set()
         self.drops: Drops | None = None
         self.by_lower: dict[int, int] = {}  # a device below a volume -> the volume's dev
+        self.remap: dict[int, int] = {}  # cached device -> the filesystem stacked on it (the engine's key)
         self.clear_requests: list[str] = []  # from the control socket, done on the loop thread
         self.metrics: Any = None  # the exporter (box, registry, server) when configured
         self.ready = False
@@ -254,6 +255,10 @@ class Daemon:
 
     def _feed(self, ev: Any) -> None:
         self.counters[f"events.{type(ev).__name__}"] += 1
+        if self.remap:
+            to = self.remap.get(getattr(ev, "dev", -1))
+            if to is not None:
+                ev = replace(ev, dev=to)
         if isinstance(ev, Discard):
             v = self.vols.get(self.by_lower.get(ev.dev, -1))
             if v is not None:
@@ -354,7 +359,8 @@ class Daemon:
             return
         if self.probe is not None:
             try:
-                self.probe.watch_volume(info.dev, lower=f.lower)
+                fs_dev = info.dev if f.block_dev is not None else None
+                self.probe.watch_volume(f.volume_dev, fs_dev=fs_dev, lower=f.lower)
             except (UserError, OSError) as exc:
                 self.engine.remove_volume(info.dev)
                 self._once(f"{info.name}: cannot watch it: {exc}")
@@ -371,10 +377,14 @@ class Daemon:
                 pass
         for low in f.lower:
             self.by_lower[low] = info.dev
+        if f.block_dev is not None:  # block-level events carry the cached device; the engine knows the filesystem's
+            self.remap[f.block_dev] = info.dev
         self.vols[info.dev] = v
         self.counters["volumes.adopted"] += 1
         how = "observe only" if v.observe_only else info.kind
-        log.info("adopted %s (%s, %s, mounted at %r)", info.name, how, devname(info.dev), info.mountpoint)
+        stack = f", filesystem on {devname(info.dev)} stacked on it" if f.block_dev is not None else ""
+        log.info("adopted %s (%s, %s%s, mounted at %r)", info.name, how, devname(f.volume_dev), stack,
+                 info.mountpoint)
         self._restore_latch(v, now)
         self._rewarm_from_state(v, now)
 
@@ -405,8 +415,9 @@ class Daemon:
         self.engine.remove_volume(dev)
         for low in v.found.lower:
             self.by_lower.pop(low, None)
+        self.remap.pop(v.found.volume_dev, None)
         if self.probe is not None:
-            self.probe.unwatch(dev)
+            self.probe.unwatch(v.found.volume_dev)
         self.counters["volumes.dropped"] += 1
         log.warning("dropped %s: %s; %d pending action(s) cancelled", v.info.name, why, cancelled)
 

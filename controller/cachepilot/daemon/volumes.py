@@ -1,14 +1,15 @@
 """Finding the host's cached volumes (at start and on every rescan): bcache devices with a bcache directory in
 sysfs, device-mapper devices whose table is a ``cache`` or ``writecache`` target. Read-only; one ``dmsetup table``
 call covers every dm device. Also the devices below each volume (backing and cache), whose discards the probe
-reports, and the extra devices the configuration asks to observe without acting."""
+reports, and the extra devices the configuration asks to observe without acting. A filesystem stacked on a cached
+device (LVM, dm-crypt, dm-linear on bcache) is found through the device's holders."""
 
 from __future__ import annotations
 
 import os
 import stat
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cachepilot.backends import inspect
@@ -21,8 +22,14 @@ OBSERVE = "none"  # VolumeInfo.kind of a watched device that is not a cache: obs
 
 @dataclass(frozen=True)
 class Found:
-    info: VolumeInfo
+    info: VolumeInfo  # info.dev is the filesystem's device (the cached device itself, or what is stacked on it)
     lower: tuple[int, ...] = ()
+    block_dev: int | None = None  # the cached device, when the filesystem sits on a device stacked on it
+
+    @property
+    def volume_dev(self) -> int:
+        """The cached block device (what the probe watches as the volume)."""
+        return self.info.dev if self.block_dev is None else self.block_dev
 
 
 def _dev_of(sysdir: Path) -> int | None:
@@ -65,6 +72,44 @@ def _dm_cache_names() -> set[str]:
     return names
 
 
+def _stacked_mount(sys_block: Path, name: str, depth: int = 4) -> tuple[str, int, str, bool] | None:
+    """A filesystem mounted on a device stacked on ``name`` (LVM, dm-crypt, dm-linear: its holders, recursively):
+    (holder name, its dev, mountpoint, mounted with -o discard), or None."""
+    todo, seen = [(name, 0)], set()
+    while todo:
+        cur, level = todo.pop(0)
+        holders = sys_block / cur / "holders"
+        if level >= depth or not holders.is_dir():
+            continue
+        for h in sorted(holders.iterdir()):
+            if h.name in seen:
+                continue
+            seen.add(h.name)
+            dev = _dev_of(sys_block / h.name)
+            if dev is None:
+                continue
+            mountpoint, fs_discard = inspect._mount_of(dev)  # noqa: SLF001 - the one mountinfo reader
+            if mountpoint:
+                return h.name, dev, mountpoint, fs_discard
+            todo.append((h.name, level + 1))
+    return None
+
+
+def _fs_on_stack(sys_block: Path, name: str, info: VolumeInfo) -> tuple[VolumeInfo, int | None]:
+    """The volume as the daemon tracks it: when nothing is mounted on the cached device itself but a device stacked
+    on it carries a mounted filesystem, that filesystem (its dev, mountpoint, UUID) on the cached device's backend."""
+    if info.mountpoint:
+        return info, None
+    stacked = _stacked_mount(sys_block, name)
+    if stacked is None:
+        return info, None
+    holder, dev, mountpoint, fs_discard = stacked
+    fs_uuid = inspect._fs_uuid(f"/dev/{holder}")  # noqa: SLF001 - the one blkid call
+    bs = os.statvfs(mountpoint).f_bsize
+    return replace(info, dev=dev, mountpoint=mountpoint, fs_uuid=fs_uuid, fs_block_size=bs,
+                   fs_discard=fs_discard), info.dev
+
+
 def discover(sys_block: Path = inspect.SYS_BLOCK) -> tuple[list[Found], list[str]]:
     """The cached volumes now present, and one line per device that looked cached but could not be described."""
     found: list[Found] = []
@@ -92,7 +137,8 @@ def discover(sys_block: Path = inspect.SYS_BLOCK) -> tuple[list[Found], list[str
         except UserError as exc:
             problems.append(f"{name}: {exc}")
             continue
-        found.append(Found(info, _lower(sys_block, name)))
+        info, block_dev = _fs_on_stack(sys_block, name, info)
+        found.append(Found(info, _lower(sys_block, name), block_dev))
     return found, problems
 
 

@@ -158,34 +158,49 @@ class HotnessTable:
         self.live += 1
         return slot
 
-    def _alloc_many(self, dev: int, new: dict[int, int]) -> dict[int, int]:
-        """Slots for many new files (ino -> gen) at once; returns ino -> slot."""
-        out: dict[int, int] = {}
-        items = list(new.items())
-        while items and self._free:
-            ino, gen = items.pop()
-            out[ino] = self._alloc(dev, ino, gen)
-        k = len(items)
-        if not k:
-            return out
-        base = len(self.flags)
-        inos = [i for i, _ in items]
-        self.dev.extend(array("I", [dev]) * k)
-        self.ino.extend(array("Q", inos))
-        self.gen.extend(array("I", [g for _, g in items]))
-        zeros = array("I", bytes(4 * k))
-        self.rscore.extend(zeros)
-        self.wscore.extend(zeros)
-        self.charged.extend(zeros)
-        self.stamp.extend(array("I", [self.epoch]) * k)
-        self.last.extend(array("q", bytes(8 * k)))
-        self.size.extend(array("q", [-1]) * k)
-        self.flags.extend(array("B", [F_LIVE]) * k)
-        made = dict(zip(inos, range(base, base + k), strict=True))
-        self.index[dev].update(made)
+    def _alloc_many(self, dev: int, inos: np.ndarray, gens: np.ndarray) -> np.ndarray:
+        """Slots for many new files at once (distinct inode numbers, u64, with their generations): free slots
+        first, then new ones at the end of the arrays. No numpy view of the arrays may exist (they may grow)."""
+        k = len(inos)
+        slots = np.empty(k, dtype=np.int64)
+        reuse = min(k, len(self._free))
+        if reuse:
+            slots[:reuse] = self._free[len(self._free) - reuse:]
+            del self._free[len(self._free) - reuse:]
+            self._reset_slots(slots[:reuse], dev, inos[:reuse], gens[:reuse])
+        rest = k - reuse
+        if rest:
+            base = len(self.flags)
+            slots[reuse:] = np.arange(base, base + rest)
+            self.dev.extend(array("I", [dev]) * rest)
+            self.ino.frombytes(inos[reuse:].astype(np.uint64).tobytes())
+            self.gen.frombytes(gens[reuse:].astype(np.uint32).tobytes())
+            zeros = array("I", bytes(4 * rest))
+            self.rscore.extend(zeros)
+            self.wscore.extend(zeros)
+            self.charged.extend(zeros)
+            self.stamp.extend(array("I", [self.epoch]) * rest)
+            self.last.extend(array("q", bytes(8 * rest)))
+            self.size.extend(array("q", [-1]) * rest)
+            self.flags.extend(array("B", [F_LIVE]) * rest)
+        self.index[dev].update(dict(zip(inos.tolist(), slots.tolist(), strict=True)))
         self.live += k
-        out.update(made)
-        return out
+        return slots
+
+    def _reset_slots(self, slots: np.ndarray, dev: int, inos: np.ndarray, gens: np.ndarray) -> None:
+        """Free slots taken by new files (as _alloc does one at a time)."""
+        np.frombuffer(self.dev, dtype=np.uint32)[slots] = dev
+        np.frombuffer(self.ino, dtype=np.uint64)[slots] = inos
+        np.frombuffer(self.gen, dtype=np.uint32)[slots] = gens
+        np.frombuffer(self.rscore, dtype=np.uint32)[slots] = 0
+        np.frombuffer(self.wscore, dtype=np.uint32)[slots] = 0
+        np.frombuffer(self.stamp, dtype=np.uint32)[slots] = self.epoch
+        np.frombuffer(self.last, dtype=np.int64)[slots] = 0
+        np.frombuffer(self.size, dtype=np.int64)[slots] = -1
+        np.frombuffer(self.charged, dtype=np.uint32)[slots] = 0
+        flags = np.frombuffer(self.flags, dtype=np.uint8)
+        flags[slots] = F_LIVE | (flags[slots] & (F_TOUCHED | F_QUEUED))  # may sit in those lists
+        del flags
 
     def lookup(self, dev: int, ino: int, gen: int | None = None) -> int | None:
         idx = self.index.get(dev)
@@ -397,15 +412,12 @@ class HotnessTable:
                 idx = self.index[d]
             inos_arr = rec["ino"][sel]
             got = idx.lookup_many(inos_arr)
-            miss = np.nonzero(got < 0)[0].tolist()
-            if miss:  # new files (the arrays may grow: no numpy views exist yet)
-                inos = inos_arr.tolist()
-                gens = rec["gen"][sel].tolist()
-                new: dict[int, int] = {}
-                for i in miss:
-                    new.setdefault(inos[i], gens[i])
-                made = self._alloc_many(d, new)
-                got[miss] = [made[inos[i]] for i in miss]
+            miss = np.nonzero(got < 0)[0]
+            if len(miss):  # new files (the arrays may grow: no numpy views exist yet)
+                mi = inos_arr[miss]
+                uniq, first = np.unique(mi, return_index=True)  # a file twice: its first record's generation
+                made = self._alloc_many(d, uniq, rec["gen"][sel][miss][first])
+                got[miss] = made[np.searchsorted(uniq, mi)]
             slots[sel] = got
         if keep is not None:
             rec = rec[keep]

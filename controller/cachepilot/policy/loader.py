@@ -387,7 +387,7 @@ def _subsets(items: tuple[tuple[str, str], ...]) -> list[tuple[tuple[str, str], 
 
 
 def _check_overlaps(doc: _Doc, rules: Sequence[Rule]) -> None:
-    """No two rules where one covers the other (_covers), in O(n x (8 + glob rules)) instead of O(n^2).
+    """No two rules where one covers the other (_covers), in O(n x (16 + glob rules)) instead of O(n^2).
 
     A literal selector a covers b exactly when a's attributes are a subset of b's (with equal values), so
     each rule is looked up by its own attributes among the earlier rules' subsets and vice versa; glob

@@ -4,8 +4,8 @@
 sample every simulated second, and its actions are applied to the simulated cache: ``Promote`` reads the
 file's blocks through the cache (OPT prefetches optimally), ``DiscardRanges`` drops the blocks that are
 still free (what FITRIM would do; dirty ones are never written back), ``SetWritePolicy`` switches
-write-back on or off. When the cache is emptied (warm restart) the daemon would notice the re-attached
-cache device; the simulator tells the engine to re-warm.
+write-back on or off, ``Drain`` writes every dirty block back. When the cache is emptied (warm restart) the
+daemon would notice the re-attached cache device; the simulator tells the engine to re-warm.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 
-from cachepilot.engine import DiscardRanges, Engine, Promote, SetWritePolicy
+from cachepilot.engine import DiscardRanges, Drain, Engine, Promote, SetWritePolicy
 from cachepilot.models.volume import WRITEBACK, VolumeInfo, VolumeSample
 from cachepilot.policy.model import (
     DiscardOnDelete,
@@ -226,6 +226,8 @@ def run(p: Prepared, policy: str, controller: bool, capacity: int, writeback_per
                             cache.discard(b)
             elif isinstance(a, SetWritePolicy):
                 cache.set_writeback(a.mode == WRITEBACK)
+            elif isinstance(a, Drain):  # write every dirty block back now (bcache writeback_percent 0 ...)
+                cache.flush()
     cache.flush()  # what would eventually be written back
     res.reads, res.read_hits = reads, hits
     res.scan_reads, res.scan_hits = sreads, shits

@@ -12,6 +12,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from cachepilot.engine import Action, Engine
 from cachepilot.errors import UserError
 from cachepilot.events import kdev_major_minor
@@ -70,12 +72,14 @@ def replay(path: str | Path, policy: Policy, only_volume: str | None = None) -> 
     t0 = time.process_time()
     feed = engine.feed
     known = {v.dev for v in reader.volumes}
+    known_devs = np.array(sorted(known), dtype=np.uint32)
     unknown: Counter[int] = Counter()
     for off, t, recs in reader.raw_blocks():
         if t == T_HOT:
             devs = recs["dev"]
-            if len(known) != 1 or not (devs == next(iter(known))).all():
-                unknown.update(d for d in devs.tolist() if d not in known)
+            odd = devs[~np.isin(devs, known_devs)]  # a sort of the block, not a Python loop
+            if len(odd):
+                unknown.update(odd.tolist())
             engine.feed_hotness_array(recs)
         elif t == T_TICK:
             for (ts,) in recs:

@@ -130,10 +130,10 @@ deadline = time.monotonic() + 30
 while time.monotonic() < deadline:
     for ev in probe.poll(100):
         if isinstance(ev, FreedExtent) and ev.dev == info.dev and not ev.metadata:
-            queue.freed(ev.block, ev.count, ev.ts_ns)
+            queue.freed(ev.block, ev.count, ev.ts_ns, ev.tid)
             freed.append((ev.block * bs, ev.count * bs))
         elif isinstance(ev, JournalCommit) and ev.dev == info.dev and queue.pending:
-            queue.commit(ev.ts_ns)
+            queue.commit(ev.transaction, ev.ts_ns)
             commit_ns = commit_ns or ev.ts_ns
         elif isinstance(ev, Discard) and ev.dev == info.dev and issued_ns:
             landed += ev.nr_sectors * 512
