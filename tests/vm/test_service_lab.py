@@ -1,8 +1,12 @@
-"""`cachepilot run` as the packaged systemd service under a real systemd (PID 1 of a lab guest, bcache volume):
-Type=notify readiness, metrics on 127.0.0.1, the control socket, a FITRIM discard through the hardening, SIGHUP
-with a broken policy, the watchdog killing a hung daemon and the restart, a clean stop (tests/vm/service/)."""
+"""`cachepilot run` as the packaged systemd service under a real systemd (252, PID 1 of a lab guest, bcache volume):
+the unit as systemd parsed it (verify, settings, online security score = README's), Type=notify readiness, metrics
+on 127.0.0.1, the control socket, a FITRIM discard through the hardening, SIGHUP with a broken policy, the watchdog
+killing a hung daemon and the restart, a clean stop (tests/vm/service/unit_lifecycle.sh)."""
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +18,20 @@ def test_the_service_lifecycle_under_systemd(lab) -> None:
                 timeout=480)
     assert r.rc == 0, r.explain()
     v = r.values
+    # the unit as a real systemd parsed it (a test drop-in only shortens the watchdog, abort and restart times)
+    assert v.get("verify") == "ok" and v["LoadState"] == "loaded", r.explain()
+    assert v["Type"] == "notify" and v["NotifyAccess"] == "main" and v["Restart"] == "on-failure"
+    assert v["StartLimitBurst"] == "5" and v["RestartPreventExitStatus"] == "2" and v["KillMode"] == "mixed"
+    assert v["ProtectSystem"] == "strict" and v["ProtectHome"] == "read-only" and v["NoNewPrivileges"] == "yes"
+    assert v["DevicePolicy"] == "closed" and v["PrivateDevices"] == "no" and v["ProtectKernelTunables"] == "no"
+    assert v["MemoryMax"] == str(512 << 20) and v["TasksMax"] == "64" and v["StateDirectory"] == "cachepilot"
+    assert set(v["CapabilityBoundingSet"].split()) == {"cap_bpf", "cap_perfmon", "cap_sys_admin",
+                                                       "cap_dac_read_search"}
+    assert "/dev/mapper/control rw" in v["DeviceAllow"]
+    assert "path=/usr/local/bin/cachepilot" in v["ExecStart"]
+    assert "run --config /etc/cachepilot/config.yaml" in v["ExecStart"]
+    score = re.search(r"exposure level (\d+\.\d+) \(", (Path(__file__).resolve().parents[2] / "README.md").read_text())
+    assert score and v["security"] == score.group(1), (v.get("security"), r.explain())
     # `systemctl start` returns once the daemon said READY=1: probe attached, volume adopted, metrics answering
     assert v["start_rc"] == "0" and v["active"] == "active", r.explain()
     assert v["ready_metric"] == "1.0" and v["observe_only"] == "0.0", r.explain()

@@ -1,6 +1,7 @@
 #!/bin/bash
-# Lab (--init systemd, recipe bcache): the packaged cachepilot.service under a real systemd — readiness, metrics,
-# reload with a broken policy, the watchdog killing a hung daemon and the restart, a clean stop. Reports key=value.
+# Lab (--init systemd, recipe bcache): the packaged cachepilot.service under a real systemd — how systemd parsed
+# it, readiness, metrics, the control socket, a discard through the sandbox, reload with a broken policy, the
+# watchdog killing a hung daemon and the restart, a clean stop. Reports key=value lines.
 set -u
 say() { echo "$1=$2"; }
 show() { systemctl show cachepilot -p "$1" --value; }
@@ -28,6 +29,15 @@ cp policies/default.yaml /etc/cachepilot/policy.yaml
 printf 'version: 1\npolicies: [/etc/cachepilot/policy.yaml]\ntick: 1s\nmetrics: {listen: 127.0.0.1:9854}\n' \
     > /etc/cachepilot/config.yaml
 systemctl daemon-reload
+
+# the unit as systemd parsed it: verify, the settings, the online security score
+systemd-analyze verify cachepilot.service && say verify ok
+systemctl show cachepilot -p LoadState -p Type -p NotifyAccess -p Restart -p StartLimitBurst \
+    -p RestartPreventExitStatus -p ProtectSystem -p ProtectHome -p NoNewPrivileges -p DevicePolicy \
+    -p MemoryMax -p TasksMax -p KillMode -p CapabilityBoundingSet -p PrivateDevices -p ProtectKernelTunables \
+    -p StateDirectory -p DeviceAllow -p ExecStart
+systemd-analyze security cachepilot.service --no-pager \
+    | sed -n 's/.*Overall exposure level for cachepilot.service: \([0-9.]*\).*/security=\1/p'
 
 start=$SECONDS
 systemctl start cachepilot; say start_rc $?
