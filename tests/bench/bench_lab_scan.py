@@ -51,7 +51,7 @@ def main() -> None:
         table.append([recipe, CONFIGS[c], cell(values(ok, "pre_ratio"), "{:.3f}"),
                       cell(values(ok, "during_mean"), "{:.3f}"), cell(values(ok, "during_min"), "{:.3f}"),
                       cell(values(ok, "after_mean"), "{:.3f}"),
-                      cell(rec, "{:.0f}") + (f" ({len(ok) - len(rec)} never)" if len(rec) < len(ok) else ""),
+                      cell(rec, "{:.1f}") + (f" ({len(ok) - len(rec)} never)" if len(rec) < len(ok) else ""),
                       f"{sum(1 for r in ok if r['never_below_90'])}/{len(ok)}", f"{len(ok)}/{reps}"])
     for recipe in RECIPES:
         st, cp = rows[(recipe, "stock")], rows[(recipe, "cp-destructive")]
