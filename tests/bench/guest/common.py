@@ -1,0 +1,177 @@
+"""Guest-side helpers for the lab benchmarks: counters of the cached volume, the daemon, a per-second sampler.
+
+Runs inside the lab guest (tests/vm/lab run ... -- .venv/bin/python tests/bench/guest/X.py); the result is one JSON
+file in $LAB_OUT. Only reads sysfs and /proc, except where a benchmark sets up its configuration (cache mode,
+mount options), which is what an operator would do by hand."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+MIB = 1 << 20
+ROOT = Path(__file__).resolve().parents[3]
+MNT = Path(os.environ.get("LAB_MOUNT", "/mnt/lab"))
+ORIGIN = os.environ.get("LAB_ORIGIN_DEV", "")
+RECIPE = os.environ.get("LAB_RECIPE", "")
+BCACHE = Path(os.environ.get("LAB_BCACHE_SYSFS", "/nonexistent"))
+DM_NAME = os.environ.get("LAB_DM_NAME", "")
+OUT = Path(os.environ.get("LAB_OUT", "/tmp"))
+
+
+def log(msg: str) -> None:
+    print(f"[guest {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def origin_written() -> int:
+    """Bytes written to the origin device (its dm node's stat: sectors written)."""
+    st = os.stat(ORIGIN)
+    return int(Path(f"/sys/dev/block/{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}/stat").read_text().split()[6]) * 512
+
+
+
+
+def parse_size(text: str) -> int:
+    """bcache's human sizes (`1.5M`, `512k`, `0`)."""
+    t = text.strip()
+    units = {"k": 1 << 10, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    if t and t[-1] in units:
+        return int(float(t[:-1]) * units[t[-1]])
+    return int(float(t or 0))
+
+
+def dmstatus() -> list[str]:
+    return subprocess.run(["dmsetup", "status", DM_NAME], capture_output=True, text=True,
+                          check=True).stdout.split()
+
+
+def hits_misses() -> tuple[int, int]:
+    """Read hits and misses of the cache since it was built (bcache: stats_total counts reads and writes alike;
+    dm-cache: read hits, read misses)."""
+    if RECIPE == "bcache":
+        s = BCACHE / "stats_total"
+        return int((s / "cache_hits").read_text()), int((s / "cache_misses").read_text())
+    f = dmstatus()
+    return int(f[7]), int(f[8])
+
+
+def dirty_bytes() -> int:
+    if RECIPE == "bcache":
+        return parse_size((BCACHE / "dirty_data").read_text())
+    f = dmstatus()
+    return int(f[13]) * int(f[5]) * 512  # dirty cache blocks × the block size (sectors)
+
+
+def cache_mode() -> str:
+    if RECIPE == "bcache":
+        text = (BCACHE / "cache_mode").read_text()
+        return text.split("[")[1].split("]")[0]
+    return "dm-cache"
+
+
+def set_bcache_mode(mode: str) -> None:
+    (BCACHE / "cache_mode").write_text(mode)
+
+
+def drop_caches() -> None:
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3")
+
+
+def wait(pred: Callable[[], bool], timeout: float, step: float = 0.25) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(step)
+    return False
+
+
+class Daemon:
+    """`cachepilot run` with the given policy files, as its own process; CPU and RSS sampled from /proc."""
+
+    def __init__(self, policies: list[Path], tick: str = "1s") -> None:
+        self.tmp = Path(tempfile.mkdtemp(prefix="cp-bench-"))
+        pol = ", ".join(str(p) for p in policies)
+        (self.tmp / "c.yaml").write_text(
+            f"version: 1\npolicies: [{pol}]\nstate_dir: state\nsocket: ctl.sock\ntick: {tick}\n"
+            "rescan: 10s\nstate_interval: 30s\nmetrics: {listen: ''}\n")
+        self.err = open(self.tmp / "stderr", "w+")  # noqa: SIM115 - kept open for the daemon's life
+        cli = str(Path(sys.executable).with_name("cachepilot"))
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen([cli, "run", "--config", str(self.tmp / "c.yaml")], stderr=self.err,
+                                     stdout=subprocess.DEVNULL)
+        ok = wait(lambda: (self.tmp / "ctl.sock").exists() and "ready" in (self.tmp / "stderr").read_text(), 240)
+        self.ready_s = time.monotonic() - t0
+        if not ok:
+            raise SystemExit(f"daemon not ready after {self.ready_s:.0f} s:\n{self.log()[-2000:]}")
+        log(f"daemon ready in {self.ready_s:.1f} s")
+        self.cpu0 = self.cpu_s()
+        self.rss_max = 0
+
+    def cpu_s(self) -> float:
+        f = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+    def rss(self) -> int:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        return 0
+
+    def sample(self) -> None:
+        self.rss_max = max(self.rss_max, self.rss())
+
+    def explain(self) -> list[dict]:
+        from cachepilot.daemon.control import request
+
+        return list(request(self.tmp / "ctl.sock", {"cmd": "explain"})["decisions"])
+
+    def log(self) -> str:
+        self.err.seek(0)
+        return self.err.read()
+
+    def stop(self) -> int:
+        self.proc.terminate()
+        return self.proc.wait(timeout=120)
+
+
+class Sampler(threading.Thread):
+    """Every `period` seconds: a dict from `fn()` with the time since start, appended to `rows`."""
+
+    def __init__(self, fn: Callable[[], dict], period: float = 1.0) -> None:
+        super().__init__(daemon=True)
+        self.fn, self.period, self.rows = fn, period, []  # type: ignore[var-annotated]
+        self.t0 = time.monotonic()
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.is_set():
+            row = self.fn()
+            row["t"] = round(time.monotonic() - self.t0, 2)
+            self.rows.append(row)
+            self.stopped.wait(self.period)
+
+    def stop(self) -> list[dict]:
+        self.stopped.set()
+        self.join()
+        return self.rows
+
+
+def percentile(xs: list[float], p: float) -> float:
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(p / 100 * len(s)))]
+
+
+def write_result(name: str, data: dict) -> None:
+    (OUT / f"{name}.json").write_text(json.dumps(data, indent=1))
+    log(f"wrote {OUT / (name + '.json')}")

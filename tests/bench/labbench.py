@@ -1,0 +1,177 @@
+"""Host side of the lab benchmarks: run a guest script in the lab, collect its JSON, summarise repetitions
+(median, min–max, pair-by-pair ratios), write markdown + JSON + PNG under build/bench/, show progress (rich)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+ROOT = Path(__file__).resolve().parents[2]
+LAB = ROOT / "tests" / "vm" / "lab"
+OUT_ROOT = ROOT / "build" / "bench"
+console = Console(stderr=True)
+
+
+@dataclass
+class LabSpec:
+    recipe: str = "bcache"
+    mode: str = "writeback"
+    origin_delay_ms: int = 5
+    origin_size_mb: int = 512
+    cache_size_mb: int = 64
+    timeout: int = 900
+
+    def argv(self, out: Path, cmd: Sequence[str]) -> list[str]:
+        return [str(LAB.relative_to(ROOT)), "run", "--recipe", self.recipe, "--mode", self.mode,
+                "--origin-delay-ms", str(self.origin_delay_ms), "--origin-size-mb", str(self.origin_size_mb),
+                "--cache-size-mb", str(self.cache_size_mb), "--timeout", str(self.timeout), "--out", str(out),
+                "--", "env", f"BENCH_CACHE_MB={self.cache_size_mb}", ".venv/bin/python", *cmd]
+
+
+def repro(spec: LabSpec, cmd: Sequence[str]) -> str:
+    """The exact command that reproduces one row (its JSON lands in /tmp/bench-row)."""
+    return shlex.join(spec.argv(Path("/tmp/bench-row"), cmd))
+
+
+@dataclass
+class Runner:
+    """Runs lab jobs one at a time with a progress bar; every result is kept, failures are reported, not hidden."""
+
+    name: str
+    total: int
+    out: Path = field(default_factory=lambda: OUT_ROOT / time.strftime("%Y%m%d-%H%M%S"))
+    done: int = 0
+
+    def __post_init__(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/"
+                                 "{task.total}"), TimeElapsedColumn(), console=console)
+        self.task = self.progress.add_task(self.name, total=self.total)
+        self.progress.start()
+
+    def run(self, label: str, spec: LabSpec, cmd: Sequence[str], result_name: str) -> dict:
+        job = self.out / "runs" / label
+        job.mkdir(parents=True, exist_ok=True)
+        self.progress.update(self.task, description=f"{self.name}: {label}")
+        t0 = time.monotonic()
+        proc = subprocess.run(spec.argv(job, cmd), cwd=ROOT, capture_output=True, text=True,
+                              timeout=spec.timeout + 120)
+        (job / "stderr.txt").write_text(proc.stderr)
+        (job / "stdout.txt").write_text(proc.stdout)
+        self.done += 1
+        self.progress.update(self.task, completed=self.done)
+        path = job / f"{result_name}.json"
+        if proc.returncode != 0 or not path.exists():
+            console.print(f"[red]{label}: lab run failed (rc={proc.returncode}); {job}/stderr.txt:[/red]\n"
+                          + proc.stderr[-1500:])
+            return {"error": f"rc={proc.returncode}", "label": label}
+        res = json.loads(path.read_text())
+        res["wall_s"] = time.monotonic() - t0
+        self.progress.console.print(f"{label}: done in {res['wall_s']:.0f} s")
+        return res
+
+    def close(self) -> None:
+        self.progress.stop()
+
+
+def med(xs: Sequence[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def cell(xs: Sequence[float], fmt: str = "{:.1f}") -> str:
+    """median (min–max) of the repetitions."""
+    if not xs:
+        return "n/a"
+    if len(xs) == 1:
+        return fmt.format(xs[0])
+    return f"{fmt.format(med(xs))} ({fmt.format(min(xs))}–{fmt.format(max(xs))})"
+
+
+def values(rows: Sequence[dict], key: str) -> list[float]:
+    return [float(r[key]) for r in rows if key in r and r[key] is not None]
+
+
+def pair_ratios(a: Sequence[dict], b: Sequence[dict], key: str) -> list[float]:
+    """a[i][key] / b[i][key] for the repetitions where both ran (pairs from the same round)."""
+    return [float(x[key]) / float(y[key]) for x, y in zip(a, b, strict=False)
+            if key in x and key in y and float(y[key]) != 0]
+
+
+def md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def save(out: Path, name: str, markdown: str, data: dict) -> None:
+    (out / f"{name}.md").write_text(markdown + "\n")
+    (out / f"{name}.json").write_text(json.dumps(data, indent=1, default=str))
+    console.print(f"results: {out / (name + '.md')}, {out / (name + '.json')}")
+
+
+def plot(out: Path, name: str, title: str, ylabel: str, series: dict[str, list[tuple[float, float]]],
+         marks: Sequence[tuple[float, str]] = ()) -> Path | None:
+    """One PNG with a line per series ((t, y) points); matplotlib comes with the test extras."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        console.print("[yellow]matplotlib missing (pip install -e '.[test]'): no plot[/yellow]")
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for label, pts in series.items():
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], label=label)
+    for x, text in marks:
+        ax.axvline(x, color="grey", linestyle=":")
+        ax.text(x, ax.get_ylim()[1], text, fontsize=8, va="top")
+    ax.set_xlabel("seconds")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    path = out / f"{name}.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def parse_args(argv: Sequence[str], default_reps: int = 3) -> tuple[int, bool, Path | None]:
+    """--reps N, --quick (1 repetition, shorter runs), --out DIR."""
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=default_reps)
+    ap.add_argument("--quick", action="store_true", help="one repetition, shorter runs")
+    ap.add_argument("--out", type=Path, default=None)
+    a = ap.parse_args(argv)
+    return (1 if a.quick else a.reps), a.quick, a.out
+
+
+def machine() -> str:
+    import os
+    import platform
+
+    return f"{platform.node()}, {os.cpu_count()} cores, qemu TCG guest, host kernel {platform.release()}"
+
+
+def header(name: str, spec: LabSpec, extra: str = "") -> str:
+    return (f"## {name}\n\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {machine()}; lab "
+            f"{spec.recipe} {spec.mode}, origin {spec.origin_size_mb} MiB behind dm-delay {spec.origin_delay_ms} ms, "
+            f"cache {spec.cache_size_mb} MiB. {extra}\n")
+
+
+Fn = Callable[..., object]
+_ = sys  # the scripts import this module by path
