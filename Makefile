@@ -60,7 +60,7 @@ lint: deps-python
 
 # One pytest run over every level that exists; each level's fixtures do their own set-up (tracefs, loop devices, the lab).
 test: deps-python bpf lint
-	$(PYTEST) $(wildcard tests/unit tests/bpf tests/vm tests/ops)
+	$(PYTEST) --durations=30 $(wildcard tests/unit tests/bpf tests/vm tests/ops)
 
 test-unit: deps-python
 	$(PYTEST) tests/unit
