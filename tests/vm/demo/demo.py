@@ -197,7 +197,7 @@ buf = mmap.mmap(-1, MIB)
 for i in range(16):
     os.preadv(fd, [buf], i * MIB)
     if i % 4 == 3:
-        progress("sequential read", i + 1, 16)
+        progress("sequential read (MiB/4)", (i + 1) // 4, 4)
 os.close(fd)
 
 # ---------------------------------------------------------------- 4: a write burst over the exposure bound
