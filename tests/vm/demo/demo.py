@@ -118,8 +118,8 @@ def hit_ratio(a: dict[str, int], b: dict[str, int]) -> str:
 
 
 # ---------------------------------------------------------------- the daemon
-print(f"volume: {os.environ['LAB_CACHED_DEV']} = bcache over origin {origin} (dm-delay "
-      f"{os.environ.get('LAB_ORIGIN_DELAY_MS', '?')} ms) with cache {os.environ['LAB_CACHE_DEV']}; ext4 at {mnt}")
+print(f"volume: {os.environ['LAB_CACHED_DEV']} = bcache over origin {origin} (dm-delay) with cache "
+      f"{os.environ['LAB_CACHE_DEV']}; ext4 at {mnt}")
 print("policies: " + " + ".join(str(p.relative_to(ROOT)) for p in POLICIES))
 (tmp / "c.yaml").write_text("version: 1\npolicies: [" + ", ".join(str(p) for p in POLICIES) + "]\n"
                             "state_dir: state\nsocket: ctl.sock\ntick: 500ms\nrescan: 5s\nstate_interval: 5s\n"
