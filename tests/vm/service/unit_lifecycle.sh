@@ -24,6 +24,9 @@ install -m 0644 controller/cachepilot/data/cachepilot.service /etc/systemd/syste
 mkdir -p /etc/systemd/system/cachepilot.service.d /usr/local/bin /etc/cachepilot
 # test-only timings: a short watchdog, a prompt abort and restart (the unit's own values are 30 s, 90 s, 5 s)
 printf '[Service]\nWatchdogSec=10s\nTimeoutAbortSec=2s\nRestartSec=1s\n' > /etc/systemd/system/cachepilot.service.d/test.conf
+# The service runs this checkout's venv. PrivateTmp=yes gives the unit its own /tmp, which hides a checkout under
+# /tmp (a fresh clone there failed with 203/EXEC); bind it back read-only, as a real install would live in /usr/local.
+case "$PWD/" in /tmp/*) printf 'BindReadOnlyPaths=%s\n' "$PWD" >> /etc/systemd/system/cachepilot.service.d/test.conf ;; esac
 ln -sf "$PWD/.venv/bin/cachepilot" /usr/local/bin/cachepilot
 cp policies/default.yaml /etc/cachepilot/policy.yaml
 printf 'version: 1\npolicies: [/etc/cachepilot/policy.yaml]\ntick: 1s\nmetrics: {listen: 127.0.0.1:9854}\n' \
