@@ -11,6 +11,8 @@ PY        := $(VENV)/bin/python
 PYTEST    := $(VENV)/bin/pytest
 RUFF      := $(VENV)/bin/ruff
 LAB_CACHE := $(ROOT)/.cache/lab
+# make test's parallel workers (the lab guests run single-threaded TCG: one guest per core).
+TEST_JOBS ?= 2
 BASE_PY   ?= $(shell command -v python3.11 || command -v python3)
 
 # Debian packages the project needs on the host (and, through the shared root, in the lab guest).
@@ -60,7 +62,8 @@ lint: deps-python
 
 # One pytest run over every level that exists; each level's fixtures do their own set-up (tracefs, loop devices, the lab).
 test: deps-python bpf lint
-	$(PYTEST) --durations=30 $(wildcard tests/unit tests/bpf tests/vm tests/ops)
+	# the lab level first: its long modules start early and the short unit tests fill the tail
+	$(PYTEST) -n $(TEST_JOBS) --dist loadfile --durations=30 $(wildcard tests/vm tests/bpf tests/ops tests/unit)
 
 test-unit: deps-python
 	$(PYTEST) tests/unit
