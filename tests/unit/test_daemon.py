@@ -450,6 +450,59 @@ def test_state_survives_a_restart_rewarms_and_reconciles(tmp_path: Path) -> None
     r2.d.shutdown()
 
 
+class FakeProbe:
+    """Records what it was asked to watch, and what the backend looked like when it was loaded."""
+
+    def __init__(self, seen: dict[str, object], backend: FakeBackend) -> None:
+        seen["knob_at_load"] = backend.knobs["writeback_percent"]
+        self.watched: list[int] = []
+        self.closed = False
+        self.report = type("R", (), {"summary": staticmethod(lambda: "fake")})()
+        seen["probe"] = self
+
+    def watch_volume(self, dev: int, fs_dev: int | None = None, lower: object = ()) -> None:
+        self.watched.append(dev)
+
+    def unwatch(self, dev: int) -> None:
+        self.watched.remove(dev)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_reconcile_puts_back_before_the_probe_loads_then_watches(tmp_path: Path) -> None:
+    """A slow probe load (seconds under the verifier on a slow host) must not delay putting back what a killed
+    daemon left behind; the volumes adopted meanwhile are watched once the probe is there."""
+    b = FakeBackend(VOL)
+    b.knobs["writeback_percent"] = "0"  # a drain was in flight when the last daemon was killed
+    (tmp_path / "st").mkdir(mode=0o700)
+    assert StateFile(tmp_path / "st").write({"volumes": {"bcache0": {"name": "bcache0", "fs_uuid": "u-1", "in_flight": [
+        {"action": "drain", "kind": "drain", "writes": [{"target": "bcache0 writeback_percent", "before": "10",
+                                                         "value": "0"}]}]}}})
+    seen: dict[str, object] = {}
+    r = Rig(tmp_path)
+    r.backends["bcache0"] = b
+    r.d.probe_factory = lambda n: FakeProbe(seen, b)
+    r.d.start()
+    assert seen["knob_at_load"] == "10"  # put back before the probe loaded
+    assert seen["probe"].watched == [DEV] and r.d.ready  # type: ignore[attr-defined]
+    r.d.shutdown()
+
+
+def test_a_probe_that_cannot_load_after_reconcile_puts_back_and_releases(tmp_path: Path) -> None:
+    r = Rig(tmp_path)
+
+    def broken(n: int) -> object:
+        raise UserError("no BTF")
+
+    r.d.probe_factory = broken
+    with pytest.raises(FatalError, match="probe is unusable: no BTF"):
+        r.d.start()
+    r.d.abandon()
+    assert r.backends["bcache0"].restored == 1
+    DaemonLock(tmp_path / "st").acquire()  # released: a next start can take it
+
+
 def test_status_is_served_from_the_snapshot_fast(rig: Rig) -> None:
     rig.d.start()
     rig.tick(1)

@@ -50,10 +50,7 @@ def run(args: argparse.Namespace) -> int:
         daemon.start()
     except FatalError as exc:
         print(f"cachepilot: cannot run: {exc}", file=sys.stderr)
-        daemon.control.stop()
-        if daemon.probe is not None:
-            daemon.probe.close()
-        daemon.lock.release()
+        daemon.abandon()
         return EXIT_FATAL
     try:
         daemon.run()

@@ -164,17 +164,14 @@ class Daemon:
         except OSError as exc:
             raise FatalError(f"state directory {self.config.state_dir}: {exc.strerror}") from None
         self.lock.acquire()
-        if self.probe_factory is not None:
-            try:
-                self.probe = self.probe_factory(self.config.max_files)
-            except UserError as exc:
-                raise FatalError(f"the eBPF probe is unusable: {exc}") from None
-            log.info("probe: %s", "; ".join(self.probe.report.summary().splitlines()))
         self._read_state()
-        self.control.start()
         now = time.monotonic_ns()
+        # Reconcile before the probe loads (seconds on a slow host): a setting an interrupted operation left behind
+        # (a drain's writeback_percent 0) is put back at once, not after the verifier has run.
         self._rescan(now, starting=True)
         self._reconcile(now)
+        self._attach_probe()
+        self.control.start()
         self._attach_metrics()
         self._next_rescan = now + int(self.config.rescan_s * NS)
         self._next_state = now + int(self.config.state_interval_s * NS)
@@ -202,6 +199,16 @@ class Daemon:
             self.probe = None
         self.lock.release()
         log.info("stopped")
+
+    def abandon(self) -> None:
+        """A start that cannot go on (FatalError): put back what reconciling started, release what start took."""
+        for v in list(self.vols.values()):
+            self._restore(v, "cannot run")
+        self.control.stop()
+        if self.probe is not None:
+            self.probe.close()
+            self.probe = None
+        self.lock.release()
 
     def _restore(self, v: Vol, why: str) -> None:
         if v.backend is None:
@@ -357,14 +364,9 @@ class Daemon:
         except UserError as exc:  # e.g. the volume matches overlapping rules: keep going without it
             self._once(f"{info.name}: not adopted: {exc}")
             return
-        if self.probe is not None:
-            try:
-                fs_dev = info.dev if f.block_dev is not None else None
-                self.probe.watch_volume(f.volume_dev, fs_dev=fs_dev, lower=f.lower)
-            except (UserError, OSError) as exc:
-                self.engine.remove_volume(info.dev)
-                self._once(f"{info.name}: cannot watch it: {exc}")
-                return
+        if not self._watch(f):
+            self.engine.remove_volume(info.dev)
+            return
         v = Vol(f, backend)
         if backend is not None:
             ctl = self.engine.vols[info.dev]
@@ -387,6 +389,31 @@ class Daemon:
                  info.mountpoint)
         self._restore_latch(v, now)
         self._rewarm_from_state(v, now)
+
+    def _attach_probe(self) -> None:
+        """Load the probe (FatalError if it cannot run here) and watch every volume adopted before it loaded."""
+        if self.probe_factory is None:
+            return
+        try:
+            self.probe = self.probe_factory(self.config.max_files)
+        except UserError as exc:
+            raise FatalError(f"the eBPF probe is unusable: {exc}") from None
+        log.info("probe: %s", "; ".join(self.probe.report.summary().splitlines()))
+        for dev, v in list(self.vols.items()):
+            if not self._watch(v.found):
+                self.drop(dev, "cannot be watched")
+
+    def _watch(self, f: volumes.Found) -> bool:
+        """Ask the probe (if loaded) to watch a volume; False (said once) if it cannot."""
+        if self.probe is None:
+            return True
+        try:
+            fs_dev = f.info.dev if f.block_dev is not None else None
+            self.probe.watch_volume(f.volume_dev, fs_dev=fs_dev, lower=f.lower)
+        except (UserError, OSError) as exc:
+            self._once(f"{f.info.name}: cannot watch it: {exc}")
+            return False
+        return True
 
     def _restore_latch(self, v: Vol, now: int) -> None:
         """A latched volume stays latched across restarts (unless its cache device was replaced since)."""
