@@ -98,7 +98,9 @@ def test_converges_idempotent_check_mode_and_a_refused_policy_stops_the_rollout(
     changed = {**host, "cachepilot_policy": {**POLICY, "dry_run": True}, "cachepilot_extra_policies": {}}
     rc, out = playbook(tmp_path, {"h1": changed}, "--check", "--diff")
     assert rc == 0, out
-    assert recap(out)["h1"]["changed"] >= 3, out  # policy.yaml, logs.yaml removed, config.yaml
+    assert recap(out)["h1"]["changed"] == 1, out  # the one task that writes every file
+    for changed_path in ("policy.yaml", "policies/logs.yaml", "config.yaml"):
+        assert f"--- before: {root}/etc/cachepilot/{changed_path}" in out, (changed_path, out)
     assert "+dry_run: true" in out
     assert files(root) == got
 
