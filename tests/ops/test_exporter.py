@@ -71,6 +71,7 @@ EXPECTED = {
     "cachepilot_volume_cache_hits": ("counter", V),
     "cachepilot_volume_cache_misses": ("counter", V),
     "cachepilot_volume_cache_bypasses": ("counter", V),
+    "cachepilot_volume_cache_bypassed_bytes": ("counter", V),
     "cachepilot_volume_promoted_bytes": ("counter", V),
     "cachepilot_volume_discard_issued_bytes": ("counter", V),
     "cachepilot_volume_discard_landed_bytes": ("counter", V),
@@ -122,12 +123,15 @@ def test_no_label_value_is_a_path_and_values_match_the_snapshot() -> None:
     by = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in fams.values() for s in f.samples}
     vol = (("device", "bcache0"), ("volume", "bcache0"))
     assert by[("cachepilot_volume_cache_hits_total", vol)] == 9000
+    assert by[("cachepilot_volume_cache_bypasses_total", vol)] == 50
+    assert by[("cachepilot_volume_cache_bypassed_bytes_total", vol)] == 50 * 128 << 10
     assert by[("cachepilot_volume_dirty_bound_bytes", vol)] == 64 << 20
     assert by[("cachepilot_volume_mode", (*vol[:1], ("kind", "writeback"), vol[1]))] == 1
     assert by[("cachepilot_volume_mode", (*vol[:1], ("kind", "bypass"), vol[1]))] == 0
     dm = (("device", "dm-3"), ("volume", "lab-cached"))
     # unknown to the backend -> absent, not 0
     assert ("cachepilot_volume_cache_bypasses_total", dm) not in by
+    assert ("cachepilot_volume_cache_bypassed_bytes_total", dm) not in by
     assert ("cachepilot_volume_dirty_bound_bytes", dm) not in by
     assert by[("cachepilot_tick_duration_seconds_count", ())] == 10
     assert by[("cachepilot_tick_duration_seconds_bucket", (("le", "+Inf"),))] == 10
