@@ -117,7 +117,8 @@ def playbook(tmp: Path, guests: list[Guest], policies: dict[str, dict[str, Any]]
                 # the forward from this host arrives from qemu's gateway (10.0.2.2) at the guest's address
                 "cachepilot_metrics_listen": "0.0.0.0:9854", "cachepilot_metrics_allow": ["localhost", "10.0.2.2"],
                 "cachepilot_require_cached_volume": True, "cachepilot_health_timeout": 120,
-                # a tick costs ~0.5 s of guest CPU under TCG: every 2 s leaves the guest time for Ansible's steps
+                # under TCG a tick takes 1-2.5 s of guest time (the preview's tick p99): with the default 1 s tick
+                # Ansible's steps in the guest ran about half as fast
                 "cachepilot_tick": "2s"}},
             "prometheus": {"hosts": {"prom": {"ansible_connection": "local", "cachepilot_root": str(prom_root)}}}}}}
     (tmp / "inventory.yml").write_text(yaml.safe_dump(inventory))

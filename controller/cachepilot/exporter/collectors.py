@@ -40,10 +40,13 @@ def _by_kind(name: str, doc: str, table: dict[str, int]) -> CounterMetricFamily:
 
 
 def _buckets(h: Histogram) -> list[tuple[str, float]]:
-    return [(repr(float(b)), c) for b, c in zip(h.bounds, h.counts, strict=True)] + [("+Inf", h.count)]
+    return [(repr(float(b)), float(c)) for b, c in zip(h.bounds, h.counts, strict=True)] + [("+Inf", float(h.count))]
 
 
-def _per_volume(kind: type[Metric], name: str, doc: str, vols: Iterable[VolumeSnapshot],
+Family = type[GaugeMetricFamily] | type[CounterMetricFamily]
+
+
+def _per_volume(kind: Family, name: str, doc: str, vols: Iterable[VolumeSnapshot],
                 value: Callable[[VolumeSnapshot], float | None]) -> Metric:
     """One sample per volume; a volume whose value is None (unknown to its backend) is left out."""
     family = kind(name, doc, labels=VOL)
@@ -116,7 +119,7 @@ def _mode_set(name: str, doc: str, vols: Iterable[VolumeSnapshot], mode: Callabl
 
 # Per-volume metrics as tables: (family, name, help, the VolumeSnapshot field). A field that is None for a volume
 # (its backend has no such counter) leaves that volume out of the metric; a bool is exported as 0/1.
-PerVolume = tuple[type[Metric], str, str, str]
+PerVolume = tuple[Family, str, str, str]
 Gauge, Counter = GaugeMetricFamily, CounterMetricFamily
 
 VOLUME: tuple[PerVolume, ...] = (
