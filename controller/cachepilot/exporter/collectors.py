@@ -18,7 +18,14 @@ from prometheus_client.core import (
     Metric,
 )
 
-from cachepilot.exporter.snapshot import MODES, DaemonSnapshot, Histogram, VolumeSnapshot
+from cachepilot.exporter.snapshot import (
+    DECISION_KINDS,
+    FAILURE_KINDS,
+    MODES,
+    DaemonSnapshot,
+    Histogram,
+    VolumeSnapshot,
+)
 
 VOL = ["volume", "device"]
 Collect = Callable[[DaemonSnapshot], list[Metric]]
@@ -85,8 +92,10 @@ def events(s: DaemonSnapshot) -> list[Metric]:
 
 def decisions(s: DaemonSnapshot) -> list[Metric]:
     return [
-        _by_kind("cachepilot_decisions_total", "Actions the engine decided, by action kind.", s.decisions),
-        _by_kind("cachepilot_action_failures_total", "Actions that failed, by error class.", s.action_failures),
+        _by_kind("cachepilot_decisions_total", "Actions the engine decided, by action kind.",
+                 {**dict.fromkeys(DECISION_KINDS, 0), **s.decisions}),
+        _by_kind("cachepilot_action_failures_total", "Actions that failed, by error class.",
+                 {**dict.fromkeys(FAILURE_KINDS, 0), **s.action_failures}),
     ]
 
 
