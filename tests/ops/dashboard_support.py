@@ -66,13 +66,14 @@ def wait_for_every_query(base: str, timeout: float) -> tuple[dict[str, list[Any]
 
 class Prometheus:
     """Debian's prometheus on an ephemeral 127.0.0.1 port with its own data directory under `tmp`, scraping
-    `targets` (address -> instance label) as job="cachepilot" and evaluating `rules`, both every second."""
+    `targets` (address -> instance label) as job="cachepilot" and evaluating `rules`, both every `interval`."""
 
-    def __init__(self, tmp: Path, targets: dict[str, str], rules: Path = RULES) -> None:
+    def __init__(self, tmp: Path, targets: dict[str, str], rules: Path = RULES, interval: str = "1s") -> None:
         tmp.mkdir(parents=True, exist_ok=True)
         self.tmp, self.port = tmp, free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "rule_files": [str(rules)],
+        config = {"global": {"scrape_interval": interval, "evaluation_interval": interval},
+                  "rule_files": [str(rules)],
                   "scrape_configs": [{"job_name": "cachepilot", "static_configs": [
                       {"targets": [address], "labels": {"instance": name}} for address, name in targets.items()]}]}
         (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))

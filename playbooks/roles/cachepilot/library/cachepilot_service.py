@@ -68,6 +68,8 @@ def _exported(url: str, textfile: str) -> str:
 def _converge(module: AnsibleModule, name: str, enabled: bool) -> tuple[bool, dict[str, str]]:
     state = _show(module, name)
     if state.get("LoadState") != "loaded":
+        if module.check_mode:  # a first install in check mode: the unit is not there yet, it would be started
+            module.exit_json(changed=True, active_state="", main_pid=0)
         module.fail_json(msg=f"{name}.service is not loaded ({state.get('LoadState')})")
     changed = False
     if enabled and state.get("UnitFileState") != "enabled":
