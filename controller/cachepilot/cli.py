@@ -17,11 +17,16 @@ from cachepilot import __version__, commands
 from cachepilot.errors import UserError
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """Every command's parser; with ``only`` (a command name) just that command's, so e.g. ``policy check`` does
+    not import what the other commands need (the engine, numpy...): on a slow host, such as a fleet rollout's
+    check of each policy, the start-up is most of its cost."""
     parser = argparse.ArgumentParser(prog="cachepilot", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"cachepilot {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        if only is not None and info.name != only.replace("-", "_"):
+            continue
         module = importlib.import_module(f"{commands.__name__}.{info.name}")
         register = getattr(module, "register", None)
         if register is not None:
@@ -30,7 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    names = {m.name.replace("_", "-") for m in pkgutil.iter_modules(commands.__path__)}
+    parser = build_parser(argv[0] if argv and argv[0] in names else None)
     args = parser.parse_args(argv)
     handler = getattr(args, "handler", None)
     if handler is None:

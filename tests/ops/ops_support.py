@@ -52,7 +52,7 @@ def snapshot(step: int = 1, now: float = 1_800_000_000.0) -> DaemonSnapshot:
         latched=False, draining=False, cache_bytes=256 * MiB, cache_io_errors=0,
         dirty_bytes=8 * MiB + step * 4 * KiB, dirty_age_seconds=3.0, dirty_bound_bytes=64 * MiB,
         age_bound_seconds=30.0, drains=step // 10, exposure_breaches=0,
-        hits=900 * step, misses=100 * step, bypasses=5 * step,
+        hits=900 * step, misses=100 * step, bypasses=5 * step, bypassed_bytes=5 * 128 * KiB * step,
         promoted_bytes=MiB * step, discard_issued_bytes=256 * KiB * step, discard_landed_bytes=192 * KiB * step,
         barriers=3 * step, epoch_bytes=epochs.freeze(),
     )

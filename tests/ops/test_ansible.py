@@ -98,7 +98,9 @@ def test_converges_idempotent_check_mode_and_a_refused_policy_stops_the_rollout(
     changed = {**host, "cachepilot_policy": {**POLICY, "dry_run": True}, "cachepilot_extra_policies": {}}
     rc, out = playbook(tmp_path, {"h1": changed}, "--check", "--diff")
     assert rc == 0, out
-    assert recap(out)["h1"]["changed"] >= 3, out  # policy.yaml, logs.yaml removed, config.yaml
+    assert recap(out)["h1"]["changed"] == 1, out  # the one task that writes every file
+    for changed_path in ("policy.yaml", "policies/logs.yaml", "config.yaml"):
+        assert f"--- before: {root}/etc/cachepilot/{changed_path}" in out, (changed_path, out)
     assert "+dry_run: true" in out
     assert files(root) == got
 
@@ -134,3 +136,15 @@ def test_bad_variables_fail_early_naming_the_variable(tmp_path: Path) -> None:
     assert "fine" in recap(out) and recap(out)["fine"]["failed"] == 0
     # the valid host was not touched either: nothing changes anywhere until every host's settings are valid
     assert not any(r.exists() for r in roots.values()), out
+
+
+def test_the_hosts_policy_check_loads_only_the_policy_command(tmp_path: Path) -> None:
+    # the role runs `cachepilot policy check` on every host for every changed policy: on a slow host its start-up
+    # is its cost, so it must not import the other commands (the simulator, the recorder...)
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(POLICY))
+    code = ("import sys; from cachepilot.cli import main; rc = main(['policy', 'check', sys.argv[1]]); "
+            "print(sorted(m for m in sys.modules if m.startswith('cachepilot.commands.'))); sys.exit(rc)")
+    r = subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "-c", code, str(tmp_path / "p.yaml")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == "['cachepilot.commands.policy']", r.stdout

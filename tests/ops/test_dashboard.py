@@ -2,25 +2,23 @@
 produces or the recording rules define; and a real Prometheus (Debian's), scraping the real exporter code and
 evaluating the real rules, returns data for every panel query.
 
-Honest limit: the exporter here is fed a synthetic, hand-built snapshot (tests/ops/ops_support.py), published every
-0.2 s with growing counters; the metrics do not come from a running daemon in the lab yet (`cachepilot run` lands
-with issue 10)."""
+The exporter here is fed a synthetic, hand-built snapshot (tests/ops/ops_support.py), published every 0.2 s with
+growing counters, so exact values can be asserted; the same queries against running daemons in two lab guests are
+checked by tests/vm/test_fleet_lab.py."""
 
 from __future__ import annotations
 
 import json
 import re
-import subprocess
 import threading
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
-from ops_support import DASHBOARDS, free_port, need_tool, promtool, snapshot
+from dashboard_support import DASHBOARD, RULES, Prometheus, api, panels, queries, wait_for_every_query
+from ops_support import free_port, promtool, snapshot
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -28,26 +26,7 @@ from cachepilot.exporter import SnapshotBox, make_registry, serve
 
 pytestmark = pytest.mark.ops
 
-DASHBOARD = DASHBOARDS / "grafana" / "cachepilot.json"
-RULES = DASHBOARDS / "prometheus" / "cachepilot.rules.yml"
-VARIABLES = {"$instance": ".*", "$volume": ".*", "$__rate_interval": "1m"}
 KEYWORDS = {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring", "group_left", "group_right"}
-
-
-def panels() -> list[dict]:
-    return [p for p in json.loads(DASHBOARD.read_text())["panels"] if p["type"] != "row"]
-
-
-def queries() -> list[tuple[str, str]]:
-    """(panel title / refId, expr with Grafana's variables replaced by what an 'All' selection sends)."""
-    out = []
-    for p in panels():
-        for t in p["targets"]:
-            expr = t["expr"]
-            for var, value in VARIABLES.items():
-                expr = expr.replace(var, value)
-            out.append((f"{p['title']}/{t['refId']}", expr))
-    return out
 
 
 def metric_names(expr: str) -> set[str]:
@@ -118,49 +97,19 @@ def prometheus(tmp_path: Path) -> Iterator[str]:
     publisher = threading.Thread(target=loop, daemon=True)
     publisher.start()
     server = serve(f"127.0.0.1:{free_port()}", make_registry(box))
-    port = free_port()
-    config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "rule_files": [str(RULES)],
-              "scrape_configs": [{"job_name": "cachepilot",
-                                  "static_configs": [{"targets": [f"127.0.0.1:{server.port}"]}]}]}
-    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-    log = (tmp_path / "prometheus.log").open("w")
-    proc = subprocess.Popen([need_tool("prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=log)
+    prom = Prometheus(tmp_path, {f"127.0.0.1:{server.port}": f"127.0.0.1:{server.port}"})
     try:
-        yield f"http://127.0.0.1:{port}"
-        assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()[-2000:]
+        yield prom.base
+        assert not prom.alive(), prom.alive()
     finally:
-        proc.terminate()
-        proc.wait(20)
-        log.close()
+        prom.stop()
         stop.set()
         publisher.join(5)
         server.close()
 
 
-def api(base: str, path: str, **params: str) -> dict:
-    url = f"{base}/api/v1/{path}?{urllib.parse.urlencode(params)}"
-    with urllib.request.urlopen(url, timeout=5) as r:  # noqa: S310 — our own http://127.0.0.1 URL
-        body = json.loads(r.read())
-    assert body["status"] == "success", body
-    return body["data"]
-
-
 def test_every_panel_returns_data_from_a_real_prometheus(prometheus: str) -> None:
-    pending = dict(queries())
-    results: dict[str, list] = {}
-    deadline = time.monotonic() + 45
-    while pending and time.monotonic() < deadline:
-        try:
-            for where, expr in list(pending.items()):
-                data = api(prometheus, "query", query=expr)
-                if data["result"]:
-                    results[where] = data["result"]
-                    del pending[where]
-        except OSError:
-            pass  # not up yet
-        time.sleep(1)
+    results, pending = wait_for_every_query(prometheus, 45)
     assert not pending, f"no data for: {sorted(pending)}"
     rules = api(prometheus, "rules")
     assert all(r["health"] == "ok" for g in rules["groups"] for r in g["rules"]), rules

@@ -71,6 +71,7 @@ EXPECTED = {
     "cachepilot_volume_cache_hits": ("counter", V),
     "cachepilot_volume_cache_misses": ("counter", V),
     "cachepilot_volume_cache_bypasses": ("counter", V),
+    "cachepilot_volume_cache_bypassed_bytes": ("counter", V),
     "cachepilot_volume_promoted_bytes": ("counter", V),
     "cachepilot_volume_discard_issued_bytes": ("counter", V),
     "cachepilot_volume_discard_landed_bytes": ("counter", V),
@@ -122,12 +123,15 @@ def test_no_label_value_is_a_path_and_values_match_the_snapshot() -> None:
     by = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in fams.values() for s in f.samples}
     vol = (("device", "bcache0"), ("volume", "bcache0"))
     assert by[("cachepilot_volume_cache_hits_total", vol)] == 9000
+    assert by[("cachepilot_volume_cache_bypasses_total", vol)] == 50
+    assert by[("cachepilot_volume_cache_bypassed_bytes_total", vol)] == 50 * 128 << 10
     assert by[("cachepilot_volume_dirty_bound_bytes", vol)] == 64 << 20
     assert by[("cachepilot_volume_mode", (*vol[:1], ("kind", "writeback"), vol[1]))] == 1
     assert by[("cachepilot_volume_mode", (*vol[:1], ("kind", "bypass"), vol[1]))] == 0
     dm = (("device", "dm-3"), ("volume", "lab-cached"))
     # unknown to the backend -> absent, not 0
     assert ("cachepilot_volume_cache_bypasses_total", dm) not in by
+    assert ("cachepilot_volume_cache_bypassed_bytes_total", dm) not in by
     assert ("cachepilot_volume_dirty_bound_bytes", dm) not in by
     assert by[("cachepilot_tick_duration_seconds_count", ())] == 10
     assert by[("cachepilot_tick_duration_seconds_bucket", (("le", "+Inf"),))] == 10
@@ -285,3 +289,32 @@ def test_an_observe_only_daemon_exports_clean_metrics_without_volumes() -> None:
     assert fams["cachepilot_observe_only"].samples[0].value == 1
     assert fams["cachepilot_volumes"].samples[0].value == 0
     assert not [s for f in fams.values() for s in f.samples if "volume" in s.labels]
+
+
+def test_every_decision_kind_and_failure_class_is_exported_from_the_start() -> None:
+
+    from cachepilot.engine import actions
+    from cachepilot.errors import CachepilotError
+    from cachepilot.exporter.snapshot import DECISION_KINDS, FAILURE_KINDS
+
+    # the lists are the code's own kinds: every action class's and every error class's
+    kinds = set()
+    for cls in vars(actions).values():
+        if isinstance(cls, type) and cls.__module__ == actions.__name__ and isinstance(getattr(cls, "kind", None),
+                                                                                      property):
+            kinds.add(cls.kind.fget(object.__new__(cls)))  # the property returns a constant
+    assert kinds == set(DECISION_KINDS)
+    classes, todo = set(), [CachepilotError]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            classes.add(sub)
+            todo.append(sub)
+    assert {c.kind for c in classes} == set(FAILURE_KINDS)
+    # a daemon that has decided nothing yet still exports a 0 per kind (rate() has a series from the start)
+    fams = families(exposition())
+    by = {(s.name, s.labels.get("kind")): s.value for f in fams.values() for s in f.samples}
+    for kind in DECISION_KINDS:
+        assert ("cachepilot_decisions_total", kind) in by, kind
+    for kind in FAILURE_KINDS:
+        assert ("cachepilot_action_failures_total", kind) in by, kind
+    assert by[("cachepilot_action_failures_total", "fatal")] == 0

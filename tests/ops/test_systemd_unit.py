@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from ops_support import ROOT, need_tool
 
+from cachepilot.commands.run import EXIT_FATAL
+
 pytestmark = pytest.mark.ops
 
 UNIT = ROOT / "controller" / "cachepilot" / "data" / "cachepilot.service"
@@ -50,6 +52,8 @@ def test_what_the_service_must_be() -> None:
     assert re.fullmatch(r"\d+s", one["WatchdogSec"])
     assert one["Restart"] == "on-failure" and int(one["StartLimitBurst"]) >= 1 and one["StartLimitIntervalSec"]
     assert one["ExecReload"] == "/bin/kill -HUP $MAINPID"
+    # no restart loop for what a restart cannot fix: bad configuration (2), cannot run here (3)
+    assert set(one["RestartPreventExitStatus"].split()) == {"2", str(EXIT_FATAL)}
     assert f"ExecStart={one['ExecStart']}" == EXEC_START
     # hardening (issue 11 item 1)
     assert one["ProtectSystem"] == "strict" and one["StateDirectory"] == "cachepilot"

@@ -33,7 +33,9 @@ def bcache_tree(root: Path, *, mode: str = "writeback", dirty: str = "24.0M", st
     modes = " ".join(f"[{m}]" if m == mode else m for m in ("writethrough", "writeback", "writearound", "none"))
     files = {"cache_mode": modes, "dirty_data": dirty, "state": state, "writeback_percent": "10",
              "writeback_running": "1", "writeback_delay": "30", "sequential_cutoff": "4.0M", "writeback_rate": "4.0k",
-             "stats_total/cache_hits": "5", "stats_total/cache_misses": "7"}
+             "stats_total/cache_hits": "5", "stats_total/cache_misses": "7",
+             "stats_total/cache_bypass_hits": "2", "stats_total/cache_bypass_misses": "9",
+             "stats_total/bypassed": "1.5M"}
     for name, value in files.items():
         (d / name).write_text(value + "\n")
     (cset / "cache0" / "io_errors").write_text("0\n")
@@ -379,6 +381,7 @@ def test_samples_carry_the_cache_identity(tmp_path):
     bcache_tree(tmp_path)
     s = sample_volume(VolumeInfo(dev=1, name="bcache0", kind="bcache"), sysfs_root=tmp_path, now_ns=1)
     assert s.cache_id == "uuid"  # the cache set the volume is attached to
+    assert (s.hits, s.misses, s.bypasses, s.bypassed_bytes) == (5, 7, 11, 3 << 19)  # bcache's bypass counters
     (tmp_path / "block" / "bcache0" / "bcache" / "cache").unlink()  # detached
     (tmp_path / "block" / "bcache0" / "bcache" / "cache0").mkdir()
     s = sample_volume(VolumeInfo(dev=1, name="bcache0", kind="bcache"), sysfs_root=tmp_path, now_ns=1)

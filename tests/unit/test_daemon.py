@@ -101,7 +101,10 @@ def test_shipped_default_config_is_valid() -> None:
     ("version: 1\n\ntick: soon\n", "c.yaml:3: tick:"),
     ("version: 1\ntick: 10ms\n", "c.yaml:2: tick: must be at least 0.05 s"),
     ("version: 1\npolicies:\n  - nope.yaml\n", "c.yaml:3: policies.0:"),
-    ("version: 1\nmetrics:\n  listen: localhost\n", "c.yaml:3: metrics.listen: expected HOST:PORT"),
+    ("version: 1\nmetrics:\n  listen: localhost\n", "c.yaml:3: metrics.listen: expected IP:PORT"),
+    # the exporter binds an IP: a host name passing here would only fail once the daemon runs
+    ("version: 1\nmetrics:\n  listen: localhost:9854\n", "c.yaml:3: metrics.listen: expected IP:PORT"),
+    ("version: 1\nmetrics:\n  listen: '[::1]:99999'\n", "c.yaml:3: metrics.listen: expected IP:PORT"),
     ("version: 2\n", "c.yaml:1: version: unsupported version 2"),
     ("version: 1\ntick: a: b\n", "c.yaml:2: YAML syntax error"),
     ("", "c.yaml:1: empty configuration file"),
@@ -229,7 +232,9 @@ class FakeBackend(Backend):
     def sample(self, now_ns: int) -> VolumeSample:
         if self.gone:
             raise DeviceGone(f"{self.info.name} vanished")
-        return VolumeSample(self.info.dev, now_ns, self.mode, self.dirty, 10, 5, 0, False, dict(self.knobs))
+        return VolumeSample(self.info.dev, now_ns, self.mode, self.dirty, 10, 5, 0, False, dict(self.knobs),
+                            bypasses=3 if self.info.kind == "bcache" else None,
+                            bypassed_bytes=12288 if self.info.kind == "bcache" else None)
 
     def apply(self, action: ControlAction, *, dry_run: bool = False) -> Outcome:
         self.applied.append((action, dry_run))
@@ -587,6 +592,27 @@ def test_metrics_textfile_carries_the_daemons_snapshot(tmp_path: Path) -> None:
     assert "cachepilot_ready 1.0" in text
     assert 'cachepilot_decisions_total{kind="set_write_policy"} 1.0' in text
     assert "cachepilot_volume_dirty_bytes{device=\"bcache0\",volume=\"bcache0\"} 8.388608e+06" in text
+    # the stock cache's bypass counters, as the backend sampled them
+    assert 'cachepilot_volume_cache_bypasses_total{device="bcache0",volume="bcache0"} 3.0' in text
+    assert 'cachepilot_volume_cache_bypassed_bytes_total{device="bcache0",volume="bcache0"} 12288.0' in text
+    r.d.shutdown()
+
+
+def test_metric_labels_volume_is_the_dm_name_device_the_kernel_name(tmp_path: Path) -> None:
+    from cachepilot.daemon import volumes
+
+    (tmp_path / "block" / "dm-3" / "dm").mkdir(parents=True)
+    (tmp_path / "block" / "dm-3" / "dm" / "name").write_text("lab-cached\n")
+    assert volumes._dm_name(tmp_path / "block", "dm-3") == "lab-cached"
+    assert volumes._dm_name(tmp_path / "block", "bcache0") == ""
+    r = Rig(tmp_path, metrics=f"{{listen: '', textfile: {tmp_path}/m.prom}}")
+    r.found = [Found(VolumeInfo(dev=DEV, name="dm-3", kind="dm-cache", fs_uuid="u-1", mountpoint="/mnt/x",
+                                cache_bytes=1 << 30), dm_name="lab-cached")]
+    r.d.start()
+    r.tick(1)
+    text = (tmp_path / "m.prom").read_text()
+    # as node_exporter's node_disk_*{device="dm-3"}: the two join on device
+    assert 'cachepilot_volume_info{device="dm-3",kind="dm-cache",volume="lab-cached"} 1.0' in text, text
     r.d.shutdown()
 
 

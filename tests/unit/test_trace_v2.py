@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+
+import pytest
 
 from cachepilot.events import Barrier, BarrierKind, FreedExtent, SyncCalls, kdev
 from cachepilot.models.volume import VolumeInfo
@@ -59,3 +62,18 @@ def test_v1_and_v2_replay_to_the_same_epochs(tmp_path: Path) -> None:
     assert list(e1.window) == list(e2.window)
     assert len(e1.window) == 6 and sum(ep.syncs for ep in e1.window) == 3
     assert [d.line() for d in res1.decisions] == [d.line() for d in res2.decisions]
+
+
+def test_a_sample_carries_the_optional_bypass_counters() -> None:
+    from cachepilot.models.volume import VolumeSample
+    from cachepilot.trace.format import event_to_record, volume_sample
+
+    s = VolumeSample(dev=1, ts_ns=2, mode="writeback", dirty_bytes=3, hits=4, misses=5, io_errors=0,
+                     bypasses=6, bypassed_bytes=7 << 12)
+    assert volume_sample(event_to_record(s)[1]) == s
+    dm = VolumeSample(dev=1, ts_ns=2, mode="writeback", dirty_bytes=3, hits=4, misses=5, io_errors=0)
+    assert volume_sample(event_to_record(dm)[1]) == dm  # None: the cache has no such counter
+    with pytest.raises(ValueError, match=re.escape("field 'bypasses' must be int | None")):
+        volume_sample({**event_to_record(s)[1], "bypasses": "6"})
+    with pytest.raises(ValueError, match="out of range"):
+        volume_sample({**event_to_record(s)[1], "bypasses": -1})

@@ -21,7 +21,7 @@ def test_the_service_lifecycle_under_systemd(lab) -> None:
     # the unit as a real systemd parsed it (a test drop-in only shortens the watchdog, abort and restart times)
     assert v.get("verify") == "ok" and v["LoadState"] == "loaded", r.explain()
     assert v["Type"] == "notify" and v["NotifyAccess"] == "main" and v["Restart"] == "on-failure"
-    assert v["StartLimitBurst"] == "5" and v["RestartPreventExitStatus"] == "2" and v["KillMode"] == "mixed"
+    assert v["StartLimitBurst"] == "5" and v["RestartPreventExitStatus"] == "2 3" and v["KillMode"] == "mixed"
     assert v["ProtectSystem"] == "strict" and v["ProtectHome"] == "read-only" and v["NoNewPrivileges"] == "yes"
     assert v["DevicePolicy"] == "closed" and v["PrivateDevices"] == "no" and v["ProtectKernelTunables"] == "no"
     assert v["MemoryMax"] == str(512 << 20) and v["TasksMax"] == "64" and v["StateDirectory"] == "cachepilot"

@@ -182,12 +182,15 @@ def sample_volume(info: VolumeInfo, *, sysfs_root: Path = Path("/sys"), dm: DmRu
                 errors = int(_read(sysfs / "cache" / "cache0" / "io_errors"))
             except DeviceGone:
                 attached = False  # the cache set went away between the two reads
+        stats = sysfs / "stats_total"
         return VolumeSample(
             dev=info.dev, ts_ns=now, mode=mode, dirty_bytes=parse_bcache_size(_read(sysfs / "dirty_data")),
-            hits=int(_read(sysfs / "stats_total" / "cache_hits")),
-            misses=int(_read(sysfs / "stats_total" / "cache_misses")),
+            hits=int(_read(stats / "cache_hits")), misses=int(_read(stats / "cache_misses")),
             io_errors=errors, failed=not attached, cache_id=_bcache_cache_id(sysfs) if attached else "",
             knobs={k: _read(sysfs / k) for k in ("sequential_cutoff", "writeback_percent")},
+            # a bypass "hit" is a bypassed I/O whose data was in the cache anyway; both went around it
+            bypasses=int(_read(stats / "cache_bypass_hits")) + int(_read(stats / "cache_bypass_misses")),
+            bypassed_bytes=parse_bcache_size(_read(stats / "bypassed")),
         )
     dm_name = _read(sys_block / info.name / "dm" / "name")
     line = dm(("status", dm_name), 10.0)

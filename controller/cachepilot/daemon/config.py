@@ -17,11 +17,12 @@ import jsonschema
 
 from cachepilot.daemon.control import DEFAULT_SOCKET
 from cachepilot.errors import UserError
+from cachepilot.exporter.http import DEFAULT_LISTEN, parse_listen
 from cachepilot.policy.loader import load_policy, parse_duration, raise_first, read_yaml, schema_errors
 from cachepilot.policy.model import DEFAULT_POLICY, Policy
 
 DEFAULT_STATE_DIR = "/var/lib/cachepilot"
-DEFAULT_METRICS = "127.0.0.1:9854"
+DEFAULT_METRICS = DEFAULT_LISTEN
 
 _DURATION = {
     "oneOf": [{"type": "number", "minimum": 0}, {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)? ?(ms|s|m|h|d)$"}],
@@ -77,11 +78,15 @@ class DaemonConfig:
 
 
 def _listen(value: str, doc: Any) -> str:
+    """The exporter's own rule (an IP, not a host name: what it binds), checked here so a bad address is a
+    configuration error at load, not a failure once the daemon runs."""
     if value == "":
         return ""
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise doc.err(("metrics", "listen"), f"expected HOST:PORT (e.g. {DEFAULT_METRICS}) or \"\", got {value!r}")
+    try:
+        parse_listen(value)
+    except UserError:
+        raise doc.err(("metrics", "listen"), f"expected IP:PORT (e.g. {DEFAULT_METRICS}) or \"\", got {value!r}") \
+            from None
     return value
 
 

@@ -810,7 +810,7 @@ class Daemon:
             recoverable = ctl.policy.failure_model == "recoverable"
             try:
                 vols.append(ex.VolumeSnapshot(
-                    volume=v.info.name, device=v.info.name, kind=v.info.kind, mode=mode,
+                    volume=v.found.label, device=v.info.name, kind=v.info.kind, mode=mode,
                     target_mode=req[0] if req else mode, health=int(st.health), latched=ctl.latch is not None,
                     draining=ctl.drain is not None or bool(v.in_flight), cache_bytes=v.info.cache_bytes,
                     cache_io_errors=st.io_errors, dirty_bytes=st.dirty_bytes,
@@ -818,7 +818,8 @@ class Daemon:
                     dirty_bound_bytes=None if recoverable else ctl.policy.exposure.max_dirty,
                     age_bound_seconds=None if recoverable else ctl.policy.exposure.max_age_s,
                     drains=v.drains, exposure_breaches=ctl.breaches, hits=s.hits, misses=s.misses,
-                    bypasses=None, promoted_bytes=v.promoted_bytes, discard_issued_bytes=v.discard_issued_bytes,
+                    bypasses=s.bypasses, bypassed_bytes=s.bypassed_bytes, promoted_bytes=v.promoted_bytes,
+                    discard_issued_bytes=v.discard_issued_bytes,
                     discard_landed_bytes=v.discard_landed_bytes, barriers=v.barriers,
                     epoch_bytes=v.epoch_bytes.freeze() if v.epoch_bytes is not None else ex.Histogram.empty(
                         ex.EPOCH_BUCKETS)))

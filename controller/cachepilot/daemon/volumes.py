@@ -25,6 +25,13 @@ class Found:
     info: VolumeInfo  # info.dev is the filesystem's device (the cached device itself, or what is stacked on it)
     lower: tuple[int, ...] = ()
     block_dev: int | None = None  # the cached device, when the filesystem sits on a device stacked on it
+    dm_name: str = ""  # device-mapper name of a dm volume (lab-cached); "" for bcache
+
+    @property
+    def label(self) -> str:
+        """The volume's name for people and metrics (the dm name, else the kernel name: lab-cached, bcache0);
+        ``info.name`` stays the kernel name (dm-3), as node_exporter's ``device`` label has it."""
+        return self.dm_name or self.info.name
 
     @property
     def volume_dev(self) -> int:
@@ -110,6 +117,13 @@ def _fs_on_stack(sys_block: Path, name: str, info: VolumeInfo) -> tuple[VolumeIn
                    fs_discard=fs_discard), info.dev
 
 
+def _dm_name(sys_block: Path, name: str) -> str:
+    try:
+        return (sys_block / name / "dm" / "name").read_text().strip()
+    except OSError:
+        return ""
+
+
 def discover(sys_block: Path = inspect.SYS_BLOCK) -> tuple[list[Found], list[str]]:
     """The cached volumes now present, and one line per device that looked cached but could not be described."""
     found: list[Found] = []
@@ -138,7 +152,7 @@ def discover(sys_block: Path = inspect.SYS_BLOCK) -> tuple[list[Found], list[str
             problems.append(f"{name}: {exc}")
             continue
         info, block_dev = _fs_on_stack(sys_block, name, info)
-        found.append(Found(info, _lower(sys_block, name), block_dev))
+        found.append(Found(info, _lower(sys_block, name), block_dev, _dm_name(sys_block, name)))
     return found, problems
 
 

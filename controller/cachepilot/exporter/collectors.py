@@ -9,6 +9,7 @@ base units (bytes, seconds), ``_total`` on counters, labels ``volume``, ``device
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from operator import attrgetter
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -17,7 +18,14 @@ from prometheus_client.core import (
     Metric,
 )
 
-from cachepilot.exporter.snapshot import MODES, DaemonSnapshot, Histogram, VolumeSnapshot
+from cachepilot.exporter.snapshot import (
+    DECISION_KINDS,
+    FAILURE_KINDS,
+    MODES,
+    DaemonSnapshot,
+    Histogram,
+    VolumeSnapshot,
+)
 
 VOL = ["volume", "device"]
 Collect = Callable[[DaemonSnapshot], list[Metric]]
@@ -39,10 +47,13 @@ def _by_kind(name: str, doc: str, table: dict[str, int]) -> CounterMetricFamily:
 
 
 def _buckets(h: Histogram) -> list[tuple[str, float]]:
-    return [(repr(float(b)), c) for b, c in zip(h.bounds, h.counts, strict=True)] + [("+Inf", h.count)]
+    return [(repr(float(b)), float(c)) for b, c in zip(h.bounds, h.counts, strict=True)] + [("+Inf", float(h.count))]
 
 
-def _per_volume(kind: type[Metric], name: str, doc: str, vols: Iterable[VolumeSnapshot],
+Family = type[GaugeMetricFamily] | type[CounterMetricFamily]
+
+
+def _per_volume(kind: Family, name: str, doc: str, vols: Iterable[VolumeSnapshot],
                 value: Callable[[VolumeSnapshot], float | None]) -> Metric:
     """One sample per volume; a volume whose value is None (unknown to its backend) is left out."""
     family = kind(name, doc, labels=VOL)
@@ -81,8 +92,10 @@ def events(s: DaemonSnapshot) -> list[Metric]:
 
 def decisions(s: DaemonSnapshot) -> list[Metric]:
     return [
-        _by_kind("cachepilot_decisions_total", "Actions the engine decided, by action kind.", s.decisions),
-        _by_kind("cachepilot_action_failures_total", "Actions that failed, by error class.", s.action_failures),
+        _by_kind("cachepilot_decisions_total", "Actions the engine decided, by action kind.",
+                 {**dict.fromkeys(DECISION_KINDS, 0), **s.decisions}),
+        _by_kind("cachepilot_action_failures_total", "Actions that failed, by error class.",
+                 {**dict.fromkeys(FAILURE_KINDS, 0), **s.action_failures}),
     ]
 
 
@@ -113,6 +126,57 @@ def _mode_set(name: str, doc: str, vols: Iterable[VolumeSnapshot], mode: Callabl
     return family
 
 
+# Per-volume metrics as tables: (family, name, help, the VolumeSnapshot field). A field that is None for a volume
+# (its backend has no such counter) leaves that volume out of the metric; a bool is exported as 0/1.
+PerVolume = tuple[Family, str, str, str]
+Gauge, Counter = GaugeMetricFamily, CounterMetricFamily
+
+VOLUME: tuple[PerVolume, ...] = (
+    (Gauge, "cachepilot_volume_health", "0 ok, 1 degraded (cache errors), 2 failed.", "health"),
+    (Gauge, "cachepilot_volume_latched", "1 while the failure latch keeps the volume out of write-back.", "latched"),
+    (Gauge, "cachepilot_volume_draining", "1 while a drain is in progress.", "draining"),
+    (Gauge, "cachepilot_volume_cache_size_bytes", "Size of the cache device.", "cache_bytes"),
+    (Counter, "cachepilot_volume_cache_io_errors_total", "I/O errors of the cache device, as the stock cache counts "
+     "them.", "cache_io_errors"),
+)
+EXPOSURE: tuple[PerVolume, ...] = (
+    (Gauge, "cachepilot_volume_dirty_bytes", "Data only on the cache device.", "dirty_bytes"),
+    (Gauge, "cachepilot_volume_dirty_age_seconds", "Age of the oldest dirty data.", "dirty_age_seconds"),
+    (Gauge, "cachepilot_volume_dirty_bound_bytes", "Exposure bound on dirty data (destructive failure model).",
+     "dirty_bound_bytes"),
+    (Gauge, "cachepilot_volume_dirty_age_bound_seconds", "Age guarantee: no dirty data older than this (destructive "
+     "failure model).", "age_bound_seconds"),
+    (Counter, "cachepilot_volume_drains_total", "Drains completed.", "drains"),
+    (Counter, "cachepilot_volume_exposure_breaches_total", "Exposure breaches: drains that failed or missed their "
+     "deadline.", "exposure_breaches"),
+)
+CACHE: tuple[PerVolume, ...] = (
+    (Counter, "cachepilot_volume_cache_hits_total", "Stock cache hits.", "hits"),
+    (Counter, "cachepilot_volume_cache_misses_total", "Stock cache misses.", "misses"),
+    (Counter, "cachepilot_volume_cache_bypasses_total", "I/Os the stock cache sent around itself (bcache only).",
+     "bypasses"),
+    (Counter, "cachepilot_volume_cache_bypassed_bytes_total", "Bytes the stock cache sent around itself (bcache "
+     "only).", "bypassed_bytes"),
+)
+ACTUATION: tuple[PerVolume, ...] = (
+    (Counter, "cachepilot_volume_promoted_bytes_total", "Bytes read in by promotions.", "promoted_bytes"),
+    (Counter, "cachepilot_volume_discard_issued_bytes_total", "Bytes of freed ranges handed to FITRIM.",
+     "discard_issued_bytes"),
+    (Counter, "cachepilot_volume_discard_landed_bytes_total", "Bytes of discards seen reaching the devices below.",
+     "discard_landed_bytes"),
+)
+
+
+def _table(rows: Iterable[PerVolume], vols: Iterable[VolumeSnapshot]) -> list[Metric]:
+    return [_per_volume(kind, name, doc, vols, attrgetter(attr)) for kind, name, doc, attr in rows]
+
+
+def _table_collector(rows: tuple[PerVolume, ...]) -> Collect:
+    def collect(s: DaemonSnapshot) -> list[Metric]:
+        return _table(rows, s.volumes)
+    return collect
+
+
 def volume(s: DaemonSnapshot) -> list[Metric]:
     vols = s.volumes
     info = GaugeMetricFamily("cachepilot_volume_info", "Adopted cached volumes; kind is the cache kind.",
@@ -124,62 +188,11 @@ def volume(s: DaemonSnapshot) -> list[Metric]:
         _mode_set("cachepilot_volume_mode", "Current write mode (kind), 1 for the active one.", vols, lambda v: v.mode),
         _mode_set("cachepilot_volume_target_mode", "Write mode the engine wants (kind), 1 for the wanted one.", vols,
                   lambda v: v.target_mode),
-        _per_volume(GaugeMetricFamily, "cachepilot_volume_health", "0 ok, 1 degraded (cache errors), 2 failed.",
-                    vols, lambda v: v.health),
-        _per_volume(GaugeMetricFamily, "cachepilot_volume_latched", "1 while the failure latch keeps the volume "
-                    "out of write-back.", vols, lambda v: int(v.latched)),
-        _per_volume(GaugeMetricFamily, "cachepilot_volume_draining", "1 while a drain is in progress.", vols,
-                    lambda v: int(v.draining)),
-        _per_volume(GaugeMetricFamily, "cachepilot_volume_cache_size_bytes", "Size of the cache device.", vols,
-                    lambda v: v.cache_bytes),
-        _per_volume(CounterMetricFamily, "cachepilot_volume_cache_io_errors_total",
-                    "I/O errors of the cache device, as the stock cache counts them.", vols,
-                    lambda v: v.cache_io_errors),
+        *_table(VOLUME, vols),
     ]
 
 
-def exposure(s: DaemonSnapshot) -> list[Metric]:
-    vols = s.volumes
-    return [
-        _per_volume(GaugeMetricFamily, "cachepilot_volume_dirty_bytes", "Data only on the cache device.", vols,
-                    lambda v: v.dirty_bytes),
-        _per_volume(GaugeMetricFamily, "cachepilot_volume_dirty_age_seconds", "Age of the oldest dirty data.", vols,
-                    lambda v: v.dirty_age_seconds),
-        _per_volume(GaugeMetricFamily, "cachepilot_volume_dirty_bound_bytes",
-                    "Exposure bound on dirty data (destructive failure model).", vols, lambda v: v.dirty_bound_bytes),
-        _per_volume(GaugeMetricFamily, "cachepilot_volume_dirty_age_bound_seconds",
-                    "Age guarantee: no dirty data older than this (destructive failure model).", vols,
-                    lambda v: v.age_bound_seconds),
-        _per_volume(CounterMetricFamily, "cachepilot_volume_drains_total", "Drains completed.", vols,
-                    lambda v: v.drains),
-        _per_volume(CounterMetricFamily, "cachepilot_volume_exposure_breaches_total",
-                    "Exposure breaches: drains that failed or missed their deadline.", vols,
-                    lambda v: v.exposure_breaches),
-    ]
-
-
-def cache(s: DaemonSnapshot) -> list[Metric]:
-    vols = s.volumes
-    return [
-        _per_volume(CounterMetricFamily, "cachepilot_volume_cache_hits_total", "Stock cache hits.", vols,
-                    lambda v: v.hits),
-        _per_volume(CounterMetricFamily, "cachepilot_volume_cache_misses_total", "Stock cache misses.", vols,
-                    lambda v: v.misses),
-        _per_volume(CounterMetricFamily, "cachepilot_volume_cache_bypasses_total",
-                    "I/O the stock cache sent around itself (bcache only).", vols, lambda v: v.bypasses),
-    ]
-
-
-def actuation(s: DaemonSnapshot) -> list[Metric]:
-    vols = s.volumes
-    return [
-        _per_volume(CounterMetricFamily, "cachepilot_volume_promoted_bytes_total", "Bytes read in by promotions.",
-                    vols, lambda v: v.promoted_bytes),
-        _per_volume(CounterMetricFamily, "cachepilot_volume_discard_issued_bytes_total",
-                    "Bytes of freed ranges handed to FITRIM.", vols, lambda v: v.discard_issued_bytes),
-        _per_volume(CounterMetricFamily, "cachepilot_volume_discard_landed_bytes_total",
-                    "Bytes of discards seen reaching the devices below.", vols, lambda v: v.discard_landed_bytes),
-    ]
+exposure, cache, actuation = (_table_collector(t) for t in (EXPOSURE, CACHE, ACTUATION))
 
 
 def epochs(s: DaemonSnapshot) -> list[Metric]:

@@ -9,10 +9,10 @@ Conventions, so the metrics come out right without the collectors guessing:
 
 - Counters are cumulative since the daemon started (never reset while it runs, never negative). Sizes are bytes,
   durations seconds, times Unix seconds (``time.time()``), never nanoseconds or MiB.
-- ``volume`` is the volume's name as cachepilot reports it (``VolumeInfo.name``: ``bcache0``, the dm name
-  ``lab-cached``); ``device`` is the kernel block device name under ``/sys/block`` (``bcache0``, ``dm-3``),
-  the same value node_exporter's ``node_disk_*{device=...}`` carry, so the two join. Neither is ever a path:
-  a value containing ``/`` is refused (:func:`check_label_value`).
+- ``volume`` is the volume's name for people: the dm name of a dm volume (``lab-cached``), else the kernel
+  name (``bcache0``; ``daemon.volumes.Found.label``); ``device`` is the kernel block device name under
+  ``/sys/block`` (``bcache0``, ``dm-3``), the same value node_exporter's ``node_disk_*{device=...}`` carry, so
+  the two join. Neither is ever a path: a value containing ``/`` is refused (:func:`check_label_value`).
 - A value the backend cannot know is ``None`` and its metric is left out (e.g. dm-cache has no bypass counter; a
   ``recoverable`` volume has no exposure bound). Absent is honest; a made-up 0 is not.
 - Kinds (the ``kind`` label) are short fixed words: event kinds (``freed_extent``, ``delete``, ``barrier``,
@@ -36,6 +36,10 @@ TICK_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
 EPOCH_BUCKETS: tuple[float, ...] = tuple(float(4096 * 4**i) for i in range(10))
 
 MODES = ("writeback", "writethrough", "bypass")  # the backend-neutral modes (models/volume.py)
+# Every decision kind (engine/actions.py Action.kind) and failure class (errors.py CachepilotError.kind): exported
+# from the first scrape with 0, so rate() and the dashboard's panels have a series before the first one happens.
+DECISION_KINDS = ("promote", "discard", "set_write_policy", "set_knob", "drain")
+FAILURE_KINDS = ("config", "rejected", "gone", "retry", "fatal")
 
 
 def check_label_value(what: str, value: str) -> str:
@@ -96,7 +100,7 @@ class VolumeSnapshot:
     """One adopted volume at the end of a tick. Every counter is cumulative since the daemon started."""
 
     # identity (labels)
-    volume: str  # VolumeInfo.name: bcache0, lab-cached
+    volume: str  # the volume's name: the dm name (lab-cached), else the kernel name (bcache0)
     device: str  # kernel block device name under /sys/block: bcache0, dm-3
     kind: str  # cache kind: bcache | dm-cache | dm-writecache
     # mode and health
@@ -125,6 +129,7 @@ class VolumeSnapshot:
     # barriers and epochs
     barriers: int  # block barriers (PREFLUSH/FUA, empty flush) that closed an epoch
     epoch_bytes: Histogram = field(default_factory=lambda: Histogram.empty(EPOCH_BUCKETS))  # bytes per epoch
+    bypassed_bytes: int | None = None  # bcache stats_total/bypassed (bytes of the bypasses); others: None
 
     def __post_init__(self) -> None:
         check_label_value("volume", self.volume)

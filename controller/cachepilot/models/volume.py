@@ -58,6 +58,8 @@ class VolumeSample:
     failed: bool = False
     knobs: dict[str, str] = field(default_factory=dict)
     cache_id: str = ""  # as VolumeInfo.cache_id, read with this sample ("" = unknown or detached)
+    bypasses: int | None = None  # cumulative I/Os the cache sent around itself (bcache); None: no such counter
+    bypassed_bytes: int | None = None  # cumulative bytes of those (bcache, to the precision it prints)
 
 
 class VolumeState:

@@ -320,12 +320,13 @@ def _typed(cls: type, d: Any, what: str) -> dict[str, Any]:
                 raise ValueError(f"{what}: missing field {name!r}")
             continue
         v, ty = d[name], str(f.type)
-        ok = {"int": isinstance(v, int) and not isinstance(v, bool), "str": isinstance(v, str),
+        is_int = isinstance(v, int) and not isinstance(v, bool)
+        ok = {"int": is_int, "int | None": v is None or is_int, "str": isinstance(v, str),
               "bool": isinstance(v, bool),
               "dict[str, str]": isinstance(v, dict) and all(isinstance(x, str) for x in (*v, *v.values()))}[ty]
         if not ok:
             raise ValueError(f"{what}: field {name!r} must be {ty}, not {json.dumps(v)[:40]}")
-        if ty == "int" and not 0 <= v <= _U60 and name != "ts_ns":
+        if is_int and not 0 <= v <= _U60 and name != "ts_ns":
             raise ValueError(f"{what}: field {name!r} = {v} is out of range")
     return d
 
