@@ -154,4 +154,4 @@ def parse_dm_writecache_status(line: str) -> DmWritecacheStatus:
     stats = tuple(_int(fields, i, f"statistic {i - 3}") for i in range(4, len(fields)))
     if values[2] > values[1]:
         raise StatusParseError(f"free blocks ({values[2]}) exceed total blocks ({values[1]})")
-    return DmWritecacheStatus(*values, stats=stats)
+    return DmWritecacheStatus(values[0], values[1], values[2], values[3], stats=stats)

@@ -41,7 +41,8 @@ class WritecacheTable:
             n = int(f[7])
         except (IndexError, ValueError):
             raise KernelRejected(f"dm-writecache table line not understood: {line!r}") from None
-        words, opts, i = f[8:8 + n], [], 0
+        words, i = f[8:8 + n], 0
+        opts: list[tuple[str, str | None]] = []
         if len(words) != n:
             raise KernelRejected(f"dm-writecache table line ends early: {line!r}")
         while i < len(words):

@@ -74,7 +74,7 @@ def _devname(dev: int) -> str:
 
 
 def format_event(ev: object, as_json: bool) -> str:
-    assert is_dataclass(ev)
+    assert is_dataclass(ev) and not isinstance(ev, type)
     d = asdict(ev)
     for k in ("dev",):
         if k in d:

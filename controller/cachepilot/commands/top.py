@@ -15,7 +15,7 @@ def table(answer: dict[str, Any]) -> Any:
     from rich.table import Table
     from rich.text import Text
 
-    parts = []
+    parts: list[Table | Text] = []
     now = time.monotonic_ns()
     for v in answer["volumes"]:
         t = Table(title=Text(f"{v['name']} ({v['dev']}) {v['mountpoint'] or ''}"), title_justify="left")

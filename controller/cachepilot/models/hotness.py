@@ -382,10 +382,10 @@ class HotnessTable:
                 acc[1] += sum(map(_WB, records))
             return
         for r in records:
-            acc = db.get(r[0])
-            if acc is not None:
-                acc[0] += r[5]
-                acc[1] += r[6]
+            one = db.get(r[0])
+            if one is not None:
+                one[0] += r[5]
+                one[1] += r[6]
 
     def apply_array(self, rec: np.ndarray, known_only: bool = False) -> int:
         """Vectorised :meth:`apply_records` for a numpy structured array of :data:`HOT_DTYPE` records
@@ -579,9 +579,9 @@ class HotnessTable:
             for idx in self.index.values():
                 yield from idx.values()
         else:
-            idx = self.index.get(dev)
-            if idx is not None:
-                yield from idx.values()
+            one = self.index.get(dev)
+            if one is not None:
+                yield from one.values()
 
     def hottest(self, k: int, dev: int | None = None) -> list[int]:
         """Highest counter first; most recent access wins ties. O(n log k) scan: for queries, not ticks."""

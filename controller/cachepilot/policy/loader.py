@@ -17,7 +17,7 @@ import itertools
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -295,7 +295,7 @@ def schema_errors(doc: _Doc, validator: jsonschema.Draft202012Validator = _valid
 
 def _section(cls: type, raw: dict[str, Any], base: Any, conv: dict[str, tuple[str, Any]], doc: _Doc,
              path: PathT) -> Any:
-    kwargs = {f: getattr(base, f) for f in cls.__dataclass_fields__}
+    kwargs = {f.name: getattr(base, f.name) for f in fields(cls)}
     for key, value in raw.items():
         field, fn = conv.get(key, (key, None))
         try:

@@ -9,6 +9,7 @@ import ctypes as C
 import ctypes.util
 import os
 import threading
+from typing import Any
 
 LIBBPF_NAMES = ("libbpf.so.1", "/usr/lib/x86_64-linux-gnu/libbpf.so.1", "libbpf.so")
 
@@ -37,7 +38,7 @@ _log: list[str] = []
 _print_cb = None
 
 
-def _fn(lib: C.CDLL, name: str, restype, *argtypes):
+def _fn(lib: C.CDLL, name: str, restype: Any, *argtypes: Any) -> Any:
     f = getattr(lib, name)
     f.restype = restype
     f.argtypes = list(argtypes)

@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from cachepilot.errors import UserError
 from cachepilot.events import (
@@ -600,7 +601,7 @@ class Probe:
             out.extend(t for t in unpack(data) if t[0])
         return out
 
-    def drain_hotness_array(self):  # -> numpy.ndarray of cachepilot.models.hotness.HOT_DTYPE
+    def drain_hotness_array(self) -> Any:  # numpy.ndarray of cachepilot.models.hotness.HOT_DTYPE (numpy loads lazily)
         """Drain the hotness table as one numpy record array in the models' layout (HOT_DTYPE: dev, ino, gen, rs,
         ws, rb, wb, last, size), ready for HotnessModel.apply_array: the fast path for large drains."""
         import numpy as np

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from cachepilot.events import (
@@ -110,114 +111,126 @@ class _Alloc:
 def prepare(w: Workload, commit_interval_s: float = 5.0, fs_blocks: int = 1 << 31,
             tick_s: float = 1.0) -> Prepared:
     p = Prepared(w, tick_ns=int(tick_s * 1e9))
-    blk, kind, tag = p.blk, p.kind, p.tag
-    al = _Alloc(fs_blocks)
-    files: dict[int, list[int]] = {}
-    sizes: dict[int, int] = {}
+    pr = _Preparer(p, _Alloc(fs_blocks), max(1, int(commit_interval_s * 1e9 // p.tick_ns)))
     ops_per_tick = max(1, p.tick_ns // w.op_interval_ns)
-    commit_every = max(1, int(commit_interval_s * 1e9 // p.tick_ns))
-    hot: dict[int, list[int]] = {}  # fid -> [rs, ws, rb, wb, last_ns]
-    events: list[Event] = []
-    changed: dict[int, tuple[int, ...] | None] = {}
-    epoch_data = 0
-    syncs: list[int] = [0, 0, 0]  # fsync calls this tick, last ino, last ts
-    tid = 1  # the running journal transaction
-    dev = SIM_DEV
+    do = {READ: pr.read, WRITE: pr.write, APPEND: pr.write, CREATE: pr.create, DELETE: pr.delete,
+          FSYNC: pr.fsync, DROP_CACHE: pr.drop_cache}
+    tick = 0
+    for i, (op, fid, off, length, tg) in enumerate(w.ops):
+        if i and i % ops_per_tick == 0:
+            pr.end_tick(tick)
+            tick += 1
+        one = do.get(op)
+        if one is not None:
+            one(fid, off, length, tg, i * w.op_interval_ns)
+        p.data_blocks_peak = max(p.data_blocks_peak, pr.al.used)
+    pr.end_tick(tick)
+    p.volume_blocks = pr.al.top
+    return p
 
-    def commit(ts: int, flush: bool) -> None:
+
+class _Preparer:
+    """Turns a workload's file operations into block operations and the events the kernel would emit, tick by
+    tick (one method per operation)."""
+
+    def __init__(self, p: Prepared, al: _Alloc, commit_every: int) -> None:
+        self.p, self.al, self.commit_every = p, al, commit_every
+        self.files: dict[int, list[int]] = {}
+        self.sizes: dict[int, int] = {}
+        self.hot: dict[int, list[int]] = {}  # fid -> [rs, ws, rb, wb, last_ns]
+        self.events: list[Event] = []
+        self.changed: dict[int, tuple[int, ...] | None] = {}
+        self.epoch_data = 0
+        self.syncs: list[int] = [0, 0, 0]  # fsync calls this tick, last ino, last ts
+        self.tid = 1  # the running journal transaction
+        self.dev = SIM_DEV
+
+    def _blocks(self, blocks: Iterable[int], k: int, tg: int) -> None:
+        p = self.p
+        for b in blocks:
+            p.blk.append(b)
+            p.kind.append(k)
+            p.tag.append(tg)
+
+    def commit(self, ts: int, flush: bool) -> None:
         """Commit the running transaction; an fsync's commit is also the barrier that closes the epoch."""
-        nonlocal tid, epoch_data
-        events.append(JournalCommit(dev, tid, ts))
-        tid += 1
+        self.events.append(JournalCommit(self.dev, self.tid, ts))
+        self.tid += 1
         if flush:
-            events.append(Barrier(dev, BarrierKind.PREFLUSH, 0, 0, epoch_data + COMMIT_META_BYTES, ts,
-                                  epoch_data, COMMIT_META_BYTES, flags=3, arg=BLOCK, closes_epoch=True))
-            epoch_data = 0
+            d = self.epoch_data
+            self.events.append(Barrier(self.dev, BarrierKind.PREFLUSH, 0, 0, d + COMMIT_META_BYTES, ts,
+                                       d, COMMIT_META_BYTES, flags=3, arg=BLOCK, closes_epoch=True))
+            self.epoch_data = 0
 
-    def account(fid: int, nbytes: int, write: bool, ts: int) -> None:
-        h = hot.get(fid)
+    def account(self, fid: int, nbytes: int, write: bool, ts: int) -> None:
+        h = self.hot.get(fid)
         if h is None:
-            h = hot[fid] = [0, 0, 0, 0, 0]
+            h = self.hot[fid] = [0, 0, 0, 0, 0]
         off = 0
         while off < nbytes:
             chunk = min(MAX_REQ, nbytes - off)
-            b = inverse_bitmap_score(chunk)
-            h[1 if write else 0] += b
+            h[1 if write else 0] += inverse_bitmap_score(chunk)
             off += chunk
         h[3 if write else 2] += nbytes
         h[4] = ts
 
-    def end_tick(k: int) -> None:
+    def end_tick(self, k: int) -> None:
+        p, dev = self.p, self.dev
         ts = (k + 1) * p.tick_ns
-        for fid, (rs, ws, rb, wb, last) in hot.items():
-            events.append(HotnessDelta(FileKey(dev, p.ino(fid), 1), rs, ws, rb, wb, last,
-                                       sizes.get(fid, -1)))
-        hot.clear()
-        if syncs[0]:
-            events.append(SyncCalls(dev, BarrierKind.FSYNC, syncs[0], SIM_PID, p.ino(syncs[1]), syncs[2]))
-            syncs[0] = 0
-        if (k + 1) % commit_every == 0:
-            commit(ts, flush=True)  # jbd2's periodic commit flushes too
-        p.tick_events.append(list(events))
-        events.clear()
-        p.tick_files.append(dict(changed))
-        changed.clear()
-        p.tick_end.append(len(blk))
+        for fid, (rs, ws, rb, wb, last) in self.hot.items():
+            self.events.append(HotnessDelta(FileKey(dev, p.ino(fid), 1), rs, ws, rb, wb, last,
+                                            self.sizes.get(fid, -1)))
+        self.hot.clear()
+        if self.syncs[0]:
+            self.events.append(SyncCalls(dev, BarrierKind.FSYNC, self.syncs[0], SIM_PID, p.ino(self.syncs[1]),
+                                         self.syncs[2]))
+            self.syncs[0] = 0
+        if (k + 1) % self.commit_every == 0:
+            self.commit(ts, flush=True)  # jbd2's periodic commit flushes too
+        p.tick_events.append(list(self.events))
+        self.events.clear()
+        p.tick_files.append(dict(self.changed))
+        self.changed.clear()
+        p.tick_end.append(len(p.blk))
 
-    tick = 0
-    for i, (op, fid, off, length, tg) in enumerate(w.ops):
-        ts = i * w.op_interval_ns
-        if i and i % ops_per_tick == 0:
-            end_tick(tick)
-            tick += 1
-        if op == READ:
-            blocks = files.get(fid)
-            if not blocks:
-                continue
-            first = off // BLOCK
-            last = min(len(blocks), (off + length + BLOCK - 1) // BLOCK)
-            for b in blocks[first:last]:
-                blk.append(b)
-                kind.append(K_READ)
-                tag.append(tg)
-            account(fid, length, False, ts)
-        elif op in (WRITE, APPEND):
-            blocks = files.setdefault(fid, [])
-            need = (off + length + BLOCK - 1) // BLOCK
-            if need > len(blocks):
-                blocks.extend(al.alloc(need - len(blocks)))
-            for b in blocks[off // BLOCK:need]:
-                blk.append(b)
-                kind.append(K_WRITE)
-                tag.append(tg)
-            sizes[fid] = max(sizes.get(fid, 0), off + length)
-            account(fid, length, True, ts)
-            epoch_data += length
-            changed[fid] = tuple(blocks)
-        elif op == CREATE:
-            files.setdefault(fid, [])
-            sizes[fid] = 0
-        elif op == DELETE:
-            blocks = files.pop(fid, [])
-            size = sizes.pop(fid, 0)
-            hot.pop(fid, None)
-            for b in blocks:
-                blk.append(b)
-                kind.append(K_FREE)
-                tag.append(0)
-            events.append(Delete(FileKey(dev, p.ino(fid), 1), size, ts))
-            for s, c in al.release(blocks):
-                events.append(FreedExtent(dev, p.ino(fid), s, c, False, ts, tid))
-            changed[fid] = None
-        elif op == FSYNC:
-            syncs[0] += 1
-            syncs[1], syncs[2] = fid, ts
-            commit(ts, flush=True)
-        elif op == DROP_CACHE:
-            blk.append(0)
-            kind.append(K_DROP)
-            tag.append(0)
-        p.data_blocks_peak = max(p.data_blocks_peak, al.used)
-    end_tick(tick)
-    p.volume_blocks = al.top
-    return p
+    def read(self, fid: int, off: int, length: int, tg: int, ts: int) -> None:
+        blocks = self.files.get(fid)
+        if not blocks:
+            return
+        last = min(len(blocks), (off + length + BLOCK - 1) // BLOCK)
+        self._blocks(blocks[off // BLOCK:last], K_READ, tg)
+        self.account(fid, length, False, ts)
+
+    def write(self, fid: int, off: int, length: int, tg: int, ts: int) -> None:
+        blocks = self.files.setdefault(fid, [])
+        need = (off + length + BLOCK - 1) // BLOCK
+        if need > len(blocks):
+            blocks.extend(self.al.alloc(need - len(blocks)))
+        self._blocks(blocks[off // BLOCK:need], K_WRITE, tg)
+        self.sizes[fid] = max(self.sizes.get(fid, 0), off + length)
+        self.account(fid, length, True, ts)
+        self.epoch_data += length
+        self.changed[fid] = tuple(blocks)
+
+    def create(self, fid: int, off: int, length: int, tg: int, ts: int) -> None:
+        self.files.setdefault(fid, [])
+        self.sizes[fid] = 0
+
+    def delete(self, fid: int, off: int, length: int, tg: int, ts: int) -> None:
+        blocks = self.files.pop(fid, [])
+        size = self.sizes.pop(fid, 0)
+        self.hot.pop(fid, None)
+        self._blocks(blocks, K_FREE, 0)
+        ino = self.p.ino(fid)
+        self.events.append(Delete(FileKey(self.dev, ino, 1), size, ts))
+        for s, c in self.al.release(blocks):
+            self.events.append(FreedExtent(self.dev, ino, s, c, False, ts, self.tid))
+        self.changed[fid] = None
+
+    def fsync(self, fid: int, off: int, length: int, tg: int, ts: int) -> None:
+        self.syncs[0] += 1
+        self.syncs[1], self.syncs[2] = fid, ts
+        self.commit(ts, flush=True)
+
+    def drop_cache(self, fid: int, off: int, length: int, tg: int, ts: int) -> None:
+        self._blocks((0,), K_DROP, 0)

@@ -15,8 +15,9 @@ import time
 from array import array
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
-from cachepilot.engine import DiscardRanges, Drain, Engine, Promote, SetWritePolicy
+from cachepilot.engine import Action, DiscardRanges, Drain, Engine, Promote, SetWritePolicy
 from cachepilot.models.volume import WRITEBACK, VolumeInfo, VolumeSample
 from cachepilot.policy.model import (
     DiscardOnDelete,
@@ -146,36 +147,66 @@ def run(p: Prepared, policy: str, controller: bool, capacity: int, writeback_per
     engine = None
     if controller:  # the smq-like cache stands for dm-cache
         engine = Engine(ctl_policy, [sim_volume(capacity, "dm-cache" if policy == "smq" else "bcache")])
-    dead = bytearray(p.volume_blocks + 1)
-    file_blocks: dict[int, tuple[int, ...]] = {}
-    blk, kind, tag = p.blk, p.kind, p.tag
-    read = cache.read
-    write = cache.write
-    prefetch = getattr(cache, "prefetch", cache.access)
+    sim = _Sim(p, cache, res, engine)
     dt_s = p.tick_ns / 1e9
-    reads = hits = 0
-    sreads = shits = 0
     dirty_sum = 0
     start = 0
     for k, end in enumerate(p.tick_end):
-        hr = hh = 0
+        res.hot_per_tick.append(sim.ops(start, end))
+        cache.tick(dt_s, idle=start == end)
+        start = end
+        d = len(cache.dirty) * BLOCK
+        dirty_sum += d
+        res.dirty_max_bytes = max(res.dirty_max_bytes, d)
+        ts = (k + 1) * p.tick_ns
+        sample = VolumeSample(SIM_DEV, ts, WRITEBACK if cache.writeback else "writethrough", d,
+                              sim.hits, sim.reads - sim.hits, 0)
+        if trace is not None:
+            trace.write_many(p.tick_events[k])
+            trace.write(sample)
+            trace.write(Tick(ts))
+        if engine is not None:
+            sim.control(k, end, sample)
+    cache.flush()  # what would eventually be written back
+    res.reads, res.read_hits = sim.reads, sim.hits
+    res.scan_reads, res.scan_hits = sim.sreads, sim.shits
+    res.origin_write_bytes = (cache.written_back + cache.written_through) * BLOCK
+    res.origin_read_bytes = (sim.reads - sim.hits) * BLOCK + res.promoted_bytes
+    res.dirty_mean_bytes = dirty_sum / max(1, len(p.tick_end))
+    res.discarded_blocks = cache.discarded
+    res.dirty_dropped_blocks = cache.dirty_dropped
+    res.cpu_s = time.process_time() - t0
+    return res
+
+
+class _Sim:
+    """One simulation's running state: the block operations of a tick, and the controller's step after it."""
+
+    def __init__(self, p: Prepared, cache: Any, res: SimResult, engine: Engine | None) -> None:
+        self.p, self.cache, self.res, self.engine = p, cache, res, engine
+        self.dead = bytearray(p.volume_blocks + 1)
+        self.file_blocks: dict[int, tuple[int, ...]] = {}
+        self.reads = self.hits = self.sreads = self.shits = 0
+
+    def ops(self, start: int, end: int) -> tuple[int, int]:
+        """Carry out the block operations [start, end); returns the hot set's (reads, hits) in them."""
+        blk, kind, tag, dead, cache = self.p.blk, self.p.kind, self.p.tag, self.dead, self.cache
+        read, write = cache.read, cache.write
+        reads = hits = sreads = shits = hr = hh = 0
         for i in range(start, end):
             kd = kind[i]
             b = blk[i]
             if kd == K_READ:
                 h = read(b, i)
                 reads += 1
-                if h:
-                    hits += 1
+                hits += h
                 tg = tag[i]
                 if tg == 1:
                     hr += 1
-                    if h:
-                        hh += 1
+                    hh += h
                 elif tg == 2:
                     sreads += 1
-                    if h:
-                        shits += 1
+                    shits += h
             elif kd == K_WRITE:
                 write(b, i)
                 dead[b] = 0
@@ -183,61 +214,52 @@ def run(p: Prepared, policy: str, controller: bool, capacity: int, writeback_per
                 dead[b] = 1
             else:
                 cache.empty()
-                if engine is not None:
-                    engine.rewarm("sim0", "cache device re-attached empty: re-warming")
-        cache.tick(dt_s, idle=start == end)
-        start = end
-        res.hot_per_tick.append((hr, hh))
-        d = len(cache.dirty) * BLOCK
-        dirty_sum += d
-        res.dirty_max_bytes = max(res.dirty_max_bytes, d)
-        ts = (k + 1) * p.tick_ns
-        if trace is not None:
-            trace.write_many(p.tick_events[k])
-            trace.write(VolumeSample(SIM_DEV, ts, WRITEBACK if cache.writeback else "writethrough", d,
-                                     hits, reads - hits, 0))
-            trace.write(Tick(ts))
-        if engine is None:
-            continue
-        for ev in p.tick_events[k]:
+                if self.engine is not None:
+                    self.engine.rewarm("sim0", "cache device re-attached empty: re-warming")
+        self.reads += reads
+        self.hits += hits
+        self.sreads += sreads
+        self.shits += shits
+        return hr, hh
+
+    def control(self, k: int, end: int, sample: VolumeSample) -> None:
+        """The controller's view of tick k (its events, the sample) and what it decides, carried out."""
+        engine = self.engine
+        assert engine is not None
+        for ev in self.p.tick_events[k]:
             engine.feed(ev)
-        for fid, blocks in p.tick_files[k].items():
+        for fid, blocks in self.p.tick_files[k].items():
             if blocks is None:
-                file_blocks.pop(fid, None)
+                self.file_blocks.pop(fid, None)
             else:
-                file_blocks[fid] = blocks
-        engine.sample(VolumeSample(SIM_DEV, ts, WRITEBACK if cache.writeback else "writethrough", d,
-                                   hits, reads - hits, 0))
-        for a in engine.tick(ts):
-            res.actions[a.kind] += 1
-            if isinstance(a, Promote):
-                fb = file_blocks.get(p.fid(a.ino))
-                if not fb:
-                    continue
-                for off, n in a.ranges:
-                    for b in fb[off // BLOCK:(off + n + BLOCK - 1) // BLOCK]:
-                        if b not in cache:
-                            res.promoted_bytes += BLOCK
-                        prefetch(b, end)
-            elif isinstance(a, DiscardRanges):
-                for off, n in a.ranges:
-                    for b in range(off // BLOCK, (off + n) // BLOCK):
-                        if b < len(dead) and dead[b]:
-                            cache.discard(b)
-            elif isinstance(a, SetWritePolicy):
-                cache.set_writeback(a.mode == WRITEBACK)
-            elif isinstance(a, Drain):  # write every dirty block back now (bcache writeback_percent 0 ...)
-                cache.flush()
-    cache.flush()  # what would eventually be written back
-    res.reads, res.read_hits = reads, hits
-    res.scan_reads, res.scan_hits = sreads, shits
-    res.origin_write_bytes = (cache.written_back + cache.written_through) * BLOCK
-    res.origin_read_bytes = (reads - hits) * BLOCK + res.promoted_bytes
-    res.dirty_mean_bytes = dirty_sum / max(1, len(p.tick_end))
-    res.discarded_blocks = cache.discarded
-    res.dirty_dropped_blocks = cache.dirty_dropped
-    res.cpu_s = time.process_time() - t0
-    return res
+                self.file_blocks[fid] = blocks
+        engine.sample(sample)
+        for a in engine.tick(sample.ts_ns):
+            self.res.actions[a.kind] += 1
+            self.act(a, end)
+
+    def act(self, a: Action, end: int) -> None:
+        cache = self.cache
+        if isinstance(a, Promote):
+            fb = self.file_blocks.get(self.p.fid(a.ino))
+            if not fb:
+                return
+            prefetch = getattr(cache, "prefetch", cache.access)
+            for off, n in a.ranges:
+                for b in fb[off // BLOCK:(off + n + BLOCK - 1) // BLOCK]:
+                    if b not in cache:
+                        self.res.promoted_bytes += BLOCK
+                    prefetch(b, end)
+        elif isinstance(a, DiscardRanges):
+            dead = self.dead
+            for off, n in a.ranges:
+                for b in range(off // BLOCK, (off + n) // BLOCK):
+                    if b < len(dead) and dead[b]:
+                        cache.discard(b)
+        elif isinstance(a, SetWritePolicy):
+            cache.set_writeback(a.mode == WRITEBACK)
+        elif isinstance(a, Drain):  # write every dirty block back now (bcache writeback_percent 0 ...)
+            cache.flush()
 
 
 def recovery_ticks(r: SimResult, scan_end_tick: int, pre: tuple[int, int], frac: float = 0.9) -> int | None:

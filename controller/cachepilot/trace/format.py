@@ -224,7 +224,7 @@ class TraceWriter:
                  meta: dict[str, Any] | None = None, compress: bool = True) -> None:
         self._own = not hasattr(path, "write")
         try:
-            self.f: BinaryIO = open(path, "wb") if self._own else path  # type: ignore[arg-type]  # noqa: SIM115
+            self.f: BinaryIO = open(path, "wb") if self._own else path  # type: ignore[arg-type,assignment]  # noqa: SIM115
         except OSError as exc:
             raise UserError(f"{path}: cannot write trace: {exc.strerror or exc}") from None
         self.compress = compress

@@ -11,6 +11,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -70,43 +71,63 @@ def replay(path: str | Path, policy: Policy, only_volume: str | None = None) -> 
         engine.volume(only_volume)  # UserError naming the known volumes
     res = ReplayResult(engine=engine)
     t0 = time.process_time()
-    feed = engine.feed
-    known = {v.dev for v in reader.volumes}
-    known_devs = np.array(sorted(known), dtype=np.uint32)
-    unknown: Counter[int] = Counter()
+    r = _Replayer(path, engine, res, {v.dev for v in reader.volumes}, only_volume)
     for off, t, recs in reader.raw_blocks():
-        if t == T_HOT:
-            devs = recs["dev"]
-            odd = devs[~np.isin(devs, known_devs)]  # a sort of the block, not a Python loop
-            if len(odd):
-                unknown.update(odd.tolist())
-            engine.feed_hotness_array(recs)
-        elif t == T_TICK:
-            for (ts,) in recs:
-                for a in engine.tick(ts):
-                    if only_volume is None or a.volume == only_volume:
-                        res.decisions.append(Decision(ts, a))
-                res.ticks += 1
-        elif t == T_META:
-            continue
-        elif t == T_SAMPLE:
-            for r in recs:
-                if r.get("dev") not in known:
-                    unknown[r.get("dev")] += 1
-                try:
-                    engine.sample(volume_sample(r))
-                except (TypeError, ValueError) as exc:
-                    raise UserError(f"{path}: offset {off}: bad volume sample: {exc}") from None
-        else:
-            if t != T_DROPS:
-                unknown.update(r[0] for r in recs if r[0] not in known)
-            make = MAKERS[t]
-            try:
-                for r in recs:
-                    feed(make(r))
-            except (TypeError, ValueError) as exc:
-                raise UserError(f"{path}: offset {off}: bad {NAMES[t]} record: {exc}") from None
+        r.block(off, t, recs)
         res.events += len(recs)
-    res.unknown_volumes = dict(unknown)
+    res.unknown_volumes = dict(r.unknown)
     res.cpu_s = time.process_time() - t0
     return res
+
+
+class _Replayer:
+    """Feeds one decoded trace block at a time to the engine, by block type."""
+
+    def __init__(self, path: str | Path, engine: Engine, res: ReplayResult, known: set[int],
+                 only_volume: str | None) -> None:
+        self.path, self.engine, self.res, self.known, self.only = path, engine, res, known, only_volume
+        self.known_devs = np.array(sorted(known), dtype=np.uint32)
+        self.unknown: Counter[Any] = Counter()
+
+    def block(self, off: int, t: int, recs: Any) -> None:
+        if t == T_HOT:
+            self.hot(recs)
+        elif t == T_TICK:
+            self.ticks(recs)
+        elif t == T_SAMPLE:
+            self.samples(off, recs)
+        elif t != T_META:
+            self.events(off, t, recs)
+
+    def hot(self, recs: Any) -> None:
+        devs = recs["dev"]
+        odd = devs[~np.isin(devs, self.known_devs)]  # a sort of the block, not a Python loop
+        if len(odd):
+            self.unknown.update(odd.tolist())
+        self.engine.feed_hotness_array(recs)
+
+    def ticks(self, recs: Any) -> None:
+        for (ts,) in recs:
+            for a in self.engine.tick(ts):
+                if self.only is None or a.volume == self.only:
+                    self.res.decisions.append(Decision(ts, a))
+            self.res.ticks += 1
+
+    def samples(self, off: int, recs: Any) -> None:
+        for r in recs:
+            if r.get("dev") not in self.known:
+                self.unknown[r.get("dev")] += 1
+            try:
+                self.engine.sample(volume_sample(r))
+            except (TypeError, ValueError) as exc:
+                raise UserError(f"{self.path}: offset {off}: bad volume sample: {exc}") from None
+
+    def events(self, off: int, t: int, recs: Any) -> None:
+        if t != T_DROPS:
+            self.unknown.update(r[0] for r in recs if r[0] not in self.known)
+        make, feed = MAKERS[t], self.engine.feed
+        try:
+            for r in recs:
+                feed(make(r))
+        except (TypeError, ValueError) as exc:
+            raise UserError(f"{self.path}: offset {off}: bad {NAMES[t]} record: {exc}") from None
