@@ -56,11 +56,13 @@ class Outcome:
     error: CachepilotError | None = None
     detail: str = ""
 
-    def line(self) -> str:
+    def line(self, action_line: str | None = None) -> str:
+        """The outcome for a log; ``action_line`` is the action's own line when the caller has it already."""
         what = "; ".join(f"{w.target}: {w.before} -> {w.value} (read back {w.readback})" for w in self.writes)
         err = f" error[{self.error.kind}]: {self.error}" if self.error else ""
         dry = " (dry run)" if self.dry_run else ""
-        return f"{self.action.line()} => {self.status}{dry}{': ' + what if what else ''}{err}"
+        head = self.action.line() if action_line is None else action_line
+        return f"{head} => {self.status}{dry}{': ' + what if what else ''}{err}"
 
 
 class Backend(abc.ABC):

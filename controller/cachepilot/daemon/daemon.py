@@ -123,6 +123,7 @@ class Daemon:
         self.notifier = notifier or Notifier()
         self.engine = Engine(config.policy, start_ns=time.monotonic_ns())
         self.vols: dict[int, Vol] = {}
+        self._by_name: dict[str, Vol] = {}  # engine_vol's index over vols (checked against vols on each use)
         self.probe: Any = None
         self.state = StateFile(config.state_dir)
         self.lock = DaemonLock(config.state_dir)
@@ -489,10 +490,13 @@ class Daemon:
         self._outcome(v, out, now, attempt)
 
     def engine_vol(self, name: str) -> Vol | None:
-        for v in self.vols.values():
-            if v.info.name == name:
-                return v
-        return None
+        v = self._by_name.get(name)
+        if v is not None and self.vols.get(v.info.dev) is v:
+            return v
+        for v in self.vols.values():  # (re)build the index: a volume came or went
+            self._by_name[v.info.name] = v
+        v = self._by_name.get(name)
+        return v if v is not None and self.vols.get(v.info.dev) is v else None
 
     def _outcome(self, v: Vol, out: Any, now: int, attempt: int) -> None:
         d = self._record(v, out, now, attempt=attempt)
@@ -559,7 +563,7 @@ class Daemon:
             "ts": time.time(),
             "volume": getattr(a, "volume", v.info.name if v else "?"),
             "kind": a.kind,
-            "action": a.line(),
+            "action": (action_line := a.line()),
             "reason": getattr(a, "reason", ""),
             "status": out.status,
             "dry_run": out.dry_run,
@@ -571,7 +575,7 @@ class Daemon:
             "attempt": attempt,
         }
         self.decisions.append(d)
-        line = out.line() + (f" [{d['detail']}]" if d["detail"] else "")
+        line = out.line(action_line) + (f" [{d['detail']}]" if d["detail"] else "")
         level = logging.WARNING if out.status == FAILED and err is not None else logging.INFO
         if v is not None and v.observe_only:
             level = logging.DEBUG  # what it would do on a volume it only observes: explain shows it

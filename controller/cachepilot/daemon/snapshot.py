@@ -23,7 +23,12 @@ def hottest(t: HotnessTable, dev: int, k: int) -> list[dict[str, int]]:
     ws = np.frombuffer(t.wscore, dtype=np.uint32, count=n)[slots].astype(np.int64) >> shift
     last = np.frombuffer(t.last, dtype=np.int64, count=n)[slots]
     score = rs + ws
-    order = np.lexsort((last, score))[::-1][:k]
+    if len(score) > k:  # sort only the candidates: every file scoring at least the k-th best (ties included)
+        kth = np.partition(score, len(score) - k)[len(score) - k]
+        cand = np.nonzero(score >= kth)[0]
+        order = cand[np.lexsort((last[cand], score[cand]))[::-1][:k]]
+    else:
+        order = np.lexsort((last, score))[::-1][:k]
     ino = np.frombuffer(t.ino, dtype=np.uint64, count=n)
     gen = np.frombuffer(t.gen, dtype=np.uint32, count=n)
     size = np.frombuffer(t.size, dtype=np.int64, count=n)

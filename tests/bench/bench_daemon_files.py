@@ -1,0 +1,123 @@
+# ruff: noqa: S311 -- seeded workload generation, not cryptography
+"""The daemon with 1 million tracked files (issue 10's speed goals): RSS <= 150 MiB and a steady tick <= 100 ms.
+
+The real daemon loop (`Daemon.tick`: drain feed, samples, engine tick, actions, snapshot for status/metrics, the
+hot list for `top`, the state file every few seconds) on 16 volumes whose backends are in-memory stand-ins (no
+cache on this host; the backends' own cost is a sysfs read, measured in the lab). Before each tick 10 000
+hotness records arrive, as a drain of the probe's table would deliver them. Prints the tick's wall and CPU time
+(median, p99, max over the steady ticks), the process's RSS (VmRSS, VmHWM) and the state file's size.
+
+Usage: .venv/bin/python tests/bench/bench_daemon_files.py [TICKS]
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from cachepilot.backends.base import DONE, Backend, ControlAction, Outcome
+from cachepilot.daemon.config import load_config
+from cachepilot.daemon.daemon import Daemon
+from cachepilot.daemon.volumes import Found
+from cachepilot.events import kdev
+from cachepilot.models.volume import VolumeInfo, VolumeSample
+
+FILES = 1_000_000
+VOLUMES = 16
+PER_TICK = 10_000
+NS = 1_000_000_000
+POLICY = """version: 1
+defaults:
+  failure_model: recoverable
+  promotion: {enabled: true, rate: 8MiB, max_cache_fraction: 0.5, sieve_size: 1MiB}
+  discard_on_delete: {enabled: true, interval: 5s, min_extent: 64KiB}
+"""
+
+
+class StandIn(Backend):
+    """A cache that reads back whatever was written and is always clean."""
+
+    kind = "bcache"
+
+    def sample(self, now_ns: int) -> VolumeSample:
+        return VolumeSample(self.info.dev, now_ns, "writeback", 0, 10, 5, 0, False, {})
+
+    def apply(self, action: ControlAction, *, dry_run: bool = False) -> Outcome:
+        return Outcome(action, DONE, dry_run=dry_run)
+
+    def step(self, now_ns: int) -> list[Outcome]:
+        return []
+
+    def pending(self) -> list[ControlAction]:
+        return []
+
+    def restore(self) -> list[Outcome]:
+        return []
+
+
+class NoFiles:
+    def __init__(self, info: VolumeInfo, discard_rate: int, promote_rate: int) -> None:
+        pass
+
+    def run(self, action: object, dry_run: bool) -> Outcome:
+        return Outcome(action, DONE, dry_run=dry_run)  # type: ignore[arg-type]
+
+
+def rss_kib() -> tuple[int, int]:
+    status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+    return int(status["VmRSS"].split()[0]), int(status["VmHWM"].split()[0])
+
+
+def pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def main() -> None:
+    ticks = int(sys.argv[1]) if len(sys.argv) > 1 else 60
+    tmp = Path(tempfile.mkdtemp(prefix="bench-daemon-files-"))
+    (tmp / "p.yaml").write_text(POLICY)
+    (tmp / "c.yaml").write_text("version: 1\npolicies: [p.yaml]\nstate_dir: st\nsocket: ctl.sock\n"
+                                "metrics: {listen: ''}\nstate_interval: 5s\n")
+    vols = [Found(VolumeInfo(dev=kdev(252, i), name=f"bcache{i}", kind="bcache", fs_uuid=f"u-{i}",
+                             mountpoint=f"/mnt/{i}", cache_bytes=8 << 30)) for i in range(VOLUMES)]
+    d = Daemon(load_config(tmp / "c.yaml"), config_path=tmp / "c.yaml", discover=lambda: (list(vols), []),
+               backend_factory=StandIn, actuators_factory=NoFiles)
+    d.start()
+    base = rss_kib()[0]
+    rng = random.Random(1)
+    t = d.started_ns
+    for i in range(0, FILES, 65536):  # the first drains: every file seen once
+        d.engine.feed_hotness_records([(kdev(252, j % VOLUMES), j + 12, 1, 1 + (j * 7919) % 64, 0, 16384, 0, t,
+                                        16384) for j in range(i, min(FILES, i + 65536))])
+    walls, cpus = [], []
+    for _ in range(ticks):
+        t += NS
+        d.engine.feed_hotness_records([
+            (kdev(252, ino % VOLUMES), ino + 12, 1, rng.choice((64, 32, 16, 1)), 0, 16384, 0, t, 16384)
+            for ino in (rng.randrange(FILES) for _ in range(PER_TICK))])
+        w0, c0 = time.perf_counter(), time.process_time()
+        d.tick(t)
+        walls.append(time.perf_counter() - w0)
+        cpus.append(time.process_time() - c0)
+    rss, hwm = rss_kib()
+    steady_w, steady_c = walls[2:], cpus[2:]  # the first tick admits a million files at once
+    print(f"tracked files: {len(d.engine.hotness)} on {VOLUMES} volumes; {ticks} ticks, {PER_TICK} records/tick")
+    print(f"first tick: {walls[0] * 1e3:.0f} ms wall, {cpus[0] * 1e3:.0f} ms CPU")
+    print(f"steady tick wall: median {statistics.median(steady_w) * 1e3:.1f} ms, p99 {pct(steady_w, 0.99) * 1e3:.1f}"
+          f" ms, max {max(steady_w) * 1e3:.1f} ms (goal <= 100 ms)")
+    print(f"steady tick CPU: median {statistics.median(steady_c) * 1e3:.1f} ms, p99 {pct(steady_c, 0.99) * 1e3:.1f}"
+          f" ms")
+    print(f"RSS: {rss / 1024:.0f} MiB now, {hwm / 1024:.0f} MiB peak (goal <= 150 MiB); "
+          f"{base / 1024:.0f} MiB after start, before the files")
+    state = tmp / "st" / "state.json"
+    print(f"state file: {state.stat().st_size / 1024:.0f} KiB" if state.exists() else "state file: not written")
+    d.shutdown()
+
+
+if __name__ == "__main__":
+    main()
