@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -186,3 +187,19 @@ def test_vectorised_apply_matches_sequential(batches: list, known_only: bool) ->
             assert [getattr(a, c)[sa] for c in cols] == [getattr(b, c)[sb] for c in cols], (d, ino)
     key = lambda t, s: (t.dev[s], t.ino[s])  # noqa: E731
     assert sorted(key(a, s) for s in a.drain_touched()) == sorted(key(b, s) for s in b.drain_touched())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(-1, 3 << 20), st.integers(0, 7)), min_size=1, max_size=50),
+       st.sampled_from([0, 4096, 1 << 20]))
+def test_sieve_mask_is_the_sieve(files: list[tuple[int, int]], sieve_size: int) -> None:
+    """The engine's vectorised sieve and the one-slot sieve (with its reasons) are one rule."""
+    t = HotnessTable()
+    slots = []
+    for i, (size, flags) in enumerate(files):
+        s = t.update(1, i + 1, 0, 1, 0, 0, 0, size)
+        t.size[s] = size
+        t.flags[s] = (t.flags[s] & ~7) | flags
+        slots.append(s)
+    mask = t.sieve_mask(np.array(slots, dtype=np.int64), sieve_size)
+    assert mask.tolist() == [t.sieve(s, sieve_size) is None for s in slots]

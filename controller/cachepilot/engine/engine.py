@@ -45,7 +45,7 @@ from cachepilot.events import (
 from cachepilot.models.admission import CachedSet
 from cachepilot.models.epochs import EpochTracker
 from cachepilot.models.freed import FreedExtentQueue
-from cachepilot.models.hotness import F_MEMBER, F_QUEUED, F_READ, HOT_DTYPE, HotnessTable
+from cachepilot.models.hotness import F_MEMBER, F_QUEUED, HOT_DTYPE, HotnessTable
 from cachepilot.models.volume import (
     BYPASS,
     BYPASS_NAMES,
@@ -64,6 +64,13 @@ REQUEST_RETRY_NS = 60 * NS  # re-issue an unanswered mode/knob request after thi
 
 ADMITTED = 0  # reason id: admitted against the last evicted counter (text made when emitted)
 
+
+
+def hot_record(ev: HotnessDelta) -> tuple[int, ...]:
+    """A HotnessDelta as a record in trace layout (HOT_DTYPE's field order)."""
+    k = ev.key
+    return (k.dev, k.ino, k.gen, ev.read_score, ev.write_score, ev.read_bytes, ev.write_bytes, ev.last_access_ns,
+            ev.size)
 
 class PromoQueue:
     """FIFO of (slot, reason id) packed in one u64 array: 8 bytes per queued file, no Python objects.
@@ -261,12 +268,8 @@ class Engine:
 
     # ------------------------------------------------------------ input
     def feed(self, ev: Event) -> None:
-        if isinstance(ev, HotnessDelta):
-            c = self.vols.get(ev.key.dev)
-            if c is None:
-                self.unknown_events += 1
-                return
-            self.hotness.apply(ev)
+        if isinstance(ev, HotnessDelta):  # one rule for every path: the vectorised update
+            self.feed_hotness_records([hot_record(ev)])
         elif isinstance(ev, FreedExtent):
             c = self._vol(ev.dev)
             if c is not None:
@@ -295,10 +298,11 @@ class Engine:
 
     def feed_hotness_records(self, records: list[tuple[int, ...]]) -> None:
         """HotnessDelta records as tuples in trace layout (see cachepilot.trace.format)."""
-        if len(records) >= 32:
-            self.feed_hotness_array(np.array(records, dtype=HOT_DTYPE))
-        else:
-            self.unknown_events += self.hotness.apply_records(records, known_only=True)
+        try:
+            arr = np.array(records, dtype=HOT_DTYPE)
+        except (OverflowError, ValueError, TypeError) as exc:
+            raise UserError(f"bad hotness record: {exc}") from None
+        self.feed_hotness_array(arr)
 
     def feed_hotness_array(self, records: np.ndarray) -> None:
         """Fastest path: a numpy array of HOT_DTYPE records (a trace block or a raw BPF drain)."""
@@ -469,7 +473,7 @@ class Engine:
         if not promo.enabled:
             return
         size = np.frombuffer(t.size, dtype=np.int64)[s]
-        ok = (size >= 0) & (size <= promo.sieve_size) & ((f & F_READ) != 0) & ((f & 6) != 2)  # 6 = APPEND|OVERWRITE
+        ok = t.sieve_mask(s, promo.sieve_size)
         for slot in s[member & ~ok].tolist():  # e.g. it grew past the sieve: invalidate
             c.cached.discard(slot)
         keep = member & ok

@@ -320,8 +320,9 @@ class HotnessTable:
         self.stamp[slot] = self.epoch
 
     def apply_records(self, records: list[tuple[int, ...]], known_only: bool = False) -> int:
-        """Hot path for replay and drains: tuples in trace layout (dev, ino, gen, read_score, write_score,
-        read_bytes, write_bytes, last_access_ns, size). Same semantics as :meth:`update`, inlined.
+        """The scalar rule over tuples in trace layout (dev, ino, gen, read_score, write_score, read_bytes,
+        write_bytes, last_access_ns, size): :meth:`update` inlined. Every live path (daemon drain, replay, engine
+        feed, simulator) goes through :meth:`apply_array`; this one stays as the oracle the tests hold it to.
         With known_only, records of filesystems never registered are skipped; returns how many."""
         index = self.index
         gens, rsa, wsa, sta = self.gen, self.rscore, self.wscore, self.stamp
@@ -544,6 +545,15 @@ class HotnessTable:
     def append_only(self, slot: int) -> bool:
         f = self.flags[slot]
         return bool(f & F_APPEND) and not f & F_OVERWRITE
+
+    def sieve_mask(self, slots: np.ndarray, sieve_size: int) -> np.ndarray:
+        """The sieve, for many slots at once (the engine's path): True where a file may be promoted — its size is
+        known and within ``sieve_size``, it was read, and it is not append-only. :meth:`sieve` is the same rule one
+        slot at a time, with the reason (the tests hold the two equal)."""
+        f = np.frombuffer(self.flags, dtype=np.uint8)[slots]
+        size = np.frombuffer(self.size, dtype=np.int64)[slots]
+        append_only = (f & (F_APPEND | F_OVERWRITE)) == F_APPEND
+        return (size >= 0) & (size <= sieve_size) & ((f & F_READ) != 0) & ~append_only
 
     def sieve(self, slot: int, sieve_size: int) -> str | None:
         """Why a file may not be promoted, or None if it may."""

@@ -7,6 +7,7 @@ on one side without the other fails the tests instead of silently mis-decoding.
 from __future__ import annotations
 
 import ctypes as C
+from typing import Any
 
 u32 = C.c_uint32
 u64 = C.c_uint64
@@ -62,7 +63,20 @@ class cp_hot_slot(Struct):  # noqa: N801
     ]
 
 
-HOT_SLOT_FORMAT = "<QIIIIIIQQ"  # struct module view of cp_hot_slot (fast drain path)
+# The struct module's view of cp_hot_slot (the tuple drain path), derived from the one layout above; packed and
+# little-endian like the BPF side (tests/bpf/test_layout.py checks the size against the kernel's BTF).
+def struct_format(cls: type[C.Structure]) -> str:
+    """The struct module's little-endian format of a packed Structure of integer fields."""
+    codes = {1: "b", 2: "h", 4: "i", 8: "q"}
+    out = "<"
+    for f in cls._fields_:
+        t: Any = f[1]
+        c = codes[C.sizeof(t)]
+        out += c if t(-1).value < 0 else c.upper()
+    return out
+
+
+HOT_SLOT_FORMAT = struct_format(cp_hot_slot)
 
 
 class cp_volume(Struct):  # noqa: N801

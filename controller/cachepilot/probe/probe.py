@@ -608,10 +608,7 @@ class Probe:
 
         from cachepilot.models.hotness import HOT_DTYPE
 
-        slot = np.dtype(
-            [("ino", "<u8"), ("dev", "<u4"), ("gen", "<u4"), ("rs", "<u4"), ("ws", "<u4"), ("rsec", "<u4"),
-             ("wsec", "<u4"), ("last", "<u8"), ("size", "<u8")]
-        )
+        slot = np.dtype(L.cp_hot_slot)  # numpy's view of the one ctypes layout
         assert slot.itemsize == SLOT_SIZE
         parts = []
         for data in self._drain_chunks():
@@ -619,10 +616,11 @@ class Probe:
             parts.append(a[a["ino"] != 0])
         used = np.concatenate(parts) if parts else np.empty(0, dtype=slot)
         out = np.empty(len(used), dtype=HOT_DTYPE)
-        for f in ("dev", "ino", "gen", "rs", "ws", "last", "size"):
-            out[f] = used[f]
-        out["rb"] = used["rsec"].astype(np.uint64) << 9
-        out["wb"] = used["wsec"].astype(np.uint64) << 9
+        for to, f in (("dev", "dev"), ("ino", "ino"), ("gen", "gen"), ("rs", "read_score"), ("ws", "write_score"),
+                      ("last", "last_ns"), ("size", "size")):
+            out[to] = used[f]
+        out["rb"] = used["read_sectors"].astype(np.uint64) << 9
+        out["wb"] = used["write_sectors"].astype(np.uint64) << 9
         return out
 
     def drain(self) -> list[Event]:

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cachepilot.engine import Action, DiscardRanges, Drain, Engine, Promote, SetWritePolicy
+from cachepilot.engine.engine import hot_record
+from cachepilot.events import HotnessDelta
 from cachepilot.models.volume import WRITEBACK, VolumeInfo, VolumeSample
 from cachepilot.policy.model import (
     DiscardOnDelete,
@@ -226,8 +228,17 @@ class _Sim:
         """The controller's view of tick k (its events, the sample) and what it decides, carried out."""
         engine = self.engine
         assert engine is not None
+        hot: list[tuple[int, ...]] = []  # runs of hotness deltas go in as one batch (the daemon's drain path)
         for ev in self.p.tick_events[k]:
+            if isinstance(ev, HotnessDelta):
+                hot.append(hot_record(ev))
+                continue
+            if hot:
+                engine.feed_hotness_records(hot)
+                hot = []
             engine.feed(ev)
+        if hot:
+            engine.feed_hotness_records(hot)
         for fid, blocks in self.p.tick_files[k].items():
             if blocks is None:
                 self.file_blocks.pop(fid, None)

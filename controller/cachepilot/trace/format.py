@@ -93,8 +93,11 @@ BLOCK = struct.Struct("<BBHIII")
 T_META, T_HOT, T_META_DELTA, T_FREED, T_COMMIT, T_DELETE, T_BARRIER, T_DISCARD, T_DROPS = range(9)
 T_SAMPLE, T_TICK, T_SYNC, T_END = 9, 10, 11, 255
 
+_NP = {"B": "u1", "H": "u2", "I": "u4", "Q": "u8", "b": "i1", "h": "i2", "i": "i4", "q": "i8"}
+_CODE = {v: k for k, v in _NP.items()}
+
 LAYOUTS: dict[int, struct.Struct] = {
-    T_HOT: struct.Struct("<IQIIIQQqq"),
+    T_HOT: struct.Struct("<" + "".join(_CODE[HOT_DTYPE[n].str.lstrip("<|")] for n in HOT_DTYPE.names or ())),
     T_META_DELTA: struct.Struct("<IQQ"),
     T_FREED: struct.Struct("<IQQQBqq"),
     T_COMMIT: struct.Struct("<IQq"),
@@ -110,7 +113,6 @@ LAYOUTS_V1: dict[int, struct.Struct] = {
     T_FREED: struct.Struct("<IQQQBq"),
     T_BARRIER: struct.Struct("<IBQIQq"),
 }
-_NP = {"B": "u1", "H": "u2", "I": "u4", "Q": "u8", "b": "i1", "h": "i2", "i": "i4", "q": "i8"}
 
 
 def _dtype(layout: struct.Struct) -> np.dtype:
