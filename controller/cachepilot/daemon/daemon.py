@@ -169,7 +169,7 @@ class Daemon:
         now = time.monotonic_ns()
         # Reconcile before the probe loads (seconds on a slow host): a setting an interrupted operation left behind
         # (a drain's writeback_percent 0) is put back at once, not after the verifier has run.
-        self._rescan(now, starting=True)
+        self._rescan(now)
         self._reconcile(now)
         self._attach_probe()
         self.control.start()
@@ -325,7 +325,7 @@ class Daemon:
             self._feed(ev)
 
     # ------------------------------------------------------------------ volumes
-    def _rescan(self, now: int, starting: bool = False) -> None:
+    def _rescan(self, now: int) -> None:
         found, problems = self.discover()
         for p in problems:
             self._once(f"volume not adopted: {p}")

@@ -101,10 +101,6 @@ class PromoQueue:
     def push_many(self, slots: np.ndarray, rid: int) -> None:
         self.items.frombytes((slots.astype(np.uint64) | np.uint64(rid << 32)).tobytes())
 
-    def peek(self) -> tuple[int, int]:
-        v = self.items[self.head]
-        return v & 0xFFFFFFFF, v >> 32
-
     def pop(self) -> None:
         self.head += 1
         if self.head > 4096 and self.head * 2 >= len(self.items):

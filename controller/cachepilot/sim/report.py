@@ -75,7 +75,7 @@ class Evaluation:
     results: dict[str, SimResult] = field(default_factory=dict)
 
 
-def evaluate(key: str, policies: tuple[str, ...] = POLICIES, scale: float = 1.0) -> Evaluation:
+def evaluate(key: str, policies: tuple[str, ...] = POLICIES) -> Evaluation:
     sc = SCENARIOS[key]
     if sc.sweep:
         policies = tuple(p for p in policies if p != "opt")

@@ -44,10 +44,6 @@ class Workload:
     scan: tuple[int, int] | None = None  # op index range of the backup scan
     drop_at: int | None = None  # op index where the cache is emptied
 
-    @property
-    def duration_ns(self) -> int:
-        return len(self.ops) * self.op_interval_ns
-
 
 def _check(**kw: float) -> None:
     for k, v in kw.items():
