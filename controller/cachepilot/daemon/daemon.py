@@ -19,7 +19,7 @@ import logging
 import os
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -65,7 +65,6 @@ class Vol:
     retries: list[tuple[int, int, Action]] = field(default_factory=list)  # (due ns, attempt, action)
     deferred: list[Action] = field(default_factory=list)  # what pacing left for the next tick
     last_sample: Any = None
-    sample_errors: int = 0
     # cumulative, for the exporter
     promoted_bytes: int = 0
     discard_issued_bytes: int = 0
@@ -449,20 +448,25 @@ class Daemon:
         self.counters["volumes.dropped"] += 1
         log.warning("dropped %s: %s; %d pending action(s) cancelled", v.info.name, why, cancelled)
 
-    def _sample(self, now: int) -> None:
+    def _each_backend(self, what: str, call: Callable[[Backend], Any]) -> Iterator[tuple[Vol, Any]]:
+        """``call`` on every volume with a backend: a volume whose device is gone is dropped, another error is
+        counted and said once; yields (volume, result) for the rest."""
         for dev, v in list(self.vols.items()):
             if v.backend is None:
                 continue
             try:
-                s = v.backend.sample(now)
+                got = call(v.backend)
             except DeviceGone as exc:
                 self.drop(dev, f"device gone ({exc})")
                 continue
             except CachepilotError as exc:
-                v.sample_errors += 1
-                self.counters[f"sample_errors.{exc.kind}"] += 1
-                self._once(f"{v.info.name}: cannot sample: {exc}")
+                self.counters[f"{what}_errors.{exc.kind}"] += 1
+                self._once(f"{v.info.name}: {what} failed: {exc}")
                 continue
+            yield v, got
+
+    def _sample(self, now: int) -> None:
+        for v, s in self._each_backend("sample", lambda b: b.sample(now)):
             v.last_sample = s
             self.engine.sample(s)
 
@@ -541,17 +545,7 @@ class Daemon:
                     self.execute(action, now, attempt)
 
     def _step(self, now: int) -> None:
-        for dev, v in list(self.vols.items()):
-            if v.backend is None:
-                continue
-            try:
-                outs = v.backend.step(now)
-            except DeviceGone as exc:
-                self.drop(dev, f"device gone ({exc})")
-                continue
-            except CachepilotError as exc:
-                self._once(f"{v.info.name}: step failed: {exc}")
-                continue
+        for v, outs in self._each_backend("step", lambda b: b.step(now)):
             for out in outs:
                 v.in_flight.pop(out.action, None)
                 self._outcome(v, out, now, attempt=MAX_RETRIES)
