@@ -25,6 +25,9 @@ BCACHE = Path(os.environ.get("LAB_BCACHE_SYSFS", "/nonexistent"))
 DM_NAME = os.environ.get("LAB_DM_NAME", "")
 OUT = Path(os.environ.get("LAB_OUT", "/tmp"))
 
+sys.path.insert(0, str(ROOT / "tests" / "vm"))  # the guest scripts' shared helpers
+from guestkit import wait  # noqa: E402,F401  (re-exported to the benchmarks)
+
 
 def log(msg: str) -> None:
     print(f"[guest {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
@@ -83,15 +86,6 @@ def set_bcache_mode(mode: str) -> None:
 def drop_caches() -> None:
     os.sync()
     Path("/proc/sys/vm/drop_caches").write_text("3")
-
-
-def wait(pred: Callable[[], bool], timeout: float, step: float = 0.25) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(step)
-    return False
 
 
 class Daemon:

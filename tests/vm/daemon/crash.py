@@ -17,6 +17,9 @@ from pathlib import Path
 
 from cachepilot.backends.inspect import parse_bcache_size
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/vm: the guest scripts' helpers
+from guestkit import say, wait  # noqa: E402
+
 ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 20
 SEED = int(sys.argv[2]) if len(sys.argv) > 2 else 10
 mnt = Path(os.environ["LAB_MOUNT"])
@@ -62,21 +65,10 @@ while True:
 """
 
 
-def say(key: str, value: object) -> None:
-    print(f"{key}={value}", flush=True)
-
 
 def log_text() -> str:
     return "".join(p.read_text(errors="replace") for p in sorted(tmp.glob("daemon*.log")))
 
-
-def wait(pred, timeout: float, step: float = 0.1) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(step)
-    return False
 
 
 def start(i: int) -> tuple[int, Path]:

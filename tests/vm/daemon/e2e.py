@@ -19,6 +19,9 @@ from pathlib import Path
 from cachepilot.backends.inspect import block_name, parse_bcache_size
 from cachepilot.daemon.control import request
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/vm: the guest scripts' helpers
+from guestkit import say, wait  # noqa: E402
+
 MIB = 1 << 20
 mnt = Path(os.environ["LAB_MOUNT"])
 sysfs = Path(os.environ["LAB_BCACHE_SYSFS"])
@@ -33,9 +36,6 @@ defaults:
   knobs: {writeback_percent: 40, sequential_cutoff: 0}  # keep written data dirty (set by the daemon)
 """
 
-
-def say(key: str, value: object) -> None:
-    print(f"{key}={value}", flush=True)
 
 
 def dirty() -> int:
@@ -57,14 +57,6 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
         rc = main([*args, "--socket", str(tmp / "ctl.sock")])
     return subprocess.CompletedProcess(args, rc, out.getvalue(), errs.getvalue())
 
-
-def wait(pred, timeout: float, step: float = 0.25) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(step)
-    return False
 
 
 (tmp / "policy.yaml").write_text(POLICY)

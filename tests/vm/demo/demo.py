@@ -33,6 +33,9 @@ sock = tmp / "ctl.sock"
 T0 = time.monotonic()
 written = 0  # bytes the workload wrote (fsync'ed)
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/vm: the guest scripts' helpers
+from guestkit import wait  # noqa: E402
+
 
 def value(key: str, v: object) -> None:
     if VALUES:
@@ -61,14 +64,6 @@ def origin_sectors() -> int:
 def stats() -> dict[str, int]:
     return {f: int((sysfs / "stats_total" / f).read_text()) for f in ("cache_hits", "cache_misses")}
 
-
-def wait(pred, timeout: float, step: float = 0.25) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(step)
-    return False
 
 
 def write_file(path: Path, size: int) -> str:
