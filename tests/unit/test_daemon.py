@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from cachepilot.actuators.discard import DiscardResult
+from cachepilot.actuators.promote import PromoteResult
 from cachepilot.backends.base import DONE, FAILED, PENDING, Backend, ControlAction, Outcome, Write
 from cachepilot.daemon.config import DEFAULT_METRICS, load_config, parse_config
 from cachepilot.daemon.control import ControlServer, request
@@ -23,7 +25,7 @@ from cachepilot.daemon.lock import DaemonLock
 from cachepilot.daemon.loop import TickLoop
 from cachepilot.daemon.state import MAX_HOT, StateFile
 from cachepilot.daemon.volumes import Found
-from cachepilot.engine.actions import Drain, Promote, SetKnob, SetWritePolicy
+from cachepilot.engine.actions import DiscardRanges, Drain, Promote, SetKnob, SetWritePolicy
 from cachepilot.errors import DeviceGone, FatalError, RetryLater, UserError
 from cachepilot.events import FileKey, HotnessDelta, kdev
 from cachepilot.models.volume import VolumeInfo, VolumeSample
@@ -506,6 +508,31 @@ def test_a_probe_that_cannot_load_after_reconcile_puts_back_and_releases(tmp_pat
     r.d.abandon()
     assert r.backends["bcache0"].restored == 1
     DaemonLock(tmp_path / "st").acquire()  # released: a next start can take it
+
+
+class RealResultFiles(FakeFiles):
+    """The file actuators' own result types (what FITRIM and promotion runs return), without running them."""
+
+    def run(self, action: object, dry_run: bool) -> object:  # type: ignore[override]
+        self.ran.append((action, dry_run))
+        if isinstance(action, DiscardRanges):
+            return DiscardResult(action, DONE, dry_run=dry_run, issued=((0, 4096),), trimmed_bytes=4096)
+        assert isinstance(action, Promote)
+        return PromoteResult(action, DONE, dry_run=dry_run, read_bytes=8192, reads=1)
+
+
+def test_file_actions_outcomes_are_recorded_and_logged(tmp_path: Path) -> None:
+    """The daemon logs each outcome through its own line(): the file actuators' result types included."""
+    r = Rig(tmp_path)
+    r.d.actuators_factory = RealResultFiles
+    r.d.start()
+    r.d.execute(DiscardRanges("bcache0", DEV, ((0, 4096),), "test"), r.d.started_ns)
+    r.d.execute(Promote("bcache0", DEV, 12, 1, ((0, 8192),), "test"), r.d.started_ns)
+    got = [(d["kind"], d["status"]) for d in list(r.d.decisions)[-2:]]
+    assert got == [("discard", DONE), ("promote", DONE)]
+    assert "filesystem trimmed 4096 bytes" in list(r.d.decisions)[-2]["detail"]
+    assert r.d.vols[DEV].promoted_bytes == 8192 and r.d.vols[DEV].discard_issued_bytes == 4096
+    r.d.shutdown()
 
 
 def test_status_is_served_from_the_snapshot_fast(rig: Rig) -> None:

@@ -63,11 +63,13 @@ class DiscardResult:
     def issued_bytes(self) -> int:
         return sum(n for _, n in self.issued)
 
-    def line(self) -> str:
+    def line(self, action_line: str | None = None) -> str:
+        """As Outcome.line (``action_line``: the action's own line when the caller has it already)."""
         dry = " (dry run)" if self.dry_run else ""
         later = f", {sum(n for _, n in self.deferred.ranges)} bytes deferred" if self.deferred else ""
         err = f" error[{self.error.kind}]: {self.error}" if self.error else ""
-        return (f"{self.action.line()} => {self.status}{dry}: issued {len(self.issued)} range(s) "
+        head = self.action.line() if action_line is None else action_line
+        return (f"{head} => {self.status}{dry}: issued {len(self.issued)} range(s) "
                 f"{self.issued_bytes} bytes, filesystem trimmed {self.trimmed_bytes} bytes{later}"
                 f"{' (' + self.detail + ')' if self.detail else ''}{err}")
 

@@ -82,12 +82,14 @@ class PromoteResult:
     error: CachepilotError | None = None
     detail: str = ""
 
-    def line(self) -> str:
+    def line(self, action_line: str | None = None) -> str:
+        """As Outcome.line (``action_line``: the action's own line when the caller has it already)."""
         dry = " (dry run)" if self.dry_run else ""
         later = f", {sum(n for _, n in self.deferred.ranges)} bytes deferred" if self.deferred else ""
         err = f" error[{self.error.kind}]: {self.error}" if self.error else ""
         why = f" ({self.detail})" if self.detail else ""
-        return (f"{self.action.line()} => {self.status}{dry}: {self.reads} reads, {self.read_bytes} bytes"
+        head = self.action.line() if action_line is None else action_line
+        return (f"{head} => {self.status}{dry}: {self.reads} reads, {self.read_bytes} bytes"
                 f"{later}{why}{err}")
 
 
