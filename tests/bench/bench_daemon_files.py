@@ -19,7 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from cachepilot.backends.base import DONE, Backend, ControlAction, Outcome
+from cachepilot.backends.base import DONE, ControlAction, Outcome
+from cachepilot.daemon.actuation import ReadOnlyBackend
 from cachepilot.daemon.config import load_config
 from cachepilot.daemon.daemon import Daemon
 from cachepilot.daemon.volumes import Found
@@ -38,8 +39,8 @@ defaults:
 """
 
 
-class StandIn(Backend):
-    """A cache that reads back whatever was written and is always clean."""
+class StandIn(ReadOnlyBackend):
+    """A cache that is always clean and takes every action (the rest of the contract: ReadOnlyBackend's no-ops)."""
 
     kind = "bcache"
 
@@ -48,15 +49,6 @@ class StandIn(Backend):
 
     def apply(self, action: ControlAction, *, dry_run: bool = False) -> Outcome:
         return Outcome(action, DONE, dry_run=dry_run)
-
-    def step(self, now_ns: int) -> list[Outcome]:
-        return []
-
-    def pending(self) -> list[ControlAction]:
-        return []
-
-    def restore(self) -> list[Outcome]:
-        return []
 
 
 class NoFiles:
