@@ -46,6 +46,8 @@ struct cp_config {
 	u64 clock_ns; /* CLOCK_MONOTONIC, refreshed by user space at every poll: the hotness table's last-access time
 		       * (reading the clock per bio costs more than everything else in a virtual machine) */
 	u64 nonce;    /* non-zero while the loader claims self_tgid (see CP_SELF_CLAIM_FD) */
+	u64 hot_base; /* first slot of the half of "hot_slots" the programs count into (0 or nslots): user space
+		       * drains the other half, after a grace period, while nothing writes to it (lossless) */
 };
 
 /*

@@ -36,10 +36,32 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(map_flags, BPF_F_MMAPABLE);
-	__uint(max_entries, 1 << 16); /* resized by user space before load */
+	__uint(max_entries, 1 << 16); /* resized by user space before load: two halves of nslots */
 	__type(key, u32);
 	__type(value, struct cp_hot_slot);
 } hot_slots SEC(".maps");
+
+/*
+ * The drain's grace period. Updating an element of a map-in-map from the bpf() syscall waits for every running
+ * non-sleepable BPF program to finish (kernel/bpf/syscall.c, maybe_wait_bpf_programs(): synchronize_rcu(), since
+ * Linux 5.0). After user space moves cp_config.hot_base to the other half and updates this map, no program still
+ * counts into the old half: it is drained with nothing writing to it. No program uses these two maps.
+ */
+struct cp_grace_inner {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, u32);
+	__type(value, u32);
+} grace_inner SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, 1);
+	__type(key, u32);
+	__array(values, struct cp_grace_inner);
+} grace SEC(".maps") = {
+	.values = {[0] = &grace_inner},
+};
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);

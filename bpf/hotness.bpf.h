@@ -11,6 +11,7 @@ struct hot_ctx {
 	u64 now;
 	u64 idx;
 	u64 nslots;
+	u64 base; /* the active half's first slot */
 	u32 dev;
 	u32 gen;
 	u32 score;
@@ -25,7 +26,7 @@ static __always_inline long hot_try(u32 i, struct hot_ctx *h)
 	u64 k64 = h->idx + i;
 	if (k64 >= h->nslots)
 		k64 -= h->nslots;
-	u32 k = (u32)k64;
+	u32 k = (u32)(k64 + h->base);
 	struct cp_hot_slot *s = bpf_map_lookup_elem(&hot_slots, &k);
 	u64 t;
 	if (!s)
@@ -70,7 +71,8 @@ static __always_inline void hot_add(struct file_id *id, bool write, u32 score, u
 
 	if (!c || !c->nslots || !id->ino)
 		return;
-	struct hot_ctx h = {.ino = id->ino, .size = id->size, .now = c->clock_ns, .nslots = c->nslots, .dev = id->dev,
+	struct hot_ctx h = {.ino = id->ino, .size = id->size, .now = c->clock_ns, .nslots = c->nslots, .base = c->hot_base,
+			    .dev = id->dev,
 			    .gen = id->gen, .score = score, .sectors = sectors, .write = write};
 	/* multiply-shift range reduction: no division on the hot path */
 	h.idx = ((hash_key(id->dev, id->ino, id->gen) >> 32) * (h.nslots & 0xffffffff)) >> 32;

@@ -46,7 +46,8 @@ class cp_watch(Struct):  # noqa: N801 - mirrors the C name
 
 
 class cp_config(Struct):  # noqa: N801
-    _fields_ = [("self_tgid", u32), ("flags", u32), ("nslots", u64), ("clock_ns", u64), ("nonce", u64)]
+    _fields_ = [("self_tgid", u32), ("flags", u32), ("nslots", u64), ("clock_ns", u64), ("nonce", u64),
+                ("hot_base", u64)]
 
 
 class cp_hot_slot(Struct):  # noqa: N801

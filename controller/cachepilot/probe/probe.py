@@ -54,9 +54,9 @@ SLOT_SIZE = C.sizeof(L.cp_hot_slot)
 WORKS_WITHOUT = "without it cachepilot runs blind (policy, backends and dry-run on recorded traces still work)"
 MAPS = (
     "watched", "volumes", "cp_config_map", "drops", "hot_slots", "events", "barrier_events", "dio_task", "dio_store",
-    "vol_drops", "sync_calls", "sync_pending",
+    "vol_drops", "sync_calls", "sync_pending", "grace", "grace_inner",
 )
-LOAD_FACTOR = 0.76  # slots = max_files / LOAD_FACTOR: 48 B / 0.76 = 63.2 B of kernel memory per tracked file
+LOAD_FACTOR = 0.76  # slots = max_files / LOAD_FACTOR per half: 2 x 48 B / 0.76 = 126.3 B of kernel memory per file
 
 
 @dataclass(frozen=True)
@@ -351,7 +351,7 @@ class Probe:
 
     def _load(self, dio_hook: str) -> None:
         h = self._h
-        self._set_max_entries("hot_slots", self.nslots)
+        self._set_max_entries("hot_slots", 2 * self.nslots)  # two halves: one counted into, one drained
         self._set_max_entries("events", self.ringbuf_bytes)
         self._set_max_entries("barrier_events", self.ringbuf_bytes)
         rc = h.bpf_object__load(self._obj)
@@ -367,10 +367,10 @@ class Probe:
             raise UserError(f"cannot count the possible CPUs: {libbpf.errno_str(self._ncpus)}")
         self._cfg = L.cp_config(flags=L.CFG_DIO_SYSCALLS if dio_hook == "syscalls" else 0, nslots=self.nslots)
         self._tick_clock()
-        self._hot_bytes = self.nslots * SLOT_SIZE
+        self._hot_bytes = self.nslots * SLOT_SIZE  # one half
         self._hot_mm = mmap.mmap(
             self._fds["hot_slots"],
-            (self._hot_bytes + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE,
+            (2 * self._hot_bytes + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE,
             flags=mmap.MAP_SHARED,
             prot=mmap.PROT_READ | mmap.PROT_WRITE,
         )
@@ -445,7 +445,7 @@ class Probe:
         if rc:
             raise UserError(f"cannot size map {name} to {n}: {libbpf.errno_str(rc)}")
 
-    def _update(self, name: str, key: C._SimpleCData | C.Structure, value: C.Structure) -> None:
+    def _update(self, name: str, key: C._SimpleCData | C.Structure, value: C._SimpleCData | C.Structure) -> None:
         rc = self._h.bpf_map_update_elem(self._fds[name], C.byref(key), C.byref(value), 0)
         if rc:
             raise OSError(-rc if rc < 0 else C.get_errno(), f"update of map {name} failed")
@@ -573,18 +573,27 @@ class Probe:
         self._update("cp_config_map", C.c_uint32(0), self._cfg)
 
     # ---- per-tick aggregates ----
-    def _drain_chunks(self) -> Iterable[bytes]:
-        """Copy and reset the in-kernel hotness table, 64 KiB at a time; yields the chunks that held anything.
+    def _swap_halves(self) -> int:
+        """Make the programs count into the other half of the table and wait until none still counts into this
+        one (the grace map's update returns after every running program has finished); returns its first byte."""
+        old = self._cfg.hot_base
+        self._cfg.hot_base = 0 if old else self.nslots
+        self._update("cp_config_map", C.c_uint32(0), self._cfg)
+        self._update("grace", C.c_uint32(0), C.c_uint32(self._fds["grace_inner"]))
+        return old * SLOT_SIZE
 
-        Each chunk is copied and zeroed at once: an increment landing on a slot between its copy and its reset
-        (microseconds) is lost. A file may appear in two slots (a race at claim time); deltas are additive."""
+    def _drain_chunks(self) -> Iterable[bytes]:
+        """Copy and reset the half of the in-kernel hotness table the programs counted into until now, 64 KiB at a
+        time; yields the chunks that held anything. Lossless: the programs count into the other half meanwhile
+        (_swap_halves). A file may appear in two slots (a race at claim time); deltas are additive."""
         mm = self._hot_mm
         if mm is None:
             raise UserError("probe is closed")
         chunk = SLOT_SIZE * 1365
         zero = bytes(chunk)
-        total = self._hot_bytes
-        for off in range(0, total, chunk):
+        first = self._swap_halves()
+        total = first + self._hot_bytes
+        for off in range(first, total, chunk):
             end = min(off + chunk, total)
             data = mm[off:end]
             if data == zero[: end - off]:
