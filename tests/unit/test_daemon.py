@@ -496,6 +496,43 @@ def test_reconcile_puts_back_before_the_probe_loads_then_watches(tmp_path: Path)
     r.d.shutdown()
 
 
+class CountingProbe(FakeProbe):
+    """Counts the table drains (each one is a swap of the kernel table's halves and an RCU grace period)."""
+
+    def __init__(self, seen: dict[str, object], backend: FakeBackend) -> None:
+        super().__init__(seen, backend)
+        self.table_drains = 0
+
+    def poll(self, timeout_ms: int) -> list[object]:
+        return []
+
+    def drain_hotness_array(self) -> object:
+        import numpy as np
+
+        from cachepilot.models.hotness import HOT_DTYPE
+
+        self.table_drains += 1
+        return np.empty(0, dtype=HOT_DTYPE)
+
+    def drain_aggregates(self) -> list[object]:
+        return []
+
+    def drain(self) -> list[object]:
+        self.table_drains += 1
+        return []
+
+
+def test_a_tick_drains_the_probes_table_once(tmp_path: Path) -> None:
+    seen: dict[str, object] = {}
+    r = Rig(tmp_path)
+    r.d.probe_factory = lambda n: CountingProbe(seen, r.backend(VOL))
+    r.d.start()
+    r.tick(1)
+    r.tick(2)
+    assert seen["probe"].table_drains == 2  # type: ignore[attr-defined]
+    r.d.shutdown()
+
+
 def test_a_probe_that_cannot_load_after_reconcile_puts_back_and_releases(tmp_path: Path) -> None:
     r = Rig(tmp_path)
 

@@ -318,7 +318,7 @@ class Daemon:
         if len(arr):
             self.counters["events.HotnessDelta"] += len(arr)
             self.engine.feed_hotness_array(arr)
-        for ev in self.probe.drain():  # metadata deltas and the drop counters (hotness already taken)
+        for ev in self.probe.drain_aggregates():  # metadata deltas, durability calls, drops (one table swap a tick)
             if isinstance(ev, Drops):
                 self.drops = ev
             self._feed(ev)

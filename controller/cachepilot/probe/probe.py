@@ -639,6 +639,12 @@ class Probe:
             HotnessDelta(FileKey(t[1], t[0], t[2]), t[3], t[4], t[5] << 9, t[6] << 9, t[7], t[8])
             for t in self.drain_hotness_raw()
         ]
+        return events + self.drain_aggregates()
+
+    def drain_aggregates(self) -> list[Event]:
+        """drain() without the hotness table (for a caller that takes it with drain_hotness_array): one
+        MetadataDelta per volume with metadata activity, the durability calls counted in the kernel, the Drops."""
+        events: list[Event] = []
         for dev in list(self._meta_prev):
             vol = self.volume_state(dev)
             if vol is None:
