@@ -223,3 +223,32 @@ def test_pending_is_bounded_when_commits_are_lost() -> None:
     assert len(q.pending) == 100 and q.stats.dropped_overflow_blocks == 900
     q.commit(999, 1000)  # a later commit releases everything earlier
     assert q.pending == [] and q.ready_blocks == 100
+
+
+def _insert_one_at_a_time(ivs: list[list[int]], s: int, e: int, t: int) -> None:
+    """The oracle: insert [s, e) ready since t into sorted, disjoint, non-touching intervals, merging neighbours."""
+    keep = []
+    for a, b, u in ivs:
+        if b >= s and a <= e:  # overlaps or touches
+            s, e, t = min(s, a), max(e, b), min(t, u)
+        else:
+            keep.append([a, b, u])
+    keep.append([s, e, t])
+    ivs[:] = sorted(keep)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 300), st.integers(1, 20), st.integers(0, 50)), max_size=60),
+       st.integers(0, 60))
+def test_batched_merge_equals_one_at_a_time(extents: list[tuple[int, int, int]], read_at: int) -> None:
+    """Extents made ready (by commits, re-queues) are merged in one batch when the ready set is next read; the
+    result — the intervals and since when each is ready — is what inserting them one at a time gave."""
+    q = FreedExtentQueue()
+    oracle: list[list[int]] = []
+    for k, (b, n, t) in enumerate(extents):
+        q._insert(b, b + n, t)  # noqa: SLF001
+        _insert_one_at_a_time(oracle, b, b + n, t)
+        if k == read_at:  # a read in the middle settles what came so far
+            assert q.ready() == [(x, y) for x, y, _ in oracle]
+    assert q.ready() == [(x, y) for x, y, _ in oracle]
+    assert q._since == [u for _, _, u in oracle]  # noqa: SLF001

@@ -71,6 +71,7 @@ class FreedExtentQueue:
         self._starts: list[int] = []  # ready intervals [start, end), sorted, disjoint, non-touching
         self._ends: list[int] = []
         self._since: list[int] = []  # when each ready interval became ready (oldest part)
+        self._incoming: list[tuple[int, int, int]] = []  # (start, end, since) made ready, merged in by _settle()
         self._retries: dict[tuple[int, int], int] = {}
         self._now = 0
         self.stats = FreedStats()
@@ -141,18 +142,36 @@ class FreedExtentQueue:
             self._insert(start, start + count, self._now)
 
     def _insert(self, s: int, e: int, now: int) -> None:
-        starts, ends, since = self._starts, self._ends, self._since
-        i = bisect.bisect_left(ends, s)  # first interval whose end >= s (touching or overlapping)
-        j = i
-        ts = now
-        while j < len(starts) and starts[j] <= e:
-            s = min(s, starts[j])
-            e = max(e, ends[j])
-            ts = min(ts, since[j])
-            j += 1
-        starts[i:j] = [s]
-        ends[i:j] = [e]
-        since[i:j] = [ts]
+        """Ready [s, e) since now. Collected and merged once when the ready set is next read (_settle): a commit
+        makes hundreds of extents ready at once, and inserting each into the sorted lists cost O(ready) apiece."""
+        self._incoming.append((s, e, now))
+
+    def _settle(self) -> None:
+        """Merge the incoming extents into the ready intervals: the union, where intervals that overlap or touch
+        become one that is ready since the oldest of them (the same whatever order they came in)."""
+        if not self._incoming:
+            return
+        items = sorted([*zip(self._starts, self._ends, self._since, strict=True), *self._incoming])
+        self._incoming = []
+        starts: list[int] = []
+        ends: list[int] = []
+        since: list[int] = []
+        cs, ce, ct = items[0]
+        for s, e, t in items[1:]:
+            if s <= ce:  # overlaps or touches the current interval
+                if e > ce:
+                    ce = e
+                if t < ct:
+                    ct = t
+                continue
+            starts.append(cs)
+            ends.append(ce)
+            since.append(ct)
+            cs, ce, ct = s, e, t
+        starts.append(cs)
+        ends.append(ce)
+        since.append(ct)
+        self._starts, self._ends, self._since = starts, ends, since
 
     def allocated(self, block: int, count: int) -> None:
         """Blocks were reused: never hand them out."""
@@ -168,6 +187,7 @@ class FreedExtentQueue:
             if e > e0:
                 newp.append((ts, e0, e, tid))
         self.pending = newp
+        self._settle()
         starts, ends, since = self._starts, self._ends, self._since
         i = bisect.bisect_right(ends, s0)
         j = i
@@ -193,6 +213,7 @@ class FreedExtentQueue:
     # ------------------------------------------------------------ output
     @property
     def ready_blocks(self) -> int:
+        self._settle()
         return sum(e - s for s, e in zip(self._starts, self._ends, strict=True))
 
     @property
@@ -200,12 +221,14 @@ class FreedExtentQueue:
         return sum(e - s for _, s, e, _ in self.pending)
 
     def ready(self) -> list[tuple[int, int]]:
+        self._settle()
         return list(zip(self._starts, self._ends, strict=True))
 
     def take(self, now_ns: int, max_blocks: int | None = None) -> list[tuple[int, int]]:
         """Ranges (start, count) to trim now, aligned to the granularity; at most max_blocks in total."""
         self._now = max(self._now, now_ns)
         self._release_unjournalled(now_ns)
+        self._settle()
         g = self.granularity
         out: list[tuple[int, int]] = []
         budget = max_blocks if max_blocks is not None else 1 << 62
