@@ -71,9 +71,9 @@ static __always_inline void hot_add(struct file_id *id, bool write, u32 score, u
 
 	if (!c || !c->nslots || !id->ino)
 		return;
-	struct hot_ctx h = {.ino = id->ino, .size = id->size, .now = c->clock_ns, .nslots = c->nslots, .base = c->hot_base,
-			    .dev = id->dev,
-			    .gen = id->gen, .score = score, .sectors = sectors, .write = write};
+	struct hot_ctx h = {.ino = id->ino, .size = id->size, .now = c->clock_ns, .nslots = c->nslots,
+			    .base = c->hot_base, .dev = id->dev, .gen = id->gen, .score = score, .sectors = sectors,
+			    .write = write};
 	/* multiply-shift range reduction: no division on the hot path */
 	h.idx = ((hash_key(id->dev, id->ino, id->gen) >> 32) * (h.nslots & 0xffffffff)) >> 32;
 	for (int i = 0; i < CP_HOT_PROBES; i++)
