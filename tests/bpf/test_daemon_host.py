@@ -259,3 +259,46 @@ def test_sigkill_at_random_moments_then_restart(daemon: Daemon) -> None:
     daemon.wait_for("READY=1")
     rc, err = daemon.stop()
     assert rc == 0 and "Traceback" not in err, err
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_unprivileged_sync_flood_cannot_stall_ticks_or_grow_memory(daemon: Daemon, loopfs: LoopFs) -> None:
+    """nobody calls sync_file_range as fast as it can on a watched filesystem for 4 s: the kernel counts the calls
+    (never queued), so the daemon's ticks stay short and its memory flat."""
+    from test_storm import storm
+
+    p = daemon.start()
+    daemon.wait_for("READY=1")
+    path = loopfs.path("flooded")
+    with open(path, "wb") as f:
+        f.write(b"x" * 4096)
+    os.chmod(path, 0o644)
+    time.sleep(1.0)  # a few ticks in: the baseline
+    rss0 = _rss_mib(p.pid)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        pid, r = storm(fd, 4.0)
+        ticks: list[float] = []
+        rss: list[float] = []
+        end = time.monotonic() + 4.5
+        while time.monotonic() < end:
+            ticks.append(request(daemon.socket, {"cmd": "status"})["last_tick"]["duration_s"])
+            rss.append(_rss_mib(p.pid))
+            time.sleep(0.25)
+        os.waitpid(pid, 0)
+        ok, _ = (int(x) for x in os.read(r, 100).split())
+        os.close(r)
+    finally:
+        os.close(fd)
+    print(f"flood: {ok} calls; ticks max {max(ticks) * 1000:.1f} ms; RSS {rss0:.1f} -> max {max(rss):.1f} MiB")
+    assert ok > 10_000, f"the flood made only {ok} calls"
+    assert max(ticks) < 0.5, f"tick durations under the flood: {ticks}"
+    assert max(rss) - rss0 < 16, f"RSS {rss0:.1f} MiB -> {rss}"
+    rc, err = daemon.stop()
+    assert rc == 0 and "Traceback" not in err, err
