@@ -298,7 +298,9 @@ def test_unprivileged_sync_flood_cannot_stall_ticks_or_grow_memory(daemon: Daemo
         os.close(fd)
     print(f"flood: {ok} calls; ticks max {max(ticks) * 1000:.1f} ms; RSS {rss0:.1f} -> max {max(rss):.1f} MiB")
     assert ok > 10_000, f"the flood made only {ok} calls"
-    assert max(ticks) < 0.5, f"tick durations under the flood: {ticks}"
+    # seconds is the failure (a drain that queued every call took 1.9 s per poll); a tick here is ~10 ms idle, up to
+    # ~0.1 s with two lab guests on the two cores (the drain's RCU grace period waits longer on a busy host)
+    assert max(ticks) < 1.0, f"tick durations under the flood: {ticks}"
     assert max(rss) - rss0 < 16, f"RSS {rss0:.1f} MiB -> {rss}"
     rc, err = daemon.stop()
     assert rc == 0 and "Traceback" not in err, err
