@@ -19,21 +19,37 @@ static __always_inline int non_file_page(umode_t mode, u32 host_dev, u32 bdev, u
 	return PAGE_ANON;
 }
 
-/* What the page heading this bio belongs to. fsdev: the volume's filesystem, on the volume (== bdev) or stacked on it. */
-static __always_inline int bio_page_file(struct bio *bio, u32 bdev, u32 fsdev, struct file_id *id)
+/* The file a page-cache page's mapping word names. typed: the same mapping as a typed pointer when the bio's BTF gave
+ * one (plain loads); fast: bpf_rdonly_cast makes one from the word (see core_fixes.bpf.h); else bpf_probe_read_kernel. */
+static __always_inline int mapping_file(unsigned long raw, struct address_space *typed, u32 bdev, u32 fsdev,
+					struct file_id *id, bool fast)
 {
-	struct bio_vec *vec = bio->bi_io_vec;
-	struct address_space *mapping;
-	struct page *page;
-	unsigned long head;
+	struct inode *host;
 
-	if (!vec)
-		return PAGE_OTHER;
-	page = vec->bv_page;
-	if (!page)
-		return PAGE_OTHER;
-	/* compound_head (aliases a list_head in BTF) and mapping (low bits flag anonymous / movable / ksm pages) are
-	 * tested as scalars: one copy of the words from compound_head up to mapping */
+	if (!raw || (raw & 3)) /* none, or anonymous / movable / ksm */
+		return PAGE_ANON;
+	if (fast)
+		typed = CP_KPTR(struct address_space, raw);
+	if (typed) {
+		host = typed->host;
+		if (!host)
+			return PAGE_ANON;
+		if (!inode_id_btf(host, id))
+			return non_file_page(host->i_mode, host->i_sb->s_dev, bdev, fsdev);
+	} else {
+		host = BPF_CORE_READ((struct address_space *)raw, host);
+		if (!host)
+			return PAGE_ANON;
+		if (!inode_id(host, id))
+			return non_file_page(BPF_CORE_READ(host, i_mode), BPF_CORE_READ(host, i_sb, s_dev), bdev, fsdev);
+	}
+	return id->dev == bdev || id->dev == fsdev ? PAGE_FILE : PAGE_ANON;
+}
+
+/* compound_head (aliases a list_head in BTF) and mapping (low bits flag anonymous / movable / ksm pages) are tested as
+ * scalars: one copy of the words from compound_head up to mapping. Returns mapping's word; *head compound_head's. */
+static __always_inline bool page_words(struct page *page, unsigned long *head, unsigned long *mapping)
+{
 	struct {
 		unsigned long w[4];
 	} words = {};
@@ -41,60 +57,82 @@ static __always_inline int bio_page_file(struct bio *bio, u32 bdev, u32 fsdev, s
 	u32 off_map = bpf_core_field_offset(struct page, mapping);
 	u32 nwords = (off_map - off_head) / 8;
 	if (off_map <= off_head || nwords > 3)
-		return PAGE_OTHER;
-	bpf_probe_read_kernel(&words, sizeof(words), (void *)page + off_head);
-	head = words.w[0];
-	unsigned long raw = words.w[nwords & 3];
-	if (head & 1) { /* tail page of a large folio: the head page has the mapping */
-		struct page *hp = (struct page *)(head - 1);
-		mapping = BPF_CORE_READ(hp, mapping);
-		if (!mapping || ((unsigned long)mapping & 3))
-			return PAGE_ANON;
-		struct inode *host = BPF_CORE_READ(mapping, host);
-		if (!inode_id(host, id))
-			return non_file_page(BPF_CORE_READ(host, i_mode), BPF_CORE_READ(host, i_sb, s_dev), bdev, fsdev);
-	} else {
-		if (!raw || (raw & 3))
-			return PAGE_ANON;
-		mapping = page->mapping;
-		if (!mapping || !mapping->host)
-			return PAGE_ANON;
-		if (!inode_id_btf(mapping->host, id))
-			return non_file_page(mapping->host->i_mode, mapping->host->i_sb->s_dev, bdev, fsdev);
-	}
-	return id->dev == bdev || id->dev == fsdev ? PAGE_FILE : PAGE_ANON;
+		return false;
+	if (bpf_probe_read_kernel(&words, sizeof(words), (void *)page + off_head))
+		return false;
+	*head = words.w[0];
+	*mapping = words.w[nwords & 3];
+	return true;
 }
 
+/* What the page heading this bio belongs to. fsdev: the volume's filesystem, on the volume (== bdev) or stacked on it. */
+static __always_inline int bio_page_file(struct bio *bio, u32 bdev, u32 fsdev, struct file_id *id, bool fast)
+{
+	struct bio_vec *vec = bio->bi_io_vec;
+	unsigned long head, raw;
+
+	if (!vec || !vec->bv_page)
+		return PAGE_OTHER;
+	if (!page_words(vec->bv_page, &head, &raw))
+		return PAGE_OTHER;
+	if (!(head & 1))
+		return mapping_file(raw, vec->bv_page->mapping, bdev, fsdev, id, fast);
+	/* a tail page of a large folio: the head page has the mapping */
+	if (!page_words((struct page *)(head - 1), &head, &raw))
+		return PAGE_ANON;
+	return mapping_file(raw, NULL, bdev, fsdev, id, fast);
+}
 
 /* A direct-I/O bio of iomap carries its request: bi_private is the struct iomap_dio, whose iocb names the file. A piece
  * the block layer split off is chained to the original (bi_private). */
-static __always_inline bool iomap_dio_file(struct bio *bio, u32 bdev, u32 fsdev, struct file_id *id)
+static __always_inline bool iomap_dio_file(struct bio *bio, u32 bdev, u32 fsdev, struct file_id *id, bool fast)
 {
-	void *end_io = BPF_CORE_READ(bio, bi_end_io);
-	void *priv = BPF_CORE_READ(bio, bi_private);
+	void *end_io, *priv;
+	struct inode *inode;
+
 	if (!&iomap_dio_bio_end_io)
 		return false;
+	end_io = fast ? (void *)bio->bi_end_io : (void *)BPF_CORE_READ(bio, bi_end_io);
+	priv = fast ? bio->bi_private : BPF_CORE_READ(bio, bi_private);
 	if (&bio_chain_endio && end_io == (void *)&bio_chain_endio && priv) {
-		struct bio *parent = priv;
-		end_io = BPF_CORE_READ(parent, bi_end_io);
-		priv = BPF_CORE_READ(parent, bi_private);
+		if (fast) {
+			struct bio *parent = CP_KPTR(struct bio, priv);
+			end_io = (void *)parent->bi_end_io;
+			priv = parent->bi_private;
+		} else {
+			struct bio *parent = priv;
+			end_io = (void *)BPF_CORE_READ(parent, bi_end_io);
+			priv = BPF_CORE_READ(parent, bi_private);
+		}
 	}
 	if (end_io != (void *)&iomap_dio_bio_end_io || !priv)
 		return false;
-	struct iomap_dio *dio = priv;
-	struct inode *inode = BPF_CORE_READ(dio, iocb, ki_filp, f_inode);
-	return inode_id(inode, id) && (id->dev == bdev || id->dev == fsdev);
+	if (fast) {
+		inode = CP_KPTR(struct iomap_dio, priv)->iocb->ki_filp->f_inode;
+		if (!inode_id_btf(inode, id))
+			return false;
+	} else {
+		inode = BPF_CORE_READ((struct iomap_dio *)priv, iocb, ki_filp, f_inode);
+		if (!inode_id(inode, id))
+			return false;
+	}
+	return id->dev == bdev || id->dev == fsdev;
 }
 
-static __always_inline bool bio_file(struct cp_config *c, struct bio *bio, u32 bdev, u32 fsdev, struct file_id *id)
+static __always_inline bool bio_file(struct cp_config *c, struct bio *bio, u32 bdev, u32 fsdev, struct file_id *id,
+				     bool fast)
 {
-	int kind = bio_page_file(bio, bdev, fsdev, id);
+	/* iomap's direct-I/O request first where that costs two plain loads (the pages of a direct-I/O bio are the user's
+	 * buffer; reading their struct page is the costlier test) */
+	if (fast && iomap_dio_file(bio, bdev, fsdev, id, fast))
+		return true;
+	int kind = bio_page_file(bio, bdev, fsdev, id, fast);
 	if (kind != PAGE_ANON)
 		return kind == PAGE_FILE;
-	if (iomap_dio_file(bio, bdev, fsdev, id))
+	if (!fast && iomap_dio_file(bio, bdev, fsdev, id, fast))
 		return true;
-	/* a clone of a direct-I/O bio (device-mapper below a stacked filesystem): the task's direct-I/O mark */
-	/* direct I/O: the pages belong to the user's buffer; use the file the task is doing direct I/O on */
+	/* direct I/O whose bio does not name its file (a clone device-mapper made below a stacked filesystem; 6.1's
+	 * syscall marks): the pages belong to the user's buffer; use the file the task is doing direct I/O on */
 	struct cp_dio *d;
 	if (c->flags & CP_CFG_DIO_SYSCALLS) {
 		u32 tid = (u32)bpf_get_current_pid_tgid();

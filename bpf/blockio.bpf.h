@@ -56,8 +56,8 @@ static __always_inline void count_discard(struct cp_watch *w, u64 sectors)
 	bpf_loop(CP_MAX_VOLUMES, count_discard_slot, &dc, 0);
 }
 
-SEC("tp_btf/block_bio_queue")
-int BPF_PROG(on_bio_queue, struct bio *bio)
+/* fast: this kernel has bpf_rdonly_cast (on_bio_queue), else on_bio_queue_compat; see core_fixes.bpf.h */
+static __always_inline int bio_queue(struct bio *bio, bool fast)
 {
 	u32 dev = bio->bi_bdev->bd_dev;
 	struct cp_watch *w = bpf_map_lookup_elem(&watched, &dev);
@@ -105,7 +105,7 @@ int BPF_PROG(on_bio_queue, struct bio *bio)
 
 	if (size) {
 		struct file_id id = {};
-		bool is_file = !(opf & meta) && bio_file(c, bio, dev, w->fs_dev, &id);
+		bool is_file = !(opf & meta) && bio_file(c, bio, dev, w->fs_dev, &id, fast);
 		if (is_file && !is_self())
 			hot_add(&id, write, inv_bitmap(size), size >> 9);
 		if (is_file) {
@@ -130,6 +130,18 @@ int BPF_PROG(on_bio_queue, struct bio *bio)
 				   (bflags & CP_BAR_F_PREFLUSH) ? (size ? CP_BAR_PREFLUSH : CP_BAR_EMPTY_FLUSH) : CP_BAR_FUA,
 				   bflags, size);
 	return 0;
+}
+
+SEC("tp_btf/block_bio_queue")
+int BPF_PROG(on_bio_queue, struct bio *bio)
+{
+	return bio_queue(bio, true);
+}
+
+SEC("tp_btf/block_bio_queue")
+int BPF_PROG(on_bio_queue_compat, struct bio *bio)
+{
+	return bio_queue(bio, false);
 }
 
 /*
@@ -163,7 +175,7 @@ int BPF_PROG(on_bio_split, struct bio *split, unsigned int new_sector)
 	u32 delta = inv_bitmap(s1) + inv_bitmap(r) - inv_bitmap(s1 + r);
 	u32 meta = 1U << bpf_core_enum_value(enum req_flag_bits, __REQ_META);
 	struct file_id id = {};
-	if (!(opf & meta) && bio_file(c, split, dev, w->fs_dev, &id)) {
+	if (!(opf & meta) && bio_file(c, split, dev, w->fs_dev, &id, false)) {
 		if (!is_self() && delta)
 			hot_add(&id, op == REQ_OP_WRITE_, delta, 0);
 	} else {

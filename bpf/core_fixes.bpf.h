@@ -11,6 +11,11 @@
  * - The iomap_dio_rw_begin / iomap_dio_complete / iomap_dio_rw_queued tracepoints are absent from 6.1: the direct-I/O
  *   marks then come from the read/write syscall tracepoints (chosen by user space at load time).
  * - System call numbers and pt_regs->orig_ax are x86-64's (the object is built with __TARGET_ARCH_x86).
+ * - bpf_rdonly_cast (Linux 6.2, "bpf: Add a kfunc for generic type cast"): turns a kernel pointer held as a plain word
+ *   (a bio's bi_private, a page's mapping word) into a typed pointer that is read with plain loads, where 6.1 needs one
+ *   bpf_probe_read_kernel call per field (~20-40 ns each; ten on a direct-I/O read). It is a weak kfunc: libbpf 1.1
+ *   leaves it unresolved on 6.1, so only programs that never call it may load there. The hot path therefore comes
+ *   twice, on_bio_queue (with it) and on_bio_queue_compat (without), and user space loads the one the kernel can run.
  */
 #ifndef CP_CORE_FIXES_BPF_H
 #define CP_CORE_FIXES_BPF_H
@@ -29,6 +34,11 @@
  * original): their addresses, from kallsyms (0 if absent) */
 extern const void iomap_dio_bio_end_io __ksym __weak;
 extern const void bio_chain_endio __ksym __weak;
+
+extern void *bpf_rdonly_cast(void *obj, __u32 btf_id) __ksym __weak;
+
+/* p (a kernel address held as a scalar) as a read-only `type *` (only where the caller passed fast = true) */
+#define CP_KPTR(type, p) ((type *)bpf_rdonly_cast((void *)(p), bpf_core_type_id_kernel(type)))
 
 #define O_DSYNC_ 00010000
 #define NR_WRITE_ 1

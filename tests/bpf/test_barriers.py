@@ -38,7 +38,8 @@ def test_fsync_epochs_carry_exactly_the_data_written(probe: Probe, watched: Loop
         return sum(b.epoch_data_bytes for b in block_barriers(evs)) >= sum(pages)
 
     events = collect(probe, done)
-    fsyncs = [e for e in probe.drain() if isinstance(e, SyncCalls)]
+    # (a sync(2) anywhere on the host, e.g. by a test running beside this one, counts for every volume: not asserted)
+    fsyncs = [e for e in probe.drain() if isinstance(e, SyncCalls) and e.kind != BarrierKind.SYNC]
     assert [(e.dev, e.kind, e.calls, e.last_ino) for e in fsyncs] == [(watched.dev, BarrierKind.FSYNC, len(sizes), ino)]
     assert fsyncs[0].last_pid > 0 and fsyncs[0].last_pid != os.getpid()
     assert not [e for e in events if isinstance(e, Barrier) and not e.closes_epoch]  # never one event per call
@@ -76,13 +77,15 @@ def test_durability_calls_are_counted_per_kind_only_when_they_succeed(probe: Pro
     pid, ino = map(int, r.stdout.split())
     events = collect(probe, timeout=0.3)
     assert not [e for e in events if isinstance(e, Barrier) and not e.closes_epoch]
-    calls = sorted((e.kind, e.calls, e.last_pid, e.last_ino) for e in probe.drain() if isinstance(e, SyncCalls))
+    # (a sync(2) anywhere on the host, e.g. by a test running beside this one, counts for every volume: not asserted)
+    calls = sorted((e.kind, e.calls, e.last_pid, e.last_ino) for e in probe.drain()
+                   if isinstance(e, SyncCalls) and e.kind != BarrierKind.SYNC)
     assert calls == [
         (BarrierKind.FDATASYNC, 1, pid, ino),
         (BarrierKind.SYNC_FILE_RANGE, 2, pid, ino),
         (BarrierKind.SYNCFS, 1, pid, 0),
     ]
-    assert not [e for e in probe.drain() if isinstance(e, SyncCalls)]  # deltas: reported once
+    assert not [e for e in probe.drain() if isinstance(e, SyncCalls) and e.kind != BarrierKind.SYNC]  # reported once
 
 
 def test_empty_flush_and_journal_commits(probe: Probe, watched: LoopFs) -> None:

@@ -51,12 +51,14 @@ def test_sync_writes_msync_and_sync_have_their_kinds(probe: Probe, watched: Loop
     settle(probe)
     pid, rwf_ino = map(int, child(IMPLICIT, str(watched.path("f"))).stdout.split())
     got = sync_calls(probe, watched.dev)
+    # sync(2) is a durability point of every volume, whoever calls it: a test running beside this one may add its own
+    host_sync = got.pop(BarrierKind.SYNC)
+    assert host_sync.calls == 1 and host_sync.last_pid == pid or host_sync.calls >= 2, host_sync
     assert {k: (v.calls, v.last_pid) for k, v in got.items()} == {
         BarrierKind.SYNC_WRITE: (6, pid),
         BarrierKind.MSYNC: (1, pid),
-        BarrierKind.SYNC: (1, pid),
     }
-    assert got[BarrierKind.MSYNC].last_ino == rwf_ino and got[BarrierKind.SYNC].last_ino == 0
+    assert got[BarrierKind.MSYNC].last_ino == rwf_ino and host_sync.last_ino == 0
 
 
 def test_io_uring_fsync_is_an_fsync(probe: Probe, watched: LoopFs) -> None:
@@ -92,6 +94,8 @@ def test_fsync_through_overlayfs_counts_for_the_volume_below(probe: Probe, watch
         run("umount", str(merged), check=False)
         os.rmdir(merged)
     upper = os.stat(base / "upper" / "file").st_ino
+    # a sync(2) anywhere on the host (another test) is a durability point of every volume: not this test's concern
+    got.pop(BarrierKind.SYNC, None)
     assert {k: (v.calls, v.last_pid, v.last_ino) for k, v in got.items()} == {
         BarrierKind.FSYNC: (1, pid, upper),
         BarrierKind.FDATASYNC: (1, pid, upper),

@@ -49,9 +49,17 @@ def test_missing_iomap_falls_back_to_syscalls(bpf_env: None) -> None:
         assert not p.report.partial  # the fallback covers it
 
 
+def test_block_io_uses_the_variant_the_kernel_can_run(bpf_env: None) -> None:
+    with Probe(max_files=64) as p:  # this host (6.18) exports bpf_rdonly_cast
+        assert "on_bio_queue" in p.report.attached and "on_bio_queue_compat" in p.report.disabled
+    with Probe(max_files=64, unavailable={"on_bio_queue"}) as p:  # as on 6.1
+        assert "on_bio_queue_compat" in p.report.attached and not p.report.partial
+        assert p.report.disabled["on_bio_queue"] == "block I/O uses on_bio_queue_compat: marked unavailable"
+
+
 def test_missing_required_hook_refuses_to_run(bpf_env: None) -> None:
-    with pytest.raises(UserError, match="required hook.*on_bio_queue"):
-        Probe(max_files=64, unavailable={"on_bio_queue"})
+    with pytest.raises(UserError, match="required hook.*on_bio_queue: marked unavailable; on_bio_queue_compat: mar"):
+        Probe(max_files=64, unavailable={"on_bio_queue", "on_bio_queue_compat"})
 
 
 @pytest.mark.parametrize(

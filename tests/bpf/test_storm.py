@@ -107,7 +107,8 @@ def test_sync_storm_cannot_starve_deletes(probe: Probe, watched: LoopFs) -> None
     assert {i: freed.get(i, set()) for i in expect} == expect
     assert slowest < 0.5 * SLOW, f"poll(100) took {slowest:.2f} s"
     # the kernel counted every successful call, and none of the failed ones; the ring carried none of them
-    calls = [e for e in probe.drain() if isinstance(e, SyncCalls) and e.dev == watched.dev]
+    calls = [e for e in probe.drain()  # (a sync(2) elsewhere on the host counts for every volume: not asserted)
+             if isinstance(e, SyncCalls) and e.dev == watched.dev and e.kind != BarrierKind.SYNC]
     assert [(e.kind, e.calls, e.last_pid) for e in calls] == [(BarrierKind.SYNC_FILE_RANGE, ok, storm_pid)]
     assert not probe.drops_by_volume()
     assert rss_kib() - rss0 < 64 * 1024

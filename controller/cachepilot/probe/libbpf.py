@@ -15,6 +15,7 @@ LIBBPF_NAMES = ("libbpf.so.1", "/usr/lib/x86_64-linux-gnu/libbpf.so.1", "libbpf.
 
 BTF_KIND_STRUCT = 4
 BTF_KIND_TYPEDEF = 8
+BTF_KIND_FUNC = 12
 
 RINGBUF_SAMPLE_FN = C.CFUNCTYPE(C.c_int, C.c_void_p, C.c_void_p, C.c_size_t)
 PRINT_FN = C.CFUNCTYPE(C.c_int, C.c_int, C.c_char_p, C.c_void_p)

@@ -64,11 +64,15 @@ class Hook:
     program: str
     feature: str
     required: bool = False
+    kfunc: str = ""  # a kernel function the program calls (the kernel must export it to BPF)
 
 
-# Every program of the object, the feature it provides, and whether the probe is useless without it.
+BLOCK_IO = "block I/O: hotness, metadata bucket, epochs, block barriers, discards"
+# Every program of the object, the feature it provides, and whether the probe is useless without it (a required
+# feature needs one of its programs: the block I/O hook comes in two variants, see bpf/core_fixes.bpf.h).
 HOOKS: tuple[Hook, ...] = (
-    Hook("on_bio_queue", "block I/O: hotness, metadata bucket, epochs, block barriers, discards", required=True),
+    Hook("on_bio_queue", BLOCK_IO, required=True, kfunc="bpf_rdonly_cast"),
+    Hook("on_bio_queue_compat", BLOCK_IO, required=True),
     Hook("on_bio_split", "split bios count per piece"),
     Hook("on_dio_begin", "direct I/O attribution (iomap)"),
     Hook("on_dio_complete", "direct I/O attribution (iomap)"),
@@ -116,6 +120,8 @@ POLL_BUDGET_EVENTS = 16384
 POLL_BUDGET_BARRIERS = 2048
 _BUDGET_SPENT = -1000  # returned by the sample callback to stop libbpf's consume loop
 DIO_IOMAP = ("on_dio_begin", "on_dio_complete", "on_dio_queued")
+BIO_FAST, BIO_COMPAT = "on_bio_queue", "on_bio_queue_compat"
+_KFUNCS = {h.program: h.kfunc for h in HOOKS if h.kfunc}
 DIO_SYSCALLS = tuple(h.program for h in HOOKS if h.program.startswith("sys_dio_"))
 
 
@@ -207,6 +213,9 @@ class _KernelFeatures:
         """Why program `name` (in `section`) cannot run here, or None."""
         if name in unavailable:
             return "marked unavailable"
+        kfunc = _KFUNCS.get(name)
+        if kfunc and self._h.btf__find_by_name_kind(self._vmlinux, kfunc.encode(), libbpf.BTF_KIND_FUNC) < 0:
+            return f"the kernel has no kfunc {kfunc} (Linux < 6.2)"
         kind, tp = _tp_of(section)
         if kind == "tp_btf" and not self.has_btf_tracepoint(tp):
             return f"the kernel has no tracepoint {tp} (nor a loaded module with it)"
@@ -339,10 +348,16 @@ class Probe:
         if dio_hook == "auto":
             dio_hook = "iomap" if all(reasons.get(n) is None for n in DIO_IOMAP) else "syscalls"
         self.report.dio_hook = dio_hook
-        off = DIO_SYSCALLS if dio_hook == "iomap" else DIO_IOMAP
+        unused_dio = DIO_SYSCALLS if dio_hook == "iomap" else DIO_IOMAP
+        off = dict.fromkeys(unused_dio, f"direct I/O attribution uses {dio_hook}")
+        # the block I/O variant: with bpf_rdonly_cast where the kernel has it (plain loads instead of probe reads)
+        if reasons.get(BIO_FAST) is None:
+            off[BIO_COMPAT] = f"block I/O uses {BIO_FAST}"
+        elif reasons.get(BIO_COMPAT) is None:
+            off[BIO_FAST] = f"block I/O uses {BIO_COMPAT}: {reasons[BIO_FAST]}"
         for name, prog in self._progs.items():
             if name in off:
-                self.report.disabled[name] = f"direct I/O attribution uses {dio_hook}"
+                self.report.disabled[name] = off[name]
                 h.bpf_program__set_autoload(prog, False)
             elif reasons[name]:
                 self.report.failed[name] = str(reasons[name])
@@ -394,13 +409,17 @@ class Probe:
                 continue
             self._links.append(link)
             self.report.attached.append(name)
-        required = [hk.program for hk in HOOKS if hk.required and hk.program not in self.report.attached]
+        attached = {hk.feature for hk in HOOKS if hk.program in self.report.attached}
+        required = [hk.program for hk in HOOKS if hk.required and hk.feature not in attached]
         if required:
             raise UserError(
                 "the probe cannot work: required hook(s) not attached: "
-                + "; ".join(f"{p}: {self.report.failed.get(p, 'not in object')}" for p in required)
+                + "; ".join(f"{p}: {self._why_not(p)}" for p in required)
                 + f"; {WORKS_WITHOUT}"
             )
+
+    def _why_not(self, program: str) -> str:
+        return self.report.failed.get(program) or self.report.disabled.get(program, "not in object")
 
     def _open_rings(self, h: C.CDLL) -> None:
         self._cb = libbpf.RINGBUF_SAMPLE_FN(self._on_sample)
