@@ -60,7 +60,7 @@ static __always_inline void count_discard(struct cp_watch *w, u64 sectors)
 static __always_inline int bio_queue(struct bio *bio, bool fast)
 {
 	u32 dev = bio->bi_bdev->bd_dev;
-	struct cp_watch *w = bpf_map_lookup_elem(&watched, &dev);
+	struct cp_watch *w = find_watch(dev);
 	if (!w)
 		return 0;
 

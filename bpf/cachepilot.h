@@ -19,17 +19,29 @@ typedef __u32 u32;
 typedef __u64 u64;
 #endif
 
-/* ---- watched devices (map "watched": dev -> struct cp_watch, filled by user space) ---- */
+/* ---- watched devices (array "watched", filled by user space) ----
+ * A hash map lookup costs ~120 ns in the bio hook (jhash and a bucket walk): the watched devices live instead in an
+ * array of two halves of CP_WATCH_SLOTS entries, linearly probed from index (dev * mul) >> (32 - CP_WATCH_BITS) of
+ * the active half for at most CP_WATCH_PROBES entries (an empty one ends the search), mul an odd multiplier user
+ * space chose so that every watched device fits (at most CP_WATCH_SLOTS / 4 of them). An entry is this device's when
+ * its dev matches. A change is written into the inactive half,
+ * then cp_config.watch_sel switches halves (and multiplier) in one store, then user space waits for a grace period
+ * before the old half may be rewritten: a program never sees a half-written table. */
 #define CP_ROLE_VOLUME 0x1 /* the cached block device: hotness, epochs, barriers, discards */
 #define CP_ROLE_FS     0x2 /* a superblock s_dev: deletes, freed extents, fsync & co, journal commits */
 #define CP_ROLE_LOWER  0x4 /* a backing or cache device below a volume: discards only */
+#define CP_WATCH_BITS 10
+#define CP_WATCH_SLOTS (1U << CP_WATCH_BITS)
+#define CP_WATCH_PROBES 4
 
 struct cp_watch {
+	u32 dev;      /* the device (kernel dev_t) this entry is for; 0: a free entry */
 	u32 roles;
 	u32 volume;   /* dev of the (first) volume this device belongs to */
 	u32 slot;     /* index of that volume's state in the "volumes" array */
 	u32 fs_dev;   /* s_dev of the filesystem of that volume: the volume itself, or a device stacked on it (LVM,
 		       * dm-linear, dm-crypt, a loop device with direct I/O): its files' pages reach the volume in bios */
+	u32 _pad;
 	u64 lower_of; /* CP_ROLE_LOWER: bit i set = a lower device of the volume in slot i (a device may be shared) */
 };
 
@@ -48,6 +60,7 @@ struct cp_config {
 	u64 nonce;    /* non-zero while the loader claims self_tgid (see CP_SELF_CLAIM_FD) */
 	u64 hot_base; /* first slot of the half of "hot_slots" the programs count into (0 or nslots): user space
 		       * drains the other half, after a grace period, while nothing writes to it (lossless) */
+	u64 watch_sel; /* the watched table: low 32 bits the multiplier, bit 32 the active half */
 };
 
 /*

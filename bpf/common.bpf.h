@@ -6,8 +6,8 @@
 #define CP_COMMON_BPF_H
 
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 256);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 2 * CP_WATCH_SLOTS);
 	__type(key, u32);
 	__type(value, struct cp_watch);
 } watched SEC(".maps");
@@ -180,9 +180,29 @@ static __always_inline void submit_barrier(void *e)
 	bpf_ringbuf_submit(e, avail * 4 >= size ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
 }
 
+/* dev's entry in the active half of "watched" (see cachepilot.h), or NULL: array lookups are inlined by the verifier */
+static __always_inline struct cp_watch *find_watch(u32 dev)
+{
+	struct cp_config *c = cfg();
+	if (!c || !dev)
+		return NULL;
+	u64 sel = c->watch_sel;
+	u32 home = (dev * (u32)sel) >> (32 - CP_WATCH_BITS);
+	u32 base = ((sel >> 32) & 1) * CP_WATCH_SLOTS;
+	for (u32 i = 0; i < CP_WATCH_PROBES; i++) {
+		u32 k = base + ((home + i) & (CP_WATCH_SLOTS - 1));
+		struct cp_watch *w = bpf_map_lookup_elem(&watched, &k);
+		if (!w || !w->dev)
+			return NULL;
+		if (w->dev == dev)
+			return w;
+	}
+	return NULL;
+}
+
 static __always_inline struct cp_watch *watch_of(u32 dev, u32 role)
 {
-	struct cp_watch *w = bpf_map_lookup_elem(&watched, &dev);
+	struct cp_watch *w = find_watch(dev);
 	if (!w || !(w->roles & role))
 		return NULL;
 	return w;

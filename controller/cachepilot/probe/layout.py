@@ -19,6 +19,9 @@ ROLE_LOWER = 0x4
 CFG_IGNORE_SELF = 0x1
 CFG_DIO_SYSCALLS = 0x2
 MAX_VOLUMES = 64
+WATCH_BITS = 10
+WATCH_SLOTS = 1 << WATCH_BITS
+WATCH_PROBES = 4
 SELF_CLAIM_FD = -4242
 
 EV_FREE = 1
@@ -42,12 +45,13 @@ class Struct(C.Structure):
 
 
 class cp_watch(Struct):  # noqa: N801 - mirrors the C name
-    _fields_ = [("roles", u32), ("volume", u32), ("slot", u32), ("fs_dev", u32), ("lower_of", u64)]
+    _fields_ = [("dev", u32), ("roles", u32), ("volume", u32), ("slot", u32), ("fs_dev", u32), ("_pad", u32),
+                ("lower_of", u64)]
 
 
 class cp_config(Struct):  # noqa: N801
     _fields_ = [("self_tgid", u32), ("flags", u32), ("nslots", u64), ("clock_ns", u64), ("nonce", u64),
-                ("hot_base", u64)]
+                ("hot_base", u64), ("watch_sel", u64)]
 
 
 class cp_hot_slot(Struct):  # noqa: N801

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import ctypes as C
 import errno
+import itertools
 import math
 import mmap
 import os
+import random
 import secrets
 import struct
 import time
@@ -159,6 +161,41 @@ class AttachReport:
         return "\n".join(lines)
 
 
+def watch_home(dev: int, mul: int) -> int:
+    """dev's first index in a half of the kernel's watched table (find_watch in bpf/common.bpf.h)."""
+    return ((dev * mul) & 0xFFFFFFFF) >> (32 - L.WATCH_BITS)
+
+
+def _place(devs: list[int], mul: int) -> dict[int, int] | None:
+    """Linear probing as find_watch reads it (from the home index, at most WATCH_PROBES entries, an empty one ends
+    the search): dev -> index, or None if some device does not fit."""
+    at: dict[int, int] = {}
+    taken: set[int] = set()
+    for d in devs:
+        home = watch_home(d, mul)
+        k = next((k for k in ((home + i) % L.WATCH_SLOTS for i in range(L.WATCH_PROBES)) if k not in taken), None)
+        if k is None:
+            return None
+        at[d] = k
+        taken.add(k)
+    return at
+
+
+def watch_layout(devs: Iterable[int], current: int) -> tuple[int, dict[int, int]]:
+    """An odd multiplier and each device's index under it: the current multiplier if everything still fits. At
+    most 256 devices in 1024 entries with 4 probes each: a random multiplier fits within a few tries."""
+    order = sorted(devs)
+    if len(order) > L.WATCH_SLOTS // 4:
+        raise UserError(f"too many watched devices ({len(order)}; at most {L.WATCH_SLOTS // 4})")
+    rng = random.Random(len(order))  # noqa: S311 - a hash multiplier, not a secret
+    candidates = itertools.chain([current | 1] if current else [], (rng.getrandbits(32) | 1 for _ in range(10_000)))
+    for mul in candidates:
+        at = _place(order, mul)
+        if at is not None:
+            return mul, at
+    raise UserError(f"cannot place {len(order)} watched devices in the kernel's table of {L.WATCH_SLOTS}")
+
+
 def _tp_of(section: str) -> tuple[str, str]:
     kind, _, rest = section.partition("/")
     return kind, rest
@@ -263,6 +300,7 @@ class Probe:
         self._meta_prev: dict[int, tuple[int, int]] = {}
         self._sync_prev: dict[tuple[int, int], int] = {}  # (volume dev, kind) -> calls already reported
         self.volumes: dict[int, L.cp_watch] = {}  # every watched device -> its watch entry
+        self._half_used: list[set[int]] = [set(), set()]  # occupied indexes of each half of the kernel's table
         self._members: dict[int, dict[int, int]] = {}  # watched device -> {volume dev: its roles for that volume}
         self._fs_of: dict[int, int] = {}  # volume dev -> the s_dev of its filesystem (itself, or stacked on it)
         self._deferred: dict[str, int] = {}  # loaded programs attached only when needed (direct I/O marks)
@@ -516,7 +554,7 @@ class Probe:
         if not of:
             self._members.pop(d, None)
             if self.volumes.pop(d, None) is not None:
-                self._h.bpf_map_delete_elem(self._fds["watched"], C.byref(C.c_uint32(d)))
+                self._publish_watches()
             return
         # the entry's own volume: the one it is the volume or the filesystem of, else the first it is below
         primary = min(of, key=lambda v: (not of[v] & (L.ROLE_VOLUME | L.ROLE_FS), self._slots[v]))
@@ -524,10 +562,26 @@ class Probe:
         roles = 0
         for r in of.values():
             roles |= r
-        w = L.cp_watch(roles=roles, volume=primary, slot=self._slots[primary], fs_dev=self._fs_of[primary],
+        w = L.cp_watch(dev=d, roles=roles, volume=primary, slot=self._slots[primary], fs_dev=self._fs_of[primary],
                        lower_of=lower_of)
-        self._update("watched", C.c_uint32(d), w)
         self.volumes[d] = w
+        self._publish_watches()
+
+    def _publish_watches(self) -> None:
+        """Write every watch into the inactive half of the kernel's table, switch to it, wait out a grace period (see
+        "watched" in bpf/cachepilot.h): a program sees the old table or the new one, never a mix."""
+        mul, at = watch_layout(self.volumes, int(self._cfg.watch_sel) & 0xFFFFFFFF)
+        half = 1 - (int(self._cfg.watch_sel) >> 32)
+        base = half * L.WATCH_SLOTS
+        want = {at[d]: w for d, w in self.volumes.items()}
+        for k in self._half_used[half] - set(want):
+            self._update("watched", C.c_uint32(base + k), L.cp_watch())
+        for k, w in want.items():
+            self._update("watched", C.c_uint32(base + k), w)
+        self._half_used[half] = set(want)
+        self._cfg.watch_sel = mul | half << 32
+        self._update("cp_config_map", C.c_uint32(0), self._cfg)
+        self._update("grace", C.c_uint32(0), C.c_uint32(self._fds["grace_inner"]))
 
     def unwatch(self, dev: int) -> None:
         """Stop watching a volume and the devices watched on its behalf only (a device shared with another watched
