@@ -25,7 +25,7 @@ static __always_inline void emit_block_barrier(u32 dev, u32 slot, struct cp_volu
 	e->kind = kind;
 	e->flags = flags;
 	e->closes = 1;
-	submit_barrier(e);
+	submit_barrier(e, sizeof(*e));
 }
 
 /* a discard counts for every volume the device belongs to (a cache device shared by several volumes) */

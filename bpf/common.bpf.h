@@ -171,16 +171,21 @@ static __always_inline void submit(void *e)
 
 /*
  * Block barriers can come by the hundred thousand a second: a wakeup per event would make the daemon's cost grow with
- * the barrier rate, so user space consumes them on its own schedule and is only woken when the ring is a quarter full.
+ * the barrier rate, so user space consumes them on its own schedule and is woken when the unread data crosses a
+ * quarter of the ring (a quarter, half, three quarters). Only at the crossing: a wakeup is an interrupt (irq_work),
+ * which in a virtual machine costs microseconds; waking on every record above the mark cost 6% of a 4 KiB
+ * write + fsync loop here. A reader with data left is not missed: the ring's poll is level-triggered.
  */
-static __always_inline void submit_barrier(void *e)
+static __always_inline void submit_barrier(void *e, u64 len)
 {
-	u64 avail = bpf_ringbuf_query(&barrier_events, BPF_RB_AVAIL_DATA);
-	u64 size = bpf_ringbuf_query(&barrier_events, BPF_RB_RING_SIZE);
-	bpf_ringbuf_submit(e, avail * 4 >= size ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
+	u64 avail = bpf_ringbuf_query(&barrier_events, BPF_RB_AVAIL_DATA); /* includes this reserved record */
+	u64 quarter = bpf_ringbuf_query(&barrier_events, BPF_RB_RING_SIZE) / 4;
+	u64 rec = (len + 8 + 7) & ~7ULL; /* the record with its header, as the ring lays it out */
+	u64 before = avail > rec ? avail - rec : 0;
+	bool crossed = quarter && avail / quarter != before / quarter;
+	bpf_ringbuf_submit(e, crossed ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
 }
 
-/* dev's entry in the active half of "watched" (see cachepilot.h), or NULL: array lookups are inlined by the verifier */
 static __always_inline struct cp_watch *find_watch(u32 dev)
 {
 	struct cp_config *c = cfg();

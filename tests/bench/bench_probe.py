@@ -2,7 +2,7 @@
 
 1. Capture overhead: fio 4 KiB random O_DIRECT reads, and a 4 KiB buffered-write + fsync loop, on ext4 on a loop device
    backed by tmpfs (a fast device), with and without the BPF programs attached, alternating runs in one go.
-   Reported as IOPS(with) / IOPS(without); goal >= 0.98.
+   Reported as IOPS(with) / IOPS(without); goal >= 0.99, and <= 250 ns of BPF run time per I/O (kernel-measured).
 2. Drain: 1 million tracked files in the kernel's hotness table, drained to user space; goal <= 1 s of user CPU;
    kernel memory per tracked file (two halves of 63.2 bytes since the drain is lossless: the old <= 64 was for one).
 
@@ -65,9 +65,15 @@ class Attached:
         return self.probe
 
     def _loop(self) -> None:
+        """As the daemon does: consume events as they come, drain the per-tick tables once a second."""
+        tick = time.monotonic() + 1.0
         while not self.done.is_set():
-            self.probe.poll(1000)
+            left = tick - time.monotonic()
+            if left > 0:
+                self.probe.poll(max(1, int(left * 1000)))
+                continue
             self.probe.drain()
+            tick += 1.0
 
     def __exit__(self, *exc: object) -> None:
         self.done.set()
@@ -176,9 +182,10 @@ def main() -> int:
     print(f"capture overhead: fio psync 1 job, {RUNTIME} s runs, {PAIRS} alternating pairs (ABBA), ext4 on a loop "
           "device on tmpfs; ratio = IOPS with / without the programs attached (median of pairs)")
     print(f"{'workload':<13}{'base IOPS':>11}{'ratio':>8}{'min':>8}{'max':>8}{'BPF ns/IO':>11}{'est.':>8}"
-          "  goal >= 0.98")
+          "  goals: ratio >= 0.99, <= 250 ns/IO")
     for job, r in overhead().items():
-        verdict = "ok" if r["ratio"] >= 0.98 else "MISSED"
+        verdict = ("ratio ok" if r["ratio"] >= 0.99 else "ratio MISSED") + (
+            ", ns ok" if r["bpf_ns"] <= 250 else ", ns MISSED")
         if r["max"] / r["min"] > 1.1 or r["ratio"] > 1.02:
             verdict += f" (noisy: pairs {r['min']:.2f}..{r['max']:.2f}; see est.)"
         print(f"{job:<13}{r['base_iops']:>11.0f}{r['ratio']:>8.3f}{r['min']:>8.3f}{r['max']:>8.3f}"
