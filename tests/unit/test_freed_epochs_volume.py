@@ -252,3 +252,13 @@ def test_batched_merge_equals_one_at_a_time(extents: list[tuple[int, int, int]],
             assert q.ready() == [(x, y) for x, y, _ in oracle]
     assert q.ready() == [(x, y) for x, y, _ in oracle]
     assert q._since == [u for _, _, u in oracle]  # noqa: SLF001
+
+
+def test_a_budget_short_of_one_granule_keeps_an_old_large_extent() -> None:
+    # a budget left smaller than the granularity once dropped an old extent as "too small to discard"
+    q = FreedExtentQueue(granularity_blocks=8, max_hold_ns=10 * NS)
+    q.freed(0, 64, 0, tid=1)
+    q.commit(1, 0)
+    assert q.take(20 * NS, max_blocks=4) == []
+    assert q.ready() == [(0, 64)] and q.stats.dropped_small_blocks == 0
+    assert q.take(21 * NS, max_blocks=64) == [(0, 64)]

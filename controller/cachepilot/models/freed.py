@@ -237,10 +237,11 @@ class FreedExtentQueue:
         kt: list[int] = []
         for s, e, t in zip(self._starts, self._ends, self._since, strict=True):
             a = -(-s // g) * g
-            b = (e // g) * g
-            if budget > 0 and b - a >= g:
-                if b - a > budget:
-                    b = a + (budget // g) * g
+            whole = (e // g) * g  # [a, whole): the whole granules
+            small = whole - a < g
+            if budget > 0 and not small:
+                # a budget short of one granule hands nothing out; the extent is still large: kept, not dropped
+                b = min(whole, a + (budget // g) * g)
                 if b > a:
                     out.append((a, b - a))
                     budget -= b - a
@@ -254,7 +255,7 @@ class FreedExtentQueue:
                         ke.append(e)
                         kt.append(t)
                     continue
-            if now_ns - t > self.max_hold_ns and (b - a < g):
+            if now_ns - t > self.max_hold_ns and small:
                 self.stats.dropped_small_blocks += e - s
                 continue
             ks.append(s)
