@@ -324,3 +324,43 @@ def test_free_in_the_next_transaction_is_not_released_by_the_previous_commit() -
     e.feed(JournalCommit(DEV, 41, 16 * NS))
     d = [a for a in e.tick(30 * NS) if isinstance(a, DiscardRanges)]
     assert len(d) == 1 and d[0].ranges == ((100 * 4096, 10 * 4096),)
+
+
+DELETE_OP = st.tuples(st.sampled_from(["hot", "batch", "delete", "delete", "tick"]), st.integers(1, 6),
+                      st.sampled_from([0, 1, 2]), st.integers(1, 64), st.sampled_from([4096, 65536, 1 << 20]))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(DELETE_OP, min_size=1, max_size=60))
+def test_batched_deletes_equal_one_at_a_time(ops: list[tuple[str, int, int, int, int]]) -> None:
+    """A replay feeds a block of deletes at once (feed_deletes): the models end as feeding each Delete leaves
+    them, with repeated files and generations that do not match (0: any) in one batch."""
+    one, batch = Engine(SMALL_SET, [VOL]), Engine(SMALL_SET, [VOL])
+    pending: list[tuple[int, ...]] = []
+    now = 1
+
+    def flush() -> None:
+        batch.feed_deletes(pending)
+        pending.clear()
+
+    for op, ino, gen, score, size in ops:
+        if op == "delete":
+            one.feed(Delete(FileKey(DEV, ino, gen), size, now))
+            pending.append((DEV, ino, gen, size, now))
+            continue
+        flush()
+        for e in (one, batch):
+            if op == "hot":
+                e.feed(HotnessDelta(FileKey(DEV, ino, max(gen, 1)), score, 0, size, 0, now, size=size))
+            elif op == "batch":
+                e.feed_hotness_records([(DEV, (ino + k) % 7 + 1, 1, score, 0, size, 0, now, size) for k in range(40)])
+        if op == "tick":
+            now += 1
+            assert [a.line() for a in one.tick(now * NS)] == [a.line() for a in batch.tick(now * NS)]
+    flush()
+    for e in (one, batch):
+        _members_consistent(e)
+    assert sorted(one.hotness.index[DEV].items()) == sorted(batch.hotness.index[DEV].items())
+    assert one.hotness.live == batch.hotness.live and one.hotness._free == batch.hotness._free  # noqa: SLF001
+    c1, c2 = one.vols[DEV].cached, batch.vols[DEV].cached
+    assert (c1.count, c1.used_bytes) == (c2.count, c2.used_bytes)

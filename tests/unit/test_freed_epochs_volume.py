@@ -251,7 +251,7 @@ def test_batched_merge_equals_one_at_a_time(extents: list[tuple[int, int, int]],
         if k == read_at:  # a read in the middle settles what came so far
             assert q.ready() == [(x, y) for x, y, _ in oracle]
     assert q.ready() == [(x, y) for x, y, _ in oracle]
-    assert q._since == [u for _, _, u in oracle]  # noqa: SLF001
+    assert q._since.tolist() == [u for _, _, u in oracle]  # noqa: SLF001
 
 
 def test_a_budget_short_of_one_granule_keeps_an_old_large_extent() -> None:
@@ -262,3 +262,55 @@ def test_a_budget_short_of_one_granule_keeps_an_old_large_extent() -> None:
     assert q.take(20 * NS, max_blocks=4) == []
     assert q.ready() == [(0, 64)] and q.stats.dropped_small_blocks == 0
     assert q.take(21 * NS, max_blocks=64) == [(0, 64)]
+
+
+def _take_one_at_a_time(ivs: list[list[int]], g: int, budget: int, now: int, hold: int) -> tuple[list, list, int]:
+    """The oracle for take(): walk the ready intervals in order; returns (handed out, still ready, dropped)."""
+    out, keep, dropped = [], [], 0
+    for s, e, t in ivs:
+        a, whole = -(-s // g) * g, (e // g) * g
+        small = whole - a < g
+        b = min(whole, a + (budget // g) * g) if budget > 0 and not small else a
+        if b > a:
+            out.append((a, b - a))
+            budget -= b - a
+            keep += [[s, a, t]] if s < a else []
+            keep += [[b, e, t]] if b < e else []
+        elif small and now - t > hold:
+            dropped += e - s
+        else:
+            keep.append([s, e, t])
+    return out, sorted(keep), dropped
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 400), st.integers(1, 40), st.integers(0, 50)), max_size=40),
+       st.integers(1, 16), st.integers(0, 200), st.integers(0, 100))
+def test_take_equals_the_one_at_a_time_walk(extents: list[tuple[int, int, int]], g: int, budget: int,
+                                            now: int) -> None:
+    """take() works on whole columns at once; what it hands out, keeps and drops is what the walk gives."""
+    q = FreedExtentQueue(granularity_blocks=g, max_hold_ns=30)
+    for b, n, t in extents:
+        q._insert(b, b + n, t)  # noqa: SLF001
+    q._settle()  # noqa: SLF001
+    ivs = [list(x) for x in zip(q._starts.tolist(), q._ends.tolist(), q._since.tolist(), strict=True)]  # noqa: SLF001
+    want_out, want_keep, want_dropped = _take_one_at_a_time(ivs, g, budget, now, 30)
+    assert q.take(now, max_blocks=budget) == want_out
+    got = list(zip(q._starts.tolist(), q._ends.tolist(), q._since.tolist(), strict=True))  # noqa: SLF001
+    assert [list(x) for x in got] == want_keep
+    assert q.stats.dropped_small_blocks == want_dropped
+    assert q.stats.handed_blocks == sum(n for _, n in want_out)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 300), st.integers(1, 30)), max_size=30), st.integers(0, 320),
+       st.integers(0, 60))
+def test_allocated_removes_exactly_the_reused_blocks(extents: list[tuple[int, int]], b0: int, n: int) -> None:
+    q = FreedExtentQueue()
+    for b, k in extents:
+        q._insert(b, b + k, 0)  # noqa: SLF001
+    before = {x for s, e in q.ready() for x in range(s, e)}
+    q.allocated(b0, n)
+    after = {x for s, e in q.ready() for x in range(s, e)}
+    assert after == before - set(range(b0, b0 + n))
+    assert q.stats.reallocated_blocks == len(before & set(range(b0, b0 + n)))

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from cachepilot.models import inoindex
 from cachepilot.models.inoindex import InoIndex
 
-OPS = st.lists(st.tuples(st.sampled_from(["set", "del", "bulk"]), st.integers(0, 60), st.integers(0, 1000)),
+OPS = st.lists(st.tuples(st.sampled_from(["set", "del", "bulk", "del_many"]), st.integers(0, 60), st.integers(0, 1000)),
                max_size=200)
 
 
@@ -28,6 +28,11 @@ def test_behaves_like_a_dict(ops: list[tuple[str, int, int]]) -> None:
             elif op == "del" and ino in ref:
                 del ref[ino]
                 del idx[ino]
+            elif op == "del_many":  # distinct live ones, as forget_many passes them
+                gone = [i for i in range(ino, ino + 7) if i in ref]
+                for i in gone:
+                    del ref[i]
+                idx.delete_many(np.array(gone, dtype=np.uint64))
             elif op == "bulk":
                 new = {i: slot + i for i in range(ino, ino + 5) if i not in ref}
                 ref.update(new)

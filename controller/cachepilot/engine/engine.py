@@ -310,6 +310,27 @@ class Engine:
             self.unknown_events += 1
         return c
 
+    def feed_deletes(self, recs: list[tuple[int, ...]]) -> None:
+        """Delete records in trace layout (dev, ino, gen, size, ts_ns), as feeding each Delete would, per
+        filesystem in one index lookup (a replay's deletes come by the hundred thousand)."""
+        by_dev: dict[int, list[tuple[int, int]]] = {}
+        for r in recs:
+            by_dev.setdefault(r[0], []).append((r[1], r[2]))
+        for dev, files in by_dev.items():
+            arr = np.array(files, dtype=np.uint64).reshape(-1, 2)
+            slots = self.hotness.forget_many(dev, arr[:, 0], arr[:, 1].astype(np.uint32))
+            c = self.vols.get(dev)
+            if c is not None:
+                for slot in slots:
+                    c.cached.discard(slot)  # a queued promotion of it is dropped when it reaches the head
+
+    def feed_freed(self, recs: list[tuple[int, ...]]) -> None:
+        """FreedExtent records in trace layout (dev, ino, block, count, metadata, ts_ns, tid), as feeding each would."""
+        for dev, _ino, block, count, _meta, ts, tid in recs:
+            c = self._vol(dev)
+            if c is not None:
+                c.freed.freed(block, count, ts, tid)
+
     def delete(self, ev: Delete) -> None:
         k = ev.key
         slot = self.hotness.lookup(k.dev, k.ino, k.gen or None)

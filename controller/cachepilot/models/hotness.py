@@ -501,6 +501,43 @@ class HotnessTable:
         slot = idx.get(ino)
         if slot is None or (gen is not None and gen != 0 and self.gen[slot] != gen):
             return None
+        self._forget_slot(idx, ino, slot)
+        return slot
+
+    def forget_many(self, dev: int, inos: np.ndarray, gens: np.ndarray) -> list[int]:
+        """forget() for a batch of deleted files of one filesystem (gen 0: any generation), in order; returns the
+        former slots of those that were tracked. One index lookup for the whole batch."""
+        idx = self.index.get(dev)
+        if idx is None or not len(inos):
+            return []
+        slots = idx.lookup_many(inos.astype(np.uint64))
+        gen = np.frombuffer(self.gen, dtype=np.uint32) if len(self.gen) else np.zeros(0, dtype=np.uint32)
+        found = slots >= 0
+        found[found] &= (gens[found] == 0) | (gen[slots[found]] == gens[found])
+        del gen  # release the buffer: the array may grow again
+        inos, slots = inos[found], slots[found]
+        _, first = np.unique(inos, return_index=True)  # the same file twice in a batch: the first delete took it
+        first.sort()
+        inos, slots = inos[first], slots[first]
+        if not len(slots):
+            return []
+        idx.delete_many(inos)
+        flags = np.frombuffer(self.flags, dtype=np.uint8)
+        members = slots[(flags[slots] & F_MEMBER) != 0].tolist()
+        del flags  # release the buffer: _release may touch the arrays
+        for slot in members:
+            self._release(slot)
+        flags = np.frombuffer(self.flags, dtype=np.uint8)
+        flags[slots] &= F_TOUCHED | F_QUEUED  # it may still sit in those lists
+        for col in (self.charged, self.rscore, self.wscore):
+            np.frombuffer(col, dtype=np.uint32)[slots] = 0
+        del flags
+        out = slots.tolist()
+        self._free.extend(out)
+        self.live -= len(out)
+        return out
+
+    def _forget_slot(self, idx: InoIndex, ino: int, slot: int) -> None:
         del idx[ino]
         self._release(slot)
         self.flags[slot] &= F_TOUCHED | F_QUEUED  # it may still sit in those lists
@@ -509,7 +546,6 @@ class HotnessTable:
         self.wscore[slot] = 0
         self._free.append(slot)
         self.live -= 1
-        return slot
 
     def delete(self, ev: Delete) -> int | None:
         return self.forget(ev.key.dev, ev.key.ino, ev.key.gen)

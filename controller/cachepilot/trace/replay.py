@@ -22,7 +22,9 @@ from cachepilot.policy.model import Policy
 from cachepilot.trace.format import (
     MAKERS,
     NAMES,
+    T_DELETE,
     T_DROPS,
+    T_FREED,
     T_HOT,
     T_META,
     T_SAMPLE,
@@ -127,7 +129,12 @@ class _Replayer:
             self.unknown.update(r[0] for r in recs if r[0] not in self.known)
         make, feed = MAKERS[t], self.engine.feed
         try:
-            for r in recs:
-                feed(make(r))
-        except (TypeError, ValueError) as exc:
+            if t == T_DELETE:
+                self.engine.feed_deletes(recs)
+            elif t == T_FREED:
+                self.engine.feed_freed(recs)
+            else:
+                for r in recs:
+                    feed(make(r))
+        except (TypeError, ValueError, OverflowError) as exc:
             raise UserError(f"{self.path}: offset {off}: bad {NAMES[t]} record: {exc}") from None
