@@ -14,10 +14,10 @@ OPS = st.lists(st.tuples(st.sampled_from(["set", "del", "bulk", "del_many"]), st
 
 
 @settings(max_examples=60, deadline=None)
-@given(OPS)
-def test_behaves_like_a_dict(ops: list[tuple[str, int, int]]) -> None:
+@given(OPS, st.sampled_from([4, 64]))
+def test_behaves_like_a_dict(ops: list[tuple[str, int, int]], merge_min: int) -> None:
     old = inoindex.MERGE_MIN
-    inoindex.MERGE_MIN = 4  # merge often
+    inoindex.MERGE_MIN = merge_min  # merge often (4), or let the young run and the dict hold entries (64)
     try:
         ref: dict[int, int] = {}
         idx = InoIndex()
@@ -34,7 +34,7 @@ def test_behaves_like_a_dict(ops: list[tuple[str, int, int]]) -> None:
                     del ref[i]
                 idx.delete_many(np.array(gone, dtype=np.uint64))
             elif op == "bulk":
-                new = {i: slot + i for i in range(ino, ino + 5) if i not in ref}
+                new = {i: slot + i for i in range(ino, ino + slot % 6 + 1) if i not in ref}
                 ref.update(new)
                 idx.update(new)
             assert len(idx) == len(ref)
