@@ -183,7 +183,7 @@ class HotnessTable:
             self.last.extend(array("q", bytes(8 * rest)))
             self.size.extend(array("q", [-1]) * rest)
             self.flags.extend(array("B", [F_LIVE]) * rest)
-        self.index[dev].update(dict(zip(inos.tolist(), slots.tolist(), strict=True)))
+        self.index[dev].update_arrays(inos.astype(np.uint64), slots)
         self.live += k
         return slots
 

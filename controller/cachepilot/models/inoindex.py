@@ -111,10 +111,13 @@ class InoIndex:
     # ------------------------------------------------------------ batch
     def update(self, new: Mapping[int, int]) -> None:
         """Insert many (ino -> slot) that are not live in the index."""
-        if not new:
-            return
-        inos = np.fromiter(new.keys(), dtype=np.uint64, count=len(new))
-        slots = np.fromiter(new.values(), dtype=np.int32, count=len(new))
+        if new:
+            self.update_arrays(np.fromiter(new.keys(), dtype=np.uint64, count=len(new)),
+                               np.fromiter(new.values(), dtype=np.int32, count=len(new)))
+
+    def update_arrays(self, inos: np.ndarray, slots: np.ndarray) -> None:
+        """update() for distinct inode numbers (u64) and their slots as arrays."""
+        slots = slots.astype(np.int32)
         order = np.argsort(inos, kind="stable")
         inos, slots = inos[order], slots[order]
         rest = np.ones(len(inos), dtype=bool)
