@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -314,3 +315,34 @@ def test_allocated_removes_exactly_the_reused_blocks(extents: list[tuple[int, in
     after = {x for s, e in q.ready() for x in range(s, e)}
     assert after == before - set(range(b0, b0 + n))
     assert q.stats.reallocated_blocks == len(before & set(range(b0, b0 + n)))
+
+
+FREE = st.tuples(st.sampled_from(["free", "free", "commit"]), st.integers(0, 200), st.integers(0, 12),
+                 st.integers(-1, 5), st.integers(0, 50))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(FREE, max_size=50), st.integers(1, 30))
+def test_freed_in_batches_equals_one_at_a_time(ops: list[tuple[str, int, int, int, int]], max_pending: int) -> None:
+    """A replay hands a block of freed extents over at once (freed_many): pending, dropped and ready extents are
+    what one call per extent gives, across commits, extents without a transaction and the pending bound."""
+    one, many = FreedExtentQueue(max_pending=max_pending), FreedExtentQueue(max_pending=max_pending)
+    batch: list[tuple[int, int, int, int]] = []
+
+    def flush() -> None:
+        if batch:
+            cols = np.array(batch, dtype=np.int64)
+            many.freed_many(cols[:, 0], cols[:, 1], cols[:, 2], cols[:, 3])
+            batch.clear()
+
+    for op, block, count, tid, ts in ops:
+        if op == "free":
+            one.freed(block, count, ts, tid)
+            batch.append((block, count, ts, tid))
+        else:
+            flush()
+            assert one.commit(tid & 0xFF, ts) == many.commit(tid & 0xFF, ts)
+        if op == "commit":
+            assert one.pending == many.pending and one.ready() == many.ready()
+    flush()
+    assert one.ready() == many.ready() and one.stats == many.stats

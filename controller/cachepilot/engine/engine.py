@@ -318,18 +318,23 @@ class Engine:
             by_dev.setdefault(r[0], []).append((r[1], r[2]))
         for dev, files in by_dev.items():
             arr = np.array(files, dtype=np.uint64).reshape(-1, 2)
-            slots = self.hotness.forget_many(dev, arr[:, 0], arr[:, 1].astype(np.uint32))
-            c = self.vols.get(dev)
-            if c is not None:
-                for slot in slots:
-                    c.cached.discard(slot)  # a queued promotion of it is dropped when it reaches the head
+            # members leave their believed-cached set through the table (the set is the owner of its dev's
+            # slots); a queued promotion of a deleted file is dropped when it reaches the head
+            self.hotness.forget_many(dev, arr[:, 0], arr[:, 1].astype(np.uint32))
 
     def feed_freed(self, recs: list[tuple[int, ...]]) -> None:
-        """FreedExtent records in trace layout (dev, ino, block, count, metadata, ts_ns, tid), as feeding each would."""
-        for dev, _ino, block, count, _meta, ts, tid in recs:
-            c = self._vol(dev)
-            if c is not None:
-                c.freed.freed(block, count, ts, tid)
+        """FreedExtent records in trace layout (dev, ino, block, count, metadata, ts_ns, tid), as feeding each would,
+        per filesystem as arrays."""
+        if not recs:
+            return
+        cols = np.array(recs, dtype=np.int64).reshape(-1, 7)
+        for dev in np.unique(cols[:, 0]).tolist():
+            rows = cols[cols[:, 0] == dev]
+            c = self.vols.get(dev)
+            if c is None:
+                self.unknown_events += len(rows)
+                continue
+            c.freed.freed_many(rows[:, 2], rows[:, 3], rows[:, 5], rows[:, 6])
 
     def delete(self, ev: Delete) -> None:
         k = ev.key

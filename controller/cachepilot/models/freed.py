@@ -53,8 +53,8 @@ class FreedStats:
 TID_MASK = 0xFFFFFFFF
 
 
-def tid_geq(x: int, y: int) -> bool:
-    """jbd2's tid_geq: x is y or later, for u32 transaction ids that wrap."""
+def tid_geq(x: int, y: np.ndarray) -> np.ndarray:
+    """jbd2's tid_geq: x is y or later, for u32 transaction ids that wrap (elementwise over y)."""
     return ((x - y) & TID_MASK) < 0x80000000
 
 
@@ -69,14 +69,18 @@ class FreedExtentQueue:
         self.unjournalled_hold_ns = unjournalled_hold_ns
         self.max_pending = max_pending
         self.max_retries = max_retries
-        self.pending: list[tuple[int, int, int, int]] = []  # (ts_ns, start, end, tid) in arrival order
+        # pending extents, rows (ts_ns, start, end, tid) in arrival order: single ones (the daemon's events) in a
+        # list, batches (a replay's blocks) as arrays; joined into one array when read
+        self._plist: list[tuple[int, int, int, int]] = []
+        self._pchunks: list[np.ndarray] = []
+        self._npend = 0
         self.commits_seen = 0
         # ready intervals [start, end), sorted, disjoint, non-touching, and since when each is ready (its oldest
         # part): numpy columns, so that a tick's take() over thousands of small extents is a few array operations
         self._starts = _EMPTY
         self._ends = _EMPTY
         self._since = _EMPTY
-        self._incoming: list[tuple[int, int, int]] = []  # (start, end, since) made ready, merged in by _settle()
+        self._incoming: list[np.ndarray] = []  # rows (start, end, since) made ready, merged in by _settle()
         self._retries: dict[tuple[int, int], int] = {}
         self._now = 0
         self.stats = FreedStats()
@@ -92,43 +96,80 @@ class FreedExtentQueue:
         if tid < 0 and self.commits_seen:  # journaled fs, no transaction: free at once (data=writeback)
             self._insert(block, block + count, ts_ns)
             return
-        self.pending.append((ts_ns, block, block + count, tid & TID_MASK if tid >= 0 else -1))
-        if len(self.pending) > self.max_pending:
-            drop = len(self.pending) - self.max_pending
-            self.stats.dropped_overflow_blocks += sum(e - s for _, s, e, _ in self.pending[:drop])
-            del self.pending[:drop]
+        self._plist.append((ts_ns, block, block + count, tid & TID_MASK if tid >= 0 else -1))
+        self._npend += 1
+        if self._npend > self.max_pending:
+            self._trim()
+
+    def freed_many(self, blocks: np.ndarray, counts: np.ndarray, ts_ns: np.ndarray, tids: np.ndarray) -> None:
+        """freed() for arrays of extents (int64 columns), in order."""
+        if len(blocks) and (blocks.min() < 0 or counts.min() < 0):
+            raise UserError("freed extent with negative block or count")
+        some = counts > 0
+        blocks, counts, ts_ns, tids = blocks[some], counts[some], ts_ns[some], tids[some]
+        if not len(blocks):
+            return
+        self.stats.freed_blocks += int(counts.sum())
+        self._now = max(self._now, int(ts_ns.max()))
+        rows = np.column_stack([ts_ns, blocks, blocks + counts, np.where(tids >= 0, tids & TID_MASK, -1)])
+        if self.commits_seen:  # journaled fs: extents without a transaction are free at once (data=writeback)
+            now = rows[:, 3] < 0
+            if now.any():
+                self._incoming.append(rows[now][:, [1, 2, 0]])
+            rows = rows[~now]
+        self._pchunks.append(rows)
+        self._npend += len(rows)
+        if self._npend > self.max_pending:
+            self._trim()
+
+    def _pending(self) -> np.ndarray:
+        """Every pending extent as one array of rows (ts_ns, start, end, tid)."""
+        if self._plist:
+            self._pchunks.append(np.array(self._plist, dtype=np.int64).reshape(-1, 4))
+            self._plist = []
+        if len(self._pchunks) != 1:
+            self._pchunks = [np.concatenate(self._pchunks) if self._pchunks else np.zeros((0, 4), dtype=np.int64)]
+        return self._pchunks[0]
+
+    def _set_pending(self, rows: np.ndarray) -> None:
+        self._pchunks, self._plist, self._npend = [rows], [], len(rows)
+
+    def _trim(self) -> None:
+        """Beyond max_pending the oldest are dropped and counted (lost commit events cannot grow it forever)."""
+        rows = self._pending()
+        drop = len(rows) - self.max_pending
+        self.stats.dropped_overflow_blocks += int((rows[:drop, 2] - rows[:drop, 1]).sum())
+        self._set_pending(rows[drop:])
+
+    @property
+    def pending(self) -> list[tuple[int, int, int, int]]:
+        return [(a, b, c, d) for a, b, c, d in self._pending().tolist()]
 
     def commit(self, transaction: int, ts_ns: int) -> int:
         """Transaction ``transaction`` committed: extents it (or an earlier one) freed become ready, and so do
         extents without a transaction. Returns blocks made ready."""
         self.commits_seen += 1
         self._now = max(self._now, ts_ns)
-        done = transaction & TID_MASK
-        keep: list[tuple[int, int, int, int]] = []
-        moved = 0
-        for item in self.pending:
-            _, s, e, tid = item
-            if tid < 0 or tid_geq(done, tid):
-                self._insert(s, e, ts_ns)
-                moved += e - s
-            else:
-                keep.append(item)
-        self.pending = keep
-        return moved
+        if not self._npend:
+            return 0
+        rows = self._pending()
+        tid = rows[:, 3]
+        ready = (tid < 0) | tid_geq(transaction & TID_MASK, tid)
+        return self._make_ready(rows, ready, ts_ns)
+
+    def _make_ready(self, rows: np.ndarray, ready: np.ndarray, since: int) -> int:
+        moved = rows[ready]
+        if len(moved):
+            self._incoming.append(np.column_stack([moved[:, 1], moved[:, 2], np.full(len(moved), since)]))
+        self._set_pending(rows[~ready])
+        return int((moved[:, 2] - moved[:, 1]).sum())
 
     def _release_unjournalled(self, now_ns: int) -> None:
         """Without commit events (XFS): extents without a transaction are ready after a bounded hold."""
-        if self.commits_seen or not self.pending:
+        if self.commits_seen or not self._npend:
             return
-        cut = now_ns - self.unjournalled_hold_ns
-        keep = []
-        for item in self.pending:
-            ts, s, e, tid = item
-            if tid < 0 and ts <= cut:
-                self._insert(s, e, now_ns)
-            else:
-                keep.append(item)
-        self.pending = keep
+        rows = self._pending()
+        self._make_ready(rows, (rows[:, 3] < 0) & (rows[:, 0] <= now_ns - self.unjournalled_hold_ns), now_ns)
 
     def requeue(self, ranges: list[tuple[int, int]]) -> None:
         """Ranges (start, count) handed out whose FITRIM did not run: ready again, at most max_retries times."""
@@ -149,15 +190,17 @@ class FreedExtentQueue:
     def _insert(self, s: int, e: int, now: int) -> None:
         """Ready [s, e) since now. Collected and merged once when the ready set is next read (_settle): a commit
         makes hundreds of extents ready at once, and inserting each into the sorted lists cost O(ready) apiece."""
-        self._incoming.append((s, e, now))
+        self._incoming.append(np.array([[s, e, now]], dtype=np.int64))
 
     def _settle(self) -> None:
         """Merge the incoming extents into the ready intervals: the union, where intervals that overlap or touch
         become one that is ready since the oldest of them (the same whatever order they came in)."""
         if not self._incoming:
             return
-        inc = np.array(self._incoming, dtype=np.int64).reshape(-1, 3)
+        inc = np.concatenate(self._incoming).astype(np.int64)
         self._incoming = []
+        if not len(inc):
+            return
         s = np.concatenate([self._starts, inc[:, 0]])
         e = np.concatenate([self._ends, inc[:, 1]])
         t = np.concatenate([self._since, inc[:, 2]])
@@ -174,7 +217,7 @@ class FreedExtentQueue:
     def allocated(self, block: int, count: int) -> None:
         """Blocks were reused: never hand them out."""
         s0, e0 = block, block + count
-        newp = []
+        newp: list[tuple[int, int, int, int]] = []
         for ts, s, e, tid in self.pending:
             if e <= s0 or s >= e0:
                 newp.append((ts, s, e, tid))
@@ -184,7 +227,7 @@ class FreedExtentQueue:
                 newp.append((ts, s, s0, tid))
             if e > e0:
                 newp.append((ts, e0, e, tid))
-        self.pending = newp
+        self._set_pending(np.array(newp, dtype=np.int64).reshape(-1, 4))
         self._settle()
         i = int(np.searchsorted(self._ends, s0, side="right"))  # the first interval ending after s0
         j = int(np.searchsorted(self._starts, e0, side="left"))  # the first starting at or after e0
@@ -210,7 +253,8 @@ class FreedExtentQueue:
 
     @property
     def pending_blocks(self) -> int:
-        return sum(e - s for _, s, e, _ in self.pending)
+        rows = self._pending()
+        return int((rows[:, 2] - rows[:, 1]).sum())
 
     def ready(self) -> list[tuple[int, int]]:
         self._settle()
