@@ -54,12 +54,16 @@ class InoIndex:
         return (self.keys, self.vals), (self.ykeys, self.yvals)
 
     def _locate(self, ino: int) -> tuple[np.ndarray, int]:
-        """(the run's values, index) of ino's entry, live or a tombstone; index -1 if in no run."""
+        """(the run's values, index) of ino's entry: the live one if any (an inode number may have a tombstone in
+        the main run and a live entry in the young one), else a tombstone; index -1 if in no run."""
+        dead: tuple[np.ndarray, int] = (self.vals, -1)
         for keys, vals in self._runs():
             i = _pos(keys, ino)
             if i >= 0:
-                return vals, i
-        return self.vals, -1
+                if vals[i] >= 0:
+                    return vals, i
+                dead = (vals, i)
+        return dead
 
     def get(self, ino: int, default: int | None = None) -> int | None:
         v = self.recent.get(ino)
@@ -120,14 +124,14 @@ class InoIndex:
         slots = slots.astype(np.int32)
         order = np.argsort(inos, kind="stable")
         inos, slots = inos[order], slots[order]
-        rest = np.ones(len(inos), dtype=bool)
-        for keys, vals in self._runs():  # tombstones of earlier files with the same inode number: revive in place
-            pos, found = _search(keys, inos)
-            found &= rest
-            if found.any():
-                vals[pos[found]] = slots[found]
-                self.dead -= int(found.sum())
-                rest &= ~found
+        # a tombstone of an earlier file with the same inode number in the young run is revived in place (a run
+        # holds a key once); one in the main run stays until the next merge (searching the main run per batch
+        # cost as much as the lookups themselves), the live entry in the young run wins (_locate, lookup_many)
+        pos, found = _search(self.ykeys, inos)
+        rest = ~found
+        if found.any():
+            self.yvals[pos[found]] = slots[found]
+            self.dead -= int(found.sum())
         self.n += len(inos)
         if rest.any():  # into the young run: both sorted, so an insertion, not a sort
             at = self.ykeys.searchsorted(inos[rest])
