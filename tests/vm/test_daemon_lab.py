@@ -16,10 +16,10 @@ def test_daemon_discards_deleted_dirty_data_answers_reloads_and_stops_clean(lab)
     v = r.values
     assert v["ready"] == "yes" and v["observe_only"] == "False" and v["status_kind"] == "bcache", r.explain()
     # the policy's pinned knobs were set through the real backend (read back)
-    assert v["knob_set"] == "yes" and r.int("knob_decisions_done") >= 2, r.explain()
+    assert v["knob_set"] == "yes" and r.int("knob_decisions_done") >= 4, r.explain()
     # deletes became discards: ~16 MiB of dirty data left the cache, and it never went to the origin
-    # (much of the 16 MiB is dirty: under TCG bcache bypasses some writes as congested; what was dirty before the
-    # workload -- mkfs, the journal -- stays, as the hot file does)
+    # (what was dirty before the workload -- mkfs, the journal -- stays, as the hot file does; the policy turns
+    # bcache's congestion bypass off, which under TCG sent writes to the origin whenever other guests were busy)
     base = r.int("dirty_base")
     assert r.int("dirty_before") >= base + 4 * MIB and r.int("dirty_after") <= base + 512 * 1024, r.explain()
     assert r.int("origin_written_during") < MIB, r.explain()
