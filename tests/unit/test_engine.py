@@ -364,3 +364,18 @@ def test_batched_deletes_equal_one_at_a_time(ops: list[tuple[str, int, int, int,
     assert one.hotness.live == batch.hotness.live and one.hotness._free == batch.hotness._free  # noqa: SLF001
     c1, c2 = one.vols[DEV].cached, batch.vols[DEV].cached
     assert (c1.count, c1.used_bytes) == (c2.count, c2.used_bytes)
+
+
+def test_a_replaced_cache_device_is_re_warmed_hottest_first() -> None:
+    e = engine(POLICY.replace("rate: 64KiB", "rate: 1MiB"))
+    e.sample(VolumeSample(DEV, 1 * NS, "writeback", 0, 0, 0, 0, False, {}, "cset-a"))
+    for ino, sc in [(1, 10), (2, 500), (3, 90)]:
+        e.feed(HotnessDelta(FileKey(DEV, ino, 1), sc, 0, 4096, 0, 1, size=4096))
+    e.tick(1 * NS)
+    assert not [a for a in e.tick(2 * NS) if isinstance(a, Promote)]  # promoted once, then nothing
+    e.sample(VolumeSample(DEV, 3 * NS, "writeback", 0, 0, 0, 0, True, {}, ""))  # detached: no cache
+    e.sample(VolumeSample(DEV, 4 * NS, "writeback", 0, 0, 0, 0, False, {}, "cset-a"))  # the same one back
+    assert not [a for a in e.tick(5 * NS) if isinstance(a, Promote)]
+    e.sample(VolumeSample(DEV, 6 * NS, "writeback", 0, 0, 0, 0, False, {}, "cset-b"))  # a fresh cache set
+    p = [a for a in e.tick(7 * NS) if isinstance(a, Promote)]
+    assert [a.ino for a in p] == [2, 3, 1] and "cache device replaced" in p[0].reason

@@ -174,6 +174,7 @@ class VolumeCtl:
     last_switch_ns: int | None = None
     last_discard_ns: int = 0
     last_rewarm_ns: int | None = None
+    cache_seen: str = ""  # the last cache device (set) seen attached: a different one is a replacement
     last_refresh_ns: int = 0
     requested_mode: tuple[str, int] | None = None
     requested_knobs: dict[str, tuple[str, int]] = field(default_factory=dict)
@@ -360,6 +361,17 @@ class Engine:
         if st.dirty_bytes == 0:
             c.breach = None
         self._latch(c, s.ts_ns)
+        self._replaced(c, s.cache_id)
+
+    def _replaced(self, c: VolumeCtl, cache_id: str) -> None:
+        """A new cache device behind the volume starts empty: re-warm the believed-cached set at once, hottest
+        first, instead of waiting for the workload's misses (the stock cache's only way back)."""
+        if not cache_id:
+            return  # detached, or the kind does not say
+        old, c.cache_seen = c.cache_seen, cache_id
+        if old and old != cache_id and c.policy.promotion.enabled:
+            c.last_rewarm_ns = self.now_ns
+            self._rewarm(c, f"cache device replaced ({old[:8]} -> {cache_id[:8]}): re-warming the hot set")
 
     # ------------------------------------------------------------ the failure latch
     def _latch(self, c: VolumeCtl, ts: int) -> None:
