@@ -7,6 +7,7 @@ mount options), which is what an operator would do by hand."""
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import subprocess
 import sys
@@ -81,6 +82,18 @@ def cache_mode() -> str:
 
 def set_bcache_mode(mode: str) -> None:
     (BCACHE / "cache_mode").write_text(mode)
+
+
+def timed_read_ms(path: Path, buf: mmap.mmap) -> float:
+    """One O_DIRECT read of len(buf) bytes at offset 0; its latency in ms (a hit returns faster than the delayed
+    origin can answer)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    try:
+        t = time.perf_counter()
+        os.preadv(fd, [buf], 0)
+        return (time.perf_counter() - t) * 1e3
+    finally:
+        os.close(fd)
 
 
 def drop_caches() -> None:

@@ -20,7 +20,17 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import MIB, MNT, RECIPE, ROOT, Daemon, drop_caches, log, write_result  # noqa: E402
+from common import (  # noqa: E402
+    MIB,
+    MNT,
+    RECIPE,
+    ROOT,
+    Daemon,
+    drop_caches,
+    log,
+    timed_read_ms,
+    write_result,
+)
 
 HOT_FILES, HOT_SIZE, HIT_MS = 256, 64 * 1024, 4.0
 
@@ -67,11 +77,7 @@ def main() -> None:
         if "scan_end" in marks and now >= marks["scan_end"] + after:
             break
         i = rnd.choices(range(HOT_FILES), weights)[0]
-        fd = os.open(hot / f"h{i:04d}", os.O_RDONLY | os.O_DIRECT)
-        t = time.perf_counter()
-        os.preadv(fd, [buf], 0)
-        lat = (time.perf_counter() - t) * 1e3
-        os.close(fd)
+        lat = timed_read_ms(hot / f"h{i:04d}", buf)
         per_s.setdefault(int(now), [0, 0])[0 if lat < HIT_MS else 1] += 1
         if daemon and int(now) % 5 == 0:
             daemon.sample()

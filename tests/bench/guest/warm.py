@@ -22,7 +22,17 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import MIB, MNT, ROOT, Daemon, drop_caches, log, set_bcache_mode, write_result  # noqa: E402
+from common import (  # noqa: E402
+    MIB,
+    MNT,
+    ROOT,
+    Daemon,
+    drop_caches,
+    log,
+    set_bcache_mode,
+    timed_read_ms,
+    write_result,
+)
 
 FILE_SIZE, HIT_MS = 64 * 1024, 4.0
 SYS = Path("/sys/block/bcache0/bcache")
@@ -110,11 +120,7 @@ def main() -> None:
         if failed or now > warm + after + 300:
             raise SystemExit(f"the replacement failed: {failed[0] if failed else 'timed out'}")
         i = order[rnd.choices(range(nfiles), weights)[0]]
-        fd = os.open(data / f"f{i:05d}", os.O_RDONLY | os.O_DIRECT)
-        t = time.perf_counter()
-        os.preadv(fd, [buf], 0)
-        lat = (time.perf_counter() - t) * 1e3
-        os.close(fd)
+        lat = timed_read_ms(data / f"f{i:05d}", buf)
         per_s.setdefault(int(now), [0, 0])[0 if lat < HIT_MS else 1] += 1
         if daemon and int(now) % 5 == 0:
             daemon.sample()
