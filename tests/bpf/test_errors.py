@@ -81,3 +81,16 @@ def test_a_broken_object_is_one_line_and_libbpf_stays_quiet(
     assert "\n" not in str(exc.value) and "broken.bpf.o" in str(exc.value)
     out, err = capfd.readouterr()
     assert out == "" and err == ""
+
+
+def test_a_full_watch_table_is_one_error_and_the_watches_stay_consistent(bpf_env: None) -> None:
+    from cachepilot.events import kdev
+
+    with Probe(max_files=64) as p:
+        p.watch_volume(kdev(250, 0), lower=[kdev(251, i) for i in range(200)])
+        with pytest.raises(UserError, match="too many watched devices"):
+            p.watch_volume(kdev(250, 1), lower=[kdev(252, i) for i in range(100)])
+        assert len(p.volumes) == 201 and kdev(250, 1) not in p.volumes  # what the kernel's table holds
+        assert kdev(250, 1) not in p._slots  # noqa: SLF001 - its volume slot is free again
+        p.unwatch(kdev(250, 0))
+        assert not p.volumes

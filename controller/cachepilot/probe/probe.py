@@ -517,7 +517,9 @@ class Probe:
         on it (defaults to dev; a device stacked on the volume — LVM, dm-linear, dm-crypt, a direct-I/O loop device —
         when the filesystem is there), `lower` its backing and cache devices (their discards are reported and counted
         for every volume they belong to)."""
-        if dev not in self._slots:
+        new = dev not in self._slots
+        fs_before = self._fs_of.get(dev)
+        if new:
             free = sorted(set(range(L.MAX_VOLUMES)) - set(self._slots.values()))
             if not free:
                 raise UserError(f"too many watched volumes (at most {L.MAX_VOLUMES})")
@@ -532,10 +534,21 @@ class Probe:
         touched[self._fs_of[dev]] = touched.get(self._fs_of[dev], 0) | L.ROLE_FS
         for low in lower:
             touched[low] = touched.get(low, 0) | L.ROLE_LOWER
+        members = {d: dict(of) for d, of in self._members.items()}
+        watches = dict(self.volumes)
         for d, roles in touched.items():
             of = self._members.setdefault(d, {})
             of[dev] = of.get(dev, 0) | roles
             self._sync_watch(d)
+        try:
+            self._publish_watches()  # once for all of this volume's devices (a grace period each time)
+        except UserError:  # the kernel's table is full: it still holds the old watches, and so do we
+            self._members, self.volumes = members, watches
+            if new:
+                self._forget_volume(dev)
+            elif fs_before is not None:
+                self._fs_of[dev] = fs_before
+            raise
 
     def _attach_deferred(self) -> None:
         for name, prog in list(self._deferred.items()):
@@ -549,12 +562,12 @@ class Probe:
             self.report.attached.append(name)
 
     def _sync_watch(self, d: int) -> None:
-        """Write device d's kernel entry from every volume it belongs to (a cache device may serve several)."""
+        """Device d's entry from every volume it belongs to (a cache device may serve several); the kernel gets the
+        entries at the next _publish_watches()."""
         of = self._members.get(d)
         if not of:
             self._members.pop(d, None)
-            if self.volumes.pop(d, None) is not None:
-                self._publish_watches()
+            self.volumes.pop(d, None)
             return
         # the entry's own volume: the one it is the volume or the filesystem of, else the first it is below
         primary = min(of, key=lambda v: (not of[v] & (L.ROLE_VOLUME | L.ROLE_FS), self._slots[v]))
@@ -565,7 +578,6 @@ class Probe:
         w = L.cp_watch(dev=d, roles=roles, volume=primary, slot=self._slots[primary], fs_dev=self._fs_of[primary],
                        lower_of=lower_of)
         self.volumes[d] = w
-        self._publish_watches()
 
     def _publish_watches(self) -> None:
         """Write every watch into the inactive half of the kernel's table, switch to it, wait out a grace period (see
@@ -589,6 +601,10 @@ class Probe:
         for d in [d for d, of in self._members.items() if dev in of]:
             del self._members[d][dev]
             self._sync_watch(d)
+        self._publish_watches()
+        self._forget_volume(dev)
+
+    def _forget_volume(self, dev: int) -> None:
         self._fs_of.pop(dev, None)
         self._slots.pop(dev, None)
         self._meta_prev.pop(dev, None)
