@@ -3,7 +3,9 @@ fstrim vs stock + cachepilot (the shipped default policy = destructive; and the 
 recoverable). Rounds of all five configurations, one lab boot each, so ratios are taken pair by pair per round.
 
 .venv/bin/python tests/bench/bench_lab_fileserver.py [--reps N] [--quick] [--out DIR] [--report]
-(--report with --out: rebuild the tables from that directory's finished runs)"""
+    [--recipe bcache|dmcache] [--configs stock,cp-destructive,...]
+(--report with --out: rebuild the tables from that directory's finished runs; --recipe dmcache: the same on dm-cache,
+smq, writeback, where a discard does not drop the cached copies; --configs: a subset of the configurations)"""
 
 from __future__ import annotations
 
@@ -37,19 +39,33 @@ CONFIGS = {
 }
 
 
+def _option(argv: list[str], name: str, default: str) -> str:
+    """The value of `--name VALUE` (removed from argv), or default."""
+    if name not in argv:
+        return default
+    i = argv.index(name)
+    value = argv[i + 1]
+    del argv[i:i + 2]
+    return value
+
+
 def main() -> None:
-    report_only = "--report" in sys.argv
-    reps, quick, out = parse_args([a for a in sys.argv[1:] if a != "--report"])
+    argv = sys.argv[1:]
+    report_only = "--report" in argv
+    recipe = _option(argv, "--recipe", "bcache")
+    configs = {c: CONFIGS[c] for c in _option(argv, "--configs", ",".join(CONFIGS)).split(",")}
+    reps, quick, out = parse_args([a for a in argv if a != "--report"])
     seconds = 20 if quick else 30
     # "an fstrim every minute" scaled to the run: a real fileserver runs for hours, this one for `seconds`; one
     # trim per third of the run keeps the trim-to-run ratio of a minute in a few-minute run
     every = seconds // 3
-    spec = LabSpec()
-    rows: dict[str, list[dict]] = {c: [] for c in CONFIGS}
-    runner = Runner("fileserver", 0 if report_only else reps * len(CONFIGS), **({"out": out} if out else {}))
+    spec = LabSpec(recipe=recipe)
+    rows: dict[str, list[dict]] = {c: [] for c in configs}
+    runner = Runner(f"fileserver-{recipe}" if recipe != "bcache" else "fileserver",
+                    0 if report_only else reps * len(configs), **({"out": out} if out else {}))
     try:
         for rep in range(reps):
-            for c in CONFIGS:
+            for c in configs:
                 if report_only:  # rebuild the report from a finished run's results
                     f = runner.out / "runs" / f"{c}-{rep + 1}" / "fileserver.json"
                     rows[c].append(json.loads(f.read_text()) if f.exists() else {"error": "missing"})
@@ -72,14 +88,14 @@ def main() -> None:
     ok = {c: [r for r in rs if "error" not in r] for c, rs in rows.items()}
     table = []
     for c, rs in ok.items():
-        table.append([CONFIGS[c].format(every=every), cell(values(rs, "origin_debt_per_kop")),
+        table.append([configs[c].format(every=every), cell(values(rs, "origin_debt_per_kop")),
                       cell(values(rs, "origin_debt_mib")),
                       cell(values(rs, "origin_written_mib")), cell(values(rs, "hit_ratio_loop"), "{:.3f}"),
                       cell(values(rs, "hit_ratio"), "{:.3f}"),
                       cell(values(rs, "ops_s")), cell(values(rs, "delete_p50_ms"), "{:.2f}"),
                       cell(values(rs, "delete_p99_ms")), cell(values(rs, "commit_p50_ms")),
                       cell(values(rs, "commit_p99_ms")), f"{len(rs)}/{reps}"])
-    md = header("Fileserver with deletes, bcache writeback", spec,
+    md = header(f"Fileserver with deletes, {recipe} writeback", spec,
                 f"{seconds} s of Filebench-fileserver-shaped load per run (create+write+fsync, append 16 KiB, "
                 f"read whole, delete, stat; files 64–192 KiB, file set 1.25× the cache); origin writes = bytes "
                 f"written to the origin during the run and {12} s after it + dirty data left (still owed). "
@@ -90,19 +106,19 @@ def main() -> None:
                            "ops/s", "delete p50 ms", "delete p99 ms", "commit (fsync) p50 ms", "commit p99 ms", "runs"],
                           table)
     goals = []
-    for c in ("cp-destructive", "cp-recoverable"):
+    for c in [c for c in ("cp-destructive", "cp-recoverable") if c in configs]:
         # pairs by round (rows, not ok: a failed run drops only its own pairs)
         w_stock = pair_ratios(rows[c], rows["stock"], "origin_debt_per_kop")
-        w_disc = pair_ratios(rows[c], rows["discard"], "origin_debt_per_kop")
+        w_disc = pair_ratios(rows[c], rows.get("discard", []), "origin_debt_per_kop")
         h_stock = [a["hit_ratio_loop"] - b["hit_ratio_loop"] for a, b in zip(rows[c], rows["stock"], strict=False)
                    if "hit_ratio_loop" in a and "hit_ratio_loop" in b]
         o_stock = pair_ratios(rows[c], rows["stock"], "ops_s")
-        o_disc = pair_ratios(rows[c], rows["discard"], "ops_s")
+        o_disc = pair_ratios(rows[c], rows.get("discard", []), "ops_s")
 
         def verdict(xs: list[float], good) -> str:  # type: ignore[no-untyped-def]
             return "n/a" if not xs else ("met" if good(med(xs)) else "**missed**")
 
-        goals.append([CONFIGS[c].format(every=every),
+        goals.append([configs[c].format(every=every),
                       f"{cell(w_stock, '{:.2f}')}× — {verdict(w_stock, lambda x: x <= 0.5)}",
                       f"{cell(w_disc, '{:.2f}')}× — {verdict(w_disc, lambda x: x <= 1.0)}",
                       f"{cell(h_stock, '{:+.3f}')} — {verdict(h_stock, lambda x: x >= 0)}",
@@ -111,11 +127,11 @@ def main() -> None:
     md += "\n\nGoals, pair by pair within a round (median (min–max) of the per-round ratios):\n\n"
     md += md_table(["cachepilot", "origin writes per op vs stock (≤ 0.5×)", "vs -o discard (≤ 1×)",
                     "hit ratio (loop) − stock (≥ 0)", "ops/s vs stock (≥ 1×)", "ops/s vs -o discard (≥ 1×)"], goals)
-    dmn = [r for c in ("cp-destructive", "cp-recoverable") for r in ok[c]]
+    dmn = [r for c in ("cp-destructive", "cp-recoverable") for r in ok.get(c, [])]
     md += (f"\n\nDaemon (in the guest, during the run): CPU {cell(values(dmn, 'daemon_cpu_pct'))}% of a core, "
            f"RSS {cell(values(dmn, 'daemon_rss_mib'))} MiB, ready after {cell(values(dmn, 'daemon_ready_s'))} s. "
            "Decisions per run: " + "; ".join(f"{c}: {r.get('decisions')}" for c in ("cp-destructive", "cp-recoverable")
-                                             for r in ok[c][:1]) + ".")
+                                             for r in ok.get(c, [])[:1]) + ".")
     md += "\n\nReproduce one row (`cp-destructive`, round 1):\n\n```sh\n" + repro(
         spec, ["tests/bench/guest/fileserver.py", "cp-destructive", str(seconds), "--fstrim-every", str(every),
                "--seed", "1"]) + "\n```\n"

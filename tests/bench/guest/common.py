@@ -80,8 +80,18 @@ def cache_mode() -> str:
     return "dm-cache"
 
 
-def set_bcache_mode(mode: str) -> None:
-    (BCACHE / "cache_mode").write_text(mode)
+def set_cache_mode(mode: str) -> None:
+    """writethrough / writeback: bcache through sysfs; dm-cache by reloading its table with the other feature
+    (suspend writes its metadata; a dirty block written back later is still written back)."""
+    if RECIPE == "bcache":
+        (BCACHE / "cache_mode").write_text(mode)
+        return
+    table = subprocess.run(["dmsetup", "table", DM_NAME], capture_output=True, text=True, check=True).stdout.split()
+    new = [mode if t in ("writeback", "writethrough", "passthrough") else t for t in table]
+    env = {**os.environ, "DM_DISABLE_UDEV": "1"}
+    subprocess.run(["dmsetup", "reload", DM_NAME, "--table", " ".join(new)], check=True, env=env)
+    subprocess.run(["dmsetup", "suspend", DM_NAME], check=True, env=env)
+    subprocess.run(["dmsetup", "resume", DM_NAME], check=True, env=env)
 
 
 def timed_read_ms(path: Path, buf: mmap.mmap) -> float:

@@ -32,7 +32,7 @@ from common import (  # noqa: E402
     log,
     origin_written,
     percentile,
-    set_bcache_mode,
+    set_cache_mode,
     write_result,
 )
 
@@ -80,7 +80,7 @@ def main() -> None:
     cache_bytes = int(os.environ.get("BENCH_CACHE_MB", "64")) * MIB
     d = MNT / "fs"
     d.mkdir()
-    set_bcache_mode("writethrough")
+    set_cache_mode("writethrough")
     files: list[Path] = []
     total, n = 0, 0
     while total < cache_bytes * 5 // 4:
@@ -91,7 +91,7 @@ def main() -> None:
         total, n = total + size, n + 1
     os.sync()
     log(f"file set: {len(files)} files, {total / MIB:.1f} MiB")
-    set_bcache_mode("writeback")
+    set_cache_mode("writeback")
     if config == "discard":
         subprocess.run(["mount", "-o", "remount,discard", str(MNT)], check=True)
     daemon = None

@@ -29,7 +29,7 @@ from common import (  # noqa: E402
     Daemon,
     drop_caches,
     log,
-    set_bcache_mode,
+    set_cache_mode,
     timed_read_ms,
     write_result,
 )
@@ -83,11 +83,11 @@ def main() -> None:
     nfiles = 2 * cache_mb * MIB // FILE_SIZE
     data = MNT / "data"
     data.mkdir()
-    set_bcache_mode("writethrough")  # clean: the detach has nothing to write back
+    set_cache_mode("writethrough")  # clean: the detach has nothing to write back
     for i in range(nfiles):
         (data / f"f{i:05d}").write_bytes(rnd.randbytes(FILE_SIZE))
     os.sync()
-    set_bcache_mode("writeback")
+    set_cache_mode("writeback")
     drop_caches()
     daemon = Daemon([ROOT / "policies" / "default.yaml"]) if config.startswith("cp-") else None
     order = list(range(nfiles))
