@@ -54,6 +54,8 @@ def main() -> None:
     report_only = "--report" in argv
     recipe = _option(argv, "--recipe", "bcache")
     configs = {c: CONFIGS[c] for c in _option(argv, "--configs", ",".join(CONFIGS)).split(",")}
+    if recipe == "dmcache" and "stock" in configs:
+        configs["stock"] = "stock (smq, writeback)"
     reps, quick, out = parse_args([a for a in argv if a != "--report"])
     seconds = 20 if quick else 30
     # "an fstrim every minute" scaled to the run: a real fileserver runs for hours, this one for `seconds`; one
