@@ -522,23 +522,17 @@ class HotnessTable:
         if not len(slots):
             return []
         idx.delete_many(inos)
-        flags = np.frombuffer(self.flags, dtype=np.uint8)
-        members = slots[(flags[slots] & F_MEMBER) != 0].tolist()
-        del flags  # release the buffer: _release may touch the arrays
-        for slot in members:
-            self._release(slot)
-        flags = np.frombuffer(self.flags, dtype=np.uint8)
-        flags[slots] &= F_TOUCHED | F_QUEUED  # it may still sit in those lists
-        for col in (self.charged, self.rscore, self.wscore):
-            np.frombuffer(col, dtype=np.uint32)[slots] = 0
-        del flags
         out = slots.tolist()
-        self._free.extend(out)
-        self.live -= len(out)
+        for slot in out:
+            self._clear_slot(slot)
         return out
 
     def _forget_slot(self, idx: InoIndex, ino: int, slot: int) -> None:
         del idx[ino]
+        self._clear_slot(slot)
+
+    def _clear_slot(self, slot: int) -> None:
+        """A forgotten file's slot (its index entry gone): out of its believed-cached set, free for a new file."""
         self._release(slot)
         self.flags[slot] &= F_TOUCHED | F_QUEUED  # it may still sit in those lists
         self.charged[slot] = 0
