@@ -319,9 +319,7 @@ class Engine:
             by_dev.setdefault(r[0], []).append((r[1], r[2]))
         for dev, files in by_dev.items():
             arr = np.array(files, dtype=np.uint64).reshape(-1, 2)
-            # members leave their believed-cached set through the table (the set is the owner of its dev's
-            # slots); a queued promotion of a deleted file is dropped when it reaches the head
-            self.hotness.forget_many(dev, arr[:, 0], arr[:, 1].astype(np.uint32))
+            self.hotness.forget_many(dev, arr[:, 0], arr[:, 1].astype(np.uint32))  # as delete() does, per batch
 
     def feed_freed(self, recs: list[tuple[int, ...]]) -> None:
         """FreedExtent records in trace layout (dev, ino, block, count, metadata, ts_ns, tid), as feeding each would,
@@ -338,13 +336,8 @@ class Engine:
             c.freed.freed_many(rows[:, 2], rows[:, 3], rows[:, 5], rows[:, 6])
 
     def delete(self, ev: Delete) -> None:
-        k = ev.key
-        slot = self.hotness.lookup(k.dev, k.ino, k.gen or None)
-        if slot is None:
-            return
-        c = self.vols.get(k.dev)
-        if c is not None:
-            c.cached.discard(slot)  # a queued promotion of it is dropped when it reaches the head
+        # a member leaves its believed-cached set through the table (the set owns its dev's slots); a queued
+        # promotion of it is dropped when it reaches the head
         self.hotness.delete(ev)
 
     def sample(self, s: VolumeSample) -> None:
