@@ -31,6 +31,7 @@ from common import (  # noqa: E402
     log,
     set_cache_mode,
     timed_read_ms,
+    wait,
     write_result,
 )
 
@@ -38,24 +39,15 @@ FILE_SIZE, HIT_MS = 64 * 1024, 4.0
 SYS = Path("/sys/block/bcache0/bcache")
 
 
-def wait_for(cond, timeout: float) -> bool:  # type: ignore[no-untyped-def]
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.1)
-    return False
-
-
 def replace_cache() -> None:
     """Detach and unregister the cache set, format the cache device as a fresh one, register and attach it."""
     cache_dev = os.environ["LAB_CACHE_DEV"]
     old = Path(os.environ["LAB_BCACHE_CSET"])
     (SYS / "detach").write_text("1")
-    if not wait_for(lambda: (SYS / "state").read_text().strip() == "no cache", 120):
+    if not wait(lambda: (SYS / "state").read_text().strip() == "no cache", 120, 0.1):
         raise SystemExit(f"detach did not finish: state {(SYS / 'state').read_text().strip()}")
     (old / "unregister").write_text("1")
-    if not wait_for(lambda: not old.exists(), 60):
+    if not wait(lambda: not old.exists(), 60, 0.1):
         raise SystemExit("the old cache set did not go away")
     for _ in range(50):  # the device may stay open a moment after the cache set went away
         # the cached data looks like other signatures (the filesystem's) to make-bcache: a fresh device has none
@@ -71,7 +63,7 @@ def replace_cache() -> None:
     show = subprocess.run(["bcache-super-show", cache_dev], check=True, capture_output=True, text=True).stdout
     uuid = next(line.split()[1] for line in show.splitlines() if line.startswith("cset.uuid"))
     (SYS / "attach").write_text(uuid)
-    if not wait_for(lambda: (SYS / "state").read_text().strip() in ("clean", "dirty"), 60):
+    if not wait(lambda: (SYS / "state").read_text().strip() in ("clean", "dirty"), 60, 0.1):
         raise SystemExit(f"attach did not finish: state {(SYS / 'state').read_text().strip()}")
 
 
