@@ -592,8 +592,7 @@ class Probe:
             self._update("watched", C.c_uint32(base + k), w)
         self._half_used[half] = set(want)
         self._cfg.watch_sel = mul | half << 32
-        self._update("cp_config_map", C.c_uint32(0), self._cfg)
-        self._update("grace", C.c_uint32(0), C.c_uint32(self._fds["grace_inner"]))
+        self._switch_config()
 
     def unwatch(self, dev: int) -> None:
         """Stop watching a volume and the devices watched on its behalf only (a device shared with another watched
@@ -662,13 +661,18 @@ class Probe:
         self._update("cp_config_map", C.c_uint32(0), self._cfg)
 
     # ---- per-tick aggregates ----
+    def _switch_config(self) -> None:
+        """Write the config and return once no program still runs with the old one (the grace map's update waits
+        for every running program to finish: see "grace" in bpf/common.bpf.h)."""
+        self._update("cp_config_map", C.c_uint32(0), self._cfg)
+        self._update("grace", C.c_uint32(0), C.c_uint32(self._fds["grace_inner"]))
+
     def _swap_halves(self) -> int:
         """Make the programs count into the other half of the table and wait until none still counts into this
         one (the grace map's update returns after every running program has finished); returns its first byte."""
         old = self._cfg.hot_base
         self._cfg.hot_base = 0 if old else self.nslots
-        self._update("cp_config_map", C.c_uint32(0), self._cfg)
-        self._update("grace", C.c_uint32(0), C.c_uint32(self._fds["grace_inner"]))
+        self._switch_config()
         return old * SLOT_SIZE
 
     def _drain_chunks(self) -> Iterable[bytes]:
