@@ -379,3 +379,44 @@ def test_a_replaced_cache_device_is_re_warmed_hottest_first() -> None:
     e.sample(VolumeSample(DEV, 6 * NS, "writeback", 0, 0, 0, 0, False, {}, "cset-b"))  # a fresh cache set
     p = [a for a in e.tick(7 * NS) if isinstance(a, Promote)]
     assert [a.ino for a in p] == [2, 3, 1] and "cache device replaced" in p[0].reason
+
+
+def test_bcache_drain_sleep_held_within_the_drain_window_under_the_destructive_model() -> None:
+    """bcache's write-back thread sleeps writeback_delay (30 s by default) after a full scan and no sysfs write cuts
+    it short: with max_age 60 s a drain has 30 s, so the sleep is held to 10 s; not when the policy pins it or the
+    volume is recoverable, and not again once the sample shows it held."""
+    vol = VolumeInfo(dev=DEV, name="bcache0", kind="bcache", cache_bytes=1 << 30)
+    e = engine(vol=vol)
+    sample(e, 1, knobs={"sequential_cutoff": "4.0M", "writeback_delay": "30"})
+    k = [a for a in e.tick(1 * NS) if isinstance(a, SetKnob)]
+    assert [(a.knob, a.value) for a in k] == [("writeback_delay", "10")]
+    assert "max_age/2 = 30 s" in k[0].reason and "was 30" in k[0].reason
+    sample(e, 2, knobs={"sequential_cutoff": "4.0M", "writeback_delay": "10"})
+    assert not [a for a in e.tick(2 * NS) if isinstance(a, SetKnob)]
+    pinned = engine(POLICY.replace("knobs: {", "knobs: {writeback_delay: 30, "), vol=vol)
+    sample(pinned, 1, knobs={"sequential_cutoff": "4.0M", "writeback_delay": "30"})
+    assert not [a for a in pinned.tick(1 * NS) if isinstance(a, SetKnob)]
+    rec = engine(POLICY.replace("failure_model: destructive", "failure_model: recoverable"), vol=vol)
+    sample(rec, 1, knobs={"sequential_cutoff": "4.0M", "writeback_delay": "30"})
+    assert not [a for a in rec.tick(1 * NS) if isinstance(a, SetKnob)]
+    dmc = engine(vol=VolumeInfo(dev=DEV, name="dm-3", kind="dm-cache", cache_bytes=1 << 30))
+    sample(dmc, 1, knobs={"writeback_delay": "30"})
+    assert not [a for a in dmc.tick(1 * NS) if isinstance(a, SetKnob)]
+
+
+def test_a_drain_allows_for_a_write_back_sleep_begun_before_it_was_shortened() -> None:
+    """The first drain after writeback_delay was lowered from 30 s may find the write-back thread in a 30 s sleep
+    that nothing cuts short: its deadline allows for it instead of declaring a breach the kernel made certain."""
+    from cachepilot.engine import Drain
+
+    vol = VolumeInfo(dev=DEV, name="bcache0", kind="bcache", cache_bytes=1 << 30)
+    e = engine(POLICY.replace("max_age: 60s", "max_age: 30s"), vol=vol)
+    sample(e, 1, dirty=4096, knobs={"sequential_cutoff": "4.0M", "writeback_delay": "30"})
+    acts = e.tick(1 * NS)
+    assert [a.value for a in acts if isinstance(a, SetKnob)] == ["5"]
+    d = [a for a in acts if isinstance(a, Drain)]
+    assert len(d) == 1 and d[0].deadline_ns == (1 + 30 + 15) * NS
+    later = engine(POLICY.replace("max_age: 60s", "max_age: 30s"), vol=vol)
+    sample(later, 1, dirty=4096, knobs={"sequential_cutoff": "4.0M", "writeback_delay": "5"})
+    d = [a for a in later.tick(1 * NS) if isinstance(a, Drain)]
+    assert len(d) == 1 and d[0].deadline_ns == (1 + 15) * NS

@@ -95,6 +95,11 @@ class Capabilities:
     kernel_mode_names: dict[str, str]  # backend-neutral mode -> what the kernel calls it
     drain: str  # how a drain is carried out, for humans and logs
     destructive: str  # what the destructive failure model means for this kind
+    # A knob (seconds) for which a drain may have to wait before any write-back starts: bcache's write-back
+    # thread sleeps writeback_delay after each full scan of the dirty keys and no sysfs write cuts that sleep
+    # short (drivers/md/bcache/writeback.c, bch_writeback_thread). The engine bounds it under the destructive
+    # model so that a drain fits its window.
+    drain_sleep_knob: str | None = None
 
     def knobs(self) -> dict[str, Knob]:
         return {n: k for n, k in KNOBS.items() if self.kind in k.kinds}
@@ -106,6 +111,7 @@ CAPABILITIES: dict[str, Capabilities] = {
         {WRITEBACK: "writeback", WRITETHROUGH: "writethrough", BYPASS: "none"},
         drain="writeback_percent 0 until dirty_data is 0, then restore",
         destructive="write-back with a periodic drain; write-through before the byte bound",
+        drain_sleep_knob="writeback_delay",
     ),
     KIND_DMCACHE: Capabilities(
         KIND_DMCACHE, frozenset({WRITEBACK, WRITETHROUGH, BYPASS}),

@@ -187,7 +187,7 @@ def sample_volume(info: VolumeInfo, *, sysfs_root: Path = Path("/sys"), dm: DmRu
             dev=info.dev, ts_ns=now, mode=mode, dirty_bytes=parse_bcache_size(_read(sysfs / "dirty_data")),
             hits=int(_read(stats / "cache_hits")), misses=int(_read(stats / "cache_misses")),
             io_errors=errors, failed=not attached, cache_id=_bcache_cache_id(sysfs) if attached else "",
-            knobs={k: _read(sysfs / k) for k in ("sequential_cutoff", "writeback_percent")},
+            knobs={k: _read(sysfs / k) for k in ("sequential_cutoff", "writeback_percent", "writeback_delay")},
             # a bypass "hit" is a bypassed I/O whose data was in the cache anyway; both went around it
             bypasses=int(_read(stats / "cache_bypass_hits")) + int(_read(stats / "cache_bypass_misses")),
             bypassed_bytes=parse_bcache_size(_read(stats / "bypassed")),

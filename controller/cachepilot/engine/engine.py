@@ -188,6 +188,8 @@ class VolumeCtl:
     latch: Latch | None = None
     drain: DrainInFlight | None = None
     breach: str | None = None  # an unresolved exposure breach (cleared when the cache is seen clean)
+    # until then the kind may still be in a pre-drain sleep begun before the engine shortened it (see _drain_sleep)
+    drain_sleep_until_ns: int = 0
     breaches: int = 0
     last_failure: str = ""  # the last action that failed, for humans
 
@@ -458,8 +460,8 @@ class Engine:
             self._discard(c, now, out)
             self._track_drain(c, now)
             self._write_policy(c, now, out)
-            self._plan_drain(c, now, out)
             self._knobs(c, now, out)
+            self._plan_drain(c, now, out)
             c.last_tick_ns = now
         return out
 
@@ -724,6 +726,7 @@ class Engine:
             return
         base = st.clean_ns
         deadline = now + half if base is None else max(base + 2 * half, now + half)
+        deadline = max(deadline, c.drain_sleep_until_ns + half)
         a = Drain(c.info.name, deadline, why)
         out.append(a)
         c.drain = DrainInFlight(a, now)
@@ -755,17 +758,43 @@ class Engine:
     def _knobs(self, c: VolumeCtl, now: int, out: list[Action]) -> None:
         kinds_knobs = c.caps.knobs() if c.caps is not _ANY_KIND else KNOBS
         for knob, value in c.policy.knobs.items():
-            if knob not in kinds_knobs:
-                continue  # a defaults knob for another kind of cache
-            if _same_knob_value(knob, c.state.knobs.get(knob), value):
-                c.requested_knobs.pop(knob, None)
-                continue
-            req = c.requested_knobs.get(knob)
-            if req is not None and req[0] == value and now - req[1] < REQUEST_RETRY_NS:
-                continue
-            was = c.state.knobs.get(knob, "unknown")
-            out.append(SetKnob(c.info.name, knob, value, f"pinned by policy ({c.chosen_by}); was {was}"))
-            c.requested_knobs[knob] = (value, now)
+            if knob in kinds_knobs:  # else a defaults knob for another kind of cache
+                self._request_knob(c, knob, value, f"pinned by policy ({c.chosen_by})", now, out)
+        self._drain_sleep(c, now, out)
+
+    def _drain_sleep(self, c: VolumeCtl, now: int, out: list[Action]) -> None:
+        """The exposure guarantee needs every drain to finish within max_age/2. Where the kind may sleep before a
+        drain's write-back starts (bcache: writeback_delay, 30 s by default, longer than the default 15 s window),
+        hold that sleep to at most a third of the window under the destructive model, unless the policy pins it.
+        A sleep already begun keeps its old length: drains planned before it can have ended get a deadline that
+        allows for it (the guarantee holds from the first completed drain)."""
+        knob = c.caps.drain_sleep_knob
+        if knob is None or knob in c.policy.knobs or self._fm(c, now)[0] != "destructive":
+            return
+        limit = max(1, int(c.policy.exposure.max_age_s / 6))
+        have = c.state.knobs.get(knob)
+        try:
+            was = KNOBS[knob].parse(have) if have is not None else 0
+        except UserError:
+            return  # an unreadable value: not ours to guess at
+        if was <= limit:
+            c.requested_knobs.pop(knob, None)
+            return
+        c.drain_sleep_until_ns = max(c.drain_sleep_until_ns, now + was * NS)
+        self._request_knob(c, knob, str(limit), (
+            f"exposure guarantee: a drain must finish within max_age/2 = {c.policy.exposure.max_age_s / 2:g} s"
+            f" and the write-back thread's {knob} sleep is not cut short"), now, out)
+
+    def _request_knob(self, c: VolumeCtl, knob: str, value: str, why: str, now: int, out: list[Action]) -> None:
+        if _same_knob_value(knob, c.state.knobs.get(knob), value):
+            c.requested_knobs.pop(knob, None)
+            return
+        req = c.requested_knobs.get(knob)
+        if req is not None and req[0] == value and now - req[1] < REQUEST_RETRY_NS:
+            return
+        was = c.state.knobs.get(knob, "unknown")
+        out.append(SetKnob(c.info.name, knob, value, f"{why}; was {was}"))
+        c.requested_knobs[knob] = (value, now)
 
 
 def _same_knob_value(knob: str, have: str | None, want: str) -> bool:
