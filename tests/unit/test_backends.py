@@ -405,3 +405,33 @@ def test_dm_samples_carry_the_cache_device(tmp_path, kind, table, status, want):
 
     info = VolumeInfo(dev=2, name="dm-2", kind=kind, cache_bytes=65536 * 4096)
     assert sample_volume(info, sysfs_root=tmp_path, dm=dm, now_ns=1).cache_id == want
+
+
+def test_bcache_drain_closes_in_writethrough_once_write_back_is_moving(bc):
+    """Under a steady write load dirty data never reads 0 in write-back: once the write-back thread has brought it
+    down (to an eighth of the start, or 1 MiB) the drain goes write-through for the tail, then puts write-back back
+    with the other settings."""
+    b, d = bc
+    b.apply(Drain("bcache0", 100 * S, "age bound"))
+    assert b.step(1 * S) == [] and "[writeback]" in (d / "cache_mode").read_text()
+    (d / "dirty_data").write_text("4.0M\n")  # 24 MiB at the start: not yet an eighth
+    assert b.step(2 * S) == [] and "[writeback]" in (d / "cache_mode").read_text()
+    (d / "dirty_data").write_text("96.0k\n")
+    assert b.step(3 * S) == [] and "[writethrough]" in (d / "cache_mode").read_text()
+    (d / "dirty_data").write_text("0\n")
+    (d / "state").write_text("clean\n")
+    [done] = b.step(4 * S)
+    assert done.status == DONE and "[writeback]" in (d / "cache_mode").read_text()
+    assert (d / "writeback_percent").read_text().strip() == "10"
+    assert [w.target for w in done.writes][-4:] == [
+        "bcache0 cache_mode", "bcache0 writeback_percent", "bcache0 writeback_delay", "bcache0 writeback_running"]
+
+
+def test_bcache_drain_closes_late_in_its_window_even_if_write_back_is_slow(bc):
+    b, d = bc
+    b.apply(Drain("bcache0", 21 * S, "age bound"))
+    assert b.step(1 * S) == []  # the window: 1 s .. 21 s; the last quarter starts at 16 s
+    assert b.step(15 * S) == [] and "[writeback]" in (d / "cache_mode").read_text()
+    assert b.step(16 * S) == [] and "[writethrough]" in (d / "cache_mode").read_text()
+    [failed] = b.step(22 * S)
+    assert failed.status == FAILED and "[writeback]" in (d / "cache_mode").read_text()

@@ -420,3 +420,21 @@ def test_a_drain_allows_for_a_write_back_sleep_begun_before_it_was_shortened() -
     sample(later, 1, dirty=4096, knobs={"sequential_cutoff": "4.0M", "writeback_delay": "5"})
     d = [a for a in later.tick(1 * NS) if isinstance(a, Drain)]
     assert len(d) == 1 and d[0].deadline_ns == (1 + 15) * NS
+
+
+def test_no_mode_request_while_a_drain_owns_the_mode() -> None:
+    """A bcache drain closes in write-through and puts write-back back itself: a sample taken meanwhile must not
+    make the engine ask for write-back (the backend would refuse it: another operation is in progress)."""
+    from cachepilot.engine import Drain
+
+    e = engine(POLICY.replace("max_age: 60s", "max_age: 30s"))
+    sample(e, 1, dirty=4096)
+    assert [a for a in e.tick(1 * NS) if isinstance(a, Drain)]  # dirty data of unknown age
+    sample(e, 2, mode="writethrough", dirty=4096)
+    assert modes(e.tick(2 * NS)) == []
+    sample(e, 3, mode="writethrough", dirty=0)  # clean: the drain is over; the backend puts write-back back
+    assert modes(e.tick(3 * NS)) == []
+    sample(e, 4, mode="writethrough", dirty=0)
+    assert modes(e.tick(4 * NS)) == []
+    sample(e, 5, mode="writethrough", dirty=0)  # it did not: now the engine asks itself
+    assert modes(e.tick(5 * NS)) == ["writeback"]

@@ -187,6 +187,7 @@ class VolumeCtl:
     caps: Capabilities = _ANY_KIND
     latch: Latch | None = None
     drain: DrainInFlight | None = None
+    drain_clean_ns: int | None = None  # when a sample last ended a drain (its backend may still be putting back)
     breach: str | None = None  # an unresolved exposure breach (cleared when the cache is seen clean)
     # until then the kind may still be in a pre-drain sleep begun before the engine shortened it (see _drain_sleep)
     drain_sleep_until_ns: int = 0
@@ -675,6 +676,8 @@ class Engine:
             return  # never act on a volume whose state we have not read
         cur = normalise_mode(st.mode)
         target, reason, forced = self._target_mode(c, now)
+        if target == WRITEBACK and (c.drain is not None or self._drain_putting_back(c, now)):
+            return  # a drain puts back the mode it found (bcache closes a drain in write-through)
         if target == BYPASS and st.dirty_bytes > 0:  # the invariant, whatever the rules above say
             target, reason = WRITETHROUGH, f"not bypassing a dirty cache ({st.dirty_bytes} bytes): {reason}"
         if target == cur or target not in c.caps.modes:
@@ -693,6 +696,11 @@ class Engine:
         c.last_switch_ns = now
 
     # ------------------------------------------------------------ drains
+    def _drain_putting_back(self, c: VolumeCtl, now: int) -> bool:
+        """A sample saw the cache clean, which ends the drain for the exposure bound; the backend puts its saved
+        settings back at its next step. Two ticks for that before the engine asks for a mode itself."""
+        return c.drain_clean_ns is not None and now - c.drain_clean_ns < 2 * self._tick_ns(c, now)
+
     def _track_drain(self, c: VolumeCtl, now: int) -> None:
         """A drain is done once a sample taken after it started shows no dirty data (or the backend said so);
         past its deadline it is a breach."""
@@ -701,7 +709,7 @@ class Engine:
             return
         st = c.state
         if st.clean_ns is not None and st.clean_ns >= d.start_ns:
-            c.drain = None
+            c.drain, c.drain_clean_ns = None, now
         elif now >= d.action.deadline_ns:
             c.drain = None
             self._set_breach(c, (

@@ -94,6 +94,29 @@ def set_cache_mode(mode: str) -> None:
     subprocess.run(["dmsetup", "resume", DM_NAME], check=True, env=env)
 
 
+def settle_clean(timeout: float = 300.0) -> None:
+    """Write back whatever the lab's setup left dirty (mkfs ran in write-back), so that a run starts clean: bcache
+    with no throttling and no sleep between scans until its state is clean, then its settings put back (the next
+    sleep after a scan is as long as they say: the stock 30 s, or what a daemon started later pins); dm-cache
+    writes back on its own."""
+    if RECIPE != "bcache":
+        if not wait(lambda: dirty_bytes() == 0, timeout, 0.5):
+            raise SystemExit(f"still {dirty_bytes()} dirty bytes after {timeout:.0f} s")
+        return
+    saved = {k: (BCACHE / k).read_text().strip() for k in ("writeback_percent", "writeback_delay")}
+    for k in saved:
+        (BCACHE / k).write_text("0")
+    try:
+        if not wait(lambda: dirty_bytes() == 0 and (BCACHE / "state").read_text().strip() == "clean", timeout, 0.5):
+            raise SystemExit(f"still {dirty_bytes()} dirty bytes after {timeout:.0f} s")
+        # the write-back thread sleeps writeback_delay once more after the scan that found it clean, with the
+        # value it reads then: let it take that sleep at 0, so that no stale 30 s sleep outlives the settling
+        time.sleep(1.0)
+    finally:
+        for k, v in saved.items():
+            (BCACHE / k).write_text(v)
+
+
 def timed_read_ms(path: Path, buf: mmap.mmap) -> float:
     """One O_DIRECT read of len(buf) bytes at offset 0; its latency in ms (a hit returns faster than the delayed
     origin can answer)."""
@@ -155,9 +178,13 @@ class Daemon:
         self.err.seek(0)
         return self.err.read()
 
-    def stop(self) -> int:
+    def stop(self, keep_log: str = "") -> int:
+        """Stop the daemon; with keep_log, its whole log goes to $LAB_OUT/<keep_log>-daemon.log."""
         self.proc.terminate()
-        return self.proc.wait(timeout=120)
+        rc = self.proc.wait(timeout=120)
+        if keep_log:
+            (OUT / f"{keep_log}-daemon.log").write_text(self.log())
+        return rc
 
 
 class Sampler(threading.Thread):

@@ -1,0 +1,207 @@
+"""Guest: a varmail-like sync-heavy load (Filebench's varmail shape) on the lab's cached volume, under one
+configuration, with the dirty exposure sampled every second.
+
+usage: varmail.py CONFIG SECONDS [--threads N] [--seed N]
+CONFIG: writethrough (stock cache in write-through) | writeback (stock cache in write-back) | cp-destructive (stock
+write-back + the daemon under the shipped default policy: destructive, exposure <= 64 MiB / 30 s).
+
+The file set: 1 000 files of 4-28 KiB (16 KiB mean), written clean. Each of N threads (default 4) loops for SECONDS
+over one varmail iteration: delete a file; create one, append 16 KiB, fsync; open another, append 16 KiB, fsync;
+read two others whole (page cache dropped first, so the reads reach the cache). One op = one iteration (2 fsyncs).
+With the daemon, the loop starts once it has held bcache's writeback_delay within its drain window (its first
+tick): the steady state of a host where it runs, not the race of its first second.
+Every second: the cache's dirty bytes and the exposure age, measured here as an upper bound independent of the
+daemon: the time since dirty data last read 0 (polled every 50 ms; every dirty byte was written after that).
+Result: $LAB_OUT/varmail.json."""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (  # noqa: E402
+    BCACHE,
+    MIB,
+    MNT,
+    RECIPE,
+    ROOT,
+    Daemon,
+    Sampler,
+    cache_mode,
+    dirty_bytes,
+    drop_caches,
+    log,
+    origin_written,
+    percentile,
+    set_cache_mode,
+    settle_clean,
+    wait,
+    write_result,
+)
+
+NFILES, APPEND = 1000, 16 * 1024
+
+
+class FileSet:
+    """The mail spool: names handed out under a lock so threads never pick a file another just deleted."""
+
+    def __init__(self, root: Path, rnd: random.Random) -> None:
+        self.root, self.rnd, self.lock, self.next = root, rnd, threading.Lock(), 0
+        self.live: list[Path] = []
+
+    def new(self) -> Path:
+        with self.lock:
+            self.next += 1
+            return self.root / f"m{self.next:07d}"
+
+    def add(self, p: Path) -> None:
+        with self.lock:
+            self.live.append(p)
+
+    def pick(self, pop: bool = False) -> Path:
+        with self.lock:
+            i = self.rnd.randrange(len(self.live))
+            return self.live.pop(i) if pop else self.live[i]
+
+
+def append_sync(path: Path, data: bytes, create: bool) -> float:
+    """Append and fsync; the fsync's latency in seconds. A file deleted by another thread meanwhile is skipped."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | (os.O_CREAT | os.O_EXCL if create else 0), 0o644)
+    except FileNotFoundError:
+        return -1.0
+    try:
+        os.write(fd, data)
+        t = time.perf_counter()
+        os.fsync(fd)
+        return time.perf_counter() - t
+    finally:
+        os.close(fd)
+
+
+def read_whole(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        while os.read(fd, 1 << 20):
+            pass
+    finally:
+        os.close(fd)
+
+
+def worker(fs: FileSet, seed: int, stop: float, fsyncs: list[float], ops: list[int]) -> None:
+    n = 0
+    rnd = random.Random(seed)  # noqa: S311 - a reproducible workload, not a secret
+    data = rnd.randbytes(APPEND)
+    while time.monotonic() < stop:
+        victim = fs.pick(pop=True)
+        victim.unlink(missing_ok=True)
+        p = fs.new()
+        lat = [append_sync(p, data, create=True)]
+        fs.add(p)
+        lat.append(append_sync(fs.pick(), data, create=False))
+        read_whole(fs.pick())
+        read_whole(fs.pick())
+        fsyncs.extend(x for x in lat if x >= 0)
+        n += 1
+    ops.append(n)
+
+
+class Exposure:
+    """The exposure witness: a thread polls the cache's dirty bytes every 50 ms and remembers the last time it read
+    0 (a drain's clean moment can be shorter than a second); the per-second rows carry dirty bytes and the age
+    bound, the time since that moment."""
+
+    POLL = 0.05
+
+    def __init__(self, daemon: Daemon | None) -> None:
+        self.daemon, self.t0 = daemon, time.monotonic()
+        self.last_clean = self.t0
+        self.w0 = origin_written()
+        self.stopped = threading.Event()
+        self.poller = threading.Thread(target=self._poll, daemon=True)
+        self.poller.start()
+
+    def _poll(self) -> None:
+        while not self.stopped.wait(self.POLL):
+            if dirty_bytes() == 0:
+                self.last_clean = time.monotonic()
+
+    def __call__(self) -> dict:
+        now, dirty = time.monotonic(), dirty_bytes()
+        if dirty == 0:
+            self.last_clean = now
+        if self.daemon:
+            self.daemon.sample()
+        return {"dirty_mib": dirty / MIB, "age_s": round(now - self.last_clean, 2), "mode": cache_mode(),
+                "origin_mib": (origin_written() - self.w0) / MIB}
+
+
+def main() -> None:
+    config, seconds = sys.argv[1], float(sys.argv[2])
+    nthreads = int(sys.argv[sys.argv.index("--threads") + 1]) if "--threads" in sys.argv else 4
+    seed = int(sys.argv[sys.argv.index("--seed") + 1]) if "--seed" in sys.argv else 1
+    rnd = random.Random(seed)  # noqa: S311
+    spool = MNT / "spool"
+    spool.mkdir()
+    fs = FileSet(spool, rnd)
+    set_cache_mode("writethrough")  # the file set starts clean: every dirty byte below was written by the loop
+    for _ in range(NFILES):
+        p = fs.new()
+        p.write_bytes(rnd.randbytes(rnd.randrange(4, 29) * 1024))
+        fs.add(p)
+    os.sync()
+    settle_clean()
+    if config != "writethrough":
+        set_cache_mode("writeback")
+    daemon = Daemon([ROOT / "policies" / "default.yaml"]) if config.startswith("cp-") else None
+    if daemon and RECIPE == "bcache" and not wait(lambda: int((BCACHE / "writeback_delay").read_text()) <= 5, 30):
+        raise SystemExit("the daemon did not hold writeback_delay within its drain window in 30 s")
+    drop_caches()
+    exposure = Exposure(daemon)
+    sampler = Sampler(exposure)
+    sampler.start()
+    fsyncs: list[float] = []
+    ops: list[int] = []
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=worker, args=(fs, seed * 100 + i, t0 + seconds, fsyncs, ops))
+               for i in range(nthreads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - t0
+    rows = sampler.stop()
+    exposure.stopped.set()
+    res = {
+        "config": config, "seconds": elapsed, "threads": nthreads, "ops": sum(ops), "ops_s": sum(ops) / elapsed,
+        "fsyncs": len(fsyncs), "fsync_p50_ms": percentile(fsyncs, 50) * 1e3,
+        "fsync_p99_ms": percentile(fsyncs, 99) * 1e3,
+        "max_dirty_mib": max((r["dirty_mib"] for r in rows), default=0.0),
+        "max_age_s": max((r["age_s"] for r in rows), default=0.0),
+        "origin_written_mib": rows[-1]["origin_mib"] if rows else 0.0,
+        "modes": sorted({r["mode"] for r in rows}), "timeline": rows,
+    }
+    if daemon:
+        res["daemon_cpu_pct"] = 100 * (daemon.cpu_s() - daemon.cpu0) / elapsed
+        res["daemon_rss_mib"] = daemon.rss_max / MIB
+        dec = daemon.explain()
+        res["decisions"] = {k: sum(1 for x in dec if x["kind"] == k) for k in {x["kind"] for x in dec}}
+        res["daemon_exit"] = daemon.stop(keep_log="varmail")
+        res["not_promotions"] = [line.split(" ", 2)[-1][:300] for line in daemon.log().splitlines()
+                                 if any(k in line for k in (" drain ", "set_write_policy", "set_knob", "breach"))]
+    write_result("varmail", res)
+    log(f"{config}: {res['ops_s']:.1f} ops/s, fsync p99 {res['fsync_p99_ms']:.1f} ms, max dirty "
+        f"{res['max_dirty_mib']:.1f} MiB, max age {res['max_age_s']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
