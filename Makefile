@@ -80,7 +80,7 @@ demo: deps-python bpf
 	tests/vm/demo.sh
 
 bench: deps-python bpf
-	@set -e; for b in tests/bench/bench_*.py; do echo "== $$b"; $(PY) $$b; done
+	@set -e; for b in tests/bench/bench_*.py; do echo "== $$b"; $(PY) $$b; done; $(PY) tests/bench/summary.py
 
 lab-shell:
 	tests/vm/lab shell

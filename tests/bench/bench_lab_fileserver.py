@@ -49,6 +49,18 @@ def _option(argv: list[str], name: str, default: str) -> str:
     return value
 
 
+def _to_discard(rs: list[dict]) -> str:
+    """Delete -> discard latency as the kernel saw it (guest/common.DiscardWitness): medians over the rounds of
+    each run's p50 and p90, and the share of deleted files any discard reached."""
+    got = [r for r in rs if r.get("deletes")]
+    if not got or not any(r["discarded"] for r in got):
+        return "none reached"
+    share = sum(r["discarded"] for r in got) / sum(r["deletes"] for r in got)
+    p50 = [r["delete_discard_p50_s"] for r in got if r["discarded"]]
+    p90 = [r["delete_discard_p90_s"] for r in got if r["discarded"]]
+    return f"{med(p50):.1f} / {med(p90):.1f} ({share:.0%})"
+
+
 def main() -> None:
     argv = sys.argv[1:]
     report_only = "--report" in argv
@@ -96,7 +108,7 @@ def main() -> None:
                       cell(values(rs, "hit_ratio"), "{:.3f}"),
                       cell(values(rs, "ops_s")), cell(values(rs, "delete_p50_ms"), "{:.2f}"),
                       cell(values(rs, "delete_p99_ms")), cell(values(rs, "commit_p50_ms")),
-                      cell(values(rs, "commit_p99_ms")), f"{len(rs)}/{reps}"])
+                      cell(values(rs, "commit_p99_ms")), _to_discard(rs), f"{len(rs)}/{reps}"])
     md = header(f"Fileserver with deletes, {recipe} writeback", spec,
                 f"{seconds} s of Filebench-fileserver-shaped load per run (create+write+fsync, append 16 KiB, "
                 f"read whole, delete, stat; files 64–192 KiB, file set 1.25× the cache); origin writes = bytes "
@@ -105,7 +117,8 @@ def main() -> None:
     md += "\n" + md_table(["configuration", "origin writes per 1000 ops, MiB",
                            "origin writes + dirty left, MiB", "origin written, MiB",
                            "read hit ratio, loop", "read hit ratio incl. tail",
-                           "ops/s", "delete p50 ms", "delete p99 ms", "commit (fsync) p50 ms", "commit p99 ms", "runs"],
+                           "ops/s", "delete p50 ms", "delete p99 ms", "commit (fsync) p50 ms", "commit p99 ms",
+                           "delete → discard p50 / p90 s (deletes discarded)", "runs"],
                           table)
     goals = []
     for c in [c for c in ("cp-destructive", "cp-recoverable") if c in configs]:
@@ -145,7 +158,8 @@ def main() -> None:
                "MiB written to the origin", series)
     if png:
         md += f"\n![origin writes]({png.name})\n"
-    save(runner.out, "fileserver", md, {"configs": CONFIGS, "seconds": seconds, "fstrim_every": every, "rows": rows})
+    save(runner.out, "fileserver", md, {"recipe": recipe, "configs": CONFIGS, "seconds": seconds,
+                                        "fstrim_every": every, "rows": rows})
     console.print(md)
     print(md)
 

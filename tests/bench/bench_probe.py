@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+OUT_ROOT = ROOT / "build" / "bench"  # as tests/bench/labbench.py: results land next to the lab benchmarks' (summary.py)
 sys.path.insert(0, str(ROOT / "tests" / "bpf"))
 
 from bpf_support import make_loop_ext4  # noqa: E402
@@ -183,7 +184,8 @@ def main() -> int:
           "device on tmpfs; ratio = IOPS with / without the programs attached (median of pairs)")
     print(f"{'workload':<13}{'base IOPS':>11}{'ratio':>8}{'min':>8}{'max':>8}{'BPF ns/IO':>11}{'est.':>8}"
           "  goals: ratio >= 0.99, <= 250 ns/IO")
-    for job, r in overhead().items():
+    over = overhead()
+    for job, r in over.items():
         verdict = ("ratio ok" if r["ratio"] >= 0.99 else "ratio MISSED") + (
             ", ns ok" if r["bpf_ns"] <= 250 else ", ns MISSED")
         if r["max"] / r["min"] > 1.1 or r["ratio"] > 1.02:
@@ -204,6 +206,10 @@ def main() -> int:
     print(f"  kernel memory: {d['kernel_bytes']} bytes = {d['bytes_per_file']:.1f} bytes per tracked file"
           f"  (two halves for the lossless drain; the old goal <= 64 held for one: "
           f"{'ok' if d['bytes_per_file'] <= 128 else 'MORE THAN TWO HALVES'})")
+    out = OUT_ROOT / time.strftime("%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "probe.json").write_text(json.dumps({"overhead": over, "drain": d, "pairs": PAIRS, "runtime_s": RUNTIME}))
+    print(f"results: {out / 'probe.json'}")
     return 0
 
 

@@ -187,6 +187,60 @@ class Daemon:
         return rc
 
 
+class DiscardWitness:
+    """Delete -> discard latency, witnessed by the kernel rather than by the daemon: ftrace records every discard
+    bio queued on the cached volume (block_bio_queue in a private instance, trace clock CLOCK_MONOTONIC, so its
+    timestamps compare with time.monotonic()); a deleted file counts as discarded when the first discard that
+    overlaps the extents FIEMAP gave for it just before the unlink arrives."""
+
+    def __init__(self, device: str) -> None:
+        st = os.stat(device)
+        self.inst = Path("/sys/kernel/tracing/instances") / f"cp-bench-{os.getpid()}"
+        self.inst.mkdir()
+        (self.inst / "trace_clock").write_text("mono")
+        (self.inst / "buffer_size_kb").write_text("8192")
+        ev = self.inst / "events" / "block" / "block_bio_queue"
+        (ev / "filter").write_text(f"dev == {(os.major(st.st_rdev) << 20) | os.minor(st.st_rdev)}\n")
+        (ev / "enable").write_text("1")
+        self.deletes: list[tuple[float, list[tuple[int, int]]]] = []
+
+    def deleting(self, path: Path) -> None:
+        """Call just before unlinking path: its extents, in 512-byte sectors of the volume."""
+        from cachepilot.actuators.extents import fiemap
+
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            ext = [(e.physical // 512, e.length // 512) for e in fiemap(fd, sync=True) if e.on_disk]
+        finally:
+            os.close(fd)
+        self.deletes.append((time.monotonic(), ext))
+
+    def discards(self) -> list[tuple[float, int, int]]:
+        (self.inst / "events" / "block" / "block_bio_queue" / "enable").write_text("0")
+        out = []
+        for line in (self.inst / "trace").read_text().splitlines():
+            if line.startswith("#") or "block_bio_queue:" not in line:
+                continue
+            head, rest = line.split(": block_bio_queue:", 1)
+            f = rest.split()  # "252,0 DS 2048 + 256 [fstrim]"
+            if len(f) >= 5 and "D" in f[1] and f[3] == "+":
+                out.append((float(head.split()[-1]), int(f[2]), int(f[4])))
+        self.inst.rmdir()
+        return out
+
+    def latencies(self) -> tuple[list[float], int]:
+        """(seconds from each delete to the first discard overlapping its extents, deletes never discarded)."""
+        disc = sorted(self.discards())
+        lat, never = [], 0
+        for t, ext in self.deletes:
+            hit = next((d for d, s, n in disc if d >= t and any(s < a + m and a < s + n for a, m in ext)), None)
+            if hit is None:
+                never += 1
+            else:
+                lat.append(hit - t)
+        return lat, never
+
+
 class Sampler(threading.Thread):
     """Every `period` seconds: a dict from `fn()` with the time since start, appended to `rows`."""
 

@@ -8,7 +8,9 @@ The file set (files of 64-192 KiB, about 1.25x the cache) is written in writethr
 goes to writeback and the loop runs for SECONDS: each iteration creates and writes a whole file and fsyncs it (the
 commit), appends 16 KiB to another, reads a third whole (its page cache dropped first, so the read reaches the
 cache), deletes a fourth and stats a fifth. After the loop: sync, TAIL seconds idle, then the origin's written bytes
-and the dirty bytes still to be written are read. Result: $LAB_OUT/fileserver.json."""
+and the dirty bytes still to be written are read. Delete -> discard latency: see common.DiscardWitness (a delete
+whose blocks were reused before any discard reached them counts as never discarded).
+Result: $LAB_OUT/fileserver.json."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from common import (  # noqa: E402
     MNT,
     ROOT,
     Daemon,
+    DiscardWitness,
     Sampler,
     dirty_bytes,
     drop_caches,
@@ -112,6 +115,7 @@ def main() -> None:
 
     sampler = Sampler(row)
     sampler.start()
+    witness = DiscardWitness(os.environ["LAB_CACHED_DEV"])
     commits: list[float] = []
     deletes: list[float] = []
     ops, nxt, last_trim, trims = 0, n, time.monotonic(), 0
@@ -125,6 +129,7 @@ def main() -> None:
             f.write(rnd.randbytes(16 * 1024))
         read_whole(rnd.choice(files))
         victim = files.pop(rnd.randrange(len(files)))
+        witness.deleting(victim)
         t = time.perf_counter()
         os.unlink(victim)
         deletes.append(time.perf_counter() - t)
@@ -141,6 +146,7 @@ def main() -> None:
     time.sleep(TAIL)
     rows = sampler.stop()
     h, m = hits_misses()
+    to_discard, never = witness.latencies()
     res = {
         "config": config, "seconds": elapsed, "ops": ops, "ops_s": ops / elapsed,
         "origin_written_mib": (origin_written() - w0) / MIB, "dirty_left_mib": dirty_bytes() / MIB,
@@ -149,6 +155,8 @@ def main() -> None:
         "commit_p50_ms": percentile(commits, 50) * 1e3, "commit_p99_ms": percentile(commits, 99) * 1e3,
         "fstrims": trims, "fstrim_every_s": fstrim_every if config == "fstrim" else None,
         "fileset_mib": total / MIB, "timeline": rows,
+        "deletes": len(deletes), "discarded": len(to_discard), "never_discarded": never,
+        "delete_discard_p50_s": percentile(to_discard, 50), "delete_discard_p90_s": percentile(to_discard, 90),
     }
     res["origin_debt_mib"] = res["origin_written_mib"] + res["dirty_left_mib"]
     if daemon:
