@@ -435,3 +435,19 @@ def test_bcache_drain_closes_late_in_its_window_even_if_write_back_is_slow(bc):
     assert b.step(16 * S) == [] and "[writethrough]" in (d / "cache_mode").read_text()
     [failed] = b.step(22 * S)
     assert failed.status == FAILED and "[writeback]" in (d / "cache_mode").read_text()
+
+
+def test_dmcache_drain_closes_in_writethrough_under_writes_then_loads_writeback_again(dmc):
+    """Write hits still dirty cached blocks under the cleaner: once the cleaner is visibly moving (dirty blocks down
+    to an eighth), the tail runs write-through; the end loads writeback with the previous policy."""
+    b, fake = dmc
+    fake.dirty = start = 400  # 25 MiB of 64 KiB blocks
+    b.apply(Drain("dm-2", 100 * S, "age bound"))
+    assert b.step(1 * S) == [] and CacheTable.parse(fake.live).mode == "writeback"
+    fake.dirty = start // 8
+    assert b.step(2 * S) == []
+    t = CacheTable.parse(fake.live)
+    assert (t.mode, t.policy) == ("writethrough", "cleaner")
+    fake.dirty = 0
+    [done] = b.step(3 * S)
+    assert done.status == DONE and fake.live == CACHE_TABLE

@@ -129,11 +129,9 @@ class BcacheBackend(OperationBackend):
 
     def _advance(self, op: Operation, now_ns: int) -> bool:
         if not self.clean():
-            if op.phase == "draining" and isinstance(op.action, Drain) and self._should_close(op, now_ns):
-                # Under a steady write load dirty data never reads 0 in write-back: new writes land as fast as
-                # old ones leave. Write-through for the last stretch stops new dirt, so the drain converges;
-                # the saved mode is put back with the other settings.
-                op.phase = "closing"
+            if op.phase == "draining" and isinstance(op.action, Drain) and \
+                    op.close_due(now_ns, self.dirty_bytes(), CLOSE_BELOW):
+                op.phase = "closing"  # the saved mode is put back with the other settings
                 op.save(self.mode_setting(), "writethrough", f"drain, last stretch: {op.action.reason}")
             return False
         self._put_back(op, f"drained: {op.action.reason}")
@@ -141,15 +139,6 @@ class BcacheBackend(OperationBackend):
         if isinstance(op.action, SetWritePolicy):
             return self._finish_switch(op)
         return True
-
-    def _should_close(self, op: Operation, now_ns: int) -> bool:
-        """Close once the write-back thread is visibly writing (dirty down to an eighth of the drain's start, or
-        1 MiB), so that write-through lasts only the tail, not a sleep of the thread's; in any case once three
-        quarters of the window are gone."""
-        start = int(op.data.setdefault("start_ns", str(now_ns)))  # the steps' clock, from the first one
-        start_dirty = int(op.data["start_dirty"])
-        late = now_ns >= op.deadline_ns - (op.deadline_ns - start) // 4
-        return late or self.dirty_bytes() <= max(CLOSE_BELOW, start_dirty // 8)
 
     def _finish_switch(self, op: Operation) -> bool:
         """The cache is clean: write the target mode (bypass only now), then verify mode and cleanliness."""

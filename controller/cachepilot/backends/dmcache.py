@@ -22,6 +22,7 @@ from cachepilot.engine.actions import Drain, SetKnob, SetWritePolicy
 from cachepilot.errors import DeviceGone, KernelRejected
 from cachepilot.models.volume import VolumeSample
 
+CLOSE_BELOW = 1 << 20  # a drain goes write-through for its tail once dirty data is down to this (bytes)
 _IO_MODES = ("writeback", "writethrough", "passthrough")
 
 
@@ -184,12 +185,23 @@ class DmCacheBackend(OperationBackend):
             op.phase = "clean"
             return True
         op.phase = "cleaning"
+        op.data["start_dirty"] = str(self.status().dirty_blocks)
         op.put(self.table_setting("cleaner"), f"{mode}/cleaner", f"drain: {reason}")
         op.data["cleaner"] = "1"
         return False
 
     def _advance(self, op: Operation, now_ns: int) -> bool:
-        if self.status().dirty_blocks:
+        st = self.status()
+        dirty = st.dirty_blocks
+        if dirty:
+            floor = CLOSE_BELOW // max(512, st.cache_block_sectors * 512)
+            if op.phase == "cleaning" and isinstance(op.action, Drain) and op.data["mode"] == "writeback" and \
+                    op.close_due(now_ns, dirty, floor):
+                # write hits still dirty cached blocks under the cleaner; write-through for the tail. The end of
+                # the cleaner loads the saved mode (writeback) with the saved policy again.
+                op.phase = "closing"
+                op.put(self.table_setting("cleaner"), "writethrough/cleaner",
+                       f"drain, last stretch: {op.action.reason}")
             return False
         self._end_cleaner(op, f"drained: {op.action.reason}")
         op.phase = "clean"

@@ -88,6 +88,17 @@ class Operation:
         self.writes.append(w)
         return w
 
+    def close_due(self, now_ns: int, dirty: int, floor: int) -> bool:
+        """Whether a drain should close in write-through now. Under a steady write load dirty data never reads 0 in
+        write-back (new writes land as fast as old ones leave), so a drain goes write-through for its tail: once
+        write-back is visibly moving (dirty down to an eighth of the drain's start, or ``floor``), so that
+        write-through lasts only the tail and not a pause of the kind's write-back, and in any case once three
+        quarters of the window are gone. ``dirty`` in the kind's unit; the start is taken at the first call
+        (the steps' clock) and at ``note_start``."""
+        start = int(self.data.setdefault("start_ns", str(now_ns)))
+        late = now_ns >= self.deadline_ns - (self.deadline_ns - start) // 4
+        return late or dirty <= max(floor, int(self.data.get("start_dirty", "0")) // 8)
+
 
 class OperationBackend(Backend):
     """Backend whose actions may take several ticks. Subclasses implement :meth:`_start` (first writes; returns
