@@ -203,3 +203,22 @@ def test_sieve_mask_is_the_sieve(files: list[tuple[int, int]], sieve_size: int) 
         slots.append(s)
     mask = t.sieve_mask(np.array(slots, dtype=np.int64), sieve_size)
     assert mask.tolist() == [t.sieve(s, sieve_size) is None for s in slots]
+
+
+@given(st.lists(st.tuples(st.integers(0, 30), st.integers(1, 200), st.integers(1, 5)), max_size=60),
+       st.lists(st.integers(0, 40), max_size=30))
+def test_discard_many_is_discard_one_at_a_time(ops: list[tuple[int, int, int]], drop: list[int]) -> None:
+    sets = []
+    for _ in range(2):
+        t = HotnessTable(half_life_s=1)
+        cs = CachedSet(10 * 4096, t)
+        for i, (ino, score, pages) in enumerate(ops):
+            t.advance(i * 300_000_000)
+            cs.consider(t.update(1, ino, 0, score, 0, 0, i * 300_000_000, pages * 4096), pages * 4096)
+        sets.append((t, cs))
+    (t1, one), (t2, many) = sets
+    slots = [s for s in drop if s < len(t1.flags)]
+    freed = sum(one.discard(s) for s in slots)
+    assert many.discard_many(np.array(slots, dtype=np.int64)) == freed
+    assert (many.used_bytes, many.count, sorted(many.members())) == (one.used_bytes, one.count, sorted(one.members()))
+    assert bytes(t1.flags) == bytes(t2.flags) and list(t1.charged) == list(t2.charged)

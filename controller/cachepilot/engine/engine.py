@@ -504,8 +504,7 @@ class Engine:
             return
         size = np.frombuffer(t.size, dtype=np.int64)[s]
         ok = t.sieve_mask(s, promo.sieve_size)
-        for slot in s[member & ~ok].tolist():  # e.g. it grew past the sieve: invalidate
-            c.cached.discard(slot)
+        c.cached.discard_many(s[member & ~ok])  # e.g. it grew past the sieve: invalidate
         keep = member & ok
         if keep.any():
             c.cached.recharge(s[keep], size[keep])

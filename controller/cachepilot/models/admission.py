@@ -152,9 +152,10 @@ class CachedSet:
         k = int(np.searchsorted(cum, need, side="left")) + 1 if need > 0 else 0
         k = min(k, len(order))
         gone = live[order[:k]]
-        for slot in gone.tolist():
-            t.flags[slot] &= ~F_MEMBER & 0xFF
-            t.charged[slot] = 0
+        flags = np.frombuffer(t.flags, dtype=np.uint8)
+        flags[gone] &= ~F_MEMBER & 0xFF
+        np.frombuffer(t.charged, dtype=np.uint32)[gone] = 0
+        del flags  # release the buffers: the table's arrays may grow again
         if k:
             self.used_bytes -= int(cum[k - 1])
             self.count -= k
@@ -174,6 +175,21 @@ class CachedSet:
         t.charged[slot] = 0
         self.used_bytes -= freed
         self.count -= 1
+        return freed
+
+    def discard_many(self, slots: np.ndarray) -> int:
+        """discard() for a batch (a slot listed twice counts once). Returns bytes."""
+        t = self.t
+        flags = np.frombuffer(t.flags, dtype=np.uint8)
+        charged = np.frombuffer(t.charged, dtype=np.uint32)
+        s = np.unique(slots)
+        s = s[(flags[s] & F_MEMBER) != 0]
+        freed = int(charged[s].astype(np.int64).sum()) * PAGE
+        flags[s] &= ~F_MEMBER & 0xFF
+        charged[s] = 0
+        del flags, charged
+        self.used_bytes -= freed
+        self.count -= len(s)
         return freed
 
     def members(self) -> list[int]:
