@@ -121,8 +121,8 @@ class BcacheBackend(OperationBackend):
         op.phase = "draining"
         op.data["start_dirty"] = str(self.dirty_bytes())
         op.save(self._attr("writeback_running"), "1", f"drain: {reason}")
-        # No sleep after each full scan of the dirty keys (a sleep already begun cannot be cut short:
-        # pin writeback_delay low in the policy where drains must be quick).
+        # No sleep after each full scan of the dirty keys (a sleep already begun cannot be cut short; under the
+        # destructive model the engine keeps writeback_delay within the drain window for that reason).
         op.save(self._attr("writeback_delay"), "0", f"drain: {reason}")
         op.save(self._attr("writeback_percent"), "0", f"drain: {reason}")
         return False

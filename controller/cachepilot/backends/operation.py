@@ -93,8 +93,8 @@ class Operation:
         write-back (new writes land as fast as old ones leave), so a drain goes write-through for its tail: once
         write-back is visibly moving (dirty down to an eighth of the drain's start, or ``floor``), so that
         write-through lasts only the tail and not a pause of the kind's write-back, and in any case once three
-        quarters of the window are gone. ``dirty`` in the kind's unit; the start is taken at the first call
-        (the steps' clock) and at ``note_start``."""
+        quarters of the window are gone. ``dirty`` in the kind's unit, ``data["start_dirty"]`` set by the
+        backend when the drain began; the start time is taken at the first call (the steps' clock)."""
         start = int(self.data.setdefault("start_ns", str(now_ns)))
         late = now_ns >= self.deadline_ns - (self.deadline_ns - start) // 4
         return late or dirty <= max(floor, int(self.data.get("start_dirty", "0")) // 8)
