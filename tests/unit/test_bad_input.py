@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import zstandard
 
 from cachepilot.events import Barrier, BarrierKind, FileKey, HotnessDelta, kdev
 from cachepilot.models.volume import VolumeInfo, VolumeSample
@@ -179,6 +180,10 @@ def _zlib_bomb(nbytes: int) -> bytes:
     return head + piece * (nbytes // len(chunk) - 1)
 
 
+def _zstd(data: bytes, size: bool = True) -> bytes:
+    return zstandard.ZstdCompressor(write_content_size=size).compress(data)
+
+
 def _sample(**over: object) -> bytes:
     s = {"dev": DEV, "ts_ns": 1, "mode": "writeback", "dirty_bytes": 0, "hits": 0, "misses": 0,
          "io_errors": 0, "failed": False, "knobs": {}}
@@ -210,6 +215,11 @@ TRACES: dict[str, tuple[Callable[[], bytes], tuple[str, ...]]] = {
     "sample-not-object": (lambda: _trace((T_SAMPLE, b"[1]", 1)), ("JSON objects",)),
     "zlib-bomb": (lambda: _trace((T_HOT, _zlib_bomb(2 << 30), 1, 1)), ("inflates beyond",)),
     "zlib-bomb-json": (lambda: _trace((T_SAMPLE, _zlib_bomb(1 << 30), 1, 1)), ("inflates beyond",)),
+    "zstd-bomb": (lambda: _trace((T_HOT, _zstd(bytes(1 << 20)), 1, 2)), ("inflates beyond 56 bytes",)),
+    "zstd-bomb-json": (lambda: _trace((T_SAMPLE, _zstd(bytes((64 << 20) + 1)), 1, 2)), ("inflates beyond",)),
+    "zstd-no-size": (lambda: _trace((T_HOT, _zstd(bytes(56), size=False), 1, 2)), ("does not declare its size",)),
+    "zstd-truncated-frame": (lambda: _trace((T_HOT, _zstd(bytes(56 * 18))[:-3], 18, 2)),
+                             ("corrupt compressed block",)),
     "tick-far-future": (lambda: _trace((T_TICK, struct.pack("<q", (1 << 63) - 1), 1)), ("outside 0..136 years",)),
     "tick-negative": (lambda: _trace((T_TICK, struct.pack("<q", -1), 1)), ("outside 0..136 years",)),
     "huge-count": (lambda: _trace((T_HOT, b"", 1 << 30)), ("records (at most",)),

@@ -7,6 +7,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+import zstandard
 
 from cachepilot.cli import main
 from cachepilot.errors import UserError
@@ -62,7 +63,30 @@ def test_compact(tmp_path: Path) -> None:
     f = tmp_path / "t.cptrace"
     hd = [HotnessDelta(FileKey(DEV, i, 0), 64, 0, 4096, 0, i, 4096) for i in range(10000)]
     write_trace(f, hd, [VOL])
-    assert f.stat().st_size < 10000 * 56 / 2  # fixed 56-byte records, then zlib
+    assert f.stat().st_size < 10000 * 56 / 2  # fixed 56-byte records, then zstd
+
+
+def test_blocks_are_zstd_and_zlib_blocks_still_read(tmp_path: Path) -> None:
+    """New traces are written with zstd (codec 2); a trace whose blocks are zlib (codec 1, what earlier versions
+    wrote) reads to the same events."""
+    from cachepilot.trace.format import BLOCK, HEADER, ZLIB, ZSTD
+
+    f = tmp_path / "t.cptrace"
+    hd = [HotnessDelta(FileKey(DEV, i, 0), 64, 0, 4096, 0, i, 4096) for i in range(1000)]
+    write_trace(f, hd, [VOL])
+    data, off, codecs, old = f.read_bytes(), HEADER.size, [], bytearray(f.read_bytes()[:HEADER.size])
+    while off < len(data):
+        t, codec, r, count, length, _crc = BLOCK.unpack_from(data, off)
+        payload = data[off + BLOCK.size: off + BLOCK.size + length]
+        codecs.append(codec)
+        if codec == ZSTD:
+            codec, payload = ZLIB, zlib.compress(zstandard.ZstdDecompressor().decompress(payload), 1)
+        old += BLOCK.pack(t, codec, r, count, len(payload), zlib.crc32(payload)) + payload
+        off += BLOCK.size + length
+    assert ZSTD in codecs
+    z = tmp_path / "zlib.cptrace"
+    z.write_bytes(bytes(old))
+    assert list(TraceReader(z).events()) == list(TraceReader(f).events()) == hd
 
 
 def _trace(tmp_path: Path) -> bytes:
