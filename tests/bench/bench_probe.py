@@ -23,10 +23,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-OUT_ROOT = ROOT / "build" / "bench"  # as tests/bench/labbench.py: results land next to the lab benchmarks' (summary.py)
 sys.path.insert(0, str(ROOT / "tests" / "bpf"))
 
 from bpf_support import make_loop_ext4  # noqa: E402
+from labbench import OUT_ROOT  # noqa: E402  (results land next to the lab benchmarks', for summary.py)
 
 from cachepilot.probe import HOOKS, Probe  # noqa: E402
 from cachepilot.probe import layout as L  # noqa: E402

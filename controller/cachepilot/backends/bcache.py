@@ -18,12 +18,11 @@ from pathlib import Path
 from cachepilot.backends.capabilities import BYPASS, KIND_BCACHE, WRITEBACK, WRITETHROUGH, Knob
 from cachepilot.backends.inspect import parse_bcache_size, sample_volume
 from cachepilot.backends.kernelio import read_attr, write_attr
-from cachepilot.backends.operation import Operation, OperationBackend, Setting
+from cachepilot.backends.operation import CLOSE_BELOW, Operation, OperationBackend, Setting
 from cachepilot.engine.actions import Drain, SetKnob, SetWritePolicy
 from cachepilot.errors import KernelRejected, UserError
 from cachepilot.models.volume import VolumeSample
 
-CLOSE_BELOW = 1 << 20  # a drain goes write-through for its last stretch once dirty data is down to this
 _UNIT = {"": 1, "k": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 # Knobs that live on the cache set rather than on the backing device.

@@ -17,12 +17,11 @@ from cachepilot.backends.capabilities import BYPASS, KIND_DMCACHE, WRITEBACK
 from cachepilot.backends.dmstatus import DmCacheStatus, StatusParseError, parse_dm_cache_status
 from cachepilot.backends.inspect import sample_volume
 from cachepilot.backends.kernelio import read_attr
-from cachepilot.backends.operation import Operation, OperationBackend, Setting
+from cachepilot.backends.operation import CLOSE_BELOW, Operation, OperationBackend, Setting
 from cachepilot.engine.actions import Drain, SetKnob, SetWritePolicy
 from cachepilot.errors import DeviceGone, KernelRejected
 from cachepilot.models.volume import VolumeSample
 
-CLOSE_BELOW = 1 << 20  # a drain goes write-through for its tail once dirty data is down to this (bytes)
 _IO_MODES = ("writeback", "writethrough", "passthrough")
 
 

@@ -60,6 +60,9 @@ def put_setting(s: Setting, value: str, reason: str, *, dry_run: bool) -> Write:
     return Write(s.target, before, value, readback)
 
 
+CLOSE_BELOW = 1 << 20  # bytes: a drain goes write-through for its tail once dirty data is down to this
+
+
 @dataclass
 class Operation:
     """A control action in progress. ``phase`` is the backend's own state name; ``saved`` are the settings to

@@ -129,6 +129,25 @@ def timed_read_ms(path: Path, buf: mmap.mmap) -> float:
         os.close(fd)
 
 
+def read_whole(path: Path, missing_ok: bool = False) -> int:
+    """Read a whole file through the page cache after dropping its cached pages, so the read reaches the cache
+    device; bytes read. missing_ok: a file another thread deleted meanwhile reads as 0 bytes."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        if missing_ok:
+            return 0
+        raise
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        n = 0
+        while chunk := os.read(fd, 1 << 20):
+            n += len(chunk)
+        return n
+    finally:
+        os.close(fd)
+
+
 def drop_caches() -> None:
     os.sync()
     Path("/proc/sys/vm/drop_caches").write_text("3")

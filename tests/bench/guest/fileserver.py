@@ -35,6 +35,7 @@ from common import (  # noqa: E402
     log,
     origin_written,
     percentile,
+    read_whole,
     set_cache_mode,
     write_result,
 )
@@ -59,18 +60,6 @@ def write_file(path: Path, size: int, rnd: random.Random, sync: bool = True) -> 
         if sync:
             os.fsync(fd)
         return time.perf_counter() - t
-    finally:
-        os.close(fd)
-
-
-def read_whole(path: Path) -> int:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # the read must reach the block device
-        n = 0
-        while chunk := os.read(fd, 1 << 20):
-            n += len(chunk)
-        return n
     finally:
         os.close(fd)
 
