@@ -80,7 +80,7 @@ static __always_inline int bio_queue(struct bio *bio, bool fast)
 		e->nr_sectors = size >> 9;
 		e->volume = w->volume;
 		e->roles = w->roles;
-		submit(e);
+		submit(e, sizeof(*e));
 		return 0;
 	}
 	if (!(w->roles & CP_ROLE_VOLUME))

@@ -162,28 +162,47 @@ static __always_inline void *reserve_event(u64 size, u32 type, u32 dev, u32 slot
 	return reserve_on(&events, size, type, dev, slot, ts_ns);
 }
 
-/* Rare events: the default (adaptive) wakeup, one per batch the consumer has not started on, so poll(-1) returns
- * after a lone delete. */
-static __always_inline void submit(void *e)
-{
-	bpf_ringbuf_submit(e, 0);
-}
-
 /*
- * Block barriers can come by the hundred thousand a second: a wakeup per event would make the daemon's cost grow with
- * the barrier rate, so user space consumes them on its own schedule and is woken when the unread data crosses a
- * quarter of the ring (a quarter, half, three quarters). Only at the crossing: a wakeup is an interrupt (irq_work),
- * which in a virtual machine costs microseconds; waking on every record above the mark cost 6% of a 4 KiB
- * write + fsync loop here. A reader with data left is not missed: the ring's poll is level-triggered.
+ * Wakeups. A wakeup is an interrupt (irq_work) plus a context switch of the consumer; in a virtual machine it costs
+ * microseconds. With the kernel's adaptive wakeup (one per record the consumer has caught up with), a 4 KiB write +
+ * fsync loop woke the consumer once per journal commit: 4 000 polls a second, a third of a core in user space and
+ * 10% of the loop's throughput (bench_probe, 2026-11-25). So a ring wakes its consumer only:
+ * - when the unread data crosses a quarter of the ring (a quarter, half, three quarters: the consumer drains it
+ *   before it fills), and
+ * - for the events ring, when the last wakeup is at least CP_WAKE_EVERY_NS old: a lone delete after a quiet moment
+ *   still wakes a waiting poll at once, a burst wakes it once. A record that came after a wakeup and did not wake
+ *   is read by the consumer's next pass (Probe.poll() never waits longer than CP_WAKE_EVERY_NS x 5 without
+ *   looking).
+ * A reader with data left is not missed: the ring's poll is level-triggered.
  */
-static __always_inline void submit_barrier(void *e, u64 len)
+#define CP_WAKE_EVERY_NS (20ULL * 1000 * 1000)
+
+u64 cp_events_woken_ns = 0; /* .bss: racy by design (two CPUs may both wake: one wakeup too many) */
+
+static __always_inline bool crossed_quarter(void *ring, u64 len)
 {
-	u64 avail = bpf_ringbuf_query(&barrier_events, BPF_RB_AVAIL_DATA); /* includes this reserved record */
-	u64 quarter = bpf_ringbuf_query(&barrier_events, BPF_RB_RING_SIZE) / 4;
+	u64 avail = bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA); /* includes this reserved record */
+	u64 quarter = bpf_ringbuf_query(ring, BPF_RB_RING_SIZE) / 4;
 	u64 rec = (len + 8 + 7) & ~7ULL; /* the record with its header, as the ring lays it out */
 	u64 before = avail > rec ? avail - rec : 0;
-	bool crossed = quarter && avail / quarter != before / quarter;
-	bpf_ringbuf_submit(e, crossed ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
+	return quarter && avail / quarter != before / quarter;
+}
+
+/* the events ring: deletes, freed extents, journal commits, discards */
+static __always_inline void submit(void *e, u64 len)
+{
+	u64 now = bpf_ktime_get_ns();
+	bool wake = now - cp_events_woken_ns >= CP_WAKE_EVERY_NS || crossed_quarter(&events, len);
+	if (wake)
+		cp_events_woken_ns = now;
+	bpf_ringbuf_submit(e, wake ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
+}
+
+/* Block barriers can come by the hundred thousand a second: user space consumes them on its own schedule (each poll
+ * takes both rings), woken only at the quarter crossings. */
+static __always_inline void submit_barrier(void *e, u64 len)
+{
+	bpf_ringbuf_submit(e, crossed_quarter(&barrier_events, len) ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
 }
 
 static __always_inline struct cp_watch *find_watch(u32 dev)

@@ -51,7 +51,7 @@ int BPF_PROG(on_ext4_free_blocks, struct inode *inode, u64 block, unsigned long 
 	e->tid = tid;
 	e->has_tid = has_tid;
 	e->pad = 0;
-	submit(e);
+	submit(e, sizeof(*e));
 	return 0;
 }
 
@@ -87,7 +87,7 @@ int BPF_PROG(on_xfs_extent_free, struct xfs_mount *mp, struct xfs_extent_free_it
 	e->tid = 0;
 	e->has_tid = 0; /* XFS: a log sequence, not a jbd2 tid; FITRIM skips busy extents itself */
 	e->pad = 0;
-	submit(e);
+	submit(e, sizeof(*e));
 	return 0;
 }
 
@@ -112,7 +112,7 @@ int BPF_PROG(on_ext4_evict, struct inode *inode)
 	e->size = BPF_CORE_READ(inode, i_size);
 	e->gen = id.gen;
 	e->pid = (u32)(bpf_get_current_pid_tgid() >> 32);
-	submit(e);
+	submit(e, sizeof(*e));
 	return 0;
 }
 
@@ -128,7 +128,7 @@ int BPF_PROG(on_jbd2_end_commit, journal_t *journal, transaction_t *txn)
 		return 0;
 	e->transaction = BPF_CORE_READ(txn, t_tid);
 	e->pad = 0;
-	submit(e);
+	submit(e, sizeof(*e));
 	return 0;
 }
 

@@ -16,19 +16,21 @@ Filtering happens in the kernel (the "watched" map): events of unwatched devices
 from __future__ import annotations
 
 import ctypes as C
-import errno
 import itertools
 import math
 import mmap
 import os
 import random
 import secrets
+import select
 import struct
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from cachepilot.errors import UserError
 from cachepilot.events import (
@@ -47,6 +49,7 @@ from cachepilot.events import (
 )
 from cachepilot.probe import layout as L
 from cachepilot.probe import libbpf
+from cachepilot.probe.ring import FixedRing
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_OBJECT = REPO_ROOT / "bpf" / ".output" / "cachepilot.bpf.o"
@@ -120,6 +123,9 @@ DROP_KIND_NAMES = {
 # ring; a full ring is counted as drops). The must-not-miss ring gets the larger share.
 POLL_BUDGET_EVENTS = 16384
 POLL_BUDGET_BARRIERS = 2048
+# poll(-1) looks at the rings at least this often: a record that came within CP_WAKE_EVERY_NS (20 ms) of the
+# last wakeup does not wake the consumer itself
+LOOK_EVERY_MS = 100
 _BUDGET_SPENT = -1000  # returned by the sample callback to stop libbpf's consume loop
 DIO_IOMAP = ("on_dio_begin", "on_dio_complete", "on_dio_queued")
 BIO_FAST, BIO_COMPAT = "on_bio_queue", "on_bio_queue_compat"
@@ -294,9 +300,10 @@ class Probe:
         self._obj: int | None = None
         self._links: list[int] = []
         self._rb: int | None = None
+        self._barrier_ring: FixedRing | None = None
+        self._epoll: select.epoll | None = None
         self._hot_mm: mmap.mmap | None = None
         self._raw: list[bytes] = []
-        self._raw_barriers: list[bytes] = []
         self._meta_prev: dict[int, tuple[int, int]] = {}
         self._sync_prev: dict[tuple[int, int], int] = {}  # (volume dev, kind) -> calls already reported
         self.volumes: dict[int, L.cp_watch] = {}  # every watched device -> its watch entry
@@ -461,15 +468,15 @@ class Probe:
 
     def _open_rings(self, h: C.CDLL) -> None:
         self._cb = libbpf.RINGBUF_SAMPLE_FN(self._on_sample)
-        self._cb_barrier = libbpf.RINGBUF_SAMPLE_FN(self._on_barrier_sample)
         rb = h.ring_buffer__new(self._fds["events"], self._cb, None, None)
         if not rb:
             raise UserError(f"ring_buffer__new failed: {libbpf.errno_str(C.get_errno())}")
         self._rb = rb
-        # added second: libbpf consumes rings in order, so the must-not-miss events come first
-        rc = h.ring_buffer__add(rb, self._fds["barrier_events"], self._cb_barrier, None)
-        if rc:
-            raise UserError(f"ring_buffer__add failed: {libbpf.errno_str(rc)}")
+        # block barriers are read in bulk from the ring's memory (ring.py); one epoll waits for either ring
+        self._barrier_ring = FixedRing(self._fds["barrier_events"], self.ringbuf_bytes, BARRIER_DTYPE)
+        self._epoll = select.epoll()
+        for name in ("events", "barrier_events"):
+            self._epoll.register(self._fds[name], select.EPOLLIN)
 
     def _claim_self(self) -> None:
         """Tell the kernel which tgid is ours, in its own terms (our getpid() is wrong in a PID namespace): see
@@ -628,32 +635,35 @@ class Probe:
         self._raw.append(C.string_at(data, size))
         return _BUDGET_SPENT if len(self._raw) >= POLL_BUDGET_EVENTS else 0
 
-    def _on_barrier_sample(self, _ctx: int, data: int, size: int) -> int:
-        self._raw_barriers.append(C.string_at(data, size))
-        return _BUDGET_SPENT if len(self._raw_barriers) >= POLL_BUDGET_BARRIERS else 0
-
     def poll(self, timeout_ms: int = 0) -> list[Event]:
         """Wait up to timeout_ms (-1: until something arrives) for ring-buffer events and return them decoded
         (FreedExtent, Delete, JournalCommit, Discard, then block Barriers), each kind oldest first.
 
         Bounded work: at most POLL_BUDGET_EVENTS + POLL_BUDGET_BARRIERS records per call; what is left stays in the
-        rings for the next call. Deletes, freed extents, commits and discards wake a waiting poll at once; block
-        barriers only when their ring is a quarter full (a timeout consumes them)."""
+        rings for the next call. The kernel paces its wakeups (see "Wakeups" in bpf/common.bpf.h): a delete, freed
+        extent, commit or discard wakes a waiting poll at once unless one did in the last 20 ms; a record that did
+        not wake it is taken by the next look, which poll(-1) makes at least every 100 ms."""
         if self._rb is None:
             raise UserError("probe is closed")
+        if timeout_ms >= 0:
+            return self._poll_once(timeout_ms)
+        while True:
+            got = self._poll_once(LOOK_EVERY_MS)
+            if got:
+                return got
+
+    def _poll_once(self, timeout_ms: int) -> list[Event]:
+        assert self._rb is not None and self._epoll is not None and self._barrier_ring is not None
         self._tick_clock()
-        rc = self._h.ring_buffer__poll(self._rb, int(timeout_ms))
-        if rc < 0 and rc != _BUDGET_SPENT and -rc != errno.EINTR:
-            raise OSError(-rc, "ring_buffer__poll failed")
+        self._epoll.poll(timeout_ms / 1000 if timeout_ms else 0)
         if timeout_ms:
             self._tick_clock()
-        if len(self._raw) < POLL_BUDGET_EVENTS and len(self._raw_barriers) < POLL_BUDGET_BARRIERS:
-            rc = self._h.ring_buffer__consume(self._rb)
-            if rc < 0 and rc != _BUDGET_SPENT:
-                raise OSError(-rc, "ring_buffer__consume failed")
-        raw, self._raw = self._raw + self._raw_barriers, []
-        self._raw_barriers = []
-        return [ev for ev in map(decode_event, raw) if ev is not None]
+        rc = self._h.ring_buffer__consume(self._rb)
+        if rc < 0 and rc != _BUDGET_SPENT:
+            raise OSError(-rc, "ring_buffer__consume failed")
+        raw, self._raw = self._raw, []
+        events = [ev for ev in map(decode_event, raw) if ev is not None]
+        return events + decode_barriers(self._barrier_ring.take(POLL_BUDGET_BARRIERS))
 
     def _tick_clock(self) -> None:
         """The kernel stamps hotness with this clock (resolution: the interval between polls)."""
@@ -816,6 +826,12 @@ class Probe:
         if self._rb:
             h.ring_buffer__free(self._rb)
             self._rb = None
+        if self._epoll is not None:
+            self._epoll.close()
+            self._epoll = None
+        if self._barrier_ring is not None:
+            self._barrier_ring.close()
+            self._barrier_ring = None
         for link in self._links:
             h.bpf_link__destroy(link)
         self._links = []
@@ -848,6 +864,28 @@ _DECODERS: dict[int, type[C.Structure]] = {
     L.EV_DISCARD: L.cp_ev_discard,
     L.EV_COMMIT: L.cp_ev_commit,
 }
+
+
+BARRIER_DTYPE = np.dtype(L.cp_ev_barrier)
+_BARRIER_KINDS = {int(k): k for k in BarrierKind}
+
+
+def decode_barriers(rows: np.ndarray) -> list[Barrier]:
+    """Block-barrier records (BARRIER_DTYPE) to typed events, as decode_event would one by one; a record of an
+    unknown kind is left out."""
+    if not rows.size:
+        return []
+    data, meta = rows["data_bytes"].tolist(), rows["meta_bytes"].tolist()
+    out = []
+    for dev, ts, kind, ino, pid, d, m, flags, arg, closes in zip(
+        rows["hdr"]["dev"].tolist(), rows["hdr"]["ts_ns"].tolist(), rows["kind"].tolist(), rows["ino"].tolist(),
+        rows["pid"].tolist(), data, meta, rows["flags"].tolist(), rows["arg"].tolist(), rows["closes"].tolist(),
+        strict=True,
+    ):
+        k = _BARRIER_KINDS.get(kind)
+        if k is not None:
+            out.append(Barrier(dev, k, ino, pid, d + m, ts, d, m, flags, arg, bool(closes)))
+    return out
 
 
 def decode_event(raw: bytes) -> Event | None:
