@@ -45,6 +45,8 @@ extern void *bpf_rdonly_cast(void *obj, __u32 btf_id) __ksym __weak;
 #define NR_PWRITE64_ 18
 #define NR_WRITEV_ 20
 #define NR_MSYNC_ 26
+#define NR_FSYNC_ 74
+#define NR_FDATASYNC_ 75
 #define NR_SYNC_ 162
 #define NR_PWRITEV_ 296
 #define NR_PWRITEV2_ 328

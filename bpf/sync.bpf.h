@@ -97,21 +97,25 @@ int sys_sync_file_range(struct trace_event_raw_sys_enter *ctx)
 }
 
 /*
- * Durability points that are not fsync-family syscalls on the filesystem's own files all end in the filesystem's
- * fsync (vfs_fsync_range): writes on O_SYNC / O_DSYNC files or with RWF_DSYNC (generic_write_sync), msync(MS_SYNC),
+ * On ext4 every durability point ends in the filesystem's fsync (ext4_sync_file, via vfs_fsync_range): the fsync and
+ * fdatasync system calls, writes on O_SYNC / O_DSYNC files or with RWF_DSYNC (generic_write_sync), msync(MS_SYNC),
  * io_uring's fsync, fsync through overlayfs (the upper file's fsync). ext4_sync_file_{enter,exit} sees them all with
- * the real file and the result; an fsync syscall on the file itself is left to the syscall hooks (its entry is
- * pending). The kind comes from the file's flags, else from the system call the task is in.
+ * the real file and the result (ext4's result is the system call's). The fsync-family syscall tracepoints above are
+ * attached only when a filesystem other than ext4 is watched (user space decides); then an fsync syscall on ext4 is
+ * left to them (its entry is pending). The kind comes from the system call the task is in, else the file's flags.
  */
 
 static __always_inline u32 implicit_sync_kind(struct file *file, int datasync)
 {
-	long nr;
-	if (BPF_CORE_READ(file, f_flags) & O_DSYNC_) /* O_SYNC includes O_DSYNC */
-		return CP_BAR_SYNC_WRITE;
-	nr = current_syscall();
+	long nr = current_syscall();
+	if (nr == NR_FSYNC_)
+		return CP_BAR_FSYNC;
+	if (nr == NR_FDATASYNC_)
+		return CP_BAR_FDATASYNC;
 	if (nr == NR_MSYNC_)
 		return CP_BAR_MSYNC;
+	if (BPF_CORE_READ(file, f_flags) & O_DSYNC_) /* O_SYNC includes O_DSYNC */
+		return CP_BAR_SYNC_WRITE;
 	if (nr == NR_WRITE_ || nr == NR_PWRITE64_ || nr == NR_WRITEV_ || nr == NR_PWRITEV_ || nr == NR_PWRITEV2_)
 		return CP_BAR_SYNC_WRITE; /* RWF_SYNC / RWF_DSYNC */
 	return datasync ? CP_BAR_FDATASYNC : CP_BAR_FSYNC; /* io_uring, overlayfs, nfsd... */

@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from bpf_support import LoopFs, child, collect, run, settle
+from bpf_support import LoopFs, child, collect, make_loop_ext4, run, settle
 
 from cachepilot.events import BarrierKind, SyncCalls
 from cachepilot.probe import Probe
@@ -100,3 +100,56 @@ def test_fsync_through_overlayfs_counts_for_the_volume_below(probe: Probe, watch
         BarrierKind.FSYNC: (1, pid, upper),
         BarrierKind.FDATASYNC: (1, pid, upper),
     }
+
+
+FSYNCS = """
+import os, sys
+path = sys.argv[1]
+fd = os.open(path + ".plain", os.O_WRONLY | os.O_CREAT)
+for _ in range(4):
+    os.write(fd, b"p" * 4096); os.fsync(fd)
+os.fdatasync(fd); os.fdatasync(fd)
+os.close(fd)
+fd = os.open(path + ".osync", os.O_WRONLY | os.O_CREAT | os.O_SYNC)
+os.fsync(fd)  # an fsync on an O_SYNC file is an fsync, not a sync write
+os.close(fd)
+try:
+    os.fsync(1 << 20)  # EBADF: fails before any filesystem sees it
+except OSError:
+    pass
+print(os.getpid())
+"""
+
+
+def test_on_ext4_the_fsync_family_is_counted_by_ext4s_own_hooks(bpf_env: None, watched: LoopFs) -> None:
+    """With only ext4 watched, the fsync syscall tracepoints (a run per fsync of every task on the host) stay
+    detached; ext4's fsync hooks count every call exactly, of its kind, only those that succeed."""
+    with Probe(max_files=64) as p:
+        p.watch_volume(watched.dev)
+        assert "other than ext4" in p.report.disabled["sys_fsync"], p.report.summary()
+        assert "sys_exit_fdatasync" not in p.report.attached
+        settle(p)
+        pid = int(child(FSYNCS, str(watched.path("f"))).stdout)
+        got = sync_calls(p, watched.dev)
+        assert {k: (v.calls, v.last_pid) for k, v in got.items()} == {
+            BarrierKind.FSYNC: (5, pid),
+            BarrierKind.FDATASYNC: (2, pid),
+        }
+
+
+def test_a_non_ext4_filesystem_attaches_the_syscall_hooks_and_ext4_counts_once(bpf_env: None, watched: LoopFs) -> None:
+    with Probe(max_files=64) as p, make_loop_ext4(512, fstype="xfs") as xfs:
+        p.watch_volume(watched.dev)
+        p.watch_volume(xfs.dev)
+        assert {"sys_fsync", "sys_exit_fsync", "sys_fdatasync", "sys_exit_fdatasync"} <= set(p.report.attached)
+        settle(p)
+        pid = int(child(FSYNCS, str(watched.path("f"))).stdout)
+        xpid = int(child(FSYNCS, str(xfs.path("f"))).stdout)
+        collect(p, timeout=0.2)
+        drained = [e for e in p.drain() if isinstance(e, SyncCalls)]  # one drain takes every volume's calls
+        for dev, who in ((watched.dev, pid), (xfs.dev, xpid)):
+            got = {e.kind: e for e in drained if e.dev == dev}
+            assert {k: (v.calls, v.last_pid) for k, v in got.items()} == {
+                BarrierKind.FSYNC: (5, who),
+                BarrierKind.FDATASYNC: (2, who),
+            }, dev

@@ -46,6 +46,7 @@ from cachepilot.events import (
     JournalCommit,
     MetadataDelta,
     SyncCalls,
+    kdev_major_minor,
 )
 from cachepilot.probe import layout as L
 from cachepilot.probe import libbpf
@@ -131,6 +132,9 @@ DIO_IOMAP = ("on_dio_begin", "on_dio_complete", "on_dio_queued")
 BIO_FAST, BIO_COMPAT = "on_bio_queue", "on_bio_queue_compat"
 _KFUNCS = {h.program: h.kfunc for h in HOOKS if h.kfunc}
 DIO_SYSCALLS = tuple(h.program for h in HOOKS if h.program.startswith("sys_dio_"))
+FSYNC_SYSCALLS = ("sys_fsync", "sys_exit_fsync", "sys_fdatasync", "sys_exit_fdatasync")
+EXT4_SYNC = ("on_ext4_sync_enter", "on_ext4_sync_exit")
+STACKED, NOT_EXT4 = "stacked volume", "not ext4"  # what makes a deferred program attach (Probe._deferred)
 
 
 @dataclass
@@ -214,6 +218,22 @@ def _has_kernel_symbol(name: str) -> bool:
             return any(line.rstrip().endswith(needle) for line in f)
     except OSError:
         return False
+
+
+def fs_type(dev: int, mountinfo: Path = Path("/proc/self/mountinfo")) -> str | None:
+    """The type of the filesystem mounted from dev (the kernel's dev_t, as s_dev) (None: not mounted here, or mounted
+    as several types); from mountinfo's "major:minor" and the type after the " - " separator."""
+    want = "{}:{}".format(*kdev_major_minor(dev))
+    types = set()
+    try:
+        for line in mountinfo.read_text().splitlines():
+            fields, _, rest = line.partition(" - ")
+            parts = fields.split()
+            if len(parts) > 2 and parts[2] == want and rest:
+                types.add(rest.split()[0])
+    except OSError:
+        return None
+    return types.pop() if len(types) == 1 else None
 
 
 def _mount_tracefs() -> str | None:
@@ -310,7 +330,8 @@ class Probe:
         self._half_used: list[set[int]] = [set(), set()]  # occupied indexes of each half of the kernel's table
         self._members: dict[int, dict[int, int]] = {}  # watched device -> {volume dev: its roles for that volume}
         self._fs_of: dict[int, int] = {}  # volume dev -> the s_dev of its filesystem (itself, or stacked on it)
-        self._deferred: dict[str, int] = {}  # loaded programs attached only when needed (direct I/O marks)
+        # loaded programs attached only when a watch needs them: trigger -> {program: handle}
+        self._deferred: dict[str, dict[str, int]] = {}
         self._progs: dict[str, int] = {}  # every program of the object, by name
         self._slots: dict[int, int] = {}  # volume dev -> index in the "volumes" array
         self.self_tgid = 0  # our tgid as the kernel knows it (0: our own I/O is counted like anyone's)
@@ -435,18 +456,31 @@ class Probe:
             prot=mmap.PROT_READ | mmap.PROT_WRITE,
         )
 
-    def _attach(self, dio_hook: str) -> None:
-        h = self._h
+    def _defer(self, dio_hook: str) -> dict[str, str]:
+        """Set aside the loaded programs that wait for a watch needing them (Probe._deferred); returns why, per
+        trigger."""
+        loaded = {n: p for n, p in self._progs.items() if self._h.bpf_program__autoload(p)}
         # iomap's direct-I/O bios name their file themselves (bi_private): the per-task marks are only needed for the
         # clones device-mapper makes below a stacked filesystem, so their hooks (one run per read/write) wait for one
         marks = DIO_IOMAP if dio_hook == "iomap" else DIO_SYSCALLS
         if _has_kernel_symbol("iomap_dio_bio_end_io"):
-            self._deferred = {n: p for n, p in self._progs.items() if n in marks and h.bpf_program__autoload(p)}
+            self._deferred[STACKED] = {n: p for n, p in loaded.items() if n in marks}
+        # ext4's own fsync hooks count the fsync-family calls on ext4 (the kind from the system call); the syscall
+        # tracepoints, a run per fsync of every task (1.3 us here), are needed only for other filesystems
+        if all(n in loaded for n in EXT4_SYNC):
+            self._deferred[NOT_EXT4] = {n: p for n, p in loaded.items() if n in FSYNC_SYSCALLS}
+        return {STACKED: "direct I/O marks: attached when a stacked volume is watched",
+                NOT_EXT4: "fsync-family system calls: attached when a filesystem other than ext4 is watched"}
+
+    def _attach(self, dio_hook: str) -> None:
+        h = self._h
+        why = self._defer(dio_hook)
         for name, prog in self._progs.items():
             if not h.bpf_program__autoload(prog):
                 continue
-            if name in self._deferred:
-                self.report.disabled[name] = "direct I/O marks: attached when a stacked volume is watched"
+            trigger = next((t for t, progs in self._deferred.items() if name in progs), None)
+            if trigger is not None:
+                self.report.disabled[name] = why[trigger]
                 continue
             link = h.bpf_program__attach(prog)
             if not link:
@@ -536,7 +570,9 @@ class Probe:
             self._meta_prev[dev] = (0, 0)
         self._fs_of[dev] = dev if fs_dev is None else fs_dev
         if self._fs_of[dev] != dev:
-            self._attach_deferred()
+            self._attach_deferred(STACKED)
+        if fs_type(self._fs_of[dev]) != "ext4":
+            self._attach_deferred(NOT_EXT4)
         touched = {dev: L.ROLE_VOLUME}
         touched[self._fs_of[dev]] = touched.get(self._fs_of[dev], 0) | L.ROLE_FS
         for low in lower:
@@ -557,13 +593,14 @@ class Probe:
                 self._fs_of[dev] = fs_before
             raise
 
-    def _attach_deferred(self) -> None:
-        for name, prog in list(self._deferred.items()):
+    def _attach_deferred(self, trigger: str) -> None:
+        progs = self._deferred.get(trigger, {})
+        for name, prog in list(progs.items()):
             link = self._h.bpf_program__attach(prog)
             if not link:
                 self.report.failed[name] = f"attach failed: {libbpf.errno_str(C.get_errno())}"
                 continue
-            del self._deferred[name]
+            del progs[name]
             self.report.disabled.pop(name, None)
             self._links.append(link)
             self.report.attached.append(name)
