@@ -117,3 +117,16 @@ def test_a_record_of_another_size_is_an_error(ring: tuple[FakeRing, FixedRing]) 
     k.write(1, length=16)
     with pytest.raises(RingFormatError, match="16 bytes"):
         r.take(10)
+
+
+def test_left_over_says_whether_the_limit_left_records(ring: tuple[FakeRing, FixedRing]) -> None:
+    k, r = ring
+    for a in range(1, 6):
+        k.write(a)
+    r.take(3)
+    assert r.left_over
+    r.take(2)
+    assert not r.left_over  # exactly the limit, nothing after it
+    k.write(6)
+    r.take(3)
+    assert not r.left_over

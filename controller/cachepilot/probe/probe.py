@@ -322,6 +322,7 @@ class Probe:
         self._rb: int | None = None
         self._barrier_ring: FixedRing | None = None
         self._epoll: select.epoll | None = None
+        self._backlog = False
         self._hot_mm: mmap.mmap | None = None
         self._raw: list[bytes] = []
         self._meta_prev: dict[int, tuple[int, int]] = {}
@@ -508,9 +509,11 @@ class Probe:
         self._rb = rb
         # block barriers are read in bulk from the ring's memory (ring.py); one epoll waits for either ring
         self._barrier_ring = FixedRing(self._fds["barrier_events"], self.ringbuf_bytes, BARRIER_DTYPE)
+        # edge-triggered: woken only by the kernel's (paced) wakeups; level-triggered, every look that found a
+        # record that came meanwhile returned at once, and a busy producer kept the consumer spinning
         self._epoll = select.epoll()
         for name in ("events", "barrier_events"):
-            self._epoll.register(self._fds[name], select.EPOLLIN)
+            self._epoll.register(self._fds[name], select.EPOLLIN | select.EPOLLET)
 
     def _claim_self(self) -> None:
         """Tell the kernel which tgid is ours, in its own terms (our getpid() is wrong in a PID namespace): see
@@ -692,15 +695,18 @@ class Probe:
     def _poll_once(self, timeout_ms: int) -> list[Event]:
         assert self._rb is not None and self._epoll is not None and self._barrier_ring is not None
         self._tick_clock()
-        self._epoll.poll(timeout_ms / 1000 if timeout_ms else 0)
-        if timeout_ms:
+        wait = 0 if self._backlog else timeout_ms  # records left by the last call's budget: no wakeup will say so
+        self._epoll.poll(wait / 1000 if wait else 0)
+        if wait:
             self._tick_clock()
         rc = self._h.ring_buffer__consume(self._rb)
         if rc < 0 and rc != _BUDGET_SPENT:
             raise OSError(-rc, "ring_buffer__consume failed")
         raw, self._raw = self._raw, []
         events = [ev for ev in map(decode_event, raw) if ev is not None]
-        return events + decode_barriers(self._barrier_ring.take(POLL_BUDGET_BARRIERS))
+        barriers = decode_barriers(self._barrier_ring.take(POLL_BUDGET_BARRIERS))
+        self._backlog = len(raw) >= POLL_BUDGET_EVENTS or self._barrier_ring.left_over
+        return events + barriers
 
     def _tick_clock(self) -> None:
         """The kernel stamps hotness with this clock (resolution: the interval between polls)."""

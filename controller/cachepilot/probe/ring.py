@@ -44,6 +44,7 @@ class FixedRing:
         self._data = whole[mmap.PAGESIZE:]  # 2 x size: the data pages and their second mapping
         self._data32 = self._data.view(np.uint32)
         self._payload = np.arange(self.dtype.itemsize, dtype=np.int64) + HDR_SIZE
+        self.left_over = False
 
     def take(self, limit: int) -> np.ndarray:
         """Up to `limit` committed records, oldest first (a record still being written ends the batch); they are
@@ -51,6 +52,7 @@ class FixedRing:
         cons = int(self._cons.value)
         prod = int(self._prod[0])
         n = min(max(prod - cons, 0) // self.rec, limit)
+        self.left_over = n == limit and prod - cons > n * self.rec  # the limit left records for the next pass
         if n <= 0:
             return np.empty(0, dtype=self.dtype)
         offs = (cons + np.arange(n, dtype=np.int64) * self.rec) & (self.size - 1)
