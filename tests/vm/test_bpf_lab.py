@@ -24,8 +24,8 @@ MODULES = [
     "tests/bpf/test_durability.py",
 ]
 GUEST_ONLY = ["tests/bpf/lab_attribution.py"]  # attribution to the cached device vs the disks below it
-# host-only: a second loop device with its own ext4, and a loop device whose max_sectors_kb is lowered
-DESELECT = "not unwatched and not split_bios"
+# host-only: a second loop device with its own ext4 (or XFS), and a loop device whose max_sectors_kb is lowered
+DESELECT = "not unwatched and not split_bios and not non_ext4"
 
 GUEST = f"""
 set -e
