@@ -50,6 +50,7 @@ struct cp_watch {
 /* ---- configuration (array "cp_config_map", one element, written by user space after load) ---- */
 #define CP_CFG_IGNORE_SELF 0x1
 #define CP_CFG_DIO_SYSCALLS 0x2 /* direct I/O marks live in "dio_task" (syscall hooks), else in task storage */
+#define CP_CFG_SYNC_SYSCALLS 0x4 /* the fsync-family syscall hooks are attached: ext4's hooks leave their calls to them */
 
 struct cp_config {
 	u32 self_tgid; /* the loader's tgid in the initial PID namespace (what bpf_get_current_pid_tgid returns) */
@@ -146,7 +147,7 @@ struct cp_sync {
 struct cp_sync_pending {
 	u64 ino;
 	u32 slot;
-	u32 kind; /* | CP_SYNC_FS_LEVEL: noted by the filesystem's own fsync (ext4_sync_file_enter), not a syscall's entry */
+	u32 kind; /* | CP_SYNC_FS_LEVEL: noted by the filesystem's own fsync (ext4_sync_file_enter, in "sync_store") */
 };
 
 #define CP_SYNC_FS_LEVEL 0x100

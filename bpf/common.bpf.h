@@ -77,6 +77,15 @@ struct {
 	__type(value, struct cp_dio);
 } dio_store SEC(".maps");
 
+/* ext4's fsync in progress, per task: from ext4_sync_file_enter to its exit (task storage: a few loads where the
+ * tid-keyed LRU hash cost ~600 ns per update and ~300 per lookup + delete on every fsync) */
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct cp_sync_pending);
+} sync_store SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 1 << 20); /* resized by user space before load */
@@ -102,7 +111,7 @@ struct {
 } sync_calls SEC(".maps");
 
 /* a thread is in at most one syscall: entries live from a durability call's entry to its exit (LRU: an exit missed
- * while attaching cannot leak an entry forever) */
+ * while attaching cannot leak an entry forever); the syscall tracepoints' (program type tracepoint) */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 8192);

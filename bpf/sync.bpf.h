@@ -47,8 +47,6 @@ static __always_inline int sync_exit(long ret)
 	struct cp_sync_pending *p = bpf_map_lookup_elem(&sync_pending, &tid);
 	if (!p)
 		return 0;
-	if (p->kind & CP_SYNC_FS_LEVEL)
-		return 0; /* not ours: the filesystem's exit hook counts it */
 	if (ret == 0)
 		count_sync(p->slot, p->kind, p->ino, (u32)(pid_tgid >> 32));
 	bpf_map_delete_elem(&sync_pending, &tid);
@@ -124,31 +122,39 @@ static __always_inline u32 implicit_sync_kind(struct file *file, int datasync)
 SEC("tp_btf/ext4_sync_file_enter")
 int BPF_PROG(on_ext4_sync_enter, struct file *file, int datasync)
 {
-	u32 tid = (u32)bpf_get_current_pid_tgid();
-	if (is_self() || bpf_map_lookup_elem(&sync_pending, &tid))
-		return 0; /* an fsync syscall's own: counted at its exit */
+	struct cp_config *c = cfg();
+	if (!c || is_self())
+		return 0;
+	if (c->flags & CP_CFG_SYNC_SYSCALLS) {
+		u32 tid = (u32)bpf_get_current_pid_tgid();
+		if (bpf_map_lookup_elem(&sync_pending, &tid))
+			return 0; /* an fsync syscall's own: counted at its exit */
+	}
 	struct inode *inode = file->f_inode;
 	struct cp_watch *w = watch_of(inode->i_sb->s_dev, CP_ROLE_FS);
 	if (!w)
 		return 0;
-	struct cp_sync_pending p = {.ino = inode->i_ino, .slot = w->slot,
-				    .kind = implicit_sync_kind(file, datasync) | CP_SYNC_FS_LEVEL};
-	if (bpf_map_update_elem(&sync_pending, &tid, &p, BPF_ANY))
+	struct cp_sync_pending *p = bpf_task_storage_get(&sync_store, bpf_get_current_task_btf(), 0,
+							 BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!p) {
 		count_drop(w->slot, CP_DROP_SYNC);
+		return 0;
+	}
+	p->ino = inode->i_ino;
+	p->slot = w->slot;
+	p->kind = implicit_sync_kind(file, datasync) | CP_SYNC_FS_LEVEL;
 	return 0;
 }
 
 SEC("tp_btf/ext4_sync_file_exit")
 int BPF_PROG(on_ext4_sync_exit, struct inode *inode, int ret)
 {
-	u64 pid_tgid = bpf_get_current_pid_tgid();
-	u32 tid = (u32)pid_tgid;
-	struct cp_sync_pending *p = bpf_map_lookup_elem(&sync_pending, &tid);
+	struct cp_sync_pending *p = bpf_task_storage_get(&sync_store, bpf_get_current_task_btf(), 0, 0);
 	if (!p || !(p->kind & CP_SYNC_FS_LEVEL))
 		return 0;
 	if (ret == 0)
-		count_sync(p->slot, p->kind & ~CP_SYNC_FS_LEVEL, p->ino, (u32)(pid_tgid >> 32));
-	bpf_map_delete_elem(&sync_pending, &tid);
+		count_sync(p->slot, p->kind & ~CP_SYNC_FS_LEVEL, p->ino, (u32)(bpf_get_current_pid_tgid() >> 32));
+	p->kind = 0;
 	return 0;
 }
 

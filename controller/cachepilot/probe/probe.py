@@ -476,6 +476,8 @@ class Probe:
     def _attach(self, dio_hook: str) -> None:
         h = self._h
         why = self._defer(dio_hook)
+        if not self._deferred.get(NOT_EXT4):
+            self._sync_syscalls_on()
         for name, prog in self._progs.items():
             if not h.bpf_program__autoload(prog):
                 continue
@@ -596,8 +598,16 @@ class Probe:
                 self._fs_of[dev] = fs_before
             raise
 
+    def _sync_syscalls_on(self) -> None:
+        """Before the fsync-family syscall hooks attach: ext4's hooks leave the calls those see to them (else one
+        call in flight while they attach would count twice)."""
+        self._cfg.flags |= L.CFG_SYNC_SYSCALLS
+        self._update("cp_config_map", C.c_uint32(0), self._cfg)
+
     def _attach_deferred(self, trigger: str) -> None:
         progs = self._deferred.get(trigger, {})
+        if trigger == NOT_EXT4 and progs:
+            self._sync_syscalls_on()
         for name, prog in list(progs.items()):
             link = self._h.bpf_program__attach(prog)
             if not link:
