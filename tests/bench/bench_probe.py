@@ -31,8 +31,8 @@ from labbench import OUT_ROOT  # noqa: E402  (results land next to the lab bench
 from cachepilot.probe import HOOKS, Probe  # noqa: E402
 from cachepilot.probe import layout as L  # noqa: E402
 
-RUNTIME = int(os.environ.get("BENCH_RUNTIME", "3"))
-PAIRS = int(os.environ.get("BENCH_PAIRS", "6"))
+RUNTIME = int(os.environ.get("BENCH_RUNTIME", "2"))
+PAIRS = int(os.environ.get("BENCH_PAIRS", "12"))
 DRAIN_FILES = int(os.environ.get("BENCH_DRAIN_FILES", "1000000"))
 
 
