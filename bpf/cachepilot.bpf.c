@@ -10,8 +10,9 @@
  *                      syscall tracepoints (6.1), attached only for stacked volumes when iomap's bios name their file
  *   freed.bpf.h        tp_btf/ext4_evict_inode (a file's end), tp_btf/ext4_free_blocks, tp_btf/xfs_extent_free_defer,
  *                      tp_btf/jbd2_end_commit
- *   sync.bpf.h         sys_{enter,exit}_{fsync,fdatasync,sync_file_range,syncfs}, tp_btf/ext4_sync_file_{enter,exit},
- *                      tp_btf/ext4_sync_fs: durability calls counted per volume and kind
+ *   sync.bpf.h         tp_btf/ext4_sync_file_{enter,exit} (every durability point on ext4), tp_btf/ext4_sync_fs,
+ *                      sys_{enter,exit}_{sync_file_range,syncfs}, and sys_{enter,exit}_{fsync,fdatasync} (attached
+ *                      only when a filesystem other than ext4 is watched): counted per volume and kind
  * All hooks are tracepoints (this host refuses fentry and has no kprobes).
  */
 #include "vmlinux.h"
