@@ -182,7 +182,8 @@ static __always_inline void *reserve_event(u64 size, u32 type, u32 dev, u32 slot
  *   still wakes a waiting poll at once, a burst wakes it once. A record that came after a wakeup and did not wake
  *   is read by the consumer's next pass (Probe.poll() never waits longer than CP_WAKE_EVERY_NS x 5 without
  *   looking).
- * A reader with data left is not missed: the ring's poll is level-triggered.
+ * User space waits edge-triggered (only these wakeups end a wait) and looks again without waiting when its
+ * budget left records behind (Probe._poll_once).
  */
 #define CP_WAKE_EVERY_NS (20ULL * 1000 * 1000)
 
