@@ -135,6 +135,10 @@ DIO_SYSCALLS = tuple(h.program for h in HOOKS if h.program.startswith("sys_dio_"
 FSYNC_SYSCALLS = ("sys_fsync", "sys_exit_fsync", "sys_fdatasync", "sys_exit_fdatasync")
 EXT4_SYNC = ("on_ext4_sync_enter", "on_ext4_sync_exit")
 STACKED, NOT_EXT4 = "stacked volume", "not ext4"  # what makes a deferred program attach (Probe._deferred)
+DEFERRED_UNTIL = {
+    STACKED: "direct I/O marks: attached when a stacked volume is watched",
+    NOT_EXT4: "fsync-family system calls: attached when a filesystem other than ext4 is watched",
+}
 
 
 @dataclass
@@ -457,9 +461,8 @@ class Probe:
             prot=mmap.PROT_READ | mmap.PROT_WRITE,
         )
 
-    def _defer(self, dio_hook: str) -> dict[str, str]:
-        """Set aside the loaded programs that wait for a watch needing them (Probe._deferred); returns why, per
-        trigger."""
+    def _defer(self, dio_hook: str) -> None:
+        """Set aside the loaded programs that wait for a watch needing them (Probe._deferred)."""
         loaded = {n: p for n, p in self._progs.items() if self._h.bpf_program__autoload(p)}
         # iomap's direct-I/O bios name their file themselves (bi_private): the per-task marks are only needed for the
         # clones device-mapper makes below a stacked filesystem, so their hooks (one run per read/write) wait for one
@@ -470,12 +473,10 @@ class Probe:
         # tracepoints, a run per fsync of every task (1.3 us here), are needed only for other filesystems
         if all(n in loaded for n in EXT4_SYNC):
             self._deferred[NOT_EXT4] = {n: p for n, p in loaded.items() if n in FSYNC_SYSCALLS}
-        return {STACKED: "direct I/O marks: attached when a stacked volume is watched",
-                NOT_EXT4: "fsync-family system calls: attached when a filesystem other than ext4 is watched"}
 
     def _attach(self, dio_hook: str) -> None:
         h = self._h
-        why = self._defer(dio_hook)
+        self._defer(dio_hook)
         if not self._deferred.get(NOT_EXT4):
             self._sync_syscalls_on()
         for name, prog in self._progs.items():
@@ -483,7 +484,7 @@ class Probe:
                 continue
             trigger = next((t for t, progs in self._deferred.items() if name in progs), None)
             if trigger is not None:
-                self.report.disabled[name] = why[trigger]
+                self.report.disabled[name] = DEFERRED_UNTIL[trigger]
                 continue
             link = h.bpf_program__attach(prog)
             if not link:
@@ -949,6 +950,9 @@ def decode_event(raw: bytes) -> Event | None:
     cls = _DECODERS.get(typ)
     if cls is None or len(raw) < C.sizeof(cls):
         return None
+    if cls is L.cp_ev_barrier:  # one rule for barriers, the bulk reader's
+        got = decode_barriers(np.frombuffer(raw[: C.sizeof(cls)], dtype=BARRIER_DTYPE))
+        return got[0] if got else None
     e = cls.from_buffer_copy(raw[: C.sizeof(cls)])
     dev, ts = e.hdr.dev, e.hdr.ts_ns
     if isinstance(e, L.cp_ev_free):
@@ -956,24 +960,6 @@ def decode_event(raw: bytes) -> Event | None:
         return FreedExtent(dev, e.ino, e.block, e.count, metadata, ts, tid=e.tid if e.has_tid else -1)
     if isinstance(e, L.cp_ev_delete):
         return Delete(FileKey(dev, e.ino, e.gen), e.size, ts)
-    if isinstance(e, L.cp_ev_barrier):
-        try:
-            kind = BarrierKind(e.kind)
-        except ValueError:
-            return None
-        return Barrier(
-            dev,
-            kind,
-            e.ino,
-            e.pid,
-            e.data_bytes + e.meta_bytes,
-            ts,
-            epoch_data_bytes=e.data_bytes,
-            epoch_meta_bytes=e.meta_bytes,
-            flags=e.flags,
-            arg=e.arg,
-            closes_epoch=bool(e.closes),
-        )
     if isinstance(e, L.cp_ev_discard):
         return Discard(dev, e.sector, e.nr_sectors, ts)
     if isinstance(e, L.cp_ev_commit):
