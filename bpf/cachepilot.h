@@ -75,7 +75,8 @@ struct cp_config {
 /* ---- per-file hotness: open-addressed table in an mmap-able array ("hot_slots") ----
  * A slot is claimed by compare-and-swap of ino (0 = free; inode 0 does not exist), then dev and gen are written; a
  * racing reader that sees the slot half-written moves on (at worst the file gets two slots: deltas are additive).
- * User space copies and zeroes the table each tick. 48 bytes per slot. */
+ * The claim also sets the slot's bit in "hot_claimed"; user space copies and zeroes the claimed slots each tick.
+ * 48 bytes per slot. */
 struct cp_hot_slot {
 	u64 ino;
 	u32 dev; /* superblock s_dev */

@@ -20,6 +20,15 @@ struct hot_ctx {
 	u32 done;
 };
 
+static __always_inline void hot_mark_claimed(u32 k)
+{
+	u32 w = k >> 6;
+	u64 *word = bpf_map_lookup_elem(&hot_claimed, &w);
+
+	if (word)
+		__sync_fetch_and_or(word, 1ULL << (k & 63));
+}
+
 /* Probe slot idx + i: claim it if free, count into it if it is this file's. 1 = done (counted or table end). */
 static __always_inline long hot_try(u32 i, struct hot_ctx *h)
 {
@@ -38,6 +47,7 @@ static __always_inline long hot_try(u32 i, struct hot_ctx *h)
 			s->dev = h->dev;
 			s->gen = h->gen;
 			t = h->ino;
+			hot_mark_claimed(k);
 		}
 	}
 	if (t != h->ino || s->dev != h->dev || s->gen != h->gen)

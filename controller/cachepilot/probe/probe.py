@@ -59,10 +59,11 @@ TRACEFS = Path("/sys/kernel/tracing")
 SLOT_SIZE = C.sizeof(L.cp_hot_slot)
 WORKS_WITHOUT = "without it cachepilot runs blind (policy, backends and dry-run on recorded traces still work)"
 MAPS = (
-    "watched", "volumes", "cp_config_map", "drops", "hot_slots", "events", "barrier_events", "dio_task", "dio_store",
-    "vol_drops", "sync_calls", "sync_pending", "grace", "grace_inner",
+    "watched", "volumes", "cp_config_map", "drops", "hot_slots", "hot_claimed", "events", "barrier_events", "dio_task",
+    "dio_store", "vol_drops", "sync_calls", "sync_pending", "grace", "grace_inner",
 )
-LOAD_FACTOR = 0.76  # slots = max_files / LOAD_FACTOR per half: 2 x 48 B / 0.76 = 126.3 B of kernel memory per file
+LOAD_FACTOR = 0.76  # slots = max_files / LOAD_FACTOR per half: (2 x 48 B + 2 bits) / 0.76 = 126.6 B of kernel memory
+# per file
 
 
 @dataclass(frozen=True)
@@ -328,6 +329,7 @@ class Probe:
         self._epoll: select.epoll | None = None
         self._backlog = False
         self._hot_mm: mmap.mmap | None = None
+        self._claimed_mm: mmap.mmap | None = None
         self._raw: list[bytes] = []
         self._meta_prev: dict[int, tuple[int, int]] = {}
         self._sync_prev: dict[tuple[int, int], int] = {}  # (volume dev, kind) -> calls already reported
@@ -347,7 +349,8 @@ class Probe:
         if ringbuf_bytes < 4096 or ringbuf_bytes & (ringbuf_bytes - 1):
             raise UserError("ringbuf_bytes must be a power of two >= 4096")
         self.max_files = max_files
-        self.nslots = max(CP_MIN_SLOTS, math.ceil(max_files / LOAD_FACTOR))
+        # a multiple of 64: each half's claimed bits fill whole words of "hot_claimed"
+        self.nslots = max(CP_MIN_SLOTS, -(-math.ceil(max_files / LOAD_FACTOR) // 64) * 64)
         self.ringbuf_bytes = ringbuf_bytes
         self.ignore_self = ignore_self
         self.object_path = Path(object_path) if object_path else DEFAULT_OBJECT
@@ -438,6 +441,7 @@ class Probe:
     def _load(self, dio_hook: str) -> None:
         h = self._h
         self._set_max_entries("hot_slots", 2 * self.nslots)  # two halves: one counted into, one drained
+        self._set_max_entries("hot_claimed", 2 * self.nslots // 64)
         self._set_max_entries("events", self.ringbuf_bytes)
         self._set_max_entries("barrier_events", self.ringbuf_bytes)
         rc = h.bpf_object__load(self._obj)
@@ -453,13 +457,8 @@ class Probe:
             raise UserError(f"cannot count the possible CPUs: {libbpf.errno_str(self._ncpus)}")
         self._cfg = L.cp_config(flags=L.CFG_DIO_SYSCALLS if dio_hook == "syscalls" else 0, nslots=self.nslots)
         self._tick_clock()
-        self._hot_bytes = self.nslots * SLOT_SIZE  # one half
-        self._hot_mm = mmap.mmap(
-            self._fds["hot_slots"],
-            (2 * self._hot_bytes + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE,
-            flags=mmap.MAP_SHARED,
-            prot=mmap.PROT_READ | mmap.PROT_WRITE,
-        )
+        self._hot_mm = _map_shared(self._fds["hot_slots"], 2 * self.nslots * SLOT_SIZE)
+        self._claimed_mm = _map_shared(self._fds["hot_claimed"], 2 * self.nslots // 8)
 
     def _defer(self, dio_hook: str) -> None:
         """Set aside the loaded programs that wait for a watch needing them (Probe._deferred)."""
@@ -739,33 +738,39 @@ class Probe:
         self._switch_config()
         return old * SLOT_SIZE
 
-    def _drain_chunks(self) -> Iterable[bytes]:
-        """Copy and reset the half of the in-kernel hotness table the programs counted into until now, 64 KiB at a
-        time; yields the chunks that held anything. Lossless: the programs count into the other half meanwhile
-        (_swap_halves). A file may appear in two slots (a race at claim time); deltas are additive."""
-        mm = self._hot_mm
-        if mm is None:
+    def _drain_claimed(self) -> list[int]:
+        """The slots of the half of the in-kernel hotness table the programs counted into until now that they
+        claimed (their bits in "hot_claimed"), the bits cleared. Lossless: the programs count into the other half
+        meanwhile (_swap_halves). A file may appear in two slots (a race at claim time); deltas are additive."""
+        if self._hot_mm is None or self._claimed_mm is None:
             raise UserError("probe is closed")
-        chunk = SLOT_SIZE * 1365
-        zero = bytes(chunk)
-        first = self._swap_halves()
-        total = first + self._hot_bytes
-        for off in range(first, total, chunk):
-            end = min(off + chunk, total)
-            data = mm[off:end]
-            if data == zero[: end - off]:
-                continue
-            mm[off:end] = zero[: end - off]
-            yield data
+        first = self._swap_halves() // SLOT_SIZE // 64
+        words = memoryview(self._claimed_mm).cast("Q")
+        try:
+            out: list[int] = []
+            for w, v in enumerate(words[first : first + self.nslots // 64], first):
+                if not v:
+                    continue
+                words[w] = 0
+                while v:
+                    low = v & -v
+                    out.append(w * 64 + low.bit_length() - 1)
+                    v ^= low
+            return out
+        finally:
+            words.release()
 
     def drain_hotness_raw(self) -> list[tuple[int, ...]]:
         """Drain the hotness table as raw slot tuples
         (ino, dev, gen, read_score, write_score, read_sectors, write_sectors, last_ns, size)."""
-        unpack = struct.Struct(L.HOT_SLOT_FORMAT).iter_unpack
+        unpack = struct.Struct(L.HOT_SLOT_FORMAT).unpack_from
+        mm = self._hot_mm
         out: list[tuple[int, ...]] = []
-        for data in self._drain_chunks():
-            out.extend(t for t in unpack(data) if t[0])
-        return out
+        for k in self._drain_claimed():
+            assert mm is not None
+            out.append(unpack(mm, k * SLOT_SIZE))
+            mm[k * SLOT_SIZE : (k + 1) * SLOT_SIZE] = ZERO_SLOT
+        return [t for t in out if t[0]]
 
     def drain_hotness_array(self) -> Any:  # numpy.ndarray of cachepilot.models.hotness.HOT_DTYPE (numpy loads lazily)
         """Drain the hotness table as one numpy record array in the models' layout (HOT_DTYPE: dev, ino, gen, rs,
@@ -776,11 +781,14 @@ class Probe:
 
         slot = np.dtype(L.cp_hot_slot)  # numpy's view of the one ctypes layout
         assert slot.itemsize == SLOT_SIZE
-        parts = []
-        for data in self._drain_chunks():
-            a = np.frombuffer(data, dtype=slot)
-            parts.append(a[a["ino"] != 0])
-        used = np.concatenate(parts) if parts else np.empty(0, dtype=slot)
+        idx = np.array(self._drain_claimed(), dtype=np.int64)
+        table: Any = np.frombuffer(self._hot_mm, dtype=slot, count=2 * self.nslots)  # type: ignore[arg-type]
+        try:
+            used = table[idx]  # a copy
+            table[idx] = np.zeros(1, dtype=slot)
+        finally:
+            del table  # no view may outlive the map (close() unmaps it)
+        used = used[used["ino"] != 0]
         out = np.empty(len(used), dtype=HOT_DTYPE)
         for to, f in (("dev", "dev"), ("ino", "ino"), ("gen", "gen"), ("rs", "read_score"), ("ws", "write_score"),
                       ("last", "last_ns"), ("size", "size")):
@@ -889,9 +897,10 @@ class Probe:
         for link in self._links:
             h.bpf_link__destroy(link)
         self._links = []
-        if self._hot_mm is not None:
-            self._hot_mm.close()
-            self._hot_mm = None
+        for mm in (self._hot_mm, self._claimed_mm):
+            if mm is not None:
+                mm.close()
+        self._hot_mm = self._claimed_mm = None
         if self._obj:
             h.bpf_object__close(self._obj)
             self._obj = None
@@ -910,6 +919,13 @@ class Probe:
 
 
 CP_MIN_SLOTS = 64
+ZERO_SLOT = bytes(SLOT_SIZE)
+
+
+def _map_shared(fd: int, size: int) -> mmap.mmap:
+    """A BPF_F_MMAPABLE array map's values, read-write (whole pages)."""
+    return mmap.mmap(fd, -(-size // mmap.PAGESIZE) * mmap.PAGESIZE, flags=mmap.MAP_SHARED,
+                     prot=mmap.PROT_READ | mmap.PROT_WRITE)
 
 _DECODERS: dict[int, type[C.Structure]] = {
     L.EV_FREE: L.cp_ev_free,
