@@ -346,3 +346,51 @@ def test_freed_in_batches_equals_one_at_a_time(ops: list[tuple[str, int, int, in
             assert one.pending == many.pending and one.ready() == many.ready()
     flush()
     assert one.ready() == many.ready() and one.stats == many.stats
+
+
+def test_commits_read_later_keep_each_extents_own_commit_time() -> None:
+    # commits are applied when the queue is next read: an extent is still ready since the first commit that covered
+    # it, not since the last one (a fragment's hold is counted from there)
+    q = FreedExtentQueue(granularity_blocks=4, max_hold_ns=1000)
+    q.freed(9, 2, ts_ns=100, tid=7)  # 9..10: no whole granule, a fragment
+    q.freed(50, 2, ts_ns=300, tid=8)  # 50..51: likewise
+    q.freed(70, 2, ts_ns=500, tid=9)  # not committed
+    q.commit(7, 200)
+    q.commit(8, 400)
+    assert q.ready() == [(9, 11), (50, 52)] and q.pending_blocks == 2
+    assert q.take(1300) == []  # 1300 - 200 > hold: dropped; 1300 - 400 is not: still waits
+    assert q.ready() == [(50, 52)] and q.stats.dropped_small_blocks == 2
+
+
+def test_commits_read_later_across_a_wrapping_transaction_id() -> None:
+    q = FreedExtentQueue()
+    for block, tid in ((0, 0xFFFFFFFE), (10, 0xFFFFFFFF), (20, 0), (30, 1), (40, 2)):
+        q.freed(block, 5, ts_ns=1, tid=tid)
+    q.commit(0xFFFFFFFF, 2)
+    q.commit(0, 3)
+    q.commit(1, 4)
+    assert q.ready() == [(0, 5), (10, 15), (20, 25), (30, 35)]
+    assert q.pending == [(1, 40, 45, 2)]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 6), st.integers(0, 50)), max_size=40))
+def test_commits_read_later_match_commits_applied_at_once(steps: list[tuple[bool, int, int]]) -> None:
+    """The same ready set, pending set and ready-since times as reading the queue after every commit."""
+    lazy, eager = FreedExtentQueue(granularity_blocks=2, max_hold_ns=5), FreedExtentQueue(granularity_blocks=2,
+                                                                                          max_hold_ns=5)
+    tid, ts = 0, 0
+    for i, (is_commit, dt, block) in enumerate(steps):
+        ts += dt
+        for q in (lazy, eager):
+            if is_commit:
+                q.commit(tid, ts)
+            else:
+                q.freed(block * 3, 1 + i % 3, ts, tid=tid + i % 2)
+        if is_commit:
+            tid += 1
+            eager.ready()  # applied now
+    assert lazy.pending == eager.pending
+    assert lazy.ready() == eager.ready()
+    assert lazy.take(ts + 6) == eager.take(ts + 6)
+    assert lazy.stats == eager.stats

@@ -75,6 +75,7 @@ class FreedExtentQueue:
         self._pchunks: list[np.ndarray] = []
         self._npend = 0
         self.commits_seen = 0
+        self._commits: list[tuple[int, int]] = []  # (transaction, ts_ns) not applied yet, in arrival order
         # ready intervals [start, end), sorted, disjoint, non-touching, and since when each is ready (its oldest
         # part): numpy columns, so that a tick's take() over thousands of small extents is a few array operations
         self._starts = _EMPTY
@@ -136,6 +137,7 @@ class FreedExtentQueue:
 
     def _trim(self) -> None:
         """Beyond max_pending the oldest are dropped and counted (lost commit events cannot grow it forever)."""
+        self._apply_commits()
         rows = self._pending()
         drop = len(rows) - self.max_pending
         self.stats.dropped_overflow_blocks += int((rows[:drop, 2] - rows[:drop, 1]).sum())
@@ -143,26 +145,44 @@ class FreedExtentQueue:
 
     @property
     def pending(self) -> list[tuple[int, int, int, int]]:
+        self._apply_commits()
         return [(a, b, c, d) for a, b, c, d in self._pending().tolist()]
 
-    def commit(self, transaction: int, ts_ns: int) -> int:
+    def commit(self, transaction: int, ts_ns: int) -> None:
         """Transaction ``transaction`` committed: extents it (or an earlier one) freed become ready, and so do
-        extents without a transaction. Returns blocks made ready."""
+        extents without a transaction, ready since ``ts_ns``. Applied when the queue is next read (_apply_commits):
+        a daemon sees a commit per fsync, and the array work per commit cost more than everything else it does with
+        an event. Readiness depends on transaction ids, not on when the commit is applied."""
         self.commits_seen += 1
         self._now = max(self._now, ts_ns)
-        if not self._npend:
-            return 0
+        if self._npend:
+            self._commits.append((transaction & TID_MASK, ts_ns))
+
+    def _apply_commits(self) -> None:
+        """Every pending extent freed in a committed transaction is ready since the first commit that covered it."""
+        commits, self._commits = self._commits, []
+        if not commits or not self._npend:
+            return
         rows = self._pending()
         tid = rows[:, 3]
-        ready = (tid < 0) | tid_geq(transaction & TID_MASK, tid)
-        return self._make_ready(rows, ready, ts_ns)
+        base = commits[0][0]
+        # commits come in transaction order: ids relative to the first one's, so that wrapping ids sort; a tid
+        # at or before the first commit (its distance wraps past 2^31) is covered by the first commit
+        rel_commit = np.array([(t - base) & TID_MASK for t, _ in commits], dtype=np.int64)
+        rel_commit[rel_commit >= 0x80000000] = 0  # (out of order: as the first)
+        rel = (tid - base) & TID_MASK
+        rel = np.where((tid < 0) | (rel >= 0x80000000), 0, rel)
+        first = np.searchsorted(np.maximum.accumulate(rel_commit), rel, side="left")
+        ready = first < len(commits)
+        since = np.array([ts for _, ts in commits], dtype=np.int64)[np.minimum(first, len(commits) - 1)]
+        self._make_ready(rows, ready, since[ready])
 
-    def _make_ready(self, rows: np.ndarray, ready: np.ndarray, since: int) -> int:
+    def _make_ready(self, rows: np.ndarray, ready: np.ndarray, since: int | np.ndarray) -> None:
         moved = rows[ready]
         if len(moved):
-            self._incoming.append(np.column_stack([moved[:, 1], moved[:, 2], np.full(len(moved), since)]))
+            self._incoming.append(np.column_stack([moved[:, 1], moved[:, 2],
+                                                   np.broadcast_to(since, (len(moved),))]))
         self._set_pending(rows[~ready])
-        return int((moved[:, 2] - moved[:, 1]).sum())
 
     def _release_unjournalled(self, now_ns: int) -> None:
         """Without commit events (XFS): extents without a transaction are ready after a bounded hold."""
@@ -195,6 +215,7 @@ class FreedExtentQueue:
     def _settle(self) -> None:
         """Merge the incoming extents into the ready intervals: the union, where intervals that overlap or touch
         become one that is ready since the oldest of them (the same whatever order they came in)."""
+        self._apply_commits()
         if not self._incoming:
             return
         inc = np.concatenate(self._incoming).astype(np.int64)
@@ -253,6 +274,7 @@ class FreedExtentQueue:
 
     @property
     def pending_blocks(self) -> int:
+        self._apply_commits()
         rows = self._pending()
         return int((rows[:, 2] - rows[:, 1]).sum())
 
