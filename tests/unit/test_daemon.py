@@ -705,3 +705,37 @@ def test_a_filesystem_stacked_on_a_cached_device_is_found(tmp_path: Path, monkey
     assert volumes._fs_on_stack(sysb, "bcache0", mounted) == (mounted, None)  # mounted directly: as it is
     mounts.clear()
     assert volumes._fs_on_stack(sysb, "bcache0", bare) == (bare, None)  # nothing mounted anywhere
+
+
+class BusyProbe(CountingProbe):
+    """A probe whose rings always have something: every poll returns at once with an event."""
+
+    def __init__(self, seen: dict[str, object], backend: FakeBackend) -> None:
+        super().__init__(seen, backend)
+        self.polls = 0
+
+    def poll(self, timeout_ms: int) -> list[object]:
+        self.polls += 1
+        return [HotnessDelta(FileKey(DEV, 12, 1), 1, 0, 4096, 0, 1, 4096)]
+
+
+def test_the_daemon_takes_the_rings_at_most_every_poll_gap(tmp_path: Path) -> None:
+    """Under a storm the kernel may wake the daemon every 20 ms; it looks at most every MIN_POLL_GAP_S (0.1 s)
+    and lets records gather in between (before: one look per wakeup, ~50 a second)."""
+    seen: dict[str, object] = {}
+    r = Rig(tmp_path)
+    b = FakeBackend(VOL)
+    r.backends["bcache0"] = b
+    r.d.probe_factory = lambda n: BusyProbe(seen, b)
+    r.d.start()
+    p = seen["probe"]
+    assert isinstance(p, BusyProbe)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 0.55:
+        r.d._wait(0.2)
+    assert 5 <= p.polls <= 7, p.polls  # 0.55 s / 0.1 s, not one per call
+    r.d.loop.stop()
+    t1 = time.monotonic()
+    r.d._wait(0.2)  # a stop request ends a gap's wait at once
+    assert time.monotonic() - t1 < 0.05
+    r.d.shutdown()
