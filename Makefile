@@ -79,8 +79,12 @@ test-ops: deps-python
 demo: deps-python bpf
 	tests/vm/demo.sh
 
+# The lab benchmarks run two guests at a time on a 2-core machine (BENCH_JOBS=1: one at a time).
 bench: deps-python bpf
-	@set -e; for b in tests/bench/bench_*.py; do echo "== $$b"; $(PY) $$b; done; $(PY) tests/bench/summary.py
+	@set -e; for b in tests/bench/bench_*.py; do echo "== $$b"; $(PY) $$b; done; \
+	echo "== tests/bench/bench_lab_fileserver.py --recipe dmcache"; \
+	$(PY) tests/bench/bench_lab_fileserver.py --recipe dmcache --configs stock,discard,cp-destructive; \
+	$(PY) tests/bench/summary.py
 
 lab-shell:
 	tests/vm/lab shell

@@ -15,6 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from labbench import (  # noqa: E402
+    Job,
     LabSpec,
     Runner,
     cell,
@@ -77,6 +78,7 @@ def main() -> None:
     rows: dict[str, list[dict]] = {c: [] for c in configs}
     runner = Runner(f"fileserver-{recipe}" if recipe != "bcache" else "fileserver",
                     0 if report_only else reps * len(configs), **({"out": out} if out else {}))
+    jobs: list[Job] = []
     try:
         for rep in range(reps):
             for c in configs:
@@ -86,8 +88,8 @@ def main() -> None:
                     continue
                 cmd = ["tests/bench/guest/fileserver.py", c, str(seconds), "--fstrim-every", str(every),
                        "--seed", str(rep + 1)]
-                r = runner.run(f"{c}-{rep + 1}", spec, cmd, "fileserver")
-                rows[c].append(r)
+                jobs.append(Job(c, f"{c}-{rep + 1}", spec, cmd, "fileserver"))
+        runner.run_all(jobs, rows)
     finally:
         runner.close()
     for rs in rows.values():

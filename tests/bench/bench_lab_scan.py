@@ -11,6 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from labbench import (  # noqa: E402
+    Job,
     LabSpec,
     Runner,
     cell,
@@ -35,13 +36,11 @@ def main() -> None:
     runner = Runner("scan", reps * len(CONFIGS) * len(RECIPES), **({"out": out} if out else {}))
     rows: dict[tuple[str, str], list[dict]] = {(r, c): [] for r in RECIPES for c in CONFIGS}
     cmd = ["tests/bench/guest/scan.py", "{c}", str(warm), str(scan_mb), str(after)]
+    jobs = [Job((recipe, c), f"{recipe}-{c}-{rep + 1}", LabSpec(recipe=recipe),
+                [a.format(c=c) for a in cmd] + ["--seed", str(rep + 1)], "scan")
+            for rep in range(reps) for recipe in RECIPES for c in CONFIGS]
     try:
-        for rep in range(reps):
-            for recipe in RECIPES:
-                for c in CONFIGS:
-                    argv = [a.format(c=c) for a in cmd] + ["--seed", str(rep + 1)]
-                    rows[(recipe, c)].append(runner.run(f"{recipe}-{c}-{rep + 1}", LabSpec(recipe=recipe), argv,
-                                                        "scan"))
+        runner.run_all(jobs, rows)
     finally:
         runner.close()
     table, goals = [], []

@@ -12,6 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from labbench import (  # noqa: E402
+    Job,
     LabSpec,
     Runner,
     cell,
@@ -36,11 +37,10 @@ def main() -> None:
     runner = Runner("warm", reps * len(CONFIGS), **({"out": out} if out else {}))
     rows: dict[str, list[dict]] = {c: [] for c in CONFIGS}
     cmd = ["tests/bench/guest/warm.py", "{c}", str(warm), str(after)]
+    jobs = [Job(c, f"{c}-{rep + 1}", spec, [a.format(c=c) for a in cmd] + ["--seed", str(rep + 1)], "warm")
+            for rep in range(reps) for c in CONFIGS]
     try:
-        for rep in range(reps):
-            for c in CONFIGS:
-                argv = [a.format(c=c) for a in cmd] + ["--seed", str(rep + 1)]
-                rows[c].append(runner.run(f"{c}-{rep + 1}", spec, argv, "warm"))
+        runner.run_all(jobs, rows)
     finally:
         runner.close()
     table = []

@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import statistics
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,33 +46,61 @@ def repro(spec: LabSpec, cmd: Sequence[str]) -> str:
     return shlex.join(spec.argv(Path("/tmp/bench-row"), cmd))
 
 
+def default_jobs() -> int:
+    """Lab guests at a time: one per core (each guest is one single-threaded TCG vCPU), at most 2 (the machines
+    here have 2), or $BENCH_JOBS."""
+    env = os.environ.get("BENCH_JOBS", "")
+    return max(1, int(env)) if env.isdigit() else max(1, min(2, os.cpu_count() or 1))
+
+
+@dataclass(frozen=True)
+class Job:
+    key: Hashable  # the row it belongs to
+    label: str
+    spec: LabSpec
+    cmd: Sequence[str]
+    result_name: str
+
+
 @dataclass
 class Runner:
-    """Runs lab jobs one at a time with a progress bar; every result is kept, failures are reported, not hidden."""
+    """Runs lab jobs, ``jobs`` guests at a time (in the order given, so round 1 runs first), with a progress bar;
+    every result is kept, failures are reported, not hidden."""
 
     name: str
     total: int
     out: Path = field(default_factory=lambda: OUT_ROOT / time.strftime("%Y%m%d-%H%M%S"))
+    jobs: int = field(default_factory=default_jobs)
     done: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
         self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/"
                                  "{task.total}"), TimeElapsedColumn(), console=console)
-        self.task = self.progress.add_task(self.name, total=self.total)
+        self.task = self.progress.add_task(f"{self.name} ({self.jobs} at a time)", total=self.total)
         self.progress.start()
+
+    def run_all(self, jobs: Sequence[Job], rows: dict) -> None:
+        """Run every job; each result is appended to ``rows[job.key]`` in the order the jobs were given."""
+        with ThreadPoolExecutor(self.jobs) as pool:
+            for job, res in zip(jobs, pool.map(self.run_job, jobs), strict=True):
+                rows[job.key].append(res)
+
+    def run_job(self, job: Job) -> dict:
+        return self.run(job.label, job.spec, job.cmd, job.result_name)
 
     def run(self, label: str, spec: LabSpec, cmd: Sequence[str], result_name: str) -> dict:
         job = self.out / "runs" / label
         job.mkdir(parents=True, exist_ok=True)
-        self.progress.update(self.task, description=f"{self.name}: {label}")
         t0 = time.monotonic()
         proc = subprocess.run(spec.argv(job, cmd), cwd=ROOT, capture_output=True, text=True,
                               timeout=spec.timeout + 120)
         (job / "stderr.txt").write_text(proc.stderr)
         (job / "stdout.txt").write_text(proc.stdout)
-        self.done += 1
-        self.progress.update(self.task, completed=self.done)
+        with self._lock:
+            self.done += 1
+            self.progress.update(self.task, completed=self.done)
         path = job / f"{result_name}.json"
         if proc.returncode != 0 or not path.exists():
             console.print(f"[red]{label}: lab run failed (rc={proc.returncode}); {job}/stderr.txt:[/red]\n"
@@ -77,6 +108,7 @@ class Runner:
             return {"error": f"rc={proc.returncode}", "label": label}
         res = json.loads(path.read_text())
         res["wall_s"] = time.monotonic() - t0
+        res["guests_at_a_time"] = self.jobs
         self.progress.console.print(f"{label}: done in {res['wall_s']:.0f} s")
         return res
 
