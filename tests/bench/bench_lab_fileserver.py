@@ -37,6 +37,7 @@ CONFIGS = {
     "fstrim": "stock + fstrim every {every:.0f} s",
     "cp-destructive": "stock + cachepilot, shipped default policy (destructive)",
     "cp-recoverable": "stock + cachepilot, default policy with failure_model: recoverable",
+    "cp-hold": "stock + cachepilot, recoverable, writeback_percent 40 pinned (not the shipped default)",
 }
 
 
@@ -123,7 +124,7 @@ def main() -> None:
                            "delete → discard p50 / p90 s (deletes discarded)", "runs"],
                           table)
     goals = []
-    for c in [c for c in ("cp-destructive", "cp-recoverable") if c in configs]:
+    for c in [c for c in ("cp-destructive", "cp-recoverable", "cp-hold") if c in configs]:
         # pairs by round (rows, not ok: a failed run drops only its own pairs)
         w_stock = pair_ratios(rows[c], rows["stock"], "origin_debt_per_kop")
         w_disc = pair_ratios(rows[c], rows.get("discard", []), "origin_debt_per_kop")
@@ -144,10 +145,11 @@ def main() -> None:
     md += "\n\nGoals, pair by pair within a round (median (min–max) of the per-round ratios):\n\n"
     md += md_table(["cachepilot", "origin writes per op vs stock (≤ 0.5×)", "vs -o discard (≤ 1×)",
                     "hit ratio (loop) − stock (≥ 0)", "ops/s vs stock (≥ 1×)", "ops/s vs -o discard (≥ 1×)"], goals)
-    dmn = [r for c in ("cp-destructive", "cp-recoverable") for r in ok.get(c, [])]
+    dmn = [r for c in ("cp-destructive", "cp-recoverable", "cp-hold") for r in ok.get(c, [])]
     md += (f"\n\nDaemon (in the guest, during the run): CPU {cell(values(dmn, 'daemon_cpu_pct'))}% of a core, "
            f"RSS {cell(values(dmn, 'daemon_rss_mib'))} MiB, ready after {cell(values(dmn, 'daemon_ready_s'))} s. "
-           "Decisions per run: " + "; ".join(f"{c}: {r.get('decisions')}" for c in ("cp-destructive", "cp-recoverable")
+           "Decisions per run: " + "; ".join(f"{c}: {r.get('decisions')}"
+                                             for c in ("cp-destructive", "cp-recoverable", "cp-hold")
                                              for r in ok.get(c, [])[:1]) + ".")
     md += "\n\nReproduce one row (`cp-destructive`, round 1):\n\n```sh\n" + repro(
         spec, ["tests/bench/guest/fileserver.py", "cp-destructive", str(seconds), "--fstrim-every", str(every),

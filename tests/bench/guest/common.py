@@ -73,6 +73,15 @@ def dirty_bytes() -> int:
     return int(f[13]) * int(f[5]) * 512  # dirty cache blocks × the block size (sectors)
 
 
+def cache_in_use_pct() -> int | None:
+    """bcache: the share of the cache set's buckets in use (as of its last GC). Above 40% bcache caches only
+    REQ_SYNC writes, above 70% none (writeback.h, CUTOFF_WRITEBACK / CUTOFF_WRITEBACK_SYNC): the rest go straight
+    to the origin. None on dm-cache."""
+    if RECIPE != "bcache":
+        return None
+    return 100 - int((BCACHE / "cache" / "cache_available_percent").read_text())
+
+
 def cache_mode() -> str:
     if RECIPE == "bcache":
         text = (BCACHE / "cache_mode").read_text()

@@ -2,7 +2,8 @@
 
 usage: fileserver.py CONFIG SECONDS [--fstrim-every S] [--seed N]
 CONFIG: stock | discard (ext4 -o discard) | fstrim (fstrim every S seconds) | cp-destructive (the daemon, shipped
-default policy) | cp-recoverable (the daemon, the shipped default policy with failure_model: recoverable).
+default policy) | cp-recoverable (the daemon, the shipped default policy with failure_model: recoverable) | cp-hold
+(cp-recoverable with writeback_percent 40 pinned).
 
 The file set (files of 64-192 KiB, about 1.25x the cache) is written in writethrough (clean, cached), then the cache
 goes to writeback and the loop runs for SECONDS: each iteration creates and writes a whole file and fsyncs it (the
@@ -29,6 +30,7 @@ from common import (  # noqa: E402
     Daemon,
     DiscardWitness,
     Sampler,
+    cache_in_use_pct,
     dirty_bytes,
     drop_caches,
     hits_misses,
@@ -43,10 +45,15 @@ from common import (  # noqa: E402
 TAIL = 12.0  # seconds idle after the loop: one shipped discard interval (10 s) plus a tick
 
 
-def recoverable_policy() -> Path:
+def recoverable_policy(hold: bool = False) -> Path:
+    """The shipped default with failure_model: recoverable; with hold, also writeback_percent 40 pinned (bcache's
+    largest: dirty data up to 40% of the cache is written back at the minimum rate, so a delete can discard it
+    before it reaches the origin)."""
     text = (ROOT / "policies" / "default.yaml").read_text().replace("failure_model: destructive",
                                                                      "failure_model: recoverable")
-    p = Path("/tmp/recoverable.yaml")
+    if hold:
+        text = text.replace("\n  hysteresis:", "\n  knobs: {writeback_percent: 40}\n  hysteresis:", 1)
+    p = Path("/tmp/recoverable-hold.yaml" if hold else "/tmp/recoverable.yaml")
     p.write_text(text)
     return p
 
@@ -88,7 +95,8 @@ def main() -> None:
         subprocess.run(["mount", "-o", "remount,discard", str(MNT)], check=True)
     daemon = None
     if config.startswith("cp-"):
-        pol = ROOT / "policies" / "default.yaml" if config == "cp-destructive" else recoverable_policy()
+        pol = (ROOT / "policies" / "default.yaml" if config == "cp-destructive"
+               else recoverable_policy(hold=config == "cp-hold"))
         daemon = Daemon([pol])
     drop_caches()
     time.sleep(1)
@@ -97,7 +105,7 @@ def main() -> None:
     def row() -> dict:
         h, m = hits_misses()
         r = {"origin_mib": (origin_written() - w0) / MIB, "dirty_mib": dirty_bytes() / MIB, "hits": h - h0,
-             "misses": m - m0}
+             "misses": m - m0, "in_use_pct": cache_in_use_pct()}
         if daemon:
             daemon.sample()
         return r
