@@ -137,16 +137,23 @@ def drain_cost() -> dict[str, float]:
         # DRAIN_FILES occupied slots, as the BPF programs would leave them; copied in again before each drain
         table = b"".join(pack(i + 1, 7 << 20, 1, 64, 0, 8, 0, now, 4096) for i in range(DRAIN_FILES))
 
+        claimed = p._claimed_mm  # noqa: SLF001 - the slots' claimed bits, as the programs set them
+        assert claimed is not None
+        full, rest = divmod(DRAIN_FILES, 64)
+        bits = b"\xff" * (8 * full) + ((1 << rest) - 1).to_bytes(8, "little") * (rest > 0)
+
         def fill() -> None:  # into the half the programs count into now: the one the next drain takes
-            at = p._cfg.hot_base * C.sizeof(L.cp_hot_slot)  # noqa: SLF001
+            base = p._cfg.hot_base  # noqa: SLF001 (a multiple of 64)
+            at = base * C.sizeof(L.cp_hot_slot)
             mm[at: at + len(table)] = table
+            claimed[base // 8: base // 8 + len(bits)] = bits
 
         fill()
         t0 = os.times()
         raw = p.drain_hotness_raw()
         t1 = os.times()
         assert len(raw) == DRAIN_FILES, len(raw)
-        mem = p.kernel_memory_bytes()["hot_slots"]
+        mem = sum(p.kernel_memory_bytes()[m] for m in ("hot_slots", "hot_claimed"))
         # the same again through drain(): typed HotnessDelta objects
         fill()
         t2 = os.times()
