@@ -764,10 +764,11 @@ class Probe:
         """Drain the hotness table as raw slot tuples
         (ino, dev, gen, read_score, write_score, read_sectors, write_sectors, last_ns, size)."""
         unpack = struct.Struct(L.HOT_SLOT_FORMAT).unpack_from
+        claimed = self._drain_claimed()
         mm = self._hot_mm
+        assert mm is not None  # (_drain_claimed raises on a closed probe)
         out: list[tuple[int, ...]] = []
-        for k in self._drain_claimed():
-            assert mm is not None
+        for k in claimed:
             out.append(unpack(mm, k * SLOT_SIZE))
             mm[k * SLOT_SIZE : (k + 1) * SLOT_SIZE] = ZERO_SLOT
         return [t for t in out if t[0]]
