@@ -114,7 +114,6 @@ class Promoter:
         self.errors: dict[str, int] = {}
         self.read_bytes_total = 0
         self.skipped_total = 0
-        self._buf = mmap.mmap(-1, MAX_CHUNK)  # page-aligned, as O_DIRECT needs; one for the promoter's life
 
     def run(self, action: Promote, *, dry_run: bool = False) -> PromoteResult:
         if self.rounds == 0:
@@ -186,19 +185,17 @@ class Promoter:
 
     def _read(self, fd: int, action: Promote, chunks: list[Chunk], dry_run: bool) -> PromoteResult:
         self._refill()
-        view = memoryview(self._buf)
+        buf = mmap.mmap(-1, MAX_CHUNK)  # page-aligned, as O_DIRECT needs
         done_bytes = reads = 0
         left = list(chunks)
-        try:
-            while left and self._tokens >= left[0][2]:
-                _, logical, n = left.pop(0)
-                if not dry_run:
-                    os.preadv(fd, [view[:n]], logical)
-                reads += 1
-                self._tokens -= n
-                done_bytes += n
-        finally:
-            view.release()
+        while left and self._tokens >= left[0][2]:
+            _, logical, n = left.pop(0)
+            if not dry_run:
+                os.preadv(fd, [memoryview(buf)[:n]], logical)
+            reads += 1
+            self._tokens -= n
+            done_bytes += n
+        buf.close()
         if not dry_run:
             self.read_bytes_total += done_bytes
         deferred = None
@@ -206,7 +203,7 @@ class Promoter:
             rest = tuple(sorted((lg, n) for _, lg, n in left))
             deferred = Promote(action.volume, action.dev, action.ino, action.gen, rest, action.reason)
         r = PromoteResult(action, PENDING if left else DONE, dry_run, done_bytes, reads, deferred)
-        log.debug("%s", r.line())  # the caller records the outcome (the daemon: a decision and its log line)
+        log.info("%s", r.line())
         return r
 
     def _next_round(self, r: PromoteResult, key: tuple[int, int, int], done_rounds: int) -> PromoteResult:
@@ -230,12 +227,12 @@ class Promoter:
 
     def _skip(self, action: Promote, dry_run: bool, why: str) -> PromoteResult:
         self.skipped_total += 1
-        log.debug("%s: skipped: %s", action.line(), why)  # recorded by the caller
+        log.info("%s: skipped: %s", action.line(), why)
         return PromoteResult(action, SKIPPED, dry_run, detail=why)
 
     def _failed(self, action: Promote, dry_run: bool, exc: CachepilotError) -> PromoteResult:
         self.errors[exc.kind] = self.errors.get(exc.kind, 0) + 1
-        log.debug("%s failed: %s", action.line(), exc)  # recorded (and logged) by the caller
+        log.warning("%s failed: %s", action.line(), exc)
         return PromoteResult(action, FAILED, dry_run, error=exc)
 
 
