@@ -53,9 +53,9 @@ class FreedStats:
 TID_MASK = 0xFFFFFFFF
 
 
-def tid_geq(x: int, y: np.ndarray) -> np.ndarray:
-    """jbd2's tid_geq: x is y or later, for u32 transaction ids that wrap (elementwise over y)."""
-    return ((x - y) & TID_MASK) < 0x80000000
+def tid_geq(x: int | np.ndarray, y: int | np.ndarray) -> np.ndarray:
+    """jbd2's tid_geq: x is y or later, for u32 transaction ids that wrap (elementwise)."""
+    return np.asarray(((x - y) & TID_MASK) < 0x80000000)
 
 
 class FreedExtentQueue:
@@ -167,11 +167,10 @@ class FreedExtentQueue:
         tid = rows[:, 3]
         base = commits[0][0]
         # commits come in transaction order: ids relative to the first one's, so that wrapping ids sort; a tid
-        # at or before the first commit (its distance wraps past 2^31) is covered by the first commit
-        rel_commit = np.array([(t - base) & TID_MASK for t, _ in commits], dtype=np.int64)
-        rel_commit[rel_commit >= 0x80000000] = 0  # (out of order: as the first)
-        rel = (tid - base) & TID_MASK
-        rel = np.where((tid < 0) | (rel >= 0x80000000), 0, rel)
+        # not after the first commit is covered by the first commit
+        cids = np.array([t for t, _ in commits], dtype=np.int64)
+        rel_commit = np.where(tid_geq(cids, base), (cids - base) & TID_MASK, 0)  # (out of order: as the first)
+        rel = np.where((tid < 0) | ~tid_geq(tid, base), 0, (tid - base) & TID_MASK)
         first = np.searchsorted(np.maximum.accumulate(rel_commit), rel, side="left")
         ready = first < len(commits)
         since = np.array([ts for _, ts in commits], dtype=np.int64)[np.minimum(first, len(commits) - 1)]
