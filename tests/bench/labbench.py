@@ -84,26 +84,24 @@ class Runner:
     def run_all(self, jobs: Sequence[Job], rows: dict) -> None:
         """Run every job; each result is appended to ``rows[job.key]`` in the order the jobs were given."""
         with ThreadPoolExecutor(self.jobs) as pool:
-            for job, res in zip(jobs, pool.map(self.run_job, jobs), strict=True):
+            for job, res in zip(jobs, pool.map(self.run, jobs), strict=True):
                 rows[job.key].append(res)
 
-    def run_job(self, job: Job) -> dict:
-        return self.run(job.label, job.spec, job.cmd, job.result_name)
-
-    def run(self, label: str, spec: LabSpec, cmd: Sequence[str], result_name: str) -> dict:
-        job = self.out / "runs" / label
-        job.mkdir(parents=True, exist_ok=True)
+    def run(self, job: Job) -> dict:
+        label = job.label
+        where = self.out / "runs" / label
+        where.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
-        proc = subprocess.run(spec.argv(job, cmd), cwd=ROOT, capture_output=True, text=True,
-                              timeout=spec.timeout + 120)
-        (job / "stderr.txt").write_text(proc.stderr)
-        (job / "stdout.txt").write_text(proc.stdout)
+        proc = subprocess.run(job.spec.argv(where, job.cmd), cwd=ROOT, capture_output=True, text=True,
+                              timeout=job.spec.timeout + 120)
+        (where / "stderr.txt").write_text(proc.stderr)
+        (where / "stdout.txt").write_text(proc.stdout)
         with self._lock:
             self.done += 1
             self.progress.update(self.task, completed=self.done)
-        path = job / f"{result_name}.json"
+        path = where / f"{job.result_name}.json"
         if proc.returncode != 0 or not path.exists():
-            console.print(f"[red]{label}: lab run failed (rc={proc.returncode}); {job}/stderr.txt:[/red]\n"
+            console.print(f"[red]{label}: lab run failed (rc={proc.returncode}); {where}/stderr.txt:[/red]\n"
                           + proc.stderr[-1500:])
             return {"error": f"rc={proc.returncode}", "label": label}
         res = json.loads(path.read_text())
