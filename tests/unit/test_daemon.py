@@ -739,3 +739,21 @@ def test_the_daemon_takes_the_rings_at_most_every_poll_gap(tmp_path: Path) -> No
     r.d._wait(0.2)  # a stop request ends a gap's wait at once
     assert time.monotonic() - t1 < 0.05
     r.d.shutdown()
+
+
+def test_the_rest_of_a_paced_promotion_waits_while_the_engine_holds_promotions(tmp_path: Path) -> None:
+    """A promotion the pacing cut short goes on next tick, unless the volume's drain is at risk (the engine
+    holds promotions): then it waits with the rest, and goes once the hold ends."""
+    r = Rig(tmp_path)
+    r.d.start()
+    held = [True]
+    r.d.engine.holds_promotions = lambda name: held[0]  # type: ignore[method-assign]
+    rest = Promote("bcache0", DEV, 12, 1, ((8192, 8192),), "rest of a paced promotion")
+    r.d.vols[DEV].deferred.append(rest)
+    files = r.d.vols[DEV].files
+    r.tick(1)
+    assert not [a for a, _ in files.ran if a == rest] and r.d.vols[DEV].deferred == [rest]
+    held[0] = False
+    r.tick(2)
+    assert [a for a, _ in files.ran if a == rest] and r.d.vols[DEV].deferred == []
+    r.d.shutdown()

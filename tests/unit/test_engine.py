@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cachepilot.engine import DiscardRanges, Engine, Promote, SetKnob, SetWritePolicy
+from cachepilot.engine import DiscardRanges, Drain, Engine, Promote, Result, SetKnob, SetWritePolicy
 from cachepilot.errors import UserError
 from cachepilot.events import Delete, FileKey, FreedExtent, HotnessDelta, JournalCommit, kdev
 from cachepilot.models.hotness import F_MEMBER, PAGE
@@ -55,6 +55,30 @@ def test_promotions_respect_rate_and_sieve() -> None:
     assert len(first) + len(later) == 10
     assert sum(a.ranges[0][1] for a in later) <= 64 * 1024 * 4 + 1
 
+
+
+def test_promotions_wait_while_a_dm_cache_drain_is_at_risk() -> None:
+    """dm-cache writes back recently written blocks only once the origin has idled for a second; past half a
+    drain's window the promotion reads (which keep it busy) wait, and go on once the drain is done."""
+    vol = VolumeInfo(dev=DEV, name="dmc0", kind="dm-cache", cache_bytes=1 << 30)
+    e = engine(POLICY.replace("rate: 64KiB", "rate: 1MiB"), vol)
+    sample(e, 0, dirty=4096)
+    [drain] = [a for a in e.tick(0) if isinstance(a, Drain)]  # dirty data of unknown age
+    for ino in range(1, 11):
+        e.feed(HotnessDelta(FileKey(DEV, ino, 1), 64, 0, 16384, 0, 1, size=16384))
+    sample(e, 1, dirty=4096)
+    assert [a for a in e.tick(1 * NS) if isinstance(a, Promote)]  # early in the drain: promotions go on
+    assert not e.holds_promotions("dmc0")
+    for ino in range(11, 21):
+        e.feed(HotnessDelta(FileKey(DEV, ino, 1), 64, 0, 16384, 0, 1, size=16384))
+    at_risk = 1 + (drain.deadline_ns - 0) // NS // 2
+    sample(e, at_risk, dirty=4096)
+    assert not [a for a in e.tick(at_risk * NS) if isinstance(a, Promote)]
+    assert e.holds_promotions("dmc0")
+    e.outcome(Result(drain, "done"))
+    assert not e.holds_promotions("dmc0")
+    sample(e, at_risk + 1)
+    assert [a.ino for a in e.tick((at_risk + 1) * NS) if isinstance(a, Promote)]
 
 def test_delete_becomes_discard_after_commit_and_interval() -> None:
     e = engine()

@@ -243,3 +243,23 @@ def test_dm_writecache_breach_is_a_flush_and_ends_when_one_completes() -> None:
     assert not switches(acts) and "exposure breach" in drains(acts)[0].reason and d.deadline_ns == 15 * NS
     e.outcome(Result(drains(acts)[0], "done"))
     assert e.vols[DEV].breach is None and e.vols[DEV].breaches == 1
+
+
+
+def test_a_completed_drain_moves_the_clean_point_to_when_it_read_clean() -> None:
+    """A backend reports a drain done once it reads the cache clean: every byte dirty after that tick was written
+    after it, so the next drain is due max_age/2 after it, not after the drain's start (a drain that took 12 s
+    of a 15 s window would otherwise be followed by another 3 s later)."""
+    e = engine(DESTRUCTIVE)
+    sample(e, 0, "writeback", dirty=4096)
+    d = drains(e.tick(0))[0]
+    for t in range(1, 12):
+        sample(e, t, "writeback", dirty=4096)
+        assert not drains(e.tick(t * NS))
+    e.outcome(Result(d, "done"))
+    assert e.vols[DEV].state.clean_ns == 11 * NS
+    for t in range(12, 25):
+        sample(e, t, "writeback", dirty=4096)
+        assert not drains(e.tick(t * NS)), t
+    sample(e, 25, "writeback", dirty=4096)
+    assert drains(e.tick(25 * NS))

@@ -29,5 +29,10 @@ def test_switch_drains_dirty_data_and_keeps_it(lab, recipe):
         assert v["writeback_percent_after"] == "40"  # the drain put back what it changed
     if recipe == "dmcache":
         assert " passthrough smq " in v["table_after"], v["table_after"]  # the cleaner is gone again
+        # done = the backend read 0 dirty blocks; back in writeback, the filesystem may dirty a block or two since
+        assert r.int("drain_dirty_before") >= (8 << 20) and r.int("drain_dirty_after") < (1 << 20), r.explain()
+        assert v["drain_status"] == "done", r.explain()
+        assert "writeback/smq -> writethrough/cleaner" in v["drain_line"], v["drain_line"]  # no new dirty blocks
+        assert " writeback smq " in v["table_after_drain"], v["table_after_drain"]
     assert v["intact_volume"] == "yes", r.explain()
     assert v["intact_origin"] == "yes", r.explain()  # everything reached the origin

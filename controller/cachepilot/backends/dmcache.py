@@ -4,9 +4,10 @@ What the kernel does (drivers/md/dm-cache-target.c, 6.1): the table line is the 
 (``<meta> <cache> <origin> <block> <#features> <features> <policy> <#args> <args>``); the io mode and the policy
 change only by a table reload (``dmsetup reload`` + ``suspend`` + ``resume``). A failed reload leaves the old
 table live: it is checked with ``dmsetup table``. A reload to writethrough leaves dirty blocks dirty, so
-dirty blocks are drained with the ``cleaner`` policy (it writes back every dirty block and promotes nothing) and
-the previous policy is put back once ``dirty`` reads 0. passthrough is loaded only from a clean cache, after a
-writethrough drain. ``migration_threshold`` changes live by message; reloads carry its live value along.
+dirty blocks are drained in writethrough with the ``cleaner`` policy (it writes back every dirty block and
+promotes nothing) and the previous mode and policy are put back once ``dirty`` reads 0. passthrough is loaded
+only from a clean cache, after a writethrough drain. ``migration_threshold`` changes live by message; reloads
+carry its live value along.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from cachepilot.backends.capabilities import BYPASS, KIND_DMCACHE, WRITEBACK
 from cachepilot.backends.dmstatus import DmCacheStatus, StatusParseError, parse_dm_cache_status
 from cachepilot.backends.inspect import sample_volume
 from cachepilot.backends.kernelio import read_attr
-from cachepilot.backends.operation import CLOSE_BELOW, Operation, OperationBackend, Setting
+from cachepilot.backends.operation import Operation, OperationBackend, Setting
 from cachepilot.engine.actions import Drain, SetKnob, SetWritePolicy
 from cachepilot.errors import DeviceGone, KernelRejected
 from cachepilot.models.volume import VolumeSample
@@ -177,30 +178,22 @@ class DmCacheBackend(OperationBackend):
         return False
 
     def _begin_drain(self, op: Operation, mode: str, reason: str) -> bool:
-        """Load ``mode`` (with the cleaner policy while dirty blocks remain); True if already clean."""
+        """Load ``mode`` (True: already clean), or while dirty blocks remain writethrough with the cleaner policy:
+        under load dm-cache writes back only blocks that have not been written for 10-20 s
+        (``Capabilities.drain_needs_idle``), so a block made dirty during a drain in writeback could outlast it.
+        The end of the cleaner loads the saved mode with the saved policy again."""
         if self.status().dirty_blocks == 0:
             if self.table().mode != mode:
                 op.put(self.table_setting("mode"), f"{mode}/{op.data['policy']}", reason)
             op.phase = "clean"
             return True
         op.phase = "cleaning"
-        op.data["start_dirty"] = str(self.status().dirty_blocks)
-        op.put(self.table_setting("cleaner"), f"{mode}/cleaner", f"drain: {reason}")
+        op.put(self.table_setting("cleaner"), "writethrough/cleaner", f"drain: {reason}")
         op.data["cleaner"] = "1"
         return False
 
     def _advance(self, op: Operation, now_ns: int) -> bool:
-        st = self.status()
-        dirty = st.dirty_blocks
-        if dirty:
-            floor = CLOSE_BELOW // max(512, st.cache_block_sectors * 512)
-            if op.phase == "cleaning" and isinstance(op.action, Drain) and op.data["mode"] == "writeback" and \
-                    op.close_due(now_ns, dirty, floor):
-                # write hits still dirty cached blocks under the cleaner; write-through for the tail. The end of
-                # the cleaner loads the saved mode (writeback) with the saved policy again.
-                op.phase = "closing"
-                op.put(self.table_setting("cleaner"), "writethrough/cleaner",
-                       f"drain, last stretch: {op.action.reason}")
+        if self.status().dirty_blocks:
             return False
         self._end_cleaner(op, f"drained: {op.action.reason}")
         op.phase = "clean"

@@ -309,8 +309,12 @@ class Daemon:
         self._clear_latches()
         for v in list(self.vols.values()):
             deferred, v.deferred = v.deferred, []
+            held = self.engine.holds_promotions(v.info.name)
             for action in deferred:
-                self.execute(action, now)
+                if held and isinstance(action, Promote):
+                    v.deferred.append(action)  # the volume's drain is at risk: the rest of the file waits
+                else:
+                    self.execute(action, now)
         for action in self.engine.tick(now):
             self.execute(action, now)
         self._retry_due(now)

@@ -415,7 +415,9 @@ class Engine:
             return
         c.drain = None
         if ok:
-            c.state.cleaned(d.start_ns)
+            # A backend reports a drain done when it reads the cache clean, which it does after this tick began:
+            # every byte dirty now was written after the tick's time.
+            c.state.cleaned(max(d.start_ns, self.now_ns))
             c.breach = None  # the bound holds again (write-back resumes after the hysteresis interval)
         else:
             self._set_breach(c, f"drain started at {d.start_ns / NS:.0f} s failed: {detail or 'no reason given'}")
@@ -551,6 +553,8 @@ class Engine:
             return
         if c.latch is not None:
             return  # reading hot files into a failed cache helps nobody; the queue waits
+        if self._drain_at_risk(c, now):
+            return  # the queue waits: promotion reads keep the origin busy, and this kind cleans best when it idles
         if (promo.refresh_interval_s > 0 and not c.scanning
                 and now - c.last_refresh_ns >= promo.refresh_interval_s * NS):
             c.last_refresh_ns = now
@@ -695,6 +699,19 @@ class Engine:
         c.last_switch_ns = now
 
     # ------------------------------------------------------------ drains
+    def holds_promotions(self, name: str) -> bool:
+        """Whether promotions on the volume wait (its drain is at risk), including those already under way."""
+        c = self.by_name.get(name)
+        return c is not None and self._drain_at_risk(c, self.now_ns)
+
+    @staticmethod
+    def _drain_at_risk(c: VolumeCtl, now: int) -> bool:
+        """A drain past half its window on a kind whose write-back needs the origin idle (dm-cache writes back
+        recently written blocks only after a second without I/O): promotion reads must not keep it busy."""
+        d = c.drain
+        return (d is not None and c.caps.drain_needs_idle
+                and now - d.start_ns >= (d.action.deadline_ns - d.start_ns) // 2)
+
     def _drain_putting_back(self, c: VolumeCtl, now: int) -> bool:
         """A sample saw the cache clean, which ends the drain for the exposure bound; the backend puts its saved
         settings back at its next step. Two ticks for that before the engine asks for a mode itself."""
@@ -717,11 +734,12 @@ class Engine:
 
     def _plan_drain(self, c: VolumeCtl, now: int, out: list[Action]) -> None:
         """The exposure guarantee. Let A = exposure.max_age, P = A/2, C = the last time the cache was known clean
-        (a sample with no dirty data, or the start of a drain that completed). Every dirty byte was written after
-        C. A drain starts no later than C + P (a tick early, so a late tick cannot delay it) with deadline C + A;
-        when it completes, every byte dirty at its start is written back and C moves to its start. So no byte
+        (a sample with no dirty data, or the tick in which a drain's backend read it clean). Every dirty byte was
+        written after C. A drain starts no later than C + P (a tick early, so a late tick cannot delay it) with
+        deadline C + A. When it completes, every byte dirty at its start is written back. So no byte
         stays dirty longer than A, provided each drain completes within P (the backing device absorbs the
-        write-back, the samples or outcomes report it); a drain that does not is a breach: write-through
+        write-back, the samples or outcomes report it; dm-cache writes back recently written blocks only when the
+        device idles, see Capabilities.drain_needs_idle); a drain that does not is a breach: write-through
         (where the kind has it), a new drain, and an alert-worthy reason."""
         st = c.state
         if st.samples == 0 or c.drain is not None:

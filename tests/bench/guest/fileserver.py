@@ -164,7 +164,7 @@ def main() -> None:
         dec = daemon.explain()
         res["decisions"] = {k: sum(1 for x in dec if x["kind"] == k) for k in {x["kind"] for x in dec}}
         res["decisions_tail"] = dec[-8:]
-        res["daemon_exit"] = daemon.stop()
+        res["daemon_exit"] = daemon.stop(keep_log=os.environ.get("BENCH_KEEP_LOG", ""))
         res["daemon_log_tail"] = daemon.log()[-1500:]
     write_result("fileserver", res)
     log(f"{config}: {res['ops_s']:.1f} ops/s, origin {res['origin_written_mib']:.1f} MiB + dirty "
