@@ -56,7 +56,6 @@ def test_promotions_respect_rate_and_sieve() -> None:
     assert sum(a.ranges[0][1] for a in later) <= 64 * 1024 * 4 + 1
 
 
-
 def test_promotions_wait_while_a_dm_cache_drain_is_at_risk() -> None:
     """dm-cache writes back recently written blocks only once the origin has idled for a second; past half a
     drain's window the promotion reads (which keep it busy) wait, and go on once the drain is done."""
@@ -79,6 +78,7 @@ def test_promotions_wait_while_a_dm_cache_drain_is_at_risk() -> None:
     assert not e.holds_promotions("dmc0")
     sample(e, at_risk + 1)
     assert [a.ino for a in e.tick((at_risk + 1) * NS) if isinstance(a, Promote)]
+
 
 def test_delete_becomes_discard_after_commit_and_interval() -> None:
     e = engine()

@@ -245,7 +245,6 @@ def test_dm_writecache_breach_is_a_flush_and_ends_when_one_completes() -> None:
     assert e.vols[DEV].breach is None and e.vols[DEV].breaches == 1
 
 
-
 def test_a_completed_drain_moves_the_clean_point_to_when_it_read_clean() -> None:
     """A backend reports a drain done once it reads the cache clean: every byte dirty after that tick was written
     after it, so the next drain is due max_age/2 after it, not after the drain's start (a drain that took 12 s
