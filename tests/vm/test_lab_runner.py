@@ -114,11 +114,22 @@ def test_bad_arguments_are_refused():
     assert r.returncode == 2 and "needs a command" in r.stderr
 
 
-def test_interrupt_cleans_up(lab, tmp_path):
+def _inherit(disposition: str) -> None:
+    """In the runner's process before exec: SIGINT as a parent may leave it (both survive exec)."""
+    if disposition == "ignored":
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    elif disposition == "blocked":
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+
+@pytest.mark.parametrize("sigint", ["default", "ignored", "blocked"])
+def test_interrupt_cleans_up(lab, tmp_path, sigint):
+    """Ctrl-C stops the guest and cleans up, also when the runner's parent ignored or blocked SIGINT (CI's pytest
+    worker did on 2026-11-26: the runner kept running and the test timed out)."""
     env, tmpdir = private_tmp(tmp_path)
     proc = subprocess.Popen([sys.executable, str(LAB), "run", "--recipe", "none", "--", "sleep", "600"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **env})
+                            env={**os.environ, **env}, preexec_fn=lambda: _inherit(sigint))
     time.sleep(3)
     during = leftovers(tmpdir)
     assert len(during) == 1, "the runner should have made exactly one temporary directory"
@@ -127,7 +138,7 @@ def test_interrupt_cleans_up(lab, tmp_path):
     proc.send_signal(signal.SIGINT)
     try:
         _, err = proc.communicate(timeout=30)
-    except subprocess.TimeoutExpired:  # seen once in CI (2026-11-26): say where the runner and its guest were
+    except subprocess.TimeoutExpired:  # say where the runner and its guest were
         proc.kill()
         pytest.fail(f"the runner did not exit within 30 s of SIGINT: {where([proc.pid, *map(int, qemu_pids)])}")
     assert proc.returncode == 130, err
