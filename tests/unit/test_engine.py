@@ -70,7 +70,7 @@ def test_promotions_wait_while_a_dm_cache_drain_is_at_risk() -> None:
     assert not e.holds_promotions("dmc0")
     for ino in range(11, 21):
         e.feed(HotnessDelta(FileKey(DEV, ino, 1), 64, 0, 16384, 0, 1, size=16384))
-    at_risk = 1 + (drain.deadline_ns - 0) // NS // 2
+    at_risk = drain.deadline_ns // NS // 2 + 1  # the drain began at 0: past half its window
     sample(e, at_risk, dirty=4096)
     assert not [a for a in e.tick(at_risk * NS) if isinstance(a, Promote)]
     assert e.holds_promotions("dmc0")
