@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from bpf_support import make_loop_ext4
+from bpf_support import LoopFs, make_loop_ext4
 
 from cachepilot.events import FreedExtent
 from cachepilot.trace import TraceReader
@@ -54,3 +54,10 @@ def test_record_killed_leaves_a_readable_trace_with_the_filesystems_block_size(t
     assert rep.returncode == 0, rep.stderr
     assert rep.stderr.splitlines() == [f"cachepilot: warning: {out}: {r.cut}"]
     assert "trace cut at offset" in rep.stdout
+
+
+def test_record_to_a_full_disk_is_one_line(loopfs: LoopFs) -> None:
+    r = subprocess.run([str(CLI), "record", "--out", "/dev/full", "--volume", loopfs.loopdev, "--duration", "5"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.splitlines()[-1] == "cachepilot: /dev/full: cannot write trace: No space left on device", r.stderr
