@@ -40,8 +40,8 @@ class Run:
 
     def start(self) -> None:
         with open(self.err, "w") as err:  # a file, not a pipe: a full pipe would block the daemon
-            self.proc = subprocess.Popen([PRLIMIT, f"--as={LIMIT_AS}", "--", CLI, "run", "--no-probe", "--config", str(self.config)],
-                                         stdout=subprocess.DEVNULL, stderr=err)
+            argv = [PRLIMIT, f"--as={LIMIT_AS}", "--", CLI, "run", "--no-probe", "--config", str(self.config)]
+            self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err)
 
     def log(self) -> str:
         return self.err.read_text()
