@@ -42,15 +42,19 @@ Variable-size records are UTF-8 JSON objects, one per line (``\\n``-separated) i
 * type 0 ``Meta``: ``{"volumes": [VolumeInfo fields...], "source": str, ...}`` -- the first block, one record.
 * type 9 ``VolumeSample``: the VolumeSample fields.
 
-Readers stream the file (never more than one block in memory) and reject, with a
-:class:`~cachepilot.errors.UserError` naming the byte offset: unknown versions, block types or codecs, bad
-CRCs, short blocks, a missing END block, blocks larger than :data:`MAX_BLOCK_BYTES` or
+Readers stream the file (never more than one block in memory; a pipe is read once, as a stream) and reject, with
+a :class:`~cachepilot.errors.UserError` naming the byte offset: unknown versions, block types or codecs, bad
+CRCs, a file cut before its meta block ends, blocks larger than :data:`MAX_BLOCK_BYTES` or
 :data:`MAX_BLOCK_RECORDS`, compressed payloads that inflate beyond what the block declares, JSON that is
 not an object of the expected fields and types, unknown barrier kinds, and volumes with impossible
 values. A writer starts a new block when the record type changes or after 8192 records, so order
 across types is kept exactly; fixed-size blocks can be read as numpy structured arrays
 (:data:`DTYPES`) without a Python object per record. Compatibility: new record types get new numbers;
 a changed layout bumps the version.
+
+A file that ends early (no END block, the last block cut in its header or payload: its writer was killed) reads up
+to its last complete block and the reader's ``cut`` says where it ends. Writers hand each block to the kernel in one
+write as soon as it is complete, so a killed writer loses only the block in progress.
 """
 
 from __future__ import annotations
