@@ -103,6 +103,12 @@ def _mount_of(dev: int) -> tuple[str, bool]:
     return "", False
 
 
+def fs_block_size(mountpoint: str) -> int:
+    """The block size of the filesystem mounted there (statvfs ``f_bsize``: ext4's is 1, 2 or 4 KiB, set at mkfs),
+    or 4096 when nothing is mounted (no filesystem, so no extents to count)."""
+    return os.statvfs(mountpoint).f_bsize if mountpoint else 4096
+
+
 def _fs_uuid(dev_path: str) -> str:
     try:
         r = subprocess.run(["blkid", "-p", "-o", "value", "-s", "UUID", dev_path], capture_output=True,
@@ -159,7 +165,7 @@ def describe_volume(dev_path: str) -> VolumeInfo:
         fs_uuid=_fs_uuid(dev_path) if mountpoint else "",
         mountpoint=mountpoint,
         cache_bytes=cache_bytes,
-        fs_block_size=os.statvfs(mountpoint).f_bsize if mountpoint else 4096,
+        fs_block_size=fs_block_size(mountpoint),
         fs_discard=fs_discard,
         cache_id=cache_id,
     )

@@ -7,7 +7,8 @@ import signal
 import sys
 import time
 
-from cachepilot.backends.inspect import block_name, describe_volume, sample_volume
+from cachepilot.backends import inspect
+from cachepilot.backends.inspect import block_name, describe_volume, fs_block_size, sample_volume
 from cachepilot.daemon.loop import TickLoop
 from cachepilot.errors import UserError
 from cachepilot.events import Barrier, SyncCalls
@@ -23,7 +24,9 @@ def _volume(path: str) -> VolumeInfo:
     except UserError as exc:
         name, dev = block_name(path)  # re-raises a clear error for a missing or non-block path
         print(f"cachepilot record: {exc}; recording its events without cache samples", file=sys.stderr)
-        return VolumeInfo(dev=dev, name=name, kind="none")
+        mountpoint, _ = inspect._mount_of(dev)  # noqa: SLF001 - the one mountinfo reader
+        # freed extents are counted in filesystem blocks: 1 KiB on a small ext4, not always 4 KiB
+        return VolumeInfo(dev=dev, name=name, kind="none", fs_block_size=fs_block_size(mountpoint))
 
 
 def record(args: argparse.Namespace) -> int:
@@ -56,6 +59,7 @@ def record(args: argparse.Namespace) -> int:
                     print(f"cachepilot record: {v.name}: {exc}", file=sys.stderr)
                     sampled.remove(v)
             w.write(Tick(time.monotonic_ns()))
+            w.flush_block()  # every tick on disk: a killed recording loses at most the events since the last one
 
         loop = TickLoop(args.tick, tick, wait=lambda s: write(probe.poll(timeout_ms=int(s * 1000))))
         signal.signal(signal.SIGTERM, lambda *_: loop.stop())

@@ -20,9 +20,12 @@ from cachepilot.errors import UserError
 from cachepilot.exporter.http import DEFAULT_LISTEN, parse_listen
 from cachepilot.policy.loader import load_policy, parse_duration, raise_first, read_yaml, schema_errors
 from cachepilot.policy.model import DEFAULT_POLICY, Policy
+from cachepilot.safeio import read_text
 
 DEFAULT_STATE_DIR = "/var/lib/cachepilot"
 DEFAULT_METRICS = DEFAULT_LISTEN
+MAX_CONFIG_BYTES = 1 << 20  # a real one is a few hundred bytes
+MAX_POLICY_FILES = 64  # each up to MAX_POLICY_BYTES: a bound on what one reload reads
 
 _DURATION = {
     "oneOf": [{"type": "number", "minimum": 0}, {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)? ?(ms|s|m|h|d)$"}],
@@ -34,7 +37,7 @@ SCHEMA: dict[str, Any] = {
     "required": ["version"],
     "properties": {
         "version": {"const": 1},
-        "policies": {"type": "array", "items": {"type": "string", "minLength": 1}},
+        "policies": {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": MAX_POLICY_FILES},
         "state_dir": {"type": "string", "minLength": 1},
         "socket": {"type": "string", "minLength": 1},
         "tick": _DURATION,
@@ -152,10 +155,5 @@ def parse_config(text: str, source: str, base_dir: Path) -> DaemonConfig:
 
 def load_config(path: str | Path) -> DaemonConfig:
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"{p}: no such configuration file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"{p}: cannot read configuration file: {exc}") from None
+    text = read_text(p, "configuration file", MAX_CONFIG_BYTES)  # never blocks on a FIFO, never slurps /dev/zero
     return parse_config(text, str(p), p.resolve().parent)

@@ -105,6 +105,10 @@ def devname(dev: int) -> str:
     return f"{major}:{minor}"
 
 
+class _StopDuringReload(BaseException):  # noqa: N818 - not an error: raised by the stop signal's handler
+    """Raised by the SIGTERM/SIGINT handler into a reload in progress (caught by the reload, nowhere else)."""
+
+
 class Daemon:
     def __init__(
         self,
@@ -143,6 +147,7 @@ class Daemon:
         self.policy_error: str | None = None
         self.policy_generation = 1
         self.reload_requested = False
+        self._reloading = False  # a stop request (signal) aborts the reload in progress
         self.started_wall = time.time()
         self.started_ns = time.monotonic_ns()
         self._next_rescan = 0
@@ -253,6 +258,8 @@ class Daemon:
     # ------------------------------------------------------------------ signals (called from handlers: flags only)
     def request_stop(self) -> None:
         self.loop.stop()
+        if self._reloading:  # a reload can parse 64 policy files of 4 MiB: a stop does not wait for that
+            raise _StopDuringReload
 
     def request_reload(self) -> None:
         self.reload_requested = True
@@ -615,10 +622,17 @@ class Daemon:
         self.notifier.reloading()
         self.counters["reloads"] += 1
         try:
-            if self.config_path is None:
-                raise UserError("no configuration file to reload")
-            new = load_config(self.config_path)
+            try:
+                self._reloading = True
+                if self.config_path is None:
+                    raise UserError("no configuration file to reload")
+                new = load_config(self.config_path)  # reads and parses only: nothing to undo if interrupted
+            finally:
+                self._reloading = False
             self.engine.set_policy(new.policy)
+        except _StopDuringReload:
+            log.warning("reload abandoned: stopping (the running policy is kept)")
+            return False
         except UserError as exc:
             self.counters["reloads_failed"] += 1
             self.policy_error = str(exc)

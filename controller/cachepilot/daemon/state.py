@@ -16,6 +16,9 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from cachepilot.errors import UserError
+from cachepilot.safeio import NoSuchFile, read_capped
+
 VERSION = 1
 MAX_HOT = 4096  # files per volume in the hot list
 MAX_DECISIONS = 200
@@ -92,14 +95,12 @@ class StateFile:
 
     def read(self) -> tuple[dict[str, Any] | None, str]:
         """(state, "") or (None, why it cannot be used)."""
-        try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
+        try:  # the size is checked before the read: a FIFO, /dev/zero or a sparse 5 GiB file costs nothing
+            raw = read_capped(self.path, "state file", self.max_bytes * 2)
+        except NoSuchFile:
             return None, f"no state file at {self.path}"
-        except OSError as exc:
-            return None, f"{self.path}: {exc.strerror or exc}"
-        if len(raw) > self.max_bytes * 2:
-            return None, f"{self.path}: {len(raw)} bytes, larger than any state file this daemon writes"
+        except UserError as exc:
+            return None, str(exc)
         try:
             outer = json.loads(raw)
             doc = outer["state"]

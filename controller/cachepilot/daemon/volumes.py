@@ -112,7 +112,7 @@ def _fs_on_stack(sys_block: Path, name: str, info: VolumeInfo) -> tuple[VolumeIn
         return info, None
     holder, dev, mountpoint, fs_discard = stacked
     fs_uuid = inspect._fs_uuid(f"/dev/{holder}")  # noqa: SLF001 - the one blkid call
-    bs = os.statvfs(mountpoint).f_bsize
+    bs = inspect.fs_block_size(mountpoint)
     return replace(info, dev=dev, mountpoint=mountpoint, fs_uuid=fs_uuid, fs_block_size=bs,
                    fs_discard=fs_discard), info.dev
 
@@ -171,6 +171,6 @@ def observed(spec: str) -> Found:
     else:
         raise UserError(f"observe: {spec}: neither a block device nor a mountpoint")
     mountpoint, fs_discard = inspect._mount_of(dev)  # noqa: SLF001 - the one mountinfo reader
-    bs = os.statvfs(mountpoint).f_bsize if mountpoint else 4096
+    bs = inspect.fs_block_size(mountpoint)
     return Found(VolumeInfo(dev=dev, name=name, kind=OBSERVE, mountpoint=mountpoint, fs_block_size=bs,
                             fs_discard=fs_discard))

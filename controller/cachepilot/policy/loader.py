@@ -38,6 +38,7 @@ from cachepilot.policy.model import (
     VolumePolicy,
 )
 from cachepilot.policy.schema import SCHEMA
+from cachepilot.safeio import read_text
 
 PathT = tuple[str | int, ...]
 
@@ -468,19 +469,7 @@ def parse_policy(text: str, source: str = "<string>") -> Policy:
 
 def load_policy(path: str | Path) -> Policy:
     p = Path(path)
-    try:
-        with open(p, "rb") as f:  # bounded: never slurp /dev/zero or a huge file
-            data = f.read(MAX_POLICY_BYTES + 1)
-    except FileNotFoundError:
-        raise UserError(f"{p}: no such policy file") from None
-    except OSError as exc:
-        raise UserError(f"{p}: cannot read policy file: {exc.strerror or exc}") from None
-    if len(data) > MAX_POLICY_BYTES:
-        raise UserError(f"{p}: policy file larger than {MAX_POLICY_BYTES >> 20} MiB")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{p}: cannot read policy file: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    text = read_text(p, "policy file", MAX_POLICY_BYTES)  # never blocks on a FIFO, never slurps /dev/zero
     return parse_policy(text, str(p))
 
 
