@@ -16,6 +16,7 @@ from cachepilot.exporter import (
     TICK_BUCKETS,
     DaemonSnapshot,
     HistogramAccumulator,
+    UnmanagedVolume,
     VolumeSnapshot,
 )
 
@@ -41,7 +42,8 @@ def snapshot(step: int = 1, now: float = 1_800_000_000.0) -> DaemonSnapshot:
     """The daemon after `step` ticks of one second: two volumes, counters growing with `step`.
 
     bcache0: bcache in write-back under the destructive model (bounded), with bypasses;
-    lab-cached (dm-3): dm-cache in write-through, unbounded (recoverable), no bypass counter."""
+    lab-cached (dm-3): dm-cache in write-through, unbounded (recoverable), no bypass counter, no error count;
+    bcache1: found, not managed (two policy files' rules select it)."""
     ticks = HistogramAccumulator(TICK_BUCKETS)
     epochs = HistogramAccumulator(EPOCH_BUCKETS)
     for i in range(step):
@@ -58,7 +60,7 @@ def snapshot(step: int = 1, now: float = 1_800_000_000.0) -> DaemonSnapshot:
     )
     dmcache = VolumeSnapshot(
         volume="lab-cached", device="dm-3", kind="dm-cache", mode="writethrough", target_mode="writethrough",
-        health=0, latched=False, draining=False, cache_bytes=240 * MiB, cache_io_errors=0,
+        health=0, latched=False, draining=False, cache_bytes=240 * MiB, cache_io_errors=None,
         dirty_bytes=0, dirty_age_seconds=0.0, dirty_bound_bytes=None, age_bound_seconds=None, drains=0,
         exposure_breaches=0, hits=500 * step, misses=500 * step, bypasses=None,
         promoted_bytes=0, discard_issued_bytes=64 * KiB * step, discard_landed_bytes=64 * KiB * step,
@@ -74,7 +76,8 @@ def snapshot(step: int = 1, now: float = 1_800_000_000.0) -> DaemonSnapshot:
         action_failures={"retry": 1, "rejected": 0},
         policy_reloads=1, policy_reload_failures=0, policy_last_reload_success=True,
         state_writes=step // 30, state_write_failures=0,
-        volumes=(bcache, dmcache),
+        volumes=(bcache, dmcache), unmanaged=(UnmanagedVolume("bcache1", "bcache1", "policy"),),
+        version="1.2.3", kernel="6.1.0-lab", bpf_object="0123456789ab",
     )
 
 

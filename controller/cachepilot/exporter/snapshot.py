@@ -110,7 +110,9 @@ class VolumeSnapshot:
     latched: bool  # the failure latch: out of write-back until the cache is replaced or an operator clears it
     draining: bool  # a drain (or a writeback→writethrough switch, which drains) is in progress
     cache_bytes: int  # size of the cache device
-    cache_io_errors: int  # cumulative cache-device I/O errors the stock cache reported
+    # cache-device I/O errors: what the stock cache's count has risen by (bcache's io_errors decays; this never goes
+    # down); None where the kernel keeps no count (dm-cache: its status says Fail, nothing counts)
+    cache_io_errors: int | None
     # exposure (the destructive failure model's bound)
     dirty_bytes: int  # data only on the cache device now
     dirty_age_seconds: float  # age of the oldest dirty data (0 when clean)
@@ -140,6 +142,25 @@ class VolumeSnapshot:
                 raise ValueError(f"{self.volume}: {what} {mode!r} is not one of {', '.join(MODES)}")
 
 
+UNMANAGED_REASONS = ("describe", "backend", "policy", "watch")
+
+
+@dataclass(frozen=True, slots=True)
+class UnmanagedVolume:
+    """A cached volume the daemon found but cannot manage (its caching runs on as the kernel has it, unbounded)."""
+
+    volume: str  # as VolumeSnapshot.volume
+    device: str  # as VolumeSnapshot.device
+    reason: str  # one of UNMANAGED_REASONS: not describable, its backend would not open, the policy refused it
+    # (rules of several files select it), the probe cannot watch it
+
+    def __post_init__(self) -> None:
+        check_label_value("volume", self.volume)
+        check_label_value("device", self.device)
+        if self.reason not in UNMANAGED_REASONS:
+            raise ValueError(f"{self.volume}: reason {self.reason!r} is not one of {', '.join(UNMANAGED_REASONS)}")
+
+
 @dataclass(frozen=True, slots=True)
 class DaemonSnapshot:
     """The daemon at the end of a tick. Counters are cumulative since the daemon started; mappings are by kind
@@ -163,6 +184,11 @@ class DaemonSnapshot:
     state_writes: int = 0
     state_write_failures: int = 0
     volumes: tuple[VolumeSnapshot, ...] = ()
+    unmanaged: tuple[UnmanagedVolume, ...] = ()
+    # what runs: cachepilot's version, the kernel's release, the loaded BPF object (a short hash; "none": no probe)
+    version: str = ""
+    kernel: str = ""
+    bpf_object: str = "none"
 
     def __post_init__(self) -> None:
         for what, table in (("events", self.events), ("drops", self.drops), ("decisions", self.decisions),
