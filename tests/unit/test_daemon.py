@@ -759,7 +759,7 @@ def test_the_rest_of_a_paced_promotion_waits_while_the_engine_holds_promotions(t
     r.d.shutdown()
 
 
-# ---------------------------------------------------------------------------------------------- issue 24: unmanaged volumes, error counts
+# ------------------------------------------------------------------------- unmanaged volumes, error counts (issue 24)
 TWO_RULES = """
 version: 1
 volumes:
