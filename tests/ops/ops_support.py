@@ -23,6 +23,7 @@ from cachepilot.exporter import (
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = ROOT / "dashboards"
 GiB, MiB, KiB = 1 << 30, 1 << 20, 1 << 10
+CACHE_SET = "0d1d5ad2-0a1c-4d2f-9b1a-7c2a3e4f5a6b"  # bcache0's cache set (tests/ops/data/node: node_exporter's view)
 
 
 def need_tool(name: str) -> str:
@@ -56,7 +57,7 @@ def snapshot(step: int = 1, now: float = 1_800_000_000.0) -> DaemonSnapshot:
         age_bound_seconds=30.0, drains=step // 10, exposure_breaches=0,
         hits=900 * step, misses=100 * step, bypasses=5 * step, bypassed_bytes=5 * 128 * KiB * step,
         promoted_bytes=MiB * step, discard_issued_bytes=256 * KiB * step, discard_landed_bytes=192 * KiB * step,
-        barriers=3 * step, epoch_bytes=epochs.freeze(),
+        barriers=3 * step, epoch_bytes=epochs.freeze(), cache_set=CACHE_SET,
     )
     dmcache = VolumeSnapshot(
         volume="lab-cached", device="dm-3", kind="dm-cache", mode="writethrough", target_mode="writethrough",

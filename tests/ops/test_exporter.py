@@ -81,6 +81,7 @@ EXPECTED = {
     "cachepilot_exporter_collector_duration_seconds": ("gauge", K),
     "cachepilot_build_info": ("gauge", ("bpf_object", "kernel", "version")),
     "cachepilot_volume_unmanaged": ("gauge", ("device", "reason", "volume")),
+    "cachepilot_volume_cache_set_info": ("gauge", ("device", "uuid", "volume")),
     # the daemon's own process (prometheus_client's ProcessCollector, prefixed: node_exporter has its own process_*)
     "cachepilot_process_cpu_seconds": ("counter", ()),
     "cachepilot_process_max_fds": ("gauge", ()),

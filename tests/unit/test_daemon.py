@@ -18,6 +18,7 @@ import pytest
 from cachepilot.actuators.discard import DiscardResult
 from cachepilot.actuators.promote import PromoteResult
 from cachepilot.backends.base import DONE, FAILED, PENDING, Backend, ControlAction, Outcome, Write
+from cachepilot.commands.status import render
 from cachepilot.daemon.config import DEFAULT_METRICS, load_config, parse_config
 from cachepilot.daemon.control import ControlServer, request
 from cachepilot.daemon.daemon import Daemon
@@ -824,7 +825,9 @@ def test_a_volume_two_rules_select_is_unmanaged_until_the_policy_is_fixed(tmp_pa
     assert r.d.vols == {}
     assert unmanaged_lines(metrics(r)) == [
         'cachepilot_volume_unmanaged{device="bcache0",reason="policy",volume="bcache0"} 1.0']
-    assert r.d.answer({"cmd": "status"})["unmanaged"] == [{"name": "bcache0", "dev": "bcache0", "reason": "policy"}]
+    status = r.d.answer({"cmd": "status"})
+    assert status["unmanaged"] == [{"name": "bcache0", "dev": "bcache0", "reason": "policy"}]
+    assert "bcache0    NOT MANAGED (policy; bcache0)" in render(status)  # `cachepilot status`
     write(r.tmp / "p.yaml", ONE_RULE)
     r.d.request_reload()
     r.tick(3)  # the reload, then the next rescan (1 s) adopts it

@@ -27,7 +27,7 @@ from typing import Any
 
 from cachepilot import __version__
 from cachepilot.backends.base import DONE, FAILED, PENDING, Backend, Outcome
-from cachepilot.backends.capabilities import ERROR_COUNTS
+from cachepilot.backends.capabilities import ERROR_COUNTS, KIND_BCACHE
 from cachepilot.daemon import actuation, volumes
 from cachepilot.daemon.config import DaemonConfig, load_config
 from cachepilot.daemon.control import ControlServer
@@ -865,6 +865,7 @@ class Daemon:
                     bypasses=s.bypasses, bypassed_bytes=s.bypassed_bytes, promoted_bytes=v.promoted_bytes,
                     discard_issued_bytes=v.discard_issued_bytes,
                     discard_landed_bytes=v.discard_landed_bytes, barriers=v.barriers,
+                    cache_set=(st.cache_id or None) if v.info.kind == KIND_BCACHE else None,
                     epoch_bytes=v.epoch_bytes.freeze() if v.epoch_bytes is not None else ex.Histogram.empty(
                         ex.EPOCH_BUCKETS)))
             except ValueError as exc:

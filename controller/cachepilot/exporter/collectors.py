@@ -189,6 +189,11 @@ def volume(s: DaemonSnapshot) -> list[Metric]:
                              labels=[*VOL, "kind"])
     for v in vols:
         info.add_metric([v.volume, v.device, v.kind], 1)
+    cache_set = GaugeMetricFamily("cachepilot_volume_cache_set_info", "1 per bcache volume, labelled with its cache "
+                                  "set's UUID as node_exporter's node_bcache_*{uuid} carry it.", labels=[*VOL, "uuid"])
+    for v in vols:
+        if v.cache_set is not None:
+            cache_set.add_metric([v.volume, v.device, v.cache_set], 1)
     unmanaged = GaugeMetricFamily("cachepilot_volume_unmanaged", "1 for a cached volume the daemon found but cannot "
                                   "manage, by reason (describe, backend, policy, watch); its cache runs unbounded.",
                                   labels=[*VOL, "reason"])
@@ -200,6 +205,7 @@ def volume(s: DaemonSnapshot) -> list[Metric]:
         _mode_set("cachepilot_volume_target_mode", "Write mode the engine wants (kind), 1 for the wanted one.", vols,
                   lambda v: v.target_mode),
         *_table(VOLUME, vols),
+        cache_set,
         unmanaged,
     ]
 

@@ -132,9 +132,12 @@ class VolumeSnapshot:
     barriers: int  # block barriers (PREFLUSH/FUA, empty flush) that closed an epoch
     epoch_bytes: Histogram = field(default_factory=lambda: Histogram.empty(EPOCH_BUCKETS))  # bytes per epoch
     bypassed_bytes: int | None = None  # bcache stats_total/bypassed (bytes of the bypasses); others: None
+    cache_set: str | None = None  # bcache: its cache set's UUID, node_exporter's node_bcache_*{uuid}; others: None
 
     def __post_init__(self) -> None:
         check_label_value("volume", self.volume)
+        if self.cache_set is not None:
+            check_label_value("cache_set", self.cache_set)
         check_label_value("device", self.device)
         check_label_value("kind", self.kind)
         for what, mode in (("mode", self.mode), ("target_mode", self.target_mode)):
