@@ -163,7 +163,8 @@ def test_every_panel_returns_data_from_a_real_prometheus(prometheus: str) -> Non
     assert hit == pytest.approx({"bcache0": 0.9, "lab-cached": 0.5})
     mode = {r["metric"]["volume"]: r["value"][1] for r in results["Write mode/A"]}
     assert mode == {"bcache0": "1", "lab-cached": "2"}
-    assert {r["metric"]["volume"]: r["metric"]["reason"] for r in results["Unmanaged volumes/A"]} == {"bcache1": "policy"}
+    unmanaged = {r["metric"]["volume"]: r["metric"]["reason"] for r in results["Unmanaged volumes/A"]}
+    assert unmanaged == {"bcache1": "policy"}
     # node_exporter's metrics, named by our volumes through the labels they share
     disk = results["Disk throughput of the cached devices (node_exporter)/A"]
     assert {r["metric"]["volume"] for r in disk} == {"bcache0", "lab-cached"}
