@@ -116,6 +116,18 @@ def test_converges_idempotent_check_mode_and_a_refused_policy_stops_the_rollout(
     assert not (tmp_path / "r2").exists(), "the second batch ran after the first failed"
 
 
+def test_policies_that_overlap_each_other_are_refused_together(tmp_path: Path) -> None:
+    # each policy is valid alone; the daemon combines them and could only leave the volume both select unmanaged
+    main = {**POLICY, "volumes": [{"name": "db", "match": {"device": "bcache*"}}]}
+    extra = {"version": 1, "volumes": [{"name": "db0", "match": {"device": "bcache0"}}]}
+    root = tmp_path / "root"
+    rc, out = playbook(tmp_path, {"h1": {"cachepilot_root": str(root), "cachepilot_policy": main,
+                                         "cachepilot_extra_policies": {"db0": extra}}})
+    assert rc != 0 and recap(out)["h1"]["failed"] == 1, out
+    assert "cachepilot_extra_policies.db0:" in out and "overlaps rule 'db' (cachepilot_policy:" in out, out
+    assert not (root / "etc" / "cachepilot").exists(), out  # nothing written
+
+
 def test_bad_variables_fail_early_naming_the_variable(tmp_path: Path) -> None:
     roots = {h: tmp_path / h for h in ("model", "size", "listen", "fine")}
     bad_model = {**POLICY, "volumes": [{"name": "db", "match": {"device": "bcache*"}, "failure_model": "sometimes"}]}

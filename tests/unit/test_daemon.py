@@ -18,6 +18,7 @@ import pytest
 from cachepilot.actuators.discard import DiscardResult
 from cachepilot.actuators.promote import PromoteResult
 from cachepilot.backends.base import DONE, FAILED, PENDING, Backend, ControlAction, Outcome, Write
+from cachepilot.commands.status import render
 from cachepilot.daemon.config import DEFAULT_METRICS, load_config, parse_config
 from cachepilot.daemon.control import ControlServer, request
 from cachepilot.daemon.daemon import Daemon
@@ -26,9 +27,9 @@ from cachepilot.daemon.loop import TickLoop
 from cachepilot.daemon.state import MAX_HOT, StateFile
 from cachepilot.daemon.volumes import Found
 from cachepilot.engine.actions import DiscardRanges, Drain, Promote, SetKnob, SetWritePolicy
-from cachepilot.errors import DeviceGone, FatalError, RetryLater, UserError
+from cachepilot.errors import DeviceGone, FatalError, KernelRejected, RetryLater, UserError
 from cachepilot.events import FileKey, HotnessDelta, kdev
-from cachepilot.models.volume import VolumeInfo, VolumeSample
+from cachepilot.models.volume import VolumeInfo, VolumeSample, VolumeState
 
 NS = 1_000_000_000
 DEV = kdev(252, 0)
@@ -756,4 +757,114 @@ def test_the_rest_of_a_paced_promotion_waits_while_the_engine_holds_promotions(t
     held[0] = False
     r.tick(2)
     assert [a for a, _ in files.ran if a == rest] and r.d.vols[DEV].deferred == []
+    r.d.shutdown()
+
+
+# ------------------------------------------------------------------------- unmanaged volumes, error counts (issue 24)
+TWO_RULES = """
+version: 1
+volumes:
+  - {name: by-device, match: {device: bcache0}}
+  - {name: by-mount, match: {mountpoint: /mnt/x}}
+"""
+ONE_RULE = "version: 1\nvolumes:\n  - {name: by-device, match: {device: bcache0}}\n"
+
+
+def metrics(r: Rig) -> str:
+    return (r.tmp / "m.prom").read_text()
+
+
+def unmanaged_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("cachepilot_volume_unmanaged{")]
+
+
+def test_a_new_cache_device_counts_its_own_errors_from_nothing() -> None:
+    st = VolumeState(VOL)
+    for ts, (errors, cache) in enumerate(((5, "a"), (6, "a"), (2, "b"))):
+        st.update(VolumeSample(DEV, ts + 1, "writeback", 0, 0, 0, errors, cache_id=cache))
+    assert st.io_errors_risen == 5 + 1 + 2
+
+
+class ErrorsBackend(FakeBackend):
+    """A cache whose error count decays between samples, as bcache's does."""
+
+    def __init__(self, info: VolumeInfo, **kw: object) -> None:
+        super().__init__(info, **kw)
+        self.errors = 0
+
+    def sample(self, now_ns: int) -> VolumeSample:
+        s = super().sample(now_ns)
+        return VolumeSample(s.dev, s.ts_ns, s.mode, s.dirty_bytes, s.hits, s.misses, self.errors, s.failed, s.knobs)
+
+
+def test_the_daemon_exports_errors_as_a_counter_and_none_for_dm_cache(tmp_path: Path) -> None:
+    r = Rig(tmp_path, metrics=f"{{listen: '', textfile: {tmp_path}/m.prom}}")
+    dm = VolumeInfo(dev=kdev(253, 3), name="dm-3", kind="dm-cache", mountpoint="/mnt/y", cache_bytes=1 << 30)
+    r.found = [Found(VOL), Found(dm, dm_name="lab-cached")]
+    backends: dict[str, ErrorsBackend] = {}
+    r.d.backend_factory = lambda info: backends.setdefault(info.name, ErrorsBackend(info))
+    r.d.start()
+    seen = []
+    for t, errors in enumerate((0, 4, 2, 1), start=1):
+        backends["bcache0"].errors = errors
+        r.tick(t)
+        line = next(x for x in metrics(r).splitlines() if x.startswith("cachepilot_volume_cache_io_errors_total{"))
+        seen.append(float(line.split()[-1]))
+    assert seen == [0, 4, 4, 4]
+    assert 'device="dm-3"' not in "".join(x for x in metrics(r).splitlines() if "cache_io_errors" in x)
+    text = metrics(r)
+    assert 'cachepilot_build_info{bpf_object="none",kernel="' in text  # no probe here
+    assert "cachepilot_process_resident_memory_bytes " in text
+    r.d.shutdown()
+
+
+def test_a_volume_two_rules_select_is_unmanaged_until_the_policy_is_fixed(tmp_path: Path) -> None:
+    r = Rig(tmp_path, policy=TWO_RULES, metrics=f"{{listen: '', textfile: {tmp_path}/m.prom}}")
+    r.d.start()
+    r.tick(1)
+    assert r.d.vols == {}
+    assert unmanaged_lines(metrics(r)) == [
+        'cachepilot_volume_unmanaged{device="bcache0",reason="policy",volume="bcache0"} 1.0']
+    status = r.d.answer({"cmd": "status"})
+    assert status["unmanaged"] == [{"name": "bcache0", "dev": "bcache0", "reason": "policy"}]
+    assert "bcache0    NOT MANAGED (policy; bcache0)" in render(status)  # `cachepilot status`
+    write(r.tmp / "p.yaml", ONE_RULE)
+    r.d.request_reload()
+    r.tick(3)  # the reload, then the next rescan (1 s) adopts it
+    assert DEV in r.d.vols
+    assert unmanaged_lines(metrics(r)) == []
+    r.d.shutdown()
+
+
+def test_a_volume_whose_backend_will_not_open_is_unmanaged(tmp_path: Path) -> None:
+    r = Rig(tmp_path, metrics=f"{{listen: '', textfile: {tmp_path}/m.prom}}")
+    other = VolumeInfo(dev=kdev(252, 1), name="bcache1", kind="bcache", mountpoint="/mnt/z", cache_bytes=1 << 30)
+    r.found = [Found(VOL), Found(other)]
+
+    def factory(info: VolumeInfo) -> FakeBackend:
+        if info.name == "bcache1":
+            raise KernelRejected("bcache1: no cache_mode")
+        return r.backend(info)
+
+    r.d.backend_factory = factory
+    r.d.start()
+    r.tick(1)
+    assert unmanaged_lines(metrics(r)) == [
+        'cachepilot_volume_unmanaged{device="bcache1",reason="backend",volume="bcache1"} 1.0']
+    r.found = [Found(VOL)]  # it went away: no longer unmanaged either
+    r.tick(3)
+    assert unmanaged_lines(metrics(r)) == []
+    r.d.shutdown()
+
+
+@pytest.mark.parametrize("problem", ["bcache2: cannot describe: no dev", "/sys/block: Permission denied"])
+def test_a_device_discover_could_not_describe_is_unmanaged_unless_it_has_no_usable_name(
+        tmp_path: Path, problem: str) -> None:
+    r = Rig(tmp_path, metrics=f"{{listen: '', textfile: {tmp_path}/m.prom}}")
+    r.d.discover = lambda: (list(r.found), [problem])
+    r.d.start()
+    r.tick(1)
+    want = ['cachepilot_volume_unmanaged{device="bcache2",reason="describe",volume="bcache2"} 1.0'] \
+        if problem.startswith("bcache2") else []
+    assert unmanaged_lines(metrics(r)) == want
     r.d.shutdown()

@@ -16,6 +16,9 @@ from cachepilot.errors import UserError
 
 KIND_BCACHE, KIND_DMCACHE, KIND_WRITECACHE = "bcache", "dm-cache", "dm-writecache"
 KINDS = (KIND_BCACHE, KIND_DMCACHE, KIND_WRITECACHE)
+# Kinds whose kernel reports the cache device's I/O errors (bcache: cache0/io_errors, a decaying count; dm-writecache:
+# its status's error field). dm-cache keeps none: its status only turns to Fail.
+ERROR_COUNTS = frozenset({KIND_BCACHE, KIND_WRITECACHE})
 
 # Backend-neutral write modes (the same strings as models.volume).
 WRITEBACK, WRITETHROUGH, BYPASS = "writeback", "writethrough", "bypass"

@@ -66,6 +66,9 @@ def render(s: dict[str, Any]) -> str:
             head.append(f"{'':<10} pending: {escape(p)}")
     if not s["volumes"]:
         head.append("(no volume)")
+    for u in s.get("unmanaged", []):  # a daemon from before issue 24 has no such key
+        head.append(f"{escape(u['name']):<10} NOT MANAGED ({escape(u['reason'])}; {escape(u['dev'])}): its cache runs "
+                    "unbounded; see the journal")
     return "\n".join(head)
 
 

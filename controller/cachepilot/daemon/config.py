@@ -4,7 +4,8 @@ the metrics listener, dry run, extra devices to observe.
 Read with the policy loader's YAML reader, so an error names ``FILE:LINE: key: message`` the same way. Relative
 paths are relative to the configuration file's directory. Several policy files combine: the first one gives the
 defaults and the hotness half-life, every file adds its volume rules (each rule inheriting its own file's defaults),
-and any file saying ``dry_run: true`` makes the whole daemon dry.
+and any file saying ``dry_run: true`` makes the whole daemon dry. Rules of different files may not overlap (the same
+check as within one file): a volume both selected could not be managed.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import jsonschema
 from cachepilot.daemon.control import DEFAULT_SOCKET
 from cachepilot.errors import UserError
 from cachepilot.exporter.http import DEFAULT_LISTEN, parse_listen
-from cachepilot.policy.loader import load_policy, parse_duration, raise_first, read_yaml, schema_errors
+from cachepilot.policy.loader import check_combined, load_policy, parse_duration, raise_first, read_yaml, schema_errors
 from cachepilot.policy.model import DEFAULT_POLICY, Policy
 from cachepilot.safeio import read_text
 
@@ -135,6 +136,7 @@ def parse_config(text: str, source: str, base_dir: Path) -> DaemonConfig:
             if str(exc).startswith(f"{p}: no such policy file"):
                 raise doc.err(("policies", i), f"{p}: no such policy file") from None
             raise
+    check_combined(policies)  # each file is valid alone; together no rule may overlap another file's
     metrics = raw.get("metrics", {})
     return DaemonConfig(
         source=source,

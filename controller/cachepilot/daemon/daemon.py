@@ -15,6 +15,7 @@ traceback.
 from __future__ import annotations
 
 import errno
+import hashlib
 import logging
 import os
 import time
@@ -24,7 +25,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from cachepilot import __version__
 from cachepilot.backends.base import DONE, FAILED, PENDING, Backend, Outcome
+from cachepilot.backends.capabilities import ERROR_COUNTS, KIND_BCACHE
 from cachepilot.daemon import actuation, volumes
 from cachepilot.daemon.config import DaemonConfig, load_config
 from cachepilot.daemon.control import ControlServer
@@ -54,6 +57,17 @@ MIN_POLL_GAP_S = 0.1
 _EVENT_KINDS = {"FreedExtent": "freed_extent", "Delete": "delete", "Barrier": "barrier", "Discard": "discard",
                 "JournalCommit": "journal_commit", "SyncCalls": "sync_calls", "HotnessDelta": "hotness_delta",
                 "MetadataDelta": "metadata_delta"}
+
+def _file_id(path: Any) -> str:
+    """A short hash of a file (which build of the BPF object runs), or "none"."""
+    if path is None:
+        return "none"
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read(64 << 20)).hexdigest()[:12]
+    except OSError:
+        return "none"
+
 
 Discover = Callable[[], tuple[list[volumes.Found], list[str]]]
 BackendFactory = Callable[[Any], Backend]
@@ -161,6 +175,10 @@ class Daemon:
         self.clear_requests: list[str] = []  # from the control socket, done on the loop thread
         self.metrics: Any = None  # the exporter (box, registry, server) when configured
         self.ready = False
+        # Cached volumes found but not managed, refound at every rescan: kernel name -> (volume label, reason word
+        # of exporter.snapshot.UNMANAGED_REASONS). Each is a metric and an alert, not only a log line said once.
+        self.unmanaged: dict[str, tuple[str, str]] = {}
+        self.bpf_object = "none"  # a short hash of the loaded BPF object (cachepilot_build_info)
 
     # ------------------------------------------------------------------ start / stop
     @property
@@ -348,8 +366,11 @@ class Daemon:
     # ------------------------------------------------------------------ volumes
     def _rescan(self, now: int) -> None:
         found, problems = self.discover()
+        self.unmanaged = {}
         for p in problems:
             self._once(f"volume not adopted: {p}")
+            name = p.partition(": ")[0]  # discover's problems are "<kernel name>: <why>"
+            self.unmanaged[name] = (name, "describe")
         want: dict[int, volumes.Found] = {f.info.dev: f for f in found}
         for spec in self.config.observe:
             try:
@@ -380,15 +401,19 @@ class Daemon:
                 backend = self.backend_factory(info)
             except CachepilotError as exc:
                 self._once(f"{info.name}: cannot open its backend: {exc}")
+                self.unmanaged[info.name] = (f.label, "backend")
                 return
         try:
             self.engine.add_volume(info)
         except UserError as exc:  # e.g. the volume matches overlapping rules: keep going without it
             self._once(f"{info.name}: not adopted: {exc}")
+            self.unmanaged[info.name] = (f.label, "policy")
             return
         if not self._watch(f):
             self.engine.remove_volume(info.dev)
+            self.unmanaged[info.name] = (f.label, "watch")
             return
+        self.unmanaged.pop(info.name, None)
         v = Vol(f, backend)
         if backend is not None:
             ctl = self.engine.vols[info.dev]
@@ -421,9 +446,12 @@ class Daemon:
         except UserError as exc:
             raise FatalError(f"the eBPF probe is unusable: {exc}") from None
         log.info("probe: %s", "; ".join(self.probe.report.summary().splitlines()))
+        self.bpf_object = _file_id(getattr(self.probe, "object_path", None))
         for dev, v in list(self.vols.items()):
             if not self._watch(v.found):
                 self.drop(dev, "cannot be watched")
+                if not v.observe_only:
+                    self.unmanaged[v.info.name] = (v.found.label, "watch")
 
     def _watch(self, f: volumes.Found) -> bool:
         """Ask the probe (if loaded) to watch a volume; False (said once) if it cannot."""
@@ -808,6 +836,8 @@ class Daemon:
             "state_file": {"path": str(self.state.path), "writes": self.state.writes,
                            "failed_writes": self.state.failed_writes, "last_error": self.state.last_error},
             "volumes": vols,
+            "unmanaged": [{"name": label, "dev": device, "reason": reason}
+                          for device, (label, reason) in sorted(self.unmanaged.items())],
             "top": self.top,
             "decisions": list(self.decisions),
         }
@@ -840,7 +870,8 @@ class Daemon:
                     volume=v.found.label, device=v.info.name, kind=v.info.kind, mode=mode,
                     target_mode=req[0] if req else mode, health=int(st.health), latched=ctl.latch is not None,
                     draining=ctl.drain is not None or bool(v.in_flight), cache_bytes=v.info.cache_bytes,
-                    cache_io_errors=st.io_errors, dirty_bytes=st.dirty_bytes,
+                    cache_io_errors=st.io_errors_risen if v.info.kind in ERROR_COUNTS else None,
+                    dirty_bytes=st.dirty_bytes,
                     dirty_age_seconds=st.exposure_age_s(self.engine.now_ns),
                     dirty_bound_bytes=None if recoverable else ctl.policy.exposure.max_dirty,
                     age_bound_seconds=None if recoverable else ctl.policy.exposure.max_age_s,
@@ -848,6 +879,7 @@ class Daemon:
                     bypasses=s.bypasses, bypassed_bytes=s.bypassed_bytes, promoted_bytes=v.promoted_bytes,
                     discard_issued_bytes=v.discard_issued_bytes,
                     discard_landed_bytes=v.discard_landed_bytes, barriers=v.barriers,
+                    cache_set=(st.cache_id or None) if v.info.kind == KIND_BCACHE else None,
                     epoch_bytes=v.epoch_bytes.freeze() if v.epoch_bytes is not None else ex.Histogram.empty(
                         ex.EPOCH_BUCKETS)))
             except ValueError as exc:
@@ -866,13 +898,23 @@ class Daemon:
             decisions=by("decisions."), action_failures=by("failed."),
             policy_reloads=c["reloads"] - c["reloads_failed"], policy_reload_failures=c["reloads_failed"],
             policy_last_reload_success=self.policy_error is None, state_writes=self.state.writes,
-            state_write_failures=self.state.failed_writes, volumes=tuple(vols))
+            state_write_failures=self.state.failed_writes, volumes=tuple(vols), unmanaged=self._unmanaged(ex),
+            version=__version__, kernel=os.uname().release, bpf_object=self.bpf_object)
         m["box"].publish(snap)
         if self.config.metrics_textfile:
             try:
                 ex.write_textfile(self.config.metrics_textfile, m["registry"])
             except OSError as exc:
                 self._once(f"metrics: textfile {self.config.metrics_textfile} not written: {exc.strerror}")
+
+    def _unmanaged(self, ex: Any) -> tuple[Any, ...]:
+        out = []
+        for device, (label, reason) in sorted(self.unmanaged.items()):
+            try:
+                out.append(ex.UnmanagedVolume(volume=label, device=device, reason=reason))
+            except ValueError as exc:
+                self._once(f"metrics: unmanaged {device!r} left out: {exc}")
+        return tuple(out)
 
     def answer(self, req: dict[str, Any]) -> dict[str, Any]:
         """Control-socket requests, from the last snapshot only (called on the server thread)."""
