@@ -23,12 +23,21 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
 from cachepilot.backends.capabilities import CAPABILITIES, KNOBS, Capabilities
-from cachepilot.engine.actions import Action, DiscardRanges, Drain, Promote, SetKnob, SetWritePolicy
+from cachepilot.engine.actions import (
+    DONE,
+    FAILED,
+    Action,
+    DiscardRanges,
+    Drain,
+    Outcome,
+    Promote,
+    SetKnob,
+    SetWritePolicy,
+)
 from cachepilot.errors import UserError
 from cachepilot.events import (
     Barrier,
@@ -64,6 +73,11 @@ REQUEST_RETRY_NS = 60 * NS  # re-issue an unanswered mode/knob request after thi
 
 ADMITTED = 0  # reason id: admitted against the last evicted counter (text made when emitted)
 
+
+
+class UnknownEvent(TypeError):
+    """An event kind this engine does not handle (a newer probe's). A TypeError, so a replay reports it as a bad
+    record; the daemon counts it apart from a TypeError raised *while* handling a known kind, which is a bug."""
 
 
 def hot_record(ev: HotnessDelta) -> tuple[int, ...]:
@@ -139,24 +153,6 @@ class Latch:
 class DrainInFlight:
     action: Drain
     start_ns: int
-
-
-class OutcomeLike(Protocol):
-    """How an action ended: backends.base.Outcome fits, as does :class:`Result`."""
-
-    @property
-    def action(self) -> object: ...
-    @property
-    def status(self) -> str: ...  # "done" | "pending" | "failed"
-    @property
-    def detail(self) -> str: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Result:
-    action: Action
-    status: str
-    detail: str = ""
 
 
 @dataclass
@@ -294,7 +290,7 @@ class Engine:
         elif isinstance(ev, Drops):
             self.drops = ev
         else:
-            raise TypeError(f"not an event: {ev!r}")
+            raise UnknownEvent(f"not an event: {ev!r}")
 
     def feed_hotness_records(self, records: list[tuple[int, ...]]) -> None:
         """HotnessDelta records as tuples in trace layout (see cachepilot.trace.format)."""
@@ -392,16 +388,15 @@ class Engine:
         return {c.info.name: c.latch.reason for c in self.vols.values() if c.latch is not None}
 
     # ------------------------------------------------------------ how actions ended
-    def outcome(self, o: OutcomeLike) -> None:
-        """Learn how an action ended (backends.base.Outcome or :class:`Result`). Pending ones are ignored."""
+    def outcome(self, o: Outcome) -> None:
+        """Learn how an action ended. Pending and skipped ones are ignored."""
         a = o.action
-        status = o.status
-        c = self.by_name.get(getattr(a, "volume", ""))
-        if c is None or status not in ("done", "failed"):
+        c = self.by_name.get(a.volume)
+        if c is None or o.status not in (DONE, FAILED):
             return
-        ok = status == "done"
+        ok = o.status == DONE
         if not ok:
-            c.last_failure = f"{a.line() if hasattr(a, 'line') else a}: {o.detail or 'failed'}"
+            c.last_failure = f"{a.line()}: {o.detail or 'failed'}"
         if isinstance(a, Drain):
             self._drain_ended(c, a, ok, o.detail)
         elif isinstance(a, DiscardRanges) and not ok:
