@@ -39,9 +39,8 @@ ConfigError = UserError
 
 
 class KernelError(CachepilotError):
-    """The kernel's or a device's answer to a read or write of ours, classified by what the caller should do."""
-
-    kind = "kernel"
+    """The kernel's or a device's answer to a read or write of ours, classified by what the caller should do. Only
+    its subclasses are raised (so it declares no ``kind`` of its own: each subclass is a failure class)."""
 
 
 class KernelRejected(KernelError):

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from cachepilot.actions import Drain, SetKnob, SetWritePolicy
 from cachepilot.backends import open_backend
 from cachepilot.backends.base import DONE, FAILED, PENDING
 from cachepilot.backends.bcache import BcacheBackend, size_matches
 from cachepilot.backends.dmcache import CacheTable, DmCacheBackend
 from cachepilot.backends.kernelio import classify_dmsetup, classify_errno
 from cachepilot.backends.writecache import WritecacheBackend, WritecacheTable
-from cachepilot.engine.actions import Drain, SetKnob, SetWritePolicy
 from cachepilot.errors import DeviceGone, KernelRejected, RetryLater
 from cachepilot.models.volume import VolumeInfo
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from cachepilot.actions import DiscardRanges, Drain, Promote, SetKnob, SetWritePolicy
 from cachepilot.backends.base import DONE, FAILED, PENDING, Backend, ControlAction, Outcome, Write
 from cachepilot.daemon.config import DEFAULT_METRICS, load_config, parse_config
 from cachepilot.daemon.control import ControlServer, request
@@ -24,7 +25,6 @@ from cachepilot.daemon.lock import DaemonLock
 from cachepilot.daemon.loop import TickLoop
 from cachepilot.daemon.state import MAX_HOT, StateFile
 from cachepilot.daemon.volumes import Found
-from cachepilot.engine.actions import DiscardRanges, Drain, Promote, SetKnob, SetWritePolicy
 from cachepilot.errors import DeviceGone, FatalError, RetryLater, UserError
 from cachepilot.events import Delete, FileKey, HotnessDelta, kdev
 from cachepilot.models.volume import VolumeInfo, VolumeSample

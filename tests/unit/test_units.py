@@ -6,8 +6,8 @@ import pytest
 
 from cachepilot import units
 from cachepilot.backends.bcache import size_matches
-from cachepilot.backends.capabilities import KNOBS
 from cachepilot.backends.inspect import parse_bcache_size
+from cachepilot.capabilities import KNOBS
 from cachepilot.errors import UserError
 from cachepilot.policy import parse_size
 

@@ -1,6 +1,6 @@
 """Where a delete becomes a discard: ``FITRIM`` on the mounted filesystem, limited to each freed range.
 
-The engine hands over :class:`~cachepilot.engine.actions.DiscardRanges` whose extents were freed by deletes,
+The engine hands over :class:`~cachepilot.actions.DiscardRanges` whose extents were freed by deletes,
 truncates and hole punches and whose freeing journal transaction has committed (``models/freed.py``). This
 module turns each range into one ``FITRIM`` ioctl (``struct fstrim_range {start, len, minlen}``, bytes) on a
 descriptor of the filesystem's mountpoint. The filesystem itself then discards only blocks that are still free
@@ -24,7 +24,7 @@ import struct
 import time
 from collections.abc import Callable
 
-from cachepilot.engine.actions import DONE, FAILED, PENDING, SKIPPED, DiscardRanges, Outcome
+from cachepilot.actions import DONE, FAILED, PENDING, SKIPPED, DiscardRanges, Outcome
 from cachepilot.errors import CachepilotError, DeviceGone, KernelRejected, classify_errno
 from cachepilot.events import kdev_from_st_dev
 from cachepilot.models.volume import VolumeInfo

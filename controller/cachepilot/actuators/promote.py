@@ -33,8 +33,8 @@ import struct
 import time
 from collections.abc import Callable
 
+from cachepilot.actions import DONE, FAILED, PENDING, SKIPPED, Outcome, Promote
 from cachepilot.actuators.extents import fiemap
-from cachepilot.engine.actions import DONE, FAILED, PENDING, SKIPPED, Outcome, Promote
 from cachepilot.errors import CachepilotError, DeviceGone, classify_errno
 from cachepilot.events import kdev_from_st_dev
 from cachepilot.models.volume import VolumeInfo

@@ -22,8 +22,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import ClassVar
 
-from cachepilot.backends.capabilities import Capabilities, capabilities
-from cachepilot.engine.actions import DONE, FAILED, PENDING, ControlAction, Outcome, Write
+from cachepilot.actions import DONE, FAILED, PENDING, ControlAction, Outcome, Write
+from cachepilot.capabilities import Capabilities, capabilities
 from cachepilot.models.volume import VolumeInfo, VolumeSample
 
 DmRunner = Callable[[Sequence[str], float], str]

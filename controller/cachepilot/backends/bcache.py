@@ -16,11 +16,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from cachepilot import units
-from cachepilot.backends.capabilities import BYPASS, KIND_BCACHE, WRITEBACK, WRITETHROUGH, Knob
+from cachepilot.actions import Drain, SetKnob, SetWritePolicy
 from cachepilot.backends.inspect import parse_bcache_size, sample_volume
 from cachepilot.backends.kernelio import read_attr, write_attr
 from cachepilot.backends.operation import CLOSE_BELOW, Operation, OperationBackend, Setting
-from cachepilot.engine.actions import Drain, SetKnob, SetWritePolicy
+from cachepilot.capabilities import BYPASS, KIND_BCACHE, WRITEBACK, WRITETHROUGH, Knob
 from cachepilot.errors import KernelRejected, UserError
 from cachepilot.models.volume import VolumeSample
 

@@ -16,9 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cachepilot.actions import DiscardRanges, Promote
 from cachepilot.backends import inspect
 from cachepilot.backends.base import FAILED, Backend, ControlAction, Outcome
-from cachepilot.engine.actions import DiscardRanges, Promote
 from cachepilot.errors import DeviceGone, UserError
 from cachepilot.models.volume import VolumeInfo, VolumeSample
 

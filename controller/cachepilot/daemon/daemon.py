@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from cachepilot.actions import Action, DiscardRanges, Drain, Promote, SetKnob
 from cachepilot.backends.base import DONE, FAILED, PENDING, Backend, Outcome
 from cachepilot.daemon import actuation, volumes
 from cachepilot.daemon.config import DaemonConfig, load_config
@@ -33,7 +34,6 @@ from cachepilot.daemon.loop import TickLoop
 from cachepilot.daemon.notify import Notifier
 from cachepilot.daemon.snapshot import hottest
 from cachepilot.daemon.state import MAX_DECISIONS, MAX_HOT, StateFile
-from cachepilot.engine.actions import Action, DiscardRanges, Drain, Promote, SetKnob
 from cachepilot.engine.engine import Engine, Latch, UnknownEvent, normalise_mode
 from cachepilot.errors import CachepilotError, DeviceGone, FatalError, RetryLater, UserError, classify_errno
 from cachepilot.events import Barrier, Discard, Drops, kdev_major_minor

@@ -1,6 +1,6 @@
 """The decision engine: models + policy + backend state -> actions with reasons."""
 
-from cachepilot.engine.actions import Action, DiscardRanges, Drain, Outcome, Promote, SetKnob, SetWritePolicy
+from cachepilot.actions import Action, DiscardRanges, Drain, Outcome, Promote, SetKnob, SetWritePolicy
 from cachepilot.engine.engine import Engine, VolumeCtl, normalise_mode
 
 __all__ = ["Action", "DiscardRanges", "Drain", "Engine", "Outcome", "Promote", "SetKnob", "SetWritePolicy",

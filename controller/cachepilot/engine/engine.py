@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cachepilot.backends.capabilities import CAPABILITIES, KNOBS, Capabilities
-from cachepilot.engine.actions import (
+from cachepilot.actions import (
     DONE,
     FAILED,
     Action,
@@ -38,6 +37,7 @@ from cachepilot.engine.actions import (
     SetKnob,
     SetWritePolicy,
 )
+from cachepilot.capabilities import CAPABILITIES, KNOBS, Capabilities
 from cachepilot.errors import UserError
 from cachepilot.events import (
     Barrier,
