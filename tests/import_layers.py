@@ -24,10 +24,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("daemon", "display", "sim"),
     ("trace",),
     ("engine", "backends", "actuators", "probe", "exporter", "workloads"),
-    ("policy",),
+    ("policy", "records"),
     ("models",),
     ("events", "actions", "capabilities"),
-    ("errors", "units", "__init__"),
+    ("errors", "units", "bpf_layout", "__init__"),
 )
 LAYER = {unit: depth for depth, units in enumerate(LAYERS) for unit in units}
 

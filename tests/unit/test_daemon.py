@@ -787,7 +787,7 @@ def test_a_type_error_inside_the_engine_is_a_bug_not_an_unknown_event(
     def bug(ev: object) -> None:
         raise TypeError("unsupported operand type(s)")
 
-    r.d.engine.delete = bug  # type: ignore[method-assign]
+    r.d.engine.hotness.delete = bug  # type: ignore[method-assign]  # what the engine's Delete handler calls
     with caplog.at_level(logging.ERROR, logger="cachepilot"):
         r.d._feed(Delete(FileKey(DEV, 5, 1), 4096, 1))
         r.d._feed(Delete(FileKey(DEV, 6, 1), 4096, 2))

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from cachepilot import records
 from cachepilot.actions import Action, DiscardRanges, Drain, Promote, SetKnob
 from cachepilot.backends.base import DONE, FAILED, PENDING, Backend, Outcome
 from cachepilot.daemon import actuation, volumes
@@ -51,9 +52,8 @@ DECISIONS_KEPT = 1000
 # wakeup allowed (one per 20 ms under a commit storm, ~50 a second) cost the daemon more than the events themselves
 # (measured in the lab's varmail run). The rings hold seconds of records even at a flush storm's rate.
 MIN_POLL_GAP_S = 0.1
-_EVENT_KINDS = {"FreedExtent": "freed_extent", "Delete": "delete", "Barrier": "barrier", "Discard": "discard",
-                "JournalCommit": "journal_commit", "SyncCalls": "sync_calls", "HotnessDelta": "hotness_delta",
-                "MetadataDelta": "metadata_delta"}
+# the status's event counts by kind (its counters are by class name); Drops are counters of their own
+_EVENT_KINDS = {k.event.__name__: k.name for k in records.KINDS if k is not records.DROPS}
 
 Discover = Callable[[], tuple[list[volumes.Found], list[str]]]
 BackendFactory = Callable[[Any], Backend]

@@ -21,11 +21,13 @@ are re-queued, failed switches and knobs are asked again after ``REQUEST_RETRY_N
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
+from cachepilot import records
 from cachepilot.actions import (
     DONE,
     FAILED,
@@ -79,12 +81,6 @@ class UnknownEvent(TypeError):
     """An event kind this engine does not handle (a newer probe's). A TypeError, so a replay reports it as a bad
     record; the daemon counts it apart from a TypeError raised *while* handling a known kind, which is a bug."""
 
-
-def hot_record(ev: HotnessDelta) -> tuple[int, ...]:
-    """A HotnessDelta as a record in trace layout (HOT_DTYPE's field order)."""
-    k = ev.key
-    return (k.dev, k.ino, k.gen, ev.read_score, ev.write_score, ev.read_bytes, ev.write_bytes, ev.last_access_ns,
-            ev.size)
 
 class PromoQueue:
     """FIFO of (slot, reason id) packed in one u64 array: 8 bytes per queued file, no Python objects.
@@ -202,6 +198,15 @@ class Engine:
         self.unknown_events = 0
         self.drops: Drops | None = None
         self.external_discards = 0
+        handlers: dict[str, Callable[[Any], None]] = {
+            records.HOTNESS.name: self._feed_hotness, records.FREED.name: self._feed_freed_extent,
+            records.COMMIT.name: self._feed_commit, records.DELETE.name: self.delete,
+            records.BARRIER.name: self._feed_epochs, records.SYNC.name: self._feed_epochs,
+            records.METADATA.name: self._feed_metadata, records.DISCARD.name: self._feed_discard,
+            records.DROPS.name: self._feed_drops,
+        }
+        # every kind of the records table has its handler (a kind added there without one fails here, at once)
+        self._handlers = {k.event: handlers[k.name] for k in records.KINDS}
         for v in volumes:
             self.add_volume(v)
 
@@ -264,33 +269,40 @@ class Engine:
 
     # ------------------------------------------------------------ input
     def feed(self, ev: Event) -> None:
-        if isinstance(ev, HotnessDelta):  # one rule for every path: the vectorised update
-            self.feed_hotness_records([hot_record(ev)])
-        elif isinstance(ev, FreedExtent):
-            c = self._vol(ev.dev)
-            if c is not None:
-                c.freed.freed(ev.block, ev.count, ev.ts_ns, ev.tid)
-        elif isinstance(ev, JournalCommit):
-            c = self._vol(ev.dev)
-            if c is not None:
-                c.freed.commit(ev.transaction, ev.ts_ns)
-        elif isinstance(ev, Delete):
-            self.delete(ev)
-        elif isinstance(ev, Barrier | SyncCalls):  # block barriers close epochs, file-level calls annotate
-            c = self._vol(ev.dev)
-            if c is not None:
-                c.epochs.feed(ev)
-        elif isinstance(ev, MetadataDelta):
-            c = self._vol(ev.dev)
-            if c is not None:
-                c.meta_score += ev.score
-                c.meta_bytes += ev.bytes
-        elif isinstance(ev, Discard):
-            self.external_discards += 1
-        elif isinstance(ev, Drops):
-            self.drops = ev
-        else:
+        handler = self._handlers.get(type(ev))
+        if handler is None:
             raise UnknownEvent(f"not an event: {ev!r}")
+        handler(ev)
+
+    def _feed_hotness(self, ev: HotnessDelta) -> None:
+        self.feed_hotness_records([records.HOTNESS.to_record(ev)])  # one rule for every path: the vectorised update
+
+    def _feed_freed_extent(self, ev: FreedExtent) -> None:
+        c = self._vol(ev.dev)
+        if c is not None:
+            c.freed.freed(ev.block, ev.count, ev.ts_ns, ev.tid)
+
+    def _feed_commit(self, ev: JournalCommit) -> None:
+        c = self._vol(ev.dev)
+        if c is not None:
+            c.freed.commit(ev.transaction, ev.ts_ns)
+
+    def _feed_epochs(self, ev: Barrier | SyncCalls) -> None:
+        c = self._vol(ev.dev)  # block barriers close epochs, file-level calls annotate
+        if c is not None:
+            c.epochs.feed(ev)
+
+    def _feed_metadata(self, ev: MetadataDelta) -> None:
+        c = self._vol(ev.dev)
+        if c is not None:
+            c.meta_score += ev.score
+            c.meta_bytes += ev.bytes
+
+    def _feed_discard(self, ev: Discard) -> None:
+        self.external_discards += 1
+
+    def _feed_drops(self, ev: Drops) -> None:
+        self.drops = ev
 
     def feed_hotness_records(self, records: list[tuple[int, ...]]) -> None:
         """HotnessDelta records as tuples in trace layout (see cachepilot.trace.format)."""
