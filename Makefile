@@ -61,6 +61,7 @@ lint: deps-python
 	$(RUFF) check controller tests tests/vm/lab
 	$(VENV)/bin/mypy
 	$(VENV)/bin/vulture controller/cachepilot --min-confidence 100
+	$(PY) tests/import_layers.py controller/cachepilot
 
 # One pytest run over every level that exists; each level's fixtures do their own set-up (tracefs, loop devices, the lab).
 test: deps-python bpf lint

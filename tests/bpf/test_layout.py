@@ -6,7 +6,7 @@ import ctypes as C
 
 import pytest
 
-from cachepilot.probe import layout as L
+from cachepilot import bpf_layout as L
 from cachepilot.probe import libbpf
 from cachepilot.probe.probe import DEFAULT_OBJECT, HOOKS
 

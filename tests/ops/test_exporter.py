@@ -311,7 +311,7 @@ def test_an_observe_only_daemon_exports_clean_metrics_without_volumes() -> None:
 
 def test_every_decision_kind_and_failure_class_is_exported_from_the_start() -> None:
 
-    from cachepilot.engine import actions
+    from cachepilot import actions
     from cachepilot.errors import CachepilotError
     from cachepilot.exporter.snapshot import DECISION_KINDS, FAILURE_KINDS
 
@@ -327,7 +327,7 @@ def test_every_decision_kind_and_failure_class_is_exported_from_the_start() -> N
         for sub in todo.pop().__subclasses__():
             classes.add(sub)
             todo.append(sub)
-    assert {c.kind for c in classes} == set(FAILURE_KINDS)
+    assert {c.kind for c in classes if "kind" in vars(c)} == set(FAILURE_KINDS)  # (a base declares none)
     # a daemon that has decided nothing yet still exports a 0 per kind (rate() has a series from the start)
     fams = families(exposition())
     by = {(s.name, s.labels.get("kind")): s.value for f in fams.values() for s in f.samples}

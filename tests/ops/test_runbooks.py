@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from ops_support import DASHBOARDS, ROOT
 
-from cachepilot.backends.capabilities import KNOBS
+from cachepilot.capabilities import KNOBS
 from cachepilot.cli import build_parser
 from cachepilot.daemon.config import SCHEMA as CONFIG_SCHEMA
 from cachepilot.exporter.snapshot import DECISION_KINDS, FAILURE_KINDS, MODES, UNMANAGED_REASONS

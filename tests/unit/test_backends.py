@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from cachepilot.actions import Drain, SetKnob, SetWritePolicy
 from cachepilot.backends import open_backend
 from cachepilot.backends.base import DONE, FAILED, PENDING
 from cachepilot.backends.bcache import BcacheBackend, size_matches
@@ -17,7 +18,6 @@ from cachepilot.backends.dmcache import CacheTable, DmCacheBackend
 from cachepilot.backends.inspect import sample_volume
 from cachepilot.backends.kernelio import classify_dmsetup, classify_errno
 from cachepilot.backends.writecache import WritecacheBackend, WritecacheTable
-from cachepilot.engine.actions import Drain, SetKnob, SetWritePolicy
 from cachepilot.errors import DeviceGone, KernelRejected, RetryLater
 from cachepilot.models.volume import VolumeInfo, VolumeState
 

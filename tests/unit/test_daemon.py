@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import stat
 import threading
@@ -15,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cachepilot.actuators.discard import DiscardResult
-from cachepilot.actuators.promote import PromoteResult
+from cachepilot.actions import DiscardRanges, Drain, Promote, SetKnob, SetWritePolicy
 from cachepilot.backends.base import DONE, FAILED, PENDING, Backend, ControlAction, Outcome, Write
 from cachepilot.commands.status import render
 from cachepilot.daemon.config import DEFAULT_METRICS, load_config, parse_config
@@ -26,9 +26,8 @@ from cachepilot.daemon.lock import DaemonLock
 from cachepilot.daemon.loop import TickLoop
 from cachepilot.daemon.state import MAX_HOT, StateFile
 from cachepilot.daemon.volumes import Found
-from cachepilot.engine.actions import DiscardRanges, Drain, Promote, SetKnob, SetWritePolicy
 from cachepilot.errors import DeviceGone, FatalError, KernelRejected, RetryLater, UserError
-from cachepilot.events import FileKey, HotnessDelta, kdev
+from cachepilot.events import Delete, FileKey, HotnessDelta, kdev
 from cachepilot.models.volume import VolumeInfo, VolumeSample, VolumeState
 
 NS = 1_000_000_000
@@ -549,14 +548,14 @@ def test_a_probe_that_cannot_load_after_reconcile_puts_back_and_releases(tmp_pat
 
 
 class RealResultFiles(FakeFiles):
-    """The file actuators' own result types (what FITRIM and promotion runs return), without running them."""
+    """The file actuators' outcomes (what FITRIM and promotion runs return), without running them."""
 
     def run(self, action: object, dry_run: bool) -> object:  # type: ignore[override]
         self.ran.append((action, dry_run))
         if isinstance(action, DiscardRanges):
-            return DiscardResult(action, DONE, dry_run=dry_run, issued=((0, 4096),), trimmed_bytes=4096)
+            return Outcome(action, DONE, dry_run=dry_run, actuated=True, issued=((0, 4096),), trimmed_bytes=4096)
         assert isinstance(action, Promote)
-        return PromoteResult(action, DONE, dry_run=dry_run, read_bytes=8192, reads=1)
+        return Outcome(action, DONE, dry_run=dry_run, actuated=True, read_bytes=8192, reads=1)
 
 
 def test_file_actions_outcomes_are_recorded_and_logged(tmp_path: Path) -> None:
@@ -867,4 +866,45 @@ def test_a_device_discover_could_not_describe_is_unmanaged_unless_it_has_no_usab
     want = ['cachepilot_volume_unmanaged{device="bcache2",reason="describe",volume="bcache2"} 1.0'] \
         if problem.startswith("bcache2") else []
     assert unmanaged_lines(metrics(r)) == want
+    r.d.shutdown()
+
+
+# ---------------------------------------------------------------------------------------------- errors by class
+def test_the_daemon_classifies_an_os_error_by_the_same_rule(tmp_path: Path) -> None:
+    """An OSError escaping a backend with an errno the rule does not list is rejected (counted, not retried), as
+    kernelio rejects it; the daemon used to retry it five times."""
+    r = Rig(tmp_path)
+    r.d.start()
+    b = r.backends["bcache0"]
+
+    def broken(action: object, *, dry_run: bool = False) -> object:
+        raise OSError(errno.EIO, "Input/output error", "/sys/block/bcache0/bcache/cache_mode")
+
+    b.apply = broken  # type: ignore[assignment,method-assign]
+    b.dirty = 8 << 20  # over the bound: a switch to write-through is decided
+    r.tick(1)
+    r.tick(3)
+    d = [x for x in r.d.decisions if x["kind"] == "set_write_policy"]
+    assert d and d[0]["error_kind"] == "rejected" and "cache_mode: Input/output error" in d[0]["error"]
+    assert r.d.counters["retries"] == 0 and r.d.counters["failed.rejected"] >= 1
+    r.d.shutdown()
+
+
+def test_a_type_error_inside_the_engine_is_a_bug_not_an_unknown_event(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    r = Rig(tmp_path)
+    r.d.start()
+
+    def bug(ev: object) -> None:
+        raise TypeError("unsupported operand type(s)")
+
+    r.d.engine.hotness.delete = bug  # type: ignore[method-assign]  # what the engine's Delete handler calls
+    with caplog.at_level(logging.ERROR, logger="cachepilot"):
+        r.d._feed(Delete(FileKey(DEV, 5, 1), 4096, 1))
+        r.d._feed(Delete(FileKey(DEV, 6, 1), 4096, 2))
+    assert r.d.counters["events.bugs"] == 2 and r.d.counters["events.unhandled"] == 0
+    tracebacks = [rec for rec in caplog.records if rec.exc_info]
+    assert len(tracebacks) == 1 and "TypeError" in caplog.text  # once, with its traceback
+    r.d._feed(SetWritePolicy("bcache0", "writeback", "not an event"))  # an unknown kind: still "unhandled"
+    assert r.d.counters["events.unhandled"] == 1 and r.d.counters["events.bugs"] == 2
     r.d.shutdown()

@@ -11,8 +11,8 @@ from dataclasses import replace
 
 import pytest
 
+from cachepilot.actions import Promote
 from cachepilot.actuators.promote import DONE, FAILED, MAX_CHUNK, MIN_CHUNK, PENDING, SKIPPED, Promoter
-from cachepilot.engine.actions import Promote
 from cachepilot.errors import DeviceGone
 from cachepilot.events import kdev_from_st_dev
 from cachepilot.models.volume import VolumeInfo

@@ -32,18 +32,15 @@ import stat
 import struct
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
+from cachepilot.actions import DONE, FAILED, PENDING, SKIPPED, Outcome, Promote
 from cachepilot.actuators.extents import fiemap
-from cachepilot.backends.kernelio import classify_errno
-from cachepilot.engine.actions import Promote
-from cachepilot.errors import CachepilotError, DeviceGone
+from cachepilot.errors import CachepilotError, DeviceGone, classify_errno
 from cachepilot.events import kdev_from_st_dev
 from cachepilot.models.volume import VolumeInfo
 
 log = logging.getLogger("cachepilot.actuators.promote")
 
-DONE, PENDING, FAILED, SKIPPED = "done", "pending", "failed", "skipped"
 FILEID_INO32_GEN = 1
 MIN_CHUNK, MAX_CHUNK = 64 << 10, 256 << 10
 ROUNDS = {"bcache": 1, "dm-cache": 2, "dm-writecache": 0}  # dm-writecache never caches reads
@@ -70,29 +67,6 @@ def open_by_handle(mount_fd: int, ino: int, gen: int, flags: int) -> int:
     return fd
 
 
-@dataclass(frozen=True, slots=True)
-class PromoteResult:
-    action: Promote
-    status: str  # DONE | PENDING (some deferred by pacing) | SKIPPED (file gone/replaced/not regular) | FAILED
-    dry_run: bool = False
-    read_bytes: int = 0
-    reads: int = 0
-    deferred: Promote | None = None
-    not_before_ns: int = 0  # when to run ``deferred`` (a later round), 0: as soon as the budget allows
-    error: CachepilotError | None = None
-    detail: str = ""
-
-    def line(self, action_line: str | None = None) -> str:
-        """As Outcome.line (``action_line``: the action's own line when the caller has it already)."""
-        dry = " (dry run)" if self.dry_run else ""
-        later = f", {sum(n for _, n in self.deferred.ranges)} bytes deferred" if self.deferred else ""
-        err = f" error[{self.error.kind}]: {self.error}" if self.error else ""
-        why = f" ({self.detail})" if self.detail else ""
-        head = self.action.line() if action_line is None else action_line
-        return (f"{head} => {self.status}{dry}: {self.reads} reads, {self.read_bytes} bytes"
-                f"{later}{why}{err}")
-
-
 Chunk = tuple[int, int, int]  # (physical, logical, length)
 
 
@@ -116,14 +90,14 @@ class Promoter:
         self.read_bytes_total = 0
         self.skipped_total = 0
 
-    def run(self, action: Promote, *, dry_run: bool = False) -> PromoteResult:
+    def run(self, action: Promote, *, dry_run: bool = False) -> Outcome:
         if self.rounds == 0:
             return self._skip(action, dry_run, f"{self.info.kind} does not cache reads")
         key = (action.dev, action.ino, action.gen)
         done_rounds, not_before = self._round.get(key, (0, 0))
         if self.clock() < not_before:
-            return PromoteResult(action, PENDING, dry_run, deferred=action, not_before_ns=not_before,
-                                 detail=f"round {done_rounds + 1} of {self.rounds} not due yet")
+            return Outcome(action, PENDING, dry_run, deferred=action, not_before_ns=not_before, actuated=True,
+                           detail=f"round {done_rounds + 1} of {self.rounds} not due yet")
         try:
             fd = self._open(action)
         except _Skip as s:
@@ -133,7 +107,7 @@ class Promoter:
         try:
             chunks = self.plan(fd, action.ranges)
             r = self._read(fd, action, chunks, dry_run)
-            return self._next_round(r, key, done_rounds)
+            return self._next_round(action, r, key, done_rounds)
         except OSError as exc:
             return self._failed(action, dry_run, classify_errno(exc.errno, f"promote ino {action.ino}"))
         finally:
@@ -184,7 +158,7 @@ class Promoter:
         chunks.sort(reverse=True)
         return chunks
 
-    def _read(self, fd: int, action: Promote, chunks: list[Chunk], dry_run: bool) -> PromoteResult:
+    def _read(self, fd: int, action: Promote, chunks: list[Chunk], dry_run: bool) -> Outcome:
         self._refill()
         buf = mmap.mmap(-1, MAX_CHUNK)  # page-aligned, as O_DIRECT needs
         done_bytes = reads = 0
@@ -203,11 +177,12 @@ class Promoter:
         if left:
             rest = tuple(sorted((lg, n) for _, lg, n in left))
             deferred = Promote(action.volume, action.dev, action.ino, action.gen, rest, action.reason)
-        r = PromoteResult(action, PENDING if left else DONE, dry_run, done_bytes, reads, deferred)
+        r = Outcome(action, PENDING if left else DONE, dry_run, actuated=True, read_bytes=done_bytes, reads=reads,
+                    deferred=deferred)
         log.info("%s", r.line())
         return r
 
-    def _next_round(self, r: PromoteResult, key: tuple[int, int, int], done_rounds: int) -> PromoteResult:
+    def _next_round(self, action: Promote, r: Outcome, key: tuple[int, int, int], done_rounds: int) -> Outcome:
         """A round that read everything it had: count it; if the cache needs another, defer the whole action."""
         if r.status != DONE or r.dry_run:
             return r
@@ -217,8 +192,8 @@ class Promoter:
             return r
         not_before = self.clock() + ROUND_GAP_NS
         self._round[key] = (done_rounds, not_before)
-        return PromoteResult(r.action, PENDING, False, r.read_bytes, r.reads, r.action, not_before,
-                             detail=f"round {done_rounds} of {self.rounds} read")
+        return Outcome(action, PENDING, False, actuated=True, read_bytes=r.read_bytes, reads=r.reads,
+                       deferred=action, not_before_ns=not_before, detail=f"round {done_rounds} of {self.rounds} read")
 
     def _refill(self) -> None:
         now = self.clock()
@@ -226,15 +201,15 @@ class Promoter:
                            self._tokens + (now - self._last) / 1e9 * self.rate)
         self._last = now
 
-    def _skip(self, action: Promote, dry_run: bool, why: str) -> PromoteResult:
+    def _skip(self, action: Promote, dry_run: bool, why: str) -> Outcome:
         self.skipped_total += 1
         log.info("%s: skipped: %s", action.line(), why)
-        return PromoteResult(action, SKIPPED, dry_run, detail=why)
+        return Outcome(action, SKIPPED, dry_run, detail=why, actuated=True)
 
-    def _failed(self, action: Promote, dry_run: bool, exc: CachepilotError) -> PromoteResult:
+    def _failed(self, action: Promote, dry_run: bool, exc: CachepilotError) -> Outcome:
         self.errors[exc.kind] = self.errors.get(exc.kind, 0) + 1
         log.warning("%s failed: %s", action.line(), exc)
-        return PromoteResult(action, FAILED, dry_run, error=exc)
+        return Outcome(action, FAILED, dry_run, error=exc, actuated=True)
 
 
 def default_burst(info: VolumeInfo, rate: int) -> int:

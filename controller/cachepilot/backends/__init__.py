@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from cachepilot.backends.base import Backend, DmRunner
-from cachepilot.backends.capabilities import KIND_BCACHE, KIND_DMCACHE, KIND_WRITECACHE
+from cachepilot.capabilities import KIND_BCACHE, KIND_DMCACHE, KIND_WRITECACHE
 from cachepilot.errors import UserError
 from cachepilot.models.volume import VolumeInfo
 

@@ -15,15 +15,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cachepilot.backends.capabilities import BYPASS, KIND_BCACHE, WRITEBACK, WRITETHROUGH, Knob
+from cachepilot import units
+from cachepilot.actions import Drain, SetKnob, SetWritePolicy
 from cachepilot.backends.inspect import parse_bcache_size, sample_volume
 from cachepilot.backends.kernelio import read_attr, write_attr
 from cachepilot.backends.operation import CLOSE_BELOW, Operation, OperationBackend, Setting
-from cachepilot.engine.actions import Drain, SetKnob, SetWritePolicy
+from cachepilot.capabilities import BYPASS, KIND_BCACHE, WRITEBACK, WRITETHROUGH, Knob
 from cachepilot.errors import KernelRejected, UserError
 from cachepilot.models.volume import VolumeSample
-
-_UNIT = {"": 1, "k": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 # Knobs that live on the cache set rather than on the backing device.
 _CSET_KNOBS = frozenset({"congested_read_threshold_us", "congested_write_threshold_us"})
@@ -41,7 +40,7 @@ def size_matches(readback: str, wanted: str) -> bool:
     except (UserError, ValueError):
         return readback == wanted
     text = readback.strip()
-    unit = _UNIT.get(text[-1], 1) if text and not text[-1].isdigit() else 1
+    unit = units.suffix_bytes(text)
     step = unit // 10 if "." in text else unit
     return abs(got - want) <= max(step, 0)
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cachepilot.backends.capabilities import BYPASS, KIND_DMCACHE, WRITEBACK
+from cachepilot.actions import Drain, SetKnob, SetWritePolicy
 from cachepilot.backends.dmstatus import DmCacheStatus, StatusParseError, parse_dm_cache_status
 from cachepilot.backends.inspect import sample_volume
 from cachepilot.backends.kernelio import read_attr
 from cachepilot.backends.operation import Operation, OperationBackend, Setting
-from cachepilot.engine.actions import Drain, SetKnob, SetWritePolicy
+from cachepilot.capabilities import BYPASS, KIND_DMCACHE, WRITEBACK
 from cachepilot.errors import DeviceGone, KernelRejected
 from cachepilot.models.volume import VolumeSample
 

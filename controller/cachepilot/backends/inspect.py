@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from cachepilot import units
 from cachepilot.backends.dmstatus import StatusParseError, parse_dm_cache_status, parse_dm_writecache_status
 from cachepilot.backends.kernelio import read_attr, run_dmsetup
 from cachepilot.errors import DeviceGone, RetryLater, UserError
@@ -26,16 +27,14 @@ SYS_BLOCK = Path("/sys/block")
 DmRunner = Callable[[Sequence[str], float], str]  # the same shape as backends.base.DmRunner
 KIND_BCACHE, KIND_DMCACHE, KIND_WRITECACHE = "bcache", "dm-cache", "dm-writecache"
 
-_HPRINT = re.compile(r"^(-?[0-9]+(?:\.[0-9]+)?)([kMGTPEZY]?)$")
-_UNITS = {"": 1, "k": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50, "E": 1 << 60}
 
 
 def parse_bcache_size(text: str) -> int:
     """bcache prints sizes human-readably ("5.8M", "64.0k", "512"); back to bytes (to the precision printed)."""
-    m = _HPRINT.match(text.strip())
-    if not m or m.group(2) not in _UNITS:
-        raise UserError(f"unexpected bcache size {text.strip()!r}")
-    return int(float(m.group(1)) * _UNITS[m.group(2)])
+    try:
+        return units.parse_size(text, units.BCACHE, signed=True)
+    except ValueError:
+        raise UserError(f"unexpected bcache size {text.strip()!r}") from None
 
 
 def _read(path: Path) -> str:

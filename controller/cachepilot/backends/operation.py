@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cachepilot.actions import Drain
 from cachepilot.backends.base import DONE, FAILED, PENDING, Backend, ControlAction, DmRunner, Outcome, Write
 from cachepilot.backends.kernelio import ErrorCounts, run_dmsetup
-from cachepilot.engine.actions import Drain
 from cachepilot.errors import CachepilotError, KernelRejected, RetryLater
 from cachepilot.models.volume import VolumeInfo
 

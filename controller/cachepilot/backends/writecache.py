@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cachepilot.actions import Drain, SetKnob, SetWritePolicy
 from cachepilot.backends.base import Write
-from cachepilot.backends.capabilities import KIND_WRITECACHE, WRITEBACK
 from cachepilot.backends.dmstatus import DmWritecacheStatus, StatusParseError, parse_dm_writecache_status
 from cachepilot.backends.inspect import sample_volume
 from cachepilot.backends.kernelio import read_attr
 from cachepilot.backends.operation import Operation, OperationBackend, Setting
-from cachepilot.engine.actions import Drain, SetKnob, SetWritePolicy
+from cachepilot.capabilities import KIND_WRITECACHE, WRITEBACK
 from cachepilot.errors import KernelRejected
 from cachepilot.models.volume import VolumeSample
 

@@ -10,7 +10,7 @@ import time
 from cachepilot.backends import inspect
 from cachepilot.backends.inspect import block_name, describe_volume, fs_block_size, sample_volume
 from cachepilot.daemon.loop import TickLoop
-from cachepilot.errors import UserError
+from cachepilot.errors import CachepilotError, UserError
 from cachepilot.events import Barrier, SyncCalls
 from cachepilot.models.epochs import EpochTracker
 from cachepilot.models.volume import VolumeInfo
@@ -21,7 +21,7 @@ def _volume(path: str) -> VolumeInfo:
     """The cached volume behind a device node; a plain block device is recorded too (events only, no samples)."""
     try:
         return describe_volume(path)
-    except UserError as exc:
+    except CachepilotError as exc:
         name, dev = block_name(path)  # re-raises a clear error for a missing or non-block path
         print(f"cachepilot record: {exc}; recording its events without cache samples", file=sys.stderr)
         mountpoint, _ = inspect._mount_of(dev)  # noqa: SLF001 - the one mountinfo reader
@@ -55,7 +55,7 @@ def record(args: argparse.Namespace) -> int:
             for v in list(sampled):
                 try:
                     w.write(sample_volume(v))
-                except UserError as exc:  # a vanished device ends its samples, not the recording
+                except CachepilotError as exc:  # a vanished device ends its samples, not the recording
                     print(f"cachepilot record: {v.name}: {exc}", file=sys.stderr)
                     sampled.remove(v)
             w.write(Tick(time.monotonic_ns()))

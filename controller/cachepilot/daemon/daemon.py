@@ -14,10 +14,10 @@ traceback.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import logging
 import os
+import sys
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
@@ -25,9 +25,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from cachepilot import __version__
+from cachepilot import __version__, records
+from cachepilot.actions import Action, DiscardRanges, Drain, Promote, SetKnob
 from cachepilot.backends.base import DONE, FAILED, PENDING, Backend, Outcome
-from cachepilot.backends.capabilities import ERROR_COUNTS, KIND_BCACHE
+from cachepilot.capabilities import ERROR_COUNTS, KIND_BCACHE
 from cachepilot.daemon import actuation, volumes
 from cachepilot.daemon.config import DaemonConfig, load_config
 from cachepilot.daemon.control import ControlServer
@@ -36,9 +37,8 @@ from cachepilot.daemon.loop import TickLoop
 from cachepilot.daemon.notify import Notifier
 from cachepilot.daemon.snapshot import hottest
 from cachepilot.daemon.state import MAX_DECISIONS, MAX_HOT, StateFile
-from cachepilot.engine.actions import Action, DiscardRanges, Drain, Promote, SetKnob
-from cachepilot.engine.engine import Engine, Latch, normalise_mode
-from cachepilot.errors import CachepilotError, DeviceGone, FatalError, KernelRejected, RetryLater, UserError
+from cachepilot.engine.engine import Engine, Latch, UnknownEvent, normalise_mode
+from cachepilot.errors import CachepilotError, DeviceGone, FatalError, RetryLater, UserError, classify_errno
 from cachepilot.events import Barrier, Discard, Drops, kdev_major_minor
 from cachepilot.models.hotness import F_READ
 
@@ -54,9 +54,8 @@ DECISIONS_KEPT = 1000
 # wakeup allowed (one per 20 ms under a commit storm, ~50 a second) cost the daemon more than the events themselves
 # (measured in the lab's varmail run). The rings hold seconds of records even at a flush storm's rate.
 MIN_POLL_GAP_S = 0.1
-_EVENT_KINDS = {"FreedExtent": "freed_extent", "Delete": "delete", "Barrier": "barrier", "Discard": "discard",
-                "JournalCommit": "journal_commit", "SyncCalls": "sync_calls", "HotnessDelta": "hotness_delta",
-                "MetadataDelta": "metadata_delta"}
+# the status's event counts by kind (its counters are by class name); Drops are counters of their own
+_EVENT_KINDS = {k.event.__name__: k.name for k in records.KINDS if k is not records.DROPS}
 
 def _file_id(path: Any) -> str:
     """A short hash of a file (which build of the BPF object runs), or "none"."""
@@ -99,19 +98,6 @@ class Vol:
     @property
     def observe_only(self) -> bool:
         return self.backend is None
-
-
-def classify(exc: OSError) -> CachepilotError:
-    """An OSError from a control write, as the class the daemon acts on."""
-    e = exc.errno
-    text = f"{exc.filename + ': ' if exc.filename else ''}{exc.strerror or exc}"
-    if e in (errno.ENOENT, errno.ENODEV, errno.ENXIO):
-        return DeviceGone(text)
-    if e in (errno.EBUSY, errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT):
-        return RetryLater(text)
-    if e in (errno.EINVAL, errno.EPERM, errno.EACCES, errno.EROFS, errno.EOPNOTSUPP):
-        return KernelRejected(text)
-    return RetryLater(text)
 
 
 def devname(dev: int) -> str:
@@ -314,11 +300,14 @@ class Daemon:
                     v.epoch_bytes.observe(ev.epoch_bytes)
         try:
             self.engine.feed(ev)
-        except TypeError:  # an event kind this engine does not know yet
+        except UnknownEvent:  # an event kind this engine does not know yet
             self.counters["events.unhandled"] += 1
         except UserError as exc:
             self.counters["events.rejected"] += 1
             self._once(f"event rejected: {exc}")
+        except Exception:  # a bug (e.g. a TypeError inside a known kind's handler): never mistaken for input
+            self.counters["events.bugs"] += 1
+            self._bug(f"handling {type(ev).__name__}")
 
     def tick(self, now: int) -> None:
         t0 = time.monotonic_ns()
@@ -525,11 +514,10 @@ class Daemon:
         self.counters[f"decisions.{action.kind}"] += 1
         v = self.engine_vol(action.volume)
         if v is None:
-            self._record(None, Outcome(action, FAILED, detail="volume gone"), now)  # type: ignore[arg-type]
+            self._record(None, Outcome(action, FAILED, detail="volume gone"), now)
             return
         if v.observe_only:
-            self._record(v, Outcome(action, FAILED, detail="not carried out: observe-only volume"),  # type: ignore[arg-type]
-                         now)
+            self._record(v, Outcome(action, FAILED, detail="not carried out: observe-only volume"), now)
             return
         try:
             if isinstance(action, Promote | DiscardRanges):
@@ -538,9 +526,10 @@ class Daemon:
                 assert v.backend is not None
                 out = v.backend.apply(action, dry_run=self.dry_run)
         except CachepilotError as exc:
-            out = Outcome(action, FAILED, dry_run=self.dry_run, error=exc)  # type: ignore[arg-type]
+            out = Outcome(action, FAILED, dry_run=self.dry_run, error=exc)
         except OSError as exc:
-            out = Outcome(action, FAILED, dry_run=self.dry_run, error=classify(exc))  # type: ignore[arg-type]
+            what = str(exc.filename or action.kind)
+            out = Outcome(action, FAILED, dry_run=self.dry_run, error=classify_errno(exc.errno, what))
         self._outcome(v, out, now, attempt)
 
     def engine_vol(self, name: str) -> Vol | None:
@@ -552,20 +541,16 @@ class Daemon:
         v = self._by_name.get(name)
         return v if v is not None and self.vols.get(v.info.dev) is v else None
 
-    def _outcome(self, v: Vol, out: Any, now: int, attempt: int) -> None:
+    def _outcome(self, v: Vol, out: Outcome, now: int, attempt: int) -> None:
         d = self._record(v, out, now, attempt=attempt)
         a = out.action
-        if isinstance(a, DiscardRanges):
+        if isinstance(a, DiscardRanges | Promote):
             if not out.dry_run:
-                v.discard_issued_bytes += getattr(out, "issued_bytes", 0)
-                v.discard_trimmed_bytes += getattr(out, "trimmed_bytes", 0)
-            if getattr(out, "deferred", None) is not None:
+                v.discard_issued_bytes += out.issued_bytes
+                v.discard_trimmed_bytes += out.trimmed_bytes
+                v.promoted_bytes += out.read_bytes
+            if out.deferred is not None:
                 v.deferred.append(out.deferred)  # paced: the rest goes next tick
-        elif isinstance(a, Promote):
-            if not out.dry_run:
-                v.promoted_bytes += getattr(out, "read_bytes", 0)
-            if getattr(out, "deferred", None) is not None:
-                v.deferred.append(out.deferred)
         elif out.status == PENDING:
             v.in_flight[a] = d
         elif isinstance(a, Drain) and out.status == DONE and not out.dry_run:
@@ -605,14 +590,14 @@ class Daemon:
         err = out.error
         d = {
             "ts": time.time(),
-            "volume": getattr(a, "volume", v.info.name if v else "?"),
+            "volume": a.volume,
             "kind": a.kind,
             "action": (action_line := a.line()),
-            "reason": getattr(a, "reason", ""),
+            "reason": a.reason,
             "status": out.status,
             "dry_run": out.dry_run,
             "writes": [{"target": w.target, "before": w.before, "value": w.value, "readback": w.readback}
-                       for w in getattr(out, "writes", ())],
+                       for w in out.writes],
             "error": str(err) if err else None,
             "error_kind": err.kind if err else None,
             "detail": " ".join(x for x in (note, out.detail, self._discard_note(out)) if x),
@@ -627,8 +612,8 @@ class Daemon:
         return d
 
     @staticmethod
-    def _discard_note(out: Any) -> str:
-        if not isinstance(out.action, DiscardRanges) or not hasattr(out, "issued_bytes"):
+    def _discard_note(out: Outcome) -> str:
+        if not isinstance(out.action, DiscardRanges) or not out.actuated:
             return ""
         later = f", {sum(n for _, n in out.deferred.ranges)} bytes deferred" if out.deferred else ""
         return (f"FITRIM issued {len(out.issued)} range(s), {out.issued_bytes} bytes; "
@@ -945,6 +930,14 @@ class Daemon:
             self.clear_requests.append(name)  # done by the loop at its next tick (the engine is the loop's)
             return {"queued": name}
         raise UserError(f"unknown command {cmd!r} (status, top, explain, clear_latch)")
+
+    def _bug(self, what: str) -> None:
+        """Log the exception being handled with its traceback, once per kind of failure (it may recur per event)."""
+        exc = sys.exc_info()[1]
+        key = f"bug {what}: {type(exc).__name__}: {exc}"
+        if key not in self._said:
+            self._said.add(key)
+            log.exception("bug while %s (counted in events.bugs; the daemon goes on)", what)
 
     def _once(self, msg: str) -> None:
         """Log an expected problem once (it may recur every tick)."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cachepilot.backends import inspect
-from cachepilot.errors import UserError
+from cachepilot.errors import CachepilotError, UserError
 from cachepilot.events import kdev, kdev_from_st_dev
 from cachepilot.models.volume import VolumeInfo
 
@@ -148,7 +148,7 @@ def discover(sys_block: Path = inspect.SYS_BLOCK) -> tuple[list[Found], list[str
     for name in candidates:
         try:
             info = inspect.describe_volume(f"/dev/{name}")
-        except UserError as exc:
+        except CachepilotError as exc:  # not a cache, or gone or refusing while we looked
             problems.append(f"{name}: {exc}")
             continue
         info, block_dev = _fs_on_stack(sys_block, name, info)

@@ -1,5 +1,5 @@
 """Capability checks of a policy: every knob value typed and ranged for its knob, and no rule asking for a knob or a
-mode that a kind of cache it can match cannot take (backends/capabilities.py is the one table).
+mode that a kind of cache it can match cannot take (capabilities.py is the one table).
 
 Which kinds a rule can match: its ``kind`` selector if set; else what its ``device`` glob allows (bcache volumes are
 named ``bcacheN``, device-mapper ones ``dm-N``); ``fs_uuid`` and ``mountpoint`` do not narrow it. ``defaults`` apply
@@ -16,7 +16,7 @@ import fnmatch
 from collections.abc import Callable
 from typing import Any
 
-from cachepilot.backends.capabilities import CAPABILITIES, KIND_BCACHE, KINDS, KNOBS, WRITETHROUGH
+from cachepilot.capabilities import CAPABILITIES, KIND_BCACHE, KINDS, KNOBS, WRITETHROUGH
 from cachepilot.errors import UserError
 
 PathT = tuple[str | int, ...]

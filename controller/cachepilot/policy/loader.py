@@ -24,6 +24,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from cachepilot import units
 from cachepilot.errors import UserError
 from cachepilot.policy import capcheck
 from cachepilot.policy.model import (
@@ -42,10 +43,6 @@ from cachepilot.safeio import read_text
 
 PathT = tuple[str | int, ...]
 
-_UNITS = {
-    "": 1, "B": 1, "K": 1 << 10, "KB": 1000, "KiB": 1 << 10, "M": 1 << 20, "MB": 1000**2, "MiB": 1 << 20,
-    "G": 1 << 30, "GB": 1000**3, "GiB": 1 << 30, "T": 1 << 40, "TB": 1000**4, "TiB": 1 << 40,
-}  # fmt: skip
 _DUR = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 MAX_POLICY_BYTES = 4 << 20  # a policy with 10 000 rules is about 1 MiB
@@ -65,10 +62,7 @@ def parse_size(v: int | str) -> int:
     if isinstance(v, int):
         n = v
     else:
-        m = re.fullmatch(r"([0-9]{1,30}(?:\.[0-9]{1,9})?) ?([A-Za-z]*)", v.strip())
-        if not m or m.group(2) not in _UNITS:
-            raise ValueError(f"not a size: {v!r}")
-        n = int(float(m.group(1)) * _UNITS[m.group(2)])
+        n = units.parse_size(v)
     if n < 0:
         raise ValueError("negative size")
     if n > MAX_SIZE:

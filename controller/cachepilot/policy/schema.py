@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from cachepilot.backends.capabilities import KINDS
+from cachepilot.capabilities import KINDS
 
 SIZE_PATTERN = r"^[0-9]+(\.[0-9]+)? ?(B|K|M|G|T|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?$"
 DURATION_PATTERN = r"^[0-9]+(\.[0-9]+)? ?(ms|s|m|h|d)$"

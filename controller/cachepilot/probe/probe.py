@@ -32,23 +32,19 @@ from typing import Any
 
 import numpy as np
 
+from cachepilot import bpf_layout as L
+from cachepilot import records
 from cachepilot.errors import UserError
 from cachepilot.events import (
-    Barrier,
     BarrierKind,
-    Delete,
-    Discard,
     Drops,
     Event,
     FileKey,
-    FreedExtent,
     HotnessDelta,
-    JournalCommit,
     MetadataDelta,
     SyncCalls,
     kdev_major_minor,
 )
-from cachepilot.probe import layout as L
 from cachepilot.probe import libbpf
 from cachepilot.probe.ring import FixedRing
 
@@ -113,14 +109,7 @@ SYNC_KINDS = (
     BarrierKind.MSYNC,
 )
 # what a per-(volume, kind) drop counter counts (probe.drops_by_volume())
-DROP_KIND_NAMES = {
-    L.EV_FREE: "freed_extent",
-    L.EV_DELETE: "delete",
-    L.EV_BARRIER: "barrier",
-    L.EV_DISCARD: "discard",
-    L.EV_COMMIT: "journal_commit",
-    L.DROP_SYNC: "sync_call",
-}
+DROP_KIND_NAMES = {**{t: k.name for t, k in records.BY_RING.items()}, L.DROP_SYNC: "sync_call"}
 # Work per poll() is bounded: at most this many records of each ring are consumed per call (the rest waits in the
 # ring; a full ring is counted as drops). The must-not-miss ring gets the larger share.
 POLL_BUDGET_EVENTS = 16384
@@ -510,7 +499,7 @@ class Probe:
             raise UserError(f"ring_buffer__new failed: {libbpf.errno_str(C.get_errno())}")
         self._rb = rb
         # block barriers are read in bulk from the ring's memory (ring.py); one epoll waits for either ring
-        self._barrier_ring = FixedRing(self._fds["barrier_events"], self.ringbuf_bytes, BARRIER_DTYPE)
+        self._barrier_ring = FixedRing(self._fds["barrier_events"], self.ringbuf_bytes, records.BARRIER_DTYPE)
         # edge-triggered: woken only by the kernel's (paced) wakeups; level-triggered, every look that found a
         # record that came meanwhile returned at once, and a busy producer kept the consumer spinning
         self._epoll = select.epoll()
@@ -714,7 +703,7 @@ class Probe:
             raise OSError(-rc, "ring_buffer__consume failed")
         raw, self._raw = self._raw, []
         events = [ev for ev in map(decode_event, raw) if ev is not None]
-        barriers = decode_barriers(self._barrier_ring.take(POLL_BUDGET_BARRIERS))
+        barriers = records.decode_barriers(self._barrier_ring.take(POLL_BUDGET_BARRIERS))
         self._backlog = len(raw) >= POLL_BUDGET_EVENTS or self._barrier_ring.left_over
         return events + barriers
 
@@ -776,7 +765,6 @@ class Probe:
     def drain_hotness_array(self) -> Any:  # numpy.ndarray of cachepilot.models.hotness.HOT_DTYPE (numpy loads lazily)
         """Drain the hotness table as one numpy record array in the models' layout (HOT_DTYPE: dev, ino, gen, rs,
         ws, rb, wb, last, size), ready for HotnessModel.apply_array: the fast path for large drains."""
-        import numpy as np
 
         from cachepilot.models.hotness import HOT_DTYPE
 
@@ -928,57 +916,5 @@ def _map_shared(fd: int, size: int) -> mmap.mmap:
     return mmap.mmap(fd, -(-size // mmap.PAGESIZE) * mmap.PAGESIZE, flags=mmap.MAP_SHARED,
                      prot=mmap.PROT_READ | mmap.PROT_WRITE)
 
-_DECODERS: dict[int, type[C.Structure]] = {
-    L.EV_FREE: L.cp_ev_free,
-    L.EV_DELETE: L.cp_ev_delete,
-    L.EV_BARRIER: L.cp_ev_barrier,
-    L.EV_DISCARD: L.cp_ev_discard,
-    L.EV_COMMIT: L.cp_ev_commit,
-}
 
-
-BARRIER_DTYPE = np.dtype(L.cp_ev_barrier)
-_BARRIER_KINDS = {int(k): k for k in BarrierKind}
-
-
-def decode_barriers(rows: np.ndarray) -> list[Barrier]:
-    """Block-barrier records (BARRIER_DTYPE) to typed events, as decode_event would one by one; a record of an
-    unknown kind is left out."""
-    if not rows.size:
-        return []
-    data, meta = rows["data_bytes"].tolist(), rows["meta_bytes"].tolist()
-    out = []
-    for dev, ts, kind, ino, pid, d, m, flags, arg, closes in zip(
-        rows["hdr"]["dev"].tolist(), rows["hdr"]["ts_ns"].tolist(), rows["kind"].tolist(), rows["ino"].tolist(),
-        rows["pid"].tolist(), data, meta, rows["flags"].tolist(), rows["arg"].tolist(), rows["closes"].tolist(),
-        strict=True,
-    ):
-        k = _BARRIER_KINDS.get(kind)
-        if k is not None:
-            out.append(Barrier(dev, k, ino, pid, d + m, ts, d, m, flags, arg, bool(closes)))
-    return out
-
-
-def decode_event(raw: bytes) -> Event | None:
-    """One ring-buffer record to a typed event; unknown or short records give None (never raise)."""
-    if len(raw) < C.sizeof(L.cp_ev_hdr):
-        return None
-    typ = int.from_bytes(raw[:4], "little")
-    cls = _DECODERS.get(typ)
-    if cls is None or len(raw) < C.sizeof(cls):
-        return None
-    if cls is L.cp_ev_barrier:  # one rule for barriers, the bulk reader's
-        got = decode_barriers(np.frombuffer(raw[: C.sizeof(cls)], dtype=BARRIER_DTYPE))
-        return got[0] if got else None
-    e = cls.from_buffer_copy(raw[: C.sizeof(cls)])
-    dev, ts = e.hdr.dev, e.hdr.ts_ns
-    if isinstance(e, L.cp_ev_free):
-        metadata = bool(e.flags & L.EXT4_FREE_BLOCKS_METADATA)
-        return FreedExtent(dev, e.ino, e.block, e.count, metadata, ts, tid=e.tid if e.has_tid else -1)
-    if isinstance(e, L.cp_ev_delete):
-        return Delete(FileKey(dev, e.ino, e.gen), e.size, ts)
-    if isinstance(e, L.cp_ev_discard):
-        return Discard(dev, e.sector, e.nr_sectors, ts)
-    if isinstance(e, L.cp_ev_commit):
-        return JournalCommit(dev, e.transaction, ts)
-    return None
+decode_event = records.decode_ring  # one ring record -> its event (bpf/cachepilot.h's side of the records table)

@@ -73,20 +73,10 @@ from typing import Any, BinaryIO
 import numpy as np
 import zstandard
 
+from cachepilot import records as R
 from cachepilot.errors import UserError
 from cachepilot.events import (
-    Barrier,
-    BarrierKind,
-    Delete,
-    Discard,
-    Drops,
     Event,
-    FileKey,
-    FreedExtent,
-    HotnessDelta,
-    JournalCommit,
-    MetadataDelta,
-    SyncCalls,
 )
 from cachepilot.models.epochs import BLOCK_BARRIERS
 from cachepilot.models.hotness import HOT_DTYPE
@@ -99,24 +89,13 @@ VERSIONS = (1, 2)
 HEADER = struct.Struct("<8sHHI")
 BLOCK = struct.Struct("<BBHIII")
 
-T_META, T_HOT, T_META_DELTA, T_FREED, T_COMMIT, T_DELETE, T_BARRIER, T_DISCARD, T_DROPS = range(9)
-T_SAMPLE, T_TICK, T_SYNC, T_END = 9, 10, 11, 255
+T_META, T_SAMPLE, T_TICK, T_END = 0, 9, 10, 255  # the blocks that are not events; an event kind's is in its record
+T_HOT, T_META_DELTA, T_FREED, T_COMMIT, T_DELETE, T_BARRIER, T_DISCARD, T_DROPS, T_SYNC = (
+    k.trace_type for k in (R.HOTNESS, R.METADATA, R.FREED, R.COMMIT, R.DELETE, R.BARRIER, R.DISCARD, R.DROPS, R.SYNC))
 
 _NP = {"B": "u1", "H": "u2", "I": "u4", "Q": "u8", "b": "i1", "h": "i2", "i": "i4", "q": "i8"}
-_CODE = {v: k for k, v in _NP.items()}
 
-LAYOUTS: dict[int, struct.Struct] = {
-    T_HOT: struct.Struct("<" + "".join(_CODE[HOT_DTYPE[n].str.lstrip("<|")] for n in HOT_DTYPE.names or ())),
-    T_META_DELTA: struct.Struct("<IQQ"),
-    T_FREED: struct.Struct("<IQQQBqq"),
-    T_COMMIT: struct.Struct("<IQq"),
-    T_DELETE: struct.Struct("<IQIqq"),
-    T_BARRIER: struct.Struct("<IBQIQqQQIQB"),
-    T_DISCARD: struct.Struct("<IQQq"),
-    T_DROPS: struct.Struct("<QQQ"),
-    T_TICK: struct.Struct("<q"),
-    T_SYNC: struct.Struct("<IBQIQq"),
-}
+LAYOUTS: dict[int, struct.Struct] = {**{k.trace_type: k.trace for k in R.KINDS}, T_TICK: struct.Struct("<q")}
 LAYOUTS_V1: dict[int, struct.Struct] = {
     **{t: s for t, s in LAYOUTS.items() if t != T_SYNC},
     T_FREED: struct.Struct("<IQQQBq"),
@@ -131,9 +110,8 @@ def _dtype(layout: struct.Struct) -> np.dtype:
 
 DTYPES: dict[int, np.dtype] = {t: (HOT_DTYPE if t == T_HOT else _dtype(s)) for t, s in LAYOUTS.items()}
 JSON_TYPES = {T_META, T_SAMPLE}
-NAMES = {T_META: "meta", T_HOT: "hotness", T_META_DELTA: "metadata", T_FREED: "freed", T_COMMIT: "commit",
-         T_DELETE: "delete", T_BARRIER: "barrier", T_DISCARD: "discard", T_DROPS: "drops",
-         T_SAMPLE: "sample", T_TICK: "tick", T_SYNC: "sync calls", T_END: "end"}
+NAMES = {T_META: "meta", **{k.trace_type: k.label for k in R.KINDS}, T_SAMPLE: "sample", T_TICK: "tick",
+         T_END: "end"}
 BLOCK_RECORDS = 8192
 MAX_BLOCK_RECORDS = 1 << 20  # a reader refuses blocks that claim more (writers use BLOCK_RECORDS)
 MAX_BLOCK_BYTES = 64 << 20  # stored or inflated; a fixed-size block inflates to exactly count x size
@@ -150,27 +128,9 @@ class Tick:
 
 def event_to_record(ev: Event | VolumeSample | Tick) -> tuple[int, tuple[Any, ...] | dict[str, Any]]:
     """(type, fields) of one event in trace layout."""
-    if isinstance(ev, HotnessDelta):
-        k = ev.key
-        return T_HOT, (k.dev, k.ino, k.gen, ev.read_score, ev.write_score, ev.read_bytes, ev.write_bytes,
-                       ev.last_access_ns, ev.size)
-    if isinstance(ev, FreedExtent):
-        return T_FREED, (ev.dev, ev.ino, ev.block, ev.count, int(ev.metadata), ev.ts_ns, ev.tid)
-    if isinstance(ev, JournalCommit):
-        return T_COMMIT, (ev.dev, ev.transaction, ev.ts_ns)
-    if isinstance(ev, Delete):
-        return T_DELETE, (ev.key.dev, ev.key.ino, ev.key.gen, ev.size, ev.ts_ns)
-    if isinstance(ev, Barrier):
-        return T_BARRIER, (ev.dev, int(ev.kind), ev.ino, ev.pid, ev.epoch_bytes, ev.ts_ns, ev.epoch_data_bytes,
-                           ev.epoch_meta_bytes, ev.flags, ev.arg, int(ev.closes_epoch))
-    if isinstance(ev, SyncCalls):
-        return T_SYNC, (ev.dev, int(ev.kind), ev.calls, ev.last_pid, ev.last_ino, ev.ts_ns)
-    if isinstance(ev, MetadataDelta):
-        return T_META_DELTA, (ev.dev, ev.score, ev.bytes)
-    if isinstance(ev, Discard):
-        return T_DISCARD, (ev.dev, ev.sector, ev.nr_sectors, ev.ts_ns)
-    if isinstance(ev, Drops):
-        return T_DROPS, (ev.ringbuf_full, ev.hotness_map_full, ev.other)
+    kind = R.BY_EVENT.get(type(ev))
+    if kind is not None:
+        return kind.trace_type, kind.to_record(ev)
     if isinstance(ev, Tick):
         return T_TICK, (ev.ts_ns,)
     if isinstance(ev, VolumeSample):
@@ -187,36 +147,9 @@ def upgrade_v1(t: int, r: tuple[Any, ...]) -> tuple[Any, ...]:
     return r
 
 
-_KIND = {int(k): k for k in BarrierKind}
-_SYNC_KIND = {v: k for v, k in _KIND.items() if k not in BLOCK_BARRIERS}
+_KIND, _SYNC_KIND = R.BARRIER_KINDS, R.SYNC_CALL_KINDS
 
-
-def _barrier(r: tuple[Any, ...]) -> Barrier:
-    kind = _KIND.get(r[1])
-    if kind is None:
-        raise ValueError(f"unknown barrier kind {r[1]}")
-    return Barrier(r[0], kind, r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], bool(r[10]))
-
-
-def _sync(r: tuple[Any, ...]) -> SyncCalls:
-    kind = _SYNC_KIND.get(r[1])
-    if kind is None:
-        raise ValueError(f"unknown sync calls kind {r[1]} (file-level kinds only)")
-    return SyncCalls(r[0], kind, r[2], r[3], r[4], r[5])
-
-
-MAKERS: dict[int, Any] = {
-    T_HOT: lambda r: HotnessDelta(FileKey(r[0], r[1], r[2]), r[3], r[4], r[5], r[6], r[7], r[8]),
-    T_FREED: lambda r: FreedExtent(r[0], r[1], r[2], r[3], bool(r[4]), r[5], r[6]),
-    T_COMMIT: lambda r: JournalCommit(*r),
-    T_DELETE: lambda r: Delete(FileKey(r[0], r[1], r[2]), r[3], r[4]),
-    T_BARRIER: _barrier,
-    T_SYNC: _sync,
-    T_META_DELTA: lambda r: MetadataDelta(*r),
-    T_DISCARD: lambda r: Discard(*r),
-    T_DROPS: lambda r: Drops(*r),
-    T_TICK: lambda r: Tick(r[0]),
-}
+MAKERS: dict[int, Any] = {**{k.trace_type: k.from_record for k in R.KINDS}, T_TICK: lambda r: Tick(r[0])}
 """Per fixed record type: version-2 tuple -> event (ValueError for an unknown kind)."""
 
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 from labkit import drive, drop_caches, run, say, volume, write_files
 
+from cachepilot.actions import Promote, SetKnob
 from cachepilot.actuators.promote import Promoter
 from cachepilot.backends.dmstatus import parse_dm_cache_status
 from cachepilot.backends.inspect import block_name, describe_volume
-from cachepilot.engine.actions import Promote, SetKnob
 from cachepilot.policy.model import Promotion
 
 MIB = 1 << 20

@@ -8,10 +8,12 @@ dm-cache-target.c, dm-writecache.c of 6.1): a value outside is an error here rat
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 from dataclasses import dataclass
 
+from cachepilot import units
 from cachepilot.errors import UserError
 
 KIND_BCACHE, KIND_DMCACHE, KIND_WRITECACHE = "bcache", "dm-cache", "dm-writecache"
@@ -24,11 +26,6 @@ ERROR_COUNTS = frozenset({KIND_BCACHE, KIND_WRITECACHE})
 WRITEBACK, WRITETHROUGH, BYPASS = "writeback", "writethrough", "bypass"
 
 UINT_MAX = (1 << 32) - 1
-
-_SIZE = re.compile(r"^([0-9]+(?:\.[0-9]+)?) ?(B|K|M|G|T|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?$")
-_SIZE_UNITS = {None: 1, "B": 1, "K": 1 << 10, "KiB": 1 << 10, "M": 1 << 20, "MiB": 1 << 20, "G": 1 << 30,
-               "GiB": 1 << 30, "T": 1 << 40, "TiB": 1 << 40, "KB": 1000, "MB": 10**6, "GB": 10**9, "TB": 10**12}
-
 
 @dataclass(frozen=True, slots=True)
 class Knob:
@@ -61,9 +58,9 @@ def _to_int(knob: Knob, value: object) -> int:
         text = value.strip()
         if knob.type == "int" and re.fullmatch(r"[0-9]{1,20}", text):
             return int(text)
-        m = _SIZE.match(text) if knob.type == "size" else None
-        if m:
-            return int(float(m.group(1)) * _SIZE_UNITS[m.group(2)])
+        if knob.type == "size":
+            with contextlib.suppress(ValueError):
+                return units.parse_size(text)
     what = "a size (e.g. 4MiB)" if knob.type == "size" else "a whole number"
     raise UserError(f"knob {knob.name}: expected {what}, got {str(value)[:40]!r}")
 
