@@ -28,7 +28,7 @@ from cachepilot.backends.base import DONE, FAILED, PENDING, Backend, Outcome
 from cachepilot.daemon import actuation, volumes
 from cachepilot.daemon.config import DaemonConfig, load_config
 from cachepilot.daemon.control import ControlServer
-from cachepilot.daemon.lock import DaemonLock
+from cachepilot.daemon.lock import DaemonLock, host_lock_path
 from cachepilot.daemon.loop import TickLoop
 from cachepilot.daemon.notify import Notifier
 from cachepilot.daemon.snapshot import hottest
@@ -130,7 +130,7 @@ class Daemon:
         self.probe: Any = None
         self._next_poll = 0.0  # time.monotonic() of the earliest next look at the rings (MIN_POLL_GAP_S)
         self.state = StateFile(config.state_dir)
-        self.lock = DaemonLock(config.state_dir)
+        self.lock = DaemonLock(config.state_dir, host_lock_path())
         self.control = ControlServer(config.socket, self.answer)
         self.loop = TickLoop(config.tick_s, self.tick, wait=self._wait)
         self.counters: Counter[str] = Counter()
@@ -164,11 +164,7 @@ class Daemon:
 
     def start(self) -> None:
         """Everything before the first tick; FatalError if the daemon cannot run here."""
-        try:
-            self.config.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError as exc:
-            raise FatalError(f"state directory {self.config.state_dir}: {exc.strerror}") from None
-        self.lock.acquire()
+        self.lock.acquire()  # makes and checks the state directory; nothing acts before the locks are ours
         self._read_state()
         now = time.monotonic_ns()
         # Reconcile before the probe loads (seconds on a slow host): a setting an interrupted operation left behind
