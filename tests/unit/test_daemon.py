@@ -102,6 +102,13 @@ def test_shipped_default_config_is_valid() -> None:
     ("version: 1\ntick: 1s\nbogus: 3\n", "c.yaml:3: bogus: unknown key"),
     ("version: 1\n\ntick: soon\n", "c.yaml:3: tick:"),
     ("version: 1\ntick: 10ms\n", "c.yaml:2: tick: must be at least 0.05 s"),
+    # absurd numbers: a traceback (ValueError) or a daemon that never ticks, before
+    ("version: 1\ntick: 1000000000\n", "c.yaml:2: tick: duration 1000000000 is longer than a year"),
+    ("version: 1\ntick: 11s\n", "c.yaml:2: tick: must be at most 10 s, got 11 s"),
+    ("version: 1\ntick: .inf\n", "c.yaml:2: '.inf' is not a finite number"),
+    ("version: 1\nrescan: 300d\n", "c.yaml:2: rescan: must be at most 3600 s"),
+    ("version: 1\nstate_interval: 1.0e+300\n", "c.yaml:2: state_interval: duration 1e+300 is longer than a year"),
+    ("version: 1\nmax_files: 1e300\n", "c.yaml:2: max_files:"),
     ("version: 1\npolicies:\n  - nope.yaml\n", "c.yaml:3: policies.0:"),
     ("version: 1\nmetrics:\n  listen: localhost\n", "c.yaml:3: metrics.listen: expected IP:PORT"),
     # the exporter binds an IP: a host name passing here would only fail once the daemon runs

@@ -23,6 +23,9 @@ from cachepilot.policy.model import DEFAULT_POLICY, Policy
 
 DEFAULT_STATE_DIR = "/var/lib/cachepilot"
 DEFAULT_METRICS = DEFAULT_LISTEN
+# The loop pings the systemd watchdog (WatchdogSec=30s in the shipped unit) once a tick: a longer tick is a kill.
+MAX_TICK_S = 10.0
+MAX_INTERVAL_S = 3600.0  # rescan, state_interval: beyond an hour a new volume or a crash costs too much
 
 _DURATION = {
     "oneOf": [{"type": "number", "minimum": 0}, {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)? ?(ms|s|m|h|d)$"}],
@@ -115,12 +118,17 @@ def parse_config(text: str, source: str, base_dir: Path) -> DaemonConfig:
         p = Path(v)
         return p if p.is_absolute() else base_dir / p
 
-    def dur(key: str, default: float, minimum: float) -> float:
+    def dur(key: str, default: float, minimum: float, maximum: float) -> float:
         if key not in raw:
             return default
-        v = parse_duration(raw[key])
+        try:
+            v = parse_duration(raw[key])
+        except ValueError as exc:  # not finite, negative, over a year
+            raise doc.err((key,), str(exc)) from None
         if v < minimum:
             raise doc.err((key,), f"must be at least {minimum:g} s, got {v:g} s")
+        if v > maximum:
+            raise doc.err((key,), f"must be at most {maximum:g} s, got {v:g} s")
         return v
 
     policy_paths = tuple(path(p) for p in raw.get("policies", []))
@@ -138,9 +146,9 @@ def parse_config(text: str, source: str, base_dir: Path) -> DaemonConfig:
         policies=policy_paths,
         state_dir=path(raw.get("state_dir", DEFAULT_STATE_DIR)),
         socket=path(raw.get("socket", DEFAULT_SOCKET)),
-        tick_s=dur("tick", 1.0, 0.05),
-        rescan_s=dur("rescan", 10.0, 0.1),
-        state_interval_s=dur("state_interval", 30.0, 0.1),
+        tick_s=dur("tick", 1.0, 0.05, MAX_TICK_S),
+        rescan_s=dur("rescan", 10.0, 0.1, MAX_INTERVAL_S),
+        state_interval_s=dur("state_interval", 30.0, 0.1, MAX_INTERVAL_S),
         dry_run=bool(raw.get("dry_run", False)),
         observe=tuple(raw.get("observe", [])),
         max_files=int(raw.get("max_files", 1 << 18)),
