@@ -158,12 +158,29 @@ def parse_config(text: str, source: str, base_dir: Path) -> DaemonConfig:
     )
 
 
-def load_config(path: str | Path) -> DaemonConfig:
-    p = Path(path)
+def _read(p: Path) -> str:
     try:
-        text = p.read_text(encoding="utf-8")
+        return p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise UserError(f"{p}: no such configuration file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"{p}: cannot read configuration file: {exc}") from None
-    return parse_config(text, str(p), p.resolve().parent)
+
+
+def load_config(path: str | Path) -> DaemonConfig:
+    p = Path(path)
+    return parse_config(_read(p), str(p), p.resolve().parent)
+
+
+def load_socket(path: str | Path) -> Path:
+    """Only the control socket's path from a configuration, for the clients (status, top, explain...): they must
+    reach a daemon still running on its last good policies after a broken one landed on disk, so nothing else in
+    the file (the policies least of all) is read or checked."""
+    p = Path(path)
+    doc = read_yaml(_read(p), str(p), what="configuration file")
+    value = doc.value.get("socket", DEFAULT_SOCKET) if isinstance(doc.value, dict) else None
+    if not isinstance(value, str) or not value:
+        where = ("socket",) if isinstance(doc.value, dict) else ()
+        raise doc.err(where, "expected the control socket's path (a configuration file is a mapping with socket:)")
+    sock = Path(value)
+    return sock if sock.is_absolute() else p.resolve().parent / sock

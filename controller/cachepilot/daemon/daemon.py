@@ -875,15 +875,20 @@ class Daemon:
         if cmd == "explain":
             since = float(req.get("since", 0) or 0)
             want = req.get("volume")
-            out = [d for d in snap.get("decisions", [])
-                   if d.get("ts", 0) >= since and (want is None or d.get("volume") == want)]
+            decisions = snap.get("decisions", [])
+            known = {v["name"] for v in snap.get("volumes", [])} | {d.get("volume") for d in decisions}
+            if want is not None and want not in known:  # a volume gone since keeps its decisions
+                raise UserError(f"unknown volume {want!r} (known: {', '.join(sorted(map(str, known))) or 'none'})")
+            out = [d for d in decisions if d.get("ts", 0) >= since and (want is None or d.get("volume") == want)]
             return {"decisions": out[-int(req.get("limit", DECISIONS_KEPT)):]}
         if cmd == "clear_latch":
             name = str(req.get("volume", ""))
-            if name not in {v["name"] for v in snap.get("volumes", [])}:
+            vol = next((v for v in snap.get("volumes", []) if v["name"] == name), None)
+            if vol is None:
                 raise UserError(f"unknown volume {name!r}")
+            # Queued even when the snapshot (one tick old) shows no latch: the tick in between may have set one.
             self.clear_requests.append(name)  # done by the loop at its next tick (the engine is the loop's)
-            return {"queued": name}
+            return {"queued": name, "latched": bool(vol.get("latched"))}
         raise UserError(f"unknown command {cmd!r} (status, top, explain, clear_latch)")
 
     def _once(self, msg: str) -> None:
