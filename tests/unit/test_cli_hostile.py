@@ -83,6 +83,13 @@ def test_record_numbers_are_checked_before_anything(option: str, value: str) -> 
     one_line(r, f"--{option} '{value}'", "must be a finite number")
 
 
+@pytest.mark.parametrize("line", ["tick: 1000000000", "tick: 1.0e+300", "rescan: 300d", "state_interval: .nan"])
+def test_run_with_an_absurd_number_in_its_config_is_one_line(tmp_path: Path, line: str) -> None:
+    """Before: `tick: 1000000000` was a ValueError traceback from the duration parser."""
+    (tmp_path / "c.yaml").write_text(f"version: 1\n{line}\n")
+    one_line(cli("run", "--config", str(tmp_path / "c.yaml"), "--check"), "c.yaml:2:")
+
+
 # ------------------------------------------------------------------ clients need only the socket path
 def test_clients_reach_the_daemon_after_a_broken_policy_lands_on_disk(daemon: Path) -> None:
     (daemon.parent / "p.yaml").write_text("version: 1\ndefaults:\n  failure_model: reckless\n")
