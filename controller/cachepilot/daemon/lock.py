@@ -62,7 +62,10 @@ def private_dir(path: Path, what: str) -> int:
             raise UserError(f"{what} {path} is owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}: "
                             f"it must be owned by {'root' if os.geteuid() == 0 else f'root or uid {os.geteuid()}'} "
                             "and not writable by group or others")
-        _check_parents(os.readlink(f"/proc/self/fd/{fd}"), f"{what} {path}")
+        _check_parents(os.path.realpath(path), f"{what} {path}")
+    except OSError as exc:  # a parent vanished or cannot be read while we looked
+        os.close(fd)
+        raise FatalError(f"{what} {path}: {exc.strerror or exc}") from None
     except BaseException:
         os.close(fd)
         raise
