@@ -46,7 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(handler(args) or 0)
     except CachepilotError as exc:  # bad input, or a device that vanished or refused: one line
-        print(f"cachepilot: {exc}", file=sys.stderr)
+        from cachepilot.display import escape  # the message may carry a name or the daemon's words: one safe line
+
+        print(f"cachepilot: {escape(str(exc), backslash=False)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

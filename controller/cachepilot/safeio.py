@@ -9,6 +9,7 @@ between the check and the read), so ``/dev/zero``, a symlink to it, or a sparse 
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
@@ -35,15 +36,18 @@ def human(n: int) -> str:
     return f"{n >> 20} MiB" if n >= 1 << 20 and not n % (1 << 20) else f"{n >> 10} KiB"
 
 
-def open_input(path: str | Path, what: str, *, stream: bool = False) -> tuple[BinaryIO, bool]:
+def open_input(path: str | Path, what: str, *, stream: bool = False,
+               follow: bool = True) -> tuple[BinaryIO, bool]:
     """(file, is_stream): a regular file, or with ``stream`` also a pipe/FIFO (then read in blocking mode: a
-    producer that is slow to write is waited for, one that never connects is an end of file). UserError otherwise."""
+    producer that is slow to write is waited for, one that never connects is an end of file). UserError otherwise.
+    ``follow`` False: a symbolic link is refused (ELOOP), for files in a directory another user might plant one in."""
     try:
-        fd = os.open(path, OPEN_FLAGS)
+        fd = os.open(path, OPEN_FLAGS if follow else OPEN_FLAGS | os.O_NOFOLLOW)
     except FileNotFoundError:
         raise NoSuchFile(f"{path}: no such {what}") from None
     except OSError as exc:
-        raise UserError(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
+        why = "a symbolic link, refused here" if exc.errno == errno.ELOOP and not follow else exc.strerror or exc
+        raise UserError(f"{path}: cannot read {what}: {why}") from None
     try:
         mode = os.fstat(fd).st_mode
         is_stream = stream and stat.S_ISFIFO(mode)
@@ -56,9 +60,9 @@ def open_input(path: str | Path, what: str, *, stream: bool = False) -> tuple[Bi
         raise
 
 
-def read_capped(path: str | Path, what: str, cap: int) -> bytes:
+def read_capped(path: str | Path, what: str, cap: int, *, follow: bool = True) -> bytes:
     """The whole content of a regular file of at most ``cap`` bytes; UserError naming the file and the problem."""
-    f, _ = open_input(path, what)
+    f, _ = open_input(path, what, follow=follow)
     with f:
         size = os.fstat(f.fileno()).st_size
         if size > cap:

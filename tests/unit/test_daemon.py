@@ -102,6 +102,13 @@ def test_shipped_default_config_is_valid() -> None:
     ("version: 1\ntick: 1s\nbogus: 3\n", "c.yaml:3: bogus: unknown key"),
     ("version: 1\n\ntick: soon\n", "c.yaml:3: tick:"),
     ("version: 1\ntick: 10ms\n", "c.yaml:2: tick: must be at least 0.05 s"),
+    # absurd numbers: a traceback (ValueError) or a daemon that never ticks, before
+    ("version: 1\ntick: 1000000000\n", "c.yaml:2: tick: duration 1000000000 is longer than a year"),
+    ("version: 1\ntick: 11s\n", "c.yaml:2: tick: must be at most 10 s, got 11 s"),
+    ("version: 1\ntick: .inf\n", "c.yaml:2: '.inf' is not a finite number"),
+    ("version: 1\nrescan: 300d\n", "c.yaml:2: rescan: must be at most 3600 s"),
+    ("version: 1\nstate_interval: 1.0e+300\n", "c.yaml:2: state_interval: duration 1e+300 is longer than a year"),
+    ("version: 1\nmax_files: 1e300\n", "c.yaml:2: max_files:"),
     ("version: 1\npolicies:\n  - nope.yaml\n", "c.yaml:3: policies.0:"),
     ("version: 1\nmetrics:\n  listen: localhost\n", "c.yaml:3: metrics.listen: expected IP:PORT"),
     # the exporter binds an IP: a host name passing here would only fail once the daemon runs
@@ -581,9 +588,21 @@ def test_status_is_served_from_the_snapshot_fast(rig: Rig) -> None:
         s = request(path, {"cmd": "status"})
     assert (time.monotonic() - t0) / 50 < 0.2  # the goal: <= 200 ms per answer
     assert s["volumes"][0]["name"] == "bcache0" and "decisions" not in s
-    assert request(path, {"cmd": "explain", "volume": "nope"}) == {"decisions": []}
+    with pytest.raises(UserError, match=r"unknown volume 'nope' \(known: bcache0\)"):  # as top says it
+        request(path, {"cmd": "explain", "volume": "nope"})
     with pytest.raises(UserError, match="unknown volume 'nope'"):
         request(path, {"cmd": "top", "volume": "nope"})
+
+
+def test_explain_keeps_a_vanished_volumes_decisions_and_clear_latch_says_if_one_was_set(rig: Rig) -> None:
+    rig.d.start()
+    rig.backends["bcache0"].dirty = 8 << 20  # a decision for bcache0
+    rig.tick(1)
+    assert rig.d.answer({"cmd": "clear_latch", "volume": "bcache0"}) == {"queued": "bcache0", "latched": False}
+    rig.found = []
+    rig.tick(3)  # rescanned: bcache0 is gone, its decisions stay and explain still answers for it
+    assert not rig.d.answer({"cmd": "status"})["volumes"]
+    assert rig.d.answer({"cmd": "explain", "volume": "bcache0"})["decisions"]
 
 
 def test_sigterm_path_restores_every_backend(rig: Rig) -> None:
@@ -625,7 +644,8 @@ class FailingBackend(FakeBackend):
         return VolumeSample(s.dev, s.ts_ns, s.mode, s.dirty_bytes, s.hits, s.misses, 3, True, s.knobs)
 
 
-def test_the_failure_latch_survives_a_restart_until_cleared(tmp_path: Path) -> None:
+def test_the_failure_latch_survives_a_restart_until_cleared(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
     r = Rig(tmp_path)
     r.backends["bcache0"] = FailingBackend(VOL)
     r.d.start()
@@ -640,6 +660,7 @@ def test_the_failure_latch_survives_a_restart_until_cleared(tmp_path: Path) -> N
     from cachepilot.cli import main
 
     assert main(["clear-latch", "bcache0", "--socket", str(r2.d.config.socket)]) == 0
+    assert capsys.readouterr().out == "bcache0: latch cleared at the daemon's next tick (see `cachepilot status`)\n"
     assert main(["clear-latch", "nope", "--socket", str(r2.d.config.socket)]) == 2  # unknown volume: one line
     r2.tick(1)
     assert ctl.latch is None

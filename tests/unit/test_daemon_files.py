@@ -95,7 +95,7 @@ def _sparse(p: Path) -> None:
 
 STATES: dict[str, tuple[Callable[[Path], None], str]] = {
     "fifo": (os.mkfifo, "a FIFO or pipe, not a regular file"),
-    "dev-zero": (lambda p: p.symlink_to("/dev/zero"), "a character device, not a regular file"),
+    "dev-zero": (lambda p: p.symlink_to("/dev/zero"), "a symbolic link, refused here"),  # O_NOFOLLOW: never read
     "sparse-5GiB": (_sparse, "state file of 5368709120 bytes, larger than 8 MiB"),
 }
 

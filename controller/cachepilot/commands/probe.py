@@ -14,6 +14,9 @@ from cachepilot.daemon.loop import TickLoop
 from cachepilot.errors import UserError
 from cachepilot.events import Drops, kdev_from_st_dev, kdev_major_minor
 
+MAX_RUN_S = 10 * 365 * 86400  # --seconds, record's --duration: ten years is "until stopped", not an overflow
+MAX_TICK_S = 3600
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -68,6 +71,15 @@ def resolve_dev(arg: str) -> int:
     return kdev_from_st_dev(st.st_dev)
 
 
+def device_node(arg: str) -> str:
+    """The block device node for what ``resolve_dev`` accepts: the node itself, or /dev/NAME of the device a mounted
+    directory's filesystem is on (so `record` takes the same forms as `probe`)."""
+    dev = resolve_dev(arg)
+    if stat.S_ISBLK(os.stat(arg).st_mode):
+        return arg
+    return f"/dev/{os.path.basename(os.path.realpath(f'/sys/dev/block/{_devname(dev)}'))}"
+
+
 def _devname(dev: int) -> str:
     major, minor = kdev_major_minor(dev)
     return f"{major}:{minor}"
@@ -91,8 +103,8 @@ def format_event(ev: object, as_json: bool) -> str:
 def run(args: argparse.Namespace) -> int:
     from cachepilot.probe import Probe
 
-    seconds = number("seconds", args.seconds, low=0, high=10 * 365 * 86400)
-    tick = number("tick", args.tick, low=0, high=3600, low_ok=False)
+    seconds = number("seconds", args.seconds, low=0, high=MAX_RUN_S)
+    tick = number("tick", args.tick, low=0, high=MAX_TICK_S, low_ok=False)
     max_files = number("max-files", args.max_files, low=1, high=1 << 26)
     if max_files != int(max_files):
         raise UserError(f"--max-files {shown(args.max_files)}: must be a whole number")

@@ -27,6 +27,9 @@ DEFAULT_STATE_DIR = "/var/lib/cachepilot"
 DEFAULT_METRICS = DEFAULT_LISTEN
 MAX_CONFIG_BYTES = 1 << 20  # a real one is a few hundred bytes
 MAX_POLICY_FILES = 64  # each up to MAX_POLICY_BYTES: a bound on what one reload reads
+# The loop pings the systemd watchdog (WatchdogSec=30s in the shipped unit) once a tick: a longer tick is a kill.
+MAX_TICK_S = 10.0
+MAX_INTERVAL_S = 3600.0  # rescan, state_interval: beyond an hour a new volume or a crash costs too much
 
 _DURATION = {
     "oneOf": [{"type": "number", "minimum": 0}, {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)? ?(ms|s|m|h|d)$"}],
@@ -119,12 +122,17 @@ def parse_config(text: str, source: str, base_dir: Path) -> DaemonConfig:
         p = Path(v)
         return p if p.is_absolute() else base_dir / p
 
-    def dur(key: str, default: float, minimum: float) -> float:
+    def dur(key: str, default: float, minimum: float, maximum: float) -> float:
         if key not in raw:
             return default
-        v = parse_duration(raw[key])
+        try:
+            v = parse_duration(raw[key])
+        except ValueError as exc:  # not finite, negative, over a year
+            raise doc.err((key,), str(exc)) from None
         if v < minimum:
             raise doc.err((key,), f"must be at least {minimum:g} s, got {v:g} s")
+        if v > maximum:
+            raise doc.err((key,), f"must be at most {maximum:g} s, got {v:g} s")
         return v
 
     policy_paths = tuple(path(p) for p in raw.get("policies", []))
@@ -143,9 +151,9 @@ def parse_config(text: str, source: str, base_dir: Path) -> DaemonConfig:
         policies=policy_paths,
         state_dir=path(raw.get("state_dir", DEFAULT_STATE_DIR)),
         socket=path(raw.get("socket", DEFAULT_SOCKET)),
-        tick_s=dur("tick", 1.0, 0.05),
-        rescan_s=dur("rescan", 10.0, 0.1),
-        state_interval_s=dur("state_interval", 30.0, 0.1),
+        tick_s=dur("tick", 1.0, 0.05, MAX_TICK_S),
+        rescan_s=dur("rescan", 10.0, 0.1, MAX_INTERVAL_S),
+        state_interval_s=dur("state_interval", 30.0, 0.1, MAX_INTERVAL_S),
         dry_run=bool(raw.get("dry_run", False)),
         observe=tuple(raw.get("observe", [])),
         max_files=int(raw.get("max_files", 1 << 18)),
@@ -155,7 +163,24 @@ def parse_config(text: str, source: str, base_dir: Path) -> DaemonConfig:
     )
 
 
+def _read(p: Path) -> str:
+    return read_text(p, "configuration file", MAX_CONFIG_BYTES)  # never blocks on a FIFO, never slurps /dev/zero
+
+
 def load_config(path: str | Path) -> DaemonConfig:
     p = Path(path)
-    text = read_text(p, "configuration file", MAX_CONFIG_BYTES)  # never blocks on a FIFO, never slurps /dev/zero
-    return parse_config(text, str(p), p.resolve().parent)
+    return parse_config(_read(p), str(p), p.resolve().parent)
+
+
+def load_socket(path: str | Path) -> Path:
+    """Only the control socket's path from a configuration, for the clients (status, top, explain...): they must
+    reach a daemon still running on its last good policies after a broken one landed on disk, so nothing else in
+    the file (the policies least of all) is read or checked."""
+    p = Path(path)
+    doc = read_yaml(_read(p), str(p), what="configuration file")
+    value = doc.value.get("socket", DEFAULT_SOCKET) if isinstance(doc.value, dict) else None
+    if not isinstance(value, str) or not value:
+        where = ("socket",) if isinstance(doc.value, dict) else ()
+        raise doc.err(where, "expected the control socket's path (a configuration file is a mapping with socket:)")
+    sock = Path(value)
+    return sock if sock.is_absolute() else p.resolve().parent / sock

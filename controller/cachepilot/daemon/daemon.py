@@ -32,7 +32,7 @@ from cachepilot.capabilities import ERROR_COUNTS, KIND_BCACHE
 from cachepilot.daemon import actuation, volumes
 from cachepilot.daemon.config import DaemonConfig, load_config
 from cachepilot.daemon.control import ControlServer
-from cachepilot.daemon.lock import DaemonLock
+from cachepilot.daemon.lock import DaemonLock, host_lock_path
 from cachepilot.daemon.loop import TickLoop
 from cachepilot.daemon.notify import Notifier
 from cachepilot.daemon.snapshot import hottest
@@ -134,7 +134,7 @@ class Daemon:
         self.probe: Any = None
         self._next_poll = 0.0  # time.monotonic() of the earliest next look at the rings (MIN_POLL_GAP_S)
         self.state = StateFile(config.state_dir)
-        self.lock = DaemonLock(config.state_dir)
+        self.lock = DaemonLock(config.state_dir, host_lock_path())
         self.control = ControlServer(config.socket, self.answer)
         self.loop = TickLoop(config.tick_s, self.tick, wait=self._wait)
         self.counters: Counter[str] = Counter()
@@ -173,11 +173,7 @@ class Daemon:
 
     def start(self) -> None:
         """Everything before the first tick; FatalError if the daemon cannot run here."""
-        try:
-            self.config.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError as exc:
-            raise FatalError(f"state directory {self.config.state_dir}: {exc.strerror}") from None
-        self.lock.acquire()
+        self.lock.acquire()  # makes and checks the state directory; nothing acts before the locks are ours
         self._read_state()
         now = time.monotonic_ns()
         # Reconcile before the probe loads (seconds on a slow host): a setting an interrupted operation left behind
@@ -920,15 +916,20 @@ class Daemon:
         if cmd == "explain":
             since = float(req.get("since", 0) or 0)
             want = req.get("volume")
-            out = [d for d in snap.get("decisions", [])
-                   if d.get("ts", 0) >= since and (want is None or d.get("volume") == want)]
+            decisions = snap.get("decisions", [])
+            known = {v["name"] for v in snap.get("volumes", [])} | {d.get("volume") for d in decisions}
+            if want is not None and want not in known:  # a volume gone since keeps its decisions
+                raise UserError(f"unknown volume {want!r} (known: {', '.join(sorted(map(str, known))) or 'none'})")
+            out = [d for d in decisions if d.get("ts", 0) >= since and (want is None or d.get("volume") == want)]
             return {"decisions": out[-int(req.get("limit", DECISIONS_KEPT)):]}
         if cmd == "clear_latch":
             name = str(req.get("volume", ""))
-            if name not in {v["name"] for v in snap.get("volumes", [])}:
+            vol = next((v for v in snap.get("volumes", []) if v["name"] == name), None)
+            if vol is None:
                 raise UserError(f"unknown volume {name!r}")
+            # Queued even when the snapshot (one tick old) shows no latch: the tick in between may have set one.
             self.clear_requests.append(name)  # done by the loop at its next tick (the engine is the loop's)
-            return {"queued": name}
+            return {"queued": name, "latched": bool(vol.get("latched"))}
         raise UserError(f"unknown command {cmd!r} (status, top, explain, clear_latch)")
 
     def _bug(self, what: str) -> None:
