@@ -43,6 +43,7 @@ SCHEMA: dict[str, Any] = {
         "dry_run": {"type": "boolean"},
         "observe": {"type": "array", "items": {"type": "string", "minLength": 1}},
         "max_files": {"type": "integer", "minimum": 64, "maximum": 1 << 26},
+        "bpf_object": {"type": "string", "minLength": 1},
         "metrics": {
             "type": "object",
             "additionalProperties": False,
@@ -70,6 +71,7 @@ class DaemonConfig:
     max_files: int = 1 << 18
     metrics_listen: str = DEFAULT_METRICS  # "" = no HTTP listener
     metrics_textfile: str = ""  # node_exporter textfile collector file, "" = none
+    bpf_object: Path | None = None  # the compiled probe; None = the packaged one, else a checkout's bpf/.output
     policy: Policy = field(default=DEFAULT_POLICY)
 
     @property
@@ -146,6 +148,7 @@ def parse_config(text: str, source: str, base_dir: Path) -> DaemonConfig:
         max_files=int(raw.get("max_files", 1 << 18)),
         metrics_listen=_listen(metrics.get("listen", DEFAULT_METRICS), doc),
         metrics_textfile=metrics.get("textfile", ""),
+        bpf_object=path(raw["bpf_object"]) if "bpf_object" in raw else None,
         policy=combine_policies(policies),
     )
 

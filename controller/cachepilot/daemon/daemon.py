@@ -31,6 +31,7 @@ from cachepilot.daemon.control import ControlServer
 from cachepilot.daemon.lock import DaemonLock
 from cachepilot.daemon.loop import TickLoop
 from cachepilot.daemon.notify import Notifier
+from cachepilot.daemon.reloads import ReloadRequests, Verdict
 from cachepilot.daemon.snapshot import hottest
 from cachepilot.daemon.state import MAX_DECISIONS, MAX_HOT, StateFile
 from cachepilot.engine.actions import Action, DiscardRanges, Drain, Promote, SetKnob
@@ -51,6 +52,7 @@ DECISIONS_KEPT = 1000
 # wakeup allowed (one per 20 ms under a commit storm, ~50 a second) cost the daemon more than the events themselves
 # (measured in the lab's varmail run). The rings hold seconds of records even at a flush storm's rate.
 MIN_POLL_GAP_S = 0.1
+RELOAD_WAIT_S = 30.0  # a control-socket reload waits this long for the loop's verdict (a tick or two normally)
 _EVENT_KINDS = {"FreedExtent": "freed_extent", "Delete": "delete", "Barrier": "barrier", "Discard": "discard",
                 "JournalCommit": "journal_commit", "SyncCalls": "sync_calls", "HotnessDelta": "hotness_delta",
                 "MetadataDelta": "metadata_delta"}
@@ -142,7 +144,7 @@ class Daemon:
         self.top: dict[str, list[dict[str, int]]] = {}
         self.policy_error: str | None = None
         self.policy_generation = 1
-        self.reload_requested = False
+        self.reloads = ReloadRequests()
         self.started_wall = time.time()
         self.started_ns = time.monotonic_ns()
         self._next_rescan = 0
@@ -255,7 +257,7 @@ class Daemon:
         self.loop.stop()
 
     def request_reload(self) -> None:
-        self.reload_requested = True
+        self.reloads.request()
 
     # ------------------------------------------------------------------ the loop
     def _wait(self, seconds: float) -> None:
@@ -297,9 +299,11 @@ class Daemon:
 
     def tick(self, now: int) -> None:
         t0 = time.monotonic_ns()
-        if self.reload_requested:
-            self.reload_requested = False
-            self.reload()
+        if self.reloads.pending():
+            waiting = self.reloads.take()
+            ok = self.reload()
+            said = f"reloaded {self.config.source}" if ok else str(self.policy_error)
+            self.reloads.answer(waiting, Verdict(ok, said))
         if self.probe is not None:
             self._drain()
         if now >= self._next_rescan:
@@ -625,7 +629,7 @@ class Daemon:
             log.error("reload failed, keeping the running policy: %s", exc)
             self.notifier.ready("reload failed; running policy kept")
             return False
-        fixed = ("state_dir", "socket", "tick_s", "max_files", "metrics_listen", "metrics_textfile")
+        fixed = ("state_dir", "socket", "tick_s", "max_files", "metrics_listen", "metrics_textfile", "bpf_object")
         for key in fixed:
             if getattr(new, key) != getattr(self.config, key):
                 log.warning("reload: %s changed; takes effect at the next start", key)
@@ -888,7 +892,10 @@ class Daemon:
                 raise UserError(f"unknown volume {name!r}")
             self.clear_requests.append(name)  # done by the loop at its next tick (the engine is the loop's)
             return {"queued": name}
-        raise UserError(f"unknown command {cmd!r} (status, top, explain, clear_latch)")
+        if cmd == "reload":
+            verdict = self.reloads.ask(max(RELOAD_WAIT_S, 3 * self.config.tick_s))
+            return {"reloaded": verdict.ok, "message": verdict.message}
+        raise UserError(f"unknown command {cmd!r} (status, top, explain, clear_latch, reload)")
 
     def _once(self, msg: str) -> None:
         """Log an expected problem once (it may recur every tick)."""
