@@ -13,7 +13,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from ops_support import ROOT, need_tool
+from ops_support import ROOT, free_port, need_tool
 
 from cachepilot import __version__
 
@@ -88,6 +88,14 @@ def test_the_deb_runs_under_debians_python_and_finds_its_object(built: None, tmp
                                                                                  "cachepilot/"))
     r = run("run", "--config", str(config), "--check")
     assert r.returncode == 0 and f"policies: {root}/etc/cachepilot/policy.yaml" in r.stdout, r.stdout + r.stderr
+    # the exporter under Debian's prometheus-client (0.16: its start_http_server returned nothing to close)
+    code = ("import urllib.request; from cachepilot import exporter as e; box = e.SnapshotBox(); "
+            f"s = e.serve('127.0.0.1:{free_port()}', e.make_registry(box)); "
+            "t = urllib.request.urlopen(f'http://127.0.0.1:{s.port}/metrics', timeout=10).read().decode(); "
+            "s.close(); print('cachepilot_ready' in t)")
+    r = subprocess.run(["/usr/bin/python3", "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.stdout == "True\n", r.stderr
     if os.geteuid() == 0:  # the probe loads and attaches the packaged object on this kernel
         r = run("probe", "--check")
         assert r.returncode == 0, r.stderr

@@ -21,8 +21,9 @@ def test_the_deb_installs_starts_acts_and_refuses_a_broken_reload(lab) -> None:
     r = subprocess.run(["make", "-s", "package"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     r = lab.run(["tests/vm/package/deb_lifecycle.sh"], recipe="bcache", lab_args=("--init", "systemd"), timeout=480)
+    print(r.stdout)
     assert r.rc == 0, r.explain()
-    v = r.values
+    v = {k: s.strip() for k, s in r.values.items()}
     # nothing of the checkout is visible: what runs is what the package installed
     assert v["checkout_hidden"] == "yes" and v["importable_before"] == "no" and v["on_path_before"] == "no", v
     assert v["install_rc"] == "0", r.explain()

@@ -27,7 +27,7 @@ say checkout_hidden "$([[ ! -e $checkout/controller && ! -e $checkout/.venv ]] &
 say importable_before "$(env -i /usr/bin/python3 -c 'import cachepilot' 2>/dev/null && echo yes || echo no)"
 say on_path_before "$(command -v cachepilot >/dev/null && echo yes || echo no)"
 
-DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-download "/root/pkg/${deb##*/}" >apt.log 2>&1
+DEBIAN_FRONTEND=noninteractive apt-get install -y -q "/root/pkg/${deb##*/}" >apt.log 2>&1
 rc=$?
 say install_rc $rc
 tail -n 5 apt.log >&2
