@@ -443,6 +443,10 @@ def test_reload_command_waits_for_the_verdict_and_fails_on_a_refused_policy(
         err = capsys.readouterr().err
         assert f"reload refused, the running policy is kept: {rig.tmp}/p.yaml:3: " in err and err.count("\n") == 1
         assert rig.d.engine.policy is before and rig.d.counters["reloads_failed"] == 1
+        # as the unit's ExecReload says it: the socket from the configuration, whose policy is the broken one
+        assert main(["reload", "--config", str(rig.cfg_path)]) == 2
+        assert rig.d.counters["reloads_failed"] == 2  # the daemon was asked (not refused by the client itself)
+        assert "reload refused, the running policy is kept" in capsys.readouterr().err
         write(rig.tmp / "p.yaml", POLICY_DESTRUCTIVE.replace("1MiB", "2MiB"))
         assert main(["reload", "--config", str(rig.cfg_path)]) == 0  # the socket's path from the configuration
         assert rig.d.engine.policy.defaults.exposure.max_dirty == 2 << 20 and rig.d.policy_error is None

@@ -22,9 +22,9 @@ def socket_path(args: argparse.Namespace) -> Path:
     if args.socket:
         return Path(args.socket)
     if args.config:
-        from cachepilot.daemon.config import load_config  # lazy: jsonschema is slow to import (in the lab, seconds)
+        from cachepilot.daemon.config import config_socket  # lazy: jsonschema is slow to import (in the lab, seconds)
 
-        return load_config(args.config).socket
+        return config_socket(args.config)
     return Path(DEFAULT_SOCKET)
 
 

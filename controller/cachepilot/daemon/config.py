@@ -105,17 +105,27 @@ def combine_policies(policies: list[Policy]) -> Policy:
     )
 
 
-def parse_config(text: str, source: str, base_dir: Path) -> DaemonConfig:
-    """The configuration and the policies it names, all validated; UserError (one line, FILE:LINE) otherwise."""
+def _document(text: str, source: str) -> Any:
+    """The configuration file itself, schema-checked (not the policies it names)."""
     doc = read_yaml(text, source, what="configuration file")
     if not isinstance(doc.value, dict):
         raise UserError(f"{source}:{doc.line(())}: a configuration file is a mapping (version, policies, ...)")
     raise_first(schema_errors(doc, _validator))
+    return doc
+
+
+def _resolve(v: str, base_dir: Path) -> Path:
+    p = Path(v)
+    return p if p.is_absolute() else base_dir / p
+
+
+def parse_config(text: str, source: str, base_dir: Path) -> DaemonConfig:
+    """The configuration and the policies it names, all validated; UserError (one line, FILE:LINE) otherwise."""
+    doc = _document(text, source)
     raw = doc.value
 
     def path(v: str) -> Path:
-        p = Path(v)
-        return p if p.is_absolute() else base_dir / p
+        return _resolve(v, base_dir)
 
     def dur(key: str, default: float, minimum: float) -> float:
         if key not in raw:
@@ -153,12 +163,23 @@ def parse_config(text: str, source: str, base_dir: Path) -> DaemonConfig:
     )
 
 
-def load_config(path: str | Path) -> DaemonConfig:
-    p = Path(path)
+def _read(p: Path) -> str:
     try:
-        text = p.read_text(encoding="utf-8")
+        return p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise UserError(f"{p}: no such configuration file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"{p}: cannot read configuration file: {exc}") from None
-    return parse_config(text, str(p), p.resolve().parent)
+
+
+def load_config(path: str | Path) -> DaemonConfig:
+    p = Path(path)
+    return parse_config(_read(p), str(p), p.resolve().parent)
+
+
+def config_socket(path: str | Path) -> Path:
+    """The control socket a configuration names, without reading its policies: a client (`cachepilot reload`,
+    `status`) must reach the daemon even while a policy file is broken -- that is when a reload is refused."""
+    p = Path(path)
+    raw = _document(_read(p), str(p)).value
+    return _resolve(raw.get("socket", DEFAULT_SOCKET), p.resolve().parent)

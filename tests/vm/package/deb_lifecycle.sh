@@ -52,12 +52,13 @@ mkdir -p "$LAB_MOUNT/users" && chmod 0755 "$LAB_MOUNT/users"
 dd if=/dev/urandom of="$LAB_MOUNT/users/hot" bs=256k count=1 conv=fsync status=none
 chown nobody:nogroup "$LAB_MOUNT/users/hot"
 say hot_owner "$(stat -c %U "$LAB_MOUNT/users/hot")"
-for _ in $(seq 10); do dd if="$LAB_MOUNT/users/hot" of=/dev/null bs=256k iflag=direct status=none; done
+# buffered reads from the volume (the page cache dropped each time): the probe attributes them to the file
+for _ in 1 2 3 4; do echo 1 > /proc/sys/vm/drop_caches; cat "$LAB_MOUNT/users/hot" > /dev/null; sleep 1; done
 promotes() { cachepilot explain --json 2>/dev/null | /usr/bin/python3 -c "import json,sys
 d = [x for x in json.load(sys.stdin) if x['kind'] == 'promote']
 print(' '.join(sorted({x['status'] for x in d})), '|', ' '.join(x.get('detail', '') for x in d if x['status'] != 'done'))"; }
 wait_for 60 bash -c "cachepilot explain --json 2>/dev/null | grep -q '\"kind\": \"promote\"'"
-sleep 2
+sleep 3
 say promote "$(promotes)"
 say promoted_bytes "$(metric cachepilot_volume_promoted_bytes_total)"
 
