@@ -148,3 +148,18 @@ def test_the_hosts_policy_check_loads_only_the_policy_command(tmp_path: Path) ->
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[-1] == "['cachepilot.commands.policy']", r.stdout
+
+
+def test_batches_come_from_the_inventory(tmp_path: Path) -> None:
+    """cachepilot_serial set in the inventory sizes the rollout's batches (a play's `serial` sees only extra vars and
+    the role's default otherwise); an extra var still wins; hosts that disagree stop the rollout naming the values.
+    (`--tags` matching nothing: only the batching runs, one play banner per batch.)"""
+    hosts = {h: {"cachepilot_serial": 2, "cachepilot_policy": POLICY} for h in ("a", "b", "c")}
+    rc, out = playbook(tmp_path, hosts, "--tags", "none_such")
+    assert rc == 0 and out.count("PLAY [Roll out cachepilot in batches]") == 2, out
+    rc, out = playbook(tmp_path, hosts, "--tags", "none_such", "-e", "cachepilot_serial=3")
+    assert rc == 0 and out.count("PLAY [Roll out cachepilot in batches]") == 1, out
+    hosts["c"]["cachepilot_serial"] = 1
+    rc, out = playbook(tmp_path, hosts, "--tags", "none_such")
+    assert rc != 0 and "cachepilot_serial differs between hosts (2, 1)" in out, out
+    assert "PLAY [Roll out cachepilot in batches]" not in out
