@@ -1,5 +1,6 @@
 #!/bin/bash
-# `make package`: the wheel (with the compiled CO-RE object as package data) and the Debian package, into dist/.
+# `make package`: the wheel (with the compiled CO-RE object as package data), the Debian package and the Ansible
+# role's tarball, into dist/.
 # The checkout is never modified: both are built from a staged copy that has the object under cachepilot/data/.
 #   packaging/build-package.sh ROOT PYTHON
 set -euo pipefail
@@ -49,5 +50,9 @@ sed -e "s/@VERSION@/$version/" -e "s/@SIZE@/$size/" "$root/packaging/debian/cont
 find "$deb" -type d -exec chmod 0755 {} + && find "$deb" -type f ! -perm -u+x -exec chmod 0644 {} +
 out=$dist/cachepilot_${version}_amd64.deb
 dpkg-deb --root-owner-group -Zxz --build "$deb" "$out" >/dev/null
+# --- the Ansible role, as ansible-galaxy installs it: the files its symlinks name copied in ------------------------
+role=$dist/cachepilot-role-$version.tar.gz
+tar -C "$root/playbooks/roles" --dereference --exclude=__pycache__ --owner=0 --group=0 -czf "$role" cachepilot
 echo "package: $wheel"
+echo "package: $role"
 echo "package: $out"

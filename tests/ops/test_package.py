@@ -118,3 +118,24 @@ def test_the_wheel_installs_into_a_fresh_virtualenv_and_finds_its_object(built: 
         assert r.returncode == 0, r.stderr
         site = venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
         assert r.stdout == f"probe ok: {site}/{OBJECT}\n"
+
+
+def test_ansible_galaxy_installs_the_role_from_its_tarball(built: None, tmp_path: Path) -> None:
+    """The role as users install it: no symlinks out of the role (the rules, unit and runbooks are copied in), and a
+    playbook using the installed copy passes a syntax check."""
+    tarball = ROOT / "dist" / f"cachepilot-role-{__version__}.tar.gz"
+    (tmp_path / "requirements.yml").write_text(f"- src: {tarball}\n  name: cachepilot\n")
+    env = _outside(tmp_path) | {"ANSIBLE_ROLES_PATH": str(tmp_path / "roles"), "ANSIBLE_NOCOLOR": "1"}
+    r = subprocess.run([need_tool("ansible-galaxy"), "role", "install", "-p", str(tmp_path / "roles"), "-r",
+                        str(tmp_path / "requirements.yml")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and "cachepilot was installed successfully" in r.stdout, r.stdout + r.stderr
+    role = tmp_path / "roles" / "cachepilot"
+    assert not [p for p in role.rglob("*") if p.is_symlink()]
+    assert (role / "files" / "cachepilot.service").read_text() == (
+        ROOT / "controller/cachepilot/data/cachepilot.service").read_text()
+    assert (role / "files" / "cachepilot.rules.yml").is_file() and list((role / "files" / "runbooks").glob("*.md"))
+    (tmp_path / "play.yml").write_text("- hosts: all\n  roles: [cachepilot]\n")
+    r = subprocess.run([need_tool("ansible-playbook"), "--syntax-check", "-i", "localhost,", "play.yml"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
