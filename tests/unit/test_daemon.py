@@ -433,6 +433,45 @@ def test_sighup_with_a_broken_policy_keeps_the_running_one(rig: Rig) -> None:
     assert rig.d.engine.policy.defaults.exposure.max_dirty == 2 << 20 and rig.d.policy_error is None
 
 
+def test_reload_command_waits_for_the_verdict_and_fails_on_a_refused_policy(
+        rig: Rig, capsys: pytest.CaptureFixture[str]) -> None:
+    """`cachepilot reload` (the unit's ExecReload) asks over the control socket and exits with the loop's verdict:
+    non-zero with the refusal line for a broken policy (the old one keeps running), 0 once a good one is in."""
+    from cachepilot.cli import main
+
+    rig.d.start()
+    loop = threading.Thread(target=rig.d.run)
+    loop.start()
+    try:
+        before = rig.d.engine.policy
+        sock = str(rig.d.config.socket)
+        write(rig.tmp / "p.yaml", "version: 1\ndefaults:\n  exposure: {max_dirty: lots}\n")
+        assert main(["reload", "--socket", sock]) == 2
+        err = capsys.readouterr().err
+        assert f"reload refused, the running policy is kept: {rig.tmp}/p.yaml:3: " in err and err.count("\n") == 1
+        assert rig.d.engine.policy is before and rig.d.counters["reloads_failed"] == 1
+        # as the unit's ExecReload says it: the socket from the configuration, whose policy is the broken one
+        assert main(["reload", "--config", str(rig.cfg_path)]) == 2
+        assert rig.d.counters["reloads_failed"] == 2  # the daemon was asked (not refused by the client itself)
+        assert "reload refused, the running policy is kept" in capsys.readouterr().err
+        write(rig.tmp / "p.yaml", POLICY_DESTRUCTIVE.replace("1MiB", "2MiB"))
+        assert main(["reload", "--config", str(rig.cfg_path)]) == 0  # the socket's path from the configuration
+        assert rig.d.engine.policy.defaults.exposure.max_dirty == 2 << 20 and rig.d.policy_error is None
+    finally:
+        rig.d.request_stop()
+        loop.join(10)
+
+
+def test_a_reload_nobody_answers_is_refused_in_bounded_time() -> None:
+    from cachepilot.daemon.reloads import ReloadRequests
+
+    r = ReloadRequests()
+    t0 = time.monotonic()
+    v = r.ask(0.2)
+    assert not v.ok and "did not reload within 0.2 s" in v.message and time.monotonic() - t0 < 2
+    assert r.pending() and len(r.take()) == 1 and not r.pending()
+
+
 def test_state_survives_a_restart_rewarms_and_reconciles(tmp_path: Path) -> None:
     r = Rig(tmp_path)
     r.d.start()

@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "events: freed extents, deletes, barriers, discards, journal commits as they come, per-file hotness and "
         "metadata deltas every tick, drop counters.",
     )
-    p.add_argument("--dev", action="append", required=True, metavar="DEV",
+    p.add_argument("--dev", action="append", default=[], metavar="DEV",
                    help="cached block device (/dev/bcache0, /dev/mapper/x) or a mountpoint on it; repeatable")
     p.add_argument("--lower", action="append", default=[], metavar="DEV",
                    help="a backing or cache device below (its discards are reported); repeatable")
@@ -35,6 +35,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.add_argument("--dio-hook", choices=("auto", "iomap", "syscalls"), default="auto")
     p.add_argument("--max-files", default=str(1 << 18), help="files tracked per tick (kernel table size)")
+    p.add_argument("--bpf-object", metavar="FILE",
+                   help="the compiled probe (default: the packaged one, else the checkout's bpf/.output)")
+    p.add_argument("--check", action="store_true",
+                   help="load and attach, print what attached and the object used, then exit (no --dev needed)")
     p.set_defaults(handler=run)
 
 
@@ -108,10 +112,15 @@ def run(args: argparse.Namespace) -> int:
     max_files = number("max-files", args.max_files, low=1, high=1 << 26)
     if max_files != int(max_files):
         raise UserError(f"--max-files {shown(args.max_files)}: must be a whole number")
+    if not args.dev and not args.check:
+        raise UserError("--dev is required (or --check)")
     devs = [resolve_dev(d) for d in args.dev]
     lower = [resolve_dev(d) for d in args.lower]
-    with Probe(max_files=int(max_files), dio_hook=args.dio_hook) as probe:
+    with Probe(args.bpf_object, max_files=int(max_files), dio_hook=args.dio_hook) as probe:
         print(probe.report.summary(), file=sys.stderr)
+        if args.check:
+            print(f"probe ok: {probe.object_path}")
+            return 0
         for dev in devs:
             probe.watch_volume(dev, lower=lower)
         out = sys.stdout

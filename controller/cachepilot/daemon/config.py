@@ -50,6 +50,7 @@ SCHEMA: dict[str, Any] = {
         "dry_run": {"type": "boolean"},
         "observe": {"type": "array", "items": {"type": "string", "minLength": 1}},
         "max_files": {"type": "integer", "minimum": 64, "maximum": 1 << 26},
+        "bpf_object": {"type": "string", "minLength": 1},
         "metrics": {
             "type": "object",
             "additionalProperties": False,
@@ -77,6 +78,7 @@ class DaemonConfig:
     max_files: int = 1 << 18
     metrics_listen: str = DEFAULT_METRICS  # "" = no HTTP listener
     metrics_textfile: str = ""  # node_exporter textfile collector file, "" = none
+    bpf_object: Path | None = None  # the compiled probe; None = the packaged one, else a checkout's bpf/.output
     policy: Policy = field(default=DEFAULT_POLICY)
 
     @property
@@ -110,17 +112,27 @@ def combine_policies(policies: list[Policy]) -> Policy:
     )
 
 
-def parse_config(text: str, source: str, base_dir: Path) -> DaemonConfig:
-    """The configuration and the policies it names, all validated; UserError (one line, FILE:LINE) otherwise."""
+def _document(text: str, source: str) -> Any:
+    """The configuration file itself, schema-checked (not the policies it names)."""
     doc = read_yaml(text, source, what="configuration file")
     if not isinstance(doc.value, dict):
         raise UserError(f"{source}:{doc.line(())}: a configuration file is a mapping (version, policies, ...)")
     raise_first(schema_errors(doc, _validator))
+    return doc
+
+
+def _resolve(v: str, base_dir: Path) -> Path:
+    p = Path(v)
+    return p if p.is_absolute() else base_dir / p
+
+
+def parse_config(text: str, source: str, base_dir: Path) -> DaemonConfig:
+    """The configuration and the policies it names, all validated; UserError (one line, FILE:LINE) otherwise."""
+    doc = _document(text, source)
     raw = doc.value
 
     def path(v: str) -> Path:
-        p = Path(v)
-        return p if p.is_absolute() else base_dir / p
+        return _resolve(v, base_dir)
 
     def dur(key: str, default: float, minimum: float, maximum: float) -> float:
         if key not in raw:
@@ -159,6 +171,7 @@ def parse_config(text: str, source: str, base_dir: Path) -> DaemonConfig:
         max_files=int(raw.get("max_files", 1 << 18)),
         metrics_listen=_listen(metrics.get("listen", DEFAULT_METRICS), doc),
         metrics_textfile=metrics.get("textfile", ""),
+        bpf_object=path(raw["bpf_object"]) if "bpf_object" in raw else None,
         policy=combine_policies(policies),
     )
 

@@ -35,6 +35,7 @@ from cachepilot.daemon.control import ControlServer
 from cachepilot.daemon.lock import DaemonLock, host_lock_path
 from cachepilot.daemon.loop import TickLoop
 from cachepilot.daemon.notify import Notifier
+from cachepilot.daemon.reloads import ReloadRequests, Verdict
 from cachepilot.daemon.snapshot import hottest
 from cachepilot.daemon.state import MAX_DECISIONS, MAX_HOT, StateFile
 from cachepilot.engine.engine import Engine, Latch, UnknownEvent, normalise_mode
@@ -56,6 +57,8 @@ DECISIONS_KEPT = 1000
 MIN_POLL_GAP_S = 0.1
 # the status's event counts by kind (its counters are by class name); Drops are counters of their own
 _EVENT_KINDS = {k.event.__name__: k.name for k in records.KINDS if k is not records.DROPS}
+RELOAD_WAIT_S = 30.0  # a control-socket reload waits this long for the loop's verdict (a tick or two normally)
+
 
 def _file_id(path: Any) -> str:
     """A short hash of a file (which build of the BPF object runs), or "none"."""
@@ -146,7 +149,7 @@ class Daemon:
         self.top: dict[str, list[dict[str, int]]] = {}
         self.policy_error: str | None = None
         self.policy_generation = 1
-        self.reload_requested = False
+        self.reloads = ReloadRequests()
         self._reloading = False  # a stop request (signal) aborts the reload in progress
         self.started_wall = time.time()
         self.started_ns = time.monotonic_ns()
@@ -262,7 +265,7 @@ class Daemon:
             raise _StopDuringReload
 
     def request_reload(self) -> None:
-        self.reload_requested = True
+        self.reloads.request()
 
     # ------------------------------------------------------------------ the loop
     def _wait(self, seconds: float) -> None:
@@ -307,9 +310,11 @@ class Daemon:
 
     def tick(self, now: int) -> None:
         t0 = time.monotonic_ns()
-        if self.reload_requested:
-            self.reload_requested = False
-            self.reload()
+        if self.reloads.pending():
+            waiting = self.reloads.take()
+            ok = self.reload()
+            said = f"reloaded {self.config.source}" if ok else str(self.policy_error)
+            self.reloads.answer(waiting, Verdict(ok, said))
         if self.probe is not None:
             self._drain()
         if now >= self._next_rescan:
@@ -648,7 +653,7 @@ class Daemon:
             log.error("reload failed, keeping the running policy: %s", exc)
             self.notifier.ready("reload failed; running policy kept")
             return False
-        fixed = ("state_dir", "socket", "tick_s", "max_files", "metrics_listen", "metrics_textfile")
+        fixed = ("state_dir", "socket", "tick_s", "max_files", "metrics_listen", "metrics_textfile", "bpf_object")
         for key in fixed:
             if getattr(new, key) != getattr(self.config, key):
                 log.warning("reload: %s changed; takes effect at the next start", key)
@@ -930,7 +935,10 @@ class Daemon:
             # Queued even when the snapshot (one tick old) shows no latch: the tick in between may have set one.
             self.clear_requests.append(name)  # done by the loop at its next tick (the engine is the loop's)
             return {"queued": name, "latched": bool(vol.get("latched"))}
-        raise UserError(f"unknown command {cmd!r} (status, top, explain, clear_latch)")
+        if cmd == "reload":
+            verdict = self.reloads.ask(max(RELOAD_WAIT_S, 3 * self.config.tick_s))
+            return {"reloaded": verdict.ok, "message": verdict.message}
+        raise UserError(f"unknown command {cmd!r} (status, top, explain, clear_latch, reload)")
 
     def _bug(self, what: str) -> None:
         """Log the exception being handled with its traceback, once per kind of failure (it may recur per event)."""

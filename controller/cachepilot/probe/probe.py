@@ -21,9 +21,11 @@ import math
 import mmap
 import os
 import random
+import re
 import secrets
 import select
 import struct
+import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -49,7 +51,14 @@ from cachepilot.probe import libbpf
 from cachepilot.probe.ring import FixedRing
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
-DEFAULT_OBJECT = REPO_ROOT / "bpf" / ".output" / "cachepilot.bpf.o"
+# Where the compiled object is looked for when no path is configured: the copy a wheel or the Debian package carries
+# as package data (`make package` puts it there), then a checkout's build output (`make bpf`, for development).
+PACKAGED_OBJECT = Path(__file__).resolve().parents[1] / "data" / "cachepilot.bpf.o"
+CHECKOUT_OBJECT = REPO_ROOT / "bpf" / ".output" / "cachepilot.bpf.o"
+# What the object needs (README "Requirements"): the BPF ring buffer (5.8), libbpf 1.x's API, the Python of pyproject.
+MIN_KERNEL = (5, 8)
+MIN_LIBBPF = (1, 1)
+MIN_PYTHON = (3, 11)
 VMLINUX_BTF = Path("/sys/kernel/btf/vmlinux")
 TRACEFS = Path("/sys/kernel/tracing")
 SLOT_SIZE = C.sizeof(L.cp_hot_slot)
@@ -129,6 +138,32 @@ DEFERRED_UNTIL = {
     STACKED: "direct I/O marks: attached when a stacked volume is watched",
     NOT_EXT4: "fsync-family system calls: attached when a filesystem other than ext4 is watched",
 }
+
+
+def default_object() -> Path:
+    """The packaged object if this install carries one, else the checkout's (which may not be built)."""
+    return PACKAGED_OBJECT if PACKAGED_OBJECT.is_file() else CHECKOUT_OBJECT
+
+
+def _release(text: str) -> tuple[int, int]:
+    """(major, minor) of a kernel release string such as 6.1.0-28-amd64; (0, 0) if it has none."""
+    m = re.match(r"(\d+)\.(\d+)", text)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def too_old(kernel: str, python: tuple[int, ...], libbpf_version: tuple[int, int] | None) -> None:
+    """UserError naming the first component older than the object needs (the kernel's release string, the
+    interpreter, the system libbpf when known); nothing when all are new enough."""
+    have = _release(kernel)
+    if have < MIN_KERNEL:
+        raise UserError(f"kernel {kernel} is too old: the probe needs {'.'.join(map(str, MIN_KERNEL))} or newer "
+                        f"(BPF ring buffer, tp_btf, CO-RE); {WORKS_WITHOUT}")
+    if tuple(python[:2]) < MIN_PYTHON:
+        raise UserError(f"Python {'.'.join(map(str, python[:2]))} is too old: cachepilot needs "
+                        f"{'.'.join(map(str, MIN_PYTHON))} or newer")
+    if libbpf_version is not None and libbpf_version < MIN_LIBBPF:
+        raise UserError(f"the system libbpf {'.'.join(map(str, libbpf_version))} is too old: the probe needs "
+                        f"{'.'.join(map(str, MIN_LIBBPF))} or newer (Debian package libbpf1); {WORKS_WITHOUT}")
 
 
 @dataclass
@@ -342,7 +377,7 @@ class Probe:
         self.nslots = max(CP_MIN_SLOTS, -(-math.ceil(max_files / LOAD_FACTOR) // 64) * 64)
         self.ringbuf_bytes = ringbuf_bytes
         self.ignore_self = ignore_self
-        self.object_path = Path(object_path) if object_path else DEFAULT_OBJECT
+        self.object_path = Path(object_path) if object_path else default_object()
         self.report = AttachReport(kernel=os.uname().release)
         try:
             self._open(Path(btf_path), dio_hook, set(unavailable))
@@ -371,11 +406,15 @@ class Probe:
                 f"relocated; {WORKS_WITHOUT}"
             )
         if not self.object_path.is_file():
-            raise UserError(f"BPF object {self.object_path} not built: run 'make bpf'")
+            raise UserError(f"BPF object {self.object_path} not found: set bpf_object in the configuration (or "
+                            "--bpf-object), install the package that carries it, or run 'make bpf' in a checkout")
+        too_old(os.uname().release, sys.version_info[:2], None)
         try:
-            return libbpf.lib()
+            h = libbpf.lib()
         except libbpf.LibbpfMissing as exc:
             raise UserError(f"{exc}; {WORKS_WITHOUT}") from exc
+        too_old(os.uname().release, sys.version_info[:2], libbpf.version())
+        return h
 
     def _open_object(self, btf_path: Path, unavailable: set[str]) -> dict[str, str | None]:
         """Open the object and say, per program, why this kernel cannot run it (None: it can)."""
