@@ -1,20 +1,29 @@
-"""The metrics endpoint: HTTP on 127.0.0.1 by default, in its own thread.
+"""The metrics endpoint: HTTP on 127.0.0.1 by default, on a :class:`~cachepilot.boundedserver.BoundedServer` (one
+thread, a connection cap, the whole request within ``REQUEST_TIMEOUT_S``), so a local user cannot stall it.
 
 A scrape reads the last published snapshot (:class:`~cachepilot.exporter.snapshot.SnapshotBox`); it never
 takes a lock the loop holds for longer than a reference swap, so a slow or stuck scraper cannot delay a tick.
+HTTP is the little a scraper needs: ``GET``/``HEAD`` of ``/metrics`` (and ``/``, a link to it), one request per
+connection; any other path is 404, any other method 405.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import threading
+import socket
 from dataclasses import dataclass
 
-from prometheus_client import start_http_server
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
+from cachepilot.boundedserver import BoundedServer, Dialogue
 from cachepilot.errors import UserError
 
+MAX_REQUEST = 8192  # the request line and headers
+REQUEST_TIMEOUT_S = 2.0
+REPLY_TIMEOUT_S = 10.0
+MAX_CLIENTS = 64
+INDEX = b'<html><body><a href="/metrics">/metrics</a></body></html>\n'
 DEFAULT_LISTEN = "127.0.0.1:9854"
 
 
@@ -32,24 +41,72 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host, number
 
 
+def _response(status: str, body: bytes, ctype: str = "text/plain; charset=utf-8", extra: str = "",
+              head: bool = False) -> bytes:
+    header = (f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n{extra}"
+              "Connection: close\r\n\r\n")
+    return header.encode("latin-1") + (b"" if head else body)
+
+
+def _accept_header(head: bytes) -> str:
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"accept":
+            return value.strip().decode("latin-1")
+    return ""
+
+
+class _Scrapes(Dialogue):
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def reply(self, data: bytes, eof: bool) -> bytes | None:
+        head, sep, _ = data.partition(b"\r\n\r\n")
+        if not sep:
+            return b"" if eof else None
+        parts = head.split(b"\r\n", 1)[0].split(b" ")
+        if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
+            return _response("400 Bad Request", b"bad request\n")
+        method, path = parts[0], parts[1].split(b"?", 1)[0]
+        if path not in (b"/metrics", b"/"):
+            return _response("404 Not Found", b"not found: try /metrics\n")
+        if method not in (b"GET", b"HEAD"):
+            return _response("405 Method Not Allowed", b"method not allowed\n", extra="Allow: GET, HEAD\r\n")
+        if path == b"/":
+            return _response("200 OK", INDEX, "text/html; charset=utf-8", head=method == b"HEAD")
+        encode, ctype = choose_encoder(_accept_header(head))  # Prometheus asks for OpenMetrics, curl gets text
+        return _response("200 OK", encode(self.registry), ctype, head=method == b"HEAD")
+
+    def too_big(self) -> bytes:
+        return _response("431 Request Header Fields Too Large", b"request too large\n")
+
+    def too_slow(self) -> bytes:
+        return _response("408 Request Timeout", b"request not complete in time\n")
+
+
 @dataclass
 class MetricsServer:
     host: str
     port: int  # the bound port (useful with port 0 in tests)
-    _server: object
-    _thread: threading.Thread
+    _server: BoundedServer
 
     def close(self) -> None:
-        self._server.shutdown()  # type: ignore[attr-defined]
-        self._server.server_close()  # type: ignore[attr-defined]
-        self._thread.join(timeout=5)
+        self._server.close()
 
 
 def serve(listen: str, registry: CollectorRegistry) -> MetricsServer:
     """Start answering ``/metrics`` on ``listen``; UserError if the address is malformed or taken."""
     host, port = parse_listen(listen)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
-        server, thread = start_http_server(port, addr=host, registry=registry)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart binds despite TIME_WAIT
+        sock.bind((host, port))
+        server = BoundedServer(sock, _Scrapes(registry), name="cachepilot-metrics", max_conns=MAX_CLIENTS,
+                               request_deadline_s=REQUEST_TIMEOUT_S, reply_deadline_s=REPLY_TIMEOUT_S,
+                               max_request=MAX_REQUEST)
     except OSError as e:
+        sock.close()
         raise UserError(f"metrics listen address {listen}: {e.strerror or e}") from None
-    return MetricsServer(host, server.server_address[1], server, thread)
+    server.start()
+    return MetricsServer(host, sock.getsockname()[1], server)

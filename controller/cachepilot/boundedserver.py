@@ -1,0 +1,222 @@
+"""A bounded stream server: one thread runs a ``selectors`` loop over non-blocking sockets, so a local user who
+opens many connections, sends a byte at a time or never reads the answer can neither stall it nor make it spawn
+threads. The metrics endpoint and the control socket both run on it; what they say is their :class:`Dialogue`.
+
+The bounds, each a constructor argument:
+- at most ``max_conns`` connections: a new one closes the oldest (a flood churns its own connections; a client that
+  sends its request as it connects is answered in the pass that accepts it);
+- the whole request within ``request_deadline_s`` of the connect — one deadline per request, not per ``recv``, so
+  trickling does not extend it — and at most ``max_request`` bytes of it;
+- the answer taken by the client within ``reply_deadline_s``.
+What misbehaving clients get is counted and logged as one line a minute at most, never a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import selectors
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+BACKLOG = 1024  # a burst of connects waits in the kernel rather than being refused
+LOG_EVERY_S = 60.0
+SWEEP_S = 0.1  # how often deadlines are checked (their precision)
+
+
+class Dialogue:
+    """What a server answers. ``reply`` gets all bytes received so far (``eof`` once the client shut its side):
+    the answer to send (``b""``: close without one), or None while the request is incomplete."""
+
+    def admit(self, conn: socket.socket) -> bytes | None:
+        """None to go on with this client; else the refusal to send before closing."""
+        return None
+
+    def reply(self, data: bytes, eof: bool) -> bytes | None:
+        raise NotImplementedError
+
+    def too_big(self) -> bytes:
+        return b""
+
+    def too_slow(self) -> bytes:
+        return b""
+
+
+@dataclass(eq=False)
+class _Conn:
+    sock: socket.socket
+    deadline: float
+    inbox: bytearray = field(default_factory=bytearray)
+    outbox: memoryview | None = None  # set once answering: the rest of the answer to send
+
+
+class BoundedServer:
+    def __init__(self, listener: socket.socket, dialogue: Dialogue, *, name: str, max_conns: int,
+                 request_deadline_s: float, reply_deadline_s: float, max_request: int) -> None:
+        self.name = name
+        self.dialogue = dialogue
+        self.max_conns = max_conns
+        self.request_deadline_s = request_deadline_s
+        self.reply_deadline_s = reply_deadline_s
+        self.max_request = max_request
+        self.served = 0
+        self.closed: Counter[str] = Counter()  # why connections were closed unanswered (over the cap, too slow, ...)
+        self._unreported: Counter[str] = Counter()
+        self._last_report = -LOG_EVERY_S
+        self._listener = listener
+        listener.listen(BACKLOG)
+        listener.setblocking(False)
+        self._conns: dict[socket.socket, _Conn] = {}  # in accept order: the first is the oldest
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(listener, selectors.EVENT_READ)
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._sel.register(self._wake_r, selectors.EVENT_READ)
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop the loop (within milliseconds), close every connection and the listener."""
+        self._stop = True
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        for c in list(self._conns.values()):
+            self._drop(c)
+        self._sel.close()
+        for s in (self._listener, self._wake_r, self._wake_w):
+            s.close()
+
+    # ------------------------------------------------------------------ the loop
+    def _run(self) -> None:
+        next_sweep = time.monotonic() + SWEEP_S
+        while not self._stop:
+            for key, mask in self._sel.select(timeout=SWEEP_S):
+                if key.fileobj is self._listener:
+                    self._accept()
+                elif isinstance(key.data, _Conn):
+                    self._ready(key.data, mask)
+            now = time.monotonic()
+            if now >= next_sweep:
+                self._expire(now)
+                self._report(now)
+                next_sweep = now + SWEEP_S
+
+    def _accept(self) -> None:
+        for _ in range(self.max_conns):  # a bounded batch: the connections already open get their turn too
+            try:
+                sock, _addr = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # e.g. EMFILE: the backlog waits; the next pass tries again
+                self._count(f"accept failed ({exc.strerror})")
+                return
+            if len(self._conns) >= self.max_conns:
+                self._drop(next(iter(self._conns.values())), "over the connection cap")
+            sock.setblocking(False)
+            conn = _Conn(sock, time.monotonic() + self.request_deadline_s)
+            self._conns[sock] = conn
+            self._sel.register(sock, selectors.EVENT_READ, conn)
+            refusal = self._guarded(self.dialogue.admit, sock)
+            if refusal is not None:
+                self._answer(conn, refusal)
+            else:
+                self._read(conn)  # the request is often there already: answer it in this pass
+
+    def _ready(self, conn: _Conn, mask: int) -> None:
+        if conn.sock not in self._conns:
+            return  # dropped earlier in this pass
+        if conn.outbox is not None:
+            self._write(conn)
+        elif mask & selectors.EVENT_READ:
+            self._read(conn)
+
+    def _read(self, conn: _Conn) -> None:
+        try:
+            chunk = conn.sock.recv(self.max_request + 1 - len(conn.inbox))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._drop(conn, "reset by the client")
+            return
+        conn.inbox += chunk
+        answer = self._guarded(self.dialogue.reply, bytes(conn.inbox), not chunk)
+        if answer is None and len(conn.inbox) > self.max_request:
+            self._count("request too big")
+            answer = self.dialogue.too_big()
+        if answer is None and not chunk:
+            answer = b""  # closed before a whole request: nothing to answer
+        if answer is not None:
+            self._answer(conn, answer)
+
+    def _guarded(self, call: Callable[..., bytes | None], *args: object) -> bytes | None:
+        """The dialogue's answer; a bug in it closes this connection (counted by the exception's type), never the
+        server."""
+        try:
+            return call(*args)
+        except Exception as exc:  # noqa: BLE001 - one client's answer must not end the loop for everyone
+            self._count(f"internal error ({type(exc).__name__})")
+            return b""
+
+    def _answer(self, conn: _Conn, answer: bytes) -> None:
+        self.served += bool(answer)
+        conn.outbox = memoryview(answer)
+        conn.deadline = time.monotonic() + self.reply_deadline_s
+        self._sel.modify(conn.sock, selectors.EVENT_WRITE, conn)
+        self._write(conn)
+
+    def _write(self, conn: _Conn) -> None:
+        assert conn.outbox is not None
+        try:
+            while conn.outbox:
+                conn.outbox = conn.outbox[conn.sock.send(conn.outbox):]
+        except (BlockingIOError, InterruptedError):
+            return  # the rest when the client reads
+        except OSError:
+            pass  # the client went away; nothing more to send
+        self._drop(conn)
+
+    def _expire(self, now: float) -> None:
+        for conn in [c for c in self._conns.values() if c.deadline <= now]:
+            if conn.outbox is not None:
+                self._drop(conn, "answer not read in time")
+                continue
+            try:  # one try to say why, never waiting for the client
+                conn.sock.send(self.dialogue.too_slow())
+            except OSError:
+                pass
+            self._drop(conn, "request not complete in time")
+
+    def _drop(self, conn: _Conn, why: str = "") -> None:
+        if why:
+            self._count(why)
+        self._conns.pop(conn.sock, None)
+        try:
+            self._sel.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        conn.sock.close()
+
+    # ------------------------------------------------------------------ the log: one line a minute at most
+    def _count(self, why: str) -> None:
+        self.closed[why] += 1
+        self._unreported[why] += 1
+
+    def _report(self, now: float) -> None:
+        if not self._unreported or now - self._last_report < LOG_EVERY_S:
+            return
+        what = ", ".join(f"{n} {why}" for why, n in self._unreported.most_common(5))
+        log.warning("%s: connections closed unanswered: %s", self.name, what)
+        self._unreported.clear()
+        self._last_report = now
