@@ -3,11 +3,14 @@ opens many connections, sends a byte at a time or never reads the answer can nei
 threads. The metrics endpoint and the control socket both run on it; what they say is their :class:`Dialogue`.
 
 The bounds, each a constructor argument:
-- at most ``max_conns`` connections: a new one closes the oldest (a flood churns its own connections; a client that
-  sends its request as it connects is answered in the pass that accepts it);
+- at most ``max_conns`` connections: new ones close the oldest still waiting for a request (a flood churns its own
+  connections; a client that sends its request as it connects is answered in the pass that accepts it);
 - the whole request within ``request_deadline_s`` of the connect — one deadline per request, not per ``recv``, so
   trickling does not extend it — and at most ``max_request`` bytes of it;
-- the answer taken by the client within ``reply_deadline_s``.
+- the answer taken by the client within ``reply_deadline_s``;
+- ``backlog`` connects waiting in the kernel: over TCP a full queue drops a SYN (the client retries after a
+  second), so it is long there; a unix socket's connect waits for a free place instead, so there a short queue
+  keeps a newcomer from waiting behind a flood of connects.
 What misbehaving clients get is counted and logged as one line a minute at most, never a traceback.
 """
 
@@ -24,9 +27,9 @@ from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
 
-BACKLOG = 1024  # a burst of connects waits in the kernel rather than being refused
 LOG_EVERY_S = 60.0
 SWEEP_S = 0.1  # how often deadlines are checked (their precision)
+ACCEPT_BATCH = 4096  # connects taken per pass (a listener's backlog is at most somaxconn, 4096)
 
 
 class Dialogue:
@@ -53,11 +56,12 @@ class _Conn:
     deadline: float
     inbox: bytearray = field(default_factory=bytearray)
     outbox: memoryview | None = None  # set once answering: the rest of the answer to send
+    watched: bool = False  # registered with the selector
 
 
 class BoundedServer:
     def __init__(self, listener: socket.socket, dialogue: Dialogue, *, name: str, max_conns: int,
-                 request_deadline_s: float, reply_deadline_s: float, max_request: int) -> None:
+                 request_deadline_s: float, reply_deadline_s: float, max_request: int, backlog: int) -> None:
         self.name = name
         self.dialogue = dialogue
         self.max_conns = max_conns
@@ -69,7 +73,7 @@ class BoundedServer:
         self._unreported: Counter[str] = Counter()
         self._last_report = -LOG_EVERY_S
         self._listener = listener
-        listener.listen(BACKLOG)
+        listener.listen(backlog)
         listener.setblocking(False)
         self._conns: dict[socket.socket, _Conn] = {}  # in accept order: the first is the oldest
         self._sel = selectors.DefaultSelector()
@@ -114,25 +118,48 @@ class BoundedServer:
                 next_sweep = now + SWEEP_S
 
     def _accept(self) -> None:
-        for _ in range(self.max_conns):  # a bounded batch: the connections already open get their turn too
+        """Take the whole backlog (up to ACCEPT_BATCH) at once: a newcomer whose request is there is answered at
+        once, instead of waiting behind every connect queued before it; then the oldest connections still waiting
+        for a request go, down to the cap. Only the survivors are watched by the selector: a connection dropped in
+        the pass that took it cost an accept, a recv and a close."""
+        fresh = []
+        for _ in range(ACCEPT_BATCH):
             try:
                 sock, _addr = self._listener.accept()
             except (BlockingIOError, InterruptedError):
-                return
+                break
             except OSError as exc:  # e.g. EMFILE: the backlog waits; the next pass tries again
                 self._count(f"accept failed ({exc.strerror})")
-                return
-            if len(self._conns) >= self.max_conns:
-                self._drop(next(iter(self._conns.values())), "over the connection cap")
+                break
             sock.setblocking(False)
             conn = _Conn(sock, time.monotonic() + self.request_deadline_s)
             self._conns[sock] = conn
-            self._sel.register(sock, selectors.EVENT_READ, conn)
             refusal = self._guarded(self.dialogue.admit, sock)
             if refusal is not None:
                 self._answer(conn, refusal)
             else:
-                self._read(conn)  # the request is often there already: answer it in this pass
+                self._read(conn)
+                fresh.append(conn)
+        self._evict()
+        for conn in fresh:
+            if conn.outbox is None and conn.sock in self._conns:
+                self._watch(conn, selectors.EVENT_READ)
+
+    def _evict(self) -> None:
+        excess = len(self._conns) - self.max_conns
+        if excess <= 0:
+            return
+        reading = [c for c in self._conns.values() if c.outbox is None]  # oldest first
+        victims = reading[:excess] + [c for c in self._conns.values() if c.outbox is not None][:excess - len(reading)]
+        for conn in victims:
+            self._drop(conn, "over the connection cap")
+
+    def _watch(self, conn: _Conn, events: int) -> None:
+        if conn.watched:
+            self._sel.modify(conn.sock, events, conn)
+        else:
+            self._sel.register(conn.sock, events, conn)
+            conn.watched = True
 
     def _ready(self, conn: _Conn, mask: int) -> None:
         if conn.sock not in self._conns:
@@ -173,7 +200,6 @@ class BoundedServer:
         self.served += bool(answer)
         conn.outbox = memoryview(answer)
         conn.deadline = time.monotonic() + self.reply_deadline_s
-        self._sel.modify(conn.sock, selectors.EVENT_WRITE, conn)
         self._write(conn)
 
     def _write(self, conn: _Conn) -> None:
@@ -182,7 +208,8 @@ class BoundedServer:
             while conn.outbox:
                 conn.outbox = conn.outbox[conn.sock.send(conn.outbox):]
         except (BlockingIOError, InterruptedError):
-            return  # the rest when the client reads
+            self._watch(conn, selectors.EVENT_WRITE)  # the rest when the client reads
+            return
         except OSError:
             pass  # the client went away; nothing more to send
         self._drop(conn)
@@ -202,10 +229,9 @@ class BoundedServer:
         if why:
             self._count(why)
         self._conns.pop(conn.sock, None)
-        try:
+        if conn.watched:
             self._sel.unregister(conn.sock)
-        except (KeyError, ValueError):
-            pass
+            conn.watched = False
         conn.sock.close()
 
     # ------------------------------------------------------------------ the log: one line a minute at most

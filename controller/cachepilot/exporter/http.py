@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import time
 from dataclasses import dataclass
 
 from prometheus_client.exposition import choose_encoder
@@ -19,10 +20,12 @@ from prometheus_client.registry import CollectorRegistry
 from cachepilot.boundedserver import BoundedServer, Dialogue
 from cachepilot.errors import UserError
 
+RENDER_TTL_S = 0.1
 MAX_REQUEST = 8192  # the request line and headers
 REQUEST_TIMEOUT_S = 2.0
 REPLY_TIMEOUT_S = 10.0
-MAX_CLIENTS = 64
+MAX_CLIENTS = 256  # a scrape costs a socket and a buffer, not a thread
+BACKLOG = 1024  # a burst of connects waits in the kernel rather than for a SYN retry
 INDEX = b'<html><body><a href="/metrics">/metrics</a></body></html>\n'
 DEFAULT_LISTEN = "127.0.0.1:9854"
 
@@ -59,6 +62,18 @@ def _accept_header(head: bytes) -> str:
 class _Scrapes(Dialogue):
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        self._rendered: dict[str, tuple[float, bytes]] = {}  # content type -> (when, body)
+
+    def _render(self, accept: str) -> tuple[bytes, str]:
+        """The registry rendered in the format the scraper asked for; at most once per RENDER_TTL_S per format, so
+        a storm of scrapes costs sends, not renders (the snapshot behind it changes once per tick anyway)."""
+        encode, ctype = choose_encoder(accept)  # Prometheus asks for OpenMetrics, curl gets text
+        now = time.monotonic()
+        when, body = self._rendered.get(ctype, (-RENDER_TTL_S, b""))
+        if now - when >= RENDER_TTL_S:
+            body = encode(self.registry)
+            self._rendered[ctype] = (now, body)
+        return body, ctype
 
     def reply(self, data: bytes, eof: bool) -> bytes | None:
         head, sep, _ = data.partition(b"\r\n\r\n")
@@ -74,8 +89,8 @@ class _Scrapes(Dialogue):
             return _response("405 Method Not Allowed", b"method not allowed\n", extra="Allow: GET, HEAD\r\n")
         if path == b"/":
             return _response("200 OK", INDEX, "text/html; charset=utf-8", head=method == b"HEAD")
-        encode, ctype = choose_encoder(_accept_header(head))  # Prometheus asks for OpenMetrics, curl gets text
-        return _response("200 OK", encode(self.registry), ctype, head=method == b"HEAD")
+        body, ctype = self._render(_accept_header(head))
+        return _response("200 OK", body, ctype, head=method == b"HEAD")
 
     def too_big(self) -> bytes:
         return _response("431 Request Header Fields Too Large", b"request too large\n")
@@ -104,7 +119,7 @@ def serve(listen: str, registry: CollectorRegistry) -> MetricsServer:
         sock.bind((host, port))
         server = BoundedServer(sock, _Scrapes(registry), name="cachepilot-metrics", max_conns=MAX_CLIENTS,
                                request_deadline_s=REQUEST_TIMEOUT_S, reply_deadline_s=REPLY_TIMEOUT_S,
-                               max_request=MAX_REQUEST)
+                               max_request=MAX_REQUEST, backlog=BACKLOG)
     except OSError as e:
         sock.close()
         raise UserError(f"metrics listen address {listen}: {e.strerror or e}") from None
