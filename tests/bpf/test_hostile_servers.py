@@ -52,11 +52,13 @@ class Daemon:
         while True:
             try:
                 request(self.socket, {"cmd": "status"}, timeout=1)
-                return
+                if self.metrics_s() < float("inf"):
+                    return
             except UserError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise AssertionError(f"the daemon did not come up: {self.log()}") from None
-                time.sleep(0.05)
+                pass  # not up yet
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise AssertionError(f"the daemon did not come up: {self.log()}")
+            time.sleep(0.05)
 
     def log(self) -> str:
         self.err.seek(0)
@@ -136,7 +138,7 @@ def attack(daemon: Daemon, mode: str, *args: str, unprivileged: bool, seconds: f
     assert max(status) <= BOUND_S, sorted(status)[-5:]
     assert max(metrics) <= BOUND_S, sorted(metrics)[-5:]
     assert ticks >= elapsed / 0.2 * 0.5, f"{ticks} ticks in {elapsed:.1f} s (one every 0.2 s expected)"
-    # no thread per connection (the daemon's own come and go by one: the state file's writer)
+    # no thread per connection (one of slack: the count is sampled while the daemon runs)
     assert threads <= threads_before + 1, f"{threads_before} threads before, {threads} during the attack"
     log = daemon.log()
     assert "Traceback" not in log and log.count("closed unanswered") <= 2, log
