@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import statistics
@@ -57,6 +58,8 @@ class Daemon:
             except UserError:
                 pass  # not up yet
             if time.monotonic() > deadline or self.proc.poll() is not None:
+                self.proc.kill()
+                self.proc.wait()
                 raise AssertionError(f"the daemon did not come up: {self.log()}")
             time.sleep(0.05)
 
@@ -88,13 +91,21 @@ class Daemon:
                     answer += chunk
         except OSError:
             return float("inf")
-        assert answer.startswith(b"HTTP/1.1 200 OK") and b"cachepilot_ticks_total" in answer, answer[:200]
+        assert answer.split(b" ", 2)[1] == b"200" and b"cachepilot_ticks_total" in answer, answer[:200]
         return time.monotonic() - t0
 
     def stop(self) -> None:
+        """SIGTERM: exit 0 within 10 s; killed (and the test failed) otherwise, never left behind."""
         self.proc.send_signal(signal.SIGTERM)
-        assert self.proc.wait(timeout=30) == 0, self.log()
-        self.err.close()
+        try:
+            rc = self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"the daemon did not stop at SIGTERM within 10 s: {self.log()}") from None
+        finally:
+            self.err.close()
+        assert rc == 0
 
 
 @pytest.fixture
@@ -102,8 +113,9 @@ def daemon(tmp_path: Path) -> Iterator[Daemon]:
     if os.geteuid() != 0:
         pytest.fail("needs root: the daemon's control socket is root only, the attacker drops to nobody", pytrace=False)
     d = Daemon(tmp_path)
-    yield d
-    if d.proc.poll() is None:
+    try:
+        yield d
+    finally:
         d.stop()
 
 
@@ -115,7 +127,19 @@ def attack(daemon: Daemon, mode: str, *args: str, unprivileged: bool, seconds: f
     cmd = [*(NOBODY if unprivileged else ()), python, "-I", "-c", ATTACKER, mode, target, str(seconds), *args]
     threads_before, ticks_before = daemon.threads(), daemon.ticks()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        return measure(daemon, p, mode, seconds, threads_before, ticks_before)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def measure(daemon: Daemon, p: subprocess.Popen[str], mode: str, seconds: float, threads_before: int,
+            ticks_before: int) -> dict[str, Any]:
     assert p.stdout is not None
+    on, _, _ = select.select([p.stdout], [], [], 30)
+    assert on, "the attacker could not set its attack up within 30 s (the server did not take its connections)"
     assert p.stdout.readline().strip() == "on", p.communicate()
     status: list[float] = []
     metrics: list[float] = []
