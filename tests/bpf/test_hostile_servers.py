@@ -53,7 +53,7 @@ class Daemon:
         while True:
             try:
                 request(self.socket, {"cmd": "status"}, timeout=1)
-                if self.metrics_s() < float("inf"):
+                if b"cachepilot_ticks_total" in self.scrape():  # up, and its first tick published
                     return
             except UserError:
                 pass  # not up yet
@@ -81,8 +81,8 @@ class Daemon:
             return float("inf")
         return time.monotonic() - t0
 
-    def metrics_s(self) -> float:
-        t0 = time.monotonic()
+    def scrape(self) -> bytes:
+        """GET /metrics: the whole answer, b"" if the server could not be reached or did not answer in 2 s."""
         answer = b""
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=2) as s:
@@ -90,6 +90,13 @@ class Daemon:
                 while chunk := s.recv(1 << 16):
                     answer += chunk
         except OSError:
+            return b""
+        return answer
+
+    def metrics_s(self) -> float:
+        t0 = time.monotonic()
+        answer = self.scrape()
+        if not answer:
             return float("inf")
         assert answer.split(b" ", 2)[1] == b"200" and b"cachepilot_ticks_total" in answer, answer[:200]
         return time.monotonic() - t0

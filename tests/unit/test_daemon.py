@@ -205,6 +205,15 @@ def test_control_socket_is_0600_and_answers(tmp_path: Path) -> None:
         assert request(path, {"cmd": "hi"}) == {"echo": "hi"}
         with pytest.raises(UserError, match="daemon: bad request: unknown command"):
             request(path, {"cmd": "nope"})
+        # brackets inside a string are not nesting (the depth check scans past strings, escaped quotes included)
+        with pytest.raises(UserError, match="daemon: bad request: unknown command"):
+            request(path, {"cmd": '\\"' + "[{" * 100})
+        deep: list[object] = []
+        for _ in range(31):  # the object and 32 lists: 33 deep
+            deep = [deep]
+        with pytest.raises(UserError, match="daemon: bad request: nested deeper than 32"):
+            request(path, {"cmd": "hi", "x": deep})
+        assert request(path, {"cmd": "hi", "x": deep[0]}) == {"echo": "hi"}  # 32 deep: parsed
         with pytest.raises(FatalError, match="in use by another process"):
             ControlServer(path, lambda r: {}).start()
     finally:
