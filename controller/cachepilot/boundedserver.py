@@ -7,10 +7,10 @@ The bounds, each a constructor argument:
   connections; a client that sends its request as it connects is answered in the pass that accepts it);
 - the whole request within ``request_deadline_s`` of the connect — one deadline per request, not per ``recv``, so
   trickling does not extend it — and at most ``max_request`` bytes of it;
-- the answer taken by the client within ``reply_deadline_s``;
-- ``backlog`` connects waiting in the kernel: over TCP a full queue drops a SYN (the client retries after a
-  second), so it is long there; a unix socket's connect waits for a free place instead, so there a short queue
-  keeps a newcomer from waiting behind a flood of connects.
+- the answer taken by the client within ``reply_deadline_s``.
+The kernel's queue of connects not yet taken is long (``BACKLOG``): when it is full, a TCP client's SYN is dropped
+(it retries a second later) and a unix socket client with a time-out is refused at once (EAGAIN). The server takes
+the whole queue every pass, so a flood of connects makes a newcomer wait for accepts, not for answers.
 What misbehaving clients get is counted and logged as one line a minute at most, never a traceback.
 """
 
@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 log = logging.getLogger(__name__)
 
 LOG_EVERY_S = 60.0
+BACKLOG = 1024
 SWEEP_S = 0.1  # how often deadlines are checked (their precision)
 ACCEPT_BATCH = 4096  # connects taken per pass (a listener's backlog is at most somaxconn, 4096)
 
@@ -61,7 +62,7 @@ class _Conn:
 
 class BoundedServer:
     def __init__(self, listener: socket.socket, dialogue: Dialogue, *, name: str, max_conns: int,
-                 request_deadline_s: float, reply_deadline_s: float, max_request: int, backlog: int) -> None:
+                 request_deadline_s: float, reply_deadline_s: float, max_request: int) -> None:
         self.name = name
         self.dialogue = dialogue
         self.max_conns = max_conns
@@ -73,7 +74,7 @@ class BoundedServer:
         self._unreported: Counter[str] = Counter()
         self._last_report = -LOG_EVERY_S
         self._listener = listener
-        listener.listen(backlog)
+        listener.listen(BACKLOG)
         listener.setblocking(False)
         self._conns: dict[socket.socket, _Conn] = {}  # in accept order: the first is the oldest
         self._sel = selectors.DefaultSelector()
@@ -82,6 +83,7 @@ class BoundedServer:
         self._wake_r.setblocking(False)
         self._sel.register(self._wake_r, selectors.EVENT_READ)
         self._stop = False
+        self._paused = False  # the listener is not watched until the next sweep (accept failed)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def start(self) -> None:
@@ -106,16 +108,26 @@ class BoundedServer:
     def _run(self) -> None:
         next_sweep = time.monotonic() + SWEEP_S
         while not self._stop:
-            for key, mask in self._sel.select(timeout=SWEEP_S):
-                if key.fileobj is self._listener:
-                    self._accept()
-                elif isinstance(key.data, _Conn):
-                    self._ready(key.data, mask)
-            now = time.monotonic()
-            if now >= next_sweep:
-                self._expire(now)
-                self._report(now)
-                next_sweep = now + SWEEP_S
+            try:
+                for key, mask in self._sel.select(timeout=SWEEP_S):
+                    if key.fileobj is self._listener:
+                        self._accept()
+                    elif isinstance(key.data, _Conn):
+                        self._ready(key.data, mask)
+                now = time.monotonic()
+                if now >= next_sweep:
+                    self._sweep(now)
+                    next_sweep = now + SWEEP_S
+            except Exception as exc:  # noqa: BLE001 - e.g. out of fds or memory: the server outlives it
+                self._count(f"server error ({type(exc).__name__})")
+                time.sleep(SWEEP_S)  # no busy loop if it recurs
+
+    def _sweep(self, now: float) -> None:
+        if self._paused:
+            self._sel.register(self._listener, selectors.EVENT_READ)
+            self._paused = False
+        self._expire(now)
+        self._report(now)
 
     def _accept(self) -> None:
         """Take the whole backlog (up to ACCEPT_BATCH) at once: a newcomer whose request is there is answered at
@@ -128,8 +140,10 @@ class BoundedServer:
                 sock, _addr = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 break
-            except OSError as exc:  # e.g. EMFILE: the backlog waits; the next pass tries again
+            except OSError as exc:  # e.g. EMFILE: the backlog waits for the next sweep, no busy loop meanwhile
                 self._count(f"accept failed ({exc.strerror})")
+                self._sel.unregister(self._listener)
+                self._paused = True
                 break
             sock.setblocking(False)
             conn = _Conn(sock, time.monotonic() + self.request_deadline_s)
@@ -150,7 +164,8 @@ class BoundedServer:
         if excess <= 0:
             return
         reading = [c for c in self._conns.values() if c.outbox is None]  # oldest first
-        victims = reading[:excess] + [c for c in self._conns.values() if c.outbox is not None][:excess - len(reading)]
+        answering = [c for c in self._conns.values() if c.outbox is not None]  # clients slow to read their answer
+        victims = reading[:excess] + answering[:max(0, excess - len(reading))]
         for conn in victims:
             self._drop(conn, "over the connection cap")
 
@@ -242,7 +257,7 @@ class BoundedServer:
     def _report(self, now: float) -> None:
         if not self._unreported or now - self._last_report < LOG_EVERY_S:
             return
-        what = ", ".join(f"{n} {why}" for why, n in self._unreported.most_common(5))
+        what = ", ".join(f"{n} {why}" for why, n in sorted(self._unreported.items(), key=lambda i: -i[1]))
         log.warning("%s: connections closed unanswered: %s", self.name, what)
         self._unreported.clear()
         self._last_report = now

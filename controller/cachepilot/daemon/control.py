@@ -27,7 +27,6 @@ MAX_DEPTH = 32  # requests are flat objects; json's parser recurses, so depth is
 CLIENT_TIMEOUT_S = 1.0  # for the whole request, however it trickles in
 REPLY_TIMEOUT_S = 5.0
 MAX_CLIENTS = 64
-BACKLOG = 1024
 
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -131,7 +130,7 @@ class ControlServer:
         os.chmod(self.path, 0o600)
         self.server = BoundedServer(s, _Requests(self), name="cachepilot-control", max_conns=MAX_CLIENTS,
                                     request_deadline_s=CLIENT_TIMEOUT_S, reply_deadline_s=REPLY_TIMEOUT_S,
-                                    max_request=MAX_REQUEST, backlog=BACKLOG)
+                                    max_request=MAX_REQUEST)
         self.server.start()
 
     def _check_not_live(self) -> None:

@@ -25,7 +25,6 @@ MAX_REQUEST = 8192  # the request line and headers
 REQUEST_TIMEOUT_S = 2.0
 REPLY_TIMEOUT_S = 10.0
 MAX_CLIENTS = 256  # a scrape costs a socket and a buffer, not a thread
-BACKLOG = 1024  # a burst of connects waits in the kernel rather than for a SYN retry
 INDEX = b'<html><body><a href="/metrics">/metrics</a></body></html>\n'
 DEFAULT_LISTEN = "127.0.0.1:9854"
 
@@ -119,7 +118,7 @@ def serve(listen: str, registry: CollectorRegistry) -> MetricsServer:
         sock.bind((host, port))
         server = BoundedServer(sock, _Scrapes(registry), name="cachepilot-metrics", max_conns=MAX_CLIENTS,
                                request_deadline_s=REQUEST_TIMEOUT_S, reply_deadline_s=REPLY_TIMEOUT_S,
-                               max_request=MAX_REQUEST, backlog=BACKLOG)
+                               max_request=MAX_REQUEST)
     except OSError as e:
         sock.close()
         raise UserError(f"metrics listen address {listen}: {e.strerror or e}") from None
