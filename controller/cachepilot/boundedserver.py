@@ -58,6 +58,7 @@ class _Conn:
     inbox: bytearray = field(default_factory=bytearray)
     outbox: memoryview | None = None  # set once answering: the rest of the answer to send
     watched: bool = False  # registered with the selector
+    admitted: bool = False  # the dialogue's admit() said yes
 
 
 class BoundedServer:
@@ -133,7 +134,8 @@ class BoundedServer:
         """Take the whole backlog (up to ACCEPT_BATCH) at once: a newcomer whose request is there is answered at
         once, instead of waiting behind every connect queued before it; then the oldest connections still waiting
         for a request go, down to the cap. Only the survivors are watched by the selector: a connection dropped in
-        the pass that took it cost an accept, a recv and a close."""
+        the pass that took it cost an accept, a recv and a close (every recv and send says MSG_DONTWAIT: no
+        fcntl per connection)."""
         fresh = []
         for _ in range(ACCEPT_BATCH):
             try:
@@ -145,15 +147,10 @@ class BoundedServer:
                 self._sel.unregister(self._listener)
                 self._paused = True
                 break
-            sock.setblocking(False)
             conn = _Conn(sock, time.monotonic() + self.request_deadline_s)
             self._conns[sock] = conn
-            refusal = self._guarded(self.dialogue.admit, sock)
-            if refusal is not None:
-                self._answer(conn, refusal)
-            else:
-                self._read(conn)
-                fresh.append(conn)
+            self._read(conn)
+            fresh.append(conn)
         self._evict()
         for conn in fresh:
             if conn.outbox is None and conn.sock in self._conns:
@@ -186,12 +183,18 @@ class BoundedServer:
 
     def _read(self, conn: _Conn) -> None:
         try:
-            chunk = conn.sock.recv(self.max_request + 1 - len(conn.inbox))
+            chunk = conn.sock.recv(self.max_request + 1 - len(conn.inbox), socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
             self._drop(conn, "reset by the client")
             return
+        if chunk and not conn.admitted:  # checked before anything is answered; an idle connection costs none
+            conn.admitted = True
+            refusal = self._guarded(self.dialogue.admit, conn.sock)
+            if refusal is not None:
+                self._answer(conn, refusal)
+                return
         conn.inbox += chunk
         answer = self._guarded(self.dialogue.reply, bytes(conn.inbox), not chunk)
         if answer is None and len(conn.inbox) > self.max_request:
@@ -221,7 +224,7 @@ class BoundedServer:
         assert conn.outbox is not None
         try:
             while conn.outbox:
-                conn.outbox = conn.outbox[conn.sock.send(conn.outbox):]
+                conn.outbox = conn.outbox[conn.sock.send(conn.outbox, socket.MSG_DONTWAIT):]
         except (BlockingIOError, InterruptedError):
             self._watch(conn, selectors.EVENT_WRITE)  # the rest when the client reads
             return
@@ -235,7 +238,7 @@ class BoundedServer:
                 self._drop(conn, "answer not read in time")
                 continue
             try:  # one try to say why, never waiting for the client
-                conn.sock.send(self.dialogue.too_slow())
+                conn.sock.send(self.dialogue.too_slow(), socket.MSG_DONTWAIT)
             except OSError:
                 pass
             self._drop(conn, "request not complete in time")
