@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("policy", "records"),
     ("models",),
     ("events", "actions", "capabilities", "safeio"),
-    ("errors", "units", "bpf_layout", "__init__"),
+    ("errors", "units", "bpf_layout", "boundedserver", "__init__"),
 )
 LAYER = {unit: depth for depth, units in enumerate(LAYERS) for unit in units}
 

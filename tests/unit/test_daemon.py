@@ -9,6 +9,8 @@ import errno
 import json
 import logging
 import os
+import resource
+import socket
 import stat
 import threading
 import time
@@ -212,6 +214,15 @@ def test_control_socket_is_0600_and_answers(tmp_path: Path) -> None:
         assert request(path, {"cmd": "hi"}) == {"echo": "hi"}
         with pytest.raises(UserError, match="daemon: bad request: unknown command"):
             request(path, {"cmd": "nope"})
+        # brackets inside a string are not nesting (the depth check scans past strings, escaped quotes included)
+        with pytest.raises(UserError, match="daemon: bad request: unknown command"):
+            request(path, {"cmd": '\\"' + "[{" * 100})
+        deep: list[object] = []
+        for _ in range(31):  # the object and 32 lists: 33 deep
+            deep = [deep]
+        with pytest.raises(UserError, match="daemon: bad request: nested deeper than 32"):
+            request(path, {"cmd": "hi", "x": deep})
+        assert request(path, {"cmd": "hi", "x": deep[0]}) == {"echo": "hi"}  # 32 deep: parsed
         with pytest.raises(FatalError, match="in use by another process"):
             ControlServer(path, lambda r: {}).start()
     finally:
@@ -219,6 +230,32 @@ def test_control_socket_is_0600_and_answers(tmp_path: Path) -> None:
     assert not path.exists()
     with pytest.raises(UserError, match="no daemon"):
         request(path, {"cmd": "hi"})
+
+
+def test_control_socket_outlives_running_out_of_file_descriptors(tmp_path: Path) -> None:
+    """Out of fds, accept fails (EMFILE): the server neither dies nor spins; it answers once fds are free again."""
+    path = tmp_path / "ctl.sock"
+    srv = ControlServer(path, lambda req: {"echo": req["cmd"]})
+    srv.start()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    held = []
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 20, hard))
+        for _ in range(12):  # 12 client ends and the server's accepts: over the 20 left
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(str(path))
+            held.append(s)
+        time.sleep(0.3)
+        cpu = time.process_time()
+        time.sleep(0.5)
+        assert time.process_time() - cpu < 0.1  # no busy loop on a listener it cannot accept from
+        assert srv.server is not None and srv.server.closed["accept failed (Too many open files)"] >= 1
+    finally:
+        for s in held:
+            s.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert request(path, {"cmd": "hi"}) == {"echo": "hi"}
+    srv.stop()
 
 
 # ---------------------------------------------------------------------------------------------- the daemon, with fakes
