@@ -14,8 +14,9 @@ starts where a recent one ended (``check_should_bypass``: the last 128 I/Os, wit
 the reads are admitted (as misses, then hits). dm-cache's smq promotes blocks whose hotspot has been hit
 enough, and counts a hotspot at most once per tick (one second, ``hotspot_hit_bits``): measured in the lab,
 one round of reads over a fresh set promoted 0 of 64 blocks, a second round over a second later all 64. So on
-dm-cache a promotion takes ``rounds`` = 2 rounds at least ``round_gap_ns`` apart: after the first, ``run``
-returns the action as ``deferred`` with ``not_before_ns``; called again before then, it reads nothing.
+dm-cache a promotion takes ``rounds`` = 2 rounds (a kind declares its ``promote_rounds``) at least
+``round_gap_ns`` apart: after the first, ``run`` returns the action as ``deferred`` with ``not_before_ns``;
+called again before then, it reads nothing.
 A token bucket keeps the reads within ``rate`` bytes per second; what does not fit now comes back as
 ``deferred``. The probe ignores the daemon's own I/O, so promotion reads never count as hotness.
 """
@@ -35,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cachepilot.actuators.extents import fiemap
+from cachepilot.backends import kinds
 from cachepilot.backends.kernelio import classify_errno
 from cachepilot.engine.actions import Promote
 from cachepilot.errors import CachepilotError, DeviceGone
@@ -46,7 +48,6 @@ log = logging.getLogger("cachepilot.actuators.promote")
 DONE, PENDING, FAILED, SKIPPED = "done", "pending", "failed", "skipped"
 FILEID_INO32_GEN = 1
 MIN_CHUNK, MAX_CHUNK = 64 << 10, 256 << 10
-ROUNDS = {"bcache": 1, "dm-cache": 2, "dm-writecache": 0}  # dm-writecache never caches reads
 ROUND_GAP_NS = 1_200_000_000  # smq's hotspot tick is one second
 
 
@@ -104,7 +105,8 @@ class Promoter:
                  opener: Callable[[int, int, int, int], int] = open_by_handle) -> None:
         self.info = info
         self.rate = max(1, rate)
-        self.rounds = ROUNDS.get(info.kind, 1) if rounds is None else rounds
+        kind = kinds.get(info.kind)
+        self.rounds = (kind.promote_rounds if kind else 1) if rounds is None else rounds
         self._round: dict[tuple[int, int, int], tuple[int, int]] = {}  # file -> (rounds done, next not before)
         self.rng = random.Random(seed)  # noqa: S311 (chunk sizes, not secrets)
         self.clock = clock

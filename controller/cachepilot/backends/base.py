@@ -12,27 +12,26 @@ returns the outcomes that finished (``done``) or failed. ``restore`` puts back w
 (e.g. bcache's ``writeback_percent`` raised to 0 for a drain) so that a stopping daemon leaves every cache in a
 safe, stable state.
 
-The sysfs root and the dmsetup runner are constructor parameters, so unit tests run on fixture trees and fakes.
+The host (its sysfs root and dmsetup runner, backends.host) is a constructor parameter, so unit tests run on
+fixture trees and fakes.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
 from cachepilot.backends.capabilities import Capabilities, capabilities
+from cachepilot.backends.host import DmRunner, Host
 from cachepilot.engine.actions import Drain, SetKnob, SetWritePolicy
 from cachepilot.errors import CachepilotError
 from cachepilot.models.volume import VolumeInfo, VolumeSample
 
 ControlAction = SetWritePolicy | SetKnob | Drain
 
-DmRunner = Callable[[Sequence[str], float], str]
-"""Runs ``dmsetup ARGS`` (argument vector, never a shell) with a time-out in seconds; returns stdout.
-Raises DeviceGone / RetryLater / KernelRejected by what dmsetup said."""
+__all__ = ["DONE", "FAILED", "PENDING", "Backend", "ControlAction", "DmRunner", "Outcome", "Write"]
 
 DONE, PENDING, FAILED = "done", "pending", "failed"
 
@@ -68,10 +67,13 @@ class Outcome:
 class Backend(abc.ABC):
     kind: ClassVar[str]
 
-    def __init__(self, info: VolumeInfo, *, sysfs_root: Path = Path("/sys"), dm: DmRunner | None = None) -> None:
+    def __init__(self, info: VolumeInfo, *, host: Host | None = None) -> None:
         self.info = info
-        self.sysfs_root = sysfs_root
-        self.dm = dm
+        self.host = Host() if host is None else host
+
+    @property
+    def sysfs_root(self) -> Path:
+        return self.host.sysfs
 
     @property
     def caps(self) -> Capabilities:

@@ -13,15 +13,20 @@ Sizes in sysfs are human-readable (``4.0M``); a read-back is compared at the pre
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from cachepilot.backends.capabilities import BYPASS, KIND_BCACHE, WRITEBACK, WRITETHROUGH, Knob
-from cachepilot.backends.inspect import parse_bcache_size, sample_volume
+from cachepilot.backends.capabilities import BYPASS, UINT_MAX, WRITEBACK, WRITETHROUGH, Capabilities, Knob
+from cachepilot.backends.host import BlockDev, Host
+from cachepilot.backends.inspect import parse_bcache_size
 from cachepilot.backends.kernelio import read_attr, write_attr
+from cachepilot.backends.kinds import Described, Kind, KnobDef, knob
 from cachepilot.backends.operation import CLOSE_BELOW, Operation, OperationBackend, Setting
-from cachepilot.engine.actions import Drain, SetKnob, SetWritePolicy
-from cachepilot.errors import KernelRejected, UserError
-from cachepilot.models.volume import VolumeSample
+from cachepilot.engine.actions import Drain, SetWritePolicy
+from cachepilot.errors import DeviceGone, KernelRejected, UserError
+from cachepilot.models.volume import VolumeInfo, VolumeSample
+
+NAME = "bcache"
 
 _UNIT = {"": 1, "k": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -47,14 +52,14 @@ def size_matches(readback: str, wanted: str) -> bool:
 
 
 class BcacheBackend(OperationBackend):
-    kind = KIND_BCACHE
+    kind = NAME
 
     @property
     def dir(self) -> Path:
         return self.sysfs_root / "block" / self.info.name / "bcache"
 
     def sample(self, now_ns: int) -> VolumeSample:
-        return sample_volume(self.info, sysfs_root=self.sysfs_root, dm=self.dmsetup, now_ns=now_ns)
+        return sample(self.host, self.info, now_ns)
 
     # -------------------------------------------------------------- settings
     def _attr(self, name: str, base: Path | None = None) -> Setting:
@@ -89,12 +94,6 @@ class BcacheBackend(OperationBackend):
     # -------------------------------------------------------------- operations
     def _start(self, op: Operation) -> bool:
         a = op.action
-        if isinstance(a, SetKnob):
-            knob = self.caps.knobs().get(a.knob)
-            if knob is None:
-                raise KernelRejected(f"bcache has no knob {a.knob!r}")
-            op.put(self.knob_setting(knob), str(knob.parse(a.value)), a.reason)
-            return True
         if isinstance(a, Drain):
             return self._begin_drain(op, a.reason)
         assert isinstance(a, SetWritePolicy)
@@ -150,3 +149,85 @@ class BcacheBackend(OperationBackend):
             raise KernelRejected(f"{self.info.name}: not {want} and clean after the switch")
         op.phase = f"{want}, clean"
         return True
+
+
+# ------------------------------------------------------------------ the kind: discovery, description, samples
+def detect(dev: BlockDev) -> bool:
+    """A bcache device (bcacheN; a cache device also has a ``bcache`` directory, but is not a volume)."""
+    return dev.name.startswith("bcache") and (dev.sysdir / "bcache").is_dir()
+
+
+def _cache_id(sysfs: Path) -> str:
+    """The cache set's UUID (the directory ``bcache/cache`` links to), or "" when detached. A new cache device
+    makes a new cache set, so a new UUID: this is what lets a failure latch end when the device is replaced."""
+    link = sysfs / "cache"
+    try:
+        return os.path.basename(os.readlink(link))
+    except OSError:
+        return ""
+
+
+def describe(host: Host, dev: BlockDev) -> Described:
+    sysfs = dev.sysdir / "bcache"
+    cset = sysfs / "cache"
+    if not cset.exists():
+        return Described(0, _cache_id(sysfs))  # detached: no cache
+    cache_dev = (cset / "cache0").resolve().parent  # .../block/<cache device>/bcache -> the device
+    return Described(int(read_attr(cache_dev / "size")) * 512, _cache_id(sysfs))
+
+
+def sample(host: Host, info: VolumeInfo, now: int) -> VolumeSample:
+    sysfs = host.sys_block / info.name / "bcache"
+    mode = bracketed(read_attr(sysfs / "cache_mode"))
+    attached = (sysfs / "cache").exists()
+    errors = 0
+    if attached:
+        try:
+            errors = int(read_attr(sysfs / "cache" / "cache0" / "io_errors"))
+        except DeviceGone:
+            attached = False  # the cache set went away between the two reads
+    stats = sysfs / "stats_total"
+    return VolumeSample(
+        dev=info.dev, ts_ns=now, mode=mode, dirty_bytes=parse_bcache_size(read_attr(sysfs / "dirty_data")),
+        hits=int(read_attr(stats / "cache_hits")), misses=int(read_attr(stats / "cache_misses")),
+        io_errors=errors, failed=not attached, cache_id=_cache_id(sysfs) if attached else "",
+        knobs={k: read_attr(sysfs / k) for k in ("sequential_cutoff", "writeback_percent", "writeback_delay")},
+        # a bypass "hit" is a bypassed I/O whose data was in the cache anyway; both went around it
+        bypasses=int(read_attr(stats / "cache_bypass_hits")) + int(read_attr(stats / "cache_bypass_misses")),
+        bypassed_bytes=parse_bcache_size(read_attr(stats / "bypassed")),
+    )
+
+
+def _knob(name: str, typ: str, lo: int, hi: int, unit: str, doc: str) -> KnobDef:
+    k = knob(name, typ, lo, hi, unit, doc)
+    return KnobDef(k, lambda b: b.knob_setting(k))
+
+
+KIND = Kind(
+    NAME,
+    Capabilities(
+        NAME, frozenset({WRITEBACK, WRITETHROUGH, BYPASS}),
+        {WRITEBACK: "writeback", WRITETHROUGH: "writethrough", BYPASS: "none"},
+        drain="writeback_percent 0 until dirty_data is 0, then restore",
+        destructive="write-back with a periodic drain; write-through before the byte bound",
+        drain_sleep_knob="writeback_delay",
+    ),
+    BcacheBackend, detect, describe, sample,
+    knobs=(
+        _knob("sequential_cutoff", "size", 0, UINT_MAX, "bytes",
+              "sequential runs longer than this bypass the cache"),
+        _knob("writeback_percent", "int", 0, 40, "percent",
+              "dirty target as a share of the cache (kernel clamps 0..40)"),
+        _knob("writeback_delay", "int", 0, UINT_MAX, "seconds", "sleep after each full write-back scan"),
+        _knob("writeback_rate", "size", 512, UINT_MAX * 512, "bytes/s",
+              "write-back rate when not throttled by percent"),
+        _knob("writeback_rate_minimum", "int", 1, UINT_MAX, "sectors/s", "write-back rate floor below the target"),
+        _knob("readahead", "size", 0, UINT_MAX, "bytes", "extra read-ahead on a read miss"),
+        _knob("congested_read_threshold_us", "int", 0, UINT_MAX, "µs",
+              "cache-set read latency that counts as congested"),
+        _knob("congested_write_threshold_us", "int", 0, UINT_MAX, "µs",
+              "cache-set write latency that counts as congested"),
+    ),
+    promote_rounds=1,
+    device_prefix="bcache",
+)

@@ -1,8 +1,8 @@
-"""What each kind of stock cache can do: its write modes, how it drains, and its knobs with type and range.
-
-One table, used by the policy checker (a rule may not ask for a mode or knob that a kind it can match cannot
-take), by the engine (which modes exist, what "destructive" means for a kind) and by the backends (the range a
-setter enforces before it writes). Ranges are the kernel's own (confirmed in drivers/md/bcache/sysfs.c,
+"""What a kind of stock cache can do: its write modes, how it drains, and its knobs with type and range. Each
+kind declares its own in its module (backends/<kind>.py, collected by backends.kinds); the table is used by the
+policy checker (a rule may not ask for a mode or knob that a kind it can match cannot take), by the engine
+(which modes exist, what "destructive" means for a kind) and by the backends (the range a setter enforces before
+it writes). Ranges are the kernel's own (confirmed in drivers/md/bcache/sysfs.c,
 dm-cache-target.c, dm-writecache.c of 6.1): a value outside is an error here rather than a silent clamp there.
 """
 
@@ -13,9 +13,6 @@ import re
 from dataclasses import dataclass
 
 from cachepilot.errors import UserError
-
-KIND_BCACHE, KIND_DMCACHE, KIND_WRITECACHE = "bcache", "dm-cache", "dm-writecache"
-KINDS = (KIND_BCACHE, KIND_DMCACHE, KIND_WRITECACHE)
 
 # Backend-neutral write modes (the same strings as models.volume).
 WRITEBACK, WRITETHROUGH, BYPASS = "writeback", "writethrough", "bypass"
@@ -65,29 +62,6 @@ def _to_int(knob: Knob, value: object) -> int:
     raise UserError(f"knob {knob.name}: expected {what}, got {str(value)[:40]!r}")
 
 
-def _k(name: str, kinds: tuple[str, ...], typ: str, lo: int, hi: int, unit: str, doc: str) -> Knob:
-    return Knob(name, frozenset(kinds), typ, lo, hi, unit, doc)
-
-
-B, D, W = (KIND_BCACHE,), (KIND_DMCACHE,), (KIND_WRITECACHE,)
-KNOBS: dict[str, Knob] = {k.name: k for k in (
-    _k("sequential_cutoff", B, "size", 0, UINT_MAX, "bytes", "sequential runs longer than this bypass the cache"),
-    _k("writeback_percent", B, "int", 0, 40, "percent", "dirty target as a share of the cache (kernel clamps 0..40)"),
-    _k("writeback_delay", B, "int", 0, UINT_MAX, "seconds", "sleep after each full write-back scan"),
-    _k("writeback_rate", B, "size", 512, UINT_MAX * 512, "bytes/s", "write-back rate when not throttled by percent"),
-    _k("writeback_rate_minimum", B, "int", 1, UINT_MAX, "sectors/s", "write-back rate floor below the target"),
-    _k("readahead", B, "size", 0, UINT_MAX, "bytes", "extra read-ahead on a read miss"),
-    _k("congested_read_threshold_us", B, "int", 0, UINT_MAX, "µs", "cache-set read latency that counts as congested"),
-    _k("congested_write_threshold_us", B, "int", 0, UINT_MAX, "µs", "cache-set write latency that counts as congested"),
-    _k("migration_threshold", D, "int", 1, UINT_MAX, "sectors", "cap on in-flight promotion/demotion I/O"),
-    _k("high_watermark", W, "int", 0, 100, "percent", "start writing back above this fill level"),
-    _k("low_watermark", W, "int", 0, 100, "percent", "stop writing back below this fill level"),
-    _k("writeback_jobs", W, "int", 1, UINT_MAX, "jobs", "cap on concurrent write-back jobs"),
-    _k("autocommit_blocks", W, "int", 1, UINT_MAX, "blocks", "commit after this many written blocks"),
-    _k("autocommit_time", W, "int", 1, UINT_MAX, "ms", "commit after this long"),
-)}
-
-
 @dataclass(frozen=True, slots=True)
 class Capabilities:
     kind: str
@@ -110,35 +84,14 @@ class Capabilities:
     # device busy) while such a drain is at risk.
     drain_needs_idle: bool = False
 
+    knob_table: tuple[Knob, ...] = ()  # the kind's knobs, as its module declares them (backends.kinds)
+
     def knobs(self) -> dict[str, Knob]:
-        return {n: k for n, k in KNOBS.items() if self.kind in k.kinds}
-
-
-CAPABILITIES: dict[str, Capabilities] = {
-    KIND_BCACHE: Capabilities(
-        KIND_BCACHE, frozenset({WRITEBACK, WRITETHROUGH, BYPASS}),
-        {WRITEBACK: "writeback", WRITETHROUGH: "writethrough", BYPASS: "none"},
-        drain="writeback_percent 0 until dirty_data is 0, then restore",
-        destructive="write-back with a periodic drain; write-through before the byte bound",
-        drain_sleep_knob="writeback_delay",
-    ),
-    KIND_DMCACHE: Capabilities(
-        KIND_DMCACHE, frozenset({WRITEBACK, WRITETHROUGH, BYPASS}),
-        {WRITEBACK: "writeback", WRITETHROUGH: "writethrough", BYPASS: "passthrough"},
-        drain="table reload to writethrough with the cleaner policy until dirty is 0, then the previous table",
-        destructive="write-back with a periodic drain; write-through before the byte bound",
-        drain_needs_idle=True,
-    ),
-    KIND_WRITECACHE: Capabilities(
-        KIND_WRITECACHE, frozenset({WRITEBACK}), {WRITEBACK: "writeback"},
-        drain="the flush message (returns when every block is written back)",
-        destructive="write-back only: the bound is kept by flushing, never by a mode switch",
-    ),
-}
+        return {k.name: k for k in self.knob_table}
 
 
 def capabilities(kind: str) -> Capabilities:
-    try:
-        return CAPABILITIES[kind]
-    except KeyError:
-        raise UserError(f"unknown cache kind {kind!r} (known: {', '.join(KINDS)})") from None
+    """The capabilities a kind declares (backends/<kind>.py); UserError for a kind that is not in the table."""
+    from cachepilot.backends import kinds  # the table loads the kind modules, which import this one
+
+    return kinds.kind(kind).caps

@@ -13,14 +13,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cachepilot.backends.base import Write
-from cachepilot.backends.capabilities import KIND_WRITECACHE, WRITEBACK
+from cachepilot.backends.capabilities import UINT_MAX, WRITEBACK, Capabilities
 from cachepilot.backends.dmstatus import DmWritecacheStatus, StatusParseError, parse_dm_writecache_status
-from cachepilot.backends.inspect import sample_volume
-from cachepilot.backends.kernelio import read_attr
+from cachepilot.backends.host import BlockDev, Host
+from cachepilot.backends.kinds import Described, Kind, KnobDef, knob
 from cachepilot.backends.operation import Operation, OperationBackend, Setting
-from cachepilot.engine.actions import Drain, SetKnob, SetWritePolicy
-from cachepilot.errors import KernelRejected
-from cachepilot.models.volume import VolumeSample
+from cachepilot.engine.actions import Drain, SetWritePolicy
+from cachepilot.errors import KernelRejected, UserError
+from cachepilot.models.volume import VolumeInfo, VolumeSample
+
+NAME = "dm-writecache"
 
 # Optional arguments that take a value (the rest are flags).
 _VALUED = frozenset({"high_watermark", "low_watermark", "writeback_jobs", "autocommit_blocks", "autocommit_time",
@@ -67,15 +69,15 @@ class WritecacheTable:
 
 
 class WritecacheBackend(OperationBackend):
-    kind = KIND_WRITECACHE
+    kind = NAME
     flush_timeout_s = 300.0
 
     @property
     def dm_name(self) -> str:
-        return read_attr(self.sysfs_root / "block" / self.info.name / "dm" / "name")
+        return self.host.dm_name_of(self.info.name)
 
     def sample(self, now_ns: int) -> VolumeSample:
-        return sample_volume(self.info, sysfs_root=self.sysfs_root, dm=self.dmsetup, now_ns=now_ns)
+        return sample(self.host, self.info, now_ns)
 
     def status(self) -> DmWritecacheStatus:
         try:
@@ -103,12 +105,6 @@ class WritecacheBackend(OperationBackend):
 
     def _start(self, op: Operation) -> bool:
         a = op.action
-        if isinstance(a, SetKnob):
-            knob = self.caps.knobs().get(a.knob)
-            if knob is None:
-                raise KernelRejected(f"dm-writecache has no knob {a.knob!r}")
-            op.put(self.option_setting(knob.name), str(knob.parse(a.value)), a.reason)
-            return True
         if isinstance(a, SetWritePolicy):
             if a.mode != WRITEBACK:
                 raise KernelRejected(f"dm-writecache is write-back only; it cannot be set to {a.mode}")
@@ -139,3 +135,62 @@ class WritecacheBackend(OperationBackend):
         assert isinstance(op.action, Drain)
         return self._flush(op, op.action.reason)
 
+
+
+# ------------------------------------------------------------------ the kind: discovery, description, samples
+def detect(dev: BlockDev) -> bool:
+    return dev.dm_target == "writecache"
+
+
+def cache_device(table: tuple[str, ...] | list[str]) -> str:
+    """The cache device of a table line as dmsetup prints it (major:minor): the cache's identity."""
+    # "<start> <len> writecache <p|s> <origin dev> <cache dev> <block size> ..."
+    return table[5] if len(table) > 5 else ""
+
+
+def describe(host: Host, dev: BlockDev) -> Described:
+    t = dev.dm_table
+    block = int(t[6]) if len(t) > 6 and t[6].isdigit() else 4096
+    total = parse_dm_writecache_status(host.dm(("status", dev.dm_name), 10.0)).total_blocks
+    return Described(total * block, cache_device(t))
+
+
+def sample(host: Host, info: VolumeInfo, now: int) -> VolumeSample:
+    dm_name = host.dm_name_of(info.name)
+    line = host.dm(("status", dm_name), 10.0)
+    cache_id = cache_device(host.dm(("table", dm_name), 10.0).split())
+    try:
+        w = parse_dm_writecache_status(line)
+    except StatusParseError as exc:
+        raise UserError(f"dmsetup status {dm_name}: {exc}") from None
+    block = info.cache_bytes // w.total_blocks if w.total_blocks else 4096
+    hits = w.stats[1] + w.stats[3] + w.stats[4] if len(w.stats) >= 5 else 0  # read hits + write hits
+    total = w.stats[0] + w.stats[2] if len(w.stats) >= 3 else 0  # read blocks + write blocks
+    return VolumeSample(
+        dev=info.dev, ts_ns=now, mode="writeback", dirty_bytes=w.used_blocks * block, hits=hits,
+        misses=max(0, total - hits), io_errors=w.error, failed=w.error != 0, cache_id=cache_id,
+    )
+
+
+def _option(name: str, lo: int, hi: int, unit: str, doc: str) -> KnobDef:
+    """An optional table argument (changed by a reload)."""
+    return KnobDef(knob(name, "int", lo, hi, unit, doc), lambda b: b.option_setting(name))
+
+
+KIND = Kind(
+    NAME,
+    Capabilities(
+        NAME, frozenset({WRITEBACK}), {WRITEBACK: "writeback"},
+        drain="the flush message (returns when every block is written back)",
+        destructive="write-back only: the bound is kept by flushing, never by a mode switch",
+    ),
+    WritecacheBackend, detect, describe, sample,
+    knobs=(
+        _option("high_watermark", 0, 100, "percent", "start writing back above this fill level"),
+        _option("low_watermark", 0, 100, "percent", "stop writing back below this fill level"),
+        _option("writeback_jobs", 1, UINT_MAX, "jobs", "cap on concurrent write-back jobs"),
+        _option("autocommit_blocks", 1, UINT_MAX, "blocks", "commit after this many written blocks"),
+        _option("autocommit_time", 1, UINT_MAX, "ms", "commit after this long"),
+    ),
+    promote_rounds=0,  # dm-writecache never caches reads
+)

@@ -27,7 +27,8 @@ from typing import Protocol
 
 import numpy as np
 
-from cachepilot.backends.capabilities import CAPABILITIES, KNOBS, Capabilities
+from cachepilot.backends import kinds
+from cachepilot.backends.capabilities import Capabilities
 from cachepilot.engine.actions import Action, DiscardRanges, Drain, Promote, SetKnob, SetWritePolicy
 from cachepilot.errors import UserError
 from cachepilot.events import (
@@ -123,7 +124,8 @@ _ANY_KIND = Capabilities("unknown", frozenset({WRITEBACK, WRITETHROUGH, BYPASS})
 
 def caps_of(kind: str) -> Capabilities:
     """The kind's capabilities; an unknown kind (e.g. a trace of a plain device) is assumed to take every mode."""
-    return CAPABILITIES.get(kind, _ANY_KIND)
+    k = kinds.get(kind)
+    return _ANY_KIND if k is None else k.caps
 
 
 @dataclass(frozen=True, slots=True)
@@ -781,7 +783,7 @@ class Engine:
         return None
 
     def _knobs(self, c: VolumeCtl, now: int, out: list[Action]) -> None:
-        kinds_knobs = c.caps.knobs() if c.caps is not _ANY_KIND else KNOBS
+        kinds_knobs = c.caps.knobs() if c.caps is not _ANY_KIND else kinds.all_knobs()
         for knob, value in c.policy.knobs.items():
             if knob in kinds_knobs:  # else a defaults knob for another kind of cache
                 self._request_knob(c, knob, value, f"pinned by policy ({c.chosen_by})", now, out)
@@ -799,7 +801,7 @@ class Engine:
         limit = max(1, int(c.policy.exposure.max_age_s / 6))
         have = c.state.knobs.get(knob)
         try:
-            was = KNOBS[knob].parse(have) if have is not None else 0
+            was = kinds.all_knobs()[knob].parse(have) if have is not None else 0
         except UserError:
             return  # an unreadable value: not ours to guess at
         if was <= limit:
@@ -828,7 +830,7 @@ def _same_knob_value(knob: str, have: str | None, want: str) -> bool:
         return False
     if have == want:
         return True
-    k = KNOBS.get(knob)
+    k = kinds.all_knobs().get(knob)
     if k is None:
         return False
     try:

@@ -25,7 +25,7 @@ import jsonschema
 import yaml
 
 from cachepilot.errors import UserError
-from cachepilot.policy import capcheck
+from cachepilot.policy import capcheck, schema
 from cachepilot.policy.model import (
     DiscardOnDelete,
     Exposure,
@@ -37,7 +37,6 @@ from cachepilot.policy.model import (
     Selector,
     VolumePolicy,
 )
-from cachepilot.policy.schema import SCHEMA
 
 PathT = tuple[str | int, ...]
 
@@ -261,11 +260,19 @@ def read_yaml(text: str, source: str, what: str = "policy file") -> _Doc:
     return doc
 
 
-_validator = jsonschema.Draft202012Validator(SCHEMA)
+_validators: list[jsonschema.Draft202012Validator] = []
 
 
-def schema_errors(doc: _Doc, validator: jsonschema.Draft202012Validator = _validator) -> list[UserError]:
+def _policy_validator() -> jsonschema.Draft202012Validator:
+    """Built on first use: the schema reads the table of kinds, which imports the backends."""
+    if not _validators:
+        _validators.append(jsonschema.Draft202012Validator(schema.SCHEMA))
+    return _validators[0]
+
+
+def schema_errors(doc: _Doc, validator: jsonschema.Draft202012Validator | None = None) -> list[UserError]:
     """Schema violations as ``FILE:LINE: key: message`` errors, in file order."""
+    validator = validator or _policy_validator()
     out: list[tuple[int, UserError]] = []
     for e in validator.iter_errors(doc.value):
         path: PathT = tuple(e.absolute_path)
