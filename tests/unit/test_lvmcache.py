@@ -29,6 +29,7 @@ class FakeLvm:
 
     def __init__(self) -> None:
         self.live = TABLE
+        self.lvm_mode = "writeback"  # in LVM's metadata; the cleaner is loaded in writethrough (lvm2 2.03.16)
         self.dirty = 10
         self.threshold = "2048"
         self.calls: list[tuple[str, ...]] = []
@@ -47,16 +48,20 @@ class FakeLvm:
         self.calls.append(tuple(argv))
         if argv[0] == "blkid":
             return ToolResult(2, "", "")
+        if argv[0] == "lvs":
+            return ToolResult(0, f"  {self.lvm_mode}  \n", "")
         assert argv[0] == "lvchange" and argv[-1] == "lab-vg/cached", argv
         if self.lvchange_stderr:
             return ToolResult(5, "", self.lvchange_stderr)
         opts = dict(zip(argv[1:-1:2], argv[2:-1:2], strict=True))
         t = CacheTable.parse(self.live)
-        if "--cachemode" in opts and opts["--cachemode"] != t.mode and self.dirty:
+        if opts.get("--cachemode", self.lvm_mode) != self.lvm_mode and self.dirty:
             return ToolResult(5, "", "  Cache lab-vg/cached is not clean, refusing to switch cache mode.\n")
         if "--cachesettings" in opts:
             self.threshold = opts["--cachesettings"].split("=")[1]
-        self.live = t.with_(mode=opts.get("--cachemode"), policy=opts.get("--cachepolicy")).line()
+        self.lvm_mode = opts.get("--cachemode", self.lvm_mode)
+        policy = opts.get("--cachepolicy", t.policy)
+        self.live = t.with_(mode="writethrough" if policy == "cleaner" else self.lvm_mode, policy=policy).line()
         return ToolResult(0, "", "  WARNING: DM_DISABLE_UDEV environment variable set.\n")
 
     def lvchanges(self) -> list[tuple[str, ...]]:
@@ -111,24 +116,37 @@ def test_drain_is_the_cleaner_by_lvchange_then_the_saved_policy(lvm: tuple[LvmCa
     b, fake = lvm
     out = b.apply(Drain("dm-7", 10 * S, "age bound"))
     assert out.status == PENDING
-    assert fake.lvchanges() == [("--cachepolicy", "cleaner")]  # the mode stays: lvchange would wait for clean
+    assert fake.lvchanges() == [("--cachepolicy", "cleaner")]  # alone: a mode change would wait for clean
+    t = CacheTable.parse(fake.live)
+    assert (t.mode, t.policy) == ("writethrough", "cleaner")  # as LVM loads it: no new dirty blocks
     assert b.step(1 * S) == []
     fake.dirty = 0
     [done] = b.step(2 * S)
     assert done.status == DONE, done.line()
-    assert fake.lvchanges()[-1] == ("--cachepolicy", "smq") and fake.live == TABLE
+    assert fake.lvchanges()[-1] == ("--cachemode", "writeback", "--cachepolicy", "smq") and fake.live == TABLE
+    assert fake.lvm_mode == "writeback"
+
+
+def test_a_cleaner_left_live_drains_back_to_the_mode_lvm_keeps(lvm: tuple[LvmCacheBackend, FakeLvm]) -> None:
+    b, fake = lvm
+    fake.live = CacheTable.parse(TABLE).with_(mode="writethrough", policy="cleaner").line()  # a daemon died
+    fake.dirty = 0
+    out = b.apply(Drain("dm-7", 10 * S, "age bound"))
+    assert out.status == DONE, out.line()
+    t = CacheTable.parse(fake.live)
+    assert (t.mode, t.policy) == ("writeback", "smq") and fake.lvm_mode == "writeback"
 
 
 def test_writethrough_switch_waits_for_clean_then_one_lvchange(lvm: tuple[LvmCacheBackend, FakeLvm]) -> None:
     b, fake = lvm
     out = b.apply(SetWritePolicy("dm-7", "writethrough", "destructive bound"))
-    assert out.status == PENDING and CacheTable.parse(fake.live).mode == "writeback"
+    assert out.status == PENDING and fake.lvm_mode == "writeback"
     fake.dirty = 0
     [done] = b.step(1 * S)
     assert done.status == DONE and done.detail == "writethrough, clean", done.line()
     assert fake.lvchanges() == [("--cachepolicy", "cleaner"), ("--cachemode", "writethrough", "--cachepolicy", "smq")]
     t = CacheTable.parse(fake.live)
-    assert (t.mode, t.policy) == ("writethrough", "smq")
+    assert (t.mode, t.policy) == ("writethrough", "smq") and fake.lvm_mode == "writethrough"
 
 
 def test_passthrough_only_from_clean(lvm: tuple[LvmCacheBackend, FakeLvm]) -> None:
@@ -136,7 +154,8 @@ def test_passthrough_only_from_clean(lvm: tuple[LvmCacheBackend, FakeLvm]) -> No
     fake.dirty = 0
     out = b.apply(SetWritePolicy("dm-7", "bypass", "cache failing"))
     assert out.status == DONE, out.line()
-    assert fake.lvchanges() == [("--cachemode", "writethrough"), ("--cachemode", "passthrough")]
+    assert fake.lvchanges() == [("--cachemode", "writethrough", "--cachepolicy", "smq"),
+                                ("--cachemode", "passthrough", "--cachepolicy", "smq")]
     assert CacheTable.parse(fake.live).mode == "passthrough"
 
 
@@ -154,9 +173,8 @@ def test_an_abandoned_drain_puts_the_policy_back_without_a_mode_change(lvm: tupl
     b.apply(SetWritePolicy("dm-7", "writethrough", "x"))
     [out] = b.restore()  # still dirty: a mode change now would block inside lvchange
     assert out.status == FAILED
-    assert fake.lvchanges()[-1] == ("--cachepolicy", "smq")
-    t = CacheTable.parse(fake.live)
-    assert (t.mode, t.policy) == ("writeback", "smq")
+    assert fake.lvchanges()[-1] == ("--cachemode", "writeback", "--cachepolicy", "smq")  # LVM's mode, no wait
+    assert fake.live == TABLE
 
 
 @pytest.mark.parametrize(("stderr", "error"), [

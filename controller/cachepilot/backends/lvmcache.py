@@ -5,10 +5,10 @@ activation).
 What LVM does (lvm2 tools/lvchange.c ``_lvchange_cache``, lib/metadata/cache_manip.c): ``--cachemode`` on a cache
 with dirty blocks first waits for it to be clean (loading the cleaner itself, polling) and refuses if that is
 interrupted; ``--cachepolicy`` and ``--cachesettings`` are written to the metadata and the table reloaded. So a
-drain is ``lvchange --cachepolicy cleaner`` (the mode stays: a mode change would block until clean), polled tick by
-tick until ``dirty`` reads 0, and only then ``lvchange --cachemode`` with the policy put back in the same command.
-Unlike a raw dm-cache drain (which loads writethrough at once) write hits stay write-back while the cleaner runs;
-under a write load the drain may then need the origin idle to finish (``Capabilities.drain_needs_idle``).
+drain is ``lvchange --cachepolicy cleaner`` alone (a mode change would block until clean; LVM loads the cleaner in
+writethrough, so no new dirty blocks appear), polled tick by tick until ``dirty`` reads 0, and only then
+``lvchange --cachemode M --cachepolicy P`` with the saved policy. As on raw dm-cache, recently written blocks are
+written back only once the origin idles (``Capabilities.drain_needs_idle``).
 Reads (mode, policy, dirty, counters) come from ``dmsetup table|status``, which is what the kernel runs.
 """
 
@@ -21,6 +21,7 @@ from cachepilot.backends.capabilities import BYPASS, WRITEBACK, WRITETHROUGH, Ca
 from cachepilot.backends.host import BlockDev, Host, ToolResult
 from cachepilot.backends.kinds import Kind, KnobDef
 from cachepilot.backends.operation import Operation, Setting
+from cachepilot.engine.actions import Drain
 from cachepilot.errors import CachepilotError, DeviceGone, KernelRejected, RetryLater
 from cachepilot.models.volume import VolumeInfo, VolumeSample
 
@@ -78,8 +79,19 @@ class LvmCacheBackend(dmcache.DmCacheBackend):
         if r.returncode != 0:
             raise classify_lvchange(argv, r)
 
+    def lvm_mode(self) -> str:
+        """The cache mode in LVM's metadata (the live table says writethrough while the cleaner runs)."""
+        argv = ("lvs", "--noheadings", "-o", "cache_mode", self.lv)
+        r = self.host.tool(argv, 30.0)
+        if r.returncode != 0:
+            raise classify_lvchange(argv, r)
+        return r.stdout.strip()
+
     def table_setting(self, what: str) -> Setting:
-        """Mode and policy as one setting (``mode/policy``), read from the live table, changed by lvchange."""
+        """Mode and policy as one setting (``mode/policy``), read from the live table, changed by lvchange. The
+        cleaner is asked for alone (a mode change would wait inside lvchange until the cache is clean); LVM loads
+        it in writethrough (seen with lvm2 2.03.16), so no new dirty blocks appear while it runs. Any other value
+        names both, so that LVM's metadata holds the mode the table shows."""
 
         def get() -> str:
             t = self.table()
@@ -87,13 +99,15 @@ class LvmCacheBackend(dmcache.DmCacheBackend):
 
         def put(value: str) -> None:
             mode, policy = value.split("/")
-            t = self.table()
-            args = (("--cachemode", mode) if mode != t.mode else ()) + \
-                (("--cachepolicy", policy) if policy != t.policy else ())
-            if args:
-                self.lvchange(*args)
+            if policy == "cleaner":
+                self.lvchange("--cachepolicy", policy)
+            else:
+                self.lvchange("--cachemode", mode, "--cachepolicy", policy)
 
-        return Setting(f"{self.lv} cache mode/policy ({what})", get, put)
+        def matches(readback: str, wanted: str) -> bool:
+            return readback == wanted or (wanted.endswith("/cleaner") and readback.endswith("/cleaner"))
+
+        return Setting(f"{self.lv} cache mode/policy ({what})", get, put, matches)
 
     def migration_threshold_setting(self) -> Setting:
         return Setting(f"{self.lv} migration_threshold",
@@ -101,24 +115,26 @@ class LvmCacheBackend(dmcache.DmCacheBackend):
                        lambda v: self.lvchange("--cachesettings", f"migration_threshold={v}"))
 
     def _begin_drain(self, op: Operation, mode: str, reason: str) -> bool:
-        """Clean: load ``mode`` (True). Dirty: the cleaner policy in the live mode (lvchange changes a mode only
-        on a clean cache); the end of the cleaner makes the mode change together with the saved policy."""
+        """Clean: load ``mode`` (True). Dirty: the cleaner (by itself: see :meth:`table_setting`); the end of the
+        cleaner loads the saved mode with the saved policy in one lvchange, the cache clean by then."""
+        if isinstance(op.action, Drain) and self.table().policy == "cleaner":
+            # a cleaner left live (a daemon that died mid-drain) shows writethrough: LVM keeps the mode to go back to
+            mode = op.data["mode"] = self.lvm_mode()
         if self.status().dirty_blocks == 0:
             if self.table().mode != mode:
                 op.put(self.table_setting("mode"), f"{mode}/{op.data['policy']}", reason)
             op.phase = "clean"
             return True
         op.phase = "cleaning"
-        op.put(self.table_setting("cleaner"), f"{self.table().mode}/cleaner", f"drain: {reason}")
+        op.put(self.table_setting("cleaner"), "writethrough/cleaner", f"drain: {reason}")
         op.data["cleaner"] = "1"
         return False
 
     def _undo(self, op: Operation) -> None:
-        """An abandoned drain puts back the saved policy in the live mode: asking lvchange for a mode change on a
-        cache that is still dirty would block until it is clean."""
+        """An abandoned drain puts back the saved policy in the mode LVM's metadata still has: asking lvchange for
+        another mode on a cache that is still dirty would block until it is clean."""
         if op.data.pop("cleaner", None):
-            op.put(self.table_setting("policy"), f"{self.table().mode}/{op.data['policy']}",
-                   f"undo {op.action.kind}")
+            op.put(self.table_setting("policy"), f"{self.lvm_mode()}/{op.data['policy']}", f"undo {op.action.kind}")
 
 
 # ------------------------------------------------------------------ the kind: discovery, description, samples
