@@ -19,10 +19,11 @@ BASE_PY   ?= $(shell command -v python3.11 || command -v python3)
 APT_PACKAGES := clang llvm libbpf-dev libbpf1 bpftool make gcc \
 	qemu-system-x86 qemu-utils busybox-static cpio zstd xz-utils kmod \
 	bcache-tools dmsetup lvm2 thin-provisioning-tools e2fsprogs xfsprogs util-linux fio \
-	prometheus prometheus-node-exporter ansible ansible-lint yamllint systemd procps file openssh-server
+	prometheus prometheus-node-exporter ansible ansible-lint yamllint systemd procps file openssh-server \
+	python3-yaml python3-jsonschema python3-prometheus-client python3-numpy python3-zstandard python3-rich
 
 .PHONY: help deps deps-system deps-python deps-lab bpf lint test test-unit test-bpf test-vm test-ops \
-	demo bench lab-shell clean distclean
+	demo bench lab-shell package clean distclean
 
 help:
 	@echo "make deps       install system packages, the virtualenv, the lab kernel and initramfs"
@@ -30,6 +31,7 @@ help:
 	@echo "make test       lint + every test level (unit, bpf, vm, ops)"
 	@echo "make bench      benchmarks (not part of make test)"
 	@echo "make lab-shell  an interactive shell in the lab guest"
+	@echo "make package    dist/: a wheel with the BPF object inside, and cachepilot_<version>_amd64.deb"
 
 deps: deps-system deps-python deps-lab bpf
 
@@ -61,6 +63,7 @@ lint: deps-python
 	$(RUFF) check controller tests tests/vm/lab
 	$(VENV)/bin/mypy
 	$(VENV)/bin/vulture controller/cachepilot --min-confidence 100
+	$(PY) tests/import_layers.py controller/cachepilot
 
 # One pytest run over every level that exists; each level's fixtures do their own set-up (tracefs, loop devices, the lab).
 test: deps-python bpf lint
@@ -89,8 +92,13 @@ bench: deps-python bpf
 lab-shell:
 	tests/vm/lab shell
 
+# The wheel carries the CO-RE object (built once, relocates on any kernel with BTF); the .deb installs it under
+# Debian's Python with Debian's modules, the unit, an example configuration, the default policy and a man page.
+package: deps-python bpf
+	packaging/build-package.sh $(ROOT) $(PY)
+
 clean:
-	rm -rf build .pytest_cache .ruff_cache
+	rm -rf build dist .pytest_cache .ruff_cache
 	@if [ -f bpf/Makefile ]; then $(MAKE) -C bpf clean; fi
 
 distclean: clean

@@ -3,8 +3,9 @@
  * cachepilot: the one contract between the BPF programs and user space.
  *
  * Every ring-buffer event and every map key/value layout lives here. The Python view of these structs
- * (controller/cachepilot/probe/layout.py) is checked against the compiled object's BTF by tests/bpf/test_layout.py,
- * so change both together.
+ * (controller/cachepilot/bpf_layout.py) is checked against the compiled object's BTF by tests/bpf/test_layout.py and
+ * against this text by tests/unit/test_layouts.py, as is the table of event kinds (controller/cachepilot/records.py:
+ * a new CP_EV_* gets its record there), so change them together.
  *
  * Conventions: dev is the kernel's dev_t (major << 20 | minor); timestamps are bpf_ktime_get_ns() (CLOCK_MONOTONIC);
  * sectors are 512 bytes; fs blocks are in the filesystem's block size.

@@ -14,7 +14,7 @@ import pkgutil
 import sys
 
 from cachepilot import __version__, commands
-from cachepilot.errors import UserError
+from cachepilot.errors import CachepilotError
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -45,8 +45,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(handler(args) or 0)
-    except UserError as exc:
-        print(f"cachepilot: {exc}", file=sys.stderr)
+    except CachepilotError as exc:  # bad input, or a device that vanished or refused: one line
+        from cachepilot.display import escape  # the message may carry a name or the daemon's words: one safe line
+
+        print(f"cachepilot: {escape(str(exc), backslash=False)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -2,8 +2,8 @@
 
 Files are (dev, inode, generation) everywhere in cachepilot; a path is only looked up when a person asks
 (`cachepilot top`), by opening the file by handle on its filesystem and reading back the name the kernel has for
-it. Names are hostile input: control characters, invalid UTF-8 and terminal escapes are escaped, never passed
-through.
+it. Names are hostile input, and so is whatever the daemon sends (it repeats names it read): ``escape`` is the one
+function every human output (status, top, explain, clear-latch, the CLI's error line) passes them through.
 """
 
 from __future__ import annotations
@@ -14,19 +14,26 @@ import os
 from cachepilot.actuators.promote import open_by_handle  # the one open_by_handle_at (ext4 handles)
 
 
-def escape(text: str) -> str:
-    """Printable text: control characters, DEL, C1 controls and undecodable bytes become \\xNN escapes."""
+def escape(text: str, *, backslash: bool = True) -> str:
+    """Text that cannot move the cursor, reorder or hide what follows: every character Python does not call
+    printable (C0 and C1 controls, DEL; format characters such as the bidirectional override U+202E, the isolates
+    and the zero-width ones; line and paragraph separators; spaces other than ' '; unassigned and private-use code
+    points) and every undecodable byte becomes an escape: \\xNN, \\uNNNN or \\UNNNNNNNN. A backslash is doubled, so
+    an escape is never ambiguous, unless ``backslash`` is False (a message that carries its own escapes, from
+    ``ascii()``, stays readable)."""
+    if text.isprintable() and "\\" not in text:
+        return text  # the common case, at no cost
     out = []
     for ch in text:
         o = ord(ch)
         if 0xDC80 <= o <= 0xDCFF:  # surrogateescape'd byte of invalid UTF-8
             out.append(f"\\x{o - 0xDC00:02x}")
-        elif o < 0x20 or 0x7F <= o < 0xA0:
-            out.append(f"\\x{o:02x}")
         elif ch == "\\":
-            out.append("\\\\")
-        else:
+            out.append("\\\\" if backslash else ch)
+        elif ch.isprintable():
             out.append(ch)
+        else:
+            out.append(f"\\x{o:02x}" if o <= 0xFF else f"\\u{o:04x}" if o <= 0xFFFF else f"\\U{o:08x}")
     return "".join(out)
 
 

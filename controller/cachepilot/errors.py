@@ -2,14 +2,22 @@
 
 - :class:`UserError` (alias :class:`ConfigError`): bad input the operator gave (config, policy, trace file,
   device name, CLI argument). The CLI prints one line and exits 2; the daemon logs it and keeps its last good state.
-- :class:`KernelRejected`: the kernel refused a write (sysfs EINVAL, a dm message or reload rejected). A config
-  problem for that volume: logged, counted, not retried until the input changes.
-- :class:`DeviceGone`: the volume or one of its devices vanished. The daemon drops or marks the volume.
-- :class:`RetryLater`: busy (EBUSY, EAGAIN, a dmsetup time-out): retried with backoff, counted.
+- :class:`KernelError`: what the kernel or a device answered when cachepilot read or wrote it — not the operator's
+  input, so never caught as a :class:`UserError`. One of:
+
+  - :class:`KernelRejected`: the kernel refused a write (sysfs EINVAL, a dm message or reload rejected). A config
+    problem for that volume: logged, counted, not retried until the input changes.
+  - :class:`DeviceGone`: the volume or one of its devices vanished. The daemon drops or marks the volume.
+  - :class:`RetryLater`: busy (EBUSY, EAGAIN, a dmsetup time-out): retried with backoff, counted.
+
+  :func:`classify_errno` is the one rule from an errno to these classes.
 - :class:`FatalError`: the controller cannot run at all (probe unusable at start). The daemon exits with the reason.
 """
 
 from __future__ import annotations
+
+import errno
+import os
 
 
 class CachepilotError(Exception):
@@ -30,19 +38,24 @@ class UserError(CachepilotError):
 ConfigError = UserError
 
 
-class KernelRejected(UserError):
+class KernelError(CachepilotError):
+    """The kernel's or a device's answer to a read or write of ours, classified by what the caller should do. Only
+    its subclasses are raised (so it declares no ``kind`` of its own: each subclass is a failure class)."""
+
+
+class KernelRejected(KernelError):
     """The kernel refused a control write (EINVAL from sysfs, a rejected dm message or table)."""
 
     kind = "rejected"
 
 
-class DeviceGone(UserError):
+class DeviceGone(KernelError):
     """A volume or one of its devices went away (ENOENT/ENODEV/ENXIO on its sysfs or dm node)."""
 
     kind = "gone"
 
 
-class RetryLater(CachepilotError):
+class RetryLater(KernelError):
     """Busy or timed out (EBUSY, EAGAIN, a dmsetup that did not answer): try again after a backoff."""
 
     kind = "retry"
@@ -52,3 +65,24 @@ class FatalError(CachepilotError):
     """The controller cannot run (e.g. the probe cannot attach); the daemon exits with this reason."""
 
     kind = "fatal"
+
+
+_GONE = frozenset({errno.ENOENT, errno.ENODEV, errno.ENXIO})
+_RETRY = frozenset({errno.EBUSY, errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT})
+
+
+def classify_errno(code: int | None, what: str) -> KernelError:
+    """The one rule from an errno of a read or write (sysfs, FITRIM, open_by_handle_at...) to an error class.
+
+    Vanished device → DeviceGone; busy or interrupted → RetryLater; anything else (EINVAL, ERANGE, EOPNOTSUPP,
+    EPERM, EACCES, EROFS, and an errno not listed here, e.g. EIO) → KernelRejected. An unknown errno is a refusal
+    rather than a reason to retry: nothing says it is transient, and retrying would repeat, up to MAX_RETRIES times
+    with a warning each, a write the kernel refused for a reason we cannot name. A rejection is not final either:
+    the engine asks again for a switch or knob after its own retry interval and re-queues a failed discard.
+    """
+    text = f"{what}: {os.strerror(code) if code else 'failed'}"
+    if code in _GONE:
+        return DeviceGone(text)
+    if code in _RETRY:
+        return RetryLater(text)
+    return KernelRejected(text)

@@ -28,8 +28,8 @@ sys.path.insert(0, str(ROOT / "tests" / "bpf"))
 from bpf_support import make_loop_ext4  # noqa: E402
 from labbench import OUT_ROOT  # noqa: E402  (results land next to the lab benchmarks', for summary.py)
 
+from cachepilot import bpf_layout as L  # noqa: E402
 from cachepilot.probe import HOOKS, Probe  # noqa: E402
-from cachepilot.probe import layout as L  # noqa: E402
 
 RUNTIME = int(os.environ.get("BENCH_RUNTIME", "2"))
 PAIRS = int(os.environ.get("BENCH_PAIRS", "12"))

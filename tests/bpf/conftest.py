@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from bpf_support import LAB_CACHED_DEV, ROOT, LoopFs, lab_volume, make_loop_ext4, run, settle
 
-from cachepilot.probe.probe import DEFAULT_OBJECT, TRACEFS, Probe
+from cachepilot.probe.probe import CHECKOUT_OBJECT, TRACEFS, Probe
 
 
 @pytest.fixture(scope="session")
@@ -31,7 +31,7 @@ def bpf_env() -> None:
             pytest.fail(f"tracefs is not mounted and mounting it failed: {r.stderr.strip()}", pytrace=False)
     # in the lab guest the host-built object is used as is (CO-RE relocates it on the guest's kernel)
     r = run("true") if LAB_CACHED_DEV else run("make", "-s", "-C", str(ROOT / "bpf"), check=False)
-    if r.returncode != 0 or not DEFAULT_OBJECT.is_file():
+    if r.returncode != 0 or not CHECKOUT_OBJECT.is_file():
         pytest.fail(f"building the BPF object failed:\n{r.stdout}\n{r.stderr}", pytrace=False)
 
 

@@ -6,9 +6,9 @@ import ctypes as C
 
 import pytest
 
-from cachepilot.probe import layout as L
+from cachepilot import bpf_layout as L
 from cachepilot.probe import libbpf
-from cachepilot.probe.probe import DEFAULT_OBJECT, HOOKS
+from cachepilot.probe.probe import CHECKOUT_OBJECT, HOOKS
 
 pytestmark = pytest.mark.bpf
 
@@ -16,8 +16,8 @@ pytestmark = pytest.mark.bpf
 @pytest.fixture(scope="module")
 def btf(bpf_env: None):
     h = libbpf.lib()
-    b = h.btf__parse(str(DEFAULT_OBJECT).encode(), None)
-    assert b, f"cannot parse the BTF of {DEFAULT_OBJECT}"
+    b = h.btf__parse(str(CHECKOUT_OBJECT).encode(), None)
+    assert b, f"cannot parse the BTF of {CHECKOUT_OBJECT}"
     yield b
     h.btf__free(b)
 
@@ -41,7 +41,7 @@ def test_hot_slot_fast_format_matches(btf) -> None:
 def test_every_program_is_known(bpf_env: None) -> None:
     """Each program in the object has a HOOKS entry (so a failed attach can be explained)."""
     h = libbpf.lib()
-    obj = h.bpf_object__open_file(str(DEFAULT_OBJECT).encode(), None)
+    obj = h.bpf_object__open_file(str(CHECKOUT_OBJECT).encode(), None)
     assert obj
     try:
         names = set()

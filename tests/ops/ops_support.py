@@ -16,12 +16,14 @@ from cachepilot.exporter import (
     TICK_BUCKETS,
     DaemonSnapshot,
     HistogramAccumulator,
+    UnmanagedVolume,
     VolumeSnapshot,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = ROOT / "dashboards"
 GiB, MiB, KiB = 1 << 30, 1 << 20, 1 << 10
+CACHE_SET = "0d1d5ad2-0a1c-4d2f-9b1a-7c2a3e4f5a6b"  # bcache0's cache set (tests/ops/data/node: node_exporter's view)
 
 
 def need_tool(name: str) -> str:
@@ -41,7 +43,8 @@ def snapshot(step: int = 1, now: float = 1_800_000_000.0) -> DaemonSnapshot:
     """The daemon after `step` ticks of one second: two volumes, counters growing with `step`.
 
     bcache0: bcache in write-back under the destructive model (bounded), with bypasses;
-    lab-cached (dm-3): dm-cache in write-through, unbounded (recoverable), no bypass counter."""
+    lab-cached (dm-3): dm-cache in write-through, unbounded (recoverable), no bypass counter, no error count;
+    bcache1: found, not managed (two policy files' rules select it)."""
     ticks = HistogramAccumulator(TICK_BUCKETS)
     epochs = HistogramAccumulator(EPOCH_BUCKETS)
     for i in range(step):
@@ -54,11 +57,11 @@ def snapshot(step: int = 1, now: float = 1_800_000_000.0) -> DaemonSnapshot:
         age_bound_seconds=30.0, drains=step // 10, exposure_breaches=0,
         hits=900 * step, misses=100 * step, bypasses=5 * step, bypassed_bytes=5 * 128 * KiB * step,
         promoted_bytes=MiB * step, discard_issued_bytes=256 * KiB * step, discard_landed_bytes=192 * KiB * step,
-        barriers=3 * step, epoch_bytes=epochs.freeze(),
+        barriers=3 * step, epoch_bytes=epochs.freeze(), cache_set=CACHE_SET,
     )
     dmcache = VolumeSnapshot(
         volume="lab-cached", device="dm-3", kind="dm-cache", mode="writethrough", target_mode="writethrough",
-        health=0, latched=False, draining=False, cache_bytes=240 * MiB, cache_io_errors=0,
+        health=0, latched=False, draining=False, cache_bytes=240 * MiB, cache_io_errors=None,
         dirty_bytes=0, dirty_age_seconds=0.0, dirty_bound_bytes=None, age_bound_seconds=None, drains=0,
         exposure_breaches=0, hits=500 * step, misses=500 * step, bypasses=None,
         promoted_bytes=0, discard_issued_bytes=64 * KiB * step, discard_landed_bytes=64 * KiB * step,
@@ -74,7 +77,8 @@ def snapshot(step: int = 1, now: float = 1_800_000_000.0) -> DaemonSnapshot:
         action_failures={"retry": 1, "rejected": 0},
         policy_reloads=1, policy_reload_failures=0, policy_last_reload_success=True,
         state_writes=step // 30, state_write_failures=0,
-        volumes=(bcache, dmcache),
+        volumes=(bcache, dmcache), unmanaged=(UnmanagedVolume("bcache1", "bcache1", "policy"),),
+        version="1.2.3", kernel="6.1.0-lab", bpf_object="0123456789ab",
     )
 
 

@@ -116,6 +116,18 @@ def test_converges_idempotent_check_mode_and_a_refused_policy_stops_the_rollout(
     assert not (tmp_path / "r2").exists(), "the second batch ran after the first failed"
 
 
+def test_policies_that_overlap_each_other_are_refused_together(tmp_path: Path) -> None:
+    # each policy is valid alone; the daemon combines them and could only leave the volume both select unmanaged
+    main = {**POLICY, "volumes": [{"name": "db", "match": {"device": "bcache*"}}]}
+    extra = {"version": 1, "volumes": [{"name": "db0", "match": {"device": "bcache0"}}]}
+    root = tmp_path / "root"
+    rc, out = playbook(tmp_path, {"h1": {"cachepilot_root": str(root), "cachepilot_policy": main,
+                                         "cachepilot_extra_policies": {"db0": extra}}})
+    assert rc != 0 and recap(out)["h1"]["failed"] == 1, out
+    assert "cachepilot_extra_policies.db0:" in out and "overlaps rule 'db' (cachepilot_policy:" in out, out
+    assert not (root / "etc" / "cachepilot").exists(), out  # nothing written
+
+
 def test_bad_variables_fail_early_naming_the_variable(tmp_path: Path) -> None:
     roots = {h: tmp_path / h for h in ("model", "size", "listen", "fine")}
     bad_model = {**POLICY, "volumes": [{"name": "db", "match": {"device": "bcache*"}, "failure_model": "sometimes"}]}
@@ -148,3 +160,42 @@ def test_the_hosts_policy_check_loads_only_the_policy_command(tmp_path: Path) ->
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[-1] == "['cachepilot.commands.policy']", r.stdout
+
+
+def test_batches_come_from_the_inventory(tmp_path: Path) -> None:
+    """cachepilot_serial set in the inventory sizes the rollout's batches (a play's `serial` sees only extra vars and
+    the role's default otherwise); an extra var still wins; hosts that disagree stop the rollout naming the values.
+    (`--tags` matching nothing: only the batching runs, one play banner per batch.)"""
+    hosts = {h: {"cachepilot_serial": 2, "cachepilot_policy": POLICY} for h in ("a", "b", "c")}
+    rc, out = playbook(tmp_path, hosts, "--tags", "none_such")
+    assert rc == 0 and out.count("PLAY [Roll out cachepilot in batches]") == 2, out
+    rc, out = playbook(tmp_path, hosts, "--tags", "none_such", "-e", "cachepilot_serial=3")
+    assert rc == 0 and out.count("PLAY [Roll out cachepilot in batches]") == 1, out
+    hosts["c"]["cachepilot_serial"] = 1
+    rc, out = playbook(tmp_path, hosts, "--tags", "none_such")
+    assert rc != 0 and "cachepilot_serial differs between hosts (2, 1)" in out, out
+    assert "PLAY [Roll out cachepilot in batches]" not in out
+
+
+def test_argument_specs_describe_every_option() -> None:
+    role = PLAYBOOKS / "roles" / "cachepilot"
+    specs = yaml.safe_load((role / "meta" / "argument_specs.yml").read_text())["argument_specs"]
+    defaults = yaml.safe_load((role / "defaults" / "main.yml").read_text())
+    for entry, spec in specs.items():
+        assert spec.get("description"), entry
+        for name, opt in spec["options"].items():
+            assert isinstance(opt.get("description"), str) and len(opt["description"]) > 10, (entry, name)
+    assert set(defaults) <= set(specs["main"]["options"])  # every variable of the role is described
+
+
+def test_a_package_that_does_not_match_its_pin_stops_the_run(tmp_path: Path) -> None:
+    """Install method deb: the .deb's SHA-256 and name are checked against the pin on the controller before any
+    host changes (check mode: nothing on this host is touched either way)."""
+    deb = tmp_path / "cachepilot_0.1.0_amd64.deb"
+    deb.write_bytes(b"not the package")
+    host = {"cachepilot_policy": POLICY, "cachepilot_install_method": "deb", "cachepilot_executable": str(EXE),
+            "cachepilot_deb_src": str(deb), "cachepilot_version": "0.1.0", "cachepilot_deb_sha256": "ab" * 32}
+    rc, out = playbook(tmp_path, {"h1": host}, "--check")
+    assert rc != 0 and "Check the package against its pin" in out, out
+    assert f"is not cachepilot_0.1.0_amd64.deb with cachepilot_deb_sha256 {'ab' * 32}" in out, out
+    assert "Copy the package to the host" not in out.split("Check the package against its pin")[1].split("RECAP")[0]

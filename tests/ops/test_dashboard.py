@@ -17,8 +17,18 @@ from pathlib import Path
 
 import pytest
 import yaml
-from dashboard_support import DASHBOARD, RULES, Prometheus, api, panels, queries, wait_for_every_query
-from ops_support import free_port, promtool, snapshot
+from dashboard_support import (
+    DASHBOARD,
+    RULES,
+    NodeExporter,
+    Prometheus,
+    api,
+    node_fixture,
+    panels,
+    queries,
+    wait_for_every_query,
+)
+from ops_support import CACHE_SET, free_port, promtool, snapshot
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -40,6 +50,16 @@ def metric_names(expr: str) -> set[str]:
     return names
 
 
+def node_names(tmp: Path) -> set[str]:
+    """What node_exporter's diskstats and bcache collectors export (from the fixture /proc and /sys)."""
+    node = NodeExporter(node_fixture(tmp / "node", CACHE_SET))
+    try:
+        text = node.metrics()
+    finally:
+        node.stop()
+    return {s.name for f in text_string_to_metric_families(text) for s in f.samples if s.name.startswith("node_")}
+
+
 def exporter_names() -> set[str]:
     box = SnapshotBox()
     box.publish(snapshot())
@@ -53,7 +73,7 @@ def recorded_names() -> set[str]:
 
 def test_panels_are_complete() -> None:
     dash = json.loads(DASHBOARD.read_text())
-    assert {v["name"] for v in dash["templating"]["list"]} == {"datasource", "instance", "volume"}
+    assert {v["name"] for v in dash["templating"]["list"]} == {"datasource", "job", "instance", "volume"}
     titles = [p["title"] for p in panels()]
     assert len(titles) == len(set(titles))
     for p in panels():
@@ -65,6 +85,24 @@ def test_panels_are_complete() -> None:
     for needed in ("hit_ratio", "dirty_bound_bytes", "epoch_size_bytes", "barriers", "discard_landed", "promoted",
                    "volume_mode:code", "cachepilot_ready", "tick_duration"):
         assert needed in text, needed
+    # and issue 24: the controller's own state, and the stock cache's metrics from node_exporter beside ours
+    for needed in ("exposure_breaches_total", "drains_total", "target_mode:code", "cachepilot_dry_run",
+                   "cachepilot_observe_only", "cachepilot_volume_unmanaged", "process_resident_memory_bytes",
+                   "cachepilot_build_info", "node_disk_", "node_bcache_"):
+        assert needed in text, needed
+
+
+def test_the_job_is_a_variable_in_every_query() -> None:
+    # the job carrying the metrics (cachepilot's exporter, or node_exporter with the textfile) is chosen, not assumed
+    dash = json.loads(DASHBOARD.read_text())
+    assert 'job="' not in DASHBOARD.read_text()
+    for v in dash["templating"]["list"]:
+        if v["name"] in ("instance", "volume"):
+            assert 'job=~"$job"' in v["query"]["query"], v["name"]
+    for p in panels():
+        for t in p["targets"]:
+            for m in re.finditer(r"(?<![\w:])((?:[a-z]+:)?cachepilot_[a-z0-9_:]+|up)(\{[^}]*\})?", t["expr"]):
+                assert m.group(2) and 'job=~"$job"' in m.group(2), (p["title"], m.group(0))
 
 
 def test_every_query_parses_and_uses_only_known_metrics(tmp_path: Path) -> None:
@@ -74,7 +112,7 @@ def test_every_query_parses_and_uses_only_known_metrics(tmp_path: Path) -> None:
     (tmp_path / "q.yml").write_text(yaml.safe_dump(rules))
     r = promtool("check", "rules", str(tmp_path / "q.yml"))
     assert r.returncode == 0, r.stdout + r.stderr
-    known = exporter_names() | recorded_names() | {"up"}
+    known = exporter_names() | recorded_names() | {"up"} | node_names(tmp_path)
     for where, expr in queries():
         assert metric_names(expr), where
         assert metric_names(expr) <= known, f"{where}: unknown metrics {metric_names(expr) - known}"
@@ -97,12 +135,16 @@ def prometheus(tmp_path: Path) -> Iterator[str]:
     publisher = threading.Thread(target=loop, daemon=True)
     publisher.start()
     server = serve(f"127.0.0.1:{free_port()}", make_registry(box))
-    prom = Prometheus(tmp_path, {f"127.0.0.1:{server.port}": f"127.0.0.1:{server.port}"})
+    # node_exporter of the same host under the same instance label, so its metrics join ours
+    node = NodeExporter(node_fixture(tmp_path / "node", CACHE_SET))
+    instance = f"127.0.0.1:{server.port}"
+    prom = Prometheus(tmp_path, {instance: instance}, jobs={"node": {node.address: instance}})
     try:
         yield prom.base
         assert not prom.alive(), prom.alive()
     finally:
         prom.stop()
+        node.stop()
         stop.set()
         publisher.join(5)
         server.close()
@@ -121,3 +163,11 @@ def test_every_panel_returns_data_from_a_real_prometheus(prometheus: str) -> Non
     assert hit == pytest.approx({"bcache0": 0.9, "lab-cached": 0.5})
     mode = {r["metric"]["volume"]: r["value"][1] for r in results["Write mode/A"]}
     assert mode == {"bcache0": "1", "lab-cached": "2"}
+    unmanaged = {r["metric"]["volume"]: r["metric"]["reason"] for r in results["Unmanaged volumes/A"]}
+    assert unmanaged == {"bcache1": "policy"}
+    # node_exporter's metrics, named by our volumes through the labels they share
+    disk = results["Disk throughput of the cached devices (node_exporter)/A"]
+    assert {r["metric"]["volume"] for r in disk} == {"bcache0", "lab-cached"}
+    bcache_set = results["bcache cache sets (node_exporter)/A"]
+    assert [(r["metric"]["volume"], float(r["value"][1])) for r in bcache_set] == [("bcache0", 24 << 20)]
+    assert api(prometheus, "label/job/values", **{"match[]": "cachepilot_ready"}) == ["cachepilot"]

@@ -4,6 +4,8 @@ summary, description, a runbook in the repository) and has cases that must fire 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ from ops_support import DASHBOARDS, ROOT, promtool
 pytestmark = pytest.mark.ops
 
 RULES = DASHBOARDS / "prometheus" / "cachepilot.rules.yml"
+BUILD = DASHBOARDS / "prometheus" / "build_rules.py"
 TESTS = DASHBOARDS / "prometheus" / "tests" / "cachepilot.test.yml"
 IO_RUNBOOKS = {"cache-device-errors", "dirty-over-bound", "write-back-stalled", "volume-bypass", "hit-ratio-collapse",
                "volume-latched", "event-drops"}
@@ -58,7 +61,8 @@ def test_every_alert_is_complete_and_its_runbook_exists() -> None:
     # the alerts issue 11 asks for
     assert names >= {
         "CachepilotCacheDeviceErrors", "CachepilotCacheDeviceFailed", "CachepilotVolumeLatched",
-        "CachepilotDirtyOverBound", "CachepilotExposureBreach", "CachepilotWriteBackStalled",
+        "CachepilotVolumeUnmanaged", "CachepilotDirtyOverBound", "CachepilotExposureBreach",
+        "CachepilotWriteBackStalled",
         "CachepilotDaemonDown", "CachepilotDaemonAbsent", "CachepilotEventDrops", "CachepilotVolumeBypass",
         "CachepilotHitRatioCollapse",
     }
@@ -107,3 +111,69 @@ def test_readme_alert_table_lists_every_alert() -> None:
     section = (ROOT / "README.md").read_text().split("**Rules**")[1].split("**Dashboard**")[0]
     documented = set(re.findall(r"`(Cachepilot[A-Za-z]+)`", section))
     assert documented == {a["alert"] for a in alerts()}
+
+
+# ---------------------------------------------------------------------------- the job and selector as variables
+def build(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(BUILD), *args], capture_output=True, text=True, timeout=60, cwd=tmp)
+
+
+def test_the_shipped_rules_are_the_builds_default_output(tmp_path: Path) -> None:
+    r = build(tmp_path)
+    assert r.returncode == 0 and r.stdout == RULES.read_text(), r.stderr
+
+
+BUILT_TEST = """
+rule_files: [built.rules.yml]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - {series: 'up{job="cp-prod",instance="h1:9854"}', values: '0x10'}
+      - {series: 'up{job="cachepilot",instance="h2:9854"}', values: '0x10'}
+      - {series: 'cachepilot_volume_latched{job="cp-prod",env="prod",instance="h1:9854",volume="a",device="a"}',
+         values: '1x10'}
+      - {series: 'cachepilot_volume_latched{job="cp-dev",env="dev",instance="h3:9854",volume="b",device="b"}',
+         values: '1x10'}
+    alert_rule_test:
+      - eval_time: 5m
+        alertname: CachepilotDaemonDown
+        exp_alerts:
+          - exp_labels: {severity: critical, job: cp-prod, instance: "h1:9854"}
+            exp_annotations:
+              summary: "cachepilot on h1:9854 does not answer"
+              description: "Prometheus cannot scrape cachepilot on h1:9854 for 2 minutes. The caches keep running in \\
+                the state it left them in, but nothing bounds dirty data or reacts to cache errors."
+              runbook_url: dashboards/runbooks/daemon-down.md
+      - eval_time: 5m
+        alertname: CachepilotVolumeLatched
+        exp_alerts:
+          - exp_labels: {severity: warning, job: cp-prod, env: prod, instance: "h1:9854", volume: a, device: a}
+            exp_annotations:
+              summary: "a is latched out of write-back (h1:9854)"
+              description: "A cache failure latched a: it stays out of write-back until the cache device is \\
+                replaced or an operator clears the latch."
+              runbook_url: dashboards/runbooks/volume-latched.md
+"""
+
+
+def test_a_build_for_another_job_and_selector_passes_promtool_and_selects_only_its_series(tmp_path: Path) -> None:
+    r = build(tmp_path, "--job", "cp-prod", "--selector", 'env="prod"')
+    assert r.returncode == 0, r.stderr
+    (tmp_path / "built.rules.yml").write_text(r.stdout)
+    check = promtool("check", "rules", str(tmp_path / "built.rules.yml"))
+    assert check.returncode == 0 and f"SUCCESS: {len(rules())} rules found" in check.stdout, check.stdout + check.stderr
+    built = [x for g in yaml.safe_load(r.stdout)["groups"] for x in g["rules"]]
+    for rule in built:  # every cachepilot selector carries the matchers; recording rules' names are left alone
+        for m in re.finditer(r"(?<![\w:])cachepilot_[a-z0-9_]+(?![\w:(])(\{[^}]*\})?", rule["expr"]):
+            assert m.group(1) and 'env="prod"' in m.group(1), (rule.get("alert") or rule.get("record"), m.group(0))
+    assert 'up{job="cp-prod"}' in r.stdout and 'up{job="cachepilot"}' not in r.stdout
+    (tmp_path / "built.test.yml").write_text(BUILT_TEST)
+    t = promtool("test", "rules", "built.test.yml", cwd=tmp_path)
+    assert t.returncode == 0 and "SUCCESS" in t.stdout, t.stdout + t.stderr
+
+
+@pytest.mark.parametrize("args", [["--job", "a b"], ["--selector", "env=prod"], ["--selector", '"x"']])
+def test_a_bad_job_or_selector_is_one_line_and_exit_2(tmp_path: Path, args: list[str]) -> None:
+    r = build(tmp_path, *args)
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1 and "build_rules:" in r.stderr, r

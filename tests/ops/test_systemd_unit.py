@@ -36,7 +36,7 @@ def analyzable(tmp_path: Path) -> Path:
     text = UNIT.read_text()
     assert text.count(EXEC_START) == 1
     copy = tmp_path / "cachepilot.service"
-    copy.write_text(text.replace(EXEC_START, EXEC_START.replace("/usr/local/bin/cachepilot", str(exe))))
+    copy.write_text(text.replace("/usr/local/bin/cachepilot", str(exe)))
     return copy
 
 
@@ -51,7 +51,11 @@ def test_what_the_service_must_be() -> None:
     assert one["Type"] == "notify" and one["NotifyAccess"] == "main"
     assert re.fullmatch(r"\d+s", one["WatchdogSec"])
     assert one["Restart"] == "on-failure" and int(one["StartLimitBurst"]) >= 1 and one["StartLimitIntervalSec"]
-    assert one["ExecReload"] == "/bin/kill -HUP $MAINPID"
+    # a synchronous reload: the command waits for the daemon's verdict (systemctl reload fails on a refused policy)
+    assert one["ExecReload"] == "/usr/local/bin/cachepilot reload --config /etc/cachepilot/config.yaml"
+    # the device groups of DeviceAllow resolve at start: the cache modules load first
+    for key in ("Wants", "After"):
+        assert {"modprobe@bcache.service", "modprobe@dm_mod.service"} <= set(" ".join(d[key]).split())
     # no restart loop for what a restart cannot fix: bad configuration (2), cannot run here (3)
     assert set(one["RestartPreventExitStatus"].split()) == {"2", str(EXIT_FATAL)}
     assert f"ExecStart={one['ExecStart']}" == EXEC_START
@@ -59,8 +63,9 @@ def test_what_the_service_must_be() -> None:
     assert one["ProtectSystem"] == "strict" and one["StateDirectory"] == "cachepilot"
     assert one["NoNewPrivileges"] == "yes" and one["MemoryMax"] and one["DevicePolicy"] == "closed"
     assert "ProtectKernelTunables" not in d and "PrivateDevices" not in d  # /sys writes and dm need them off
+    # CAP_FOWNER: O_NOATIME promotion reads of files root does not own
     assert set(one["CapabilityBoundingSet"].split()) == {"CAP_BPF", "CAP_PERFMON", "CAP_SYS_ADMIN",
-                                                         "CAP_DAC_READ_SEARCH"}
+                                                         "CAP_DAC_READ_SEARCH", "CAP_FOWNER"}
     assert "/dev/mapper/control rw" in d["DeviceAllow"]
     assert {"bpf", "perf_event_open", "open_by_handle_at"} <= set(d["SystemCallFilter"][0].split())
 

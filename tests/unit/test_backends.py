@@ -10,16 +10,17 @@ from pathlib import Path
 
 import pytest
 
+from cachepilot.actions import Drain, SetKnob, SetWritePolicy
 from cachepilot.backends import open_backend
 from cachepilot.backends.base import DONE, FAILED, PENDING
 from cachepilot.backends.bcache import BcacheBackend, size_matches
 from cachepilot.backends.dmcache import CacheTable, DmCacheBackend
 from cachepilot.backends.host import Host
+from cachepilot.backends.inspect import sample_volume
 from cachepilot.backends.kernelio import classify_dmsetup, classify_errno
 from cachepilot.backends.writecache import WritecacheBackend, WritecacheTable
-from cachepilot.engine.actions import Drain, SetKnob, SetWritePolicy
 from cachepilot.errors import DeviceGone, KernelRejected, RetryLater
-from cachepilot.models.volume import VolumeInfo
+from cachepilot.models.volume import VolumeInfo, VolumeState
 
 S = 1_000_000_000
 
@@ -451,3 +452,16 @@ def test_dmcache_drain_runs_in_writethrough_from_its_start_then_loads_writeback_
     fake.dirty = 0
     [done] = b.step(3 * S)
     assert done.status == DONE and fake.live == CACHE_TABLE
+
+
+def test_bcache_io_errors_decay_but_the_exported_count_never_goes_back(tmp_path: Path) -> None:
+    d = bcache_tree(tmp_path)
+    errors = d.parent.parent.parent / "fs" / "bcache" / "uuid" / "cache0" / "io_errors"
+    info = VolumeInfo(dev=1, name="bcache0", kind="bcache")
+    st = VolumeState(info)
+    risen = []
+    for ts, value in enumerate((0, 3, 1, 1, 2)):  # bcache halves its count as I/O goes by (io_error_halflife)
+        errors.write_text(f"{value}\n")
+        st.update(sample_volume(info, host=Host(sysfs=tmp_path), now_ns=ts + 1))
+        risen.append(st.io_errors_risen)
+    assert risen == [0, 3, 3, 3, 4]

@@ -39,13 +39,13 @@ VOL = {"dev": DEV, "name": "bcache0", "kind": "bcache", "fs_uuid": "abcd-1234", 
        "cache_bytes": 1 << 30, "fs_block_size": 4096, "fs_discard": False}
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, wall_s: float = WALL_GUARD_S) -> subprocess.CompletedProcess[str]:
     """Run the CLI under the limits; fails the test past the CPU bound or the wall-clock guard."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         # prlimit(1) sets the limits and execs the CLI in place (same pid): no preexec_fn in a threaded test
         limits = [PRLIMIT, f"--as={LIMIT_AS}", f"--cpu={int(CPU_S)}:{int(CPU_S) + 1}", "--"]
         proc = subprocess.Popen([*limits, CLI, *args], stdout=out, stderr=err, text=True)
-        deadline = time.monotonic() + WALL_GUARD_S
+        deadline = time.monotonic() + wall_s
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
@@ -53,7 +53,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
             if time.monotonic() > deadline:
                 proc.kill()
                 proc.wait()
-                pytest.fail(f"cachepilot {' '.join(args)}: no answer within {WALL_GUARD_S} s of wall time")
+                pytest.fail(f"cachepilot {' '.join(args)}: no answer within {wall_s} s of wall time")
             time.sleep(0.02)
         proc.returncode = os.waitstatus_to_exitcode(status)
         cpu = usage.ru_utime + usage.ru_stime
@@ -121,8 +121,66 @@ def test_hostile_policy(batch: dict[str, Result], case: str) -> None:
     assert_one_line(batch[f"policy:{case}"](), f"{case}.yaml", *POLICIES[case][1])
 
 
-def test_policy_dev_zero() -> None:
-    assert_one_line(run_cli("policy", "check", "/dev/zero"), "larger than")
+# ------------------------------------------------------------------ files that are not files
+
+HOSTILE_FILES: dict[str, tuple[Callable[[Path], None], str]] = {
+    # a FIFO nobody writes to: opening it must not wait for a writer
+    "fifo": (lambda p: os.mkfifo(p), "a FIFO or pipe, not a regular file"),
+    "dev-zero": (lambda p: p.symlink_to("/dev/zero"), "a character device, not a regular file"),
+    "sparse-5GiB": (lambda p: p.write_bytes(b"") or os.truncate(p, 5 << 30), "larger than"),  # checked before a read
+    "directory": (lambda p: p.mkdir(), "a directory, not a regular file"),
+}
+WHAT = {"config": ("run", "--check", "--config"), "policy": ("policy", "check"), "trace": ("replay",)}
+FILE_WALL_S = 10.0  # a blocking open would hang for good: fail fast (CPU time is bounded by run_cli)
+
+
+@pytest.mark.parametrize("kind", sorted(HOSTILE_FILES))
+@pytest.mark.parametrize("what", sorted(WHAT))
+def test_a_file_that_is_not_a_plain_small_file(tmp_path: Path, what: str, kind: str) -> None:
+    """A FIFO, /dev/zero (through a symlink), a sparse 5 GiB file or a directory given as a configuration,
+    policy or trace: one line naming the file and what it is, exit 2, at once, in bounded memory."""
+    f = tmp_path / f"{kind}.{what}"
+    make, expect = HOSTILE_FILES[kind]
+    make(f)
+    if what == "trace" and kind == "fifo":
+        expect = "file too short: 0 bytes"  # a trace may be a stream: a FIFO without a writer is empty
+    if what == "trace" and kind == "sparse-5GiB":
+        expect = "bad magic"  # a trace is streamed block by block: its size is no bound, its header is read
+    assert_one_line(run_cli(*WHAT[what], str(f), wall_s=FILE_WALL_S), str(f), expect)
+
+
+def test_replay_reads_a_trace_from_a_pipe(tmp_path: Path) -> None:
+    """`replay /dev/stdin` given a pipe streams it; --against (two passes) says it needs a file."""
+    f = tmp_path / "t.cptrace"
+    with TraceWriter(f, [VolumeInfo(**VOL)]) as w:  # type: ignore[arg-type]
+        w.write_many([HotnessDelta(FileKey(DEV, 12, 1), 64, 0, 4096, 0, 1, 4096), Tick(1), Tick(2)])
+    data = f.read_bytes()
+    r = subprocess.run([CLI, "replay", "-q", "/dev/stdin"], input=data, capture_output=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.decode().startswith("# 4 records, 2 ticks"), r
+    r = subprocess.run([CLI, "replay", "-q", "/dev/stdin", "--against", str(f)], input=data, capture_output=True,
+                       timeout=60)
+    assert r.returncode == 2 and r.stderr.decode().splitlines() == [
+        "cachepilot: /dev/stdin: --against replays the trace twice: give a file, not a pipe"], r
+
+
+def test_replay_of_a_cut_trace_says_so(tmp_path: Path) -> None:
+    """A trace without its END block (its writer killed) replays up to its last complete block: exit 0, one
+    warning line, and the summary says where it was cut."""
+    f = tmp_path / "t.cptrace"
+    with TraceWriter(f, [VolumeInfo(**VOL)]) as w:  # type: ignore[arg-type]
+        w.write_many([Tick(1), HotnessDelta(FileKey(DEV, 12, 1), 64, 0, 4096, 0, 1, 4096), Tick(2)])
+    data = f.read_bytes()
+    f.write_bytes(data[:-BLOCK.size - 3])  # END gone, the last tick block cut in its payload
+    r = run_cli("replay", "-q", str(f))
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines() == [f"cachepilot: warning: {f}: trace cut at offset {len(data) - 2 * BLOCK.size - 8} "
+                                     "(no END block: its writer was stopped); read 3 records up to there"]
+    assert r.stdout.startswith("# 3 records, 1 ticks") and "trace cut at offset" in r.stdout, r.stdout
+
+
+def test_simulate_trace_out_to_a_full_disk() -> None:
+    assert_one_line(run_cli("simulate", "--workload", "varmail", "--trace-out", "/dev/full"),
+                    "/dev/full: cannot write trace: No space left on device")
 
 
 def test_8000_rules_check_in_linear_time(tmp_path: Path) -> None:
@@ -229,7 +287,7 @@ TRACES: dict[str, tuple[Callable[[], bytes], tuple[str, ...]]] = {
     "unknown-codec": (lambda: _trace((T_HOT, b"x" * 56, 1, 7)), ("unknown codec 7",)),
     "sync-block-in-v1": (lambda: _trace((T_SYNC, b"x" * 38, 1), version=1), ("unknown block type 11",)),
     "version-3": (lambda: _trace(version=3), ("version 3",)),
-    "truncated": (lambda: _trace()[:-5], ("truncated",)),
+    "cut-in-meta-block": (lambda: _trace()[:HEADER.size + 20], ("cut at offset 16, before its meta block ended",)),
     "garbage-after-end": (lambda: _trace() + b"junk", ("garbage after the END",)),
     "bad-crc": (lambda: _trace()[:30] + b"X" + _trace()[31:], ("CRC",)),
     "empty-file": (lambda: b"", ("too short",)),
@@ -273,13 +331,13 @@ def batch(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Result]:
 
 
 def test_trace_dev_zero() -> None:
-    """The reader reads the header, not the whole file (/dev/zero never ends)."""
-    assert_one_line(run_cli("replay", "/dev/zero"), "bad magic")
+    """Not even the header is read from a character device (/dev/zero never ends)."""
+    assert_one_line(run_cli("replay", "/dev/zero"), "a character device, not a regular file")
 
 
 def test_trace_directory_and_missing(tmp_path: Path) -> None:
     assert_one_line(run_cli("replay", str(tmp_path)), "cannot read trace")
-    assert_one_line(run_cli("replay", str(tmp_path / "nope.cptrace")), "cannot read trace")
+    assert_one_line(run_cli("replay", str(tmp_path / "nope.cptrace")), "no such trace")
 
 
 def test_simulate_trace_out_into_missing_directory(tmp_path: Path) -> None:

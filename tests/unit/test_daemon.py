@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import stat
 import threading
@@ -16,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from cachepilot.actuators.discard import DiscardResult
-from cachepilot.actuators.promote import PromoteResult
+from cachepilot.actions import DiscardRanges, Drain, Promote, SetKnob, SetWritePolicy
 from cachepilot.backends.base import DONE, FAILED, PENDING, Backend, ControlAction, Outcome, Write
+from cachepilot.commands.status import render
 from cachepilot.daemon.config import DEFAULT_METRICS, load_config, parse_config
 from cachepilot.daemon.control import ControlServer, request
 from cachepilot.daemon.daemon import Daemon
@@ -26,10 +27,9 @@ from cachepilot.daemon.lock import DaemonLock
 from cachepilot.daemon.loop import TickLoop
 from cachepilot.daemon.state import MAX_HOT, StateFile
 from cachepilot.daemon.volumes import Found
-from cachepilot.engine.actions import DiscardRanges, Drain, Promote, SetKnob, SetWritePolicy
-from cachepilot.errors import DeviceGone, FatalError, RetryLater, UserError
-from cachepilot.events import FileKey, HotnessDelta, kdev
-from cachepilot.models.volume import VolumeInfo, VolumeSample
+from cachepilot.errors import DeviceGone, FatalError, KernelRejected, RetryLater, UserError
+from cachepilot.events import Delete, FileKey, HotnessDelta, kdev
+from cachepilot.models.volume import VolumeInfo, VolumeSample, VolumeState
 
 NS = 1_000_000_000
 DEV = kdev(252, 0)
@@ -103,6 +103,13 @@ def test_shipped_default_config_is_valid() -> None:
     ("version: 1\ntick: 1s\nbogus: 3\n", "c.yaml:3: bogus: unknown key"),
     ("version: 1\n\ntick: soon\n", "c.yaml:3: tick:"),
     ("version: 1\ntick: 10ms\n", "c.yaml:2: tick: must be at least 0.05 s"),
+    # absurd numbers: a traceback (ValueError) or a daemon that never ticks, before
+    ("version: 1\ntick: 1000000000\n", "c.yaml:2: tick: duration 1000000000 is longer than a year"),
+    ("version: 1\ntick: 11s\n", "c.yaml:2: tick: must be at most 10 s, got 11 s"),
+    ("version: 1\ntick: .inf\n", "c.yaml:2: '.inf' is not a finite number"),
+    ("version: 1\nrescan: 300d\n", "c.yaml:2: rescan: must be at most 3600 s"),
+    ("version: 1\nstate_interval: 1.0e+300\n", "c.yaml:2: state_interval: duration 1e+300 is longer than a year"),
+    ("version: 1\nmax_files: 1e300\n", "c.yaml:2: max_files:"),
     ("version: 1\npolicies:\n  - nope.yaml\n", "c.yaml:3: policies.0:"),
     ("version: 1\nmetrics:\n  listen: localhost\n", "c.yaml:3: metrics.listen: expected IP:PORT"),
     # the exporter binds an IP: a host name passing here would only fail once the daemon runs
@@ -427,6 +434,45 @@ def test_sighup_with_a_broken_policy_keeps_the_running_one(rig: Rig) -> None:
     assert rig.d.engine.policy.defaults.exposure.max_dirty == 2 << 20 and rig.d.policy_error is None
 
 
+def test_reload_command_waits_for_the_verdict_and_fails_on_a_refused_policy(
+        rig: Rig, capsys: pytest.CaptureFixture[str]) -> None:
+    """`cachepilot reload` (the unit's ExecReload) asks over the control socket and exits with the loop's verdict:
+    non-zero with the refusal line for a broken policy (the old one keeps running), 0 once a good one is in."""
+    from cachepilot.cli import main
+
+    rig.d.start()
+    loop = threading.Thread(target=rig.d.run)
+    loop.start()
+    try:
+        before = rig.d.engine.policy
+        sock = str(rig.d.config.socket)
+        write(rig.tmp / "p.yaml", "version: 1\ndefaults:\n  exposure: {max_dirty: lots}\n")
+        assert main(["reload", "--socket", sock]) == 2
+        err = capsys.readouterr().err
+        assert f"reload refused, the running policy is kept: {rig.tmp}/p.yaml:3: " in err and err.count("\n") == 1
+        assert rig.d.engine.policy is before and rig.d.counters["reloads_failed"] == 1
+        # as the unit's ExecReload says it: the socket from the configuration, whose policy is the broken one
+        assert main(["reload", "--config", str(rig.cfg_path)]) == 2
+        assert rig.d.counters["reloads_failed"] == 2  # the daemon was asked (not refused by the client itself)
+        assert "reload refused, the running policy is kept" in capsys.readouterr().err
+        write(rig.tmp / "p.yaml", POLICY_DESTRUCTIVE.replace("1MiB", "2MiB"))
+        assert main(["reload", "--config", str(rig.cfg_path)]) == 0  # the socket's path from the configuration
+        assert rig.d.engine.policy.defaults.exposure.max_dirty == 2 << 20 and rig.d.policy_error is None
+    finally:
+        rig.d.request_stop()
+        loop.join(10)
+
+
+def test_a_reload_nobody_answers_is_refused_in_bounded_time() -> None:
+    from cachepilot.daemon.reloads import ReloadRequests
+
+    r = ReloadRequests()
+    t0 = time.monotonic()
+    v = r.ask(0.2)
+    assert not v.ok and "did not reload within 0.2 s" in v.message and time.monotonic() - t0 < 2
+    assert r.pending() and len(r.take()) == 1 and not r.pending()
+
+
 def test_state_survives_a_restart_rewarms_and_reconciles(tmp_path: Path) -> None:
     r = Rig(tmp_path)
     r.d.start()
@@ -549,14 +595,14 @@ def test_a_probe_that_cannot_load_after_reconcile_puts_back_and_releases(tmp_pat
 
 
 class RealResultFiles(FakeFiles):
-    """The file actuators' own result types (what FITRIM and promotion runs return), without running them."""
+    """The file actuators' outcomes (what FITRIM and promotion runs return), without running them."""
 
     def run(self, action: object, dry_run: bool) -> object:  # type: ignore[override]
         self.ran.append((action, dry_run))
         if isinstance(action, DiscardRanges):
-            return DiscardResult(action, DONE, dry_run=dry_run, issued=((0, 4096),), trimmed_bytes=4096)
+            return Outcome(action, DONE, dry_run=dry_run, actuated=True, issued=((0, 4096),), trimmed_bytes=4096)
         assert isinstance(action, Promote)
-        return PromoteResult(action, DONE, dry_run=dry_run, read_bytes=8192, reads=1)
+        return Outcome(action, DONE, dry_run=dry_run, actuated=True, read_bytes=8192, reads=1)
 
 
 def test_file_actions_outcomes_are_recorded_and_logged(tmp_path: Path) -> None:
@@ -582,9 +628,21 @@ def test_status_is_served_from_the_snapshot_fast(rig: Rig) -> None:
         s = request(path, {"cmd": "status"})
     assert (time.monotonic() - t0) / 50 < 0.2  # the goal: <= 200 ms per answer
     assert s["volumes"][0]["name"] == "bcache0" and "decisions" not in s
-    assert request(path, {"cmd": "explain", "volume": "nope"}) == {"decisions": []}
+    with pytest.raises(UserError, match=r"unknown volume 'nope' \(known: bcache0\)"):  # as top says it
+        request(path, {"cmd": "explain", "volume": "nope"})
     with pytest.raises(UserError, match="unknown volume 'nope'"):
         request(path, {"cmd": "top", "volume": "nope"})
+
+
+def test_explain_keeps_a_vanished_volumes_decisions_and_clear_latch_says_if_one_was_set(rig: Rig) -> None:
+    rig.d.start()
+    rig.backends["bcache0"].dirty = 8 << 20  # a decision for bcache0
+    rig.tick(1)
+    assert rig.d.answer({"cmd": "clear_latch", "volume": "bcache0"}) == {"queued": "bcache0", "latched": False}
+    rig.found = []
+    rig.tick(3)  # rescanned: bcache0 is gone, its decisions stay and explain still answers for it
+    assert not rig.d.answer({"cmd": "status"})["volumes"]
+    assert rig.d.answer({"cmd": "explain", "volume": "bcache0"})["decisions"]
 
 
 def test_sigterm_path_restores_every_backend(rig: Rig) -> None:
@@ -626,7 +684,8 @@ class FailingBackend(FakeBackend):
         return VolumeSample(s.dev, s.ts_ns, s.mode, s.dirty_bytes, s.hits, s.misses, 3, True, s.knobs)
 
 
-def test_the_failure_latch_survives_a_restart_until_cleared(tmp_path: Path) -> None:
+def test_the_failure_latch_survives_a_restart_until_cleared(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
     r = Rig(tmp_path)
     r.backends["bcache0"] = FailingBackend(VOL)
     r.d.start()
@@ -641,6 +700,7 @@ def test_the_failure_latch_survives_a_restart_until_cleared(tmp_path: Path) -> N
     from cachepilot.cli import main
 
     assert main(["clear-latch", "bcache0", "--socket", str(r2.d.config.socket)]) == 0
+    assert capsys.readouterr().out == "bcache0: latch cleared at the daemon's next tick (see `cachepilot status`)\n"
     assert main(["clear-latch", "nope", "--socket", str(r2.d.config.socket)]) == 2  # unknown volume: one line
     r2.tick(1)
     assert ctl.latch is None
@@ -760,4 +820,155 @@ def test_the_rest_of_a_paced_promotion_waits_while_the_engine_holds_promotions(t
     held[0] = False
     r.tick(2)
     assert [a for a, _ in files.ran if a == rest] and r.d.vols[DEV].deferred == []
+    r.d.shutdown()
+
+
+# ------------------------------------------------------------------------- unmanaged volumes, error counts (issue 24)
+TWO_RULES = """
+version: 1
+volumes:
+  - {name: by-device, match: {device: bcache0}}
+  - {name: by-mount, match: {mountpoint: /mnt/x}}
+"""
+ONE_RULE = "version: 1\nvolumes:\n  - {name: by-device, match: {device: bcache0}}\n"
+
+
+def metrics(r: Rig) -> str:
+    return (r.tmp / "m.prom").read_text()
+
+
+def unmanaged_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("cachepilot_volume_unmanaged{")]
+
+
+def test_a_new_cache_device_counts_its_own_errors_from_nothing() -> None:
+    st = VolumeState(VOL)
+    for ts, (errors, cache) in enumerate(((5, "a"), (6, "a"), (2, "b"))):
+        st.update(VolumeSample(DEV, ts + 1, "writeback", 0, 0, 0, errors, cache_id=cache))
+    assert st.io_errors_risen == 5 + 1 + 2
+
+
+class ErrorsBackend(FakeBackend):
+    """A cache whose error count decays between samples, as bcache's does."""
+
+    def __init__(self, info: VolumeInfo, **kw: object) -> None:
+        super().__init__(info, **kw)
+        self.errors = 0
+
+    def sample(self, now_ns: int) -> VolumeSample:
+        s = super().sample(now_ns)
+        return VolumeSample(s.dev, s.ts_ns, s.mode, s.dirty_bytes, s.hits, s.misses, self.errors, s.failed, s.knobs)
+
+
+def test_the_daemon_exports_errors_as_a_counter_and_none_for_dm_cache(tmp_path: Path) -> None:
+    r = Rig(tmp_path, metrics=f"{{listen: '', textfile: {tmp_path}/m.prom}}")
+    dm = VolumeInfo(dev=kdev(253, 3), name="dm-3", kind="dm-cache", mountpoint="/mnt/y", cache_bytes=1 << 30)
+    r.found = [Found(VOL), Found(dm, dm_name="lab-cached")]
+    backends: dict[str, ErrorsBackend] = {}
+    r.d.backend_factory = lambda info: backends.setdefault(info.name, ErrorsBackend(info))
+    r.d.start()
+    seen = []
+    for t, errors in enumerate((0, 4, 2, 1), start=1):
+        backends["bcache0"].errors = errors
+        r.tick(t)
+        line = next(x for x in metrics(r).splitlines() if x.startswith("cachepilot_volume_cache_io_errors_total{"))
+        seen.append(float(line.split()[-1]))
+    assert seen == [0, 4, 4, 4]
+    assert 'device="dm-3"' not in "".join(x for x in metrics(r).splitlines() if "cache_io_errors" in x)
+    text = metrics(r)
+    assert 'cachepilot_build_info{bpf_object="none",kernel="' in text  # no probe here
+    assert "cachepilot_process_resident_memory_bytes " in text
+    r.d.shutdown()
+
+
+def test_a_volume_two_rules_select_is_unmanaged_until_the_policy_is_fixed(tmp_path: Path) -> None:
+    r = Rig(tmp_path, policy=TWO_RULES, metrics=f"{{listen: '', textfile: {tmp_path}/m.prom}}")
+    r.d.start()
+    r.tick(1)
+    assert r.d.vols == {}
+    assert unmanaged_lines(metrics(r)) == [
+        'cachepilot_volume_unmanaged{device="bcache0",reason="policy",volume="bcache0"} 1.0']
+    status = r.d.answer({"cmd": "status"})
+    assert status["unmanaged"] == [{"name": "bcache0", "dev": "bcache0", "reason": "policy"}]
+    assert "bcache0    NOT MANAGED (policy; bcache0)" in render(status)  # `cachepilot status`
+    write(r.tmp / "p.yaml", ONE_RULE)
+    r.d.request_reload()
+    r.tick(3)  # the reload, then the next rescan (1 s) adopts it
+    assert DEV in r.d.vols
+    assert unmanaged_lines(metrics(r)) == []
+    r.d.shutdown()
+
+
+def test_a_volume_whose_backend_will_not_open_is_unmanaged(tmp_path: Path) -> None:
+    r = Rig(tmp_path, metrics=f"{{listen: '', textfile: {tmp_path}/m.prom}}")
+    other = VolumeInfo(dev=kdev(252, 1), name="bcache1", kind="bcache", mountpoint="/mnt/z", cache_bytes=1 << 30)
+    r.found = [Found(VOL), Found(other)]
+
+    def factory(info: VolumeInfo) -> FakeBackend:
+        if info.name == "bcache1":
+            raise KernelRejected("bcache1: no cache_mode")
+        return r.backend(info)
+
+    r.d.backend_factory = factory
+    r.d.start()
+    r.tick(1)
+    assert unmanaged_lines(metrics(r)) == [
+        'cachepilot_volume_unmanaged{device="bcache1",reason="backend",volume="bcache1"} 1.0']
+    r.found = [Found(VOL)]  # it went away: no longer unmanaged either
+    r.tick(3)
+    assert unmanaged_lines(metrics(r)) == []
+    r.d.shutdown()
+
+
+@pytest.mark.parametrize("problem", ["bcache2: cannot describe: no dev", "/sys/block: Permission denied"])
+def test_a_device_discover_could_not_describe_is_unmanaged_unless_it_has_no_usable_name(
+        tmp_path: Path, problem: str) -> None:
+    r = Rig(tmp_path, metrics=f"{{listen: '', textfile: {tmp_path}/m.prom}}")
+    r.d.discover = lambda: (list(r.found), [problem])
+    r.d.start()
+    r.tick(1)
+    want = ['cachepilot_volume_unmanaged{device="bcache2",reason="describe",volume="bcache2"} 1.0'] \
+        if problem.startswith("bcache2") else []
+    assert unmanaged_lines(metrics(r)) == want
+    r.d.shutdown()
+
+
+# ---------------------------------------------------------------------------------------------- errors by class
+def test_the_daemon_classifies_an_os_error_by_the_same_rule(tmp_path: Path) -> None:
+    """An OSError escaping a backend with an errno the rule does not list is rejected (counted, not retried), as
+    kernelio rejects it; the daemon used to retry it five times."""
+    r = Rig(tmp_path)
+    r.d.start()
+    b = r.backends["bcache0"]
+
+    def broken(action: object, *, dry_run: bool = False) -> object:
+        raise OSError(errno.EIO, "Input/output error", "/sys/block/bcache0/bcache/cache_mode")
+
+    b.apply = broken  # type: ignore[assignment,method-assign]
+    b.dirty = 8 << 20  # over the bound: a switch to write-through is decided
+    r.tick(1)
+    r.tick(3)
+    d = [x for x in r.d.decisions if x["kind"] == "set_write_policy"]
+    assert d and d[0]["error_kind"] == "rejected" and "cache_mode: Input/output error" in d[0]["error"]
+    assert r.d.counters["retries"] == 0 and r.d.counters["failed.rejected"] >= 1
+    r.d.shutdown()
+
+
+def test_a_type_error_inside_the_engine_is_a_bug_not_an_unknown_event(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    r = Rig(tmp_path)
+    r.d.start()
+
+    def bug(ev: object) -> None:
+        raise TypeError("unsupported operand type(s)")
+
+    r.d.engine.hotness.delete = bug  # type: ignore[method-assign]  # what the engine's Delete handler calls
+    with caplog.at_level(logging.ERROR, logger="cachepilot"):
+        r.d._feed(Delete(FileKey(DEV, 5, 1), 4096, 1))
+        r.d._feed(Delete(FileKey(DEV, 6, 1), 4096, 2))
+    assert r.d.counters["events.bugs"] == 2 and r.d.counters["events.unhandled"] == 0
+    tracebacks = [rec for rec in caplog.records if rec.exc_info]
+    assert len(tracebacks) == 1 and "TypeError" in caplog.text  # once, with its traceback
+    r.d._feed(SetWritePolicy("bcache0", "writeback", "not an event"))  # an unknown kind: still "unhandled"
+    assert r.d.counters["events.unhandled"] == 1 and r.d.counters["events.bugs"] == 2
     r.d.shutdown()

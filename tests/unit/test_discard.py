@@ -8,8 +8,8 @@ import os
 
 import pytest
 
+from cachepilot.actions import DiscardRanges
 from cachepilot.actuators.discard import DONE, FAILED, PENDING, SKIPPED, Discarder
-from cachepilot.engine.actions import DiscardRanges
 from cachepilot.errors import DeviceGone, KernelRejected, RetryLater
 from cachepilot.events import kdev_from_st_dev
 from cachepilot.models.volume import VolumeInfo

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cachepilot.engine import DiscardRanges, Drain, Engine, Promote, Result, SetKnob, SetWritePolicy
+from cachepilot.engine import DiscardRanges, Drain, Engine, Outcome, Promote, SetKnob, SetWritePolicy
 from cachepilot.errors import UserError
 from cachepilot.events import Delete, FileKey, FreedExtent, HotnessDelta, JournalCommit, kdev
 from cachepilot.models.hotness import F_MEMBER, PAGE
@@ -74,7 +74,7 @@ def test_promotions_wait_while_a_dm_cache_drain_is_at_risk() -> None:
     sample(e, at_risk, dirty=4096)
     assert not [a for a in e.tick(at_risk * NS) if isinstance(a, Promote)]
     assert e.holds_promotions("dmc0")
-    e.outcome(Result(drain, "done"))
+    e.outcome(Outcome(drain, "done"))
     assert not e.holds_promotions("dmc0")
     sample(e, at_risk + 1)
     assert [a.ino for a in e.tick((at_risk + 1) * NS) if isinstance(a, Promote)]

@@ -3,7 +3,7 @@ early switch (bytes), breaches, dm-writecache's flush-only bound, and how action
 
 from __future__ import annotations
 
-from cachepilot.engine import DiscardRanges, Drain, Engine, Result, SetWritePolicy
+from cachepilot.engine import DiscardRanges, Drain, Engine, Outcome, SetWritePolicy
 from cachepilot.events import FreedExtent, JournalCommit, kdev
 from cachepilot.models.volume import VolumeInfo, VolumeSample
 from cachepilot.policy import parse_policy
@@ -113,7 +113,7 @@ class FakeCache:
             self.dirty.pop(b, None)
         self.draining = []
         if self.drain is not None:  # the daemon reports how the drain ended
-            self.e.outcome(Result(self.drain, "done"))
+            self.e.outcome(Outcome(self.drain, "done"))
             self.drain = None
 
     def apply(self, acts: list) -> None:  # type: ignore[type-arg]
@@ -207,14 +207,14 @@ def test_drain_outcome_moves_the_clean_point_and_failure_breaches() -> None:
     e = engine(DESTRUCTIVE)
     sample(e, 0, "writeback", dirty=4096)
     d = drains(e.tick(0))[0]  # dirty data of unknown age: drain at once
-    e.outcome(Result(d, "done"))
+    e.outcome(Outcome(d, "done"))
     assert e.vols[DEV].state.clean_ns == 0 and e.vols[DEV].drain is None
     sample(e, 1, "writeback", dirty=4096)
     assert not drains(e.tick(1 * NS))  # next one is due 15 s after the clean point
     sample(e, 14, "writeback", dirty=4096)
     d2 = drains(e.tick(14 * NS))[0]
     assert d2.deadline_ns == 30 * NS
-    e.outcome(Result(d2, "failed", "dmsetup message failed"))
+    e.outcome(Outcome(d2, "failed", detail="dmsetup message failed"))
     acts = e.tick(15 * NS)
     assert switches(acts)[0].mode == "writethrough" and "dmsetup message failed" in switches(acts)[0].reason
 
@@ -228,7 +228,7 @@ def test_failed_discard_is_requeued_with_bounded_retries() -> None:
         for a in e.tick(t * NS):
             if isinstance(a, DiscardRanges):
                 sent.append(a)
-                e.outcome(Result(a, "failed", "FITRIM: EBUSY"))
+                e.outcome(Outcome(a, "failed", detail="FITRIM: EBUSY"))
     assert len(sent) == 4  # the first try and three retries, then dropped and counted
     assert all(a.ranges == ((100 * 4096, 10 * 4096),) for a in sent)
     assert e.vols[DEV].freed.stats.dropped_retry_blocks == 10
@@ -241,7 +241,7 @@ def test_dm_writecache_breach_is_a_flush_and_ends_when_one_completes() -> None:
     sample(e, 16, "writeback", dirty=4096)  # past the deadline (15 s): breach
     acts = e.tick(16 * NS)
     assert not switches(acts) and "exposure breach" in drains(acts)[0].reason and d.deadline_ns == 15 * NS
-    e.outcome(Result(drains(acts)[0], "done"))
+    e.outcome(Outcome(drains(acts)[0], "done"))
     assert e.vols[DEV].breach is None and e.vols[DEV].breaches == 1
 
 
@@ -255,7 +255,7 @@ def test_a_completed_drain_moves_the_clean_point_to_when_it_read_clean() -> None
     for t in range(1, 12):
         sample(e, t, "writeback", dirty=4096)
         assert not drains(e.tick(t * NS))
-    e.outcome(Result(d, "done"))
+    e.outcome(Outcome(d, "done"))
     assert e.vols[DEV].state.clean_ns == 11 * NS
     for t in range(12, 25):
         sample(e, t, "writeback", dirty=4096)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from operator import itemgetter
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -9,9 +11,113 @@ from hypothesis import strategies as st
 
 from cachepilot.events import Delete, FileKey, HotnessDelta
 from cachepilot.models.admission import CachedSet
-from cachepilot.models.hotness import COUNTER_MAX, HotnessTable, inverse_bitmap_score
+from cachepilot.models.hotness import (
+    COUNTER_MAX,
+    F_APPEND,
+    F_OVERWRITE,
+    F_READ,
+    F_TOUCHED,
+    HotnessTable,
+    inverse_bitmap_score,
+)
+from cachepilot.models.inoindex import InoIndex
 
 NS = 1_000_000_000
+_DEV, _RB, _WB = itemgetter(0), itemgetter(5), itemgetter(6)
+
+
+class ScalarOracle(HotnessTable):
+    """The hotness rule written plainly, one record at a time (the reference the package's vectorised
+    :meth:`HotnessTable.apply_array` is held to; it lives here because nothing but the tests runs it)."""
+
+    def _slow_slot(self, dev: int, ino: int, gen: int, known_only: bool) -> int:
+        """The rare path: unknown filesystem, new file, or a new generation. -1 = skip."""
+        idx = self.index.get(dev)
+        if idx is None:
+            if known_only:
+                return -1
+            self.register_dev(dev)
+            idx = self.index[dev]
+        slot = idx.get(ino)
+        if slot is None:
+            return self._alloc(dev, ino, gen)
+        self._reset(slot, gen)
+        return slot
+
+    def _normalise(self, slot: int) -> None:
+        sh = self.epoch - self.stamp[slot]
+        self.rscore[slot] >>= sh
+        self.wscore[slot] >>= sh
+        self.stamp[slot] = self.epoch
+
+    def apply_records(self, records: list[tuple[int, ...]], known_only: bool = False) -> int:
+        """The scalar rule over tuples in trace layout (dev, ino, gen, read_score, write_score, read_bytes,
+        write_bytes, last_access_ns, size): :meth:`update` inlined. With known_only, records of filesystems never
+        registered are skipped; returns how many."""
+        index = self.index
+        gens, rsa, wsa, sta = self.gen, self.rscore, self.wscore, self.stamp
+        lasta, sizea, flags, touched = self.last, self.size, self.flags, self.touched
+        slow, normalise = self._slow_slot, self._normalise
+        e = self.epoch
+        cmax = COUNTER_MAX
+        skipped = 0
+        cur_dev = -1
+        idx: InoIndex | None = None
+        for dev, ino, gen, rs, ws, _rb, wb, last_ns, size in records:
+            if dev != cur_dev:
+                cur_dev = dev
+                idx = index.get(dev)
+            slot = None if idx is None else idx.get(ino)
+            if slot is None or gens[slot] != gen:
+                slot = slow(dev, ino, gen, known_only)
+                if slot < 0:
+                    skipped += 1
+                    continue
+                idx = index[dev]
+            if sta[slot] != e:
+                normalise(slot)
+            f = flags[slot]
+            if rs:
+                r = rsa[slot] + rs
+                rsa[slot] = r if r < cmax else cmax
+                f |= F_READ
+            if ws:
+                w = wsa[slot] + ws
+                wsa[slot] = w if w < cmax else cmax
+                old = sizea[slot]
+                if size >= 0 and old >= 0 and size - old >= wb > 0:
+                    f |= F_APPEND
+                elif old >= 0 or size < 0:
+                    f |= F_OVERWRITE
+            if size >= 0:
+                sizea[slot] = size
+            if last_ns > lasta[slot]:
+                lasta[slot] = last_ns
+            if not f & F_TOUCHED:
+                f |= F_TOUCHED
+                touched.append(slot)
+            flags[slot] = f
+        self._add_dev_bytes(records, known_only)
+        return skipped
+
+    def _add_dev_bytes(self, records: list[tuple[int, ...]], known_only: bool) -> None:
+        if not records:
+            return
+        db = self.dev_bytes
+        devs = set(map(_DEV, records))
+        if len(devs) == 1:
+            d = devs.pop()
+            if d in db:
+                acc = db[d]
+                acc[0] += sum(map(_RB, records))
+                acc[1] += sum(map(_WB, records))
+            return
+        for r in records:
+            one = db.get(r[0])
+            if one is not None:
+                one[0] += r[5]
+                one[1] += r[6]
+
 
 
 @pytest.mark.parametrize(("nbytes", "b"), [
@@ -91,7 +197,7 @@ def test_negative_delta_rejected() -> None:
 @given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, COUNTER_MAX), st.integers(0, COUNTER_MAX),
                           st.integers(0, 400)), min_size=1, max_size=40))
 def test_counters_never_overflow(ops: list[tuple[int, int, int, int]]) -> None:
-    t = HotnessTable(half_life_s=1)
+    t = ScalarOracle(half_life_s=1)
     now = 0
     for ino, rs, ws, dt in ops:
         now += dt * 10_000_000
@@ -166,7 +272,7 @@ def test_vectorised_apply_matches_sequential(batches: list, known_only: bool) ->
 
     from cachepilot.models.hotness import HOT_DTYPE
 
-    a, b = HotnessTable(half_life_s=1), HotnessTable(half_life_s=1)
+    a, b = ScalarOracle(half_life_s=1), HotnessTable(half_life_s=1)
     for t in (a, b):
         t.register_dev(7)
     now = 0

@@ -1,5 +1,6 @@
-"""The table of cache kinds: each backends/<kind>.py declares itself (checked when it is imported), and discovery,
-the set-knob path, promotion rounds, the trace format, the policy checker and the schema read the table. Discovery
+"""The table of cache kinds: each kind's declarative half in cachepilot.capabilities and its working half in
+backends/<kind>.py (both checked when imported, and against each other); discovery and the set-knob path read the
+working half, promotion rounds, the trace format, the policy checker and the schema the declarative one. Discovery
 and describe run on a fixture host (sysfs tree, mountinfo, fake dmsetup and blkid), nothing monkeypatched."""
 
 from __future__ import annotations
@@ -11,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
+from cachepilot.actions import SetKnob
 from cachepilot.actuators.promote import Promoter
 from cachepilot.backends import kinds, open_backend
 from cachepilot.backends.base import FAILED
 from cachepilot.backends.bcache import KIND as BCACHE
-from cachepilot.backends.capabilities import WRITEBACK, Capabilities
 from cachepilot.backends.host import Host, ToolResult
-from cachepilot.backends.kinds import Kind, KnobDef, knob
+from cachepilot.backends.kinds import Kind, KnobDef, check_declared
+from cachepilot.capabilities import CAPABILITIES, KINDS, KNOBS, WRITEBACK, Capabilities, check
 from cachepilot.daemon import volumes
-from cachepilot.engine.actions import SetKnob
 from cachepilot.errors import KernelRejected, UserError
 from cachepilot.events import kdev
 from cachepilot.models.volume import VolumeInfo
@@ -30,11 +31,11 @@ from cachepilot.trace.format import volume_info
 
 def test_every_kind_module_is_in_the_table_with_its_backend() -> None:
     table = kinds.table()
-    assert {"bcache", "dm-cache", "dm-writecache"} <= set(table)
+    assert set(table) == set(KINDS) >= {"bcache", "dm-cache", "dm-writecache", "lvmcache"}
     for name, k in table.items():
-        assert k.name == name and k.backend.kind == name and k.caps.kind == name
+        assert k.name == name and k.backend.kind == name and k.caps is CAPABILITIES[name]
         assert set(k.caps.knobs()) == set(k.settings)  # every declared knob has its get/set pair
-        assert all(kn.kinds == {name} for kn in k.caps.knobs().values())
+        assert all(name in kn.kinds for kn in k.caps.knobs().values())
     with pytest.raises(UserError, match="unknown cache kind 'zfs' \\(known: bcache, dm-cache"):
         kinds.kind("zfs")
 
@@ -50,42 +51,53 @@ def test_the_readers_take_the_table() -> None:
     assert capcheck.matchable_kinds({"device": "bcache*"}) == ("bcache",)
     assert "bcache" not in capcheck.matchable_kinds({"device": "dm-*"})
     knob_enum = SCHEMA["properties"]["defaults"]["properties"]["knobs"]
-    assert knob_enum["propertyNames"]["enum"] == list(kinds.all_knobs())
-    assert kinds.all_knobs()["migration_threshold"].kinds >= {"dm-cache"}
+    assert knob_enum["propertyNames"]["enum"] == list(KNOBS)
+    assert KNOBS["migration_threshold"].kinds == {"dm-cache", "lvmcache"}
 
 
 def _decl(**over: object) -> Kind:
     base: dict[str, object] = dict(
-        name="bcache", caps=BCACHE.caps, backend=BCACHE.backend, detect=BCACHE.detect, describe=BCACHE.describe,
+        name="bcache", backend=BCACHE.backend, detect=BCACHE.detect, describe=BCACHE.describe,
         sample=BCACHE.sample, knobs=BCACHE.knobs)
     base.update(over)
     return Kind(**base)  # type: ignore[arg-type]
 
 
 def test_a_bad_declaration_fails_at_import() -> None:
+    """The working half: one get/set pair for each declared knob, no more, and a backend of its own kind."""
     assert _decl().settings.keys() == BCACHE.settings.keys()
     twice = BCACHE.knobs[0]
-    with pytest.raises(TypeError, match="declared twice"):
-        _decl(knobs=(twice, twice))
-    with pytest.raises(TypeError, match="typed, ranged get/set pair"):
-        _decl(knobs=(KnobDef(knob("x", "float", 0, 1, "", ""), BCACHE.knobs[0].setting),))
-    with pytest.raises(TypeError, match="typed, ranged get/set pair"):
-        _decl(knobs=(KnobDef(knob("x", "int", 2, 1, "", ""), BCACHE.knobs[0].setting),))
-    with pytest.raises(TypeError, match="drain_sleep_knob writeback_delay is not a knob"):
-        _decl(knobs=())
-    with pytest.raises(TypeError, match="without a kernel name"):
-        _decl(caps=replace(BCACHE.caps, kernel_mode_names={WRITEBACK: "writeback"}))
+    with pytest.raises(TypeError, match="given twice"):
+        _decl(knobs=(twice, twice, *BCACHE.knobs[1:]))
+    with pytest.raises(TypeError, match="get/set pairs for .* but it declares"):
+        _decl(knobs=BCACHE.knobs[1:])  # writeback_percent and the others, without sequential_cutoff
+    with pytest.raises(TypeError, match="but it declares"):
+        _decl(knobs=(*BCACHE.knobs, KnobDef("migration_threshold", BCACHE.knobs[0].setting)))
     with pytest.raises(TypeError, match="its backend BcacheBackend says 'bcache'"):
-        _decl(name="other", caps=Capabilities("other", frozenset({WRITEBACK}), {WRITEBACK: "wb"}, "", ""))
+        _decl(name="dm-cache", knobs=(KnobDef("migration_threshold", BCACHE.knobs[0].setting),))
+    with pytest.raises(UserError, match="unknown cache kind 'other'"):
+        _decl(name="other", knobs=())
+    with pytest.raises(TypeError, match=r"kinds with a module \['bcache'\] are not the kinds declared"):
+        check_declared({"bcache": BCACHE}, CAPABILITIES)
 
 
-def test_two_kinds_sharing_a_knob_must_declare_it_alike() -> None:
-    a = _decl()
-    other = replace(BCACHE.knobs[1].knob, max=99)
-    b = _decl(knobs=(*BCACHE.knobs[:1], KnobDef(other, BCACHE.knobs[1].setting), *BCACHE.knobs[2:]))
-    kinds._check_knobs([a, a])  # noqa: SLF001 - the table's own consistency check
-    with pytest.raises(TypeError, match="writeback_percent is declared differently"):
-        kinds._check_knobs([a, b])  # noqa: SLF001
+def test_a_bad_capability_declaration_fails_at_import() -> None:
+    """The declarative half: typed, ranged knobs of declared kinds; modes with kernel names; a drain sleep knob
+    that is the kind's own."""
+    check(CAPABILITIES, KNOBS)
+    bc = CAPABILITIES["bcache"]
+    with pytest.raises(TypeError, match="without a kernel name"):
+        check({**CAPABILITIES, "bcache": replace(bc, kernel_mode_names={WRITEBACK: "writeback"})}, KNOBS)
+    with pytest.raises(TypeError, match="drain_sleep_knob writeback_delay is not a knob of it"):
+        check({**CAPABILITIES, "dm-cache": replace(CAPABILITIES["dm-cache"], drain_sleep_knob="writeback_delay")},
+              KNOBS)
+    with pytest.raises(TypeError, match="its capabilities say 'other'"):
+        check({**CAPABILITIES, "bcache": Capabilities("other", frozenset({WRITEBACK}), {WRITEBACK: "wb"}, "", "")},
+              KNOBS)
+    for bad in (replace(KNOBS["readahead"], type="float"), replace(KNOBS["readahead"], min=2, max=1),
+                replace(KNOBS["readahead"], kinds=frozenset({"zfs"}))):
+        with pytest.raises(TypeError, match="knob readahead is not a typed, ranged knob"):
+            check(CAPABILITIES, {**KNOBS, "readahead": bad})
 
 
 def test_one_set_knob_path_rejects_a_knob_the_kind_lacks(tmp_path: Path) -> None:

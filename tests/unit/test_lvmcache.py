@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from cachepilot.actions import Drain, SetKnob, SetWritePolicy
 from cachepilot.backends import kinds, open_backend
 from cachepilot.backends.base import DONE, FAILED, PENDING
 from cachepilot.backends.dmcache import CacheTable
 from cachepilot.backends.host import BlockDev, Host, ToolResult
 from cachepilot.backends.lvmcache import LvmCacheBackend, lv_of_dm_name
 from cachepilot.daemon import volumes
-from cachepilot.engine.actions import Drain, SetKnob, SetWritePolicy
 from cachepilot.errors import DeviceGone, KernelRejected, RetryLater
 from cachepilot.models.volume import VolumeInfo
 

@@ -11,8 +11,8 @@ from dataclasses import replace
 
 import pytest
 
+from cachepilot.actions import Promote
 from cachepilot.actuators.promote import DONE, FAILED, MAX_CHUNK, MIN_CHUNK, PENDING, SKIPPED, Promoter
-from cachepilot.engine.actions import Promote
 from cachepilot.errors import DeviceGone
 from cachepilot.events import kdev_from_st_dev
 from cachepilot.models.volume import VolumeInfo
@@ -104,6 +104,23 @@ def test_budget_defers_the_rest(fs):
         assert 0 < r.read_bytes <= MIB
         total += r.read_bytes
     assert r.status == DONE and total == 2 * MIB
+
+
+def test_bcache_burst_never_outruns_the_allocators_ready_buckets(fs):
+    # bcache keeps about 1/1024 of the cache in ready buckets and drops a read-miss insert that finds none
+    # (bcache_alloc_fail): a 256 MiB cache gets reads of at most 256 KiB at once, however high the rate.
+    info, d = fs
+    info = replace(info, cache_bytes=256 * MIB)
+    ino, gen = make_file(d / "f", [(0, 4 * MIB)])
+    clock = Clock()
+    p = Promoter(info, rate=64 * MIB, clock=clock)
+    assert p.burst == 256 * 1024
+    r = p.run(action(info, ino, gen, [(0, 4 * MIB)]))
+    assert r.status == PENDING and 0 < r.read_bytes <= 256 * 1024
+    clock.t += 10_000_000_000  # ten idle seconds refill no more than the burst
+    assert 0 < p.run(r.deferred).read_bytes <= 256 * 1024
+    # dm-cache allocates on its own schedule (migrations): a second of the rate, as before
+    assert Promoter(replace(info, kind="dm-cache"), rate=64 * MIB).burst == 64 * MIB
 
 
 def test_another_filesystem_is_refused(fs):

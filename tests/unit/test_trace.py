@@ -103,12 +103,39 @@ def _err(tmp_path: Path, data: bytes) -> str:
     return str(ei.value)
 
 
-def test_truncated(tmp_path: Path) -> None:
+def _block_ends(data: bytes) -> list[tuple[int, int]]:
+    """(offset, end) of every block of a trace, END included."""
+    out, off = [], HEADER.size
+    while off < len(data):
+        length = BLOCK.unpack_from(data, off)[4]
+        out.append((off, off + BLOCK.size + length))
+        off += BLOCK.size + length
+    return out
+
+
+def test_a_cut_trace_reads_up_to_its_last_complete_block(tmp_path: Path) -> None:
+    """A writer killed at any point (no END block; the last block cut in its header or payload): every complete
+    block reads, and ``cut`` names the offset of the block in progress. Before the meta block ends: an error."""
     data = _trace(tmp_path)
-    for cut in (5, HEADER.size + 3, len(data) // 2, len(data) - BLOCK.size):
+    blocks = _block_ends(data)[:-1]  # without END
+    assert len(blocks) > 10
+    g = tmp_path / "cut.cptrace"
+    meta_end = blocks[0][1]
+    for off, end in blocks[1:]:
+        for cut in (off, off + 5, off + BLOCK.size, end - 1):
+            g.write_bytes(data[:cut])
+            r = TraceReader(g)
+            got = [o for o, _t, _recs in r.raw_blocks()]
+            assert got == [o for o, e in blocks if e <= cut], cut
+            assert r.cut is not None and f"offset {off}" in r.cut and "no END block" in r.cut, r.cut
+    g.write_bytes(data[:len(data) - BLOCK.size])  # only the END block missing: every event
+    r = TraceReader(g)
+    assert list(r.events()) == EVENTS * 20 and r.cut is not None
+    r = TraceReader(tmp_path / "t.cptrace")
+    assert list(r.events()) == EVENTS * 20 and r.cut is None
+    for cut in (5, HEADER.size + 3, meta_end - 1):
         msg = _err(tmp_path, data[:cut])
-        assert "bad.cptrace" in msg
-        assert "offset" in msg or "too short" in msg
+        assert "bad.cptrace" in msg and ("too short" in msg or "cut at offset 16, before its meta block" in msg)
 
 
 def test_corrupt_byte_is_caught_by_crc(tmp_path: Path) -> None:
@@ -182,8 +209,9 @@ def test_replay_cli_diff_and_unknown_volume(tmp_path: Path, capsys: pytest.Captu
 
 
 def test_record_without_volume_is_a_user_error(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["record", "--out", "/nonexistent/x"]) == 2
-    assert "--volume" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # argparse: a required option
+        main(["record", "--out", "/nonexistent/x"])
+    assert e.value.code == 2 and "the following arguments are required: --volume" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("bad", [
@@ -210,4 +238,4 @@ def test_trace_without_volumes_is_a_user_error(tmp_path: Path) -> None:
 
 def test_record_rejects_a_character_device(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["record", "--out", "/tmp/x.cptrace", "--volume", "/dev/null"]) == 2
-    assert "not a block device" in capsys.readouterr().err
+    assert "neither a block device nor a directory" in capsys.readouterr().err  # probe's rule

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cachepilot import bpf_layout as L
 from cachepilot.errors import UserError
-from cachepilot.probe import layout as L
 from cachepilot.probe.probe import watch_home, watch_layout
 
 

@@ -1,6 +1,6 @@
 """Where a delete becomes a discard: ``FITRIM`` on the mounted filesystem, limited to each freed range.
 
-The engine hands over :class:`~cachepilot.engine.actions.DiscardRanges` whose extents were freed by deletes,
+The engine hands over :class:`~cachepilot.actions.DiscardRanges` whose extents were freed by deletes,
 truncates and hole punches and whose freeing journal transaction has committed (``models/freed.py``). This
 module turns each range into one ``FITRIM`` ioctl (``struct fstrim_range {start, len, minlen}``, bytes) on a
 descriptor of the filesystem's mountpoint. The filesystem itself then discards only blocks that are still free
@@ -23,11 +23,9 @@ import os
 import struct
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
-from cachepilot.backends.kernelio import classify_errno
-from cachepilot.engine.actions import DiscardRanges
-from cachepilot.errors import CachepilotError, DeviceGone, KernelRejected
+from cachepilot.actions import DONE, FAILED, PENDING, SKIPPED, DiscardRanges, Outcome
+from cachepilot.errors import CachepilotError, DeviceGone, KernelRejected, classify_errno
 from cachepilot.events import kdev_from_st_dev
 from cachepilot.models.volume import VolumeInfo
 
@@ -35,8 +33,6 @@ log = logging.getLogger("cachepilot.actuators.discard")
 
 FITRIM = 0xC0185879  # _IOWR('X', 121, struct fstrim_range)
 _RANGE = struct.Struct("=QQQ")  # start, len, minlen
-
-DONE, PENDING, FAILED, SKIPPED = "done", "pending", "failed", "skipped"
 
 Trim = Callable[[int, int, int, int], int]
 """(fd, start, len, minlen) -> bytes the filesystem reports trimmed; raises OSError."""
@@ -46,32 +42,6 @@ def fitrim(fd: int, start: int, length: int, minlen: int) -> int:
     buf = bytearray(_RANGE.pack(start, length, minlen))
     fcntl.ioctl(fd, FITRIM, buf, True)
     return _RANGE.unpack(buf)[1]  # the kernel writes back the number of bytes it trimmed
-
-
-@dataclass(frozen=True, slots=True)
-class DiscardResult:
-    action: DiscardRanges
-    status: str  # DONE | PENDING (some deferred by pacing) | FAILED | SKIPPED
-    dry_run: bool = False
-    issued: tuple[tuple[int, int], ...] = ()  # (start, length) bytes handed to FITRIM
-    trimmed_bytes: int = 0  # what the filesystem reported
-    deferred: DiscardRanges | None = None  # what pacing left for the next call
-    error: CachepilotError | None = None
-    detail: str = ""
-
-    @property
-    def issued_bytes(self) -> int:
-        return sum(n for _, n in self.issued)
-
-    def line(self, action_line: str | None = None) -> str:
-        """As Outcome.line (``action_line``: the action's own line when the caller has it already)."""
-        dry = " (dry run)" if self.dry_run else ""
-        later = f", {sum(n for _, n in self.deferred.ranges)} bytes deferred" if self.deferred else ""
-        err = f" error[{self.error.kind}]: {self.error}" if self.error else ""
-        head = self.action.line() if action_line is None else action_line
-        return (f"{head} => {self.status}{dry}: issued {len(self.issued)} range(s) "
-                f"{self.issued_bytes} bytes, filesystem trimmed {self.trimmed_bytes} bytes{later}"
-                f"{' (' + self.detail + ')' if self.detail else ''}{err}")
 
 
 class Discarder:
@@ -89,10 +59,10 @@ class Discarder:
         self.issued_bytes_total = 0
         self.trimmed_bytes_total = 0
 
-    def run(self, action: DiscardRanges, *, dry_run: bool = False) -> DiscardResult:
+    def run(self, action: DiscardRanges, *, dry_run: bool = False) -> Outcome:
         if self.info.fs_discard:
             log.info("%s: skipped, the filesystem is mounted with -o discard: %s", self.info.name, action.line())
-            return DiscardResult(action, SKIPPED, dry_run, detail="filesystem mounted with -o discard")
+            return Outcome(action, SKIPPED, dry_run, detail="filesystem mounted with -o discard", actuated=True)
         if not self.info.mountpoint:
             return self._failed(action, dry_run, (), 0, DeviceGone(f"{self.info.name}: no filesystem mounted"))
         now, ranges = self.clock(), _coalesced(action.ranges)
@@ -125,7 +95,8 @@ class Discarder:
             self.issued_bytes_total += sum(n for _, n in issued)
             self.trimmed_bytes_total += trimmed
         deferred = DiscardRanges(action.volume, action.fs_dev, tuple(rest), action.reason) if rest else None
-        r = DiscardResult(action, PENDING if rest else DONE, dry_run, tuple(issued), trimmed, deferred)
+        r = Outcome(action, PENDING if rest else DONE, dry_run, actuated=True, issued=tuple(issued),
+                    trimmed_bytes=trimmed, deferred=deferred)
         log.info("%s", r.line())
         return r
 
@@ -156,10 +127,10 @@ class Discarder:
         self._last = now
 
     def _failed(self, action: DiscardRanges, dry_run: bool, issued: tuple[tuple[int, int], ...], trimmed: int,
-                exc: CachepilotError) -> DiscardResult:
+                exc: CachepilotError) -> Outcome:
         self.errors[exc.kind] = self.errors.get(exc.kind, 0) + 1
         log.warning("%s: %s failed: %s", self.info.name, action.line(), exc)
-        return DiscardResult(action, FAILED, dry_run, issued, trimmed, error=exc)
+        return Outcome(action, FAILED, dry_run, error=exc, actuated=True, issued=issued, trimmed_bytes=trimmed)
 
 
 def _coalesced(ranges: tuple[tuple[int, int], ...]) -> list[tuple[int, int]]:

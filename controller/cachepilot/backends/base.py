@@ -19,49 +19,15 @@ fixture trees and fakes.
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from cachepilot.backends.capabilities import Capabilities, capabilities
+from cachepilot.actions import DONE, FAILED, PENDING, ControlAction, Outcome, Write
 from cachepilot.backends.host import DmRunner, Host
-from cachepilot.engine.actions import Drain, SetKnob, SetWritePolicy
-from cachepilot.errors import CachepilotError
+from cachepilot.capabilities import Capabilities, capabilities
 from cachepilot.models.volume import VolumeInfo, VolumeSample
 
-ControlAction = SetWritePolicy | SetKnob | Drain
-
 __all__ = ["DONE", "FAILED", "PENDING", "Backend", "ControlAction", "DmRunner", "Outcome", "Write"]
-
-DONE, PENDING, FAILED = "done", "pending", "failed"
-
-
-@dataclass(frozen=True, slots=True)
-class Write:
-    """One control write: where, the value before, the value written, and what the kernel read back."""
-
-    target: str  # e.g. "bcache0 cache_mode" or "lab-cached message 0 flush" (names only, never from events)
-    before: str
-    value: str
-    readback: str
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    action: ControlAction
-    status: str  # DONE | PENDING | FAILED
-    dry_run: bool = False
-    writes: tuple[Write, ...] = ()
-    error: CachepilotError | None = None
-    detail: str = ""
-
-    def line(self, action_line: str | None = None) -> str:
-        """The outcome for a log; ``action_line`` is the action's own line when the caller has it already."""
-        what = "; ".join(f"{w.target}: {w.before} -> {w.value} (read back {w.readback})" for w in self.writes)
-        err = f" error[{self.error.kind}]: {self.error}" if self.error else ""
-        dry = " (dry run)" if self.dry_run else ""
-        head = self.action.line() if action_line is None else action_line
-        return f"{head} => {self.status}{dry}{': ' + what if what else ''}{err}"
 
 
 class Backend(abc.ABC):

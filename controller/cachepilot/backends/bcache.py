@@ -16,19 +16,18 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from cachepilot.backends.capabilities import BYPASS, UINT_MAX, WRITEBACK, WRITETHROUGH, Capabilities, Knob
+from cachepilot import units
+from cachepilot.actions import Drain, SetWritePolicy
 from cachepilot.backends.host import BlockDev, Host
 from cachepilot.backends.inspect import parse_bcache_size
 from cachepilot.backends.kernelio import read_attr, write_attr
-from cachepilot.backends.kinds import Described, Kind, KnobDef, knob
+from cachepilot.backends.kinds import Described, Kind, KnobDef
 from cachepilot.backends.operation import CLOSE_BELOW, Operation, OperationBackend, Setting
-from cachepilot.engine.actions import Drain, SetWritePolicy
+from cachepilot.capabilities import BYPASS, KIND_BCACHE, WRITEBACK, WRITETHROUGH, Knob, capabilities
 from cachepilot.errors import DeviceGone, KernelRejected, UserError
 from cachepilot.models.volume import VolumeInfo, VolumeSample
 
-NAME = "bcache"
-
-_UNIT = {"": 1, "k": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+NAME = KIND_BCACHE
 
 # Knobs that live on the cache set rather than on the backing device.
 _CSET_KNOBS = frozenset({"congested_read_threshold_us", "congested_write_threshold_us"})
@@ -46,7 +45,7 @@ def size_matches(readback: str, wanted: str) -> bool:
     except (UserError, ValueError):
         return readback == wanted
     text = readback.strip()
-    unit = _UNIT.get(text[-1], 1) if text and not text[-1].isdigit() else 1
+    unit = units.suffix_bytes(text)
     step = unit // 10 if "." in text else unit
     return abs(got - want) <= max(step, 0)
 
@@ -198,36 +197,10 @@ def sample(host: Host, info: VolumeInfo, now: int) -> VolumeSample:
     )
 
 
-def _knob(name: str, typ: str, lo: int, hi: int, unit: str, doc: str) -> KnobDef:
-    k = knob(name, typ, lo, hi, unit, doc)
-    return KnobDef(k, lambda b: b.knob_setting(k))
+def _knob(knob: Knob) -> KnobDef:
+    return KnobDef(knob.name, lambda b: b.knob_setting(knob))
 
 
-KIND = Kind(
-    NAME,
-    Capabilities(
-        NAME, frozenset({WRITEBACK, WRITETHROUGH, BYPASS}),
-        {WRITEBACK: "writeback", WRITETHROUGH: "writethrough", BYPASS: "none"},
-        drain="writeback_percent 0 until dirty_data is 0, then restore",
-        destructive="write-back with a periodic drain; write-through before the byte bound",
-        drain_sleep_knob="writeback_delay",
-    ),
-    BcacheBackend, detect, describe, sample,
-    knobs=(
-        _knob("sequential_cutoff", "size", 0, UINT_MAX, "bytes",
-              "sequential runs longer than this bypass the cache"),
-        _knob("writeback_percent", "int", 0, 40, "percent",
-              "dirty target as a share of the cache (kernel clamps 0..40)"),
-        _knob("writeback_delay", "int", 0, UINT_MAX, "seconds", "sleep after each full write-back scan"),
-        _knob("writeback_rate", "size", 512, UINT_MAX * 512, "bytes/s",
-              "write-back rate when not throttled by percent"),
-        _knob("writeback_rate_minimum", "int", 1, UINT_MAX, "sectors/s", "write-back rate floor below the target"),
-        _knob("readahead", "size", 0, UINT_MAX, "bytes", "extra read-ahead on a read miss"),
-        _knob("congested_read_threshold_us", "int", 0, UINT_MAX, "µs",
-              "cache-set read latency that counts as congested"),
-        _knob("congested_write_threshold_us", "int", 0, UINT_MAX, "µs",
-              "cache-set write latency that counts as congested"),
-    ),
-    promote_rounds=1,
-    device_prefix="bcache",
-)
+# Modes, drain and knobs with their ranges: cachepilot.capabilities; every knob is a sysfs attribute.
+KIND = Kind(NAME, BcacheBackend, detect, describe, sample,
+            knobs=tuple(_knob(k) for k in capabilities(NAME).knobs().values()))

@@ -14,16 +14,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cachepilot.backends.capabilities import BYPASS, UINT_MAX, WRITEBACK, WRITETHROUGH, Capabilities
+from cachepilot.actions import Drain, SetWritePolicy
 from cachepilot.backends.dmstatus import DmCacheStatus, StatusParseError, parse_dm_cache_status
 from cachepilot.backends.host import BlockDev, Host
-from cachepilot.backends.kinds import Described, Kind, KnobDef, knob
+from cachepilot.backends.kinds import Described, Kind, KnobDef
 from cachepilot.backends.operation import Operation, OperationBackend, Setting
-from cachepilot.engine.actions import Drain, SetWritePolicy
+from cachepilot.capabilities import BYPASS, KIND_DMCACHE, WRITEBACK
 from cachepilot.errors import DeviceGone, KernelRejected, UserError
 from cachepilot.models.volume import VolumeInfo, VolumeSample
 
-NAME = "dm-cache"
+NAME = KIND_DMCACHE
 _IO_MODES = ("writeback", "writethrough", "passthrough")
 
 
@@ -252,18 +252,7 @@ def sample(host: Host, info: VolumeInfo, now: int) -> VolumeSample:
     )
 
 
-# Mode and policy: table reloads; migration_threshold: by message (dm-cache-target.c, cache_message).
-CAPABILITIES = Capabilities(
-    NAME, frozenset({WRITEBACK, WRITETHROUGH, BYPASS}),
-    {WRITEBACK: "writeback", WRITETHROUGH: "writethrough", BYPASS: "passthrough"},
-    drain="table reload to writethrough with the cleaner policy until dirty is 0, then the previous table",
-    destructive="write-back with a periodic drain; write-through before the byte bound",
-    drain_needs_idle=True,
-)
-MIGRATION_THRESHOLD = knob("migration_threshold", "int", 1, UINT_MAX, "sectors",
-                           "cap on in-flight promotion/demotion I/O")
-
-# smq promotes a block once its hotspot has been hit in two of its one-second ticks (actuators.promote).
-KIND = Kind(NAME, CAPABILITIES, DmCacheBackend, detect, describe, sample,
-            knobs=(KnobDef(MIGRATION_THRESHOLD, DmCacheBackend.migration_threshold_setting),),
-            promote_rounds=2)
+# Modes, drain and the knob's range: cachepilot.capabilities. Mode and policy: table reloads; migration_threshold:
+# by message (dm-cache-target.c, cache_message).
+KIND = Kind(NAME, DmCacheBackend, detect, describe, sample,
+            knobs=(KnobDef("migration_threshold", DmCacheBackend.migration_threshold_setting),))

@@ -9,27 +9,24 @@ host (sysfs, mountinfo, dmsetup, blkid) is a :class:`~cachepilot.backends.host.H
 from __future__ import annotations
 
 import os
-import re
 import stat
 import time
 from pathlib import Path
 
+from cachepilot import units
 from cachepilot.backends import kinds
 from cachepilot.backends.host import Host
 from cachepilot.errors import UserError
 from cachepilot.events import kdev_from_st_dev
 from cachepilot.models.volume import VolumeInfo, VolumeSample
 
-_HPRINT = re.compile(r"^(-?[0-9]+(?:\.[0-9]+)?)([kMGTPEZY]?)$")
-_UNITS = {"": 1, "k": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50, "E": 1 << 60}
-
 
 def parse_bcache_size(text: str) -> int:
     """bcache prints sizes human-readably ("5.8M", "64.0k", "512"); back to bytes (to the precision printed)."""
-    m = _HPRINT.match(text.strip())
-    if not m or m.group(2) not in _UNITS:
-        raise UserError(f"unexpected bcache size {text.strip()!r}")
-    return int(float(m.group(1)) * _UNITS[m.group(2)])
+    try:
+        return units.parse_size(text, units.BCACHE, signed=True)
+    except ValueError:
+        raise UserError(f"unexpected bcache size {text.strip()!r}") from None
 
 
 def block_name(dev_path: str, host: Host | None = None) -> tuple[str, int]:

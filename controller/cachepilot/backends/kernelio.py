@@ -1,25 +1,23 @@
 """The two ways a backend talks to the kernel — sysfs files and ``dmsetup`` — with every failure classified.
 
-One place turns an errno (or what dmsetup printed) into an error class the daemon can act on:
-EINVAL/ERANGE/EOPNOTSUPP → :class:`KernelRejected` (a config problem: not retried until the input changes),
-ENOENT/ENODEV/ENXIO → :class:`DeviceGone`, EBUSY/EAGAIN/EINTR and time-outs → :class:`RetryLater`.
+Every failure becomes an error class the daemon can act on: an errno through
+:func:`cachepilot.errors.classify_errno` (the one rule: ENOENT/ENODEV/ENXIO → :class:`DeviceGone`,
+EBUSY/EAGAIN/EINTR/ETIMEDOUT → :class:`RetryLater`, anything else → :class:`KernelRejected`), what dmsetup printed
+through :func:`classify_dmsetup`, a dmsetup time-out as :class:`RetryLater`.
 Each classified error is counted in an :class:`ErrorCounts`, which the backend owns and the exporter reads.
 """
 
 from __future__ import annotations
 
-import errno
 import os
 import subprocess
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from cachepilot.errors import CachepilotError, DeviceGone, KernelRejected, RetryLater, UserError
+from cachepilot.errors import CachepilotError, DeviceGone, KernelRejected, RetryLater, UserError, classify_errno
 
-_REJECTED = {errno.EINVAL, errno.ERANGE, errno.EOPNOTSUPP, errno.EPERM, errno.EACCES, errno.EROFS}
-_GONE = {errno.ENOENT, errno.ENODEV, errno.ENXIO}
-_RETRY = {errno.EBUSY, errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT}
+__all__ = ["ErrorCounts", "classify_dmsetup", "classify_errno", "read_attr", "run_dmsetup", "write_attr"]
 
 # What dmsetup prints (libdevmapper's strerror of the ioctl's errno), by class.
 _DM_GONE = ("No such device", "Device does not exist", "No such file or directory")
@@ -32,17 +30,6 @@ class ErrorCounts(Counter[str]):
     def count(self, exc: CachepilotError) -> CachepilotError:
         self[exc.kind] += 1
         return exc
-
-
-def classify_errno(code: int | None, what: str) -> CachepilotError:
-    text = f"{what}: {os.strerror(code) if code else 'failed'}"
-    if code in _GONE:
-        return DeviceGone(text)
-    if code in _RETRY:
-        return RetryLater(text)
-    if code in _REJECTED:
-        return KernelRejected(text)
-    return KernelRejected(text)  # an unexpected errno is still a refusal of this write, not a reason to retry
 
 
 def read_attr(path: Path) -> str:

@@ -1,12 +1,13 @@
-"""The table of cache kinds (tuned's plugin repository): every module ``cachepilot/backends/<kind>.py`` that
-declares ``KIND = Kind(...)`` is a kind of cache. Discovery, the backends, promotion, the trace format, the
-policy checker and the policy schema read this table; adding a kind is adding one module (and its tests).
+"""The table of cache kinds (tuned's plugin repository), its working half: every module
+``cachepilot/backends/<kind>.py`` that declares ``KIND = Kind(...)`` is a kind of cache. Discovery, describe,
+samples, the one set-knob path and the backends' construction read this table.
 
-A kind declares its name, its capabilities (write modes, drain, knobs), ``detect`` (is this block device one of
-mine?), ``describe`` (its cache's size and identity), ``sample`` (one reading of its state), its backend class and
-its knobs as declared get/set pairs (:class:`KnobDef`). The declaration is checked when the module is imported.
-The modules are loaded on the first look-up, so the modules that only read the table (engine, policy, trace) do
-not import the backends.
+A kind's declarative half (its name, write modes, drain, knobs with type and range, promotion rounds, device
+prefix) is its entry in ``cachepilot.capabilities``, below the engine and the backends, so that the engine,
+promotion, the policy checker, the schema and the trace format read it without importing a backend. Here a kind
+adds ``detect`` (is this block device one of mine?), ``describe`` (its cache's size and identity), ``sample`` (one
+reading of its state), its backend class and a get/set pair for each declared knob (:class:`KnobDef`). The
+declaration is checked when the module is imported, and the loaded table against the declarative one.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from cachepilot.backends.capabilities import Capabilities, Knob
+from cachepilot.capabilities import CAPABILITIES, Capabilities, capabilities
 from cachepilot.errors import UserError
 from cachepilot.models.volume import VolumeInfo, VolumeSample
 
@@ -26,14 +27,12 @@ if TYPE_CHECKING:
     from cachepilot.backends.host import BlockDev, Host
     from cachepilot.backends.operation import Setting
 
-KNOB_TYPES = ("int", "size")
-
-
 @dataclass(frozen=True)
 class KnobDef:
-    """A knob of a kind: its type and range (:class:`Knob`) and its get/set pair on a backend instance."""
+    """A knob of a kind: its name (declared with its type and range in ``cachepilot.capabilities``) and its
+    get/set pair on a backend instance."""
 
-    knob: Knob
+    name: str
     setting: Callable[[Any], Setting]  # backend -> Setting (get, put, matches)
 
 
@@ -48,43 +47,38 @@ class Described:
 @dataclass(frozen=True)
 class Kind:
     name: str
-    caps: Capabilities
     backend: type[Backend]
     detect: Callable[[BlockDev], bool]
     describe: Callable[[Host, BlockDev], Described]
     sample: Callable[[Host, VolumeInfo, int], VolumeSample]
     knobs: tuple[KnobDef, ...] = ()
-    promote_rounds: int = 1  # rounds of promotion reads the cache needs before it admits a block (0: never)
-    device_prefix: str = "dm-"  # how the kernel names its devices (what a policy's device glob can match)
     precedence: int = 0  # detect is asked in descending precedence (a more specific kind before a general one)
+    caps: Capabilities = field(init=False)  # the declarative half (cachepilot.capabilities)
     settings: dict[str, Callable[[Any], Setting]] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         """The declaration's own checks: a kind that breaks one fails at import, not at its first write."""
-        names = [k.knob.name for k in self.knobs]
+        object.__setattr__(self, "caps", capabilities(self.name))
+        names = [k.name for k in self.knobs]
         if len(set(names)) != len(names):
-            raise TypeError(f"kind {self.name}: a knob is declared twice: {names}")
-        for k in self.knobs:
-            if k.knob.type not in KNOB_TYPES or k.knob.min > k.knob.max or not callable(k.setting):
-                raise TypeError(f"kind {self.name}: knob {k.knob.name} is not a typed, ranged get/set pair")
-        if self.caps.drain_sleep_knob is not None and self.caps.drain_sleep_knob not in names:
-            raise TypeError(f"kind {self.name}: drain_sleep_knob {self.caps.drain_sleep_knob} is not a knob of it")
-        if not self.caps.modes <= set(self.caps.kernel_mode_names):
-            raise TypeError(f"kind {self.name}: a write mode without a kernel name")
+            raise TypeError(f"kind {self.name}: a knob is given twice: {names}")
+        declared = set(self.caps.knobs())
+        if set(names) != declared or not all(callable(k.setting) for k in self.knobs):
+            raise TypeError(f"kind {self.name}: get/set pairs for {sorted(names)}, but it declares {sorted(declared)}")
         if getattr(self.backend, "kind", None) != self.name:
             raise TypeError(f"kind {self.name}: its backend {self.backend.__name__} says {self.backend.kind!r}")
-        knobs = tuple(replace(k.knob, kinds=frozenset({self.name})) for k in self.knobs)
-        object.__setattr__(self, "caps", replace(self.caps, kind=self.name, knob_table=knobs))
-        object.__setattr__(self, "settings", {k.knob.name: k.setting for k in self.knobs})
+        object.__setattr__(self, "settings", {k.name: k.setting for k in self.knobs})
 
+    @property
+    def promote_rounds(self) -> int:
+        return self.caps.promote_rounds
 
-def knob(name: str, typ: str, lo: int, hi: int, unit: str, doc: str) -> Knob:
-    """A knob's type and range, for a kind's :class:`KnobDef` (its kinds are filled in by the table)."""
-    return Knob(name, frozenset(), typ, lo, hi, unit, doc)
+    @property
+    def device_prefix(self) -> str:
+        return self.caps.device_prefix
 
 
 _TABLE: dict[str, Kind] = {}
-_KNOBS: dict[str, Knob] = {}
 
 
 def _load() -> dict[str, Kind]:
@@ -100,19 +94,16 @@ def _load() -> dict[str, Kind]:
     table = {k.name: k for k in found}
     if len(table) != len(found):
         raise TypeError(f"two cache kinds with one name: {[k.name for k in found]}")
-    _check_knobs(found)
+    check_declared(table, CAPABILITIES)
     _TABLE.update(table)
     return _TABLE
 
 
-def _check_knobs(found: list[Kind]) -> None:
-    """A knob name means one thing: kinds that share one (dm-cache and lvmcache) declare it alike."""
-    seen: dict[str, Knob] = {}
-    for k in found:
-        for d in k.knobs:
-            other = seen.setdefault(d.knob.name, d.knob)
-            if (other.type, other.min, other.max, other.unit) != (d.knob.type, d.knob.min, d.knob.max, d.knob.unit):
-                raise TypeError(f"knob {d.knob.name} is declared differently by two kinds")
+def check_declared(table: dict[str, Kind], declared: dict[str, Capabilities]) -> None:
+    """Every kind declared in cachepilot.capabilities has its module here, and no module declares a kind that is
+    not declared there."""
+    if set(table) != set(declared):
+        raise TypeError(f"kinds with a module {sorted(table)} are not the kinds declared {sorted(declared)}")
 
 
 def table() -> dict[str, Kind]:
@@ -134,24 +125,6 @@ def kind(name: str) -> Kind:
     if k is None:
         raise UserError(f"unknown cache kind {name!r} (known: {', '.join(names())})")
     return k
-
-
-def capabilities_table() -> dict[str, Capabilities]:
-    return {n: k.caps for n, k in _load().items()}
-
-
-def all_knobs() -> dict[str, Knob]:
-    """Every knob of every kind by name, its ``kinds`` the kinds that have it (declaration order)."""
-    if _KNOBS:
-        return _KNOBS
-    out: dict[str, Knob] = {}
-    for k in _load().values():
-        for d in k.knobs:
-            have = out.get(d.knob.name)
-            kinds = (have.kinds if have else frozenset()) | {k.name}
-            out[d.knob.name] = replace(d.knob, kinds=kinds)
-    _KNOBS.update(out)
-    return _KNOBS
 
 
 def by_precedence() -> list[Kind]:

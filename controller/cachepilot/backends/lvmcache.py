@@ -16,16 +16,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from cachepilot.actions import Drain
 from cachepilot.backends import dmcache
-from cachepilot.backends.capabilities import BYPASS, WRITEBACK, WRITETHROUGH, Capabilities
 from cachepilot.backends.host import BlockDev, Host, ToolResult
 from cachepilot.backends.kinds import Kind, KnobDef
 from cachepilot.backends.operation import Operation, Setting
-from cachepilot.engine.actions import Drain
+from cachepilot.capabilities import KIND_LVMCACHE
 from cachepilot.errors import CachepilotError, DeviceGone, KernelRejected, RetryLater
 from cachepilot.models.volume import VolumeInfo, VolumeSample
 
-NAME = "lvmcache"
+NAME = KIND_LVMCACHE
 LVCHANGE_TIMEOUT_S = 120.0  # a mode change on a cache that got dirty again waits inside lvchange until it is clean
 
 # What lvchange prints, by class (lvm2's log_error texts).
@@ -147,17 +147,7 @@ def sample(host: Host, info: VolumeInfo, now: int) -> VolumeSample:
     return dmcache.sample(host, info, now)
 
 
-KIND = Kind(
-    NAME,
-    Capabilities(
-        NAME, frozenset({WRITEBACK, WRITETHROUGH, BYPASS}),
-        {WRITEBACK: "writeback", WRITETHROUGH: "writethrough", BYPASS: "passthrough"},
-        drain="lvchange --cachepolicy cleaner until dirty is 0, then lvchange back to the saved mode and policy",
-        destructive="write-back with a periodic drain; write-through before the byte bound",
-        drain_needs_idle=True,
-    ),
-    LvmCacheBackend, detect, dmcache.describe, sample,
-    knobs=(KnobDef(dmcache.MIGRATION_THRESHOLD, LvmCacheBackend.migration_threshold_setting),),
-    promote_rounds=2,  # smq, as dm-cache
-    precedence=10,  # an LVM cache LV is a dm cache target too: this kind claims it first
-)
+# Modes, drain and the knob's range: cachepilot.capabilities (as dm-cache's, the drain by lvchange).
+KIND = Kind(NAME, LvmCacheBackend, detect, dmcache.describe, sample,
+            knobs=(KnobDef("migration_threshold", LvmCacheBackend.migration_threshold_setting),),
+            precedence=10)  # an LVM cache LV is a dm cache target too: this kind claims it first

@@ -16,10 +16,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from cachepilot.actions import Drain, SetKnob
 from cachepilot.backends.base import DONE, FAILED, PENDING, Backend, ControlAction, Outcome, Write
 from cachepilot.backends.host import Host
 from cachepilot.backends.kernelio import ErrorCounts
-from cachepilot.engine.actions import Drain, SetKnob
 from cachepilot.errors import CachepilotError, KernelRejected, RetryLater
 from cachepilot.models.volume import VolumeInfo
 

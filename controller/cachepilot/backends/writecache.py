@@ -12,17 +12,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cachepilot.actions import Drain, SetWritePolicy
 from cachepilot.backends.base import Write
-from cachepilot.backends.capabilities import UINT_MAX, WRITEBACK, Capabilities
 from cachepilot.backends.dmstatus import DmWritecacheStatus, StatusParseError, parse_dm_writecache_status
 from cachepilot.backends.host import BlockDev, Host
-from cachepilot.backends.kinds import Described, Kind, KnobDef, knob
+from cachepilot.backends.kinds import Described, Kind, KnobDef
 from cachepilot.backends.operation import Operation, OperationBackend, Setting
-from cachepilot.engine.actions import Drain, SetWritePolicy
+from cachepilot.capabilities import KIND_WRITECACHE, WRITEBACK, capabilities
 from cachepilot.errors import KernelRejected, UserError
 from cachepilot.models.volume import VolumeInfo, VolumeSample
 
-NAME = "dm-writecache"
+NAME = KIND_WRITECACHE
 
 # Optional arguments that take a value (the rest are flags).
 _VALUED = frozenset({"high_watermark", "low_watermark", "writeback_jobs", "autocommit_blocks", "autocommit_time",
@@ -172,25 +172,11 @@ def sample(host: Host, info: VolumeInfo, now: int) -> VolumeSample:
     )
 
 
-def _option(name: str, lo: int, hi: int, unit: str, doc: str) -> KnobDef:
+def _option(name: str) -> KnobDef:
     """An optional table argument (changed by a reload)."""
-    return KnobDef(knob(name, "int", lo, hi, unit, doc), lambda b: b.option_setting(name))
+    return KnobDef(name, lambda b: b.option_setting(name))
 
 
-KIND = Kind(
-    NAME,
-    Capabilities(
-        NAME, frozenset({WRITEBACK}), {WRITEBACK: "writeback"},
-        drain="the flush message (returns when every block is written back)",
-        destructive="write-back only: the bound is kept by flushing, never by a mode switch",
-    ),
-    WritecacheBackend, detect, describe, sample,
-    knobs=(
-        _option("high_watermark", 0, 100, "percent", "start writing back above this fill level"),
-        _option("low_watermark", 0, 100, "percent", "stop writing back below this fill level"),
-        _option("writeback_jobs", 1, UINT_MAX, "jobs", "cap on concurrent write-back jobs"),
-        _option("autocommit_blocks", 1, UINT_MAX, "blocks", "commit after this many written blocks"),
-        _option("autocommit_time", 1, UINT_MAX, "ms", "commit after this long"),
-    ),
-    promote_rounds=0,  # dm-writecache never caches reads
-)
+# Modes, drain and knobs with their ranges: cachepilot.capabilities; every knob is an optional table argument.
+KIND = Kind(NAME, WritecacheBackend, detect, describe, sample,
+            knobs=tuple(_option(n) for n in capabilities(NAME).knobs()))

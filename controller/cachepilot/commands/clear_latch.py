@@ -6,13 +6,18 @@ from __future__ import annotations
 import argparse
 
 from cachepilot.commands.status import socket_arg, socket_path
+from cachepilot.display import escape
 
 
 def clear_latch(args: argparse.Namespace) -> int:
     from cachepilot.daemon.control import request
 
-    request(socket_path(args), {"cmd": "clear_latch", "volume": args.volume})
-    print(f"{args.volume}: latch cleared at the daemon's next tick (see `cachepilot status`)")
+    answer = request(socket_path(args), {"cmd": "clear_latch", "volume": args.volume})
+    name = escape(args.volume)
+    if answer.get("latched") is False:  # success all the same: the volume is not latched, as asked (exit 0)
+        print(f"{name}: was not latched; nothing to clear")
+    else:
+        print(f"{name}: latch cleared at the daemon's next tick (see `cachepilot status`)")
     return 0
 
 

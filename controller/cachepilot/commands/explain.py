@@ -33,15 +33,16 @@ def since_ts(text: str | None) -> float:
 def render(d: dict[str, Any]) -> str:
     when = datetime.fromtimestamp(d.get("ts", 0)).strftime("%H:%M:%S")
     dry = " (dry run)" if d.get("dry_run") else ""
-    lines = [f"{when} {escape(str(d.get('volume')))} {d.get('kind')} => {d.get('status')}{dry}",
+    what = " ".join(escape(str(d.get(k))) for k in ("volume", "kind"))
+    lines = [f"{when} {what} => {escape(str(d.get('status')))}{dry}",
              f"    why: {escape(str(d.get('reason', '')))}"]
     for w in d.get("writes", []):
-        lines.append(f"    wrote {escape(w['target'])}: {escape(w['before'])} -> {escape(w['value'])}"
-                     f" (read back {escape(w['readback'])})")
+        lines.append(f"    wrote {escape(str(w['target']))}: {escape(str(w['before']))} -> {escape(str(w['value']))}"
+                     f" (read back {escape(str(w['readback']))})")
     if d.get("error"):
-        lines.append(f"    error [{d.get('error_kind')}]: {escape(d['error'])}")
+        lines.append(f"    error [{escape(str(d.get('error_kind')))}]: {escape(str(d['error']))}")
     if d.get("detail"):
-        lines.append(f"    note: {escape(d['detail'])}")
+        lines.append(f"    note: {escape(str(d['detail']))}")
     return "\n".join(lines)
 
 

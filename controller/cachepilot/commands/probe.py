@@ -14,6 +14,9 @@ from cachepilot.daemon.loop import TickLoop
 from cachepilot.errors import UserError
 from cachepilot.events import Drops, kdev_from_st_dev, kdev_major_minor
 
+MAX_RUN_S = 10 * 365 * 86400  # --seconds, record's --duration: ten years is "until stopped", not an overflow
+MAX_TICK_S = 3600
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -23,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "events: freed extents, deletes, barriers, discards, journal commits as they come, per-file hotness and "
         "metadata deltas every tick, drop counters.",
     )
-    p.add_argument("--dev", action="append", required=True, metavar="DEV",
+    p.add_argument("--dev", action="append", default=[], metavar="DEV",
                    help="cached block device (/dev/bcache0, /dev/mapper/x) or a mountpoint on it; repeatable")
     p.add_argument("--lower", action="append", default=[], metavar="DEV",
                    help="a backing or cache device below (its discards are reported); repeatable")
@@ -32,6 +35,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.add_argument("--dio-hook", choices=("auto", "iomap", "syscalls"), default="auto")
     p.add_argument("--max-files", default=str(1 << 18), help="files tracked per tick (kernel table size)")
+    p.add_argument("--bpf-object", metavar="FILE",
+                   help="the compiled probe (default: the packaged one, else the checkout's bpf/.output)")
+    p.add_argument("--check", action="store_true",
+                   help="load and attach, print what attached and the object used, then exit (no --dev needed)")
     p.set_defaults(handler=run)
 
 
@@ -68,6 +75,15 @@ def resolve_dev(arg: str) -> int:
     return kdev_from_st_dev(st.st_dev)
 
 
+def device_node(arg: str) -> str:
+    """The block device node for what ``resolve_dev`` accepts: the node itself, or /dev/NAME of the device a mounted
+    directory's filesystem is on (so `record` takes the same forms as `probe`)."""
+    dev = resolve_dev(arg)
+    if stat.S_ISBLK(os.stat(arg).st_mode):
+        return arg
+    return f"/dev/{os.path.basename(os.path.realpath(f'/sys/dev/block/{_devname(dev)}'))}"
+
+
 def _devname(dev: int) -> str:
     major, minor = kdev_major_minor(dev)
     return f"{major}:{minor}"
@@ -91,15 +107,20 @@ def format_event(ev: object, as_json: bool) -> str:
 def run(args: argparse.Namespace) -> int:
     from cachepilot.probe import Probe
 
-    seconds = number("seconds", args.seconds, low=0, high=10 * 365 * 86400)
-    tick = number("tick", args.tick, low=0, high=3600, low_ok=False)
+    seconds = number("seconds", args.seconds, low=0, high=MAX_RUN_S)
+    tick = number("tick", args.tick, low=0, high=MAX_TICK_S, low_ok=False)
     max_files = number("max-files", args.max_files, low=1, high=1 << 26)
     if max_files != int(max_files):
         raise UserError(f"--max-files {shown(args.max_files)}: must be a whole number")
+    if not args.dev and not args.check:
+        raise UserError("--dev is required (or --check)")
     devs = [resolve_dev(d) for d in args.dev]
     lower = [resolve_dev(d) for d in args.lower]
-    with Probe(max_files=int(max_files), dio_hook=args.dio_hook) as probe:
+    with Probe(args.bpf_object, max_files=int(max_files), dio_hook=args.dio_hook) as probe:
         print(probe.report.summary(), file=sys.stderr)
+        if args.check:
+            print(f"probe ok: {probe.object_path}")
+            return 0
         for dev in devs:
             probe.watch_volume(dev, lower=lower)
         out = sys.stdout

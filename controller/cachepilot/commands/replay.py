@@ -8,6 +8,7 @@ import difflib
 import os
 import sys
 
+from cachepilot.errors import UserError
 from cachepilot.policy import DEFAULT_POLICY, load_policy
 from cachepilot.trace import replay as run_replay
 from cachepilot.trace.replay import unknown_volumes_warning
@@ -30,6 +31,9 @@ def _replay(args: argparse.Namespace) -> int:
     warning = unknown_volumes_warning(a)
     if warning:
         print(f"cachepilot: {warning}", file=sys.stderr)
+    if a.cut:
+        print(f"cachepilot: warning: {args.trace}: {a.cut}", file=sys.stderr)
+    cut = f"; {a.cut}" if a.cut else ""
     if args.against is None:
         if not args.quiet:
             for d in a.decisions:
@@ -39,8 +43,10 @@ def _replay(args: argparse.Namespace) -> int:
             kinds[d.action.kind] = kinds.get(d.action.kind, 0) + 1
         summary = ", ".join(f"{k}={v}" for k, v in sorted(kinds.items())) or "no actions"
         print(f"# {a.events} records, {a.ticks} ticks, {len(a.decisions)} decisions ({summary}); "
-              f"{a.cpu_s:.2f} s CPU")
+              f"{a.cpu_s:.2f} s CPU{cut}")
         return 0
+    if a.stream:
+        raise UserError(f"{args.trace}: --against replays the trace twice: give a file, not a pipe")
     b = run_replay(args.trace, _policy(args.against), args.volume)
     la = [d.line() + "\n" for d in a.decisions]
     lb = [d.line() + "\n" for d in b.decisions]
@@ -48,7 +54,7 @@ def _replay(args: argparse.Namespace) -> int:
                                      tofile=args.against, n=0))
     print("".join(diff), end="")
     print(f"# {len(la)} vs {len(lb)} decisions, {sum(1 for x in diff if x[:1] in '+-') - 2 if diff else 0} "
-          "differing lines")
+          f"differing lines{cut}")
     return 0
 
 

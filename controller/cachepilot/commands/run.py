@@ -20,10 +20,13 @@ from cachepilot.errors import FatalError
 EXIT_FATAL = 3
 
 
-def _probe_factory(max_files: int) -> Any:
-    from cachepilot.probe import Probe  # lazy: loading libbpf only when the daemon really starts
+def _probe_factory(object_path: Path | None) -> Any:
+    def make(max_files: int) -> Any:
+        from cachepilot.probe import Probe  # lazy: loading libbpf only when the daemon really starts
 
-    return Probe(max_files=max_files)
+        return Probe(object_path, max_files=max_files)
+
+    return make
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,6 +36,8 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.config)  # UserError → exit 2 (cli)
     if args.dry_run:
         config = replace(config, dry_run=True)
+    if args.bpf_object:
+        config = replace(config, bpf_object=Path(args.bpf_object))
     if args.check:
         print(f"{config.source}: ok (policies: {config.policy.source}; state {config.state_dir}; "
               f"socket {config.socket}; tick {config.tick_s:g} s; dry run {config.effective_dry_run})")
@@ -42,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.verbose:  # the daemon logs each action with its outcome and read-back once; their own lines repeat it
         for name in ("cachepilot.backends", "cachepilot.actuators"):
             logging.getLogger(name).setLevel(logging.WARNING)
-    daemon = Daemon(config, config_path=Path(args.config), probe_factory=None if args.no_probe else _probe_factory)
+    probe = None if args.no_probe else _probe_factory(config.bpf_object)
+    daemon = Daemon(config, config_path=Path(args.config), probe_factory=probe)
     signal.signal(signal.SIGTERM, lambda *_: daemon.request_stop())
     signal.signal(signal.SIGINT, lambda *_: daemon.request_stop())
     signal.signal(signal.SIGHUP, lambda *_: daemon.request_reload())
@@ -67,5 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--check", action="store_true", help="validate the configuration and its policies, then exit")
     p.add_argument("--no-probe", action="store_true",
                    help="run without the eBPF probe (samples and mode decisions only; for hosts without eBPF)")
+    p.add_argument("--bpf-object", metavar="FILE",
+                   help="the compiled probe (overrides bpf_object; default: the packaged one, else the checkout's)")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(handler=run)

@@ -6,17 +6,44 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+import time
 from pathlib import Path
 
 from cachepilot.errors import UserError
 from cachepilot.sim.prepare import prepare
-from cachepilot.sim.report import SCENARIOS, bars, describe_controllers, evaluate, format_bars, table
+from cachepilot.sim.report import (
+    ALIASES,
+    SCENARIOS,
+    WORKLOADS,
+    Evaluation,
+    bars,
+    describe_controllers,
+    evaluate,
+    format_bars,
+    table,
+)
 from cachepilot.sim.runner import POLICIES, run, sim_volume
 from cachepilot.trace.format import TraceWriter
 
 
+def progress(what: str) -> None:
+    """A line per phase on stderr when a person watches it (a full run takes a minute); the tables on stdout stay
+    clean for a pipe, and a script reading stderr gets only the errors (one line each)."""
+    if sys.stderr.isatty():
+        print(f"cachepilot simulate: {what}", file=sys.stderr, flush=True)
+
+
+def _evaluate(key: str, policies: tuple[str, ...], i: int, n: int) -> Evaluation:
+    t0 = time.monotonic()
+    progress(f"[{i}/{n}] {key} ...")
+    ev = evaluate(key, policies)
+    progress(f"[{i}/{n}] {key} done in {time.monotonic() - t0:.1f} s")
+    return ev
+
+
 def simulate(args: argparse.Namespace) -> int:
-    keys = list(SCENARIOS) if args.workload == "all" else [args.workload]
+    keys = list(SCENARIOS) if args.workload == "all" else [ALIASES.get(args.workload, args.workload)]
     policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
     for p in policies:
         if p not in POLICIES:
@@ -28,6 +55,7 @@ def simulate(args: argparse.Namespace) -> int:
         if not out_dir.is_dir() or not os.access(out_dir, os.W_OK):  # before minutes of simulation
             raise UserError(f"{args.trace_out}: cannot write trace: no writable directory {out_dir}")
         sc = SCENARIOS[keys[0]]
+        progress(f"simulating {sc.key} for its trace")
         prep = prepare(sc.make(), tick_s=sc.tick_s)
         cap = max(16, int(prep.data_blocks_peak * sc.cache_fraction))
         meta = {"source": "cachepilot simulate", "workload": prep.workload.name,
@@ -37,7 +65,7 @@ def simulate(args: argparse.Namespace) -> int:
             n = w.total
         print(f"wrote {n} records to {args.trace_out} ({prep.workload.name}, stock LRU samples)")
         return 0
-    evs = {k: evaluate(k, policies) for k in keys}
+    evs = {k: _evaluate(k, policies, i, len(keys)) for i, k in enumerate(keys, 1)}
     print(describe_controllers())
     print()
     print(table(list(evs.values())))
@@ -50,7 +78,7 @@ def simulate(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("simulate", help="offline block-cache simulation of generated workloads")
-    p.add_argument("--workload", default="all", choices=["all", *SCENARIOS])
+    p.add_argument("--workload", default="all", choices=WORKLOADS)
     p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated: lru,smq,opt")
     p.add_argument("--trace-out", metavar="FILE", help="write the workload's event stream as a trace instead")
     p.set_defaults(handler=simulate)

@@ -15,16 +15,17 @@ from cachepilot.display import escape
 
 def socket_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--socket", metavar="PATH", help=f"control socket (default {DEFAULT_SOCKET})")
-    p.add_argument("--config", metavar="FILE", help="take the control socket's path from this configuration")
+    p.add_argument("--config", metavar="FILE",
+                   help="take the control socket's path from this configuration (only that key is read)")
 
 
 def socket_path(args: argparse.Namespace) -> Path:
     if args.socket:
         return Path(args.socket)
     if args.config:
-        from cachepilot.daemon.config import load_config  # lazy: jsonschema is slow to import (in the lab, seconds)
+        from cachepilot.daemon.config import load_socket  # lazy: jsonschema is slow to import (in the lab, seconds)
 
-        return load_config(args.config).socket
+        return load_socket(args.config)
     return Path(DEFAULT_SOCKET)
 
 
@@ -56,16 +57,20 @@ def render(s: dict[str, Any]) -> str:
     ]
     for v in s["volumes"]:
         hr = f"{v['hit_ratio']:.0%}" if v["hit_ratio"] is not None else "-"
-        kind = "observe" if v["observe_only"] else v["kind"]
+        kind = "observe" if v["observe_only"] else escape(str(v["kind"]))
+        mode, target = escape(str(v["mode"] or "-")), escape(str(v["target_mode"] or "-"))
         head.append(
-            f"{escape(v['name']):<10} {kind:<14} {v['mode'] or '-':<13} {v['target_mode'] or '-':<13} "
-            f"{_bytes(v['dirty_bytes']):>10} {_bytes(v['max_dirty_bytes']):>10} {hr:>6} {v['health']:<9} "
+            f"{escape(v['name']):<10} {kind:<14} {mode:<13} {target:<13} "
+            f"{_bytes(v['dirty_bytes']):>10} {_bytes(v['max_dirty_bytes']):>10} {hr:>6} {escape(str(v['health'])):<9} "
             f"{'yes' if v['latched'] else 'no':<6} {escape(v['mountpoint']) or '-'}"
         )
         for p in v["pending"]:
             head.append(f"{'':<10} pending: {escape(p)}")
     if not s["volumes"]:
         head.append("(no volume)")
+    for u in s.get("unmanaged", []):  # a daemon from before issue 24 has no such key
+        head.append(f"{escape(u['name']):<10} NOT MANAGED ({escape(u['reason'])}; {escape(u['dev'])}): its cache runs "
+                    "unbounded; see the journal")
     return "\n".join(head)
 
 

@@ -6,8 +6,9 @@ import argparse
 import time
 from typing import Any
 
+from cachepilot.commands.probe import MAX_TICK_S, number
 from cachepilot.commands.status import _bytes, socket_arg, socket_path
-from cachepilot.display import path_of
+from cachepilot.display import escape, path_of
 
 
 def table(answer: dict[str, Any]) -> Any:
@@ -18,7 +19,8 @@ def table(answer: dict[str, Any]) -> Any:
     parts: list[Table | Text] = []
     now = time.monotonic_ns()
     for v in answer["volumes"]:
-        t = Table(title=Text(f"{v['name']} ({v['dev']}) {v['mountpoint'] or ''}"), title_justify="left")
+        title = escape(f"{v['name']} ({v['dev']}) {v['mountpoint'] or ''}")
+        t = Table(title=Text(title), title_justify="left")
         for col, just in (("SCORE", "right"), ("READ", "right"), ("WRITE", "right"), ("SIZE", "right"),
                           ("IDLE", "right"), ("INODE", "right"), ("FILE", "left")):
             t.add_column(col, justify=just, overflow="fold")  # type: ignore[arg-type]  # never hide a name
@@ -41,6 +43,7 @@ def top(args: argparse.Namespace) -> int:
 
     from cachepilot.daemon.control import request
 
+    interval = number("interval", args.interval, low=0, high=MAX_TICK_S, low_ok=False)  # 0 would busy-loop
     path = socket_path(args)
     req = {"cmd": "top", "n": args.n, **({"volume": args.volume} if args.volume else {})}
     console = Console()
@@ -49,7 +52,7 @@ def top(args: argparse.Namespace) -> int:
         return 0
     with Live(table(request(path, req)), console=console, refresh_per_second=4, screen=False) as live:
         while True:
-            time.sleep(args.interval)
+            time.sleep(interval)
             live.update(table(request(path, req)))
 
 
@@ -58,6 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     socket_arg(p)
     p.add_argument("--volume", metavar="NAME", help="only this volume (e.g. bcache0)")
     p.add_argument("-n", type=int, default=20, help="files per volume (default 20)")
-    p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")
+    p.add_argument("--interval", default="2", metavar="S",
+                   help="seconds between refreshes, finite in (0, 3600] (default 2)")
     p.add_argument("--once", action="store_true", help="print once and exit")
     p.set_defaults(handler=top)

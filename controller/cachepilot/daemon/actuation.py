@@ -15,10 +15,10 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
+from cachepilot.actions import DiscardRanges, Promote
 from cachepilot.backends import inspect
 from cachepilot.backends.base import FAILED, Backend, ControlAction, Outcome
 from cachepilot.backends.host import Host
-from cachepilot.engine.actions import DiscardRanges, Promote
 from cachepilot.errors import DeviceGone, UserError
 from cachepilot.models.volume import VolumeInfo, VolumeSample
 
@@ -87,13 +87,13 @@ class FileActuators:
         promoter = _optional("cachepilot.actuators.promote", "Promoter")
         self.promoter = promoter(info, rate=promote_rate) if promoter else None
 
-    def run(self, action: Promote | DiscardRanges, dry_run: bool) -> Any:
-        """An outcome (``action``, ``status``, ``dry_run``, ``error``, ``detail``, ``line()``, ``deferred``;
-        discards also ``issued``/``trimmed_bytes``, promotions ``read_bytes``)."""
+    def run(self, action: Promote | DiscardRanges, dry_run: bool) -> Outcome:
         if isinstance(action, DiscardRanges):
             if self.discarder is None:
-                return Outcome(action, FAILED, dry_run=dry_run, detail=NO_ACTUATOR)  # type: ignore[arg-type]
-            return self.discarder.run(action, dry_run=dry_run)
+                return Outcome(action, FAILED, dry_run=dry_run, detail=NO_ACTUATOR)
+            out: Outcome = self.discarder.run(action, dry_run=dry_run)
+            return out
         if self.promoter is None:
-            return Outcome(action, FAILED, dry_run=dry_run, detail=NO_ACTUATOR)  # type: ignore[arg-type]
-        return self.promoter.run(action, dry_run=dry_run)
+            return Outcome(action, FAILED, dry_run=dry_run, detail=NO_ACTUATOR)
+        out = self.promoter.run(action, dry_run=dry_run)
+        return out

@@ -150,7 +150,7 @@ def request(path: Path, req: dict[str, Any], timeout: float = 5.0) -> dict[str, 
         except PermissionError:
             raise UserError(f"{path}: permission denied (the control socket is root only)") from None
         except OSError as exc:
-            raise UserError(f"cannot reach the daemon at {path}: {exc.strerror}") from None
+            raise UserError(f"cannot reach the daemon at {path}: {exc.strerror or exc}") from None  # too long: no errno
         s.sendall(json.dumps(req).encode() + b"\n")
         chunks = []
         while True:

@@ -14,9 +14,10 @@ traceback.
 
 from __future__ import annotations
 
-import errno
+import hashlib
 import logging
 import os
+import sys
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
@@ -24,18 +25,21 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from cachepilot import __version__, records
+from cachepilot.actions import Action, DiscardRanges, Drain, Promote, SetKnob
 from cachepilot.backends.base import DONE, FAILED, PENDING, Backend, Outcome
+from cachepilot.capabilities import ERROR_COUNTS, KIND_BCACHE
 from cachepilot.daemon import actuation, volumes
 from cachepilot.daemon.config import DaemonConfig, load_config
 from cachepilot.daemon.control import ControlServer
-from cachepilot.daemon.lock import DaemonLock
+from cachepilot.daemon.lock import DaemonLock, host_lock_path
 from cachepilot.daemon.loop import TickLoop
 from cachepilot.daemon.notify import Notifier
+from cachepilot.daemon.reloads import ReloadRequests, Verdict
 from cachepilot.daemon.snapshot import hottest
 from cachepilot.daemon.state import MAX_DECISIONS, MAX_HOT, StateFile
-from cachepilot.engine.actions import Action, DiscardRanges, Drain, Promote, SetKnob
-from cachepilot.engine.engine import Engine, Latch, normalise_mode
-from cachepilot.errors import CachepilotError, DeviceGone, FatalError, KernelRejected, RetryLater, UserError
+from cachepilot.engine.engine import Engine, Latch, UnknownEvent, normalise_mode
+from cachepilot.errors import CachepilotError, DeviceGone, FatalError, RetryLater, UserError, classify_errno
 from cachepilot.events import Barrier, Discard, Drops, kdev_major_minor
 from cachepilot.models.hotness import F_READ
 
@@ -51,9 +55,21 @@ DECISIONS_KEPT = 1000
 # wakeup allowed (one per 20 ms under a commit storm, ~50 a second) cost the daemon more than the events themselves
 # (measured in the lab's varmail run). The rings hold seconds of records even at a flush storm's rate.
 MIN_POLL_GAP_S = 0.1
-_EVENT_KINDS = {"FreedExtent": "freed_extent", "Delete": "delete", "Barrier": "barrier", "Discard": "discard",
-                "JournalCommit": "journal_commit", "SyncCalls": "sync_calls", "HotnessDelta": "hotness_delta",
-                "MetadataDelta": "metadata_delta"}
+# the status's event counts by kind (its counters are by class name); Drops are counters of their own
+_EVENT_KINDS = {k.event.__name__: k.name for k in records.KINDS if k is not records.DROPS}
+RELOAD_WAIT_S = 30.0  # a control-socket reload waits this long for the loop's verdict (a tick or two normally)
+
+
+def _file_id(path: Any) -> str:
+    """A short hash of a file (which build of the BPF object runs), or "none"."""
+    if path is None:
+        return "none"
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read(64 << 20)).hexdigest()[:12]
+    except OSError:
+        return "none"
+
 
 Discover = Callable[[], tuple[list[volumes.Found], list[str]]]
 BackendFactory = Callable[[Any], Backend]
@@ -87,22 +103,13 @@ class Vol:
         return self.backend is None
 
 
-def classify(exc: OSError) -> CachepilotError:
-    """An OSError from a control write, as the class the daemon acts on."""
-    e = exc.errno
-    text = f"{exc.filename + ': ' if exc.filename else ''}{exc.strerror or exc}"
-    if e in (errno.ENOENT, errno.ENODEV, errno.ENXIO):
-        return DeviceGone(text)
-    if e in (errno.EBUSY, errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT):
-        return RetryLater(text)
-    if e in (errno.EINVAL, errno.EPERM, errno.EACCES, errno.EROFS, errno.EOPNOTSUPP):
-        return KernelRejected(text)
-    return RetryLater(text)
-
-
 def devname(dev: int) -> str:
     major, minor = kdev_major_minor(dev)
     return f"{major}:{minor}"
+
+
+class _StopDuringReload(BaseException):  # noqa: N818 - not an error: raised by the stop signal's handler
+    """Raised by the SIGTERM/SIGINT handler into a reload in progress (caught by the reload, nowhere else)."""
 
 
 class Daemon:
@@ -130,7 +137,7 @@ class Daemon:
         self.probe: Any = None
         self._next_poll = 0.0  # time.monotonic() of the earliest next look at the rings (MIN_POLL_GAP_S)
         self.state = StateFile(config.state_dir)
-        self.lock = DaemonLock(config.state_dir)
+        self.lock = DaemonLock(config.state_dir, host_lock_path())
         self.control = ControlServer(config.socket, self.answer)
         self.loop = TickLoop(config.tick_s, self.tick, wait=self._wait)
         self.counters: Counter[str] = Counter()
@@ -142,7 +149,8 @@ class Daemon:
         self.top: dict[str, list[dict[str, int]]] = {}
         self.policy_error: str | None = None
         self.policy_generation = 1
-        self.reload_requested = False
+        self.reloads = ReloadRequests()
+        self._reloading = False  # a stop request (signal) aborts the reload in progress
         self.started_wall = time.time()
         self.started_ns = time.monotonic_ns()
         self._next_rescan = 0
@@ -156,6 +164,10 @@ class Daemon:
         self.clear_requests: list[str] = []  # from the control socket, done on the loop thread
         self.metrics: Any = None  # the exporter (box, registry, server) when configured
         self.ready = False
+        # Cached volumes found but not managed, refound at every rescan: kernel name -> (volume label, reason word
+        # of exporter.snapshot.UNMANAGED_REASONS). Each is a metric and an alert, not only a log line said once.
+        self.unmanaged: dict[str, tuple[str, str]] = {}
+        self.bpf_object = "none"  # a short hash of the loaded BPF object (cachepilot_build_info)
 
     # ------------------------------------------------------------------ start / stop
     @property
@@ -164,11 +176,7 @@ class Daemon:
 
     def start(self) -> None:
         """Everything before the first tick; FatalError if the daemon cannot run here."""
-        try:
-            self.config.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError as exc:
-            raise FatalError(f"state directory {self.config.state_dir}: {exc.strerror}") from None
-        self.lock.acquire()
+        self.lock.acquire()  # makes and checks the state directory; nothing acts before the locks are ours
         self._read_state()
         now = time.monotonic_ns()
         # Reconcile before the probe loads (seconds on a slow host): a setting an interrupted operation left behind
@@ -253,9 +261,11 @@ class Daemon:
     # ------------------------------------------------------------------ signals (called from handlers: flags only)
     def request_stop(self) -> None:
         self.loop.stop()
+        if self._reloading:  # a reload can parse 64 policy files of 4 MiB: a stop does not wait for that
+            raise _StopDuringReload
 
     def request_reload(self) -> None:
-        self.reload_requested = True
+        self.reloads.request()
 
     # ------------------------------------------------------------------ the loop
     def _wait(self, seconds: float) -> None:
@@ -289,17 +299,22 @@ class Daemon:
                     v.epoch_bytes.observe(ev.epoch_bytes)
         try:
             self.engine.feed(ev)
-        except TypeError:  # an event kind this engine does not know yet
+        except UnknownEvent:  # an event kind this engine does not know yet
             self.counters["events.unhandled"] += 1
         except UserError as exc:
             self.counters["events.rejected"] += 1
             self._once(f"event rejected: {exc}")
+        except Exception:  # a bug (e.g. a TypeError inside a known kind's handler): never mistaken for input
+            self.counters["events.bugs"] += 1
+            self._bug(f"handling {type(ev).__name__}")
 
     def tick(self, now: int) -> None:
         t0 = time.monotonic_ns()
-        if self.reload_requested:
-            self.reload_requested = False
-            self.reload()
+        if self.reloads.pending():
+            waiting = self.reloads.take()
+            ok = self.reload()
+            said = f"reloaded {self.config.source}" if ok else str(self.policy_error)
+            self.reloads.answer(waiting, Verdict(ok, said))
         if self.probe is not None:
             self._drain()
         if now >= self._next_rescan:
@@ -341,8 +356,11 @@ class Daemon:
     # ------------------------------------------------------------------ volumes
     def _rescan(self, now: int) -> None:
         found, problems = self.discover()
+        self.unmanaged = {}
         for p in problems:
             self._once(f"volume not adopted: {p}")
+            name = p.partition(": ")[0]  # discover's problems are "<kernel name>: <why>"
+            self.unmanaged[name] = (name, "describe")
         want: dict[int, volumes.Found] = {f.info.dev: f for f in found}
         for spec in self.config.observe:
             try:
@@ -373,15 +391,19 @@ class Daemon:
                 backend = self.backend_factory(info)
             except CachepilotError as exc:
                 self._once(f"{info.name}: cannot open its backend: {exc}")
+                self.unmanaged[info.name] = (f.label, "backend")
                 return
         try:
             self.engine.add_volume(info)
         except UserError as exc:  # e.g. the volume matches overlapping rules: keep going without it
             self._once(f"{info.name}: not adopted: {exc}")
+            self.unmanaged[info.name] = (f.label, "policy")
             return
         if not self._watch(f):
             self.engine.remove_volume(info.dev)
+            self.unmanaged[info.name] = (f.label, "watch")
             return
+        self.unmanaged.pop(info.name, None)
         v = Vol(f, backend)
         if backend is not None:
             ctl = self.engine.vols[info.dev]
@@ -414,9 +436,12 @@ class Daemon:
         except UserError as exc:
             raise FatalError(f"the eBPF probe is unusable: {exc}") from None
         log.info("probe: %s", "; ".join(self.probe.report.summary().splitlines()))
+        self.bpf_object = _file_id(getattr(self.probe, "object_path", None))
         for dev, v in list(self.vols.items()):
             if not self._watch(v.found):
                 self.drop(dev, "cannot be watched")
+                if not v.observe_only:
+                    self.unmanaged[v.info.name] = (v.found.label, "watch")
 
     def _watch(self, f: volumes.Found) -> bool:
         """Ask the probe (if loaded) to watch a volume; False (said once) if it cannot."""
@@ -490,11 +515,10 @@ class Daemon:
         self.counters[f"decisions.{action.kind}"] += 1
         v = self.engine_vol(action.volume)
         if v is None:
-            self._record(None, Outcome(action, FAILED, detail="volume gone"), now)  # type: ignore[arg-type]
+            self._record(None, Outcome(action, FAILED, detail="volume gone"), now)
             return
         if v.observe_only:
-            self._record(v, Outcome(action, FAILED, detail="not carried out: observe-only volume"),  # type: ignore[arg-type]
-                         now)
+            self._record(v, Outcome(action, FAILED, detail="not carried out: observe-only volume"), now)
             return
         try:
             if isinstance(action, Promote | DiscardRanges):
@@ -503,9 +527,10 @@ class Daemon:
                 assert v.backend is not None
                 out = v.backend.apply(action, dry_run=self.dry_run)
         except CachepilotError as exc:
-            out = Outcome(action, FAILED, dry_run=self.dry_run, error=exc)  # type: ignore[arg-type]
+            out = Outcome(action, FAILED, dry_run=self.dry_run, error=exc)
         except OSError as exc:
-            out = Outcome(action, FAILED, dry_run=self.dry_run, error=classify(exc))  # type: ignore[arg-type]
+            what = str(exc.filename or action.kind)
+            out = Outcome(action, FAILED, dry_run=self.dry_run, error=classify_errno(exc.errno, what))
         self._outcome(v, out, now, attempt)
 
     def engine_vol(self, name: str) -> Vol | None:
@@ -517,20 +542,16 @@ class Daemon:
         v = self._by_name.get(name)
         return v if v is not None and self.vols.get(v.info.dev) is v else None
 
-    def _outcome(self, v: Vol, out: Any, now: int, attempt: int) -> None:
+    def _outcome(self, v: Vol, out: Outcome, now: int, attempt: int) -> None:
         d = self._record(v, out, now, attempt=attempt)
         a = out.action
-        if isinstance(a, DiscardRanges):
+        if isinstance(a, DiscardRanges | Promote):
             if not out.dry_run:
-                v.discard_issued_bytes += getattr(out, "issued_bytes", 0)
-                v.discard_trimmed_bytes += getattr(out, "trimmed_bytes", 0)
-            if getattr(out, "deferred", None) is not None:
+                v.discard_issued_bytes += out.issued_bytes
+                v.discard_trimmed_bytes += out.trimmed_bytes
+                v.promoted_bytes += out.read_bytes
+            if out.deferred is not None:
                 v.deferred.append(out.deferred)  # paced: the rest goes next tick
-        elif isinstance(a, Promote):
-            if not out.dry_run:
-                v.promoted_bytes += getattr(out, "read_bytes", 0)
-            if getattr(out, "deferred", None) is not None:
-                v.deferred.append(out.deferred)
         elif out.status == PENDING:
             v.in_flight[a] = d
         elif isinstance(a, Drain) and out.status == DONE and not out.dry_run:
@@ -570,14 +591,14 @@ class Daemon:
         err = out.error
         d = {
             "ts": time.time(),
-            "volume": getattr(a, "volume", v.info.name if v else "?"),
+            "volume": a.volume,
             "kind": a.kind,
             "action": (action_line := a.line()),
-            "reason": getattr(a, "reason", ""),
+            "reason": a.reason,
             "status": out.status,
             "dry_run": out.dry_run,
             "writes": [{"target": w.target, "before": w.before, "value": w.value, "readback": w.readback}
-                       for w in getattr(out, "writes", ())],
+                       for w in out.writes],
             "error": str(err) if err else None,
             "error_kind": err.kind if err else None,
             "detail": " ".join(x for x in (note, out.detail, self._discard_note(out)) if x),
@@ -592,8 +613,8 @@ class Daemon:
         return d
 
     @staticmethod
-    def _discard_note(out: Any) -> str:
-        if not isinstance(out.action, DiscardRanges) or not hasattr(out, "issued_bytes"):
+    def _discard_note(out: Outcome) -> str:
+        if not isinstance(out.action, DiscardRanges) or not out.actuated:
             return ""
         later = f", {sum(n for _, n in out.deferred.ranges)} bytes deferred" if out.deferred else ""
         return (f"FITRIM issued {len(out.issued)} range(s), {out.issued_bytes} bytes; "
@@ -615,17 +636,24 @@ class Daemon:
         self.notifier.reloading()
         self.counters["reloads"] += 1
         try:
-            if self.config_path is None:
-                raise UserError("no configuration file to reload")
-            new = load_config(self.config_path)
+            try:
+                self._reloading = True
+                if self.config_path is None:
+                    raise UserError("no configuration file to reload")
+                new = load_config(self.config_path)  # reads and parses only: nothing to undo if interrupted
+            finally:
+                self._reloading = False
             self.engine.set_policy(new.policy)
+        except _StopDuringReload:
+            log.warning("reload abandoned: stopping (the running policy is kept)")
+            return False
         except UserError as exc:
             self.counters["reloads_failed"] += 1
             self.policy_error = str(exc)
             log.error("reload failed, keeping the running policy: %s", exc)
             self.notifier.ready("reload failed; running policy kept")
             return False
-        fixed = ("state_dir", "socket", "tick_s", "max_files", "metrics_listen", "metrics_textfile")
+        fixed = ("state_dir", "socket", "tick_s", "max_files", "metrics_listen", "metrics_textfile", "bpf_object")
         for key in fixed:
             if getattr(new, key) != getattr(self.config, key):
                 log.warning("reload: %s changed; takes effect at the next start", key)
@@ -794,6 +822,8 @@ class Daemon:
             "state_file": {"path": str(self.state.path), "writes": self.state.writes,
                            "failed_writes": self.state.failed_writes, "last_error": self.state.last_error},
             "volumes": vols,
+            "unmanaged": [{"name": label, "dev": device, "reason": reason}
+                          for device, (label, reason) in sorted(self.unmanaged.items())],
             "top": self.top,
             "decisions": list(self.decisions),
         }
@@ -826,7 +856,8 @@ class Daemon:
                     volume=v.found.label, device=v.info.name, kind=v.info.kind, mode=mode,
                     target_mode=req[0] if req else mode, health=int(st.health), latched=ctl.latch is not None,
                     draining=ctl.drain is not None or bool(v.in_flight), cache_bytes=v.info.cache_bytes,
-                    cache_io_errors=st.io_errors, dirty_bytes=st.dirty_bytes,
+                    cache_io_errors=st.io_errors_risen if v.info.kind in ERROR_COUNTS else None,
+                    dirty_bytes=st.dirty_bytes,
                     dirty_age_seconds=st.exposure_age_s(self.engine.now_ns),
                     dirty_bound_bytes=None if recoverable else ctl.policy.exposure.max_dirty,
                     age_bound_seconds=None if recoverable else ctl.policy.exposure.max_age_s,
@@ -834,6 +865,7 @@ class Daemon:
                     bypasses=s.bypasses, bypassed_bytes=s.bypassed_bytes, promoted_bytes=v.promoted_bytes,
                     discard_issued_bytes=v.discard_issued_bytes,
                     discard_landed_bytes=v.discard_landed_bytes, barriers=v.barriers,
+                    cache_set=(st.cache_id or None) if v.info.kind == KIND_BCACHE else None,
                     epoch_bytes=v.epoch_bytes.freeze() if v.epoch_bytes is not None else ex.Histogram.empty(
                         ex.EPOCH_BUCKETS)))
             except ValueError as exc:
@@ -852,13 +884,23 @@ class Daemon:
             decisions=by("decisions."), action_failures=by("failed."),
             policy_reloads=c["reloads"] - c["reloads_failed"], policy_reload_failures=c["reloads_failed"],
             policy_last_reload_success=self.policy_error is None, state_writes=self.state.writes,
-            state_write_failures=self.state.failed_writes, volumes=tuple(vols))
+            state_write_failures=self.state.failed_writes, volumes=tuple(vols), unmanaged=self._unmanaged(ex),
+            version=__version__, kernel=os.uname().release, bpf_object=self.bpf_object)
         m["box"].publish(snap)
         if self.config.metrics_textfile:
             try:
                 ex.write_textfile(self.config.metrics_textfile, m["registry"])
             except OSError as exc:
                 self._once(f"metrics: textfile {self.config.metrics_textfile} not written: {exc.strerror}")
+
+    def _unmanaged(self, ex: Any) -> tuple[Any, ...]:
+        out = []
+        for device, (label, reason) in sorted(self.unmanaged.items()):
+            try:
+                out.append(ex.UnmanagedVolume(volume=label, device=device, reason=reason))
+            except ValueError as exc:
+                self._once(f"metrics: unmanaged {device!r} left out: {exc}")
+        return tuple(out)
 
     def answer(self, req: dict[str, Any]) -> dict[str, Any]:
         """Control-socket requests, from the last snapshot only (called on the server thread)."""
@@ -879,16 +921,32 @@ class Daemon:
         if cmd == "explain":
             since = float(req.get("since", 0) or 0)
             want = req.get("volume")
-            out = [d for d in snap.get("decisions", [])
-                   if d.get("ts", 0) >= since and (want is None or d.get("volume") == want)]
+            decisions = snap.get("decisions", [])
+            known = {v["name"] for v in snap.get("volumes", [])} | {d.get("volume") for d in decisions}
+            if want is not None and want not in known:  # a volume gone since keeps its decisions
+                raise UserError(f"unknown volume {want!r} (known: {', '.join(sorted(map(str, known))) or 'none'})")
+            out = [d for d in decisions if d.get("ts", 0) >= since and (want is None or d.get("volume") == want)]
             return {"decisions": out[-int(req.get("limit", DECISIONS_KEPT)):]}
         if cmd == "clear_latch":
             name = str(req.get("volume", ""))
-            if name not in {v["name"] for v in snap.get("volumes", [])}:
+            vol = next((v for v in snap.get("volumes", []) if v["name"] == name), None)
+            if vol is None:
                 raise UserError(f"unknown volume {name!r}")
+            # Queued even when the snapshot (one tick old) shows no latch: the tick in between may have set one.
             self.clear_requests.append(name)  # done by the loop at its next tick (the engine is the loop's)
-            return {"queued": name}
-        raise UserError(f"unknown command {cmd!r} (status, top, explain, clear_latch)")
+            return {"queued": name, "latched": bool(vol.get("latched"))}
+        if cmd == "reload":
+            verdict = self.reloads.ask(max(RELOAD_WAIT_S, 3 * self.config.tick_s))
+            return {"reloaded": verdict.ok, "message": verdict.message}
+        raise UserError(f"unknown command {cmd!r} (status, top, explain, clear_latch, reload)")
+
+    def _bug(self, what: str) -> None:
+        """Log the exception being handled with its traceback, once per kind of failure (it may recur per event)."""
+        exc = sys.exc_info()[1]
+        key = f"bug {what}: {type(exc).__name__}: {exc}"
+        if key not in self._said:
+            self._said.add(key)
+            log.exception("bug while %s (counted in events.bugs; the daemon goes on)", what)
 
     def _once(self, msg: str) -> None:
         """Log an expected problem once (it may recur every tick)."""

@@ -6,6 +6,8 @@ so a crash leaves either the old or the new file, never a torn one. Bounded: at 
 and ``MAX_DECISIONS`` decisions, and the whole document at most ``MAX_BYTES`` (hot lists are cut further if
 needed). A write that fails (a full disk) is counted and the daemon carries on. Reading a missing, unreadable or
 corrupt file gives ``None`` and the reason, never an exception: the daemon then starts fresh with one warning.
+Both the file and its temporary are opened with O_NOFOLLOW: a symbolic link is never followed (see daemon/lock.py
+for the checks on the directory).
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ import os
 import zlib
 from pathlib import Path
 from typing import Any
+
+from cachepilot.errors import UserError
+from cachepilot.safeio import NoSuchFile, read_capped
 
 VERSION = 1
 MAX_HOT = 4096  # files per volume in the hot list
@@ -63,7 +68,7 @@ class StateFile:
         data = bound(doc, self.max_bytes)
         tmp = self.dir / f".{STATE_NAME}.{os.getpid()}.tmp"
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             try:
                 view = memoryview(data)
                 while view:
@@ -92,14 +97,12 @@ class StateFile:
 
     def read(self) -> tuple[dict[str, Any] | None, str]:
         """(state, "") or (None, why it cannot be used)."""
-        try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
+        try:  # the size is checked before the read: a FIFO, /dev/zero or a sparse 5 GiB file costs nothing
+            raw = read_capped(self.path, "state file", self.max_bytes * 2, follow=False)  # a planted link: refused
+        except NoSuchFile:
             return None, f"no state file at {self.path}"
-        except OSError as exc:
-            return None, f"{self.path}: {exc.strerror or exc}"
-        if len(raw) > self.max_bytes * 2:
-            return None, f"{self.path}: {len(raw)} bytes, larger than any state file this daemon writes"
+        except UserError as exc:
+            return None, str(exc)
         try:
             outer = json.loads(raw)
             doc = outer["state"]

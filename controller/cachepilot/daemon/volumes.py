@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 from cachepilot.backends import inspect, kinds
 from cachepilot.backends.host import Host
-from cachepilot.errors import UserError
+from cachepilot.errors import CachepilotError, UserError
 from cachepilot.events import kdev_from_st_dev
 from cachepilot.models.volume import VolumeInfo
 
@@ -117,7 +117,7 @@ def discover(host: Host | None = None) -> tuple[list[Found], list[str]]:
             if dev is None:
                 raise UserError("its dev number cannot be read")
             info = inspect.describe(host, name, dev)
-        except UserError as exc:
+        except CachepilotError as exc:  # not a cache, or gone or refusing while we looked
             problems.append(f"{name}: {exc}")
             continue
         info, block_dev = _fs_on_stack(host, name, info)

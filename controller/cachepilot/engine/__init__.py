@@ -1,7 +1,7 @@
 """The decision engine: models + policy + backend state -> actions with reasons."""
 
-from cachepilot.engine.actions import Action, DiscardRanges, Drain, Promote, SetKnob, SetWritePolicy
-from cachepilot.engine.engine import Engine, Result, VolumeCtl, normalise_mode
+from cachepilot.actions import Action, DiscardRanges, Drain, Outcome, Promote, SetKnob, SetWritePolicy
+from cachepilot.engine.engine import Engine, VolumeCtl, normalise_mode
 
-__all__ = ["Action", "DiscardRanges", "Drain", "Engine", "Promote", "Result", "SetKnob", "SetWritePolicy",
+__all__ = ["Action", "DiscardRanges", "Drain", "Engine", "Outcome", "Promote", "SetKnob", "SetWritePolicy",
            "VolumeCtl", "normalise_mode"]

@@ -21,15 +21,25 @@ are re-queued, failed switches and knobs are asked again after ``REQUEST_RETRY_N
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any
 
 import numpy as np
 
-from cachepilot.backends import kinds
-from cachepilot.backends.capabilities import Capabilities
-from cachepilot.engine.actions import Action, DiscardRanges, Drain, Promote, SetKnob, SetWritePolicy
+from cachepilot import records
+from cachepilot.actions import (
+    DONE,
+    FAILED,
+    Action,
+    DiscardRanges,
+    Drain,
+    Outcome,
+    Promote,
+    SetKnob,
+    SetWritePolicy,
+)
+from cachepilot.capabilities import CAPABILITIES, KNOBS, Capabilities
 from cachepilot.errors import UserError
 from cachepilot.events import (
     Barrier,
@@ -67,11 +77,10 @@ ADMITTED = 0  # reason id: admitted against the last evicted counter (text made 
 
 
 
-def hot_record(ev: HotnessDelta) -> tuple[int, ...]:
-    """A HotnessDelta as a record in trace layout (HOT_DTYPE's field order)."""
-    k = ev.key
-    return (k.dev, k.ino, k.gen, ev.read_score, ev.write_score, ev.read_bytes, ev.write_bytes, ev.last_access_ns,
-            ev.size)
+class UnknownEvent(TypeError):
+    """An event kind this engine does not handle (a newer probe's). A TypeError, so a replay reports it as a bad
+    record; the daemon counts it apart from a TypeError raised *while* handling a known kind, which is a bug."""
+
 
 class PromoQueue:
     """FIFO of (slot, reason id) packed in one u64 array: 8 bytes per queued file, no Python objects.
@@ -124,8 +133,7 @@ _ANY_KIND = Capabilities("unknown", frozenset({WRITEBACK, WRITETHROUGH, BYPASS})
 
 def caps_of(kind: str) -> Capabilities:
     """The kind's capabilities; an unknown kind (e.g. a trace of a plain device) is assumed to take every mode."""
-    k = kinds.get(kind)
-    return _ANY_KIND if k is None else k.caps
+    return CAPABILITIES.get(kind, _ANY_KIND)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,24 +149,6 @@ class Latch:
 class DrainInFlight:
     action: Drain
     start_ns: int
-
-
-class OutcomeLike(Protocol):
-    """How an action ended: backends.base.Outcome fits, as does :class:`Result`."""
-
-    @property
-    def action(self) -> object: ...
-    @property
-    def status(self) -> str: ...  # "done" | "pending" | "failed"
-    @property
-    def detail(self) -> str: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Result:
-    action: Action
-    status: str
-    detail: str = ""
 
 
 @dataclass
@@ -208,6 +198,15 @@ class Engine:
         self.unknown_events = 0
         self.drops: Drops | None = None
         self.external_discards = 0
+        handlers: dict[str, Callable[[Any], None]] = {
+            records.HOTNESS.name: self._feed_hotness, records.FREED.name: self._feed_freed_extent,
+            records.COMMIT.name: self._feed_commit, records.DELETE.name: self.delete,
+            records.BARRIER.name: self._feed_epochs, records.SYNC.name: self._feed_epochs,
+            records.METADATA.name: self._feed_metadata, records.DISCARD.name: self._feed_discard,
+            records.DROPS.name: self._feed_drops,
+        }
+        # every kind of the records table has its handler (a kind added there without one fails here, at once)
+        self._handlers = {k.event: handlers[k.name] for k in records.KINDS}
         for v in volumes:
             self.add_volume(v)
 
@@ -270,33 +269,40 @@ class Engine:
 
     # ------------------------------------------------------------ input
     def feed(self, ev: Event) -> None:
-        if isinstance(ev, HotnessDelta):  # one rule for every path: the vectorised update
-            self.feed_hotness_records([hot_record(ev)])
-        elif isinstance(ev, FreedExtent):
-            c = self._vol(ev.dev)
-            if c is not None:
-                c.freed.freed(ev.block, ev.count, ev.ts_ns, ev.tid)
-        elif isinstance(ev, JournalCommit):
-            c = self._vol(ev.dev)
-            if c is not None:
-                c.freed.commit(ev.transaction, ev.ts_ns)
-        elif isinstance(ev, Delete):
-            self.delete(ev)
-        elif isinstance(ev, Barrier | SyncCalls):  # block barriers close epochs, file-level calls annotate
-            c = self._vol(ev.dev)
-            if c is not None:
-                c.epochs.feed(ev)
-        elif isinstance(ev, MetadataDelta):
-            c = self._vol(ev.dev)
-            if c is not None:
-                c.meta_score += ev.score
-                c.meta_bytes += ev.bytes
-        elif isinstance(ev, Discard):
-            self.external_discards += 1
-        elif isinstance(ev, Drops):
-            self.drops = ev
-        else:
-            raise TypeError(f"not an event: {ev!r}")
+        handler = self._handlers.get(type(ev))
+        if handler is None:
+            raise UnknownEvent(f"not an event: {ev!r}")
+        handler(ev)
+
+    def _feed_hotness(self, ev: HotnessDelta) -> None:
+        self.feed_hotness_records([records.HOTNESS.to_record(ev)])  # one rule for every path: the vectorised update
+
+    def _feed_freed_extent(self, ev: FreedExtent) -> None:
+        c = self._vol(ev.dev)
+        if c is not None:
+            c.freed.freed(ev.block, ev.count, ev.ts_ns, ev.tid)
+
+    def _feed_commit(self, ev: JournalCommit) -> None:
+        c = self._vol(ev.dev)
+        if c is not None:
+            c.freed.commit(ev.transaction, ev.ts_ns)
+
+    def _feed_epochs(self, ev: Barrier | SyncCalls) -> None:
+        c = self._vol(ev.dev)  # block barriers close epochs, file-level calls annotate
+        if c is not None:
+            c.epochs.feed(ev)
+
+    def _feed_metadata(self, ev: MetadataDelta) -> None:
+        c = self._vol(ev.dev)
+        if c is not None:
+            c.meta_score += ev.score
+            c.meta_bytes += ev.bytes
+
+    def _feed_discard(self, ev: Discard) -> None:
+        self.external_discards += 1
+
+    def _feed_drops(self, ev: Drops) -> None:
+        self.drops = ev
 
     def feed_hotness_records(self, records: list[tuple[int, ...]]) -> None:
         """HotnessDelta records as tuples in trace layout (see cachepilot.trace.format)."""
@@ -394,16 +400,15 @@ class Engine:
         return {c.info.name: c.latch.reason for c in self.vols.values() if c.latch is not None}
 
     # ------------------------------------------------------------ how actions ended
-    def outcome(self, o: OutcomeLike) -> None:
-        """Learn how an action ended (backends.base.Outcome or :class:`Result`). Pending ones are ignored."""
+    def outcome(self, o: Outcome) -> None:
+        """Learn how an action ended. Pending and skipped ones are ignored."""
         a = o.action
-        status = o.status
-        c = self.by_name.get(getattr(a, "volume", ""))
-        if c is None or status not in ("done", "failed"):
+        c = self.by_name.get(a.volume)
+        if c is None or o.status not in (DONE, FAILED):
             return
-        ok = status == "done"
+        ok = o.status == DONE
         if not ok:
-            c.last_failure = f"{a.line() if hasattr(a, 'line') else a}: {o.detail or 'failed'}"
+            c.last_failure = f"{a.line()}: {o.detail or 'failed'}"
         if isinstance(a, Drain):
             self._drain_ended(c, a, ok, o.detail)
         elif isinstance(a, DiscardRanges) and not ok:
@@ -783,7 +788,7 @@ class Engine:
         return None
 
     def _knobs(self, c: VolumeCtl, now: int, out: list[Action]) -> None:
-        kinds_knobs = c.caps.knobs() if c.caps is not _ANY_KIND else kinds.all_knobs()
+        kinds_knobs = c.caps.knobs() if c.caps is not _ANY_KIND else KNOBS
         for knob, value in c.policy.knobs.items():
             if knob in kinds_knobs:  # else a defaults knob for another kind of cache
                 self._request_knob(c, knob, value, f"pinned by policy ({c.chosen_by})", now, out)
@@ -801,7 +806,7 @@ class Engine:
         limit = max(1, int(c.policy.exposure.max_age_s / 6))
         have = c.state.knobs.get(knob)
         try:
-            was = kinds.all_knobs()[knob].parse(have) if have is not None else 0
+            was = KNOBS[knob].parse(have) if have is not None else 0
         except UserError:
             return  # an unreadable value: not ours to guess at
         if was <= limit:
@@ -830,7 +835,7 @@ def _same_knob_value(knob: str, have: str | None, want: str) -> bool:
         return False
     if have == want:
         return True
-    k = kinds.all_knobs().get(knob)
+    k = KNOBS.get(knob)
     if k is None:
         return False
     try:

@@ -18,12 +18,13 @@ from cachepilot.exporter.snapshot import (
     Histogram,
     HistogramAccumulator,
     SnapshotBox,
+    UnmanagedVolume,
     VolumeSnapshot,
 )
 from cachepilot.exporter.textfile import write_textfile
 
 __all__ = [
     "DEFAULT_LISTEN", "EPOCH_BUCKETS", "TICK_BUCKETS", "DaemonSnapshot", "Histogram", "HistogramAccumulator",
-    "MetricsServer", "SnapshotBox", "SnapshotCollector", "VolumeSnapshot", "make_registry", "parse_listen", "serve",
-    "write_textfile",
+    "MetricsServer", "SnapshotBox", "SnapshotCollector", "UnmanagedVolume", "VolumeSnapshot", "make_registry",
+    "parse_listen", "serve", "write_textfile",
 ]

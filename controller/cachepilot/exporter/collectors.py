@@ -67,7 +67,12 @@ def _per_volume(kind: Family, name: str, doc: str, vols: Iterable[VolumeSnapshot
 def daemon(s: DaemonSnapshot) -> list[Metric]:
     ticks = HistogramMetricFamily("cachepilot_tick_duration_seconds", "Duration of the daemon's ticks.")
     ticks.add_metric([], _buckets(s.tick_duration), s.tick_duration.sum)
+    build = GaugeMetricFamily("cachepilot_build_info", "1, labelled with cachepilot's version, the kernel's release "
+                              "and the loaded BPF object (a short hash of the file; none without the probe).",
+                              labels=["version", "kernel", "bpf_object"])
+    build.add_metric([s.version, s.kernel, s.bpf_object], 1)
     return [
+        build,
         _gauge("cachepilot_start_time_seconds", "When the daemon started, Unix seconds.", s.start_time),
         _gauge("cachepilot_ready", "1 once the probe is attached and the volumes adopted.", int(s.ready)),
         _gauge("cachepilot_dry_run", "1 when decisions are only logged, never carried out.", int(s.dry_run)),
@@ -136,8 +141,9 @@ VOLUME: tuple[PerVolume, ...] = (
     (Gauge, "cachepilot_volume_latched", "1 while the failure latch keeps the volume out of write-back.", "latched"),
     (Gauge, "cachepilot_volume_draining", "1 while a drain is in progress.", "draining"),
     (Gauge, "cachepilot_volume_cache_size_bytes", "Size of the cache device.", "cache_bytes"),
-    (Counter, "cachepilot_volume_cache_io_errors_total", "I/O errors of the cache device, as the stock cache counts "
-     "them.", "cache_io_errors"),
+    (Counter, "cachepilot_volume_cache_io_errors_total", "I/O errors of the cache device: what the stock cache's "
+     "count rose by (bcache's decays; this never goes down). Absent for dm-cache, which keeps no count.",
+     "cache_io_errors"),
 )
 EXPOSURE: tuple[PerVolume, ...] = (
     (Gauge, "cachepilot_volume_dirty_bytes", "Data only on the cache device.", "dirty_bytes"),
@@ -183,12 +189,24 @@ def volume(s: DaemonSnapshot) -> list[Metric]:
                              labels=[*VOL, "kind"])
     for v in vols:
         info.add_metric([v.volume, v.device, v.kind], 1)
+    cache_set = GaugeMetricFamily("cachepilot_volume_cache_set_info", "1 per bcache volume, labelled with its cache "
+                                  "set's UUID as node_exporter's node_bcache_*{uuid} carry it.", labels=[*VOL, "uuid"])
+    for v in vols:
+        if v.cache_set is not None:
+            cache_set.add_metric([v.volume, v.device, v.cache_set], 1)
+    unmanaged = GaugeMetricFamily("cachepilot_volume_unmanaged", "1 for a cached volume the daemon found but cannot "
+                                  "manage, by reason (describe, backend, policy, watch); its cache runs unbounded.",
+                                  labels=[*VOL, "reason"])
+    for u in s.unmanaged:
+        unmanaged.add_metric([u.volume, u.device, u.reason], 1)
     return [
         info,
         _mode_set("cachepilot_volume_mode", "Current write mode (kind), 1 for the active one.", vols, lambda v: v.mode),
         _mode_set("cachepilot_volume_target_mode", "Write mode the engine wants (kind), 1 for the wanted one.", vols,
                   lambda v: v.target_mode),
         *_table(VOLUME, vols),
+        cache_set,
+        unmanaged,
     ]
 
 

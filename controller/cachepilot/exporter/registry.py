@@ -10,6 +10,7 @@ import logging
 import time
 from collections.abc import Iterator
 
+from prometheus_client import ProcessCollector
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
@@ -55,4 +56,7 @@ class SnapshotCollector(Collector):
 def make_registry(box: SnapshotBox) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(box))
+    # The daemon's own process (RSS against the unit's MemoryMax, CPU, open files), as cachepilot_process_*: the
+    # prefix keeps them apart from node_exporter's own process_* when the textfile collector carries them.
+    ProcessCollector(namespace="cachepilot", registry=registry)
     return registry

@@ -36,7 +36,7 @@ TICK_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
 EPOCH_BUCKETS: tuple[float, ...] = tuple(float(4096 * 4**i) for i in range(10))
 
 MODES = ("writeback", "writethrough", "bypass")  # the backend-neutral modes (models/volume.py)
-# Every decision kind (engine/actions.py Action.kind) and failure class (errors.py CachepilotError.kind): exported
+# Every decision kind (actions.py Action.kind) and failure class (errors.py CachepilotError.kind): exported
 # from the first scrape with 0, so rate() and the dashboard's panels have a series before the first one happens.
 DECISION_KINDS = ("promote", "discard", "set_write_policy", "set_knob", "drain")
 FAILURE_KINDS = ("config", "rejected", "gone", "retry", "fatal")
@@ -110,7 +110,9 @@ class VolumeSnapshot:
     latched: bool  # the failure latch: out of write-back until the cache is replaced or an operator clears it
     draining: bool  # a drain (or a writeback→writethrough switch, which drains) is in progress
     cache_bytes: int  # size of the cache device
-    cache_io_errors: int  # cumulative cache-device I/O errors the stock cache reported
+    # cache-device I/O errors: what the stock cache's count has risen by (bcache's io_errors decays; this never goes
+    # down); None where the kernel keeps no count (dm-cache: its status says Fail, nothing counts)
+    cache_io_errors: int | None
     # exposure (the destructive failure model's bound)
     dirty_bytes: int  # data only on the cache device now
     dirty_age_seconds: float  # age of the oldest dirty data (0 when clean)
@@ -130,14 +132,36 @@ class VolumeSnapshot:
     barriers: int  # block barriers (PREFLUSH/FUA, empty flush) that closed an epoch
     epoch_bytes: Histogram = field(default_factory=lambda: Histogram.empty(EPOCH_BUCKETS))  # bytes per epoch
     bypassed_bytes: int | None = None  # bcache stats_total/bypassed (bytes of the bypasses); others: None
+    cache_set: str | None = None  # bcache: its cache set's UUID, node_exporter's node_bcache_*{uuid}; others: None
 
     def __post_init__(self) -> None:
         check_label_value("volume", self.volume)
+        if self.cache_set is not None:
+            check_label_value("cache_set", self.cache_set)
         check_label_value("device", self.device)
         check_label_value("kind", self.kind)
         for what, mode in (("mode", self.mode), ("target_mode", self.target_mode)):
             if mode not in MODES:
                 raise ValueError(f"{self.volume}: {what} {mode!r} is not one of {', '.join(MODES)}")
+
+
+UNMANAGED_REASONS = ("describe", "backend", "policy", "watch")
+
+
+@dataclass(frozen=True, slots=True)
+class UnmanagedVolume:
+    """A cached volume the daemon found but cannot manage (its caching runs on as the kernel has it, unbounded)."""
+
+    volume: str  # as VolumeSnapshot.volume
+    device: str  # as VolumeSnapshot.device
+    reason: str  # one of UNMANAGED_REASONS: not describable, its backend would not open, the policy refused it
+    # (rules of several files select it), the probe cannot watch it
+
+    def __post_init__(self) -> None:
+        check_label_value("volume", self.volume)
+        check_label_value("device", self.device)
+        if self.reason not in UNMANAGED_REASONS:
+            raise ValueError(f"{self.volume}: reason {self.reason!r} is not one of {', '.join(UNMANAGED_REASONS)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +187,11 @@ class DaemonSnapshot:
     state_writes: int = 0
     state_write_failures: int = 0
     volumes: tuple[VolumeSnapshot, ...] = ()
+    unmanaged: tuple[UnmanagedVolume, ...] = ()
+    # what runs: cachepilot's version, the kernel's release, the loaded BPF object (a short hash; "none": no probe)
+    version: str = ""
+    kernel: str = ""
+    bpf_object: str = "none"
 
     def __post_init__(self) -> None:
         for what, table in (("events", self.events), ("drops", self.drops), ("decisions", self.decisions),

@@ -31,7 +31,6 @@ import heapq
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
-from operator import itemgetter
 from typing import Protocol
 
 import numpy as np
@@ -51,7 +50,6 @@ F_LIVE = 16  # slot in use
 F_MEMBER = 32  # in its volume's believed-cached set (models.admission)
 F_QUEUED = 64  # waiting in its volume's promotion queue (engine)
 
-_DEV, _RB, _WB = itemgetter(0), itemgetter(5), itemgetter(6)
 
 HOT_DTYPE = np.dtype([("dev", "<u4"), ("ino", "<u8"), ("gen", "<u4"), ("rs", "<u4"), ("ws", "<u4"),
                       ("rb", "<u8"), ("wb", "<u8"), ("last", "<i8"), ("size", "<i8")])
@@ -216,7 +214,7 @@ class HotnessTable:
 
     # ---------------------------------------------------------------- updates
     def register_dev(self, dev: int) -> None:
-        """Track files of this filesystem (apply_records(known_only=True) skips the others)."""
+        """Track files of this filesystem (apply_array(known_only=True) skips the others)."""
         if dev not in self.index:
             self.index[dev] = InoIndex()
             self.dev_bytes[dev] = [0, 0]
@@ -299,98 +297,11 @@ class HotnessTable:
             self.touched.append(slot)
         self.flags[slot] = f
 
-    def _slow_slot(self, dev: int, ino: int, gen: int, known_only: bool) -> int:
-        """apply_records' rare path: unknown filesystem, new file, or a new generation. -1 = skip."""
-        idx = self.index.get(dev)
-        if idx is None:
-            if known_only:
-                return -1
-            self.register_dev(dev)
-            idx = self.index[dev]
-        slot = idx.get(ino)
-        if slot is None:
-            return self._alloc(dev, ino, gen)
-        self._reset(slot, gen)
-        return slot
-
-    def _normalise(self, slot: int) -> None:
-        sh = self.epoch - self.stamp[slot]
-        self.rscore[slot] >>= sh
-        self.wscore[slot] >>= sh
-        self.stamp[slot] = self.epoch
-
-    def apply_records(self, records: list[tuple[int, ...]], known_only: bool = False) -> int:
-        """The scalar rule over tuples in trace layout (dev, ino, gen, read_score, write_score, read_bytes,
-        write_bytes, last_access_ns, size): :meth:`update` inlined. Every live path (daemon drain, replay, engine
-        feed, simulator) goes through :meth:`apply_array`; this one stays as the oracle the tests hold it to.
-        With known_only, records of filesystems never registered are skipped; returns how many."""
-        index = self.index
-        gens, rsa, wsa, sta = self.gen, self.rscore, self.wscore, self.stamp
-        lasta, sizea, flags, touched = self.last, self.size, self.flags, self.touched
-        slow, normalise = self._slow_slot, self._normalise
-        e = self.epoch
-        cmax = COUNTER_MAX
-        skipped = 0
-        cur_dev = -1
-        idx: InoIndex | None = None
-        for dev, ino, gen, rs, ws, _rb, wb, last_ns, size in records:
-            if dev != cur_dev:
-                cur_dev = dev
-                idx = index.get(dev)
-            slot = None if idx is None else idx.get(ino)
-            if slot is None or gens[slot] != gen:
-                slot = slow(dev, ino, gen, known_only)
-                if slot < 0:
-                    skipped += 1
-                    continue
-                idx = index[dev]
-            if sta[slot] != e:
-                normalise(slot)
-            f = flags[slot]
-            if rs:
-                r = rsa[slot] + rs
-                rsa[slot] = r if r < cmax else cmax
-                f |= F_READ
-            if ws:
-                w = wsa[slot] + ws
-                wsa[slot] = w if w < cmax else cmax
-                old = sizea[slot]
-                if size >= 0 and old >= 0 and size - old >= wb > 0:
-                    f |= F_APPEND
-                elif old >= 0 or size < 0:
-                    f |= F_OVERWRITE
-            if size >= 0:
-                sizea[slot] = size
-            if last_ns > lasta[slot]:
-                lasta[slot] = last_ns
-            if not f & F_TOUCHED:
-                f |= F_TOUCHED
-                touched.append(slot)
-            flags[slot] = f
-        self._add_dev_bytes(records, known_only)
-        return skipped
-
-    def _add_dev_bytes(self, records: list[tuple[int, ...]], known_only: bool) -> None:
-        if not records:
-            return
-        db = self.dev_bytes
-        devs = set(map(_DEV, records))
-        if len(devs) == 1:
-            d = devs.pop()
-            if d in db:
-                acc = db[d]
-                acc[0] += sum(map(_RB, records))
-                acc[1] += sum(map(_WB, records))
-            return
-        for r in records:
-            one = db.get(r[0])
-            if one is not None:
-                one[0] += r[5]
-                one[1] += r[6]
-
     def apply_array(self, rec: np.ndarray, known_only: bool = False) -> int:
-        """Vectorised :meth:`apply_records` for a numpy structured array of :data:`HOT_DTYPE` records
-        (a trace block decoded with ``np.frombuffer``, no per-record tuples). Returns records skipped."""
+        """The hotness rule of :meth:`update`, vectorised, for a numpy structured array of :data:`HOT_DTYPE`
+        records (a trace block decoded with ``np.frombuffer``, no per-record tuples); every live path (daemon drain,
+        replay, engine feed, simulator) goes through it. Returns records skipped (filesystems never registered, with
+        ``known_only``). tests/unit/test_hotness.py holds it to a scalar reference of the same rule."""
         n = len(rec)
         if n == 0:
             return 0

@@ -69,6 +69,8 @@ class VolumeState:
         self.dirty_bytes = 0
         self.clean_ns: int | None = None  # last time the cache was known to hold no dirty data
         self.io_errors = 0
+        # The kernel's error count may go down (bcache's io_errors decays): what it has risen by, never less.
+        self.io_errors_risen = 0
         self.failed = False
         self.knobs: dict[str, str] = {}
         self.cache_id = info.cache_id
@@ -100,6 +102,7 @@ class VolumeState:
         self.dirty_bytes = s.dirty_bytes
         if s.dirty_bytes == 0:
             self.clean_ns = s.ts_ns
+        self.io_errors_risen += s.io_errors if self.samples == 0 else max(0, s.io_errors - self.io_errors)
         self.io_errors = s.io_errors
         self.failed = s.failed
         self.knobs = dict(s.knobs)
@@ -113,6 +116,7 @@ class VolumeState:
         self._ratios.clear()
         self._dirty.clear()
         self._error_base = 0
+        self.io_errors = 0  # the new device's count rises from nothing (io_errors_risen counts all of it)
 
     def cleaned(self, since_ns: int) -> None:
         """Everything dirty at since_ns has been written back (a drain that started then completed)."""

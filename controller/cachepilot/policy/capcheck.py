@@ -1,5 +1,6 @@
 """Capability checks of a policy: every knob value typed and ranged for its knob, and no rule asking for a knob or a
-mode that a kind of cache it can match cannot take (the table of kinds, backends.kinds, is the one source).
+mode that a kind of cache it can match cannot take (the declarative half of the table of kinds, capabilities.py, is
+the one source).
 
 Which kinds a rule can match: its ``kind`` selector if set; else what its ``device`` glob allows (bcache volumes are
 named ``bcacheN``, device-mapper ones ``dm-N``); ``fs_uuid`` and ``mountpoint`` do not narrow it. ``defaults`` apply
@@ -16,8 +17,7 @@ import fnmatch
 from collections.abc import Callable
 from typing import Any
 
-from cachepilot.backends import kinds as table
-from cachepilot.backends.capabilities import WRITETHROUGH
+from cachepilot.capabilities import CAPABILITIES, KINDS, KNOBS, WRITETHROUGH, capabilities
 from cachepilot.errors import UserError
 
 PathT = tuple[str | int, ...]
@@ -78,14 +78,14 @@ def matchable_kinds(match: dict[str, Any]) -> tuple[str, ...]:
         return (kind,)
     glob = match.get("device")
     if glob is None:
-        return table.names()
-    return tuple(k.name for k in table.table().values() if glob_can_start_with(glob, k.device_prefix))
+        return KINDS
+    return tuple(k for k, c in CAPABILITIES.items() if glob_can_start_with(glob, c.device_prefix))
 
 
 def _knob_values(knobs: dict[str, Any], path: PathT, err: ErrFn) -> None:
     for name, value in knobs.items():
         try:
-            table.all_knobs()[name].parse(value)
+            KNOBS[name].parse(value)
         except UserError as exc:
             raise err((*path, name), str(exc)) from None
 
@@ -93,7 +93,7 @@ def _knob_values(knobs: dict[str, Any], path: PathT, err: ErrFn) -> None:
 def _rule(rule: dict[str, Any], path: PathT, err: ErrFn) -> None:
     kinds = matchable_kinds(rule.get("match", {}))
     can_match = ", ".join(kinds) or "none"
-    knobs = table.all_knobs()
+    knobs = KNOBS
     for name in rule.get("knobs", {}):
         lacking = [k for k in kinds if k not in knobs[name].kinds]
         if lacking:
@@ -101,7 +101,7 @@ def _rule(rule: dict[str, Any], path: PathT, err: ErrFn) -> None:
             raise err((*path, "knobs", name), (
                 f"knob {name} exists only on {has}, but this rule can match {can_match}"
                 f" ({', '.join(lacking)} cannot take it): narrow it with match.kind"))
-    if rule.get("failure_model") == "auto" and kinds and all(WRITETHROUGH not in table.kind(k).caps.modes
+    if rule.get("failure_model") == "auto" and kinds and all(WRITETHROUGH not in capabilities(k).modes
                                                               for k in kinds):
         raise err((*path, "failure_model"), (
             f"auto chooses between write-through and write-back, but {can_match} does not have write-through:"

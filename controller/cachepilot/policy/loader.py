@@ -24,8 +24,9 @@ from typing import Any
 import jsonschema
 import yaml
 
+from cachepilot import units
 from cachepilot.errors import UserError
-from cachepilot.policy import capcheck, schema
+from cachepilot.policy import capcheck
 from cachepilot.policy.model import (
     DiscardOnDelete,
     Exposure,
@@ -37,13 +38,11 @@ from cachepilot.policy.model import (
     Selector,
     VolumePolicy,
 )
+from cachepilot.policy.schema import SCHEMA
+from cachepilot.safeio import read_text
 
 PathT = tuple[str | int, ...]
 
-_UNITS = {
-    "": 1, "B": 1, "K": 1 << 10, "KB": 1000, "KiB": 1 << 10, "M": 1 << 20, "MB": 1000**2, "MiB": 1 << 20,
-    "G": 1 << 30, "GB": 1000**3, "GiB": 1 << 30, "T": 1 << 40, "TB": 1000**4, "TiB": 1 << 40,
-}  # fmt: skip
 _DUR = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 MAX_POLICY_BYTES = 4 << 20  # a policy with 10 000 rules is about 1 MiB
@@ -63,10 +62,7 @@ def parse_size(v: int | str) -> int:
     if isinstance(v, int):
         n = v
     else:
-        m = re.fullmatch(r"([0-9]{1,30}(?:\.[0-9]{1,9})?) ?([A-Za-z]*)", v.strip())
-        if not m or m.group(2) not in _UNITS:
-            raise ValueError(f"not a size: {v!r}")
-        n = int(float(m.group(1)) * _UNITS[m.group(2)])
+        n = units.parse_size(v)
     if n < 0:
         raise ValueError("negative size")
     if n > MAX_SIZE:
@@ -260,19 +256,11 @@ def read_yaml(text: str, source: str, what: str = "policy file") -> _Doc:
     return doc
 
 
-_validators: list[jsonschema.Draft202012Validator] = []
+_validator = jsonschema.Draft202012Validator(SCHEMA)
 
 
-def _policy_validator() -> jsonschema.Draft202012Validator:
-    """Built on first use: the schema reads the table of kinds, which imports the backends."""
-    if not _validators:
-        _validators.append(jsonschema.Draft202012Validator(schema.SCHEMA))
-    return _validators[0]
-
-
-def schema_errors(doc: _Doc, validator: jsonschema.Draft202012Validator | None = None) -> list[UserError]:
+def schema_errors(doc: _Doc, validator: jsonschema.Draft202012Validator = _validator) -> list[UserError]:
     """Schema violations as ``FILE:LINE: key: message`` errors, in file order."""
-    validator = validator or _policy_validator()
     out: list[tuple[int, UserError]] = []
     for e in validator.iter_errors(doc.value):
         path: PathT = tuple(e.absolute_path)
@@ -393,41 +381,75 @@ def _subsets(items: tuple[tuple[str, str], ...]) -> list[tuple[tuple[str, str], 
     return [c for n in range(len(items) + 1) for c in itertools.combinations(items, n)]
 
 
-def _check_overlaps(doc: _Doc, rules: Sequence[Rule]) -> None:
-    """No two rules where one covers the other (_covers), in O(n x (16 + glob rules)) instead of O(n^2).
+def _first_overlap(rules: Sequence[Rule]) -> tuple[int, int] | None:
+    """The first rule that covers or is covered by an earlier one (_covers), and that earlier rule (indices); in
+    O(n x (16 + glob rules)) instead of O(n^2).
 
     A literal selector a covers b exactly when a's attributes are a subset of b's (with equal values), so
     each rule is looked up by its own attributes among the earlier rules' subsets and vice versa; glob
     selectors are compared with every rule."""
-    if len(rules) > MAX_RULES:
-        raise doc.err(("volumes",), f"{len(rules)} volume rules (at most {MAX_RULES})")
-    globs = [r for r in rules if _is_glob(r.selector)]
-    if len(globs) > MAX_GLOB_RULES:
-        raise doc.err(("volumes",), f"{len(globs)} rules with a device glob (at most {MAX_GLOB_RULES})")
-    by_items: dict[tuple[tuple[str, str], ...], Rule] = {}  # earlier literal rules, by their attributes
-    by_subset: dict[tuple[tuple[str, str], ...], Rule] = {}  # earlier rules, by each subset of theirs
-    earlier_globs: list[Rule] = []
+    by_items: dict[tuple[tuple[str, str], ...], int] = {}  # earlier literal rules, by their attributes
+    by_subset: dict[tuple[tuple[str, str], ...], int] = {}  # earlier rules, by each subset of theirs
+    earlier_globs: list[int] = []
     for i, r in enumerate(rules):
         items = _items(r.selector)
         glob = _is_glob(r.selector)
         other = next((by_items[s] for s in _subsets(items) if s in by_items), None)  # a literal covers r
         if other is None:
-            other = next((g for g in earlier_globs if _covers(g.selector, r.selector)), None)
+            other = next((g for g in earlier_globs if _covers(rules[g].selector, r.selector)), None)
         if other is None and not glob:
             other = by_subset.get(items)  # r covers an earlier rule
         elif other is None:
-            other = next((o for o in rules[:i] if _covers(r.selector, o.selector)), None)
+            other = next((j for j in range(i) if _covers(r.selector, rules[j].selector)), None)
         if other is not None:
-            raise UserError(
-                f"{doc.source}:{r.line}: volumes.{i}.match: selector {r.selector} of rule {r.name!r} "
-                f"overlaps rule {other.name!r} (line {other.line})"
-            )
+            return i, other
         if glob:
-            earlier_globs.append(r)
+            earlier_globs.append(i)
         else:
-            by_items.setdefault(items, r)
+            by_items.setdefault(items, i)
         for s in _subsets(items):
-            by_subset.setdefault(s, r)
+            by_subset.setdefault(s, i)
+    return None
+
+
+def _check_size(rules: Sequence[Rule], err: Any, where: str = "") -> None:
+    """The bounds that keep the overlap check linear (``err(msg)`` makes the error)."""
+    if len(rules) > MAX_RULES:
+        raise err(f"{len(rules)} volume rules{where} (at most {MAX_RULES})")
+    globs = sum(1 for r in rules if _is_glob(r.selector))
+    if globs > MAX_GLOB_RULES:
+        raise err(f"{globs} rules with a device glob{where} (at most {MAX_GLOB_RULES})")
+
+
+def _check_overlaps(doc: _Doc, rules: Sequence[Rule]) -> None:
+    """No two rules of one file where one covers the other."""
+    _check_size(rules, lambda msg: doc.err(("volumes",), msg))
+    hit = _first_overlap(rules)
+    if hit is not None:
+        i, j = hit
+        r, other = rules[i], rules[j]
+        raise UserError(
+            f"{doc.source}:{r.line}: volumes.{i}.match: selector {r.selector} of rule {r.name!r} "
+            f"overlaps rule {other.name!r} (line {other.line})"
+        )
+
+
+def check_combined(policies: Sequence[Policy]) -> None:
+    """Several policy files that one daemon combines (each valid alone): no rule of one file may overlap a rule of
+    another, by the same definition as within a file -- else the daemon could only refuse the volume they both
+    select. UserError naming both files and lines."""
+    rules = [r for p in policies for r in p.rules]
+    sources = [p.source for p in policies for _ in p.rules]
+    _check_size(rules, lambda msg: UserError(f"{' + '.join(p.source for p in policies)}: {msg}"),
+                " across the policy files")
+    hit = _first_overlap(rules)
+    if hit is not None:
+        i, j = hit
+        r, other = rules[i], rules[j]
+        raise UserError(
+            f"{sources[i]}:{r.line}: selector {r.selector} of rule {r.name!r} overlaps rule {other.name!r} "
+            f"({sources[j]}:{other.line}); the daemon would leave the volumes both select unmanaged"
+        )
 
 
 def raise_first(errors: list[UserError]) -> None:
@@ -475,19 +497,7 @@ def parse_policy(text: str, source: str = "<string>") -> Policy:
 
 def load_policy(path: str | Path) -> Policy:
     p = Path(path)
-    try:
-        with open(p, "rb") as f:  # bounded: never slurp /dev/zero or a huge file
-            data = f.read(MAX_POLICY_BYTES + 1)
-    except FileNotFoundError:
-        raise UserError(f"{p}: no such policy file") from None
-    except OSError as exc:
-        raise UserError(f"{p}: cannot read policy file: {exc.strerror or exc}") from None
-    if len(data) > MAX_POLICY_BYTES:
-        raise UserError(f"{p}: policy file larger than {MAX_POLICY_BYTES >> 20} MiB")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{p}: cannot read policy file: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    text = read_text(p, "policy file", MAX_POLICY_BYTES)  # never blocks on a FIFO, never slurps /dev/zero
     return parse_policy(text, str(p))
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from cachepilot.backends import kinds
+from cachepilot.capabilities import KINDS, KNOBS
 
 SIZE_PATTERN = r"^[0-9]+(\.[0-9]+)? ?(B|K|M|G|T|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?$"
 DURATION_PATTERN = r"^[0-9]+(\.[0-9]+)? ?(ms|s|m|h|d)$"
@@ -114,15 +114,9 @@ def build(kind_names: list[str], knobs: list[str]) -> dict[str, Any]:
     }
 
 
-def __getattr__(name: str) -> Any:
-    """``SCHEMA``: built from the table of kinds on first use (the table loads the backend modules, which must
-    not happen while they are being imported)."""
-    if name != "SCHEMA":
-        raise AttributeError(name)
-    schema = build(list(kinds.names()), list(kinds.all_knobs()))
-    globals()["SCHEMA"] = schema
-    return schema
+# The table's kinds and knobs (cachepilot.capabilities, the declarative half of the table of kinds).
+SCHEMA: dict[str, Any] = build(list(KINDS), list(KNOBS))
 
 
 if __name__ == "__main__":
-    print(json.dumps(__getattr__("SCHEMA"), indent=2))
+    print(json.dumps(SCHEMA, indent=2))

@@ -21,9 +21,11 @@ import math
 import mmap
 import os
 import random
+import re
 import secrets
 import select
 import struct
+import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -32,28 +34,31 @@ from typing import Any
 
 import numpy as np
 
+from cachepilot import bpf_layout as L
+from cachepilot import records
 from cachepilot.errors import UserError
 from cachepilot.events import (
-    Barrier,
     BarrierKind,
-    Delete,
-    Discard,
     Drops,
     Event,
     FileKey,
-    FreedExtent,
     HotnessDelta,
-    JournalCommit,
     MetadataDelta,
     SyncCalls,
 )
 from cachepilot.mountinfo import ProcMounts
-from cachepilot.probe import layout as L
 from cachepilot.probe import libbpf
 from cachepilot.probe.ring import FixedRing
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
-DEFAULT_OBJECT = REPO_ROOT / "bpf" / ".output" / "cachepilot.bpf.o"
+# Where the compiled object is looked for when no path is configured: the copy a wheel or the Debian package carries
+# as package data (`make package` puts it there), then a checkout's build output (`make bpf`, for development).
+PACKAGED_OBJECT = Path(__file__).resolve().parents[1] / "data" / "cachepilot.bpf.o"
+CHECKOUT_OBJECT = REPO_ROOT / "bpf" / ".output" / "cachepilot.bpf.o"
+# What the object needs (README "Requirements"): the BPF ring buffer (5.8), libbpf 1.x's API, the Python of pyproject.
+MIN_KERNEL = (5, 8)
+MIN_LIBBPF = (1, 1)
+MIN_PYTHON = (3, 11)
 VMLINUX_BTF = Path("/sys/kernel/btf/vmlinux")
 TRACEFS = Path("/sys/kernel/tracing")
 SLOT_SIZE = C.sizeof(L.cp_hot_slot)
@@ -113,14 +118,7 @@ SYNC_KINDS = (
     BarrierKind.MSYNC,
 )
 # what a per-(volume, kind) drop counter counts (probe.drops_by_volume())
-DROP_KIND_NAMES = {
-    L.EV_FREE: "freed_extent",
-    L.EV_DELETE: "delete",
-    L.EV_BARRIER: "barrier",
-    L.EV_DISCARD: "discard",
-    L.EV_COMMIT: "journal_commit",
-    L.DROP_SYNC: "sync_call",
-}
+DROP_KIND_NAMES = {**{t: k.name for t, k in records.BY_RING.items()}, L.DROP_SYNC: "sync_call"}
 # Work per poll() is bounded: at most this many records of each ring are consumed per call (the rest waits in the
 # ring; a full ring is counted as drops). The must-not-miss ring gets the larger share.
 POLL_BUDGET_EVENTS = 16384
@@ -140,6 +138,32 @@ DEFERRED_UNTIL = {
     STACKED: "direct I/O marks: attached when a stacked volume is watched",
     NOT_EXT4: "fsync-family system calls: attached when a filesystem other than ext4 is watched",
 }
+
+
+def default_object() -> Path:
+    """The packaged object if this install carries one, else the checkout's (which may not be built)."""
+    return PACKAGED_OBJECT if PACKAGED_OBJECT.is_file() else CHECKOUT_OBJECT
+
+
+def _release(text: str) -> tuple[int, int]:
+    """(major, minor) of a kernel release string such as 6.1.0-28-amd64; (0, 0) if it has none."""
+    m = re.match(r"(\d+)\.(\d+)", text)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def too_old(kernel: str, python: tuple[int, ...], libbpf_version: tuple[int, int] | None) -> None:
+    """UserError naming the first component older than the object needs (the kernel's release string, the
+    interpreter, the system libbpf when known); nothing when all are new enough."""
+    have = _release(kernel)
+    if have < MIN_KERNEL:
+        raise UserError(f"kernel {kernel} is too old: the probe needs {'.'.join(map(str, MIN_KERNEL))} or newer "
+                        f"(BPF ring buffer, tp_btf, CO-RE); {WORKS_WITHOUT}")
+    if tuple(python[:2]) < MIN_PYTHON:
+        raise UserError(f"Python {'.'.join(map(str, python[:2]))} is too old: cachepilot needs "
+                        f"{'.'.join(map(str, MIN_PYTHON))} or newer")
+    if libbpf_version is not None and libbpf_version < MIN_LIBBPF:
+        raise UserError(f"the system libbpf {'.'.join(map(str, libbpf_version))} is too old: the probe needs "
+                        f"{'.'.join(map(str, MIN_LIBBPF))} or newer (Debian package libbpf1); {WORKS_WITHOUT}")
 
 
 @dataclass
@@ -340,7 +364,7 @@ class Probe:
         self.nslots = max(CP_MIN_SLOTS, -(-math.ceil(max_files / LOAD_FACTOR) // 64) * 64)
         self.ringbuf_bytes = ringbuf_bytes
         self.ignore_self = ignore_self
-        self.object_path = Path(object_path) if object_path else DEFAULT_OBJECT
+        self.object_path = Path(object_path) if object_path else default_object()
         self.report = AttachReport(kernel=os.uname().release)
         try:
             self._open(Path(btf_path), dio_hook, set(unavailable))
@@ -369,11 +393,15 @@ class Probe:
                 f"relocated; {WORKS_WITHOUT}"
             )
         if not self.object_path.is_file():
-            raise UserError(f"BPF object {self.object_path} not built: run 'make bpf'")
+            raise UserError(f"BPF object {self.object_path} not found: set bpf_object in the configuration (or "
+                            "--bpf-object), install the package that carries it, or run 'make bpf' in a checkout")
+        too_old(os.uname().release, sys.version_info[:2], None)
         try:
-            return libbpf.lib()
+            h = libbpf.lib()
         except libbpf.LibbpfMissing as exc:
             raise UserError(f"{exc}; {WORKS_WITHOUT}") from exc
+        too_old(os.uname().release, sys.version_info[:2], libbpf.version())
+        return h
 
     def _open_object(self, btf_path: Path, unavailable: set[str]) -> dict[str, str | None]:
         """Open the object and say, per program, why this kernel cannot run it (None: it can)."""
@@ -497,7 +525,7 @@ class Probe:
             raise UserError(f"ring_buffer__new failed: {libbpf.errno_str(C.get_errno())}")
         self._rb = rb
         # block barriers are read in bulk from the ring's memory (ring.py); one epoll waits for either ring
-        self._barrier_ring = FixedRing(self._fds["barrier_events"], self.ringbuf_bytes, BARRIER_DTYPE)
+        self._barrier_ring = FixedRing(self._fds["barrier_events"], self.ringbuf_bytes, records.BARRIER_DTYPE)
         # edge-triggered: woken only by the kernel's (paced) wakeups; level-triggered, every look that found a
         # record that came meanwhile returned at once, and a busy producer kept the consumer spinning
         self._epoll = select.epoll()
@@ -701,7 +729,7 @@ class Probe:
             raise OSError(-rc, "ring_buffer__consume failed")
         raw, self._raw = self._raw, []
         events = [ev for ev in map(decode_event, raw) if ev is not None]
-        barriers = decode_barriers(self._barrier_ring.take(POLL_BUDGET_BARRIERS))
+        barriers = records.decode_barriers(self._barrier_ring.take(POLL_BUDGET_BARRIERS))
         self._backlog = len(raw) >= POLL_BUDGET_EVENTS or self._barrier_ring.left_over
         return events + barriers
 
@@ -763,7 +791,6 @@ class Probe:
     def drain_hotness_array(self) -> Any:  # numpy.ndarray of cachepilot.models.hotness.HOT_DTYPE (numpy loads lazily)
         """Drain the hotness table as one numpy record array in the models' layout (HOT_DTYPE: dev, ino, gen, rs,
         ws, rb, wb, last, size), ready for HotnessModel.apply_array: the fast path for large drains."""
-        import numpy as np
 
         from cachepilot.models.hotness import HOT_DTYPE
 
@@ -915,57 +942,5 @@ def _map_shared(fd: int, size: int) -> mmap.mmap:
     return mmap.mmap(fd, -(-size // mmap.PAGESIZE) * mmap.PAGESIZE, flags=mmap.MAP_SHARED,
                      prot=mmap.PROT_READ | mmap.PROT_WRITE)
 
-_DECODERS: dict[int, type[C.Structure]] = {
-    L.EV_FREE: L.cp_ev_free,
-    L.EV_DELETE: L.cp_ev_delete,
-    L.EV_BARRIER: L.cp_ev_barrier,
-    L.EV_DISCARD: L.cp_ev_discard,
-    L.EV_COMMIT: L.cp_ev_commit,
-}
 
-
-BARRIER_DTYPE = np.dtype(L.cp_ev_barrier)
-_BARRIER_KINDS = {int(k): k for k in BarrierKind}
-
-
-def decode_barriers(rows: np.ndarray) -> list[Barrier]:
-    """Block-barrier records (BARRIER_DTYPE) to typed events, as decode_event would one by one; a record of an
-    unknown kind is left out."""
-    if not rows.size:
-        return []
-    data, meta = rows["data_bytes"].tolist(), rows["meta_bytes"].tolist()
-    out = []
-    for dev, ts, kind, ino, pid, d, m, flags, arg, closes in zip(
-        rows["hdr"]["dev"].tolist(), rows["hdr"]["ts_ns"].tolist(), rows["kind"].tolist(), rows["ino"].tolist(),
-        rows["pid"].tolist(), data, meta, rows["flags"].tolist(), rows["arg"].tolist(), rows["closes"].tolist(),
-        strict=True,
-    ):
-        k = _BARRIER_KINDS.get(kind)
-        if k is not None:
-            out.append(Barrier(dev, k, ino, pid, d + m, ts, d, m, flags, arg, bool(closes)))
-    return out
-
-
-def decode_event(raw: bytes) -> Event | None:
-    """One ring-buffer record to a typed event; unknown or short records give None (never raise)."""
-    if len(raw) < C.sizeof(L.cp_ev_hdr):
-        return None
-    typ = int.from_bytes(raw[:4], "little")
-    cls = _DECODERS.get(typ)
-    if cls is None or len(raw) < C.sizeof(cls):
-        return None
-    if cls is L.cp_ev_barrier:  # one rule for barriers, the bulk reader's
-        got = decode_barriers(np.frombuffer(raw[: C.sizeof(cls)], dtype=BARRIER_DTYPE))
-        return got[0] if got else None
-    e = cls.from_buffer_copy(raw[: C.sizeof(cls)])
-    dev, ts = e.hdr.dev, e.hdr.ts_ns
-    if isinstance(e, L.cp_ev_free):
-        metadata = bool(e.flags & L.EXT4_FREE_BLOCKS_METADATA)
-        return FreedExtent(dev, e.ino, e.block, e.count, metadata, ts, tid=e.tid if e.has_tid else -1)
-    if isinstance(e, L.cp_ev_delete):
-        return Delete(FileKey(dev, e.ino, e.gen), e.size, ts)
-    if isinstance(e, L.cp_ev_discard):
-        return Discard(dev, e.sector, e.nr_sectors, ts)
-    if isinstance(e, L.cp_ev_commit):
-        return JournalCommit(dev, e.transaction, ts)
-    return None
+decode_event = records.decode_ring  # one ring record -> its event (bpf/cachepilot.h's side of the records table)

@@ -17,8 +17,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from cachepilot import records
 from cachepilot.engine import Action, DiscardRanges, Drain, Engine, Promote, SetWritePolicy
-from cachepilot.engine.engine import hot_record
 from cachepilot.events import HotnessDelta
 from cachepilot.models.volume import WRITEBACK, VolumeInfo, VolumeSample
 from cachepilot.policy.model import (
@@ -231,7 +231,7 @@ class _Sim:
         hot: list[tuple[int, ...]] = []  # runs of hotness deltas go in as one batch (the daemon's drain path)
         for ev in self.p.tick_events[k]:
             if isinstance(ev, HotnessDelta):
-                hot.append(hot_record(ev))
+                hot.append(records.HOTNESS.to_record(ev))
                 continue
             if hot:
                 engine.feed_hotness_records(hot)

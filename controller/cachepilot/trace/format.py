@@ -42,21 +42,26 @@ Variable-size records are UTF-8 JSON objects, one per line (``\\n``-separated) i
 * type 0 ``Meta``: ``{"volumes": [VolumeInfo fields...], "source": str, ...}`` -- the first block, one record.
 * type 9 ``VolumeSample``: the VolumeSample fields.
 
-Readers stream the file (never more than one block in memory) and reject, with a
-:class:`~cachepilot.errors.UserError` naming the byte offset: unknown versions, block types or codecs, bad
-CRCs, short blocks, a missing END block, blocks larger than :data:`MAX_BLOCK_BYTES` or
+Readers stream the file (never more than one block in memory; a pipe is read once, as a stream) and reject, with
+a :class:`~cachepilot.errors.UserError` naming the byte offset: unknown versions, block types or codecs, bad
+CRCs, a file cut before its meta block ends, blocks larger than :data:`MAX_BLOCK_BYTES` or
 :data:`MAX_BLOCK_RECORDS`, compressed payloads that inflate beyond what the block declares, JSON that is
 not an object of the expected fields and types, unknown barrier kinds, and volumes with impossible
 values. A writer starts a new block when the record type changes or after 8192 records, so order
 across types is kept exactly; fixed-size blocks can be read as numpy structured arrays
 (:data:`DTYPES`) without a Python object per record. Compatibility: new record types get new numbers;
 a changed layout bumps the version.
+
+A file that ends early (no END block, the last block cut in its header or payload: its writer was killed) reads up
+to its last complete block and the reader's ``cut`` says where it ends. Writers hand each block to the kernel in one
+write as soon as it is complete, so a killed writer loses only the block in progress.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import io
+import itertools
 import json
 import struct
 import zlib
@@ -68,25 +73,16 @@ from typing import Any, BinaryIO
 import numpy as np
 import zstandard
 
-from cachepilot.backends import kinds
+from cachepilot import records as R
+from cachepilot.capabilities import KINDS
 from cachepilot.errors import UserError
 from cachepilot.events import (
-    Barrier,
-    BarrierKind,
-    Delete,
-    Discard,
-    Drops,
     Event,
-    FileKey,
-    FreedExtent,
-    HotnessDelta,
-    JournalCommit,
-    MetadataDelta,
-    SyncCalls,
 )
 from cachepilot.models.epochs import BLOCK_BARRIERS
 from cachepilot.models.hotness import HOT_DTYPE
 from cachepilot.models.volume import VolumeInfo, VolumeSample
+from cachepilot.safeio import open_input
 
 MAGIC = b"CPTRACE\x00"
 VERSION = 2
@@ -94,24 +90,13 @@ VERSIONS = (1, 2)
 HEADER = struct.Struct("<8sHHI")
 BLOCK = struct.Struct("<BBHIII")
 
-T_META, T_HOT, T_META_DELTA, T_FREED, T_COMMIT, T_DELETE, T_BARRIER, T_DISCARD, T_DROPS = range(9)
-T_SAMPLE, T_TICK, T_SYNC, T_END = 9, 10, 11, 255
+T_META, T_SAMPLE, T_TICK, T_END = 0, 9, 10, 255  # the blocks that are not events; an event kind's is in its record
+T_HOT, T_META_DELTA, T_FREED, T_COMMIT, T_DELETE, T_BARRIER, T_DISCARD, T_DROPS, T_SYNC = (
+    k.trace_type for k in (R.HOTNESS, R.METADATA, R.FREED, R.COMMIT, R.DELETE, R.BARRIER, R.DISCARD, R.DROPS, R.SYNC))
 
 _NP = {"B": "u1", "H": "u2", "I": "u4", "Q": "u8", "b": "i1", "h": "i2", "i": "i4", "q": "i8"}
-_CODE = {v: k for k, v in _NP.items()}
 
-LAYOUTS: dict[int, struct.Struct] = {
-    T_HOT: struct.Struct("<" + "".join(_CODE[HOT_DTYPE[n].str.lstrip("<|")] for n in HOT_DTYPE.names or ())),
-    T_META_DELTA: struct.Struct("<IQQ"),
-    T_FREED: struct.Struct("<IQQQBqq"),
-    T_COMMIT: struct.Struct("<IQq"),
-    T_DELETE: struct.Struct("<IQIqq"),
-    T_BARRIER: struct.Struct("<IBQIQqQQIQB"),
-    T_DISCARD: struct.Struct("<IQQq"),
-    T_DROPS: struct.Struct("<QQQ"),
-    T_TICK: struct.Struct("<q"),
-    T_SYNC: struct.Struct("<IBQIQq"),
-}
+LAYOUTS: dict[int, struct.Struct] = {**{k.trace_type: k.trace for k in R.KINDS}, T_TICK: struct.Struct("<q")}
 LAYOUTS_V1: dict[int, struct.Struct] = {
     **{t: s for t, s in LAYOUTS.items() if t != T_SYNC},
     T_FREED: struct.Struct("<IQQQBq"),
@@ -126,9 +111,8 @@ def _dtype(layout: struct.Struct) -> np.dtype:
 
 DTYPES: dict[int, np.dtype] = {t: (HOT_DTYPE if t == T_HOT else _dtype(s)) for t, s in LAYOUTS.items()}
 JSON_TYPES = {T_META, T_SAMPLE}
-NAMES = {T_META: "meta", T_HOT: "hotness", T_META_DELTA: "metadata", T_FREED: "freed", T_COMMIT: "commit",
-         T_DELETE: "delete", T_BARRIER: "barrier", T_DISCARD: "discard", T_DROPS: "drops",
-         T_SAMPLE: "sample", T_TICK: "tick", T_SYNC: "sync calls", T_END: "end"}
+NAMES = {T_META: "meta", **{k.trace_type: k.label for k in R.KINDS}, T_SAMPLE: "sample", T_TICK: "tick",
+         T_END: "end"}
 BLOCK_RECORDS = 8192
 MAX_BLOCK_RECORDS = 1 << 20  # a reader refuses blocks that claim more (writers use BLOCK_RECORDS)
 MAX_BLOCK_BYTES = 64 << 20  # stored or inflated; a fixed-size block inflates to exactly count x size
@@ -145,27 +129,9 @@ class Tick:
 
 def event_to_record(ev: Event | VolumeSample | Tick) -> tuple[int, tuple[Any, ...] | dict[str, Any]]:
     """(type, fields) of one event in trace layout."""
-    if isinstance(ev, HotnessDelta):
-        k = ev.key
-        return T_HOT, (k.dev, k.ino, k.gen, ev.read_score, ev.write_score, ev.read_bytes, ev.write_bytes,
-                       ev.last_access_ns, ev.size)
-    if isinstance(ev, FreedExtent):
-        return T_FREED, (ev.dev, ev.ino, ev.block, ev.count, int(ev.metadata), ev.ts_ns, ev.tid)
-    if isinstance(ev, JournalCommit):
-        return T_COMMIT, (ev.dev, ev.transaction, ev.ts_ns)
-    if isinstance(ev, Delete):
-        return T_DELETE, (ev.key.dev, ev.key.ino, ev.key.gen, ev.size, ev.ts_ns)
-    if isinstance(ev, Barrier):
-        return T_BARRIER, (ev.dev, int(ev.kind), ev.ino, ev.pid, ev.epoch_bytes, ev.ts_ns, ev.epoch_data_bytes,
-                           ev.epoch_meta_bytes, ev.flags, ev.arg, int(ev.closes_epoch))
-    if isinstance(ev, SyncCalls):
-        return T_SYNC, (ev.dev, int(ev.kind), ev.calls, ev.last_pid, ev.last_ino, ev.ts_ns)
-    if isinstance(ev, MetadataDelta):
-        return T_META_DELTA, (ev.dev, ev.score, ev.bytes)
-    if isinstance(ev, Discard):
-        return T_DISCARD, (ev.dev, ev.sector, ev.nr_sectors, ev.ts_ns)
-    if isinstance(ev, Drops):
-        return T_DROPS, (ev.ringbuf_full, ev.hotness_map_full, ev.other)
+    kind = R.BY_EVENT.get(type(ev))
+    if kind is not None:
+        return kind.trace_type, kind.to_record(ev)
     if isinstance(ev, Tick):
         return T_TICK, (ev.ts_ns,)
     if isinstance(ev, VolumeSample):
@@ -182,36 +148,9 @@ def upgrade_v1(t: int, r: tuple[Any, ...]) -> tuple[Any, ...]:
     return r
 
 
-_KIND = {int(k): k for k in BarrierKind}
-_SYNC_KIND = {v: k for v, k in _KIND.items() if k not in BLOCK_BARRIERS}
+_KIND, _SYNC_KIND = R.BARRIER_KINDS, R.SYNC_CALL_KINDS
 
-
-def _barrier(r: tuple[Any, ...]) -> Barrier:
-    kind = _KIND.get(r[1])
-    if kind is None:
-        raise ValueError(f"unknown barrier kind {r[1]}")
-    return Barrier(r[0], kind, r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], bool(r[10]))
-
-
-def _sync(r: tuple[Any, ...]) -> SyncCalls:
-    kind = _SYNC_KIND.get(r[1])
-    if kind is None:
-        raise ValueError(f"unknown sync calls kind {r[1]} (file-level kinds only)")
-    return SyncCalls(r[0], kind, r[2], r[3], r[4], r[5])
-
-
-MAKERS: dict[int, Any] = {
-    T_HOT: lambda r: HotnessDelta(FileKey(r[0], r[1], r[2]), r[3], r[4], r[5], r[6], r[7], r[8]),
-    T_FREED: lambda r: FreedExtent(r[0], r[1], r[2], r[3], bool(r[4]), r[5], r[6]),
-    T_COMMIT: lambda r: JournalCommit(*r),
-    T_DELETE: lambda r: Delete(FileKey(r[0], r[1], r[2]), r[3], r[4]),
-    T_BARRIER: _barrier,
-    T_SYNC: _sync,
-    T_META_DELTA: lambda r: MetadataDelta(*r),
-    T_DISCARD: lambda r: Discard(*r),
-    T_DROPS: lambda r: Drops(*r),
-    T_TICK: lambda r: Tick(r[0]),
-}
+MAKERS: dict[int, Any] = {**{k.trace_type: k.from_record for k in R.KINDS}, T_TICK: lambda r: Tick(r[0])}
 """Per fixed record type: version-2 tuple -> event (ValueError for an unknown kind)."""
 
 
@@ -231,6 +170,8 @@ class TraceWriter:
     def __init__(self, path: str | Path | BinaryIO, volumes: Iterable[VolumeInfo] = (),
                  meta: dict[str, Any] | None = None, compress: bool = True) -> None:
         self._own = not hasattr(path, "write")
+        self.name = str(path) if self._own else str(getattr(path, "name", "trace"))
+        self.failed = False  # a write failed (a full disk): close() writes no END block
         try:
             self.f: BinaryIO = open(path, "wb") if self._own else path  # type: ignore[arg-type,assignment]  # noqa: SIM115
         except OSError as exc:
@@ -240,7 +181,7 @@ class TraceWriter:
         self.total = 0
         self._type: int | None = None
         self._buf: list[Any] = []
-        self.f.write(HEADER.pack(MAGIC, VERSION, 0, 0))
+        self._put(HEADER.pack(MAGIC, VERSION, 0, 0))
         m = dict(meta or {})
         m["volumes"] = [dataclasses.asdict(v) for v in volumes]
         self._block(T_META, [m])
@@ -250,6 +191,15 @@ class TraceWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _put(self, data: bytes) -> None:
+        """Hand data to the kernel at once (a block in one write): a killed writer leaves every block it made."""
+        try:
+            self.f.write(data)
+            self.f.flush()
+        except OSError as exc:
+            self.failed = True
+            raise UserError(f"{self.name}: cannot write trace: {exc.strerror or exc}") from None
 
     def _block(self, t: int, records: list[Any] | np.ndarray) -> None:
         if t in JSON_TYPES:
@@ -264,8 +214,7 @@ class TraceWriter:
         if self.compress and len(payload) > 256:
             payload = self._zstd.compress(payload)  # the frame carries the content size (the reader's bound)
             codec = ZSTD
-        self.f.write(BLOCK.pack(t, codec, 0, len(records), len(payload), zlib.crc32(payload)))
-        self.f.write(payload)
+        self._put(BLOCK.pack(t, codec, 0, len(records), len(payload), zlib.crc32(payload)) + payload)
         if t != T_END:
             self.total += len(records)
 
@@ -303,12 +252,16 @@ class TraceWriter:
     def close(self) -> None:
         if self.f.closed:
             return
-        self.flush_block()
-        self.f.write(BLOCK.pack(T_END, 0, 0, self.total, 0, zlib.crc32(b"")))
-        if self._own:
-            self.f.close()
-        else:
-            self.f.flush()
+        try:
+            if not self.failed:
+                self.flush_block()
+                self._put(BLOCK.pack(T_END, 0, 0, self.total, 0, zlib.crc32(b"")))
+        finally:
+            if self._own:
+                try:
+                    self.f.close()
+                except OSError:
+                    pass  # nothing is left in the buffer (each block is flushed): the error was raised already
 
 
 OBSERVED = "none"  # the kind of a plain block device (record, observe): not a cache
@@ -347,7 +300,7 @@ def volume_info(d: Any) -> VolumeInfo:
         raise ValueError(f"volume {v.name!r}: dev {v.dev} is not a 32-bit device number")
     if not v.name:
         raise ValueError("volume: empty name")
-    known = (*kinds.names(), OBSERVED)
+    known = (*KINDS, OBSERVED)
     if v.kind not in known:
         raise ValueError(f"volume {v.name!r}: unknown kind {v.kind!r} (known: {', '.join(known)})")
     bs = v.fs_block_size
@@ -362,13 +315,35 @@ def volume_sample(d: Any) -> VolumeSample:
 
 class TraceReader:
     """Read a trace file block by block, streaming (one block in memory at a time, bounded in size).
-    Corruption and hostile content raise UserError with the byte offset."""
+    Corruption and hostile content raise UserError with the byte offset. A trace whose writer was killed (it
+    ends inside a block or without the END block) reads up to its last complete block; ``cut`` then says
+    where it ends. A pipe or FIFO (``/dev/stdin``) is read as a stream, once."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
+        self.cut: str | None = None  # why the trace ends early (no END block), once the blocks have been read
         self._unzstd_ctx = zstandard.ZstdDecompressor()
-        with self._open() as f:
-            head = f.read(HEADER.size)
+        f, self.stream = open_input(self.path, "trace", stream=True)
+        try:
+            self._header(f)
+            blocks = self._walk(f)
+            first = next(blocks, None)
+        except BaseException:
+            f.close()
+            raise
+        self._live: Iterator[tuple[int, int, Any]] | None = None
+        if self.stream:
+            self._live = itertools.chain([first] if first else [], blocks)
+        else:
+            f.close()
+        if first is None or first[1] != T_META:
+            if self.cut:
+                raise UserError(f"{self.path}: trace cut at offset {HEADER.size}, before its meta block ended")
+            raise UserError(f"{self.path}: offset {HEADER.size}: the first block must be the meta block")
+        self._meta(first[2])
+
+    def _header(self, f: BinaryIO) -> None:
+        head = f.read(HEADER.size)
         if len(head) < HEADER.size:
             raise UserError(f"{self.path}: not a cachepilot trace (file too short: {len(head)} bytes)")
         magic, version, _flags, _ = HEADER.unpack(head)
@@ -378,20 +353,16 @@ class TraceReader:
             raise UserError(f"{self.path}: trace version {version} is not supported (supported: 1, 2)")
         self.version = version
         self.layouts = LAYOUTS if version == 2 else LAYOUTS_V1
-        self.meta: dict[str, Any] = {}
-        self.volumes: list[VolumeInfo] = []
-        first = next(self.blocks(), None)
-        if first is None or first[0] != T_META:
-            raise UserError(f"{self.path}: offset {HEADER.size}: the first block must be the meta block")
-        recs = first[1]
+
+    def _meta(self, recs: Any) -> None:
         if len(recs) != 1 or not isinstance(recs[0], dict):
             raise UserError(f"{self.path}: offset {HEADER.size}: the meta block must hold one JSON object")
-        self.meta = recs[0]
+        self.meta: dict[str, Any] = recs[0]
         vols = self.meta.get("volumes", [])
         try:
             if not isinstance(vols, list):
                 raise ValueError("'volumes' must be a list")
-            self.volumes = [volume_info(v) for v in vols]
+            self.volumes: list[VolumeInfo] = [volume_info(v) for v in vols]
         except (TypeError, ValueError) as exc:
             raise UserError(f"{self.path}: offset {HEADER.size}: bad meta block: {exc}") from None
         for attr in ("dev", "name"):
@@ -399,24 +370,11 @@ class TraceReader:
             if len(set(seen)) != len(seen):
                 raise UserError(f"{self.path}: offset {HEADER.size}: bad meta block: two volumes with one {attr}")
 
-    def _open(self) -> BinaryIO:
-        try:
-            return open(self.path, "rb")  # noqa: SIM115
-        except OSError as exc:
-            raise UserError(f"{self.path}: cannot read trace: {exc.strerror or exc}") from None
-
     def _err(self, off: int, msg: str) -> UserError:
         return UserError(f"{self.path}: offset {off}: {msg}")
 
-    def _payload(self, f: BinaryIO, off: int, t: int, codec: int, count: int, length: int, crc: int) -> bytes:
-        """One block's payload: read, checked and inflated, never beyond what the block may hold."""
-        if count > MAX_BLOCK_RECORDS:
-            raise self._err(off, f"block claims {count} records (at most {MAX_BLOCK_RECORDS})")
-        if length > MAX_BLOCK_BYTES:
-            raise self._err(off, f"block of {length} bytes (at most {MAX_BLOCK_BYTES})")
-        payload = f.read(length)
-        if len(payload) != length:
-            raise self._err(off, f"truncated: block of {length} bytes but only {len(payload)} left")
+    def _payload(self, off: int, t: int, codec: int, count: int, payload: bytes, crc: int) -> bytes:
+        """One block's payload, checked and inflated, never beyond what the block may hold."""
         if zlib.crc32(payload) != crc:
             raise self._err(off, "corrupt block (CRC mismatch)")
         if codec == RAW:
@@ -493,31 +451,62 @@ class TraceReader:
     def raw_blocks(self) -> Iterator[tuple[int, int, Any]]:
         """(offset, type, records) per block: JSON records as a list of objects, hotness as a numpy array
         (HOT_DTYPE), other fixed records as tuples in version-2 layout."""
-        with self._open() as f:
+        if self.stream:
+            live, self._live = self._live, None
+            if live is None:
+                raise UserError(f"{self.path}: a trace from a pipe can be read only once")
+            yield from live
+            return
+        f, _ = open_input(self.path, "trace")  # a file again: one replaced by a FIFO since is refused
+        with f:
             f.seek(HEADER.size)
-            off = HEADER.size
-            total = 0
-            while True:
-                head = f.read(BLOCK.size)
-                if len(head) < BLOCK.size:
-                    raise self._err(off, "truncated: block header cut short (no END block)")
-                t, codec, _r, count, length, crc = BLOCK.unpack(head)
-                start = off + BLOCK.size
-                if t == T_END:
-                    if count != total:
-                        raise self._err(off, f"END block says {count} records, file has {total}")
-                    if f.read(1):
-                        raise self._err(start, "garbage after the END block")
-                    return
-                if t not in self.layouts and t not in JSON_TYPES:
-                    raise self._err(off, f"unknown block type {t}")
-                payload = self._payload(f, off, t, codec, count, length, crc)
-                recs = self._json(off, t, payload) if t in JSON_TYPES else self._fixed(off, t, count, payload)
-                if len(recs) != count:
-                    raise self._err(off, f"block says {count} records, holds {len(recs)}")
-                total += count
-                yield off, t, recs
-                off = start + length
+            yield from self._walk(f)
+
+    def _walk(self, f: BinaryIO) -> Iterator[tuple[int, int, Any]]:
+        """The blocks from just after the header; at an early end of file, ``cut`` says where and the walk ends."""
+        off = HEADER.size
+        total = 0
+        while True:
+            head = f.read(BLOCK.size)
+            if len(head) < BLOCK.size:
+                self._cut(off, total)
+                return
+            t, codec, _r, count, length, crc = BLOCK.unpack(head)
+            self._bounds(off, t, count, length)
+            payload = f.read(length)
+            if len(payload) < length:
+                self._cut(off, total)
+                return
+            start = off + BLOCK.size
+            if t == T_END:
+                if count != total:
+                    raise self._err(off, f"END block says {count} records, file has {total}")
+                if f.read(1):
+                    raise self._err(start, "garbage after the END block")
+                return
+            if t not in self.layouts and t not in JSON_TYPES:
+                raise self._err(off, f"unknown block type {t}")
+            payload = self._payload(off, t, codec, count, payload, crc)
+            recs = self._json(off, t, payload) if t in JSON_TYPES else self._fixed(off, t, count, payload)
+            if len(recs) != count:
+                raise self._err(off, f"block says {count} records, holds {len(recs)}")
+            total += count
+            yield off, t, recs
+            off = start + length
+
+    def _cut(self, off: int, total: int) -> None:
+        self.cut = (f"trace cut at offset {off} (no END block: its writer was stopped); read {total} records "
+                    "up to there")
+
+    def _bounds(self, off: int, t: int, count: int, length: int) -> None:
+        if t == T_END:  # its count is the file's total, not a block's
+            if length:
+                raise self._err(off, f"END block with a payload of {length} bytes")
+            return
+        if count > MAX_BLOCK_RECORDS:
+            raise self._err(off, f"block claims {count} records (at most {MAX_BLOCK_RECORDS})")
+        if length > MAX_BLOCK_BYTES:
+            raise self._err(off, f"block of {length} bytes (at most {MAX_BLOCK_BYTES})")
 
     def blocks(self, hot_as_array: bool = False) -> Iterator[tuple[int, Any]]:
         """(type, records) per block; fixed records as tuples in version-2 layout, JSON records as dicts.

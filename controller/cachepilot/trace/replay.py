@@ -51,6 +51,8 @@ class ReplayResult:
     cpu_s: float = 0.0
     engine: Engine | None = None
     unknown_volumes: dict[int, int] = field(default_factory=dict)  # dev -> events of volumes not in the meta
+    cut: str | None = None  # the trace ends early (its writer was stopped): where, and what was read
+    stream: bool = False  # read from a pipe (it cannot be read again)
 
 
 def unknown_volumes_warning(res: ReplayResult) -> str | None:
@@ -78,6 +80,7 @@ def replay(path: str | Path, policy: Policy, only_volume: str | None = None) -> 
         r.block(off, t, recs)
         res.events += len(recs)
     res.unknown_volumes = dict(r.unknown)
+    res.cut, res.stream = reader.cut, reader.stream
     res.cpu_s = time.process_time() - t0
     return res
 

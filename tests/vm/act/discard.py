@@ -14,10 +14,10 @@ from pathlib import Path
 
 from labkit import drive, drop_caches, intact, run, say, volume, write_files
 
+from cachepilot.actions import DiscardRanges, SetKnob, SetWritePolicy
 from cachepilot.actuators.discard import Discarder
 from cachepilot.actuators.extents import fiemap
 from cachepilot.backends.inspect import block_name, describe_volume
-from cachepilot.engine.actions import DiscardRanges, SetKnob, SetWritePolicy
 from cachepilot.events import Discard, FreedExtent, JournalCommit
 from cachepilot.models.freed import FreedExtentQueue
 from cachepilot.probe import Probe

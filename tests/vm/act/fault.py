@@ -12,7 +12,7 @@ from pathlib import Path
 
 from labkit import drive, drop_caches, intact, run, say, volume, write_files
 
-from cachepilot.engine.actions import Drain, SetWritePolicy
+from cachepilot.actions import Drain, SetWritePolicy
 
 MIB = 1 << 20
 mnt = Path(os.environ["LAB_MOUNT"])

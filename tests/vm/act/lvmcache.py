@@ -13,12 +13,12 @@ from pathlib import Path
 
 from labkit import drive, drop_caches, intact, run, say, volume, write_files
 
+from cachepilot.actions import DiscardRanges, Drain, Promote, SetKnob, SetWritePolicy
 from cachepilot.actuators.discard import Discarder
 from cachepilot.actuators.extents import fiemap
 from cachepilot.actuators.promote import Promoter
 from cachepilot.backends.dmstatus import DmCacheStatus, parse_dm_cache_status
 from cachepilot.backends.inspect import block_name
-from cachepilot.engine.actions import DiscardRanges, Drain, Promote, SetKnob, SetWritePolicy
 
 MIB = 1 << 20
 mnt = Path(os.environ["LAB_MOUNT"])

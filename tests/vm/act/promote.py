@@ -12,10 +12,11 @@ from pathlib import Path
 
 from labkit import drive, drop_caches, run, say, volume, write_files
 
+from cachepilot.actions import Promote, SetKnob
 from cachepilot.actuators.promote import Promoter
 from cachepilot.backends.dmstatus import parse_dm_cache_status
 from cachepilot.backends.inspect import block_name, describe_volume
-from cachepilot.engine.actions import Promote, SetKnob
+from cachepilot.policy.model import Promotion
 
 MIB = 1 << 20
 recipe = os.environ["LAB_RECIPE"]
@@ -45,8 +46,9 @@ def actions(prefix: str, n: int) -> list[Promote]:
 
 
 def promote(acts: list[Promote], rounds: int | None = None) -> tuple[int, int, float]:
-    """Run the promoter over the set as the daemon would: deferred rounds again once they are due."""
-    p = Promoter(info, rate=1 << 30, rounds=rounds, seed=7)
+    """Run the promoter over the set as the daemon would: at the shipped policy's rate, deferred work again once
+    it is due (the daemon comes back at its next tick; 20 ms here)."""
+    p = Promoter(info, rate=Promotion().rate, rounds=rounds, seed=7)
     t0 = time.monotonic()
     reads = nbytes = 0
     todo = list(acts)
@@ -58,7 +60,7 @@ def promote(acts: list[Promote], rounds: int | None = None) -> tuple[int, int, f
         nbytes += r.read_bytes
         if r.deferred is not None:
             todo.append(r.deferred)
-            time.sleep(max(0, r.not_before_ns - time.monotonic_ns()) / 1e9 if not r.read_bytes else 0)
+            time.sleep(max(0.02, (r.not_before_ns - time.monotonic_ns()) / 1e9) if not r.read_bytes else 0)
     return reads, nbytes, time.monotonic() - t0
 
 

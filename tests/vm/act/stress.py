@@ -16,10 +16,10 @@ from pathlib import Path
 
 from labkit import drive, drop_caches, run, say, volume
 
+from cachepilot.actions import DiscardRanges, SetKnob, SetWritePolicy
 from cachepilot.actuators.discard import Discarder
 from cachepilot.actuators.extents import fiemap
 from cachepilot.backends.inspect import describe_volume
-from cachepilot.engine.actions import DiscardRanges, SetKnob, SetWritePolicy
 from cachepilot.events import FreedExtent
 from cachepilot.probe import Probe
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from labkit import drive, drop_caches, intact, run, say, volume, write_files
 
-from cachepilot.engine.actions import Drain, SetKnob, SetWritePolicy
+from cachepilot.actions import Drain, SetKnob, SetWritePolicy
 
 MIB = 1 << 20
 recipe = os.environ["LAB_RECIPE"]

@@ -59,7 +59,8 @@ discarded() { local v; v=$(metric_sum cachepilot_volume_discard_issued_bytes_tot
 wait_for 60 discarded
 say discard_issued "$(metric_sum cachepilot_volume_discard_issued_bytes_total)"
 
-# reload with a broken policy: refused, the daemon runs on with the old one
+# reload with a broken policy: refused (`systemctl reload` fails: ExecReload waits for the verdict), the daemon
+# runs on with the old one
 printf 'version: 1\ndefaults: {failure_model: sometimes}\n' > /etc/cachepilot/policy.yaml
 systemctl reload cachepilot; say reload_rc $?
 wait_for 30 test "$(metric cachepilot_policy_last_reload_success)" = 0.0

@@ -21,8 +21,8 @@ DOCUMENTATION = r"""
 module: cachepilot_files
 short_description: Write cachepilot's files on a host in one step, checking policies first
 description:
-  - Compares each file, link and directory with what is wanted; policies marked C(validate) are checked with
-    C(executable policy check FILE) before anything is written; then every changed file is replaced atomically
+  - Compares each file, link and directory with what is wanted; policies marked C(validate) are checked together with
+    C(executable policy check FILE...) before anything is written; then every changed file is replaced atomically
     (temporary file in the same directory, renamed).
   - Returns the groups that changed, for the handlers (e.g. a changed policy is a reload, a changed unit a restart).
 options:
@@ -88,17 +88,25 @@ def _is_executable(path: str) -> bool:
     return os.path.isfile(path) and os.access(path, os.X_OK)
 
 
-def _check_policy(module: AnsibleModule, exe: str, label: str, content: str) -> None:
-    """cachepilot's own check (file:line: key: problem); fails the host before anything is written."""
-    fd, tmp = tempfile.mkstemp(prefix="policy-", suffix=".yaml", dir=module.tmpdir)
+def _check_policies(module: AnsibleModule, exe: str, items: list[dict[str, Any]]) -> None:
+    """cachepilot's own check of the policies as the daemon combines them (each alone: file:line: key: problem;
+    together: no rule of one overlapping another's); fails the host before anything is written."""
+    tmps: list[tuple[str, str]] = []
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(content)
-        rc, out, err = module.run_command([exe, "policy", "check", tmp])
+        for item in items:
+            fd, tmp = tempfile.mkstemp(prefix="policy-", suffix=".yaml", dir=module.tmpdir)
+            tmps.append((tmp, item.get("label") or item["path"]))
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(item["content"])
+        rc, out, err = module.run_command([exe, "policy", "check", *(t for t, _ in tmps)])
     finally:
-        os.unlink(tmp)
+        for tmp, _ in tmps:
+            os.unlink(tmp)
     if rc != 0:
-        module.fail_json(msg=f"{label}: cachepilot refused the policy: {(err or out).strip()}", rc=rc)
+        msg = (err or out).strip()
+        for tmp, label in tmps:
+            msg = msg.replace(tmp, label)
+        module.fail_json(msg=f"cachepilot refused the policies: {msg}", rc=rc)
 
 
 def _write(path: str, content: str, mode: int) -> None:
@@ -202,9 +210,9 @@ def main() -> None:
         module.fail_json(msg=f"{module.params['executable_label']}: {exe} is not an executable file")
     todo, diff, groups = _plan(module)
     # Check every changed policy before writing anything: a refused one leaves the host exactly as it was.
-    for action, item in todo:
-        if action == "file" and item.get("validate") and have_exe:
-            _check_policy(module, exe, item.get("label") or item["path"], item["content"])
+    policies = [f for f in module.params["files"] if f.get("validate")]
+    if have_exe and any(action == "file" and item.get("validate") for action, item in todo):
+        _check_policies(module, exe, policies)
     paths = [item["path"] if isinstance(item, dict) else item for _, item in todo]
     if not module.check_mode:
         paths = _apply(todo)

@@ -1,4 +1,4 @@
-"""Python view of bpf/cachepilot.h: every ring-buffer event and map key/value layout.
+"""Python view of bpf/cachepilot.h (the kernel side): every ring-buffer event and map key/value layout.
 
 tests/bpf/test_layout.py checks each of these against the compiled object's BTF (sizes and field offsets), so a change
 on one side without the other fails the tests instead of silently mis-decoding.

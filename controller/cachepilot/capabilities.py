@@ -1,0 +1,188 @@
+"""What each kind of stock cache can do: its write modes, how it drains, its knobs with type and range, how many
+rounds of reads promote a block and how the kernel names its devices.
+
+This is the declarative half of the table of cache kinds; the other half (detect, describe, sample, the backend
+class and each knob's get/set pair) is each kind's module ``backends/<kind>.py`` (collected by ``backends.kinds``,
+which checks at import that the two halves name the same kinds and knobs). The declarations live here, below the
+engine and the backends, so that the policy checker and schema (a rule may not ask for a mode or knob that a kind
+it can match cannot take), the engine (which modes exist, what "destructive" means for a kind), promotion and the
+trace format read them without importing the backends, and the backends read the range a setter enforces before
+it writes. Ranges are the kernel's own (confirmed in drivers/md/bcache/sysfs.c,
+dm-cache-target.c, dm-writecache.c of 6.1): a value outside is an error here rather than a silent clamp there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+from dataclasses import dataclass
+
+from cachepilot import units
+from cachepilot.errors import UserError
+
+KIND_BCACHE, KIND_DMCACHE, KIND_WRITECACHE = "bcache", "dm-cache", "dm-writecache"
+# A dm-cache LV managed by LVM: the same target, changed only through lvchange (backends/lvmcache.py).
+KIND_LVMCACHE = "lvmcache"
+
+# Backend-neutral write modes (the same strings as models.volume).
+WRITEBACK, WRITETHROUGH, BYPASS = "writeback", "writethrough", "bypass"
+
+UINT_MAX = (1 << 32) - 1
+
+@dataclass(frozen=True, slots=True)
+class Knob:
+    name: str
+    kinds: frozenset[str]
+    type: str  # "int" (a plain count, percent, µs, sectors) or "size" (bytes; a unit allowed)
+    min: int
+    max: int
+    unit: str  # for humans: "percent", "bytes", "seconds", "sectors/s", "µs", "ms", "blocks", "jobs"
+    doc: str
+
+    def parse(self, value: object) -> int:
+        """The knob's value as an integer in its unit, or UserError naming the knob and the range."""
+        n = _to_int(self, value)
+        if not self.min <= n <= self.max:
+            raise UserError(f"knob {self.name}: {n} is outside {self.min}..{self.max} ({self.unit})")
+        return n
+
+
+def _to_int(knob: Knob, value: object) -> int:
+    if isinstance(value, bool):
+        raise UserError(f"knob {knob.name}: expected a number, got a boolean")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value) or value != int(value):
+            raise UserError(f"knob {knob.name}: expected a whole number, got {value!r}")
+        return int(value)
+    if isinstance(value, str):
+        text = value.strip()
+        if knob.type == "int" and re.fullmatch(r"[0-9]{1,20}", text):
+            return int(text)
+        if knob.type == "size":
+            with contextlib.suppress(ValueError):
+                return units.parse_size(text)
+    what = "a size (e.g. 4MiB)" if knob.type == "size" else "a whole number"
+    raise UserError(f"knob {knob.name}: expected {what}, got {str(value)[:40]!r}")
+
+
+def _k(name: str, kinds: tuple[str, ...], typ: str, lo: int, hi: int, unit: str, doc: str) -> Knob:
+    return Knob(name, frozenset(kinds), typ, lo, hi, unit, doc)
+
+
+B, D, W = (KIND_BCACHE,), (KIND_DMCACHE, KIND_LVMCACHE), (KIND_WRITECACHE,)
+KNOBS: dict[str, Knob] = {k.name: k for k in (
+    _k("sequential_cutoff", B, "size", 0, UINT_MAX, "bytes", "sequential runs longer than this bypass the cache"),
+    _k("writeback_percent", B, "int", 0, 40, "percent", "dirty target as a share of the cache (kernel clamps 0..40)"),
+    _k("writeback_delay", B, "int", 0, UINT_MAX, "seconds", "sleep after each full write-back scan"),
+    _k("writeback_rate", B, "size", 512, UINT_MAX * 512, "bytes/s", "write-back rate when not throttled by percent"),
+    _k("writeback_rate_minimum", B, "int", 1, UINT_MAX, "sectors/s", "write-back rate floor below the target"),
+    _k("readahead", B, "size", 0, UINT_MAX, "bytes", "extra read-ahead on a read miss"),
+    _k("congested_read_threshold_us", B, "int", 0, UINT_MAX, "µs", "cache-set read latency that counts as congested"),
+    _k("congested_write_threshold_us", B, "int", 0, UINT_MAX, "µs", "cache-set write latency that counts as congested"),
+    _k("migration_threshold", D, "int", 1, UINT_MAX, "sectors", "cap on in-flight promotion/demotion I/O"),
+    _k("high_watermark", W, "int", 0, 100, "percent", "start writing back above this fill level"),
+    _k("low_watermark", W, "int", 0, 100, "percent", "stop writing back below this fill level"),
+    _k("writeback_jobs", W, "int", 1, UINT_MAX, "jobs", "cap on concurrent write-back jobs"),
+    _k("autocommit_blocks", W, "int", 1, UINT_MAX, "blocks", "commit after this many written blocks"),
+    _k("autocommit_time", W, "int", 1, UINT_MAX, "ms", "commit after this long"),
+)}
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    kind: str
+    modes: frozenset[str]
+    kernel_mode_names: dict[str, str]  # backend-neutral mode -> what the kernel calls it
+    drain: str  # how a drain is carried out, for humans and logs
+    destructive: str  # what the destructive failure model means for this kind
+    # A knob (seconds) for which a drain may have to wait before any write-back starts: bcache's write-back
+    # thread sleeps writeback_delay after each full scan of the dirty keys and no sysfs write cuts that sleep
+    # short (drivers/md/bcache/writeback.c, bch_writeback_thread). The engine bounds it under the destructive
+    # model so that a drain fits its window.
+    drain_sleep_knob: str | None = None
+    # Whether the kind writes back recently written dirty blocks only once the device has been idle (no I/O for
+    # a second): dm-cache (spare_migration_bandwidth() in drivers/md/dm-cache-target.c; under load smq and the
+    # cleaner take only blocks behind a writeback sentinel, which move every WRITEBACK_PERIOD, 10 s, and a block
+    # written again goes back to the end of the queue; in writethrough a write to a dirty block keeps it dirty).
+    # Measured in the lab (6.1): with the cleaner loaded and 4 KiB random reads on the origin, the last 101 dirty
+    # blocks stayed dirty 20.4 s; under the fileserver benchmark 9 blocks stayed dirty for the whole 29 s of a
+    # drain; with the origin idle, 155 were clean within 2 s. The engine holds promotions (reads that keep the
+    # device busy) while such a drain is at risk.
+    drain_needs_idle: bool = False
+    # Rounds of promotion reads the cache needs before it admits a block (actuators.promote; 0: it never caches
+    # reads).
+    promote_rounds: int = 1
+    device_prefix: str = "dm-"  # how the kernel names its devices (what a policy's device glob can match)
+    # Whether the kernel reports the cache device's I/O errors (bcache: cache0/io_errors, a decaying count;
+    # dm-writecache: its status's error field). dm-cache keeps none: its status only turns to Fail.
+    error_counts: bool = False
+
+    def knobs(self) -> dict[str, Knob]:
+        return {n: k for n, k in KNOBS.items() if self.kind in k.kinds}
+
+
+CAPABILITIES: dict[str, Capabilities] = {
+    KIND_BCACHE: Capabilities(
+        KIND_BCACHE, frozenset({WRITEBACK, WRITETHROUGH, BYPASS}),
+        {WRITEBACK: "writeback", WRITETHROUGH: "writethrough", BYPASS: "none"},
+        drain="writeback_percent 0 until dirty_data is 0, then restore",
+        destructive="write-back with a periodic drain; write-through before the byte bound",
+        drain_sleep_knob="writeback_delay",
+        promote_rounds=1, device_prefix="bcache", error_counts=True,
+    ),
+    KIND_DMCACHE: Capabilities(
+        KIND_DMCACHE, frozenset({WRITEBACK, WRITETHROUGH, BYPASS}),
+        {WRITEBACK: "writeback", WRITETHROUGH: "writethrough", BYPASS: "passthrough"},
+        drain="table reload to writethrough with the cleaner policy until dirty is 0, then the previous table",
+        destructive="write-back with a periodic drain; write-through before the byte bound",
+        drain_needs_idle=True,
+        promote_rounds=2,  # smq promotes a block once its hotspot has been hit in two of its one-second ticks
+    ),
+    KIND_LVMCACHE: Capabilities(
+        KIND_LVMCACHE, frozenset({WRITEBACK, WRITETHROUGH, BYPASS}),
+        {WRITEBACK: "writeback", WRITETHROUGH: "writethrough", BYPASS: "passthrough"},
+        drain="lvchange --cachepolicy cleaner until dirty is 0, then lvchange back to the saved mode and policy",
+        destructive="write-back with a periodic drain; write-through before the byte bound",
+        drain_needs_idle=True,
+        promote_rounds=2,  # smq, as dm-cache
+    ),
+    KIND_WRITECACHE: Capabilities(
+        KIND_WRITECACHE, frozenset({WRITEBACK}), {WRITEBACK: "writeback"},
+        drain="the flush message (returns when every block is written back)",
+        destructive="write-back only: the bound is kept by flushing, never by a mode switch",
+        promote_rounds=0,  # dm-writecache never caches reads
+        error_counts=True,
+    ),
+}
+KNOB_TYPES = ("int", "size")
+
+
+def check(table: dict[str, Capabilities], knobs: dict[str, Knob]) -> None:
+    """The declarations' own checks, run when this module is imported: a kind that breaks one fails at once, not at
+    its first write."""
+    for k in knobs.values():
+        if k.type not in KNOB_TYPES or k.min > k.max or not k.kinds <= table.keys():
+            raise TypeError(f"knob {k.name} is not a typed, ranged knob of declared kinds")
+    for name, c in table.items():
+        if c.kind != name:
+            raise TypeError(f"kind {name}: its capabilities say {c.kind!r}")
+        if not c.modes <= set(c.kernel_mode_names):
+            raise TypeError(f"kind {name}: a write mode without a kernel name")
+        sleep = knobs.get(c.drain_sleep_knob or "")
+        if c.drain_sleep_knob is not None and (sleep is None or name not in sleep.kinds):
+            raise TypeError(f"kind {name}: drain_sleep_knob {c.drain_sleep_knob} is not a knob of it")
+
+
+check(CAPABILITIES, KNOBS)
+KINDS = tuple(CAPABILITIES)
+ERROR_COUNTS = frozenset(k for k, c in CAPABILITIES.items() if c.error_counts)
+
+
+def capabilities(kind: str) -> Capabilities:
+    try:
+        return CAPABILITIES[kind]
+    except KeyError:
+        raise UserError(f"unknown cache kind {kind!r} (known: {', '.join(KINDS)})") from None

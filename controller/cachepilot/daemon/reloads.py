@@ -1,0 +1,60 @@
+"""Synchronous reloads: a control-socket `reload` request waits for the loop's verdict.
+
+The reload itself runs on the loop thread (the engine is the loop's); the control server's thread only hands the
+request over and waits, bounded, for the outcome, so `cachepilot reload` (the unit's ExecReload) can exit non-zero
+when the new configuration or policy is refused. A SIGHUP still reloads without anyone waiting.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Verdict:
+    ok: bool
+    message: str
+
+
+@dataclass
+class _Waiter:
+    done: threading.Event = field(default_factory=threading.Event)
+    verdict: Verdict | None = None
+
+
+class ReloadRequests:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting: list[_Waiter] = []
+        self._pending = False
+
+    def request(self) -> None:
+        """A reload nobody waits for (SIGHUP: a flag only, safe in a signal handler)."""
+        self._pending = True
+
+    def pending(self) -> bool:
+        return self._pending
+
+    def ask(self, timeout_s: float) -> Verdict:
+        """Called off the loop thread: queue a reload and wait for its verdict (a refusal if none comes in time)."""
+        w = _Waiter()
+        with self._lock:
+            self._waiting.append(w)
+        self._pending = True
+        if not w.done.wait(timeout_s) or w.verdict is None:
+            return Verdict(False, f"the daemon did not reload within {timeout_s:g} s (is its loop stuck or stopping?)")
+        return w.verdict
+
+    def take(self) -> list[_Waiter]:
+        """Called by the loop before it reloads: the waiters this reload answers (later ones get the next)."""
+        with self._lock:
+            waiting, self._waiting = self._waiting, []
+        self._pending = False
+        return waiting
+
+    @staticmethod
+    def answer(waiting: list[_Waiter], verdict: Verdict) -> None:
+        for w in waiting:
+            w.verdict = verdict
+            w.done.set()

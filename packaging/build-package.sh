@@ -1,0 +1,58 @@
+#!/bin/bash
+# `make package`: the wheel (with the compiled CO-RE object as package data), the Debian package and the Ansible
+# role's tarball, into dist/.
+# The checkout is never modified: both are built from a staged copy that has the object under cachepilot/data/.
+#   packaging/build-package.sh ROOT PYTHON
+set -euo pipefail
+root=$(cd "$1" && pwd)
+py=$2
+obj=$root/bpf/.output/cachepilot.bpf.o
+[ -f "$obj" ] || { echo "package: $obj not built (make bpf)"; exit 1; }
+version=$("$py" -c 'import sys; sys.path.insert(0, sys.argv[1]); import cachepilot; print(cachepilot.__version__)' \
+	"$root/controller")
+dist=$root/dist
+work=$root/build/package
+rm -rf "$work" && mkdir -p "$work/src" "$dist"
+
+# --- the wheel ---------------------------------------------------------------------------------------------------
+tar -C "$root" --exclude='*.egg-info' --exclude=__pycache__ -cf - pyproject.toml README.md controller |
+	tar -C "$work/src" -xf -
+install -m 0644 "$obj" "$work/src/controller/cachepilot/data/cachepilot.bpf.o"
+rm -f "$dist"/cachepilot-"$version"-*.whl
+"$py" -m pip wheel -q --no-deps -w "$dist" "$work/src"
+wheel=$dist/cachepilot-$version-py3-none-any.whl
+"$py" -c 'import sys, zipfile; sys.exit(sys.argv[2] not in zipfile.ZipFile(sys.argv[1]).namelist())' \
+	"$wheel" cachepilot/data/cachepilot.bpf.o || { echo "package: no object in $wheel"; exit 1; }
+
+# --- the Debian package: the wheel's files under Debian's Python, its modules from Debian ------------------------
+deb=$work/deb
+site=$deb/usr/lib/python3/dist-packages
+mkdir -p "$site" "$deb/usr/bin" "$deb/lib/systemd/system" "$deb/etc/cachepilot" "$deb/usr/share/man/man8" \
+	"$deb/usr/share/doc/cachepilot/examples" "$deb/DEBIAN"
+"$py" -m zipfile -e "$wheel" "$site"
+install -m 0755 "$root/packaging/debian/cachepilot" "$deb/usr/bin/cachepilot"
+# the unit names the program where the package puts it (the pip/Ansible install's copy says /usr/local/bin)
+sed 's#/usr/local/bin/cachepilot#/usr/bin/cachepilot#g' "$root/controller/cachepilot/data/cachepilot.service" \
+	> "$deb/lib/systemd/system/cachepilot.service"
+# the example configuration runs the shipped default policy from /etc, where the operator edits it
+sed 's#^policies: \[\] #policies: [/etc/cachepilot/policy.yaml]#' "$root/controller/cachepilot/data/config.yaml" \
+	> "$deb/etc/cachepilot/config.yaml"
+grep -q '^policies: \[/etc/cachepilot/policy.yaml\]' "$deb/etc/cachepilot/config.yaml" \
+	|| { echo "package: data/config.yaml has no 'policies: [] ' line to point at the policy"; exit 1; }
+install -m 0644 "$root/policies/default.yaml" "$deb/etc/cachepilot/policy.yaml"
+install -m 0644 "$root"/policies/examples-*.yaml "$root/policies/schema.json" "$deb/usr/share/doc/cachepilot/examples/"
+gzip -9n < "$root/packaging/debian/cachepilot.8" > "$deb/usr/share/man/man8/cachepilot.8.gz"
+install -m 0644 "$root/packaging/debian/copyright" "$deb/usr/share/doc/cachepilot/copyright"
+for f in postinst prerm postrm; do install -m 0755 "$root/packaging/debian/$f" "$deb/DEBIAN/$f"; done
+install -m 0644 "$root/packaging/debian/conffiles" "$deb/DEBIAN/conffiles"
+size=$(du -sk --exclude=DEBIAN "$deb" | cut -f1)
+sed -e "s/@VERSION@/$version/" -e "s/@SIZE@/$size/" "$root/packaging/debian/control" > "$deb/DEBIAN/control"
+find "$deb" -type d -exec chmod 0755 {} + && find "$deb" -type f ! -perm -u+x -exec chmod 0644 {} +
+out=$dist/cachepilot_${version}_amd64.deb
+dpkg-deb --root-owner-group -Zxz --build "$deb" "$out" >/dev/null
+# --- the Ansible role, as ansible-galaxy installs it: the files its symlinks name copied in ------------------------
+role=$dist/cachepilot-role-$version.tar.gz
+tar -C "$root/playbooks/roles" --dereference --exclude=__pycache__ --owner=0 --group=0 -czf "$role" cachepilot
+echo "package: $wheel"
+echo "package: $role"
+echo "package: $out"

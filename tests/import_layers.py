@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""The package's import layers, checked (``make lint``): a module may import its own package and the layers below
+its own, never a layer above nor a sibling in its own layer. Every import counts, a lazy one inside a function too.
+
+Run: ``tests/import_layers.py [PACKAGE_DIR]`` (default ``controller/cachepilot``); prints each upward import as
+``file:line: a imports b (layer i above j)`` and exits 1, or exits 0. A package or module the table does not list is
+an error too: a new one gets its place here when it is added.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+PACKAGE = "cachepilot"
+
+# Top first. Units on one line are siblings: independent of each other. Both the engine and the backends sit on
+# actions and capabilities, and neither imports the other.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("cli",),
+    ("commands",),
+    ("daemon", "display", "sim"),
+    ("trace",),
+    ("engine", "backends", "actuators", "probe", "exporter", "workloads"),
+    ("policy", "records"),
+    ("models", "mountinfo"),
+    ("events", "actions", "capabilities", "safeio"),
+    ("errors", "units", "bpf_layout", "__init__"),
+)
+LAYER = {unit: depth for depth, units in enumerate(LAYERS) for unit in units}
+
+
+def unit_of(module: str, root_names: frozenset[str]) -> str:
+    """``cachepilot.engine.engine`` -> ``engine``; ``cachepilot`` itself (or a name defined in its __init__) ->
+    ``__init__``."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "__init__"
+    return parts[1] if parts[1] in root_names else "__init__"
+
+
+def imports(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """(line, imported module) for every import of the package, ``from cachepilot import x`` as ``cachepilot.x``."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == PACKAGE:
+                    yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == PACKAGE:
+                for alias in node.names:
+                    yield node.lineno, f"{PACKAGE}.{alias.name}"
+            elif node.module.split(".")[0] == PACKAGE:
+                yield node.lineno, node.module
+
+
+def check(package_dir: Path) -> list[str]:
+    """Every upward or sideways import under ``package_dir`` (the directory of the package), as one line each."""
+    root_names = frozenset(p.stem for p in package_dir.iterdir()
+                           if p.suffix == ".py" or (p.is_dir() and any(p.rglob("*.py"))))
+    problems = [f"{package_dir / name}: not in the import layers (tests/import_layers.py)"
+                for name in sorted(root_names - LAYER.keys()) if name != "__init__"]
+    for path in sorted(package_dir.rglob("*.py")):
+        me = path.relative_to(package_dir).with_suffix("").parts[0]
+        if me not in LAYER:
+            continue
+        for line, module in imports(ast.parse(path.read_text(), str(path))):
+            other = unit_of(module, root_names)
+            if other == me or other not in LAYER:
+                continue
+            if LAYER[other] <= LAYER[me]:
+                where = "a sibling in its layer" if LAYER[other] == LAYER[me] else "a layer above"
+                problems.append(f"{path}:{line}: {me} imports {other} ({where})")
+    return problems
+
+
+def main(argv: list[str]) -> int:
+    package_dir = Path(argv[1] if len(argv) > 1 else "controller/cachepilot")
+    problems = check(package_dir)
+    for p in problems:
+        print(p)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
