@@ -25,7 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("trace",),
     ("engine", "backends", "actuators", "probe", "exporter", "workloads"),
     ("policy", "records"),
-    ("models",),
+    ("models", "mountinfo"),
     ("events", "actions", "capabilities", "safeio"),
     ("errors", "units", "bpf_layout", "boundedserver", "__init__"),
 )

@@ -14,6 +14,7 @@ import socket
 import stat
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -760,12 +761,12 @@ def test_metrics_textfile_carries_the_daemons_snapshot(tmp_path: Path) -> None:
 
 
 def test_metric_labels_volume_is_the_dm_name_device_the_kernel_name(tmp_path: Path) -> None:
-    from cachepilot.daemon import volumes
+    from cachepilot.backends.host import Host
 
     (tmp_path / "block" / "dm-3" / "dm").mkdir(parents=True)
     (tmp_path / "block" / "dm-3" / "dm" / "name").write_text("lab-cached\n")
-    assert volumes._dm_name(tmp_path / "block", "dm-3") == "lab-cached"
-    assert volumes._dm_name(tmp_path / "block", "bcache0") == ""
+    assert Host(sysfs=tmp_path).dm_name("dm-3") == "lab-cached"
+    assert Host(sysfs=tmp_path).dm_name("bcache0") == ""
     r = Rig(tmp_path, metrics=f"{{listen: '', textfile: {tmp_path}/m.prom}}")
     r.found = [Found(VolumeInfo(dev=DEV, name="dm-3", kind="dm-cache", fs_uuid="u-1", mountpoint="/mnt/x",
                                 cache_bytes=1 << 30), dm_name="lab-cached")]
@@ -778,8 +779,8 @@ def test_metric_labels_volume_is_the_dm_name_device_the_kernel_name(tmp_path: Pa
 
 
 # ---------------------------------------------------------------------------------------------- stacked filesystems
-def test_a_filesystem_stacked_on_a_cached_device_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from cachepilot.backends import inspect
+def test_a_filesystem_stacked_on_a_cached_device_is_found(tmp_path: Path) -> None:
+    from cachepilot.backends.host import Host, ToolResult
     from cachepilot.daemon import volumes
 
     sysb = tmp_path / "block"
@@ -788,20 +789,23 @@ def test_a_filesystem_stacked_on_a_cached_device_is_found(tmp_path: Path, monkey
         (sysb / name / "dev").write_text(dev + "\n")
     (sysb / "bcache0" / "holders" / "dm-3").symlink_to(sysb / "dm-3")  # LVM PV on bcache0 ...
     (sysb / "dm-3" / "holders" / "dm-4").symlink_to(sysb / "dm-4")  # ... an LV on it, mounted
-    mounts = {kdev(253, 4): ("/srv", False)}
-    monkeypatch.setattr(inspect, "_mount_of", lambda dev: mounts.get(dev, ("", False)))
-    monkeypatch.setattr(inspect, "_fs_uuid", lambda path: "uuid-of-" + path.rsplit("/", 1)[1])
-    real_statvfs = os.statvfs
-    monkeypatch.setattr(os, "statvfs", lambda p: real_statvfs("/"))
+    mountinfo = tmp_path / "proc" / "self" / "mountinfo"
+    mountinfo.parent.mkdir(parents=True)
+    mountinfo.write_text("22 1 254:1 / / rw - ext4 /dev/vda1 rw\n40 22 253:4 / /srv rw - ext4 /dev/dm-4 rw\n")
+
+    def blkid(argv: Sequence[str], timeout: float) -> ToolResult:
+        return ToolResult(0, "uuid-of-" + argv[-1].rsplit("/", 1)[1] + "\n", "")
+
+    host = Host(sysfs=tmp_path, proc=tmp_path / "proc", tool=blkid, statvfs=lambda p: os.statvfs("/"))
     bare = VolumeInfo(dev=kdev(252, 0), name="bcache0", kind="bcache", cache_bytes=1 << 30)
-    info, block_dev = volumes._fs_on_stack(sysb, "bcache0", bare)
+    info, block_dev = volumes._fs_on_stack(host, "bcache0", bare)
     assert block_dev == kdev(252, 0) and info.dev == kdev(253, 4) and info.name == "bcache0"
     assert (info.mountpoint, info.fs_uuid, info.kind) == ("/srv", "uuid-of-dm-4", "bcache")
     assert volumes.Found(info, (), block_dev).volume_dev == kdev(252, 0)
     mounted = VolumeInfo(dev=kdev(252, 0), name="bcache0", mountpoint="/mnt")
-    assert volumes._fs_on_stack(sysb, "bcache0", mounted) == (mounted, None)  # mounted directly: as it is
-    mounts.clear()
-    assert volumes._fs_on_stack(sysb, "bcache0", bare) == (bare, None)  # nothing mounted anywhere
+    assert volumes._fs_on_stack(host, "bcache0", mounted) == (mounted, None)  # mounted directly: as it is
+    mountinfo.write_text("22 1 254:1 / / rw - ext4 /dev/vda1 rw\n")
+    assert volumes._fs_on_stack(host, "bcache0", bare) == (bare, None)  # nothing mounted anywhere
 
 
 class BusyProbe(CountingProbe):
