@@ -281,6 +281,9 @@ class Daemon:
         self._next_poll = time.monotonic() + MIN_POLL_GAP_S
         for ev in self.probe.poll(int(seconds * 1000)):
             self._feed(ev)
+        now = time.monotonic_ns()  # the loop's clock
+        for action in self.engine.discards(now):  # right after the commit that freed them, not at the next tick
+            self.execute(action, now)
 
     def _feed(self, ev: Any) -> None:
         self.counters[f"events.{type(ev).__name__}"] += 1

@@ -7,7 +7,8 @@ samples), never to the number of tracked files:
    (admission against the last evicted counter); newly admitted ones queue for promotion;
 2. a falling hit ratio (a scan polluted the cache) queues the whole believed-cached set for re-warming;
 3. promotions leave the queue within the volume's byte budget per second;
-4. freed extents whose journal transaction committed leave as discards every batching interval;
+4. freed extents whose journal transaction committed leave as discards at once, paced by the volume's discard
+   budget (the daemon also asks between ticks, right after the poll that brought the commit: :meth:`discards`);
 5. the write policy follows the failure latch first (a failed or degraded cache stays out of write-back until
    its cache device is replaced or an operator clears it), then the failure model, with hysteresis;
 6. destructive volumes drain: dirty data is driven to zero at least once per ``exposure.max_age``
@@ -165,6 +166,9 @@ class VolumeCtl:
     last_tick_ns: int | None = None
     last_switch_ns: int | None = None
     last_discard_ns: int = 0
+    discard_tokens: float = -1.0  # bytes the discard budget allows now (-1: not started, a full bucket)
+    discard_refill_ns: int = 0
+    discard_due: bool = False  # a commit came since the last look: extents it freed may be ready
     last_rewarm_ns: int | None = None
     cache_seen: str = ""  # the last cache device (set) seen attached: a different one is a replacement
     last_refresh_ns: int = 0
@@ -286,6 +290,7 @@ class Engine:
         c = self._vol(ev.dev)
         if c is not None:
             c.freed.commit(ev.transaction, ev.ts_ns)
+            c.discard_due = True
 
     def _feed_epochs(self, ev: Barrier | SyncCalls) -> None:
         c = self._vol(ev.dev)  # block barriers close epochs, file-level calls annotate
@@ -607,19 +612,40 @@ class Engine:
         q.head = head - 1
         q.pop()  # compacts the array when the consumed head is large
 
+    def discards(self, now_ns: int) -> list[Action]:
+        """The discards that the commits seen since the last look made ready, now (within each volume's budget).
+        The daemon asks after every poll of the probe's rings: a freed extent's discard goes out right after the
+        commit that freed it, not at the next tick -- dead data that waits is data the cache may write back."""
+        out: list[Action] = []
+        for c in self.vols.values():
+            if c.discard_due:
+                self._discard(c, max(now_ns, self.now_ns), out)
+        return out
+
     def _discard(self, c: VolumeCtl, now: int, out: list[Action]) -> None:
+        """Ready extents leave as one action (coalesced: extents that touch become one range), within a token
+        bucket of ``max_rate`` bytes per second holding at most max(1 s, interval) of it. A policy ``interval``
+        above 0 batches: at most one look per interval (the old behaviour, for operators who want it)."""
+        c.discard_due = False
         d = c.policy.discard_on_delete
         if not d.enabled or c.info.fs_discard:
             return
-        if now - c.last_discard_ns < d.interval_s * NS:
-            return
+        if d.interval_s > 0:
+            if now - c.last_discard_ns < d.interval_s * NS:
+                return
+            c.last_discard_ns = now
+        cap = d.max_rate * max(1.0, d.interval_s)
+        if c.discard_tokens < 0:
+            c.discard_tokens = cap
+        else:
+            c.discard_tokens = min(cap, c.discard_tokens + d.max_rate * max(0, now - c.discard_refill_ns) / NS)
+        c.discard_refill_ns = now
         bs = c.info.fs_block_size
-        max_blocks = max(1, int(d.max_rate * d.interval_s) // bs)
-        ranges = c.freed.take(now, max_blocks)
-        c.last_discard_ns = now
+        ranges = c.freed.take(now, int(c.discard_tokens) // bs)
         if not ranges:
             return
         total = sum(n for _, n in ranges) * bs
+        c.discard_tokens -= total
         out.append(DiscardRanges(
             c.info.name, c.info.dev, tuple((s * bs, n * bs) for s, n in ranges),
             f"{len(ranges)} extent(s), {total} bytes freed by deletes and committed by the journal",

@@ -29,7 +29,7 @@ class Promotion:
 @dataclass(frozen=True, slots=True)
 class DiscardOnDelete:
     enabled: bool = True
-    interval_s: float = 10.0
+    interval_s: float = 0.0  # 0: each commit's freed extents go at once; > 0: batched, one look per interval
     min_extent: int = 64 * 1024
     max_rate: int = 256 * MiB  # bytes per second
 
