@@ -800,6 +800,7 @@ class Daemon:
                 "pending": [a.line() for a in pend], "retries": len(v.retries),
                 "promo_queue": len(c.promo_queue), "believed_cached": len(c.cached),
                 "discard_pending_blocks": c.freed.pending_blocks, "held_switches": c.held_switches,
+                "promotions_skipped": dict(c.promotions_skipped),
             })
         d = self.drops
         self.snapshot = {
