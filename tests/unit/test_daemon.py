@@ -913,3 +913,33 @@ def test_a_type_error_inside_the_engine_is_a_bug_not_an_unknown_event(
     r.d._feed(SetWritePolicy("bcache0", "writeback", "not an event"))  # an unknown kind: still "unhandled"
     assert r.d.counters["events.unhandled"] == 1 and r.d.counters["events.bugs"] == 2
     r.d.shutdown()
+
+
+class CommitProbe(CountingProbe):
+    """A probe whose next poll brings a freed extent and the commit of its transaction."""
+
+    def __init__(self, seen: dict[str, object], backend: FakeBackend) -> None:
+        super().__init__(seen, backend)
+        self.events: list[object] = []
+
+    def poll(self, timeout_ms: int) -> list[object]:
+        out, self.events = self.events, []
+        return out
+
+
+def test_a_commit_polled_between_ticks_is_discarded_at_that_poll(tmp_path: Path) -> None:
+    """The discard goes out right after the poll that brought the commit, not at the next tick."""
+    from cachepilot.events import FreedExtent, JournalCommit
+
+    seen: dict[str, object] = {}
+    r = Rig(tmp_path, POLICY_DESTRUCTIVE.replace("{enabled: false}", "{enabled: true, min_extent: 4KiB}"))
+    r.d.probe_factory = lambda n: CommitProbe(seen, r.backend(VOL))
+    r.d.start()
+    r.tick(1)
+    probe = seen["probe"]
+    probe.events = [FreedExtent(DEV, 5, 100, 10, False, 1, tid=3), JournalCommit(DEV, 3, 2)]  # type: ignore[attr-defined]
+    r.d._next_poll = 0.0  # noqa: SLF001 (the poll gap has passed)
+    r.d._wait(0.01)  # noqa: SLF001 (the loop's wait between ticks)
+    ran = [a for a, _ in r.d.vols[DEV].files.ran if isinstance(a, DiscardRanges)]
+    assert [a.ranges for a in ran] == [((100 * 4096, 10 * 4096),)]
+    r.d.shutdown()
