@@ -110,3 +110,21 @@ def test_only_uncached_false_promotes_every_admitted_file() -> None:
     read(e, 1)
     [p] = promoted(e, 1)
     assert p.reason.startswith("counter") and "bypass" not in p.reason
+
+
+def test_a_detach_forgets_what_was_resident() -> None:
+    """bcache drops a detached backing device's cached data: after a re-attach, even of the same cache set, the
+    files are not resident any more (promoted again while the cache bypasses reads)."""
+    e = engine()
+    sample(e, 0, bypasses=0)
+    sample(e, 1, bypasses=10)
+    read(e, 1)
+    assert [p.ino for p in promoted(e, 1)] == [1]
+    slot = e.hotness.lookup(DEV, 1, 1)
+    assert slot is not None and e.hotness.flags[slot] & F_RESIDENT
+    sample(e, 2, bypasses=10, cache_id="")  # detached
+    assert not e.hotness.flags[slot] & F_RESIDENT
+    sample(e, 3, bypasses=20)  # the same set back
+    e.vols[DEV].cached.discard(slot)
+    read(e, 1)
+    assert [p.ino for p in promoted(e, 3)] == [1]

@@ -188,6 +188,7 @@ class VolumeCtl:
     promotions_skipped: dict[str, int] = field(default_factory=dict)  # by reason (status)
     last_rewarm_ns: int | None = None
     cache_seen: str = ""  # the last cache device (set) seen attached: a different one is a replacement
+    detached: bool = False  # the last sample saw no cache device behind the volume
     last_refresh_ns: int = 0
     requested_mode: tuple[str, int] | None = None
     requested_knobs: dict[str, tuple[str, int]] = field(default_factory=dict)
@@ -397,7 +398,11 @@ class Engine:
         """A new cache device behind the volume starts empty: re-warm the believed-cached set at once, hottest
         first, instead of waiting for the workload's misses (the stock cache's only way back)."""
         if not cache_id:
+            if c.cache_seen and not c.detached:  # detached: bcache drops a detached device's cached data
+                c.detached = True
+                self._forget_resident(c)
             return  # detached, or the kind does not say
+        c.detached = False
         old, c.cache_seen = c.cache_seen, cache_id
         if old and old != cache_id:
             self._forget_resident(c)
@@ -406,7 +411,7 @@ class Engine:
             self._rewarm(c, f"cache device replaced ({old[:8]} -> {cache_id[:8]}): re-warming the hot set")
 
     def _forget_resident(self, c: VolumeCtl) -> None:
-        """A different cache behind the volume holds none of its files: nothing is resident any more."""
+        """A different (or re-attached) cache holds none of the volume's files: nothing is resident any more."""
         t = self.hotness
         flags = np.frombuffer(t.flags, dtype=np.uint8)
         flags[np.frombuffer(t.dev, dtype=np.uint32) == c.info.dev] &= ~F_RESIDENT & 0xFF
