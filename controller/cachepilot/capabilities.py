@@ -119,6 +119,12 @@ class Capabilities:
     # Whether the kernel reports the cache device's I/O errors (bcache: cache0/io_errors, a decaying count;
     # dm-writecache: its status's error field). dm-cache keeps none: its status only turns to Fail.
     error_counts: bool = False
+    # Whether the kind inserts its own read misses, readahead and O_DIRECT ones included: bcache does
+    # (check_should_bypass in drivers/md/bcache/request.c bypasses readahead only when cache_readahead_policy is
+    # not "all", and "all" is the default; lab 6.1: 2 056 of 2 087 readahead bios hit). A promotion there adds only
+    # what it bypassed (sequential runs, congestion), which its read bypass counters show. dm-cache's smq
+    # promotes only on repeated hotspot hits: it is not gated.
+    inserts_read_misses: bool = False
 
     def knobs(self) -> dict[str, Knob]:
         return {n: k for n, k in KNOBS.items() if self.kind in k.kinds}
@@ -131,7 +137,7 @@ CAPABILITIES: dict[str, Capabilities] = {
         drain="writeback_percent 0 until dirty_data is 0, then restore",
         destructive="write-back with a periodic drain; write-through before the byte bound",
         drain_sleep_knob="writeback_delay",
-        promote_rounds=1, device_prefix="bcache", error_counts=True,
+        promote_rounds=1, device_prefix="bcache", error_counts=True, inserts_read_misses=True,
     ),
     KIND_DMCACHE: Capabilities(
         KIND_DMCACHE, frozenset({WRITEBACK, WRITETHROUGH, BYPASS}),

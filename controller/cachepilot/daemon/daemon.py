@@ -280,6 +280,9 @@ class Daemon:
         self._next_poll = time.monotonic() + MIN_POLL_GAP_S
         for ev in self.probe.poll(int(seconds * 1000)):
             self._feed(ev)
+        now = time.monotonic_ns()  # the loop's clock
+        for action in self.engine.discards(now):  # right after the commit that freed them, not at the next tick
+            self.execute(action, now)
 
     def _feed(self, ev: Any) -> None:
         self.counters[f"events.{type(ev).__name__}"] += 1
@@ -798,6 +801,7 @@ class Daemon:
                 "pending": [a.line() for a in pend], "retries": len(v.retries),
                 "promo_queue": len(c.promo_queue), "believed_cached": len(c.cached),
                 "discard_pending_blocks": c.freed.pending_blocks, "held_switches": c.held_switches,
+                "promotions_skipped": dict(c.promotions_skipped),
             })
         d = self.drops
         self.snapshot = {

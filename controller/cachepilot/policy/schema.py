@@ -45,6 +45,10 @@ def _settings(knobs: list[str]) -> dict[str, Any]:
                 "$ref": "#/$defs/duration",
                 "description": "re-read the believed-cached set this often so the cache keeps it (0 = never)",
             },
+            "only_uncached": {
+                "type": "boolean",
+                "description": "bcache: promote only while the cache bypasses reads, never a resident file",
+            },
         }
     ),
     "discard_on_delete": _obj(
