@@ -194,7 +194,9 @@ def test_a_thousand_slow_connections_from_nobody(daemon: Daemon) -> None:
 
 
 def test_a_thousand_requests_at_concurrency_200_from_nobody(daemon: Daemon) -> None:
-    seen = attack(daemon, "flood", "200", unprivileged=True)
+    # Rounds of 1 000 requests for 3 s are a flood too (31 000 answered, ~9 400 a second): at a load average of 7.6
+    # (a make test and other work beside it) metrics took 589 ms once, median 13.6 ms: the same bound as the floods.
+    seen = attack(daemon, "flood", "200", unprivileged=True, strict=False)
     assert list(seen["status"]) == ["HTTP/1.1 200 OK"] and seen["status"]["HTTP/1.1 200 OK"] % 1000 == 0, seen
     assert seen["slowest_s"] < 2, seen
 
