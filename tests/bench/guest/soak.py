@@ -399,7 +399,8 @@ def tick_histogram(path: Path) -> dict:
         elif line.startswith(f"{TICK_METRIC}_count"):
             count = int(float(line.rsplit(" ", 1)[1]))
     le1 = next((n for b, n in buckets if b == 1.0), 0)
-    bound = next((b for b, n in sorted(buckets) if n >= count), None)
+    # None past the last finite bucket (JSON has no Infinity); ticks_over_1s still counts those ticks
+    bound = next((b for b, n in sorted(buckets) if n >= count and b != float("inf")), None)
     return {"tick_count": count, "ticks_over_1s": count - le1, "max_tick_bound_s": bound}
 
 
