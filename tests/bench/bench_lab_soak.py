@@ -5,9 +5,10 @@ the guest. Not part of `make bench` (it takes the lab for half an hour): `make s
 
     flock /tmp/cachepilot-lab.lock .venv/bin/python tests/bench/bench_lab_soak.py [--minutes N] [--out DIR]
 
-Criteria: RSS flat (end of warm-up -> end: <= +10%), no tick over 1 s, no traceback in the daemon's log, every
-fsync-acknowledged undeleted file intact, every SIGHUP reloaded, both disruptions carried out. Writes soak.md and
-soak.json under build/bench/<time>/ (or --out), prints the result as JSON on stdout; exit 1 when a criterion fails."""
+Criteria: RSS flat (end of warm-up -> end: <= +10%), no tick over 1 s after warm-up (the whole run's count is
+reported too: the first ticks adopt the volume and drain the set-up's dirty data), no traceback in the daemon's
+log, every fsync-acknowledged undeleted file intact, every SIGHUP reloaded, both disruptions carried out. Writes
+soak.md and soak.json under build/bench/<time>/ (or --out), prints the result as JSON on stdout; exit 1 when a criterion fails."""
 
 from __future__ import annotations
 
@@ -33,9 +34,11 @@ def criteria(r: dict) -> list[tuple[str, str, bool]]:
         ("RSS flat: ≤ +10% from the end of warm-up to the end",
          f"{r.get('rss_start_kib')} → {r.get('rss_end_kib')} KiB (×{growth}), max {r.get('rss_max_kib')} KiB",
          growth is not None and growth <= RSS_GROWTH_MAX),
-        ("no tick over 1 s", f"{r.get('ticks_over_1s')} of {r.get('ticks')} ticks over 1 s; longest ≤ "
-         f"{r.get('max_tick_seconds')} s (histogram bound), longest sampled {r.get('max_last_tick_sampled_s')} s",
-         r.get("ticks_over_1s") == 0 and bool(r.get("ticks"))),
+        ("no tick over 1 s after warm-up",
+         f"{r.get('ticks_over_1s_after_warmup')} of {r.get('ticks_after_warmup')} after warm-up "
+         f"({r.get('ticks_over_1s')} of {r.get('ticks')} in the whole run); longest ≤ {r.get('max_tick_seconds')} s "
+         f"(histogram bound), longest sampled {r.get('max_last_tick_sampled_s')} s",
+         r.get("ticks_over_1s_after_warmup") == 0 and bool(r.get("ticks_after_warmup"))),
         ("no traceback in the daemon's log", f"{r.get('tracebacks')} (daemon exit {r.get('daemon_exit')})",
          r.get("tracebacks") == 0 and r.get("daemon_exit") == 0),
         ("every fsync-acknowledged file intact",

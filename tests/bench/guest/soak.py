@@ -228,6 +228,8 @@ class Soak:
             row["cache"] = f"unreadable: {exc.strerror}"
         row.update(tick_histogram(self.daemon.metrics))
         st = self.status()
+        vol = (st.get("volumes") or [{}])[0]
+        row.update(mode=vol.get("mode"), latched=vol.get("latched"))
         last = st.get("last_tick") or {}
         row["last_tick_s"] = last.get("duration_s")
         row["ticks_skipped"] = last.get("skipped")
@@ -302,6 +304,8 @@ class Soak:
 
     def readd_volume(self) -> None:
         run("lab-fail-cache", "restore")
+        # the old cache's content can look like another file system's superblock to make-bcache's probe
+        run("wipefs", "-a", CACHE_DEV)
         run("make-bcache", "--wipe-bcache", "--bucket", "64k", "-C", CACHE_DEV)
         Path("/sys/fs/bcache/register").write_text(CACHE_DEV)
         Path("/sys/fs/bcache/register").write_text(ORIGIN_DEV)
@@ -365,12 +369,15 @@ class Soak:
         start = next((v for t, v in rss if t >= warmup), rss[0][1] if rss else None)
         end = rss[-1][1] if rss else None
         final = rows[-1]
+        at_warmup = next((r for r in rows if r["t"] >= warmup and "tick_count" in r), final)
         return {
             "seconds": self.seconds, "warmup_s": warmup, "completed": self.failed is None, "failed": self.failed,
             "rss_start_kib": start, "rss_end_kib": end,
             "rss_max_kib": max((v for _, v in rss), default=None),
             "rss_growth_ratio": round(end / start, 4) if start and end else None,
             "ticks": final.get("tick_count"), "ticks_over_1s": final.get("ticks_over_1s"),
+            "ticks_after_warmup": final.get("tick_count", 0) - at_warmup.get("tick_count", 0),
+            "ticks_over_1s_after_warmup": final.get("ticks_over_1s", 0) - at_warmup.get("ticks_over_1s", 0),
             "max_tick_seconds": final.get("max_tick_bound_s"),
             "max_last_tick_sampled_s": max((r["last_tick_s"] for r in rows if r.get("last_tick_s")), default=None),
             "tracebacks": daemon_log.count("Traceback"), "daemon_exit": rc,
