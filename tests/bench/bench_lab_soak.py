@@ -8,7 +8,8 @@ the guest. Not part of `make bench` (it takes the lab for half an hour): `make s
 Criteria: RSS flat (end of warm-up -> end: <= +10%), no tick over 1 s after warm-up (the whole run's count is
 reported too: the first ticks adopt the volume and drain the set-up's dirty data), no traceback in the daemon's
 log, every fsync-acknowledged undeleted file intact, every SIGHUP reloaded, both disruptions carried out. Writes
-soak.md and soak.json under build/bench/<time>/ (or --out), prints the result as JSON on stdout; exit 1 when a criterion fails."""
+soak.md and soak.json under build/bench/<time>/ (or --out), prints the result as JSON on stdout; exit 1 when a
+criterion fails."""
 
 from __future__ import annotations
 
