@@ -229,7 +229,11 @@ class Soak:
         row.update(tick_histogram(self.daemon.metrics))
         st = self.status()
         vol = (st.get("volumes") or [{}])[0]
-        row.update(mode=vol.get("mode"), latched=vol.get("latched"))
+        row.update(mode=vol.get("mode"), latched=vol.get("latched"), counters=st.get("counters"))
+        try:
+            row["daemon_cpu_s"] = round(self.daemon.cpu_s(), 2)  # against the wall time: a slow tick starved?
+        except OSError:
+            pass
         last = st.get("last_tick") or {}
         row["last_tick_s"] = last.get("duration_s")
         row["ticks_skipped"] = last.get("skipped")
@@ -309,8 +313,10 @@ class Soak:
         run("make-bcache", "--wipe-bcache", "--bucket", "64k", "-C", CACHE_DEV)
         Path("/sys/fs/bcache/register").write_text(CACHE_DEV)
         Path("/sys/fs/bcache/register").write_text(ORIGIN_DEV)
-        backing = Path("/sys/block") / Path(os.path.realpath(ORIGIN_DEV)).name / "bcache"
-        wait(backing.exists, 30)
+        st = os.stat(ORIGIN_DEV)  # a node, not a link, without udev: its sysfs directory by number
+        backing = Path(f"/sys/dev/block/{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}/bcache")
+        if not wait(backing.exists, 30):
+            raise OSError(f"{ORIGIN_DEV} registered but {backing} did not appear")
         if not (backing / "cache").exists():
             cset = next(Path("/sys/fs/bcache").glob("*-*-*-*-*")).name
             (backing / "attach").write_text(cset)
