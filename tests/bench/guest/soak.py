@@ -198,6 +198,7 @@ class Soak:
         self.load = Load(MNT / "soak", cache_bytes * 5 // 4, seed)
         self.daemon = Daemon([ROOT / "policies" / "default.yaml"], textfile=True)
         self.t0 = time.monotonic()  # the run's clock starts with the daemon ready
+        self.profiler = profile(self.daemon.proc.pid)
         self.hups_sent = self.hups_ok = 0
         self.hup_failures: list[str] = []
         self.done = threading.Event()
@@ -367,6 +368,9 @@ class Soak:
         return self.result(rows)
 
     def result(self, rows: list[dict]) -> dict:
+        if self.profiler is not None:
+            self.profiler.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
+            self.profiler.wait(timeout=60)
         rc = self.daemon.stop(keep_log="soak")
         daemon_log = self.daemon.log()
         bad = self.load.check_all()
@@ -394,6 +398,18 @@ class Soak:
             "hups_sent": self.hups_sent, "hups_ok": self.hups_ok, "hup_failures": self.hup_failures,
             "events": self.events, "samples": rows,
         }
+
+
+def profile(pid: int) -> subprocess.Popen | None:
+    """With $SOAK_PYSPY (a py-spy binary; not a project dependency): a wall-clock profile of the daemon, idle
+    time included, as collapsed stacks in $LAB_OUT/daemon-profile.txt — where a slow tick spends its time."""
+    spy = os.environ.get("SOAK_PYSPY")
+    if not spy:
+        return None
+    out = os.environ.get("LAB_OUT", "/tmp")
+    return subprocess.Popen([spy, "record", "--idle", "--threads", "--rate", "20", "--format", "raw", "--nonblocking",
+                             "-o", f"{out}/daemon-profile.txt", "--pid", str(pid)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def tick_histogram(path: Path) -> dict:
