@@ -1,4 +1,4 @@
-"""The soak's reading of the daemon's tick histogram (from the exporter's real textfile output) and its verdicts."""
+"""The soak's reading of the daemon's tick histogram (from the exporter's real exposition) and its verdicts."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def load(path: Path) -> ModuleType:
     return mod
 
 
-def textfile(tmp_path: Path, durations: list[float]) -> Path:
+def exposition(tmp_path: Path, durations: list[float]) -> str:
     acc = HistogramAccumulator(TICK_BUCKETS)
     for d in durations:
         acc.observe(d)
@@ -37,17 +37,17 @@ def textfile(tmp_path: Path, durations: list[float]) -> Path:
                                ticks=len(durations), tick_duration=acc.freeze()))
     path = tmp_path / "cachepilot.prom"
     write_textfile(path, make_registry(box))
-    return path
+    return path.read_text()
 
 
 def test_tick_histogram_counts_the_ticks_over_a_second_and_bounds_the_longest(tmp_path: Path) -> None:
     soak = load(BENCH / "guest" / "soak.py")
-    assert soak.tick_histogram(textfile(tmp_path, [0.02, 0.03, 0.4])) == {
+    assert soak.tick_histogram(exposition(tmp_path, [0.02, 0.03, 0.4])) == {
         "tick_count": 3, "ticks_over_1s": 0, "max_tick_bound_s": 0.5}
-    got = soak.tick_histogram(textfile(tmp_path, [0.02, 1.5, 0.9, 12.0]))
+    got = soak.tick_histogram(exposition(tmp_path, [0.02, 1.5, 0.9, 12.0]))
     assert got["tick_count"] == 4 and got["ticks_over_1s"] == 2
     assert got["max_tick_bound_s"] is None  # beyond the last bucket: only +Inf holds it
-    assert soak.tick_histogram(tmp_path / "missing.prom") == {}
+    assert soak.tick_histogram("") == {}  # the daemon did not answer
 
 
 def good_result() -> dict:

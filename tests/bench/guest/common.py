@@ -165,15 +165,13 @@ def drop_caches() -> None:
 class Daemon:
     """`cachepilot run` with the given policy files, as its own process; CPU and RSS sampled from /proc."""
 
-    def __init__(self, policies: list[Path], tick: str = "1s", textfile: bool = False) -> None:
-        """textfile: the daemon also writes its metrics to ``self.metrics`` every tick (no HTTP listener)."""
+    def __init__(self, policies: list[Path], tick: str = "1s", metrics_listen: str = "") -> None:
+        """metrics_listen: the exporter's HTTP listener (IP:PORT), none by default."""
         self.tmp = Path(tempfile.mkdtemp(prefix="cp-bench-"))
-        self.metrics = self.tmp / "cachepilot.prom"
         pol = ", ".join(str(p) for p in policies)
-        textfile_key = f", textfile: {json.dumps(str(self.metrics))}" if textfile else ""
         (self.tmp / "c.yaml").write_text(
             f"version: 1\npolicies: [{pol}]\nstate_dir: state\nsocket: ctl.sock\ntick: {tick}\n"
-            f"rescan: 10s\nstate_interval: 30s\nmetrics: {{listen: ''{textfile_key}}}\n")
+            f"rescan: 10s\nstate_interval: 30s\nmetrics: {{listen: {json.dumps(metrics_listen)}}}\n")
         self.err = open(self.tmp / "stderr", "w+")  # noqa: SIM115 - kept open for the daemon's life
         cli = str(Path(sys.executable).with_name("cachepilot"))
         t0 = time.monotonic()
