@@ -207,8 +207,10 @@ def test_two_guest_rollout_and_every_panel_from_running_daemons(tmp_path: Path) 
 
         # 4. every panel query returns data from Prometheus, scraped from the running daemons
         assert not prom.alive(), prom.alive()
-        results, empty = wait_for_every_query(prom.base, 90, node=False)  # no node_exporter in the guests
+        # no node_exporter in the guests; and each guest's one volume is managed: that panel stays empty
+        results, empty = wait_for_every_query(prom.base, 90, node=False, absent=frozenset({"Unmanaged volumes/A"}))
         assert not empty, f"no data for: {empty}"
+        assert api(prom.base, "query", query="cachepilot_volume_unmanaged")["result"] == []
         # both daemons scraped and ready (over the last minute: under TCG a scrape now and then times out)
         for expr in ('max_over_time(up{job="cachepilot"}[1m])', "max_over_time(cachepilot_ready[1m])"):
             got = {r["metric"]["instance"]: r["value"][1] for r in api(prom.base, "query", query=expr)["result"]}
