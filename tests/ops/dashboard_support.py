@@ -49,10 +49,11 @@ def api(base: str, path: str, **params: str) -> Any:
     return body["data"]
 
 
-def wait_for_every_query(base: str, timeout: float, node: bool = True) -> tuple[dict[str, list[Any]], list[str]]:
-    """Instant query of every panel target (``node``: also node_exporter's) until each returns at least one series:
-    (results, still empty)."""
-    pending = dict(queries(node))
+def wait_for_every_query(base: str, timeout: float, node: bool = True,
+                         absent: frozenset[str] = frozenset()) -> tuple[dict[str, list[Any]], list[str]]:
+    """Instant query of every panel target (``node``: also node_exporter's; not those in ``absent``, which have no
+    series where the test runs) until each returns at least one series: (results, still empty)."""
+    pending = {where: expr for where, expr in queries(node) if where not in absent}
     results: dict[str, list[Any]] = {}
     deadline = time.monotonic() + timeout
     while pending and time.monotonic() < deadline:
@@ -72,24 +73,31 @@ def wait_for_every_query(base: str, timeout: float, node: bool = True) -> tuple[
 class Prometheus:
     """Debian's prometheus on an ephemeral 127.0.0.1 port with its own data directory under `tmp`, scraping
     `targets` (address -> instance label) as job="cachepilot" (and `jobs`: job -> such targets) and evaluating
-    `rules`, both every `interval`."""
+    `rules`, both every `interval`; or run with the configuration file `config_file` as it is."""
 
     def __init__(self, tmp: Path, targets: dict[str, str], rules: Path = RULES, interval: str = "1s",
-                 jobs: dict[str, dict[str, str]] | None = None) -> None:
+                 jobs: dict[str, dict[str, str]] | None = None, config_file: Path | None = None) -> None:
         tmp.mkdir(parents=True, exist_ok=True)
         self.tmp, self.port = tmp, free_port()
         self.base = f"http://127.0.0.1:{self.port}"
+        if config_file is None:
+            config_file = tmp / "prometheus.yml"
+            self._write_config(config_file, targets, rules, interval, jobs)
+        self.log = (tmp / "prometheus.log").open("w")
+        self.proc = subprocess.Popen([need_tool("prometheus"), f"--config.file={config_file}",
+                                      f"--storage.tsdb.path={tmp / 'data'}",
+                                      f"--web.listen-address=127.0.0.1:{self.port}"],
+                                     stdout=subprocess.DEVNULL, stderr=self.log)
+
+    @staticmethod
+    def _write_config(path: Path, targets: dict[str, str], rules: Path, interval: str,
+                      jobs: dict[str, dict[str, str]] | None) -> None:
         config = {"global": {"scrape_interval": interval, "evaluation_interval": interval},
                   "rule_files": [str(rules)],
                   "scrape_configs": [{"job_name": job, "static_configs": [
                       {"targets": [address], "labels": {"instance": name}} for address, name in where.items()]}
                       for job, where in {"cachepilot": targets, **(jobs or {})}.items()]}
-        (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
-        self.log = (tmp / "prometheus.log").open("w")
-        self.proc = subprocess.Popen([need_tool("prometheus"), f"--config.file={tmp / 'prometheus.yml'}",
-                                      f"--storage.tsdb.path={tmp / 'data'}",
-                                      f"--web.listen-address=127.0.0.1:{self.port}"],
-                                     stdout=subprocess.DEVNULL, stderr=self.log)
+        path.write_text(yaml.safe_dump(config))
 
     def alive(self) -> str:
         """'' while running, else the end of its log."""

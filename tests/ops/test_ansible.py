@@ -24,20 +24,22 @@ LOGS = {"version": 1, "volumes": [{"name": "logs", "match": {"mountpoint": "/var
                                    "failure_model": "recoverable"}]}
 
 
-def playbook(tmp: Path, hosts: dict[str, dict], *args: str, prometheus: tuple[str, ...] = ()) -> tuple[int, str]:
-    """Run site.yml over local hosts (each with its own vars) and return (rc, output)."""
+def playbook(tmp: Path, hosts: dict[str, dict], *args: str, prometheus: dict[str, dict] | None = None,
+             book: str = "site.yml") -> tuple[int, str]:
+    """Run a playbook (site.yml) over local hosts (each with its own vars; `prometheus`: the Prometheus hosts and
+    theirs) and return (rc, output)."""
     common = {"ansible_connection": "local", "ansible_python_interpreter": "/usr/bin/python3",
               "ansible_become": False, "cachepilot_install_method": "preinstalled",
               "cachepilot_executable": str(EXE)}
     inventory = {"all": {"children": {
         "cachepilot": {"hosts": {h: {**common, **v} for h, v in hosts.items()}},
-        "prometheus": {"hosts": {h: {} for h in prometheus}}}}}
+        "prometheus": {"hosts": {h: {**common, **v} for h, v in (prometheus or {}).items()}}}}}
     (tmp / "inventory.yml").write_text(yaml.safe_dump(inventory))
     env = {**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_RETRY_FILES_ENABLED": "0", "ANSIBLE_FORCE_COLOR": "0",
            "ANSIBLE_LOCAL_TEMP": str(tmp / ".ansible"), "ANSIBLE_REMOTE_TEMP": str(tmp / ".ansible"),
            "ANSIBLE_PIPELINING": "1"}
     r = subprocess.run([need_tool("ansible-playbook"), "-i", str(tmp / "inventory.yml"),
-                        str(PLAYBOOKS / "site.yml"), *args], capture_output=True, text=True, env=env, timeout=300)
+                        str(PLAYBOOKS / book), *args], capture_output=True, text=True, env=env, timeout=300)
     return r.returncode, (r.stdout + r.stderr).replace('\\"', '"')  # messages appear inside JSON
 
 
@@ -69,7 +71,7 @@ def test_converges_idempotent_check_mode_and_a_refused_policy_stops_the_rollout(
     host = {"cachepilot_root": str(root), "cachepilot_policy": POLICY, "cachepilot_extra_policies": {"logs": LOGS},
             "cachepilot_textfile_enabled": True, "cachepilot_metrics_allow": ["localhost", "10.0.0.0/8"],
             "cachepilot_runbook_base_url": "https://docs.example.net/cachepilot/runbooks/"}
-    rc, out = playbook(tmp_path, {"h1": host}, prometheus=("h1",))
+    rc, out = playbook(tmp_path, {"h1": host}, prometheus={"h1": {}})
     assert rc == 0, out
     assert recap(out)["h1"]["failed"] == 0 and recap(out)["h1"]["changed"] > 0
     got = files(root)
@@ -90,7 +92,7 @@ def test_converges_idempotent_check_mode_and_a_refused_policy_stops_the_rollout(
     assert "runbook_url: https://docs.example.net/cachepilot/runbooks/daemon-down.md" in rules
     assert "dashboards/runbooks/" not in rules
 
-    rc, out = playbook(tmp_path, {"h1": host}, prometheus=("h1",))
+    rc, out = playbook(tmp_path, {"h1": host}, prometheus={"h1": {}})
     assert rc == 0 and recap(out)["h1"]["changed"] == 0, out  # idempotent
     assert files(root) == got
 

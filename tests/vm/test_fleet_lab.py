@@ -1,4 +1,6 @@
-"""The fleet, for real: site.yml rolls cachepilot out over SSH to two lab guests (systemd as PID 1, bcache volume,
+"""The fleet, for real: site.yml rolls cachepilot out over SSH to two lab guests, as an operator would: the Debian
+package `make package` built, pinned by version and SHA-256 in the inventory, copied to each guest and installed with
+its apt (offline: the dependencies are the host's packages, shared) (systemd as PID 1, bcache volume,
 qemu user networking with restrict=on, host forwards on 127.0.0.1 only), a second run changes nothing, and a policy
 the first host's cachepilot refuses stops the rollout after the first batch, leaving both hosts as they were.
 Meanwhile Debian's Prometheus on this host scrapes both running daemons (the guests' metrics ports forwarded to
@@ -8,6 +10,7 @@ the PNG and its data, as README's preview was made)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -26,13 +29,15 @@ import yaml
 from dashboard_support import Prometheus, api, range_results, wait_for_every_query
 from ops_support import need_tool
 
+from cachepilot import __version__
+
 pytestmark = pytest.mark.vm
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB = ROOT / "tests" / "vm" / "lab"
 FINISH = ROOT / "tests" / "vm" / "guest" / "lab-finish"
 RENDER = ROOT / "dashboards" / "grafana" / "render_preview.py"
-EXE = ROOT / ".venv" / "bin" / "cachepilot"
+DEB = ROOT / "dist" / f"cachepilot_{__version__}_amd64.deb"
 POLICY = {"version": 1, "defaults": {"failure_model": "destructive",
                                      "exposure": {"max_dirty": "32MiB", "max_age": "20s"}}}
 # passes the role's early checks (they do not know every key), refused by cachepilot on the host
@@ -80,8 +85,9 @@ class Guest:
         """What a rollout may change: the daemon (pid, state, restarts) and the files the role writes."""
         files = ["/etc/cachepilot/policy.yaml", "/etc/cachepilot/config.yaml",
                  "/etc/systemd/system/cachepilot.service", "/etc/systemd/system/cachepilot.service.d/ansible.conf"]
-        r = self.ssh("systemctl show cachepilot -p MainPID -p ActiveState -p NRestarts; cat " + " ".join(files)
-                     + " | sha256sum")
+        r = self.ssh("systemctl show cachepilot -p MainPID -p ActiveState -p NRestarts; "
+                     "echo package=$(dpkg-query -W -f='${db:Status-Status} ${Version}' cachepilot); "
+                     "echo exe=$(readlink -f /usr/local/bin/cachepilot); cat " + " ".join(files) + " | sha256sum")
         assert r.returncode == 0, r
         lines = r.stdout.split("\n")
         state = dict(line.split("=", 1) for line in lines if "=" in line)
@@ -113,15 +119,14 @@ def playbook(tmp: Path, guests: list[Guest], policies: dict[str, dict[str, Any]]
         "vars": {"ansible_python_interpreter": "/usr/bin/python3", "ansible_become": False},
         "children": {
             "cachepilot": {"hosts": hosts, "vars": {
-                "cachepilot_install_method": "preinstalled", "cachepilot_executable": str(EXE),
+                "cachepilot_install_method": "deb", "cachepilot_deb_src": str(DEB), "cachepilot_version": __version__,
+                "cachepilot_deb_sha256": hashlib.sha256(DEB.read_bytes()).hexdigest(),
                 # the forward from this host arrives from qemu's gateway (10.0.2.2) at the guest's address
                 "cachepilot_metrics_listen": "0.0.0.0:9854", "cachepilot_metrics_allow": ["localhost", "10.0.2.2"],
                 "cachepilot_require_cached_volume": True, "cachepilot_health_timeout": 120,
                 # under TCG a tick takes 1-2.5 s of guest time (the preview's tick p99): with the default 1 s tick
                 # Ansible's steps in the guest ran about half as fast
-                "cachepilot_tick": "2s",
-                # a checkout under /tmp (a fresh CI clone) is hidden by the unit's PrivateTmp: bind it back
-                "cachepilot_service_extra": [f"BindReadOnlyPaths={ROOT}"] if f"{ROOT}/".startswith("/tmp/") else []}},
+                "cachepilot_tick": "2s"}},
             "prometheus": {"hosts": {"prom": {"ansible_connection": "local", "cachepilot_root": str(prom_root)}}}}}}
     (tmp / "inventory.yml").write_text(yaml.safe_dump(inventory))
     env = {**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_RETRY_FILES_ENABLED": "0",
@@ -146,16 +151,20 @@ def recap(out: str) -> dict[str, dict[str, int]]:
 
 def test_two_guest_rollout_and_every_panel_from_running_daemons(tmp_path: Path) -> None:
     t0 = time.monotonic()
+    # the operator's artefact: the .deb and its checksum, pinned in the inventory
+    r = subprocess.run(["make", "-s", "package"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and DEB.is_file(), r.stdout + r.stderr
+    timings: dict[str, float] = {"package": time.monotonic() - t0}
     key = tmp_path / "key"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     control_dir = tempfile.mkdtemp(prefix="cp-")  # ssh's ControlPath must fit a socket address
+    t = time.monotonic()
     guests = [Guest("g1", key), Guest("g2", key)]
     prom: Prometheus | None = None
-    timings: dict[str, float] = {}
     try:
         for g in guests:
             g.wait_for_ssh(time.monotonic() + 240)
-        timings["boot"] = time.monotonic() - t0
+        timings["boot"] = time.monotonic() - t
         prom_root = tmp_path / "prom-root"
         rules = prom_root / "etc" / "prometheus" / "rules" / "cachepilot.rules.yml"
 
@@ -169,6 +178,9 @@ def test_two_guest_rollout_and_every_panel_from_running_daemons(tmp_path: Path) 
         before = {g.name: g.state() for g in guests}
         for g in guests:
             assert before[g.name]["ActiveState"] == "active" and before[g.name]["MainPID"] != "0", before
+            # what runs is the pinned package (the unit's /usr/local/bin/cachepilot links to its program)
+            assert before[g.name]["package"] == f"installed {__version__}", before
+            assert before[g.name]["exe"] == "/usr/bin/cachepilot", before
 
         # Prometheus on this host scrapes both daemons through the forwards, with the rules the role installed
         prom = Prometheus(tmp_path / "prometheus", {f"127.0.0.1:{g.metrics_port}": g.name for g in guests}, rules,
@@ -195,8 +207,10 @@ def test_two_guest_rollout_and_every_panel_from_running_daemons(tmp_path: Path) 
 
         # 4. every panel query returns data from Prometheus, scraped from the running daemons
         assert not prom.alive(), prom.alive()
-        results, empty = wait_for_every_query(prom.base, 90, node=False)  # no node_exporter in the guests
+        # no node_exporter in the guests; and each guest's one volume is managed: that panel stays empty
+        results, empty = wait_for_every_query(prom.base, 90, node=False, absent=frozenset({"Unmanaged volumes/A"}))
         assert not empty, f"no data for: {empty}"
+        assert api(prom.base, "query", query="cachepilot_volume_unmanaged")["result"] == []
         # both daemons scraped and ready (over the last minute: under TCG a scrape now and then times out)
         for expr in ('max_over_time(up{job="cachepilot"}[1m])', "max_over_time(cachepilot_ready[1m])"):
             got = {r["metric"]["instance"]: r["value"][1] for r in api(prom.base, "query", query=expr)["result"]}
