@@ -49,11 +49,10 @@ def api(base: str, path: str, **params: str) -> Any:
     return body["data"]
 
 
-def wait_for_every_query(base: str, timeout: float, node: bool = True,
-                         absent: frozenset[str] = frozenset()) -> tuple[dict[str, list[Any]], list[str]]:
-    """Instant query of every panel target (``node``: also node_exporter's; not those in ``absent``, which have no
-    series where the test runs) until each returns at least one series: (results, still empty)."""
-    pending = {where: expr for where, expr in queries(node) if where not in absent}
+def wait_for_every_query(base: str, timeout: float, node: bool = True) -> tuple[dict[str, list[Any]], list[str]]:
+    """Instant query of every panel target (``node``: also node_exporter's) until each returns at least one series:
+    (results, still empty)."""
+    pending = dict(queries(node))
     results: dict[str, list[Any]] = {}
     deadline = time.monotonic() + timeout
     while pending and time.monotonic() < deadline:
