@@ -19,17 +19,18 @@ import logging
 import os
 import sys
 import time
-from collections import Counter, deque
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from cachepilot import __version__, records
-from cachepilot.actions import Action, DiscardRanges, Drain, Promote, SetKnob
-from cachepilot.backends.base import DONE, FAILED, PENDING, Backend, Outcome
+from cachepilot.actions import Action, SetKnob
+from cachepilot.backends.base import Backend
 from cachepilot.capabilities import ERROR_COUNTS, KIND_BCACHE
 from cachepilot.daemon import actuation, volumes
+from cachepilot.daemon.acting import DECISIONS_KEPT, Actor
 from cachepilot.daemon.config import DaemonConfig, load_config
 from cachepilot.daemon.control import ControlServer
 from cachepilot.daemon.lock import DaemonLock, host_lock_path
@@ -38,19 +39,17 @@ from cachepilot.daemon.notify import Notifier
 from cachepilot.daemon.reloads import ReloadRequests, Verdict
 from cachepilot.daemon.snapshot import hottest
 from cachepilot.daemon.state import MAX_DECISIONS, MAX_HOT, StateFile
+from cachepilot.daemon.volume import ManagedVolume, VolumeTable
 from cachepilot.engine.engine import Engine, Latch, UnknownEvent, normalise_mode
-from cachepilot.errors import CachepilotError, DeviceGone, FatalError, RetryLater, UserError, classify_errno
-from cachepilot.events import Barrier, Discard, Drops, kdev_major_minor
+from cachepilot.errors import CachepilotError, FatalError, UserError
+from cachepilot.events import Drops, kdev_major_minor
 from cachepilot.models.hotness import F_READ
 
 log = logging.getLogger("cachepilot")
 
 NS = 1_000_000_000
-MAX_RETRIES = 5
-BACKOFF_MAX_S = 60.0
 TOP_K = 25
 TOP_EVERY_S = 2.0
-DECISIONS_KEPT = 1000
 # The daemon takes the probe's rings at most this often. It decides once a tick; reading the rings as every kernel
 # wakeup allowed (one per 20 ms under a commit storm, ~50 a second) cost the daemon more than the events themselves
 # (measured in the lab's varmail run). The rings hold seconds of records even at a flush storm's rate.
@@ -74,33 +73,6 @@ def _file_id(path: Any) -> str:
 Discover = Callable[[], tuple[list[volumes.Found], list[str]]]
 BackendFactory = Callable[[Any], Backend]
 ActuatorsFactory = Callable[[Any, int, int], Any]  # (info, discard max rate, promote rate) -> .run(action, dry)
-
-
-@dataclass
-class Vol:
-    found: volumes.Found
-    backend: Backend | None  # None: observe only
-    files: Any = None  # FileActuators: discards and promotions
-    in_flight: dict[Any, dict[str, Any]] = field(default_factory=dict)  # action -> its decision (with writes)
-    retries: list[tuple[int, int, Action]] = field(default_factory=list)  # (due ns, attempt, action)
-    deferred: list[Action] = field(default_factory=list)  # what pacing left for the next tick
-    last_sample: Any = None
-    # cumulative, for the exporter
-    promoted_bytes: int = 0
-    discard_issued_bytes: int = 0
-    discard_trimmed_bytes: int = 0
-    discard_landed_bytes: int = 0
-    barriers: int = 0
-    drains: int = 0
-    epoch_bytes: Any = None  # exporter HistogramAccumulator when the exporter is in this build
-
-    @property
-    def info(self) -> Any:
-        return self.found.info
-
-    @property
-    def observe_only(self) -> bool:
-        return self.backend is None
 
 
 def devname(dev: int) -> str:
@@ -132,8 +104,7 @@ class Daemon:
         self.actuators_factory = actuators_factory
         self.notifier = notifier or Notifier()
         self.engine = Engine(config.policy, start_ns=time.monotonic_ns())
-        self.vols: dict[int, Vol] = {}
-        self._by_name: dict[str, Vol] = {}  # engine_vol's index over vols (checked against vols on each use)
+        self.vols = VolumeTable()
         self.probe: Any = None
         self._next_poll = 0.0  # time.monotonic() of the earliest next look at the rings (MIN_POLL_GAP_S)
         self.state = StateFile(config.state_dir)
@@ -141,7 +112,8 @@ class Daemon:
         self.control = ControlServer(config.socket, self.answer)
         self.loop = TickLoop(config.tick_s, self.tick, wait=self._wait)
         self.counters: Counter[str] = Counter()
-        self.decisions: deque[dict[str, Any]] = deque(maxlen=DECISIONS_KEPT)
+        self.actor = Actor(self.engine, self.vols, self.counters, self.drop, self._once)
+        self.decisions = self.actor.decisions
         self.saved: dict[str, Any] = {}
         self.previous_counters: dict[str, int] = {}  # the last run's, from the state file
         self.snapshot: dict[str, Any] = {}
@@ -159,8 +131,6 @@ class Daemon:
         self._said_observe_only = False
         self._said: set[str] = set()
         self.drops: Drops | None = None
-        self.by_lower: dict[int, int] = {}  # a device below a volume -> the volume's dev
-        self.remap: dict[int, int] = {}  # cached device -> the filesystem stacked on it (the engine's key)
         self.clear_requests: list[str] = []  # from the control socket, done on the loop thread
         self.metrics: Any = None  # the exporter (box, registry, server) when configured
         self.ready = False
@@ -202,7 +172,7 @@ class Daemon:
         """Leave every cache safe and stable: unfinished operations are put back, the state file written."""
         self.notifier.stopping()
         for v in list(self.vols.values()):
-            self._restore(v, "stopping")
+            self.actor.restore(v, "stopping")
         self._save_state()
         self.control.stop()
         if self.metrics is not None and self.metrics.get("server") is not None:
@@ -216,25 +186,12 @@ class Daemon:
     def abandon(self) -> None:
         """A start that cannot go on (FatalError): put back what reconciling started, release what start took."""
         for v in list(self.vols.values()):
-            self._restore(v, "cannot run")
+            self.actor.restore(v, "cannot run")
         self.control.stop()
         if self.probe is not None:
             self.probe.close()
             self.probe = None
         self.lock.release()
-
-    def _restore(self, v: Vol, why: str) -> None:
-        if v.backend is None:
-            return
-        try:
-            outs = v.backend.restore()
-        except CachepilotError as exc:
-            log.warning("%s: restore (%s) failed: %s", v.info.name, why, exc)
-            return
-        for out in outs:
-            self._record(v, out, now=time.monotonic_ns(), note=f"restored ({why})")
-        v.in_flight.clear()
-        v.retries.clear()
 
     def _attach_metrics(self) -> None:
         """The Prometheus exporter (cachepilot.exporter): a snapshot box the loop publishes to every tick, HTTP on
@@ -283,20 +240,7 @@ class Daemon:
 
     def _feed(self, ev: Any) -> None:
         self.counters[f"events.{type(ev).__name__}"] += 1
-        if self.remap:
-            to = self.remap.get(getattr(ev, "dev", -1))
-            if to is not None:
-                ev = replace(ev, dev=to)
-        if isinstance(ev, Discard):
-            v = self.vols.get(self.by_lower.get(ev.dev, -1))
-            if v is not None:
-                v.discard_landed_bytes += ev.nr_sectors * 512
-        elif isinstance(ev, Barrier) and ev.closes_epoch:
-            v = self.vols.get(ev.dev)
-            if v is not None:
-                v.barriers += 1
-                if v.epoch_bytes is not None:
-                    v.epoch_bytes.observe(ev.epoch_bytes)
+        ev = self.vols.route(ev)
         try:
             self.engine.feed(ev)
         except UnknownEvent:  # an event kind this engine does not know yet
@@ -322,18 +266,11 @@ class Daemon:
             self._next_rescan = now + int(self.config.rescan_s * NS)
         self._sample(now)
         self._clear_latches()
-        for v in list(self.vols.values()):
-            deferred, v.deferred = v.deferred, []
-            held = self.engine.holds_promotions(v.info.name)
-            for action in deferred:
-                if held and isinstance(action, Promote):
-                    v.deferred.append(action)  # the volume's drain is at risk: the rest of the file waits
-                else:
-                    self.execute(action, now)
+        self.actor.deferred(now, self.dry_run)
         for action in self.engine.tick(now):
             self.execute(action, now)
-        self._retry_due(now)
-        self._step(now)
+        self.actor.retry_due(now, self.dry_run)
+        self.actor.step(now)
         self.counters["ticks"] += 1
         dur = time.monotonic_ns() - t0
         self.counters["tick_ns"] += dur
@@ -404,7 +341,7 @@ class Daemon:
             self.unmanaged[info.name] = (f.label, "watch")
             return
         self.unmanaged.pop(info.name, None)
-        v = Vol(f, backend)
+        v = ManagedVolume(f, backend)
         if backend is not None:
             ctl = self.engine.vols[info.dev]
             v.files = self.actuators_factory(info, ctl.policy.discard_on_delete.max_rate, ctl.policy.promotion.rate)
@@ -414,11 +351,7 @@ class Daemon:
                 v.epoch_bytes = HistogramAccumulator(EPOCH_BUCKETS)
             except ImportError:
                 pass
-        for low in f.lower:
-            self.by_lower[low] = info.dev
-        if f.block_dev is not None:  # block-level events carry the cached device; the engine knows the filesystem's
-            self.remap[f.block_dev] = info.dev
-        self.vols[info.dev] = v
+        self.vols.add(v)
         self.counters["volumes.adopted"] += 1
         how = "observe only" if v.observe_only else info.kind
         stack = f", filesystem on {devname(info.dev)} stacked on it" if f.block_dev is not None else ""
@@ -455,7 +388,7 @@ class Daemon:
             return False
         return True
 
-    def _restore_latch(self, v: Vol, now: int) -> None:
+    def _restore_latch(self, v: ManagedVolume, now: int) -> None:
         """A latched volume stays latched across restarts (unless its cache device was replaced since)."""
         sv = self._saved_volume(v.info) or {}
         latch = sv.get("latch")
@@ -470,7 +403,7 @@ class Daemon:
         log.warning("%s: still latched: %s", v.info.name, ctl.latch.reason)
 
     def drop(self, dev: int, why: str) -> None:
-        v = self.vols.pop(dev, None)
+        v = self.vols.pop(dev)
         if v is None:
             return
         cancelled = len(v.in_flight) + len(v.retries)
@@ -480,145 +413,19 @@ class Daemon:
             except CachepilotError:
                 pass  # it is gone: nothing to put back
         self.engine.remove_volume(dev)
-        for low in v.found.lower:
-            self.by_lower.pop(low, None)
-        self.remap.pop(v.found.volume_dev, None)
         if self.probe is not None:
             self.probe.unwatch(v.found.volume_dev)
         self.counters["volumes.dropped"] += 1
         log.warning("dropped %s: %s; %d pending action(s) cancelled", v.info.name, why, cancelled)
 
-    def _each_backend(self, what: str, call: Callable[[Backend], Any]) -> Iterator[tuple[Vol, Any]]:
-        """``call`` on every volume with a backend: a volume whose device is gone is dropped, another error is
-        counted and said once; yields (volume, result) for the rest."""
-        for dev, v in list(self.vols.items()):
-            if v.backend is None:
-                continue
-            try:
-                got = call(v.backend)
-            except DeviceGone as exc:
-                self.drop(dev, f"device gone ({exc})")
-                continue
-            except CachepilotError as exc:
-                self.counters[f"{what}_errors.{exc.kind}"] += 1
-                self._once(f"{v.info.name}: {what} failed: {exc}")
-                continue
-            yield v, got
-
-    def _sample(self, now: int) -> None:
-        for v, s in self._each_backend("sample", lambda b: b.sample(now)):
-            v.last_sample = s
-            self.engine.sample(s)
-
     # ------------------------------------------------------------------ acting
     def execute(self, action: Action, now: int, attempt: int = 0) -> None:
-        self.counters[f"decisions.{action.kind}"] += 1
-        v = self.engine_vol(action.volume)
-        if v is None:
-            self._record(None, Outcome(action, FAILED, detail="volume gone"), now)
-            return
-        if v.observe_only:
-            self._record(v, Outcome(action, FAILED, detail="not carried out: observe-only volume"), now)
-            return
-        try:
-            if isinstance(action, Promote | DiscardRanges):
-                out = v.files.run(action, self.dry_run)
-            else:
-                assert v.backend is not None
-                out = v.backend.apply(action, dry_run=self.dry_run)
-        except CachepilotError as exc:
-            out = Outcome(action, FAILED, dry_run=self.dry_run, error=exc)
-        except OSError as exc:
-            what = str(exc.filename or action.kind)
-            out = Outcome(action, FAILED, dry_run=self.dry_run, error=classify_errno(exc.errno, what))
-        self._outcome(v, out, now, attempt)
+        self.actor.execute(action, now, self.dry_run, attempt)
 
-    def engine_vol(self, name: str) -> Vol | None:
-        v = self._by_name.get(name)
-        if v is not None and self.vols.get(v.info.dev) is v:
-            return v
-        for v in self.vols.values():  # (re)build the index: a volume came or went
-            self._by_name[v.info.name] = v
-        v = self._by_name.get(name)
-        return v if v is not None and self.vols.get(v.info.dev) is v else None
-
-    def _outcome(self, v: Vol, out: Outcome, now: int, attempt: int) -> None:
-        d = self._record(v, out, now, attempt=attempt)
-        a = out.action
-        if isinstance(a, DiscardRanges | Promote):
-            if not out.dry_run:
-                v.discard_issued_bytes += out.issued_bytes
-                v.discard_trimmed_bytes += out.trimmed_bytes
-                v.promoted_bytes += out.read_bytes
-            if out.deferred is not None:
-                v.deferred.append(out.deferred)  # paced: the rest goes next tick
-        elif out.status == PENDING:
-            v.in_flight[a] = d
-        elif isinstance(a, Drain) and out.status == DONE and not out.dry_run:
-            v.drains += 1
-        err = out.error
-        retry = isinstance(err, RetryLater) and attempt < MAX_RETRIES
-        if not retry and not (isinstance(a, DiscardRanges | Promote) and out.status == PENDING):
-            self.engine.outcome(out)  # the engine learns how it ended (re-queues failed discards, ends drains)
-        if err is None:
-            return
-        self.counters[f"failed.{err.kind}"] += 1
-        if retry:  # busy: the daemon retries with backoff; the engine hears only the final result
-            delay = min(BACKOFF_MAX_S, 2.0 ** attempt)
-            v.retries.append((now + int(delay * NS), attempt + 1, out.action))
-            self.counters["retries"] += 1
-        elif isinstance(err, DeviceGone) and not isinstance(a, DiscardRanges | Promote):
-            self.drop(v.info.dev, f"device gone ({err})")  # (a filesystem gone under a file action: the rescan)
-
-    def _retry_due(self, now: int) -> None:
-        for v in list(self.vols.values()):
-            due = [r for r in v.retries if r[0] <= now]
-            if not due:
-                continue
-            v.retries = [r for r in v.retries if r[0] > now]
-            for _, attempt, action in due:
-                if v.info.dev in self.vols:
-                    self.execute(action, now, attempt)
-
-    def _step(self, now: int) -> None:
-        for v, outs in self._each_backend("step", lambda b: b.step(now)):
-            for out in outs:
-                v.in_flight.pop(out.action, None)
-                self._outcome(v, out, now, attempt=MAX_RETRIES)
-
-    def _record(self, v: Vol | None, out: Outcome, now: int, attempt: int = 0, note: str = "") -> dict[str, Any]:
-        a = out.action
-        err = out.error
-        d = {
-            "ts": time.time(),
-            "volume": a.volume,
-            "kind": a.kind,
-            "action": (action_line := a.line()),
-            "reason": a.reason,
-            "status": out.status,
-            "dry_run": out.dry_run,
-            "writes": [{"target": w.target, "before": w.before, "value": w.value, "readback": w.readback}
-                       for w in out.writes],
-            "error": str(err) if err else None,
-            "error_kind": err.kind if err else None,
-            "detail": " ".join(x for x in (note, out.detail, self._discard_note(out)) if x),
-            "attempt": attempt,
-        }
-        self.decisions.append(d)
-        line = out.line(action_line) + (f" [{d['detail']}]" if d["detail"] else "")
-        level = logging.WARNING if out.status == FAILED and err is not None else logging.INFO
-        if v is not None and v.observe_only:
-            level = logging.DEBUG  # what it would do on a volume it only observes: explain shows it
-        log.log(level, "%s%s", "DRY RUN " if out.dry_run else "", line)
-        return d
-
-    @staticmethod
-    def _discard_note(out: Outcome) -> str:
-        if not isinstance(out.action, DiscardRanges) or not out.actuated:
-            return ""
-        later = f", {sum(n for _, n in out.deferred.ranges)} bytes deferred" if out.deferred else ""
-        return (f"FITRIM issued {len(out.issued)} range(s), {out.issued_bytes} bytes; "
-                f"filesystem trimmed {out.trimmed_bytes} bytes{later}")
+    def _sample(self, now: int) -> None:
+        for v, s in self.actor.each_backend("sample", lambda b: b.sample(now)):
+            v.last_sample = s
+            self.engine.sample(s)
 
     def _clear_latches(self) -> None:
         for name in self.clear_requests:
@@ -693,7 +500,7 @@ class Daemon:
                 return sv
         return None
 
-    def _rewarm_from_state(self, v: Vol, now: int) -> None:
+    def _rewarm_from_state(self, v: ManagedVolume, now: int) -> None:
         """Put the saved hot list back into the hotness table: the engine admits and promotes the files at the
         volume's promotion rate (paced), hottest first."""
         sv = self._saved_volume(v.info)
