@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from cachepilot import __version__, records
-from cachepilot.actions import Action, SetKnob
+from cachepilot.actions import Action
 from cachepilot.backends.base import Backend
 from cachepilot.capabilities import ERROR_COUNTS, KIND_BCACHE
 from cachepilot.daemon import actuation, volumes
@@ -36,14 +36,14 @@ from cachepilot.daemon.control import ControlServer
 from cachepilot.daemon.lock import DaemonLock, host_lock_path
 from cachepilot.daemon.loop import TickLoop
 from cachepilot.daemon.notify import Notifier
+from cachepilot.daemon.persist import Persistence
 from cachepilot.daemon.reloads import ReloadRequests, Verdict
 from cachepilot.daemon.snapshot import hottest
-from cachepilot.daemon.state import MAX_DECISIONS, MAX_HOT, StateFile
-from cachepilot.daemon.volume import ManagedVolume, VolumeTable
-from cachepilot.engine.engine import Engine, Latch, UnknownEvent, normalise_mode
+from cachepilot.daemon.state import StateFile
+from cachepilot.daemon.volume import ManagedVolume, VolumeTable, devname
+from cachepilot.engine.engine import Engine, UnknownEvent, normalise_mode
 from cachepilot.errors import CachepilotError, FatalError, UserError
-from cachepilot.events import Drops, kdev_major_minor
-from cachepilot.models.hotness import F_READ
+from cachepilot.events import Drops
 
 log = logging.getLogger("cachepilot")
 
@@ -73,11 +73,6 @@ def _file_id(path: Any) -> str:
 Discover = Callable[[], tuple[list[volumes.Found], list[str]]]
 BackendFactory = Callable[[Any], Backend]
 ActuatorsFactory = Callable[[Any, int, int], Any]  # (info, discard max rate, promote rate) -> .run(action, dry)
-
-
-def devname(dev: int) -> str:
-    major, minor = kdev_major_minor(dev)
-    return f"{major}:{minor}"
 
 
 class _StopDuringReload(BaseException):  # noqa: N818 - not an error: raised by the stop signal's handler
@@ -114,8 +109,7 @@ class Daemon:
         self.counters: Counter[str] = Counter()
         self.actor = Actor(self.engine, self.vols, self.counters, self.drop, self._once)
         self.decisions = self.actor.decisions
-        self.saved: dict[str, Any] = {}
-        self.previous_counters: dict[str, int] = {}  # the last run's, from the state file
+        self.persist = Persistence(self.state, self.engine, self.counters, self._once)
         self.snapshot: dict[str, Any] = {}
         self.snapshot_listeners: list[Callable[[dict[str, Any]], None]] = []  # the metrics exporter's hook
         self.top: dict[str, list[dict[str, int]]] = {}
@@ -147,12 +141,12 @@ class Daemon:
     def start(self) -> None:
         """Everything before the first tick; FatalError if the daemon cannot run here."""
         self.lock.acquire()  # makes and checks the state directory; nothing acts before the locks are ours
-        self._read_state()
+        self.persist.read(self.decisions)
         now = time.monotonic_ns()
         # Reconcile before the probe loads (seconds on a slow host): a setting an interrupted operation left behind
         # (a drain's writeback_percent 0) is put back at once, not after the verifier has run.
         self._rescan(now)
-        self._reconcile(now)
+        self.persist.reconcile(list(self.vols.values()), now, self.execute)
         self._attach_probe()
         self.control.start()
         self._attach_metrics()
@@ -357,8 +351,7 @@ class Daemon:
         stack = f", filesystem on {devname(info.dev)} stacked on it" if f.block_dev is not None else ""
         log.info("adopted %s (%s, %s%s, mounted at %r)", info.name, how, devname(f.volume_dev), stack,
                  info.mountpoint)
-        self._restore_latch(v, now)
-        self._rewarm_from_state(v, now)
+        self.persist.adopted(v, now)
 
     def _attach_probe(self) -> None:
         """Load the probe (FatalError if it cannot run here) and watch every volume adopted before it loaded."""
@@ -387,20 +380,6 @@ class Daemon:
             self._once(f"{f.info.name}: cannot watch it: {exc}")
             return False
         return True
-
-    def _restore_latch(self, v: ManagedVolume, now: int) -> None:
-        """A latched volume stays latched across restarts (unless its cache device was replaced since)."""
-        sv = self._saved_volume(v.info) or {}
-        latch = sv.get("latch")
-        ctl = self.engine.vols.get(v.info.dev)
-        if not isinstance(latch, dict) or ctl is None or ctl.latch is not None:
-            return
-        cache_id = str(latch.get("cache_id", ""))
-        if cache_id and v.info.cache_id and cache_id != v.info.cache_id:
-            log.info("%s: was latched on cache %s; the cache device was replaced: not latched", v.info.name, cache_id)
-            return
-        ctl.latch = Latch(f"{latch.get('reason', 'latched')} (kept from the state file)", now, cache_id)
-        log.warning("%s: still latched: %s", v.info.name, ctl.latch.reason)
 
     def drop(self, dev: int, why: str) -> None:
         v = self.vols.pop(dev)
@@ -471,108 +450,8 @@ class Daemon:
         self.notifier.ready("reloaded")
         return True
 
-    # ------------------------------------------------------------------ state file
-    def _read_state(self) -> None:
-        doc, why = self.state.read()
-        if doc is None:
-            log.warning("starting fresh: %s", why)
-            return
-        self.saved = doc
-        saved = [v for v in doc.get("volumes", {}).values() if isinstance(v, dict)]
-        n = sum(len(v.get("hot", [])) for v in saved)
-        inflight = sum(len(v.get("in_flight", [])) for v in saved)
-        log.info("state file %s: %d volume(s), %d hot file(s), %d in-flight action(s)", self.state.path,
-                 len(saved), n, inflight)
-        prev = doc.get("counters", {})
-        if isinstance(prev, dict):
-            self.previous_counters = {k: v for k, v in prev.items() if isinstance(v, int)}
-        for d in doc.get("decisions", [])[-MAX_DECISIONS:]:
-            if isinstance(d, dict):
-                self.decisions.append(d)
-
-    def _saved_volume(self, info: Any) -> dict[str, Any] | None:
-        for sv in self.saved.get("volumes", {}).values():
-            if not isinstance(sv, dict):
-                continue
-            if info.fs_uuid and sv.get("fs_uuid") == info.fs_uuid:
-                return sv
-            if not info.fs_uuid and sv.get("name") == info.name and sv.get("kind") == info.kind:
-                return sv
-        return None
-
-    def _rewarm_from_state(self, v: ManagedVolume, now: int) -> None:
-        """Put the saved hot list back into the hotness table: the engine admits and promotes the files at the
-        volume's promotion rate (paced), hottest first."""
-        sv = self._saved_volume(v.info)
-        if sv is None:
-            return
-        t = self.engine.hotness
-        n = 0
-        for item in sv.get("hot", [])[:MAX_HOT]:
-            try:
-                ino, gen, score, size = (int(x) for x in item)
-            except (TypeError, ValueError):
-                continue
-            if ino <= 0 or score <= 0:
-                continue
-            slot = t.update(v.info.dev, ino, gen, score, 0, 0, now, size)
-            t.flags[slot] |= F_READ
-            n += 1
-        if n:
-            log.info("%s: re-warming %d file(s) from the state file (paced by the promotion rate)", v.info.name, n)
-            self.counters["rewarm_files"] += n
-
-    def _reconcile(self, now: int) -> None:
-        """Before the first decision: read every cache's actual state, and report what the last run left
-        unfinished. An interrupted step is never repeated; only a setting the interrupted operation changed and
-        that still reads back as it left it is put back."""
-        for v in self.vols.values():
-            if v.backend is None:
-                continue
-            try:
-                s = v.backend.sample(now)
-            except CachepilotError as exc:
-                self._once(f"{v.info.name}: cannot read its state before acting: {exc}")
-                continue
-            v.last_sample = s
-            self.engine.sample(s)
-            log.info("%s: actual state: mode %s, %d dirty bytes", v.info.name, s.mode, s.dirty_bytes)
-            sv = self._saved_volume(v.info) or {}
-            for d in sv.get("in_flight", []):
-                if not isinstance(d, dict):
-                    continue
-                log.warning("%s: interrupted at the last stop: %s (not repeated)", v.info.name, d.get("action"))
-                for w in d.get("writes", []):
-                    knob = str(w.get("target", "")).split()[-1:]
-                    if knob and s.knobs.get(knob[0]) == w.get("value") and w.get("before") not in (None, ""):
-                        self.execute(SetKnob(v.info.name, knob[0], str(w["before"]),
-                                             f"put back after an interrupted {d.get('kind')}"), now)
-
-    def state_doc(self) -> dict[str, Any]:
-        vols: dict[str, Any] = {}
-        for v in self.vols.values():
-            info = v.info
-            ctl = self.engine.vols.get(info.dev)
-            hot = hottest(self.engine.hotness, info.dev, MAX_HOT)
-            vols[info.name] = {
-                "name": info.name, "kind": info.kind, "dev": devname(info.dev), "fs_uuid": info.fs_uuid,
-                "hot": [[h["ino"], h["gen"], h["score"], h["size"]] for h in hot],
-                "health": ctl.state.health.name if ctl else "UNKNOWN",
-                "latch": {"reason": ctl.latch.reason, "cache_id": ctl.latch.cache_id}
-                if ctl is not None and ctl.latch is not None else None,
-                "in_flight": list(v.in_flight.values()),
-            }
-        return {
-            "written": time.time(), "pid": os.getpid(), "volumes": vols,
-            "counters": {k: int(n) for k, n in self.counters.items()},
-            "decisions": list(self.decisions)[-MAX_DECISIONS:],
-        }
-
     def _save_state(self) -> None:
-        ok = self.state.write(self.state_doc())
-        self.counters["state_writes" if ok else "state_writes_failed"] += 1
-        if not ok:
-            self._once(f"state file not written (carrying on): {self.state.last_error}")
+        self.persist.save(self.vols.values(), self.decisions)
 
     # ------------------------------------------------------------------ snapshot and answers
     def _publish(self, now: int, tick_ns: int) -> None:

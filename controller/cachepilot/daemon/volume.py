@@ -20,10 +20,15 @@ from cachepilot.actions import Action, DiscardRanges, Drain, Promote
 from cachepilot.backends.base import DONE, FAILED, PENDING, Backend, Outcome
 from cachepilot.daemon import volumes
 from cachepilot.errors import CachepilotError, classify_errno
-from cachepilot.events import Barrier, Discard
+from cachepilot.events import Barrier, Discard, kdev_major_minor
 
 NS = 1_000_000_000
 BACKOFF_MAX_S = 60.0
+
+
+def devname(dev: int) -> str:
+    major, minor = kdev_major_minor(dev)
+    return f"{major}:{minor}"
 
 
 @dataclass
