@@ -413,7 +413,7 @@ def test_observe_only_volume_is_never_acted_on(tmp_path: Path) -> None:
     r = Rig(tmp_path)
     r.found = [Found(VolumeInfo(dev=DEV, name="loop0", kind="none", mountpoint="/mnt"))]
     r.d.start()
-    assert r.d.snapshot["observe_only"] is True and r.backends == {}
+    assert r.d.snapshot is not None and r.d.snapshot.observe_only is True and r.backends == {}
     r.d.execute(SetKnob("loop0", "x", "1", "test"), r.d.started_ns)
     assert r.d.decisions[-1]["detail"] == "not carried out: observe-only volume"
     r.d.shutdown()
@@ -719,6 +719,30 @@ def test_metrics_textfile_carries_the_daemons_snapshot(tmp_path: Path) -> None:
     # the stock cache's bypass counters, as the backend sampled them
     assert 'cachepilot_volume_cache_bypasses_total{device="bcache0",volume="bcache0"} 3.0' in text
     assert 'cachepilot_volume_cache_bypassed_bytes_total{device="bcache0",volume="bcache0"} 12288.0' in text
+    r.d.shutdown()
+
+
+def test_one_snapshot_serves_the_socket_and_the_exporter(tmp_path: Path) -> None:
+    r = Rig(tmp_path, metrics=f"{{listen: '', textfile: {tmp_path}/m.prom}}")
+    r.d.start()
+    r.backends["bcache0"].dirty = 8 << 20
+    r.d._feed(Delete(FileKey(DEV, 5, 1), 0, 0))
+    r.tick(1)
+    snap = r.d.snapshot
+    assert snap is not None
+    s = r.d.answer({"cmd": "status"})
+    assert list(s) == ["version", "pid", "started", "uptime_s", "dry_run", "observe_only", "actuators", "config",
+                       "policy", "probe", "drops", "last_tick", "tracked_files", "counters", "state_file", "volumes",
+                       "unmanaged"]
+    assert s["drops"] == {"ringbuf_full": 0, "hotness_map_full": 0, "other": 0} and "metrics" not in s["volumes"][0]
+    assert s["last_tick"]["n"] == 1 and s["counters"]["decisions.set_write_policy"] == 1
+    # the exporter's counts by kind are the ones counted, not the flat names parsed back
+    assert snap.counts is not None and snap.counts.decisions == {"set_write_policy": 1}
+    assert snap.counts.events == {"Delete": 1}
+    assert snap.volumes[0].metrics is not None and snap.volumes[0].metrics.dirty_bytes == 8 << 20
+    box = r.d.metrics["box"].latest()
+    assert box.decisions == {"set_write_policy": 1} and box.events == {"delete": 1} and box.ticks == 1
+    assert box.volumes[0].dirty_bytes == 8 << 20 and box.drops == {}
     r.d.shutdown()
 
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from cachepilot.actions import Action, DiscardRanges, Promote
 from cachepilot.backends.base import FAILED, PENDING, Backend, Outcome
+from cachepilot.daemon.counters import Counters
 from cachepilot.daemon.volume import ManagedVolume, VolumeTable
 from cachepilot.engine.engine import Engine
 from cachepilot.errors import CachepilotError, DeviceGone, RetryLater
@@ -24,7 +25,7 @@ DECISIONS_KEPT = 1000
 
 
 class Actor:
-    def __init__(self, engine: Engine, vols: VolumeTable, counters: Counter[str],
+    def __init__(self, engine: Engine, vols: VolumeTable, counters: Counters,
                  drop: Callable[[int, str], None], once: Callable[[str], None]) -> None:
         self.engine = engine
         self.vols = vols
@@ -34,7 +35,7 @@ class Actor:
         self.decisions: deque[dict[str, Any]] = deque(maxlen=DECISIONS_KEPT)
 
     def execute(self, action: Action, now: int, dry_run: bool, attempt: int = 0) -> None:
-        self.counters[f"decisions.{action.kind}"] += 1
+        self.counters.add("decisions", action.kind)
         v = self.vols.named(action.volume)
         if v is None:
             self.record(None, Outcome(action, FAILED, detail="volume gone"))
@@ -53,7 +54,7 @@ class Actor:
             self.engine.outcome(out)  # the engine learns how it ended (re-queues failed discards, ends drains)
         if err is None:
             return
-        self.counters[f"failed.{err.kind}"] += 1
+        self.counters.add("failed", err.kind)
         if retry:  # busy: the daemon retries with backoff; the engine hears only the final result
             v.retry_later(now, attempt, out.action)
             self.counters["retries"] += 1
@@ -103,7 +104,7 @@ class Actor:
                 self.drop(dev, f"device gone ({exc})")
                 continue
             except CachepilotError as exc:
-                self.counters[f"{what}_errors.{exc.kind}"] += 1
+                self.counters.add(f"{what}_errors", exc.kind)
                 self.once(f"{v.info.name}: {what} failed: {exc}")
                 continue
             yield v, got

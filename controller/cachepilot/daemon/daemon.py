@@ -19,20 +19,19 @@ import logging
 import os
 import sys
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from cachepilot import __version__, records
 from cachepilot.actions import Action
 from cachepilot.backends.base import Backend
-from cachepilot.capabilities import ERROR_COUNTS, KIND_BCACHE
-from cachepilot.daemon import actuation, volumes
-from cachepilot.daemon.acting import DECISIONS_KEPT, Actor
+from cachepilot.daemon import actuation, answers, status, volumes
+from cachepilot.daemon.acting import Actor
+from cachepilot.daemon.answers import TOP_K
 from cachepilot.daemon.config import DaemonConfig, load_config
 from cachepilot.daemon.control import ControlServer
+from cachepilot.daemon.counters import Counters
 from cachepilot.daemon.lock import DaemonLock, host_lock_path
 from cachepilot.daemon.loop import TickLoop
 from cachepilot.daemon.notify import Notifier
@@ -41,21 +40,18 @@ from cachepilot.daemon.reloads import ReloadRequests, Verdict
 from cachepilot.daemon.snapshot import hottest
 from cachepilot.daemon.state import StateFile
 from cachepilot.daemon.volume import ManagedVolume, VolumeTable, devname
-from cachepilot.engine.engine import Engine, UnknownEvent, normalise_mode
+from cachepilot.engine.engine import Engine, UnknownEvent
 from cachepilot.errors import CachepilotError, FatalError, UserError
 from cachepilot.events import Drops
 
 log = logging.getLogger("cachepilot")
 
 NS = 1_000_000_000
-TOP_K = 25
 TOP_EVERY_S = 2.0
 # The daemon takes the probe's rings at most this often. It decides once a tick; reading the rings as every kernel
 # wakeup allowed (one per 20 ms under a commit storm, ~50 a second) cost the daemon more than the events themselves
 # (measured in the lab's varmail run). The rings hold seconds of records even at a flush storm's rate.
 MIN_POLL_GAP_S = 0.1
-# the status's event counts by kind (its counters are by class name); Drops are counters of their own
-_EVENT_KINDS = {k.event.__name__: k.name for k in records.KINDS if k is not records.DROPS}
 RELOAD_WAIT_S = 30.0  # a control-socket reload waits this long for the loop's verdict (a tick or two normally)
 
 
@@ -106,12 +102,12 @@ class Daemon:
         self.lock = DaemonLock(config.state_dir, host_lock_path())
         self.control = ControlServer(config.socket, self.answer)
         self.loop = TickLoop(config.tick_s, self.tick, wait=self._wait)
-        self.counters: Counter[str] = Counter()
+        self.counters = Counters()
         self.actor = Actor(self.engine, self.vols, self.counters, self.drop, self._once)
         self.decisions = self.actor.decisions
         self.persist = Persistence(self.state, self.engine, self.counters, self._once)
-        self.snapshot: dict[str, Any] = {}
-        self.snapshot_listeners: list[Callable[[dict[str, Any]], None]] = []  # the metrics exporter's hook
+        self.snapshot: status.Status | None = None  # the last published, replaced whole (read by other threads)
+        self.snapshot_listeners: list[Callable[[status.Status], None]] = []
         self.top: dict[str, list[dict[str, int]]] = {}
         self.policy_error: str | None = None
         self.policy_generation = 1
@@ -233,17 +229,17 @@ class Daemon:
             self._feed(ev)
 
     def _feed(self, ev: Any) -> None:
-        self.counters[f"events.{type(ev).__name__}"] += 1
+        self.counters.add("events", type(ev).__name__)
         ev = self.vols.route(ev)
         try:
             self.engine.feed(ev)
         except UnknownEvent:  # an event kind this engine does not know yet
-            self.counters["events.unhandled"] += 1
+            self.counters.add("events", "unhandled")
         except UserError as exc:
-            self.counters["events.rejected"] += 1
+            self.counters.add("events", "rejected")
             self._once(f"event rejected: {exc}")
         except Exception:  # a bug (e.g. a TypeError inside a known kind's handler): never mistaken for input
-            self.counters["events.bugs"] += 1
+            self.counters.add("events", "bugs")
             self._bug(f"handling {type(ev).__name__}")
 
     def tick(self, now: int) -> None:
@@ -277,7 +273,7 @@ class Daemon:
     def _drain(self) -> None:
         arr = self.probe.drain_hotness_array()
         if len(arr):
-            self.counters["events.HotnessDelta"] += len(arr)
+            self.counters.add("events", "HotnessDelta", len(arr))
             self.engine.feed_hotness_array(arr)
         for ev in self.probe.drain_aggregates():  # metadata deltas, durability calls, drops (one table swap a tick)
             if isinstance(ev, Drops):
@@ -458,173 +454,54 @@ class Daemon:
         if now >= self._next_top:
             self.top = {v.info.name: hottest(self.engine.hotness, v.info.dev, TOP_K) for v in self.vols.values()}
             self._next_top = now + int(TOP_EVERY_S * NS)
-        vols = []
-        for v in self.vols.values():
-            info = v.info
-            c = self.engine.vols.get(info.dev)
-            if c is None:
-                continue
-            st = c.state
-            req = c.requested_mode
-            pend = v.backend.pending() if v.backend is not None else []
-            vols.append({
-                "name": info.name, "dev": devname(info.dev), "kind": info.kind, "observe_only": v.observe_only,
-                "mountpoint": info.mountpoint, "fs_uuid": info.fs_uuid, "cache_bytes": info.cache_bytes,
-                "policy": c.chosen_by, "failure_model": c.policy.failure_model,
-                "mode": normalise_mode(st.mode) if st.samples else None,
-                "target_mode": req[0] if req else (normalise_mode(st.mode) if st.samples else None),
-                "dirty_bytes": st.dirty_bytes if st.samples else None,
-                "max_dirty_bytes": c.policy.exposure.max_dirty,
-                "exposure_age_s": round(st.exposure_age_s(now), 3),
-                "hit_ratio": st.hit_ratio, "hits": v.last_sample.hits if v.last_sample else None,
-                "misses": v.last_sample.misses if v.last_sample else None,
-                "io_errors": st.io_errors, "health": st.health.name,
-                "latched": c.latch is not None, "latch_reason": c.latch.reason if c.latch else None,
-                "breach": c.breach, "last_failure": c.last_failure or None,
-                "pending": [a.line() for a in pend], "retries": len(v.retries),
-                "promo_queue": len(c.promo_queue), "believed_cached": len(c.cached),
-                "discard_pending_blocks": c.freed.pending_blocks, "held_switches": c.held_switches,
-            })
-        d = self.drops
-        self.snapshot = {
-            "version": 1,
-            "pid": os.getpid(),
-            "started": self.started_wall,
-            "uptime_s": round((now - self.started_ns) / NS, 3),
-            "dry_run": self.dry_run,
-            "observe_only": not any(not v.observe_only for v in self.vols.values()),
-            "actuators": actuation.has_real_backends(),
-            "config": self.config.source,
-            "policy": {"source": self.config.policy.source, "generation": self.policy_generation,
-                       "last_error": self.policy_error},
-            "probe": {"attached": self.probe is not None,
-                      "summary": self.probe.report.summary() if self.probe is not None else "no probe"},
-            "drops": {"ringbuf_full": d.ringbuf_full, "hotness_map_full": d.hotness_map_full, "other": d.other}
-            if d else {"ringbuf_full": 0, "hotness_map_full": 0, "other": 0},
-            "last_tick": {"time": time.time(), "duration_s": tick_ns / NS, "n": self.counters["ticks"],
-                          "skipped": self.loop.skipped},
-            "tracked_files": len(self.engine.hotness),
-            "counters": dict(self.counters),
-            "state_file": {"path": str(self.state.path), "writes": self.state.writes,
-                           "failed_writes": self.state.failed_writes, "last_error": self.state.last_error},
-            "volumes": vols,
-            "unmanaged": [{"name": label, "dev": device, "reason": reason}
-                          for device, (label, reason) in sorted(self.unmanaged.items())],
-            "top": self.top,
-            "decisions": list(self.decisions),
-        }
+        vols = tuple(status.volume_status(v, ctl, now, self.engine.now_ns) for v in self.vols.values()
+                     if (ctl := self.engine.vols.get(v.info.dev)) is not None)
+        d, c = self.drops, self.counters
+        self.snapshot = snap = status.Status(
+            version=1, pid=os.getpid(), started=self.started_wall, uptime_s=round((now - self.started_ns) / NS, 3),
+            dry_run=self.dry_run, observe_only=all(v.observe_only for v in self.vols.values()),
+            actuators=actuation.has_real_backends(), config=self.config.source,
+            policy=status.PolicyStatus(self.config.policy.source, self.policy_generation, self.policy_error),
+            probe=status.ProbeStatus(self.probe is not None,
+                                     self.probe.report.summary() if self.probe is not None else "no probe"),
+            drops=status.DropCounts(d.ringbuf_full, d.hotness_map_full, d.other) if d else status.DropCounts(),
+            last_tick=status.TickStatus(time.time(), tick_ns / NS, c["ticks"], self.loop.skipped),
+            tracked_files=len(self.engine.hotness), counters=dict(c),
+            state_file=status.StateFileStatus(str(self.state.path), self.state.writes, self.state.failed_writes,
+                                              self.state.last_error),
+            volumes=vols, unmanaged=tuple(status.UnmanagedStatus(label, device, reason)
+                                          for device, (label, reason) in sorted(self.unmanaged.items())),
+            top=self.top, decisions=list(self.decisions), ready=self.ready, has_drops=d is not None,
+            counts=status.Counts(c.group("events"), c.group("decisions"), c.group("failed"), c["reloads"],
+                                 c["reloads_failed"]),
+            bpf_object=self.bpf_object)
         if self.metrics is not None:
-            self._export(tick_ns)
+            self._export(snap, tick_ns)
         for fn in self.snapshot_listeners:
             try:
-                fn(self.snapshot)
+                fn(snap)
             except Exception as exc:  # noqa: BLE001 - a broken listener must not stop the loop
                 self._once(f"snapshot listener failed: {type(exc).__name__}: {exc}")
 
-    def _export(self, tick_ns: int) -> None:
+    def _export(self, snap: status.Status, tick_ns: int) -> None:
         m = self.metrics
         ex = m["mod"]
         if tick_ns:
             m["ticks"].observe(tick_ns / NS)
-        c = self.counters
-        vols = []
-        for v in self.vols.values():
-            ctl = self.engine.vols.get(v.info.dev)
-            s = v.last_sample
-            if ctl is None or s is None or v.observe_only:
-                continue
-            st = ctl.state
-            mode = normalise_mode(st.mode)
-            req = ctl.requested_mode
-            recoverable = ctl.policy.failure_model == "recoverable"
-            try:
-                vols.append(ex.VolumeSnapshot(
-                    volume=v.found.label, device=v.info.name, kind=v.info.kind, mode=mode,
-                    target_mode=req[0] if req else mode, health=int(st.health), latched=ctl.latch is not None,
-                    draining=ctl.drain is not None or bool(v.in_flight), cache_bytes=v.info.cache_bytes,
-                    cache_io_errors=st.io_errors_risen if v.info.kind in ERROR_COUNTS else None,
-                    dirty_bytes=st.dirty_bytes,
-                    dirty_age_seconds=st.exposure_age_s(self.engine.now_ns),
-                    dirty_bound_bytes=None if recoverable else ctl.policy.exposure.max_dirty,
-                    age_bound_seconds=None if recoverable else ctl.policy.exposure.max_age_s,
-                    drains=v.drains, exposure_breaches=ctl.breaches, hits=s.hits, misses=s.misses,
-                    bypasses=s.bypasses, bypassed_bytes=s.bypassed_bytes, promoted_bytes=v.promoted_bytes,
-                    discard_issued_bytes=v.discard_issued_bytes,
-                    discard_landed_bytes=v.discard_landed_bytes, barriers=v.barriers,
-                    cache_set=(st.cache_id or None) if v.info.kind == KIND_BCACHE else None,
-                    epoch_bytes=v.epoch_bytes.freeze() if v.epoch_bytes is not None else ex.Histogram.empty(
-                        ex.EPOCH_BUCKETS)))
-            except ValueError as exc:
-                self._once(f"metrics: {v.info.name} left out: {exc}")
-        d = self.drops
-
-        def by(prefix: str) -> dict[str, int]:
-            return {k[len(prefix):]: int(n) for k, n in c.items() if k.startswith(prefix)}
-
-        events = {_EVENT_KINDS.get(k, k.lower()): n for k, n in by("events.").items() if k in _EVENT_KINDS}
-        snap = ex.DaemonSnapshot(
-            timestamp=time.time(), start_time=self.started_wall, ready=self.ready, dry_run=self.dry_run,
-            observe_only=not any(not v.observe_only for v in self.vols.values()), events=events,
-            drops={"ringbuf_full": d.ringbuf_full, "hotness_map_full": d.hotness_map_full, "other": d.other}
-            if d else {}, ticks=c["ticks"], tick_duration=m["ticks"].freeze(), last_tick_timestamp=time.time(),
-            decisions=by("decisions."), action_failures=by("failed."),
-            policy_reloads=c["reloads"] - c["reloads_failed"], policy_reload_failures=c["reloads_failed"],
-            policy_last_reload_success=self.policy_error is None, state_writes=self.state.writes,
-            state_write_failures=self.state.failed_writes, volumes=tuple(vols), unmanaged=self._unmanaged(ex),
-            version=__version__, kernel=os.uname().release, bpf_object=self.bpf_object)
-        m["box"].publish(snap)
+        left_out: list[str] = []
+        m["box"].publish(status.exporter_snapshot(snap, ex, m["ticks"].freeze(), time.time(), left_out))
+        for msg in left_out:
+            self._once(msg)
         if self.config.metrics_textfile:
             try:
                 ex.write_textfile(self.config.metrics_textfile, m["registry"])
             except OSError as exc:
                 self._once(f"metrics: textfile {self.config.metrics_textfile} not written: {exc.strerror}")
 
-    def _unmanaged(self, ex: Any) -> tuple[Any, ...]:
-        out = []
-        for device, (label, reason) in sorted(self.unmanaged.items()):
-            try:
-                out.append(ex.UnmanagedVolume(volume=label, device=device, reason=reason))
-            except ValueError as exc:
-                self._once(f"metrics: unmanaged {device!r} left out: {exc}")
-        return tuple(out)
-
     def answer(self, req: dict[str, Any]) -> dict[str, Any]:
-        """Control-socket requests, from the last snapshot only (called on the server thread)."""
-        snap = self.snapshot  # one reference: a consistent view even while the loop publishes the next
-        cmd = req.get("cmd")
-        if cmd == "status":
-            return {k: v for k, v in snap.items() if k not in ("top", "decisions")}
-        if cmd == "top":
-            vols = {v["name"]: v for v in snap.get("volumes", [])}
-            want = req.get("volume")
-            if want is not None and want not in vols:
-                raise UserError(f"unknown volume {want!r} (known: {', '.join(sorted(vols)) or 'none'})")
-            n = int(req.get("n", TOP_K))
-            return {"volumes": [{"name": name, "mountpoint": vols[name]["mountpoint"], "dev": vols[name]["dev"],
-                                 "files": files[:n]}
-                                for name, files in snap.get("top", {}).items()
-                                if name in vols and (want is None or name == want)]}
-        if cmd == "explain":
-            since = float(req.get("since", 0) or 0)
-            want = req.get("volume")
-            decisions = snap.get("decisions", [])
-            known = {v["name"] for v in snap.get("volumes", [])} | {d.get("volume") for d in decisions}
-            if want is not None and want not in known:  # a volume gone since keeps its decisions
-                raise UserError(f"unknown volume {want!r} (known: {', '.join(sorted(map(str, known))) or 'none'})")
-            out = [d for d in decisions if d.get("ts", 0) >= since and (want is None or d.get("volume") == want)]
-            return {"decisions": out[-int(req.get("limit", DECISIONS_KEPT)):]}
-        if cmd == "clear_latch":
-            name = str(req.get("volume", ""))
-            vol = next((v for v in snap.get("volumes", []) if v["name"] == name), None)
-            if vol is None:
-                raise UserError(f"unknown volume {name!r}")
-            # Queued even when the snapshot (one tick old) shows no latch: the tick in between may have set one.
-            self.clear_requests.append(name)  # done by the loop at its next tick (the engine is the loop's)
-            return {"queued": name, "latched": bool(vol.get("latched"))}
-        if cmd == "reload":
-            verdict = self.reloads.ask(max(RELOAD_WAIT_S, 3 * self.config.tick_s))
-            return {"reloaded": verdict.ok, "message": verdict.message}
-        raise UserError(f"unknown command {cmd!r} (status, top, explain, clear_latch, reload)")
+        """Control-socket requests (called on the server thread): daemon/answers.py."""
+        return answers.answer(self.snapshot, req, self.clear_requests,
+                              lambda: self.reloads.ask(max(RELOAD_WAIT_S, 3 * self.config.tick_s)))
 
     def _bug(self, what: str) -> None:
         """Log the exception being handled with its traceback, once per kind of failure (it may recur per event)."""
