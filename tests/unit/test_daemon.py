@@ -992,3 +992,34 @@ def test_a_type_error_inside_the_engine_is_a_bug_not_an_unknown_event(
     r.d._feed(SetWritePolicy("bcache0", "writeback", "not an event"))  # an unknown kind: still "unhandled"
     assert r.d.counters["events.unhandled"] == 1 and r.d.counters["events.bugs"] == 2
     r.d.shutdown()
+
+
+def test_a_failing_stage_is_counted_and_the_tick_goes_on(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    r = Rig(tmp_path)
+    r.d.start()
+    calls = []
+
+    def broken(now: int) -> list[object]:
+        calls.append(now)
+        raise TypeError("unsupported operand type(s)")
+
+    r.d.engine.tick = broken  # type: ignore[method-assign]
+    r.d.actor.step = lambda now: calls.append(-now)  # type: ignore[method-assign]
+    r.d.stages = r.d._stages()
+    with caplog.at_level(logging.ERROR, logger="cachepilot"):
+        r.tick(1)
+        r.tick(2)
+    assert r.d.counters["stage_bugs.decide"] == 2 and r.d.counters["ticks"] == 2
+    assert len(calls) == 4 and calls[1] < 0  # the stage after it ran, each tick
+    assert r.d.counters["events.bugs"] == 0 and r.d.counters["stage_errors.decide"] == 0  # a bug, not input
+    assert len([rec for rec in caplog.records if rec.exc_info]) == 1  # its traceback once
+    snap = r.d.snapshot
+    assert snap is not None and snap.last_tick.n == 2  # still published
+
+    def refused(now: int) -> None:
+        raise KernelRejected("bcache0: cache_mode: Invalid argument")
+
+    r.d.engine.tick = refused  # type: ignore[method-assign]
+    r.tick(3)
+    assert r.d.counters["stage_errors.decide"] == 1 and r.d.counters["stage_bugs.decide"] == 2
+    r.d.shutdown()

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -32,6 +31,7 @@ from cachepilot.daemon.answers import TOP_K
 from cachepilot.daemon.config import DaemonConfig, load_config
 from cachepilot.daemon.control import ControlServer
 from cachepilot.daemon.counters import Counters
+from cachepilot.daemon.guard import Guard
 from cachepilot.daemon.lock import DaemonLock, host_lock_path
 from cachepilot.daemon.loop import TickLoop
 from cachepilot.daemon.notify import Notifier
@@ -103,9 +103,11 @@ class Daemon:
         self.control = ControlServer(config.socket, self.answer)
         self.loop = TickLoop(config.tick_s, self.tick, wait=self._wait)
         self.counters = Counters()
-        self.actor = Actor(self.engine, self.vols, self.counters, self.drop, self._once)
+        self.guard = Guard(self.counters)
+        self.actor = Actor(self.engine, self.vols, self.counters, self.drop, self.guard.once)
         self.decisions = self.actor.decisions
-        self.persist = Persistence(self.state, self.engine, self.counters, self._once)
+        self.persist = Persistence(self.state, self.engine, self.counters, self.guard.once)
+        self.stages = self._stages()
         self.snapshot: status.Status | None = None  # the last published, replaced whole (read by other threads)
         self.snapshot_listeners: list[Callable[[status.Status], None]] = []
         self.top: dict[str, list[dict[str, int]]] = {}
@@ -119,7 +121,6 @@ class Daemon:
         self._next_state = 0
         self._next_top = 0
         self._said_observe_only = False
-        self._said: set[str] = set()
         self.drops: Drops | None = None
         self.clear_requests: list[str] = []  # from the control socket, done on the loop thread
         self.metrics: Any = None  # the exporter (box, registry, server) when configured
@@ -237,40 +238,58 @@ class Daemon:
             self.counters.add("events", "unhandled")
         except UserError as exc:
             self.counters.add("events", "rejected")
-            self._once(f"event rejected: {exc}")
+            self.guard.once(f"event rejected: {exc}")
         except Exception:  # a bug (e.g. a TypeError inside a known kind's handler): never mistaken for input
             self.counters.add("events", "bugs")
-            self._bug(f"handling {type(ev).__name__}")
+            self.guard.bug(f"handling {type(ev).__name__}")
 
     def tick(self, now: int) -> None:
+        """One tick: the stages in order, each guarded (a failing stage is counted and the next one runs)."""
         t0 = time.monotonic_ns()
+        for name, stage in self.stages:
+            self.guard.call(name, stage, now)
+        self.counters["ticks"] += 1
+        dur = time.monotonic_ns() - t0
+        self.counters["tick_ns"] += dur
+        self.guard.call("publish", lambda n: self._publish(n, dur), now)
+        self.notifier.watchdog()
+        if now >= self._next_state:
+            self.guard.call("state", lambda _: self._save_state(), now)
+            self._next_state = now + int(self.config.state_interval_s * NS)
+
+    def _stages(self) -> list[tuple[str, Callable[[int], object]]]:
+        """The work of a tick, in order (its name counts its failures: ``stage_errors.<name>``, ``stage_bugs.``)."""
+        return [
+            ("reload", self._reload_if_asked),
+            ("drain", self._drain),
+            ("rescan", self._rescan_if_due),
+            ("sample", self._sample),
+            ("clear_latches", self._clear_latches),
+            ("deferred", lambda now: self.actor.deferred(now, self.dry_run)),
+            ("decide", self._decide),
+            ("retries", lambda now: self.actor.retry_due(now, self.dry_run)),
+            ("step", self.actor.step),
+        ]
+
+    def _decide(self, now: int) -> None:
+        for action in self.engine.tick(now):
+            self.execute(action, now)
+
+    def _reload_if_asked(self, now: int) -> None:
         if self.reloads.pending():
             waiting = self.reloads.take()
             ok = self.reload()
             said = f"reloaded {self.config.source}" if ok else str(self.policy_error)
             self.reloads.answer(waiting, Verdict(ok, said))
-        if self.probe is not None:
-            self._drain()
-        if now >= self._next_rescan:
-            self._rescan(now)
-            self._next_rescan = now + int(self.config.rescan_s * NS)
-        self._sample(now)
-        self._clear_latches()
-        self.actor.deferred(now, self.dry_run)
-        for action in self.engine.tick(now):
-            self.execute(action, now)
-        self.actor.retry_due(now, self.dry_run)
-        self.actor.step(now)
-        self.counters["ticks"] += 1
-        dur = time.monotonic_ns() - t0
-        self.counters["tick_ns"] += dur
-        self._publish(now, dur)
-        self.notifier.watchdog()
-        if now >= self._next_state:
-            self._save_state()
-            self._next_state = now + int(self.config.state_interval_s * NS)
 
-    def _drain(self) -> None:
+    def _rescan_if_due(self, now: int) -> None:
+        if now >= self._next_rescan:
+            self._next_rescan = now + int(self.config.rescan_s * NS)
+            self._rescan(now)
+
+    def _drain(self, now: int) -> None:
+        if self.probe is None:
+            return
         arr = self.probe.drain_hotness_array()
         if len(arr):
             self.counters.add("events", "HotnessDelta", len(arr))
@@ -285,7 +304,7 @@ class Daemon:
         found, problems = self.discover()
         self.unmanaged = {}
         for p in problems:
-            self._once(f"volume not adopted: {p}")
+            self.guard.once(f"volume not adopted: {p}")
             name = p.partition(": ")[0]  # discover's problems are "<kernel name>: <why>"
             self.unmanaged[name] = (name, "describe")
         want: dict[int, volumes.Found] = {f.info.dev: f for f in found}
@@ -293,7 +312,7 @@ class Daemon:
             try:
                 f = volumes.observed(spec)
             except UserError as exc:
-                self._once(str(exc))
+                self.guard.once(str(exc))
                 continue
             want.setdefault(f.info.dev, f)
         for dev in [d for d in self.vols if d not in want]:
@@ -317,13 +336,13 @@ class Daemon:
             try:
                 backend = self.backend_factory(info)
             except CachepilotError as exc:
-                self._once(f"{info.name}: cannot open its backend: {exc}")
+                self.guard.once(f"{info.name}: cannot open its backend: {exc}")
                 self.unmanaged[info.name] = (f.label, "backend")
                 return
         try:
             self.engine.add_volume(info)
         except UserError as exc:  # e.g. the volume matches overlapping rules: keep going without it
-            self._once(f"{info.name}: not adopted: {exc}")
+            self.guard.once(f"{info.name}: not adopted: {exc}")
             self.unmanaged[info.name] = (f.label, "policy")
             return
         if not self._watch(f):
@@ -373,7 +392,7 @@ class Daemon:
             fs_dev = f.info.dev if f.block_dev is not None else None
             self.probe.watch_volume(f.volume_dev, fs_dev=fs_dev, lower=f.lower)
         except (UserError, OSError) as exc:
-            self._once(f"{f.info.name}: cannot watch it: {exc}")
+            self.guard.once(f"{f.info.name}: cannot watch it: {exc}")
             return False
         return True
 
@@ -402,7 +421,7 @@ class Daemon:
             v.last_sample = s
             self.engine.sample(s)
 
-    def _clear_latches(self) -> None:
+    def _clear_latches(self, now: int) -> None:
         for name in self.clear_requests:
             try:
                 was = self.engine.clear_latch(name)
@@ -481,7 +500,7 @@ class Daemon:
             try:
                 fn(snap)
             except Exception as exc:  # noqa: BLE001 - a broken listener must not stop the loop
-                self._once(f"snapshot listener failed: {type(exc).__name__}: {exc}")
+                self.guard.once(f"snapshot listener failed: {type(exc).__name__}: {exc}")
 
     def _export(self, snap: status.Status, tick_ns: int) -> None:
         m = self.metrics
@@ -491,30 +510,14 @@ class Daemon:
         left_out: list[str] = []
         m["box"].publish(status.exporter_snapshot(snap, ex, m["ticks"].freeze(), time.time(), left_out))
         for msg in left_out:
-            self._once(msg)
+            self.guard.once(msg)
         if self.config.metrics_textfile:
             try:
                 ex.write_textfile(self.config.metrics_textfile, m["registry"])
             except OSError as exc:
-                self._once(f"metrics: textfile {self.config.metrics_textfile} not written: {exc.strerror}")
+                self.guard.once(f"metrics: textfile {self.config.metrics_textfile} not written: {exc.strerror}")
 
     def answer(self, req: dict[str, Any]) -> dict[str, Any]:
         """Control-socket requests (called on the server thread): daemon/answers.py."""
         return answers.answer(self.snapshot, req, self.clear_requests,
                               lambda: self.reloads.ask(max(RELOAD_WAIT_S, 3 * self.config.tick_s)))
-
-    def _bug(self, what: str) -> None:
-        """Log the exception being handled with its traceback, once per kind of failure (it may recur per event)."""
-        exc = sys.exc_info()[1]
-        key = f"bug {what}: {type(exc).__name__}: {exc}"
-        if key not in self._said:
-            self._said.add(key)
-            log.exception("bug while %s (counted in events.bugs; the daemon goes on)", what)
-
-    def _once(self, msg: str) -> None:
-        """Log an expected problem once (it may recur every tick)."""
-        if msg not in self._said:
-            if len(self._said) > 1000:
-                self._said.clear()
-            self._said.add(msg)
-            log.warning("%s", msg)
