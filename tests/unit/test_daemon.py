@@ -607,7 +607,7 @@ class RealResultFiles(FakeFiles):
 def test_file_actions_outcomes_are_recorded_and_logged(tmp_path: Path) -> None:
     """The daemon logs each outcome through its own line(): the file actuators' result types included."""
     r = Rig(tmp_path)
-    r.d.actuators_factory = RealResultFiles
+    r.d.adopter.actuators_factory = RealResultFiles
     r.d.start()
     r.d.execute(DiscardRanges("bcache0", DEV, ((0, 4096),), "test"), r.d.started_ns)
     r.d.execute(Promote("bcache0", DEV, 12, 1, ((0, 8192),), "test"), r.d.started_ns)
@@ -885,7 +885,7 @@ def test_the_daemon_exports_errors_as_a_counter_and_none_for_dm_cache(tmp_path: 
     dm = VolumeInfo(dev=kdev(253, 3), name="dm-3", kind="dm-cache", mountpoint="/mnt/y", cache_bytes=1 << 30)
     r.found = [Found(VOL), Found(dm, dm_name="lab-cached")]
     backends: dict[str, ErrorsBackend] = {}
-    r.d.backend_factory = lambda info: backends.setdefault(info.name, ErrorsBackend(info))
+    r.d.adopter.backend_factory = lambda info: backends.setdefault(info.name, ErrorsBackend(info))
     r.d.start()
     seen = []
     for t, errors in enumerate((0, 4, 2, 1), start=1):
@@ -929,7 +929,7 @@ def test_a_volume_whose_backend_will_not_open_is_unmanaged(tmp_path: Path) -> No
             raise KernelRejected("bcache1: no cache_mode")
         return r.backend(info)
 
-    r.d.backend_factory = factory
+    r.d.adopter.backend_factory = factory
     r.d.start()
     r.tick(1)
     assert unmanaged_lines(metrics(r)) == [
@@ -944,7 +944,7 @@ def test_a_volume_whose_backend_will_not_open_is_unmanaged(tmp_path: Path) -> No
 def test_a_device_discover_could_not_describe_is_unmanaged_unless_it_has_no_usable_name(
         tmp_path: Path, problem: str) -> None:
     r = Rig(tmp_path, metrics=f"{{listen: '', textfile: {tmp_path}/m.prom}}")
-    r.d.discover = lambda: (list(r.found), [problem])
+    r.d.adopter.discover = lambda: (list(r.found), [problem])
     r.d.start()
     r.tick(1)
     want = ['cachepilot_volume_unmanaged{device="bcache2",reason="describe",volume="bcache2"} 1.0'] \

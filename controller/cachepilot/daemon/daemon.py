@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from cachepilot.actions import Action
-from cachepilot.backends.base import Backend
 from cachepilot.daemon import actuation, answers, status, volumes
 from cachepilot.daemon.acting import Actor
+from cachepilot.daemon.adoption import ActuatorsFactory, Adopter, BackendFactory, Discover
 from cachepilot.daemon.answers import TOP_K
 from cachepilot.daemon.config import DaemonConfig, load_config
 from cachepilot.daemon.control import ControlServer
@@ -39,9 +39,9 @@ from cachepilot.daemon.persist import Persistence
 from cachepilot.daemon.reloads import ReloadRequests, Verdict
 from cachepilot.daemon.snapshot import hottest
 from cachepilot.daemon.state import StateFile
-from cachepilot.daemon.volume import ManagedVolume, VolumeTable, devname
+from cachepilot.daemon.volume import VolumeTable
 from cachepilot.engine.engine import Engine, UnknownEvent
-from cachepilot.errors import CachepilotError, FatalError, UserError
+from cachepilot.errors import FatalError, UserError
 from cachepilot.events import Drops
 
 log = logging.getLogger("cachepilot")
@@ -66,9 +66,6 @@ def _file_id(path: Any) -> str:
         return "none"
 
 
-Discover = Callable[[], tuple[list[volumes.Found], list[str]]]
-BackendFactory = Callable[[Any], Backend]
-ActuatorsFactory = Callable[[Any, int, int], Any]  # (info, discard max rate, promote rate) -> .run(action, dry)
 
 
 class _StopDuringReload(BaseException):  # noqa: N818 - not an error: raised by the stop signal's handler
@@ -90,13 +87,9 @@ class Daemon:
         self.config = config
         self.config_path = config_path
         self.probe_factory = probe_factory
-        self.discover = discover
-        self.backend_factory = backend_factory
-        self.actuators_factory = actuators_factory
         self.notifier = notifier or Notifier()
         self.engine = Engine(config.policy, start_ns=time.monotonic_ns())
         self.vols = VolumeTable()
-        self.probe: Any = None
         self._next_poll = 0.0  # time.monotonic() of the earliest next look at the rings (MIN_POLL_GAP_S)
         self.state = StateFile(config.state_dir)
         self.lock = DaemonLock(config.state_dir, host_lock_path())
@@ -104,9 +97,12 @@ class Daemon:
         self.loop = TickLoop(config.tick_s, self.tick, wait=self._wait)
         self.counters = Counters()
         self.guard = Guard(self.counters)
-        self.actor = Actor(self.engine, self.vols, self.counters, self.drop, self.guard.once)
-        self.decisions = self.actor.decisions
         self.persist = Persistence(self.state, self.engine, self.counters, self.guard.once)
+        epochs = bool(config.metrics_listen or config.metrics_textfile)
+        self.adopter = Adopter(self.engine, self.vols, self.counters, self.guard, self.persist, discover=discover,
+                               backend_factory=backend_factory, actuators_factory=actuators_factory, epochs=epochs)
+        self.actor = Actor(self.engine, self.vols, self.counters, self.adopter.drop, self.guard.once)
+        self.decisions = self.actor.decisions
         self.stages = self._stages()
         self.snapshot: status.Status | None = None  # the last published, replaced whole (read by other threads)
         self.snapshot_listeners: list[Callable[[status.Status], None]] = []
@@ -120,14 +116,10 @@ class Daemon:
         self._next_rescan = 0
         self._next_state = 0
         self._next_top = 0
-        self._said_observe_only = False
         self.drops: Drops | None = None
         self.clear_requests: list[str] = []  # from the control socket, done on the loop thread
         self.metrics: Any = None  # the exporter (box, registry, server) when configured
         self.ready = False
-        # Cached volumes found but not managed, refound at every rescan: kernel name -> (volume label, reason word
-        # of exporter.snapshot.UNMANAGED_REASONS). Each is a metric and an alert, not only a log line said once.
-        self.unmanaged: dict[str, tuple[str, str]] = {}
         self.bpf_object = "none"  # a short hash of the loaded BPF object (cachepilot_build_info)
 
     # ------------------------------------------------------------------ start / stop
@@ -142,7 +134,7 @@ class Daemon:
         now = time.monotonic_ns()
         # Reconcile before the probe loads (seconds on a slow host): a setting an interrupted operation left behind
         # (a drain's writeback_percent 0) is put back at once, not after the verifier has run.
-        self._rescan(now)
+        self.adopter.rescan(now, self.config.observe)
         self.persist.reconcile(list(self.vols.values()), now, self.execute)
         self._attach_probe()
         self.control.start()
@@ -285,7 +277,7 @@ class Daemon:
     def _rescan_if_due(self, now: int) -> None:
         if now >= self._next_rescan:
             self._next_rescan = now + int(self.config.rescan_s * NS)
-            self._rescan(now)
+            self.adopter.rescan(now, self.config.observe)
 
     def _drain(self, now: int) -> None:
         if self.probe is None:
@@ -300,73 +292,13 @@ class Daemon:
             self._feed(ev)
 
     # ------------------------------------------------------------------ volumes
-    def _rescan(self, now: int) -> None:
-        found, problems = self.discover()
-        self.unmanaged = {}
-        for p in problems:
-            self.guard.once(f"volume not adopted: {p}")
-            name = p.partition(": ")[0]  # discover's problems are "<kernel name>: <why>"
-            self.unmanaged[name] = (name, "describe")
-        want: dict[int, volumes.Found] = {f.info.dev: f for f in found}
-        for spec in self.config.observe:
-            try:
-                f = volumes.observed(spec)
-            except UserError as exc:
-                self.guard.once(str(exc))
-                continue
-            want.setdefault(f.info.dev, f)
-        for dev in [d for d in self.vols if d not in want]:
-            self.drop(dev, "vanished")
-        for dev in [d for d, v in self.vols.items() if want[d].info != v.info]:
-            self.drop(dev, f"changed (now {want[dev].info.kind}, mounted at {want[dev].info.mountpoint!r})")
-        for dev, f in want.items():
-            if dev not in self.vols:
-                self.adopt(f, now)
-        cached = [v for v in self.vols.values() if not v.observe_only]
-        if not cached and not self._said_observe_only:
-            self._said_observe_only = True
-            log.warning("no cached volume on this host: observe-only (nothing will be changed)")
-        elif cached:
-            self._said_observe_only = False
+    @property
+    def probe(self) -> Any:
+        return self.adopter.probe
 
-    def adopt(self, f: volumes.Found, now: int) -> None:
-        info = f.info
-        backend = None
-        if info.kind != volumes.OBSERVE:
-            try:
-                backend = self.backend_factory(info)
-            except CachepilotError as exc:
-                self.guard.once(f"{info.name}: cannot open its backend: {exc}")
-                self.unmanaged[info.name] = (f.label, "backend")
-                return
-        try:
-            self.engine.add_volume(info)
-        except UserError as exc:  # e.g. the volume matches overlapping rules: keep going without it
-            self.guard.once(f"{info.name}: not adopted: {exc}")
-            self.unmanaged[info.name] = (f.label, "policy")
-            return
-        if not self._watch(f):
-            self.engine.remove_volume(info.dev)
-            self.unmanaged[info.name] = (f.label, "watch")
-            return
-        self.unmanaged.pop(info.name, None)
-        v = ManagedVolume(f, backend)
-        if backend is not None:
-            ctl = self.engine.vols[info.dev]
-            v.files = self.actuators_factory(info, ctl.policy.discard_on_delete.max_rate, ctl.policy.promotion.rate)
-        if self.metrics is not None or self.config.metrics_listen or self.config.metrics_textfile:
-            try:
-                from cachepilot.exporter import EPOCH_BUCKETS, HistogramAccumulator
-                v.epoch_bytes = HistogramAccumulator(EPOCH_BUCKETS)
-            except ImportError:
-                pass
-        self.vols.add(v)
-        self.counters["volumes.adopted"] += 1
-        how = "observe only" if v.observe_only else info.kind
-        stack = f", filesystem on {devname(info.dev)} stacked on it" if f.block_dev is not None else ""
-        log.info("adopted %s (%s, %s%s, mounted at %r)", info.name, how, devname(f.volume_dev), stack,
-                 info.mountpoint)
-        self.persist.adopted(v, now)
+    @probe.setter
+    def probe(self, probe: Any) -> None:
+        self.adopter.probe = probe
 
     def _attach_probe(self) -> None:
         """Load the probe (FatalError if it cannot run here) and watch every volume adopted before it loaded."""
@@ -378,39 +310,8 @@ class Daemon:
             raise FatalError(f"the eBPF probe is unusable: {exc}") from None
         log.info("probe: %s", "; ".join(self.probe.report.summary().splitlines()))
         self.bpf_object = _file_id(getattr(self.probe, "object_path", None))
-        for dev, v in list(self.vols.items()):
-            if not self._watch(v.found):
-                self.drop(dev, "cannot be watched")
-                if not v.observe_only:
-                    self.unmanaged[v.info.name] = (v.found.label, "watch")
+        self.adopter.watch_all()
 
-    def _watch(self, f: volumes.Found) -> bool:
-        """Ask the probe (if loaded) to watch a volume; False (said once) if it cannot."""
-        if self.probe is None:
-            return True
-        try:
-            fs_dev = f.info.dev if f.block_dev is not None else None
-            self.probe.watch_volume(f.volume_dev, fs_dev=fs_dev, lower=f.lower)
-        except (UserError, OSError) as exc:
-            self.guard.once(f"{f.info.name}: cannot watch it: {exc}")
-            return False
-        return True
-
-    def drop(self, dev: int, why: str) -> None:
-        v = self.vols.pop(dev)
-        if v is None:
-            return
-        cancelled = len(v.in_flight) + len(v.retries)
-        if v.backend is not None:
-            try:
-                v.backend.restore()
-            except CachepilotError:
-                pass  # it is gone: nothing to put back
-        self.engine.remove_volume(dev)
-        if self.probe is not None:
-            self.probe.unwatch(v.found.volume_dev)
-        self.counters["volumes.dropped"] += 1
-        log.warning("dropped %s: %s; %d pending action(s) cancelled", v.info.name, why, cancelled)
 
     # ------------------------------------------------------------------ acting
     def execute(self, action: Action, now: int, attempt: int = 0) -> None:
@@ -489,7 +390,7 @@ class Daemon:
             state_file=status.StateFileStatus(str(self.state.path), self.state.writes, self.state.failed_writes,
                                               self.state.last_error),
             volumes=vols, unmanaged=tuple(status.UnmanagedStatus(label, device, reason)
-                                          for device, (label, reason) in sorted(self.unmanaged.items())),
+                                          for device, (label, reason) in sorted(self.adopter.unmanaged.items())),
             top=self.top, decisions=list(self.decisions), ready=self.ready, has_drops=d is not None,
             counts=status.Counts(c.group("events"), c.group("decisions"), c.group("failed"), c["reloads"],
                                  c["reloads_failed"]),
