@@ -740,7 +740,9 @@ def test_one_snapshot_serves_the_socket_and_the_exporter(tmp_path: Path) -> None
     assert snap.counts is not None and snap.counts.decisions == {"set_write_policy": 1}
     assert snap.counts.events == {"Delete": 1}
     assert snap.volumes[0].metrics is not None and snap.volumes[0].metrics.dirty_bytes == 8 << 20
-    box = r.d.metrics["box"].latest()
+    assert r.d.metrics is not None
+    box = r.d.metrics.box.latest()
+    assert box is not None
     assert box.decisions == {"set_write_policy": 1} and box.events == {"delete": 1} and box.ticks == 1
     assert box.volumes[0].dirty_bytes == 8 << 20 and box.drops == {}
     r.d.shutdown()

@@ -32,26 +32,23 @@ from cachepilot.daemon.config import DaemonConfig, load_config
 from cachepilot.daemon.control import ControlServer
 from cachepilot.daemon.counters import Counters
 from cachepilot.daemon.guard import Guard
+from cachepilot.daemon.intake import Intake
 from cachepilot.daemon.lock import DaemonLock, host_lock_path
 from cachepilot.daemon.loop import TickLoop
+from cachepilot.daemon.metrics import Metrics
 from cachepilot.daemon.notify import Notifier
 from cachepilot.daemon.persist import Persistence
 from cachepilot.daemon.reloads import ReloadRequests, Verdict
 from cachepilot.daemon.snapshot import hottest
 from cachepilot.daemon.state import StateFile
 from cachepilot.daemon.volume import VolumeTable
-from cachepilot.engine.engine import Engine, UnknownEvent
+from cachepilot.engine.engine import Engine
 from cachepilot.errors import FatalError, UserError
-from cachepilot.events import Drops
 
 log = logging.getLogger("cachepilot")
 
 NS = 1_000_000_000
 TOP_EVERY_S = 2.0
-# The daemon takes the probe's rings at most this often. It decides once a tick; reading the rings as every kernel
-# wakeup allowed (one per 20 ms under a commit storm, ~50 a second) cost the daemon more than the events themselves
-# (measured in the lab's varmail run). The rings hold seconds of records even at a flush storm's rate.
-MIN_POLL_GAP_S = 0.1
 RELOAD_WAIT_S = 30.0  # a control-socket reload waits this long for the loop's verdict (a tick or two normally)
 
 
@@ -64,8 +61,6 @@ def _file_id(path: Any) -> str:
             return hashlib.sha256(f.read(64 << 20)).hexdigest()[:12]
     except OSError:
         return "none"
-
-
 
 
 class _StopDuringReload(BaseException):  # noqa: N818 - not an error: raised by the stop signal's handler
@@ -90,11 +85,10 @@ class Daemon:
         self.notifier = notifier or Notifier()
         self.engine = Engine(config.policy, start_ns=time.monotonic_ns())
         self.vols = VolumeTable()
-        self._next_poll = 0.0  # time.monotonic() of the earliest next look at the rings (MIN_POLL_GAP_S)
         self.state = StateFile(config.state_dir)
         self.lock = DaemonLock(config.state_dir, host_lock_path())
         self.control = ControlServer(config.socket, self.answer)
-        self.loop = TickLoop(config.tick_s, self.tick, wait=self._wait)
+        self.loop = TickLoop(config.tick_s, self.tick, wait=lambda s: self.intake.wait(s))
         self.counters = Counters()
         self.guard = Guard(self.counters)
         self.persist = Persistence(self.state, self.engine, self.counters, self.guard.once)
@@ -103,6 +97,9 @@ class Daemon:
                                backend_factory=backend_factory, actuators_factory=actuators_factory, epochs=epochs)
         self.actor = Actor(self.engine, self.vols, self.counters, self.adopter.drop, self.guard.once)
         self.decisions = self.actor.decisions
+        self.intake = Intake(self.engine, self.vols, self.counters, self.guard, self.loop.stop_event,
+                             lambda: self.adopter.probe)
+        self._wait, self._feed = self.intake.wait, self.intake.feed
         self.stages = self._stages()
         self.snapshot: status.Status | None = None  # the last published, replaced whole (read by other threads)
         self.snapshot_listeners: list[Callable[[status.Status], None]] = []
@@ -116,9 +113,8 @@ class Daemon:
         self._next_rescan = 0
         self._next_state = 0
         self._next_top = 0
-        self.drops: Drops | None = None
         self.clear_requests: list[str] = []  # from the control socket, done on the loop thread
-        self.metrics: Any = None  # the exporter (box, registry, server) when configured
+        self.metrics: Metrics | None = None  # the exporter, when configured and in this build
         self.ready = False
         self.bpf_object = "none"  # a short hash of the loaded BPF object (cachepilot_build_info)
 
@@ -138,7 +134,7 @@ class Daemon:
         self.persist.reconcile(list(self.vols.values()), now, self.execute)
         self._attach_probe()
         self.control.start()
-        self._attach_metrics()
+        self.metrics = Metrics.attach(self.config)
         self._next_rescan = now + int(self.config.rescan_s * NS)
         self._next_state = now + int(self.config.state_interval_s * NS)
         self._publish(now, 0)
@@ -158,8 +154,8 @@ class Daemon:
             self.actor.restore(v, "stopping")
         self._save_state()
         self.control.stop()
-        if self.metrics is not None and self.metrics.get("server") is not None:
-            self.metrics["server"].close()
+        if self.metrics is not None:
+            self.metrics.close()
         if self.probe is not None:
             self.probe.close()
             self.probe = None
@@ -176,28 +172,6 @@ class Daemon:
             self.probe = None
         self.lock.release()
 
-    def _attach_metrics(self) -> None:
-        """The Prometheus exporter (cachepilot.exporter): a snapshot box the loop publishes to every tick, HTTP on
-        ``metrics.listen`` and/or the node_exporter textfile. A taken port is logged; the daemon runs on."""
-        cfg = self.config
-        if not (cfg.metrics_listen or cfg.metrics_textfile):
-            return
-        try:
-            from cachepilot import exporter
-        except ImportError:
-            log.info("metrics: no exporter in this build; %s not served", cfg.metrics_listen)
-            return
-        box = exporter.SnapshotBox()
-        registry = exporter.make_registry(box)
-        self.metrics = {"mod": exporter, "box": box, "registry": registry, "server": None,
-                        "ticks": exporter.HistogramAccumulator(exporter.TICK_BUCKETS)}
-        if cfg.metrics_listen:
-            try:
-                self.metrics["server"] = exporter.serve(cfg.metrics_listen, registry)
-                log.info("metrics: http://%s/metrics", cfg.metrics_listen)
-            except UserError as exc:
-                log.warning("metrics: not served: %s", exc)
-
     # ------------------------------------------------------------------ signals (called from handlers: flags only)
     def request_stop(self) -> None:
         self.loop.stop()
@@ -208,33 +182,6 @@ class Daemon:
         self.reloads.request()
 
     # ------------------------------------------------------------------ the loop
-    def _wait(self, seconds: float) -> None:
-        if self.probe is None:
-            self.loop.stop_event.wait(seconds)
-            return
-        early = self._next_poll - time.monotonic()
-        if early > 0:  # looked less than MIN_POLL_GAP_S ago: let records gather (a stop request ends the wait)
-            if self.loop.stop_event.wait(min(early, seconds)) or early >= seconds:
-                return
-            seconds -= early
-        self._next_poll = time.monotonic() + MIN_POLL_GAP_S
-        for ev in self.probe.poll(int(seconds * 1000)):
-            self._feed(ev)
-
-    def _feed(self, ev: Any) -> None:
-        self.counters.add("events", type(ev).__name__)
-        ev = self.vols.route(ev)
-        try:
-            self.engine.feed(ev)
-        except UnknownEvent:  # an event kind this engine does not know yet
-            self.counters.add("events", "unhandled")
-        except UserError as exc:
-            self.counters.add("events", "rejected")
-            self.guard.once(f"event rejected: {exc}")
-        except Exception:  # a bug (e.g. a TypeError inside a known kind's handler): never mistaken for input
-            self.counters.add("events", "bugs")
-            self.guard.bug(f"handling {type(ev).__name__}")
-
     def tick(self, now: int) -> None:
         """One tick: the stages in order, each guarded (a failing stage is counted and the next one runs)."""
         t0 = time.monotonic_ns()
@@ -253,7 +200,7 @@ class Daemon:
         """The work of a tick, in order (its name counts its failures: ``stage_errors.<name>``, ``stage_bugs.``)."""
         return [
             ("reload", self._reload_if_asked),
-            ("drain", self._drain),
+            ("drain", self.intake.drain),
             ("rescan", self._rescan_if_due),
             ("sample", self._sample),
             ("clear_latches", self._clear_latches),
@@ -278,18 +225,6 @@ class Daemon:
         if now >= self._next_rescan:
             self._next_rescan = now + int(self.config.rescan_s * NS)
             self.adopter.rescan(now, self.config.observe)
-
-    def _drain(self, now: int) -> None:
-        if self.probe is None:
-            return
-        arr = self.probe.drain_hotness_array()
-        if len(arr):
-            self.counters.add("events", "HotnessDelta", len(arr))
-            self.engine.feed_hotness_array(arr)
-        for ev in self.probe.drain_aggregates():  # metadata deltas, durability calls, drops (one table swap a tick)
-            if isinstance(ev, Drops):
-                self.drops = ev
-            self._feed(ev)
 
     # ------------------------------------------------------------------ volumes
     @property
@@ -376,7 +311,7 @@ class Daemon:
             self._next_top = now + int(TOP_EVERY_S * NS)
         vols = tuple(status.volume_status(v, ctl, now, self.engine.now_ns) for v in self.vols.values()
                      if (ctl := self.engine.vols.get(v.info.dev)) is not None)
-        d, c = self.drops, self.counters
+        d, c = self.intake.drops, self.counters
         self.snapshot = snap = status.Status(
             version=1, pid=os.getpid(), started=self.started_wall, uptime_s=round((now - self.started_ns) / NS, 3),
             dry_run=self.dry_run, observe_only=all(v.observe_only for v in self.vols.values()),
@@ -396,27 +331,12 @@ class Daemon:
                                  c["reloads_failed"]),
             bpf_object=self.bpf_object)
         if self.metrics is not None:
-            self._export(snap, tick_ns)
+            self.metrics.publish(snap, tick_ns, time.time(), self.guard.once)
         for fn in self.snapshot_listeners:
             try:
                 fn(snap)
             except Exception as exc:  # noqa: BLE001 - a broken listener must not stop the loop
                 self.guard.once(f"snapshot listener failed: {type(exc).__name__}: {exc}")
-
-    def _export(self, snap: status.Status, tick_ns: int) -> None:
-        m = self.metrics
-        ex = m["mod"]
-        if tick_ns:
-            m["ticks"].observe(tick_ns / NS)
-        left_out: list[str] = []
-        m["box"].publish(status.exporter_snapshot(snap, ex, m["ticks"].freeze(), time.time(), left_out))
-        for msg in left_out:
-            self.guard.once(msg)
-        if self.config.metrics_textfile:
-            try:
-                ex.write_textfile(self.config.metrics_textfile, m["registry"])
-            except OSError as exc:
-                self.guard.once(f"metrics: textfile {self.config.metrics_textfile} not written: {exc.strerror}")
 
     def answer(self, req: dict[str, Any]) -> dict[str, Any]:
         """Control-socket requests (called on the server thread): daemon/answers.py."""
