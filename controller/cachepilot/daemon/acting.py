@@ -73,6 +73,12 @@ class Actor:
                 if self.vols.get(v.info.dev) is v:
                     self.execute(action, now, dry_run, attempt)
 
+    def sample(self, now: int) -> None:
+        """One sample of every backend, to the engine."""
+        for v, s in self.each_backend("sample", lambda b: b.sample(now)):
+            v.last_sample = s
+            self.engine.sample(s)
+
     def step(self, now: int) -> None:
         for v, outs in self.each_backend("step", lambda b: b.step(now)):
             for out in outs:

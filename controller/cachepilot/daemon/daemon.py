@@ -14,12 +14,9 @@ traceback.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +35,7 @@ from cachepilot.daemon.loop import TickLoop
 from cachepilot.daemon.metrics import Metrics
 from cachepilot.daemon.notify import Notifier
 from cachepilot.daemon.persist import Persistence
-from cachepilot.daemon.reloads import ReloadRequests, Verdict
+from cachepilot.daemon.reloads import ReloadRequests, Verdict, keep_fixed
 from cachepilot.daemon.snapshot import hottest
 from cachepilot.daemon.state import StateFile
 from cachepilot.daemon.volume import VolumeTable
@@ -50,17 +47,6 @@ log = logging.getLogger("cachepilot")
 NS = 1_000_000_000
 TOP_EVERY_S = 2.0
 RELOAD_WAIT_S = 30.0  # a control-socket reload waits this long for the loop's verdict (a tick or two normally)
-
-
-def _file_id(path: Any) -> str:
-    """A short hash of a file (which build of the BPF object runs), or "none"."""
-    if path is None:
-        return "none"
-    try:
-        with open(path, "rb") as f:
-            return hashlib.sha256(f.read(64 << 20)).hexdigest()[:12]
-    except OSError:
-        return "none"
 
 
 class _StopDuringReload(BaseException):  # noqa: N818 - not an error: raised by the stop signal's handler
@@ -102,7 +88,6 @@ class Daemon:
         self._wait, self._feed = self.intake.wait, self.intake.feed
         self.stages = self._stages()
         self.snapshot: status.Status | None = None  # the last published, replaced whole (read by other threads)
-        self.snapshot_listeners: list[Callable[[status.Status], None]] = []
         self.top: dict[str, list[dict[str, int]]] = {}
         self.policy_error: str | None = None
         self.policy_generation = 1
@@ -202,7 +187,7 @@ class Daemon:
             ("reload", self._reload_if_asked),
             ("drain", self.intake.drain),
             ("rescan", self._rescan_if_due),
-            ("sample", self._sample),
+            ("sample", self.actor.sample),
             ("clear_latches", self._clear_latches),
             ("deferred", lambda now: self.actor.deferred(now, self.dry_run)),
             ("decide", self._decide),
@@ -244,18 +229,12 @@ class Daemon:
         except UserError as exc:
             raise FatalError(f"the eBPF probe is unusable: {exc}") from None
         log.info("probe: %s", "; ".join(self.probe.report.summary().splitlines()))
-        self.bpf_object = _file_id(getattr(self.probe, "object_path", None))
+        self.bpf_object = status.file_id(getattr(self.probe, "object_path", None))
         self.adopter.watch_all()
-
 
     # ------------------------------------------------------------------ acting
     def execute(self, action: Action, now: int, attempt: int = 0) -> None:
         self.actor.execute(action, now, self.dry_run, attempt)
-
-    def _sample(self, now: int) -> None:
-        for v, s in self.actor.each_backend("sample", lambda b: b.sample(now)):
-            v.last_sample = s
-            self.engine.sample(s)
 
     def _clear_latches(self, now: int) -> None:
         for name in self.clear_requests:
@@ -290,11 +269,7 @@ class Daemon:
             log.error("reload failed, keeping the running policy: %s", exc)
             self.notifier.ready("reload failed; running policy kept")
             return False
-        fixed = ("state_dir", "socket", "tick_s", "max_files", "metrics_listen", "metrics_textfile", "bpf_object")
-        for key in fixed:
-            if getattr(new, key) != getattr(self.config, key):
-                log.warning("reload: %s changed; takes effect at the next start", key)
-        self.config = replace(new, **{k: getattr(self.config, k) for k in fixed})
+        self.config = keep_fixed(new, self.config)
         self.policy_error = None
         self.policy_generation += 1
         log.info("reloaded %s (policies: %s)%s", new.source, new.policy.source, " DRY RUN" if self.dry_run else "")
@@ -311,32 +286,9 @@ class Daemon:
             self._next_top = now + int(TOP_EVERY_S * NS)
         vols = tuple(status.volume_status(v, ctl, now, self.engine.now_ns) for v in self.vols.values()
                      if (ctl := self.engine.vols.get(v.info.dev)) is not None)
-        d, c = self.intake.drops, self.counters
-        self.snapshot = snap = status.Status(
-            version=1, pid=os.getpid(), started=self.started_wall, uptime_s=round((now - self.started_ns) / NS, 3),
-            dry_run=self.dry_run, observe_only=all(v.observe_only for v in self.vols.values()),
-            actuators=actuation.has_real_backends(), config=self.config.source,
-            policy=status.PolicyStatus(self.config.policy.source, self.policy_generation, self.policy_error),
-            probe=status.ProbeStatus(self.probe is not None,
-                                     self.probe.report.summary() if self.probe is not None else "no probe"),
-            drops=status.DropCounts(d.ringbuf_full, d.hotness_map_full, d.other) if d else status.DropCounts(),
-            last_tick=status.TickStatus(time.time(), tick_ns / NS, c["ticks"], self.loop.skipped),
-            tracked_files=len(self.engine.hotness), counters=dict(c),
-            state_file=status.StateFileStatus(str(self.state.path), self.state.writes, self.state.failed_writes,
-                                              self.state.last_error),
-            volumes=vols, unmanaged=tuple(status.UnmanagedStatus(label, device, reason)
-                                          for device, (label, reason) in sorted(self.adopter.unmanaged.items())),
-            top=self.top, decisions=list(self.decisions), ready=self.ready, has_drops=d is not None,
-            counts=status.Counts(c.group("events"), c.group("decisions"), c.group("failed"), c["reloads"],
-                                 c["reloads_failed"]),
-            bpf_object=self.bpf_object)
+        self.snapshot = snap = status.build(self, vols, now, tick_ns)
         if self.metrics is not None:
             self.metrics.publish(snap, tick_ns, time.time(), self.guard.once)
-        for fn in self.snapshot_listeners:
-            try:
-                fn(snap)
-            except Exception as exc:  # noqa: BLE001 - a broken listener must not stop the loop
-                self.guard.once(f"snapshot listener failed: {type(exc).__name__}: {exc}")
 
     def answer(self, req: dict[str, Any]) -> dict[str, Any]:
         """Control-socket requests (called on the server thread): daemon/answers.py."""

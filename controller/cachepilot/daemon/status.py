@@ -6,14 +6,20 @@ Readers hold one reference: the loop replaces the snapshot whole, never edits it
 
 from __future__ import annotations
 
+import hashlib
 import os
+import time
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cachepilot import __version__, records
 from cachepilot.capabilities import ERROR_COUNTS, KIND_BCACHE
+from cachepilot.daemon import actuation
 from cachepilot.daemon.volume import ManagedVolume, devname
 from cachepilot.engine.engine import VolumeCtl, normalise_mode
+
+if TYPE_CHECKING:
+    from cachepilot.daemon.daemon import Daemon
 
 NS = 1_000_000_000
 # the exporter's event counts by kind (the daemon counts them by class name); Drops are counters of their own
@@ -266,3 +272,34 @@ def exporter_snapshot(status: Status, ex: Any, tick_duration: Any, now_wall: flo
         policy_last_reload_success=status.policy.last_error is None, state_writes=status.state_file.writes,
         state_write_failures=status.state_file.failed_writes, volumes=tuple(vols), unmanaged=tuple(unmanaged),
         version=__version__, kernel=os.uname().release, bpf_object=status.bpf_object)
+
+
+def build(d: Daemon, vols: tuple[VolumeStatus, ...], now: int, tick_ns: int) -> Status:
+    """The daemon's snapshot at the end of a tick (``vols``: its volumes' statuses, see :func:`volume_status`)."""
+    drops, c, probe, state = d.intake.drops, d.counters, d.probe, d.state
+    return Status(
+        version=1, pid=os.getpid(), started=d.started_wall, uptime_s=round((now - d.started_ns) / NS, 3),
+        dry_run=d.dry_run, observe_only=all(v.observe_only for v in d.vols.values()),
+        actuators=actuation.has_real_backends(), config=d.config.source,
+        policy=PolicyStatus(d.config.policy.source, d.policy_generation, d.policy_error),
+        probe=ProbeStatus(probe is not None, probe.report.summary() if probe is not None else "no probe"),
+        drops=DropCounts(drops.ringbuf_full, drops.hotness_map_full, drops.other) if drops else DropCounts(),
+        last_tick=TickStatus(time.time(), tick_ns / NS, c["ticks"], d.loop.skipped),
+        tracked_files=len(d.engine.hotness), counters=dict(c),
+        state_file=StateFileStatus(str(state.path), state.writes, state.failed_writes, state.last_error),
+        volumes=vols, unmanaged=tuple(UnmanagedStatus(label, device, reason)
+                                      for device, (label, reason) in sorted(d.adopter.unmanaged.items())),
+        top=d.top, decisions=list(d.decisions), ready=d.ready, has_drops=drops is not None,
+        counts=Counts(c.group("events"), c.group("decisions"), c.group("failed"), c["reloads"], c["reloads_failed"]),
+        bpf_object=d.bpf_object)
+
+
+def file_id(path: Any) -> str:
+    """A short hash of a file (which build of the BPF object runs), or "none"."""
+    if path is None:
+        return "none"
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read(64 << 20)).hexdigest()[:12]
+    except OSError:
+        return "none"
