@@ -23,13 +23,14 @@ APT_PACKAGES := clang llvm libbpf-dev libbpf1 bpftool make gcc \
 	python3-yaml python3-jsonschema python3-prometheus-client python3-numpy python3-zstandard python3-rich
 
 .PHONY: help deps deps-system deps-python deps-lab bpf lint test test-unit test-bpf test-vm test-ops \
-	demo bench lab-shell package clean distclean
+	demo bench soak lab-shell package clean distclean
 
 help:
 	@echo "make deps       install system packages, the virtualenv, the lab kernel and initramfs"
 	@echo "make demo       boot the lab and show cachepilot on a real cached volume"
 	@echo "make test       lint + every test level (unit, bpf, vm, ops)"
 	@echo "make bench      benchmarks (not part of make test)"
+	@echo "make soak       the daemon for SOAK_MINUTES (30) in the lab under load and disruptions (not in bench)"
 	@echo "make lab-shell  an interactive shell in the lab guest"
 	@echo "make package    dist/: a wheel with the BPF object inside, and cachepilot_<version>_amd64.deb"
 
@@ -84,10 +85,16 @@ demo: deps-python bpf
 
 # The lab benchmarks run two guests at a time on a 2-core machine (BENCH_JOBS=1: one at a time).
 bench: deps-python bpf
-	@set -e; for b in tests/bench/bench_*.py; do echo "== $$b"; $(PY) $$b; done; \
+	@set -e; for b in $(filter-out %/bench_lab_soak.py,$(wildcard tests/bench/bench_*.py)); do \
+		echo "== $$b"; $(PY) $$b; done; \
 	echo "== tests/bench/bench_lab_fileserver.py --recipe dmcache"; \
 	$(PY) tests/bench/bench_lab_fileserver.py --recipe dmcache --configs stock,discard,cp-destructive; \
 	$(PY) tests/bench/summary.py
+
+# The soak takes the lab for SOAK_MINUTES plus ~10 min of set-up: one guest, under the lab lock.
+SOAK_MINUTES ?= 30
+soak: deps-python bpf
+	flock /tmp/cachepilot-lab.lock $(PY) tests/bench/bench_lab_soak.py --minutes $(SOAK_MINUTES)
 
 lab-shell:
 	tests/vm/lab shell

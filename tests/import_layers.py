@@ -25,9 +25,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("trace",),
     ("engine", "backends", "actuators", "probe", "exporter", "workloads"),
     ("policy", "records"),
-    ("models",),
+    ("models", "mountinfo"),
     ("events", "actions", "capabilities", "safeio"),
-    ("errors", "units", "bpf_layout", "__init__"),
+    ("errors", "units", "bpf_layout", "boundedserver", "__init__"),
 )
 LAYER = {unit: depth for depth, units in enumerate(LAYERS) for unit in units}
 

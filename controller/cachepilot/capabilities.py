@@ -1,8 +1,13 @@
-"""What each kind of stock cache can do: its write modes, how it drains, and its knobs with type and range.
+"""What each kind of stock cache can do: its write modes, how it drains, its knobs with type and range, how many
+rounds of reads promote a block and how the kernel names its devices.
 
-One table, used by the policy checker (a rule may not ask for a mode or knob that a kind it can match cannot
-take), by the engine (which modes exist, what "destructive" means for a kind) and by the backends (the range a
-setter enforces before it writes). Ranges are the kernel's own (confirmed in drivers/md/bcache/sysfs.c,
+This is the declarative half of the table of cache kinds; the other half (detect, describe, sample, the backend
+class and each knob's get/set pair) is each kind's module ``backends/<kind>.py`` (collected by ``backends.kinds``,
+which checks at import that the two halves name the same kinds and knobs). The declarations live here, below the
+engine and the backends, so that the policy checker and schema (a rule may not ask for a mode or knob that a kind
+it can match cannot take), the engine (which modes exist, what "destructive" means for a kind), promotion and the
+trace format read them without importing the backends, and the backends read the range a setter enforces before
+it writes. Ranges are the kernel's own (confirmed in drivers/md/bcache/sysfs.c,
 dm-cache-target.c, dm-writecache.c of 6.1): a value outside is an error here rather than a silent clamp there.
 """
 
@@ -17,10 +22,8 @@ from cachepilot import units
 from cachepilot.errors import UserError
 
 KIND_BCACHE, KIND_DMCACHE, KIND_WRITECACHE = "bcache", "dm-cache", "dm-writecache"
-KINDS = (KIND_BCACHE, KIND_DMCACHE, KIND_WRITECACHE)
-# Kinds whose kernel reports the cache device's I/O errors (bcache: cache0/io_errors, a decaying count; dm-writecache:
-# its status's error field). dm-cache keeps none: its status only turns to Fail.
-ERROR_COUNTS = frozenset({KIND_BCACHE, KIND_WRITECACHE})
+# A dm-cache LV managed by LVM: the same target, changed only through lvchange (backends/lvmcache.py).
+KIND_LVMCACHE = "lvmcache"
 
 # Backend-neutral write modes (the same strings as models.volume).
 WRITEBACK, WRITETHROUGH, BYPASS = "writeback", "writethrough", "bypass"
@@ -69,7 +72,7 @@ def _k(name: str, kinds: tuple[str, ...], typ: str, lo: int, hi: int, unit: str,
     return Knob(name, frozenset(kinds), typ, lo, hi, unit, doc)
 
 
-B, D, W = (KIND_BCACHE,), (KIND_DMCACHE,), (KIND_WRITECACHE,)
+B, D, W = (KIND_BCACHE,), (KIND_DMCACHE, KIND_LVMCACHE), (KIND_WRITECACHE,)
 KNOBS: dict[str, Knob] = {k.name: k for k in (
     _k("sequential_cutoff", B, "size", 0, UINT_MAX, "bytes", "sequential runs longer than this bypass the cache"),
     _k("writeback_percent", B, "int", 0, 40, "percent", "dirty target as a share of the cache (kernel clamps 0..40)"),
@@ -109,6 +112,19 @@ class Capabilities:
     # drain; with the origin idle, 155 were clean within 2 s. The engine holds promotions (reads that keep the
     # device busy) while such a drain is at risk.
     drain_needs_idle: bool = False
+    # Rounds of promotion reads the cache needs before it admits a block (actuators.promote; 0: it never caches
+    # reads).
+    promote_rounds: int = 1
+    device_prefix: str = "dm-"  # how the kernel names its devices (what a policy's device glob can match)
+    # Whether the kernel reports the cache device's I/O errors (bcache: cache0/io_errors, a decaying count;
+    # dm-writecache: its status's error field). dm-cache keeps none: its status only turns to Fail.
+    error_counts: bool = False
+    # Whether the kind inserts its own read misses, readahead and O_DIRECT ones included: bcache does
+    # (check_should_bypass in drivers/md/bcache/request.c bypasses readahead only when cache_readahead_policy is
+    # not "all", and "all" is the default; lab 6.1: 2 056 of 2 087 readahead bios hit). A promotion there adds only
+    # what it bypassed (sequential runs, congestion), which its read bypass counters show. dm-cache's smq
+    # promotes only on repeated hotspot hits: it is not gated.
+    inserts_read_misses: bool = False
 
     def knobs(self) -> dict[str, Knob]:
         return {n: k for n, k in KNOBS.items() if self.kind in k.kinds}
@@ -121,6 +137,7 @@ CAPABILITIES: dict[str, Capabilities] = {
         drain="writeback_percent 0 until dirty_data is 0, then restore",
         destructive="write-back with a periodic drain; write-through before the byte bound",
         drain_sleep_knob="writeback_delay",
+        promote_rounds=1, device_prefix="bcache", error_counts=True, inserts_read_misses=True,
     ),
     KIND_DMCACHE: Capabilities(
         KIND_DMCACHE, frozenset({WRITEBACK, WRITETHROUGH, BYPASS}),
@@ -128,13 +145,46 @@ CAPABILITIES: dict[str, Capabilities] = {
         drain="table reload to writethrough with the cleaner policy until dirty is 0, then the previous table",
         destructive="write-back with a periodic drain; write-through before the byte bound",
         drain_needs_idle=True,
+        promote_rounds=2,  # smq promotes a block once its hotspot has been hit in two of its one-second ticks
+    ),
+    KIND_LVMCACHE: Capabilities(
+        KIND_LVMCACHE, frozenset({WRITEBACK, WRITETHROUGH, BYPASS}),
+        {WRITEBACK: "writeback", WRITETHROUGH: "writethrough", BYPASS: "passthrough"},
+        drain="lvchange --cachepolicy cleaner until dirty is 0, then lvchange back to the saved mode and policy",
+        destructive="write-back with a periodic drain; write-through before the byte bound",
+        drain_needs_idle=True,
+        promote_rounds=2,  # smq, as dm-cache
     ),
     KIND_WRITECACHE: Capabilities(
         KIND_WRITECACHE, frozenset({WRITEBACK}), {WRITEBACK: "writeback"},
         drain="the flush message (returns when every block is written back)",
         destructive="write-back only: the bound is kept by flushing, never by a mode switch",
+        promote_rounds=0,  # dm-writecache never caches reads
+        error_counts=True,
     ),
 }
+KNOB_TYPES = ("int", "size")
+
+
+def check(table: dict[str, Capabilities], knobs: dict[str, Knob]) -> None:
+    """The declarations' own checks, run when this module is imported: a kind that breaks one fails at once, not at
+    its first write."""
+    for k in knobs.values():
+        if k.type not in KNOB_TYPES or k.min > k.max or not k.kinds <= table.keys():
+            raise TypeError(f"knob {k.name} is not a typed, ranged knob of declared kinds")
+    for name, c in table.items():
+        if c.kind != name:
+            raise TypeError(f"kind {name}: its capabilities say {c.kind!r}")
+        if not c.modes <= set(c.kernel_mode_names):
+            raise TypeError(f"kind {name}: a write mode without a kernel name")
+        sleep = knobs.get(c.drain_sleep_knob or "")
+        if c.drain_sleep_knob is not None and (sleep is None or name not in sleep.kinds):
+            raise TypeError(f"kind {name}: drain_sleep_knob {c.drain_sleep_knob} is not a knob of it")
+
+
+check(CAPABILITIES, KNOBS)
+KINDS = tuple(CAPABILITIES)
+ERROR_COUNTS = frozenset(k for k, c in CAPABILITIES.items() if c.error_counts)
 
 
 def capabilities(kind: str) -> Capabilities:

@@ -15,6 +15,7 @@ from cachepilot.backends import open_backend
 from cachepilot.backends.base import DONE, FAILED, PENDING
 from cachepilot.backends.bcache import BcacheBackend, size_matches
 from cachepilot.backends.dmcache import CacheTable, DmCacheBackend
+from cachepilot.backends.host import Host
 from cachepilot.backends.inspect import sample_volume
 from cachepilot.backends.kernelio import classify_dmsetup, classify_errno
 from cachepilot.backends.writecache import WritecacheBackend, WritecacheTable
@@ -68,7 +69,7 @@ def bc(tmp_path, monkeypatch):
             FakeBcacheFile.normalise(d)
 
     monkeypatch.setattr(mod, "write_attr", write)
-    b = open_backend(VolumeInfo(dev=1, name="bcache0", kind="bcache"), sysfs_root=tmp_path)
+    b = open_backend(VolumeInfo(dev=1, name="bcache0", kind="bcache"), host=Host(sysfs=tmp_path))
     assert isinstance(b, BcacheBackend)
     return b, d
 
@@ -249,7 +250,7 @@ CACHE_TABLE = "0 2097152 cache 253:2 253:3 253:0 128 1 writeback smq 2 migration
 def dmc(tmp_path):
     dm_tree(tmp_path)
     fake = FakeDm(CACHE_TABLE)
-    b = open_backend(VolumeInfo(dev=2, name="dm-2", kind="dm-cache"), sysfs_root=tmp_path, dm=fake)
+    b = open_backend(VolumeInfo(dev=2, name="dm-2", kind="dm-cache"), host=Host(sysfs=tmp_path, dm=fake))
     assert isinstance(b, DmCacheBackend)
     return b, fake
 
@@ -331,7 +332,7 @@ WC_TABLE = "0 2097152 writecache s 253:0 253:1 4096 4 high_watermark 50 low_wate
 def wc(tmp_path):
     dm_tree(tmp_path)
     fake = FakeDm(WC_TABLE)
-    b = open_backend(VolumeInfo(dev=2, name="dm-2", kind="dm-writecache"), sysfs_root=tmp_path, dm=fake)
+    b = open_backend(VolumeInfo(dev=2, name="dm-2", kind="dm-writecache"), host=Host(sysfs=tmp_path, dm=fake))
     assert isinstance(b, WritecacheBackend)
     return b, fake
 
@@ -380,12 +381,12 @@ def test_samples_carry_the_cache_identity(tmp_path):
     from cachepilot.backends.inspect import sample_volume
 
     bcache_tree(tmp_path)
-    s = sample_volume(VolumeInfo(dev=1, name="bcache0", kind="bcache"), sysfs_root=tmp_path, now_ns=1)
+    s = sample_volume(VolumeInfo(dev=1, name="bcache0", kind="bcache"), host=Host(sysfs=tmp_path), now_ns=1)
     assert s.cache_id == "uuid"  # the cache set the volume is attached to
     assert (s.hits, s.misses, s.bypasses, s.bypassed_bytes) == (5, 7, 11, 3 << 19)  # bcache's bypass counters
     (tmp_path / "block" / "bcache0" / "bcache" / "cache").unlink()  # detached
     (tmp_path / "block" / "bcache0" / "bcache" / "cache0").mkdir()
-    s = sample_volume(VolumeInfo(dev=1, name="bcache0", kind="bcache"), sysfs_root=tmp_path, now_ns=1)
+    s = sample_volume(VolumeInfo(dev=1, name="bcache0", kind="bcache"), host=Host(sysfs=tmp_path), now_ns=1)
     assert s.cache_id == "" and s.failed
 
 
@@ -405,7 +406,7 @@ def test_dm_samples_carry_the_cache_device(tmp_path, kind, table, status, want):
         return {"status": status, "table": table}[args[0]]
 
     info = VolumeInfo(dev=2, name="dm-2", kind=kind, cache_bytes=65536 * 4096)
-    assert sample_volume(info, sysfs_root=tmp_path, dm=dm, now_ns=1).cache_id == want
+    assert sample_volume(info, host=Host(sysfs=tmp_path, dm=dm), now_ns=1).cache_id == want
 
 
 def test_bcache_drain_closes_in_writethrough_once_write_back_is_moving(bc):
@@ -461,6 +462,6 @@ def test_bcache_io_errors_decay_but_the_exported_count_never_goes_back(tmp_path:
     risen = []
     for ts, value in enumerate((0, 3, 1, 1, 2)):  # bcache halves its count as I/O goes by (io_error_halflife)
         errors.write_text(f"{value}\n")
-        st.update(sample_volume(info, sysfs_root=tmp_path, now_ns=ts + 1))
+        st.update(sample_volume(info, host=Host(sysfs=tmp_path), now_ns=ts + 1))
         risen.append(st.io_errors_risen)
     assert risen == [0, 3, 3, 3, 4]

@@ -9,9 +9,12 @@ import errno
 import json
 import logging
 import os
+import resource
+import socket
 import stat
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -212,6 +215,15 @@ def test_control_socket_is_0600_and_answers(tmp_path: Path) -> None:
         assert request(path, {"cmd": "hi"}) == {"echo": "hi"}
         with pytest.raises(UserError, match="daemon: bad request: unknown command"):
             request(path, {"cmd": "nope"})
+        # brackets inside a string are not nesting (the depth check scans past strings, escaped quotes included)
+        with pytest.raises(UserError, match="daemon: bad request: unknown command"):
+            request(path, {"cmd": '\\"' + "[{" * 100})
+        deep: list[object] = []
+        for _ in range(31):  # the object and 32 lists: 33 deep
+            deep = [deep]
+        with pytest.raises(UserError, match="daemon: bad request: nested deeper than 32"):
+            request(path, {"cmd": "hi", "x": deep})
+        assert request(path, {"cmd": "hi", "x": deep[0]}) == {"echo": "hi"}  # 32 deep: parsed
         with pytest.raises(FatalError, match="in use by another process"):
             ControlServer(path, lambda r: {}).start()
     finally:
@@ -219,6 +231,32 @@ def test_control_socket_is_0600_and_answers(tmp_path: Path) -> None:
     assert not path.exists()
     with pytest.raises(UserError, match="no daemon"):
         request(path, {"cmd": "hi"})
+
+
+def test_control_socket_outlives_running_out_of_file_descriptors(tmp_path: Path) -> None:
+    """Out of fds, accept fails (EMFILE): the server neither dies nor spins; it answers once fds are free again."""
+    path = tmp_path / "ctl.sock"
+    srv = ControlServer(path, lambda req: {"echo": req["cmd"]})
+    srv.start()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    held = []
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 20, hard))
+        for _ in range(12):  # 12 client ends and the server's accepts: over the 20 left
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(str(path))
+            held.append(s)
+        time.sleep(0.3)
+        cpu = time.process_time()
+        time.sleep(0.5)
+        assert time.process_time() - cpu < 0.1  # no busy loop on a listener it cannot accept from
+        assert srv.server is not None and srv.server.closed["accept failed (Too many open files)"] >= 1
+    finally:
+        for s in held:
+            s.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert request(path, {"cmd": "hi"}) == {"echo": "hi"}
+    srv.stop()
 
 
 # ---------------------------------------------------------------------------------------------- the daemon, with fakes
@@ -237,12 +275,15 @@ class FakeBackend(Backend):
         self.gone = False
         self.drains: list[Drain] = []
         self.restored = 0
+        self.bypasses = 3
+        self.bypass_rate = 0  # bypassed reads per sample (on bcache only a bypassing volume's files are promoted)
 
     def sample(self, now_ns: int) -> VolumeSample:
         if self.gone:
             raise DeviceGone(f"{self.info.name} vanished")
+        self.bypasses += self.bypass_rate
         return VolumeSample(self.info.dev, now_ns, self.mode, self.dirty, 10, 5, 0, False, dict(self.knobs),
-                            bypasses=3 if self.info.kind == "bcache" else None,
+                            bypasses=self.bypasses if self.info.kind == "bcache" else None,
                             bypassed_bytes=12288 if self.info.kind == "bcache" else None)
 
     def apply(self, action: ControlAction, *, dry_run: bool = False) -> Outcome:
@@ -355,6 +396,7 @@ def test_dry_run_goes_through_apply_and_changes_nothing(tmp_path: Path) -> None:
     r = Rig(tmp_path, dry_run=True)
     r.d.start()
     b = r.backends["bcache0"]
+    b.bypass_rate = 1  # a volume that bypasses reads: its hot files are worth a promotion read
     b.dirty = 8 << 20
     r.tick(1)
     assert [(a.mode, dry) for a, dry in b.applied if isinstance(a, SetWritePolicy)] == [("writethrough", True)]
@@ -489,6 +531,7 @@ def test_state_survives_a_restart_rewarms_and_reconciles(tmp_path: Path) -> None
 
     r2 = Rig(tmp_path)
     r2.backends["bcache0"] = r.backends["bcache0"]  # the same cache, as the crash left it
+    r2.backends["bcache0"].bypass_rate = 1  # bypassing reads: what it holds may not be what was hot
     r2.d.start()
     b = r2.backends["bcache0"]
     assert b.knobs["writeback_percent"] == "10"  # put back: it still read back as the interrupted drain left it
@@ -727,10 +770,12 @@ def test_one_snapshot_serves_the_socket_and_the_exporter(tmp_path: Path) -> None
     r.d.start()
     r.backends["bcache0"].dirty = 8 << 20
     r.d._feed(Delete(FileKey(DEV, 5, 1), 0, 0))
+    r.d.engine.vols[DEV].promotions_skipped["inserted"] = 2
     r.tick(1)
     snap = r.d.snapshot
     assert snap is not None
     s = r.d.answer({"cmd": "status"})
+    assert s["volumes"][0]["promotions_skipped"] == {"inserted": 2}
     assert list(s) == ["version", "pid", "started", "uptime_s", "dry_run", "observe_only", "actuators", "config",
                        "policy", "probe", "drops", "last_tick", "tracked_files", "counters", "state_file", "volumes",
                        "unmanaged"]
@@ -749,12 +794,12 @@ def test_one_snapshot_serves_the_socket_and_the_exporter(tmp_path: Path) -> None
 
 
 def test_metric_labels_volume_is_the_dm_name_device_the_kernel_name(tmp_path: Path) -> None:
-    from cachepilot.daemon import volumes
+    from cachepilot.backends.host import Host
 
     (tmp_path / "block" / "dm-3" / "dm").mkdir(parents=True)
     (tmp_path / "block" / "dm-3" / "dm" / "name").write_text("lab-cached\n")
-    assert volumes._dm_name(tmp_path / "block", "dm-3") == "lab-cached"
-    assert volumes._dm_name(tmp_path / "block", "bcache0") == ""
+    assert Host(sysfs=tmp_path).dm_name("dm-3") == "lab-cached"
+    assert Host(sysfs=tmp_path).dm_name("bcache0") == ""
     r = Rig(tmp_path, metrics=f"{{listen: '', textfile: {tmp_path}/m.prom}}")
     r.found = [Found(VolumeInfo(dev=DEV, name="dm-3", kind="dm-cache", fs_uuid="u-1", mountpoint="/mnt/x",
                                 cache_bytes=1 << 30), dm_name="lab-cached")]
@@ -767,8 +812,8 @@ def test_metric_labels_volume_is_the_dm_name_device_the_kernel_name(tmp_path: Pa
 
 
 # ---------------------------------------------------------------------------------------------- stacked filesystems
-def test_a_filesystem_stacked_on_a_cached_device_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from cachepilot.backends import inspect
+def test_a_filesystem_stacked_on_a_cached_device_is_found(tmp_path: Path) -> None:
+    from cachepilot.backends.host import Host, ToolResult
     from cachepilot.daemon import volumes
 
     sysb = tmp_path / "block"
@@ -777,20 +822,23 @@ def test_a_filesystem_stacked_on_a_cached_device_is_found(tmp_path: Path, monkey
         (sysb / name / "dev").write_text(dev + "\n")
     (sysb / "bcache0" / "holders" / "dm-3").symlink_to(sysb / "dm-3")  # LVM PV on bcache0 ...
     (sysb / "dm-3" / "holders" / "dm-4").symlink_to(sysb / "dm-4")  # ... an LV on it, mounted
-    mounts = {kdev(253, 4): ("/srv", False)}
-    monkeypatch.setattr(inspect, "_mount_of", lambda dev: mounts.get(dev, ("", False)))
-    monkeypatch.setattr(inspect, "_fs_uuid", lambda path: "uuid-of-" + path.rsplit("/", 1)[1])
-    real_statvfs = os.statvfs
-    monkeypatch.setattr(os, "statvfs", lambda p: real_statvfs("/"))
+    mountinfo = tmp_path / "proc" / "self" / "mountinfo"
+    mountinfo.parent.mkdir(parents=True)
+    mountinfo.write_text("22 1 254:1 / / rw - ext4 /dev/vda1 rw\n40 22 253:4 / /srv rw - ext4 /dev/dm-4 rw\n")
+
+    def blkid(argv: Sequence[str], timeout: float) -> ToolResult:
+        return ToolResult(0, "uuid-of-" + argv[-1].rsplit("/", 1)[1] + "\n", "")
+
+    host = Host(sysfs=tmp_path, proc=tmp_path / "proc", tool=blkid, statvfs=lambda p: os.statvfs("/"))
     bare = VolumeInfo(dev=kdev(252, 0), name="bcache0", kind="bcache", cache_bytes=1 << 30)
-    info, block_dev = volumes._fs_on_stack(sysb, "bcache0", bare)
+    info, block_dev = volumes._fs_on_stack(host, "bcache0", bare)
     assert block_dev == kdev(252, 0) and info.dev == kdev(253, 4) and info.name == "bcache0"
     assert (info.mountpoint, info.fs_uuid, info.kind) == ("/srv", "uuid-of-dm-4", "bcache")
     assert volumes.Found(info, (), block_dev).volume_dev == kdev(252, 0)
     mounted = VolumeInfo(dev=kdev(252, 0), name="bcache0", mountpoint="/mnt")
-    assert volumes._fs_on_stack(sysb, "bcache0", mounted) == (mounted, None)  # mounted directly: as it is
-    mounts.clear()
-    assert volumes._fs_on_stack(sysb, "bcache0", bare) == (bare, None)  # nothing mounted anywhere
+    assert volumes._fs_on_stack(host, "bcache0", mounted) == (mounted, None)  # mounted directly: as it is
+    mountinfo.write_text("22 1 254:1 / / rw - ext4 /dev/vda1 rw\n")
+    assert volumes._fs_on_stack(host, "bcache0", bare) == (bare, None)  # nothing mounted anywhere
 
 
 class BusyProbe(CountingProbe):
@@ -1024,4 +1072,34 @@ def test_a_failing_stage_is_counted_and_the_tick_goes_on(tmp_path: Path, caplog:
     r.d.engine.tick = refused  # type: ignore[method-assign]
     r.tick(3)
     assert r.d.counters["stage_errors.decide"] == 1 and r.d.counters["stage_bugs.decide"] == 2
+    r.d.shutdown()
+
+
+class CommitProbe(CountingProbe):
+    """A probe whose next poll brings a freed extent and the commit of its transaction."""
+
+    def __init__(self, seen: dict[str, object], backend: FakeBackend) -> None:
+        super().__init__(seen, backend)
+        self.events: list[object] = []
+
+    def poll(self, timeout_ms: int) -> list[object]:
+        out, self.events = self.events, []
+        return out
+
+
+def test_a_commit_polled_between_ticks_is_discarded_at_that_poll(tmp_path: Path) -> None:
+    """The discard goes out right after the poll that brought the commit, not at the next tick."""
+    from cachepilot.events import FreedExtent, JournalCommit
+
+    seen: dict[str, object] = {}
+    r = Rig(tmp_path, POLICY_DESTRUCTIVE.replace("{enabled: false}", "{enabled: true, min_extent: 4KiB}"))
+    r.d.probe_factory = lambda n: CommitProbe(seen, r.backend(VOL))
+    r.d.start()
+    r.tick(1)
+    probe = seen["probe"]
+    probe.events = [FreedExtent(DEV, 5, 100, 10, False, 1, tid=3), JournalCommit(DEV, 3, 2)]  # type: ignore[attr-defined]
+    r.d.intake._next_poll = 0.0  # noqa: SLF001 (the poll gap has passed)
+    r.d._wait(0.01)  # noqa: SLF001 (the loop's wait between ticks)
+    ran = [a for a, _ in r.d.vols[DEV].files.ran if isinstance(a, DiscardRanges)]
+    assert [a.ranges for a in ran] == [((100 * 4096, 10 * 4096),)]
     r.d.shutdown()

@@ -462,3 +462,46 @@ def test_no_mode_request_while_a_drain_owns_the_mode() -> None:
     assert modes(e.tick(4 * NS)) == []
     sample(e, 5, mode="writethrough", dirty=0)  # it did not: now the engine asks itself
     assert modes(e.tick(5 * NS)) == ["writeback"]
+
+
+AT_COMMIT = POLICY.replace("{enabled: true, interval: 10s, min_extent: 4KiB}", "{enabled: true, min_extent: 4KiB}")
+
+
+def test_a_commit_makes_its_freed_extents_a_discard_at_once() -> None:
+    """The shipped default (no batching interval): the commit that frees extents drives their discard -- the daemon
+    asks right after the poll that brought it (Engine.discards), and a tick would emit it too; extents freed
+    in the same transaction that touch leave as one range."""
+    e = engine(AT_COMMIT)
+    assert e.vols[DEV].policy.discard_on_delete.interval_s == 0
+    e.tick(1 * NS)
+    e.feed(FreedExtent(DEV, 5, 100, 10, False, int(1.2 * NS), tid=7))
+    e.feed(FreedExtent(DEV, 6, 110, 6, False, int(1.3 * NS), tid=7))
+    e.feed(FreedExtent(DEV, 7, 300, 2, False, int(1.3 * NS), tid=8))  # next transaction: not yet
+    assert not e.discards(int(1.4 * NS))  # nothing committed
+    e.feed(JournalCommit(DEV, 7, int(1.5 * NS)))
+    [d] = e.discards(int(1.5 * NS))  # at once, not after a batch interval, not at the next tick
+    assert isinstance(d, DiscardRanges) and d.ranges == ((100 * 4096, 16 * 4096),) and "journal" in d.reason
+    assert not e.discards(int(1.6 * NS))  # nothing new: nothing twice
+    e.feed(JournalCommit(DEV, 8, int(1.7 * NS)))
+    [d] = [a for a in e.tick(2 * NS) if isinstance(a, DiscardRanges)]  # the tick emits what is ready as well
+    assert d.ranges == ((300 * 4096, 2 * 4096),)
+
+
+def test_discards_at_the_commit_stay_within_the_budget() -> None:
+    """max_rate still paces: bytes handed out over any window T stay <= max_rate x T + one second's worth."""
+    e = engine(AT_COMMIT.replace("min_extent: 4KiB}", "min_extent: 4KiB, max_rate: 64KiB}"))
+    for i in range(64):  # 64 separate 16 KiB extents (gaps between them), one per transaction
+        e.feed(FreedExtent(DEV, i, 1000 + 8 * i, 4, False, i * NS // 10, tid=i))
+    given: list[tuple[float, int]] = []
+    for k in range(200):  # a commit every 50 ms, the daemon asking after each one, a tick every second
+        t = k * NS // 20
+        e.feed(JournalCommit(DEV, min(k, 63), t))
+        acts = e.discards(t) + (e.tick(t) if k % 20 == 0 else [])
+        given += [(t / NS, sum(n for _, n in a.ranges)) for a in acts if isinstance(a, DiscardRanges)]
+    total = sum(n for _, n in given)
+    assert total == 64 * 4 * 4096 or total >= 64 * 1024 * 9  # the budget, not the ready set, is what limits
+    for t0 in range(10):
+        for t1 in range(t0 + 1, 11):
+            window = sum(n for t, n in given if t0 <= t < t1)
+            assert window <= 64 * 1024 * (t1 - t0) + 64 * 1024, (t0, t1, window)
+    assert given[0][0] < 0.2  # the first commit's extents went at once

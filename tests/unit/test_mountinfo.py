@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cachepilot.probe.probe import fs_type
+from cachepilot.mountinfo import ProcMounts
 
 MOUNTINFO = """\
 22 1 254:1 / / rw,relatime shared:1 - ext4 /dev/vda1 rw
@@ -24,11 +24,26 @@ def kdev(major: int, minor: int) -> int:
 
 
 def test_types_by_device(tmp_path: Path) -> None:
-    f = tmp_path / "mountinfo"
+    f = tmp_path / "self" / "mountinfo"
+    f.parent.mkdir()
     f.write_text(MOUNTINFO)
-    assert fs_type(kdev(7, 1), f) == "ext4"
-    assert fs_type(kdev(7, 2), f) == "xfs"  # mounted twice, one type
-    assert fs_type(kdev(7, 4), f) == "btrfs"  # optional fields and escaped spaces before the separator
-    assert fs_type(kdev(7, 3), f) is None  # two types: unknown, so the probe attaches the syscall hooks
-    assert fs_type(kdev(7, 9), f) is None  # not mounted here
-    assert fs_type(kdev(7, 1), tmp_path / "missing") is None
+    fs_type = ProcMounts(tmp_path).fs_type
+    assert fs_type(kdev(7, 1)) == "ext4"
+    assert fs_type(kdev(7, 2)) == "xfs"  # mounted twice, one type
+    assert fs_type(kdev(7, 4)) == "btrfs"  # optional fields and escaped spaces before the separator
+    assert fs_type(kdev(7, 3)) is None  # two types: unknown, so the probe attaches the syscall hooks
+    assert fs_type(kdev(7, 9)) is None  # not mounted here
+    assert ProcMounts(tmp_path / "missing").fs_type(kdev(7, 1)) is None
+
+
+def test_mount_of_is_the_root_mount_with_its_discard_option(tmp_path: Path) -> None:
+    """Where a volume's filesystem is mounted (the mount of its root, not a bind of a subdirectory) and whether
+    with -o discard (a mount or a superblock option)."""
+    f = tmp_path / "self" / "mountinfo"
+    f.parent.mkdir()
+    f.write_text(MOUNTINFO + "37 22 7:5 /sub /mnt/bind rw - ext4 /dev/loop5 rw\n"
+                 "38 22 7:5 / /mnt/e rw,relatime - ext4 /dev/loop5 rw,discard\n")
+    mounts = ProcMounts(tmp_path)
+    assert mounts.mount_of(kdev(7, 4)) == ("/mnt/with space", False)
+    assert mounts.mount_of(kdev(7, 5)) == ("/mnt/e", True)
+    assert mounts.mount_of(kdev(7, 9)) == ("", False)

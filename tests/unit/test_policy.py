@@ -160,8 +160,8 @@ def test_kind_selector_resolves_and_does_not_overlap_other_kinds() -> None:
     assert pol.resolve(VolumeInfo(2, "dm-3", kind="dm-cache"))[1] == "d"
     assert pol.resolve(VolumeInfo(3, "dm-4", kind="dm-writecache"))[1] == "defaults"
     assert matchable_kinds({"device": "bcache*"}) == ("bcache",)
-    assert matchable_kinds({"device": "dm-[0-9]"}) == ("dm-cache", "dm-writecache")
-    assert matchable_kinds({"device": "*"}) == ("bcache", "dm-cache", "dm-writecache")
+    assert matchable_kinds({"device": "dm-[0-9]"}) == ("dm-cache", "lvmcache", "dm-writecache")
+    assert matchable_kinds({"device": "*"}) == ("bcache", "dm-cache", "lvmcache", "dm-writecache")
     assert matchable_kinds({"device": "sd?"}) == ()
     assert glob_can_start_with("b?a*", "bcache") and not glob_can_start_with("b?x*", "bcache")
     with pytest.raises(UserError, match="overlaps"):

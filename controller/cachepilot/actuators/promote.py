@@ -14,8 +14,9 @@ starts where a recent one ended (``check_should_bypass``: the last 128 I/Os, wit
 the reads are admitted (as misses, then hits). dm-cache's smq promotes blocks whose hotspot has been hit
 enough, and counts a hotspot at most once per tick (one second, ``hotspot_hit_bits``): measured in the lab,
 one round of reads over a fresh set promoted 0 of 64 blocks, a second round over a second later all 64. So on
-dm-cache a promotion takes ``rounds`` = 2 rounds at least ``round_gap_ns`` apart: after the first, ``run``
-returns the action as ``deferred`` with ``not_before_ns``; called again before then, it reads nothing.
+dm-cache a promotion takes ``rounds`` = 2 rounds (a kind declares its ``promote_rounds``) at least
+``round_gap_ns`` apart: after the first, ``run`` returns the action as ``deferred`` with ``not_before_ns``;
+called again before then, it reads nothing.
 A token bucket keeps the reads within ``rate`` bytes per second; what does not fit now comes back as
 ``deferred``. The probe ignores the daemon's own I/O, so promotion reads never count as hotness.
 """
@@ -35,6 +36,7 @@ from collections.abc import Callable
 
 from cachepilot.actions import DONE, FAILED, PENDING, SKIPPED, Outcome, Promote
 from cachepilot.actuators.extents import fiemap
+from cachepilot.capabilities import CAPABILITIES
 from cachepilot.errors import CachepilotError, DeviceGone, classify_errno
 from cachepilot.events import kdev_from_st_dev
 from cachepilot.models.volume import VolumeInfo
@@ -43,7 +45,6 @@ log = logging.getLogger("cachepilot.actuators.promote")
 
 FILEID_INO32_GEN = 1
 MIN_CHUNK, MAX_CHUNK = 64 << 10, 256 << 10
-ROUNDS = {"bcache": 1, "dm-cache": 2, "dm-writecache": 0}  # dm-writecache never caches reads
 ROUND_GAP_NS = 1_200_000_000  # smq's hotspot tick is one second
 
 
@@ -79,7 +80,8 @@ class Promoter:
         self.info = info
         self.rate = max(1, rate)
         self.burst = max(MAX_CHUNK, default_burst(info, self.rate) if burst is None else burst)
-        self.rounds = ROUNDS.get(info.kind, 1) if rounds is None else rounds
+        caps = CAPABILITIES.get(info.kind)
+        self.rounds = (caps.promote_rounds if caps else 1) if rounds is None else rounds
         self._round: dict[tuple[int, int, int], tuple[int, int]] = {}  # file -> (rounds done, next not before)
         self.rng = random.Random(seed)  # noqa: S311 (chunk sizes, not secrets)
         self.clock = clock

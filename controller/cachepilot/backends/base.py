@@ -12,23 +12,20 @@ returns the outcomes that finished (``done``) or failed. ``restore`` puts back w
 (e.g. bcache's ``writeback_percent`` raised to 0 for a drain) so that a stopping daemon leaves every cache in a
 safe, stable state.
 
-The sysfs root and the dmsetup runner are constructor parameters, so unit tests run on fixture trees and fakes.
+The host (its sysfs root and dmsetup runner, backends.host) is a constructor parameter, so unit tests run on
+fixture trees and fakes.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import ClassVar
 
 from cachepilot.actions import DONE, FAILED, PENDING, ControlAction, Outcome, Write
+from cachepilot.backends.host import DmRunner, Host
 from cachepilot.capabilities import Capabilities, capabilities
 from cachepilot.models.volume import VolumeInfo, VolumeSample
-
-DmRunner = Callable[[Sequence[str], float], str]
-"""Runs ``dmsetup ARGS`` (argument vector, never a shell) with a time-out in seconds; returns stdout.
-Raises DeviceGone / RetryLater / KernelRejected by what dmsetup said."""
 
 __all__ = ["DONE", "FAILED", "PENDING", "Backend", "ControlAction", "DmRunner", "Outcome", "Write"]
 
@@ -36,10 +33,13 @@ __all__ = ["DONE", "FAILED", "PENDING", "Backend", "ControlAction", "DmRunner", 
 class Backend(abc.ABC):
     kind: ClassVar[str]
 
-    def __init__(self, info: VolumeInfo, *, sysfs_root: Path = Path("/sys"), dm: DmRunner | None = None) -> None:
+    def __init__(self, info: VolumeInfo, *, host: Host | None = None) -> None:
         self.info = info
-        self.sysfs_root = sysfs_root
-        self.dm = dm
+        self.host = Host() if host is None else host
+
+    @property
+    def sysfs_root(self) -> Path:
+        return self.host.sysfs
 
     @property
     def caps(self) -> Capabilities:

@@ -13,16 +13,21 @@ Sizes in sysfs are human-readable (``4.0M``); a read-back is compared at the pre
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from cachepilot import units
-from cachepilot.actions import Drain, SetKnob, SetWritePolicy
-from cachepilot.backends.inspect import parse_bcache_size, sample_volume
+from cachepilot.actions import Drain, SetWritePolicy
+from cachepilot.backends.host import BlockDev, Host
+from cachepilot.backends.inspect import parse_bcache_size
 from cachepilot.backends.kernelio import read_attr, write_attr
+from cachepilot.backends.kinds import Described, Kind, KnobDef
 from cachepilot.backends.operation import CLOSE_BELOW, Operation, OperationBackend, Setting
-from cachepilot.capabilities import BYPASS, KIND_BCACHE, WRITEBACK, WRITETHROUGH, Knob
-from cachepilot.errors import KernelRejected, UserError
-from cachepilot.models.volume import VolumeSample
+from cachepilot.capabilities import BYPASS, KIND_BCACHE, WRITEBACK, WRITETHROUGH, Knob, capabilities
+from cachepilot.errors import DeviceGone, KernelRejected, UserError
+from cachepilot.models.volume import VolumeInfo, VolumeSample
+
+NAME = KIND_BCACHE
 
 # Knobs that live on the cache set rather than on the backing device.
 _CSET_KNOBS = frozenset({"congested_read_threshold_us", "congested_write_threshold_us"})
@@ -46,14 +51,14 @@ def size_matches(readback: str, wanted: str) -> bool:
 
 
 class BcacheBackend(OperationBackend):
-    kind = KIND_BCACHE
+    kind = NAME
 
     @property
     def dir(self) -> Path:
         return self.sysfs_root / "block" / self.info.name / "bcache"
 
     def sample(self, now_ns: int) -> VolumeSample:
-        return sample_volume(self.info, sysfs_root=self.sysfs_root, dm=self.dmsetup, now_ns=now_ns)
+        return sample(self.host, self.info, now_ns)
 
     # -------------------------------------------------------------- settings
     def _attr(self, name: str, base: Path | None = None) -> Setting:
@@ -88,12 +93,6 @@ class BcacheBackend(OperationBackend):
     # -------------------------------------------------------------- operations
     def _start(self, op: Operation) -> bool:
         a = op.action
-        if isinstance(a, SetKnob):
-            knob = self.caps.knobs().get(a.knob)
-            if knob is None:
-                raise KernelRejected(f"bcache has no knob {a.knob!r}")
-            op.put(self.knob_setting(knob), str(knob.parse(a.value)), a.reason)
-            return True
         if isinstance(a, Drain):
             return self._begin_drain(op, a.reason)
         assert isinstance(a, SetWritePolicy)
@@ -149,3 +148,59 @@ class BcacheBackend(OperationBackend):
             raise KernelRejected(f"{self.info.name}: not {want} and clean after the switch")
         op.phase = f"{want}, clean"
         return True
+
+
+# ------------------------------------------------------------------ the kind: discovery, description, samples
+def detect(dev: BlockDev) -> bool:
+    """A bcache device (bcacheN; a cache device also has a ``bcache`` directory, but is not a volume)."""
+    return dev.name.startswith("bcache") and (dev.sysdir / "bcache").is_dir()
+
+
+def _cache_id(sysfs: Path) -> str:
+    """The cache set's UUID (the directory ``bcache/cache`` links to), or "" when detached. A new cache device
+    makes a new cache set, so a new UUID: this is what lets a failure latch end when the device is replaced."""
+    link = sysfs / "cache"
+    try:
+        return os.path.basename(os.readlink(link))
+    except OSError:
+        return ""
+
+
+def describe(host: Host, dev: BlockDev) -> Described:
+    sysfs = dev.sysdir / "bcache"
+    cset = sysfs / "cache"
+    if not cset.exists():
+        return Described(0, _cache_id(sysfs))  # detached: no cache
+    cache_dev = (cset / "cache0").resolve().parent  # .../block/<cache device>/bcache -> the device
+    return Described(int(read_attr(cache_dev / "size")) * 512, _cache_id(sysfs))
+
+
+def sample(host: Host, info: VolumeInfo, now: int) -> VolumeSample:
+    sysfs = host.sys_block / info.name / "bcache"
+    mode = bracketed(read_attr(sysfs / "cache_mode"))
+    attached = (sysfs / "cache").exists()
+    errors = 0
+    if attached:
+        try:
+            errors = int(read_attr(sysfs / "cache" / "cache0" / "io_errors"))
+        except DeviceGone:
+            attached = False  # the cache set went away between the two reads
+    stats = sysfs / "stats_total"
+    return VolumeSample(
+        dev=info.dev, ts_ns=now, mode=mode, dirty_bytes=parse_bcache_size(read_attr(sysfs / "dirty_data")),
+        hits=int(read_attr(stats / "cache_hits")), misses=int(read_attr(stats / "cache_misses")),
+        io_errors=errors, failed=not attached, cache_id=_cache_id(sysfs) if attached else "",
+        knobs={k: read_attr(sysfs / k) for k in ("sequential_cutoff", "writeback_percent", "writeback_delay")},
+        # a bypass "hit" is a bypassed I/O whose data was in the cache anyway; both went around it
+        bypasses=int(read_attr(stats / "cache_bypass_hits")) + int(read_attr(stats / "cache_bypass_misses")),
+        bypassed_bytes=parse_bcache_size(read_attr(stats / "bypassed")),
+    )
+
+
+def _knob(knob: Knob) -> KnobDef:
+    return KnobDef(knob.name, lambda b: b.knob_setting(knob))
+
+
+# Modes, drain and knobs with their ranges: cachepilot.capabilities; every knob is a sysfs attribute.
+KIND = Kind(NAME, BcacheBackend, detect, describe, sample,
+            knobs=tuple(_knob(k) for k in capabilities(NAME).knobs().values()))

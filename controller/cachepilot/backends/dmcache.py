@@ -14,15 +14,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cachepilot.actions import Drain, SetKnob, SetWritePolicy
+from cachepilot.actions import Drain, SetWritePolicy
 from cachepilot.backends.dmstatus import DmCacheStatus, StatusParseError, parse_dm_cache_status
-from cachepilot.backends.inspect import sample_volume
-from cachepilot.backends.kernelio import read_attr
+from cachepilot.backends.host import BlockDev, Host
+from cachepilot.backends.kinds import Described, Kind, KnobDef
 from cachepilot.backends.operation import Operation, OperationBackend, Setting
 from cachepilot.capabilities import BYPASS, KIND_DMCACHE, WRITEBACK
-from cachepilot.errors import DeviceGone, KernelRejected
-from cachepilot.models.volume import VolumeSample
+from cachepilot.errors import DeviceGone, KernelRejected, UserError
+from cachepilot.models.volume import VolumeInfo, VolumeSample
 
+NAME = KIND_DMCACHE
 _IO_MODES = ("writeback", "writethrough", "passthrough")
 
 
@@ -79,14 +80,14 @@ def _with_arg(args: tuple[str, ...], key: str, value: str) -> tuple[str, ...]:
 
 
 class DmCacheBackend(OperationBackend):
-    kind = KIND_DMCACHE
+    kind = NAME
 
     @property
     def dm_name(self) -> str:
-        return read_attr(self.sysfs_root / "block" / self.info.name / "dm" / "name")
+        return self.host.dm_name_of(self.info.name)
 
     def sample(self, now_ns: int) -> VolumeSample:
-        return sample_volume(self.info, sysfs_root=self.sysfs_root, dm=self.dmsetup, now_ns=now_ns)
+        return sample(self.host, self.info, now_ns)
 
     def status(self) -> DmCacheStatus:
         line = self.dmsetup(("status", self.dm_name))
@@ -153,12 +154,6 @@ class DmCacheBackend(OperationBackend):
     # -------------------------------------------------------------- operations
     def _start(self, op: Operation) -> bool:
         a = op.action
-        if isinstance(a, SetKnob):
-            knob = self.caps.knobs().get(a.knob)
-            if knob is None:
-                raise KernelRejected(f"dm-cache has no knob {a.knob!r}")
-            op.put(self.migration_threshold_setting(), str(knob.parse(a.value)), a.reason)
-            return True
         t = self.table()
         # A cleaner left live (a daemon that died mid-drain) is not a policy to go back to.
         op.data["policy"] = t.policy if t.policy != "cleaner" else "smq"
@@ -222,3 +217,42 @@ class DmCacheBackend(OperationBackend):
         op.phase = f"{want}, clean"
         return True
 
+
+
+# ------------------------------------------------------------------ the kind: discovery, description, samples
+def detect(dev: BlockDev) -> bool:
+    return dev.dm_target == "cache"
+
+
+def cache_device(table: tuple[str, ...] | list[str]) -> str:
+    """The cache device of a table line as dmsetup prints it (major:minor): the cache's identity."""
+    # "<start> <len> cache <metadata dev> <cache dev> <origin dev> ..."
+    return table[4] if len(table) > 4 else ""
+
+
+def describe(host: Host, dev: BlockDev) -> Described:
+    return Described(parse_dm_cache_status(host.dm(("status", dev.dm_name), 10.0)).cache_bytes,
+                     cache_device(dev.dm_table))
+
+
+def sample(host: Host, info: VolumeInfo, now: int) -> VolumeSample:
+    dm_name = host.dm_name_of(info.name)
+    line = host.dm(("status", dm_name), 10.0)
+    cache_id = cache_device(host.dm(("table", dm_name), 10.0).split())
+    try:
+        s = parse_dm_cache_status(line)
+    except StatusParseError as exc:
+        raise UserError(f"dmsetup status {dm_name}: {exc}") from None
+    return VolumeSample(
+        dev=info.dev, ts_ns=now, mode=s.io_mode if not s.failed else "writethrough",
+        dirty_bytes=s.dirty_bytes, hits=s.read_hits + s.write_hits,
+        misses=s.read_misses + s.write_misses, io_errors=0,
+        failed=s.failed or s.metadata_mode == "ro" or s.needs_check,
+        knobs={k: v for k, v in s.core_args.items()}, cache_id=cache_id,
+    )
+
+
+# Modes, drain and the knob's range: cachepilot.capabilities. Mode and policy: table reloads; migration_threshold:
+# by message (dm-cache-target.c, cache_message).
+KIND = Kind(NAME, DmCacheBackend, detect, describe, sample,
+            knobs=(KnobDef("migration_threshold", DmCacheBackend.migration_threshold_setting),))

@@ -15,11 +15,11 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from cachepilot.actions import Drain
-from cachepilot.backends.base import DONE, FAILED, PENDING, Backend, ControlAction, DmRunner, Outcome, Write
-from cachepilot.backends.kernelio import ErrorCounts, run_dmsetup
+from cachepilot.actions import Drain, SetKnob
+from cachepilot.backends.base import DONE, FAILED, PENDING, Backend, ControlAction, Outcome, Write
+from cachepilot.backends.host import Host
+from cachepilot.backends.kernelio import ErrorCounts
 from cachepilot.errors import CachepilotError, KernelRejected, RetryLater
 from cachepilot.models.volume import VolumeInfo
 
@@ -110,9 +110,9 @@ class OperationBackend(Backend):
     default_timeout_s = 600.0  # how long a mode switch may spend draining before it is reported as failed
     max_backoff_ns = 30_000_000_000
 
-    def __init__(self, info: VolumeInfo, *, sysfs_root: Path = Path("/sys"), dm: DmRunner | None = None,
+    def __init__(self, info: VolumeInfo, *, host: Host | None = None,
                  clock: Callable[[], int] = time.monotonic_ns) -> None:
-        super().__init__(info, sysfs_root=sysfs_root, dm=dm if dm is not None else run_dmsetup)
+        super().__init__(info, host=host)
         self.errors = ErrorCounts()
         self.clock = clock
         self._ops: list[Operation] = []
@@ -129,7 +129,7 @@ class OperationBackend(Backend):
             self.clock() + int(self.default_timeout_s * 1e9)
         op = Operation(action, deadline, phase="start", dry_run=dry_run)
         try:
-            if self._start(op):
+            if self._set_knob(op) if isinstance(action, SetKnob) else self._start(op):
                 return self._finish(op)
         except CachepilotError as exc:
             return self._abandon(op, exc)
@@ -174,8 +174,20 @@ class OperationBackend(Backend):
 
     # -------------------------------------------------------------- helpers
     def dmsetup(self, args: Sequence[str], timeout: float = 10.0) -> str:
-        assert self.dm is not None
-        return self.dm(args, timeout)
+        return self.host.dm(args, timeout)
+
+    def _set_knob(self, op: Operation) -> bool:
+        """The one set-knob path: the kind's declared get/set pair, the value parsed and ranged first."""
+        from cachepilot.backends import kinds  # the table imports every backend module
+
+        a = op.action
+        assert isinstance(a, SetKnob)
+        k = kinds.kind(self.kind)
+        setting = k.settings.get(a.knob)
+        if setting is None:
+            raise KernelRejected(f"{self.kind} has no knob {a.knob!r}")
+        op.put(setting(self), str(k.caps.knobs()[a.knob].parse(a.value)), a.reason)
+        return True
 
     @property
     def volume_label(self) -> str:

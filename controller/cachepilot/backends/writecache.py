@@ -12,15 +12,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cachepilot.actions import Drain, SetKnob, SetWritePolicy
+from cachepilot.actions import Drain, SetWritePolicy
 from cachepilot.backends.base import Write
 from cachepilot.backends.dmstatus import DmWritecacheStatus, StatusParseError, parse_dm_writecache_status
-from cachepilot.backends.inspect import sample_volume
-from cachepilot.backends.kernelio import read_attr
+from cachepilot.backends.host import BlockDev, Host
+from cachepilot.backends.kinds import Described, Kind, KnobDef
 from cachepilot.backends.operation import Operation, OperationBackend, Setting
-from cachepilot.capabilities import KIND_WRITECACHE, WRITEBACK
-from cachepilot.errors import KernelRejected
-from cachepilot.models.volume import VolumeSample
+from cachepilot.capabilities import KIND_WRITECACHE, WRITEBACK, capabilities
+from cachepilot.errors import KernelRejected, UserError
+from cachepilot.models.volume import VolumeInfo, VolumeSample
+
+NAME = KIND_WRITECACHE
 
 # Optional arguments that take a value (the rest are flags).
 _VALUED = frozenset({"high_watermark", "low_watermark", "writeback_jobs", "autocommit_blocks", "autocommit_time",
@@ -67,15 +69,15 @@ class WritecacheTable:
 
 
 class WritecacheBackend(OperationBackend):
-    kind = KIND_WRITECACHE
+    kind = NAME
     flush_timeout_s = 300.0
 
     @property
     def dm_name(self) -> str:
-        return read_attr(self.sysfs_root / "block" / self.info.name / "dm" / "name")
+        return self.host.dm_name_of(self.info.name)
 
     def sample(self, now_ns: int) -> VolumeSample:
-        return sample_volume(self.info, sysfs_root=self.sysfs_root, dm=self.dmsetup, now_ns=now_ns)
+        return sample(self.host, self.info, now_ns)
 
     def status(self) -> DmWritecacheStatus:
         try:
@@ -103,12 +105,6 @@ class WritecacheBackend(OperationBackend):
 
     def _start(self, op: Operation) -> bool:
         a = op.action
-        if isinstance(a, SetKnob):
-            knob = self.caps.knobs().get(a.knob)
-            if knob is None:
-                raise KernelRejected(f"dm-writecache has no knob {a.knob!r}")
-            op.put(self.option_setting(knob.name), str(knob.parse(a.value)), a.reason)
-            return True
         if isinstance(a, SetWritePolicy):
             if a.mode != WRITEBACK:
                 raise KernelRejected(f"dm-writecache is write-back only; it cannot be set to {a.mode}")
@@ -139,3 +135,48 @@ class WritecacheBackend(OperationBackend):
         assert isinstance(op.action, Drain)
         return self._flush(op, op.action.reason)
 
+
+
+# ------------------------------------------------------------------ the kind: discovery, description, samples
+def detect(dev: BlockDev) -> bool:
+    return dev.dm_target == "writecache"
+
+
+def cache_device(table: tuple[str, ...] | list[str]) -> str:
+    """The cache device of a table line as dmsetup prints it (major:minor): the cache's identity."""
+    # "<start> <len> writecache <p|s> <origin dev> <cache dev> <block size> ..."
+    return table[5] if len(table) > 5 else ""
+
+
+def describe(host: Host, dev: BlockDev) -> Described:
+    t = dev.dm_table
+    block = int(t[6]) if len(t) > 6 and t[6].isdigit() else 4096
+    total = parse_dm_writecache_status(host.dm(("status", dev.dm_name), 10.0)).total_blocks
+    return Described(total * block, cache_device(t))
+
+
+def sample(host: Host, info: VolumeInfo, now: int) -> VolumeSample:
+    dm_name = host.dm_name_of(info.name)
+    line = host.dm(("status", dm_name), 10.0)
+    cache_id = cache_device(host.dm(("table", dm_name), 10.0).split())
+    try:
+        w = parse_dm_writecache_status(line)
+    except StatusParseError as exc:
+        raise UserError(f"dmsetup status {dm_name}: {exc}") from None
+    block = info.cache_bytes // w.total_blocks if w.total_blocks else 4096
+    hits = w.stats[1] + w.stats[3] + w.stats[4] if len(w.stats) >= 5 else 0  # read hits + write hits
+    total = w.stats[0] + w.stats[2] if len(w.stats) >= 3 else 0  # read blocks + write blocks
+    return VolumeSample(
+        dev=info.dev, ts_ns=now, mode="writeback", dirty_bytes=w.used_blocks * block, hits=hits,
+        misses=max(0, total - hits), io_errors=w.error, failed=w.error != 0, cache_id=cache_id,
+    )
+
+
+def _option(name: str) -> KnobDef:
+    """An optional table argument (changed by a reload)."""
+    return KnobDef(name, lambda b: b.option_setting(name))
+
+
+# Modes, drain and knobs with their ranges: cachepilot.capabilities; every knob is an optional table argument.
+KIND = Kind(NAME, WritecacheBackend, detect, describe, sample,
+            knobs=tuple(_option(n) for n in capabilities(NAME).knobs()))

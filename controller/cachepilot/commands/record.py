@@ -7,8 +7,8 @@ import signal
 import sys
 import time
 
-from cachepilot.backends import inspect
-from cachepilot.backends.inspect import block_name, describe_volume, fs_block_size, sample_volume
+from cachepilot.backends.host import Host
+from cachepilot.backends.inspect import block_name, describe_volume, sample_volume
 from cachepilot.commands.probe import MAX_RUN_S, MAX_TICK_S, device_node, number
 from cachepilot.daemon.loop import TickLoop
 from cachepilot.errors import CachepilotError, UserError
@@ -25,9 +25,10 @@ def _volume(path: str) -> VolumeInfo:
     except CachepilotError as exc:
         name, dev = block_name(path)  # re-raises a clear error for a missing or non-block path
         print(f"cachepilot record: {exc}; recording its events without cache samples", file=sys.stderr)
-        mountpoint, _ = inspect._mount_of(dev)  # noqa: SLF001 - the one mountinfo reader
+        host = Host()
+        mountpoint, _ = host.mount_of(dev)
         # freed extents are counted in filesystem blocks: 1 KiB on a small ext4, not always 4 KiB
-        return VolumeInfo(dev=dev, name=name, kind="none", fs_block_size=fs_block_size(mountpoint))
+        return VolumeInfo(dev=dev, name=name, kind="none", fs_block_size=host.fs_block_size(mountpoint))
 
 
 def record(args: argparse.Namespace) -> int:

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from cachepilot.actions import DiscardRanges, Promote
 from cachepilot.backends import inspect
 from cachepilot.backends.base import FAILED, Backend, ControlAction, Outcome
+from cachepilot.backends.host import Host
 from cachepilot.errors import DeviceGone, UserError
 from cachepilot.models.volume import VolumeInfo, VolumeSample
 
@@ -34,7 +34,7 @@ class ReadOnlyBackend(Backend):
         if not (self.sysfs_root / "block" / self.info.name).exists():
             raise DeviceGone(f"{self.info.name} vanished")
         try:
-            return inspect.sample_volume(self.info, sysfs_root=self.sysfs_root)
+            return inspect.sample_volume(self.info, host=self.host)
         except DeviceGone:
             raise
         except UserError:
@@ -67,14 +67,14 @@ def has_real_backends() -> bool:
     return _optional("cachepilot.backends", "open_backend") is not None
 
 
-def open_backend(info: VolumeInfo, sysfs_root: Path = Path("/sys")) -> Backend:
+def open_backend(info: VolumeInfo, host: Host | None = None) -> Backend:
     real = _optional("cachepilot.backends", "open_backend")
     if real is not None:
         try:
-            return real(info, sysfs_root=sysfs_root)  # type: ignore[no-any-return]
+            return real(info, host=host)  # type: ignore[no-any-return]
         except UserError:
             pass  # a kind without a backend: watch it read-only
-    return ReadOnlyBackend(info, sysfs_root=sysfs_root)
+    return ReadOnlyBackend(info, host=host)
 
 
 class FileActuators:

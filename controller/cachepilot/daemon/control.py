@@ -3,7 +3,9 @@
 
 One request per connection: a JSON object on one line (``{"cmd": "status"}``); one JSON answer, then the server
 closes. Answers are built from a snapshot the loop publishes every tick (a reference swap), never by computing, so
-they come back in milliseconds however busy the loop is. Clients get a short time-out to send their request.
+they come back in milliseconds however busy the loop is. The transport is a
+:class:`~cachepilot.boundedserver.BoundedServer` (one thread, a connection cap, the whole request within
+``CLIENT_TIMEOUT_S``); what a request means is the daemon's handler.
 """
 
 from __future__ import annotations
@@ -12,31 +14,99 @@ import json
 import os
 import socket
 import struct
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cachepilot.boundedserver import BoundedServer, Dialogue
 from cachepilot.errors import FatalError, UserError
 
 DEFAULT_SOCKET = "/run/cachepilot/control.sock"
 MAX_REQUEST = 4096
-CLIENT_TIMEOUT_S = 1.0
+MAX_DEPTH = 32  # requests are flat objects; json's parser recurses, so depth is refused before it parses
+CLIENT_TIMEOUT_S = 1.0  # for the whole request, however it trickles in
+REPLY_TIMEOUT_S = 5.0
+MAX_CLIENTS = 64
 
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def _line(answer: dict[str, Any]) -> bytes:
+    return json.dumps(answer, separators=(",", ":")).encode() + b"\n"
+
+
+def nesting_depth(text: bytes) -> int:
+    """The deepest bracket nesting of a JSON text, strings skipped (one pass, no recursion)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
+
+
+class _Requests(Dialogue):
+    def __init__(self, server: ControlServer) -> None:
+        self.server = server
+
+    def admit(self, conn: socket.socket) -> bytes | None:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        _pid, uid, _gid = struct.unpack("3i", creds)
+        if uid in (0, os.geteuid()):
+            return None
+        self.server.refused += 1
+        return _line({"error": "permission denied: root only"})
+
+    def reply(self, data: bytes, eof: bool) -> bytes | None:
+        line, newline, _ = data.partition(b"\n")
+        if not (newline or eof):
+            return None
+        if not line.strip():
+            return b""  # a connect-and-close (e.g. a liveness check)
+        return _line(self._answer(line))
+
+    def _answer(self, line: bytes) -> dict[str, Any]:
+        if nesting_depth(line) > MAX_DEPTH:
+            return {"error": f"bad request: nested deeper than {MAX_DEPTH}"}
+        try:
+            req = json.loads(line)
+            if not isinstance(req, dict):
+                raise ValueError("not an object")
+            return self.server.handler(req)
+        except (ValueError, UserError) as exc:
+            return {"error": f"bad request: {exc}"}
+        except Exception as exc:  # noqa: BLE001 - a bug in one answer is that answer's error, not the socket's
+            self.server.errors += 1
+            self.server.last_error = f"{type(exc).__name__}: {exc}"
+            return {"error": f"internal error: {self.server.last_error}"}
+
+    def too_big(self) -> bytes:
+        return _line({"error": f"bad request: longer than {MAX_REQUEST} bytes"})
+
+    def too_slow(self) -> bytes:
+        return _line({"error": f"bad request: not complete within {CLIENT_TIMEOUT_S:g} s"})
 
 
 class ControlServer:
     def __init__(self, path: Path, handler: Handler) -> None:
         self.path = path
         self.handler = handler
-        self.served = 0
         self.refused = 0
         self.errors = 0
         self.last_error: str | None = None
-        self._sock: socket.socket | None = None
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
+        self.server: BoundedServer | None = None
 
     def start(self) -> None:
         self.path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
@@ -58,11 +128,10 @@ class ControlServer:
         finally:
             os.umask(old)
         os.chmod(self.path, 0o600)
-        s.listen(16)
-        s.settimeout(0.2)
-        self._sock = s
-        self._thread = threading.Thread(target=self._serve, name="cachepilot-control", daemon=True)
-        self._thread.start()
+        self.server = BoundedServer(s, _Requests(self), name="cachepilot-control", max_conns=MAX_CLIENTS,
+                                    request_deadline_s=CLIENT_TIMEOUT_S, reply_deadline_s=REPLY_TIMEOUT_S,
+                                    max_request=MAX_REQUEST)
+        self.server.start()
 
     def _check_not_live(self) -> None:
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -76,66 +145,13 @@ class ControlServer:
         raise FatalError(f"control socket {self.path} is in use by another process")
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2)
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+        if self.server is not None:
+            self.server.close()
+            self.server = None
             try:
                 self.path.unlink()
             except OSError:
                 pass
-
-    def _serve(self) -> None:
-        assert self._sock is not None
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                if self._stop.is_set():
-                    return
-                continue
-            with conn:
-                try:
-                    self._one(conn)
-                except OSError:
-                    pass  # the client went away; nothing to answer
-                except Exception as exc:  # noqa: BLE001 - a bug in one answer must not close the socket for good
-                    self.errors += 1
-                    self.last_error = f"{type(exc).__name__}: {exc}"
-                    try:
-                        conn.sendall(json.dumps({"error": f"internal error: {self.last_error}"}).encode() + b"\n")
-                    except OSError:
-                        pass
-
-    def _one(self, conn: socket.socket) -> None:
-        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        _pid, uid, _gid = struct.unpack("3i", creds)
-        if uid not in (0, os.geteuid()):
-            self.refused += 1
-            conn.sendall(json.dumps({"error": "permission denied: root only"}).encode() + b"\n")
-            return
-        conn.settimeout(CLIENT_TIMEOUT_S)
-        buf = b""
-        while b"\n" not in buf and len(buf) < MAX_REQUEST:
-            chunk = conn.recv(MAX_REQUEST)
-            if not chunk:
-                break
-            buf += chunk
-        if not buf.strip():
-            return  # a connect-and-close (e.g. a liveness check)
-        try:
-            req = json.loads(buf.split(b"\n", 1)[0])
-            if not isinstance(req, dict):
-                raise ValueError("not an object")
-            answer = self.handler(req)
-        except (ValueError, UserError) as exc:
-            answer = {"error": f"bad request: {exc}"}
-        self.served += 1
-        conn.sendall(json.dumps(answer, separators=(",", ":")).encode() + b"\n")
 
 
 def request(path: Path, req: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:

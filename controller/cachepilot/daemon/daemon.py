@@ -84,7 +84,7 @@ class Daemon:
         self.actor = Actor(self.engine, self.vols, self.counters, self.adopter.drop, self.guard.once)
         self.decisions = self.actor.decisions
         self.intake = Intake(self.engine, self.vols, self.counters, self.guard, self.loop.stop_event,
-                             lambda: self.adopter.probe)
+                             lambda: self.adopter.probe, self.execute)
         self._wait, self._feed = self.intake.wait, self.intake.feed
         self.stages = self._stages()
         self.snapshot: status.Status | None = None  # the last published, replaced whole (read by other threads)

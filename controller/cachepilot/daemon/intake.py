@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from cachepilot.actions import Action
 from cachepilot.daemon.counters import Counters
 from cachepilot.daemon.guard import Guard
 from cachepilot.daemon.volume import VolumeTable
@@ -25,13 +26,14 @@ MIN_POLL_GAP_S = 0.1
 
 class Intake:
     def __init__(self, engine: Engine, vols: VolumeTable, counters: Counters, guard: Guard,
-                 stop_event: threading.Event, probe: Callable[[], Any]) -> None:
+                 stop_event: threading.Event, probe: Callable[[], Any], act: Callable[[Action, int], None]) -> None:
         self.engine = engine
         self.vols = vols
         self.counters = counters
         self.guard = guard
         self.stop_event = stop_event
         self.probe = probe  # the loaded probe, or None
+        self.act = act  # carries out an action (the daemon's execute)
         self.drops: Drops | None = None  # the probe's last drop counts
         self._next_poll = 0.0  # time.monotonic() of the earliest next look at the rings (MIN_POLL_GAP_S)
 
@@ -49,6 +51,13 @@ class Intake:
         self._next_poll = time.monotonic() + MIN_POLL_GAP_S
         for ev in probe.poll(int(seconds * 1000)):
             self.feed(ev)
+        self.guard.call("discards", self.discards, time.monotonic_ns())  # the loop's clock
+
+    def discards(self, now: int) -> None:
+        """The discards the commits just polled made ready: out right after the commit that freed them, not at the
+        next tick."""
+        for action in self.engine.discards(now):
+            self.act(action, now)
 
     def feed(self, ev: Any) -> None:
         self.counters.add("events", type(ev).__name__)

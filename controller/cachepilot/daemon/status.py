@@ -83,6 +83,7 @@ class VolumeStatus:
     believed_cached: int
     discard_pending_blocks: int
     held_switches: int
+    promotions_skipped: dict[str, int]  # promotions not made, by reason
     metrics: VolumeMetrics | None = field(default=None, metadata={"json": False})  # None: not exported
 
     def to_json(self) -> dict[str, Any]:
@@ -207,6 +208,7 @@ def volume_status(v: ManagedVolume, c: VolumeCtl, now: int, engine_now: int) -> 
         pending=[a.line() for a in pend], retries=len(v.retries),
         promo_queue=len(c.promo_queue), believed_cached=len(c.cached),
         discard_pending_blocks=c.freed.pending_blocks, held_switches=c.held_switches,
+        promotions_skipped=dict(c.promotions_skipped),
         metrics=None if s is None or v.observe_only else _metrics(v, c, engine_now))
 
 

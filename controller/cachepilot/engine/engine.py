@@ -4,10 +4,13 @@ Per tick the work is proportional to what changed (files touched since the last 
 samples), never to the number of tracked files:
 
 1. files touched since the last tick are sieved and offered to their volume's believed-cached set
-   (admission against the last evicted counter); newly admitted ones queue for promotion;
+   (admission against the last evicted counter); newly admitted ones queue for promotion -- on a cache that
+   inserts its own read misses (bcache) only what it did not keep: files not already resident, and only while it
+   has been bypassing reads (:meth:`Engine._gate_inserted`);
 2. a falling hit ratio (a scan polluted the cache) queues the whole believed-cached set for re-warming;
 3. promotions leave the queue within the volume's byte budget per second;
-4. freed extents whose journal transaction committed leave as discards every batching interval;
+4. freed extents whose journal transaction committed leave as discards at once, paced by the volume's discard
+   budget (the daemon also asks between ticks, right after the poll that brought the commit: :meth:`discards`);
 5. the write policy follows the failure latch first (a failed or degraded cache stays out of write-back until
    its cache device is replaced or an operator clears it), then the failure model, with hysteresis;
 6. destructive volumes drain: dirty data is driven to zero at least once per ``exposure.max_age``
@@ -21,6 +24,7 @@ are re-queued, failed switches and knobs are asked again after ``REQUEST_RETRY_N
 from __future__ import annotations
 
 from array import array
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,7 +60,7 @@ from cachepilot.events import (
 from cachepilot.models.admission import CachedSet
 from cachepilot.models.epochs import EpochTracker
 from cachepilot.models.freed import FreedExtentQueue
-from cachepilot.models.hotness import F_MEMBER, F_QUEUED, F_READ, HOT_DTYPE, HotnessTable
+from cachepilot.models.hotness import F_MEMBER, F_QUEUED, F_READ, F_RESIDENT, HOT_DTYPE, HotnessTable
 from cachepilot.models.volume import (
     BYPASS,
     BYPASS_NAMES,
@@ -74,6 +78,15 @@ REQUEST_RETRY_NS = 60 * NS  # re-issue an unanswered mode/knob request after thi
 
 
 ADMITTED = 0  # reason id: admitted against the last evicted counter (text made when emitted)
+
+# bcache folds its stats counters every 300/22 s (accounting_delay, drivers/md/bcache/stats.c): a bypassed read
+# shows in cache_bypass_* up to ~14 s after it happened. A rise seen within this long of a file's admission may be
+# its reads; none in that time means the cache bypassed no read, so it inserted the file's misses itself.
+BYPASS_WINDOW_NS = 30 * NS
+MAX_BYPASS_WAIT = 1 << 16  # admitted files waiting on the bypass rule (beyond: the oldest taken as inserted)
+SKIP_RESIDENT = "resident: promoted (or inserted by the cache) since the cache last changed, not written since"
+SKIP_INSERTED = "inserted by the cache itself: no read bypassed within 30 s of its admission"
+BYPASSED_LATER = "admitted, and the cache bypassed reads within 30 s of its admission (it did not keep them)"
 
 
 
@@ -165,8 +178,17 @@ class VolumeCtl:
     last_tick_ns: int | None = None
     last_switch_ns: int | None = None
     last_discard_ns: int = 0
+    discard_tokens: float = -1.0  # bytes the discard budget allows now (-1: not started, a full bucket)
+    discard_refill_ns: int = 0
+    discard_due: bool = False  # a commit came since the last look: extents it freed may be ready
+    bypasses_seen: int | None = None  # the cache's cumulative bypassed reads at the last sample (bcache)
+    bypass_rose_ns: int | None = None  # the sample time at which that count last rose
+    # admitted files (slot, generation, admitted at) that wait for a bypass within BYPASS_WINDOW_NS (oldest first)
+    bypass_wait: deque[tuple[int, int, int]] = field(default_factory=deque)
+    promotions_skipped: dict[str, int] = field(default_factory=dict)  # by reason (status)
     last_rewarm_ns: int | None = None
     cache_seen: str = ""  # the last cache device (set) seen attached: a different one is a replacement
+    detached: bool = False  # the last sample saw no cache device behind the volume
     last_refresh_ns: int = 0
     requested_mode: tuple[str, int] | None = None
     requested_knobs: dict[str, tuple[str, int]] = field(default_factory=dict)
@@ -286,6 +308,7 @@ class Engine:
         c = self._vol(ev.dev)
         if c is not None:
             c.freed.commit(ev.transaction, ev.ts_ns)
+            c.discard_due = True
 
     def _feed_epochs(self, ev: Barrier | SyncCalls) -> None:
         c = self._vol(ev.dev)  # block barriers close epochs, file-level calls annotate
@@ -362,6 +385,10 @@ class Engine:
             s.knobs, s.cache_id,
         ))
         c.epochs.note_dirty(grew)
+        if s.bypasses is not None:
+            prev, c.bypasses_seen = c.bypasses_seen, s.bypasses
+            if prev is not None and s.bypasses > prev:
+                c.bypass_rose_ns = s.ts_ns
         if st.dirty_bytes == 0:
             c.breach = None
         self._latch(c, s.ts_ns)
@@ -371,11 +398,25 @@ class Engine:
         """A new cache device behind the volume starts empty: re-warm the believed-cached set at once, hottest
         first, instead of waiting for the workload's misses (the stock cache's only way back)."""
         if not cache_id:
+            if c.cache_seen and not c.detached:  # detached: bcache drops a detached device's cached data
+                c.detached = True
+                self._forget_resident(c)
             return  # detached, or the kind does not say
+        c.detached = False
         old, c.cache_seen = c.cache_seen, cache_id
+        if old and old != cache_id:
+            self._forget_resident(c)
         if old and old != cache_id and c.policy.promotion.enabled:
             c.last_rewarm_ns = self.now_ns
             self._rewarm(c, f"cache device replaced ({old[:8]} -> {cache_id[:8]}): re-warming the hot set")
+
+    def _forget_resident(self, c: VolumeCtl) -> None:
+        """A different (or re-attached) cache holds none of the volume's files: nothing is resident any more."""
+        t = self.hotness
+        flags = np.frombuffer(t.flags, dtype=np.uint8)
+        flags[np.frombuffer(t.dev, dtype=np.uint32) == c.info.dev] &= ~F_RESIDENT & 0xFF
+        del flags
+        c.bypass_wait.clear()  # the re-warm queues every member
 
     # ------------------------------------------------------------ the failure latch
     def _latch(self, c: VolumeCtl, ts: int) -> None:
@@ -491,6 +532,7 @@ class Engine:
         self._admit(t)
         for c in self.vols.values():
             self._scan_pollution(c, now)
+            self._bypass_gate(c, now)
             self._promote(c, now, out)
             self._discard(c, now, out)
             self._track_drain(c, now)
@@ -547,9 +589,63 @@ class Engine:
         if len(admitted):
             flags = np.frombuffer(t.flags, dtype=np.uint8)
             fresh = admitted[(flags[admitted] & F_QUEUED) == 0]
+            if c.caps.inserts_read_misses and promo.only_uncached:
+                fresh = self._gate_inserted(c, fresh, flags)
             flags[fresh] |= F_QUEUED
             del flags
             c.promo_queue.push_many(fresh, ADMITTED)
+
+    def _gate_inserted(self, c: VolumeCtl, slots: np.ndarray, flags: np.ndarray) -> np.ndarray:
+        """On a cache that inserts its own read misses (bcache: readahead and O_DIRECT ones too), the newly
+        admitted files worth a promotion read now: a file already resident is never promoted again (until a write
+        or a cache change); the others only while the cache has been bypassing reads (its bypass count rose within
+        BYPASS_WINDOW_NS) -- else they wait for a rise within that window of their admission (_bypass_gate).
+        Without bypass counters (none sampled yet) only the residency rule applies."""
+        resident = (flags[slots] & F_RESIDENT) != 0
+        if resident.any():
+            self._skipped(c, SKIP_RESIDENT, int(resident.sum()))
+            slots = slots[~resident]
+        now = self.now_ns
+        rose = c.bypass_rose_ns
+        if c.bypasses_seen is None or (rose is not None and now - rose <= BYPASS_WINDOW_NS):
+            return slots
+        gen = self.hotness.gen
+        c.bypass_wait.extend((s, gen[s], now) for s in slots.tolist())
+        over = len(c.bypass_wait) - MAX_BYPASS_WAIT
+        if over > 0:
+            for _ in range(over):
+                c.bypass_wait.popleft()
+            self._skipped(c, SKIP_INSERTED, over)
+        return slots[:0]
+
+    def _bypass_gate(self, c: VolumeCtl, now: int) -> None:
+        """Admitted files that waited on the bypass rule: promoted if the cache's bypass count rose within
+        BYPASS_WINDOW_NS of their admission; once that window is over without one, taken as inserted by the cache
+        (resident). Oldest first: a file not yet decided means no later one is."""
+        w = c.bypass_wait
+        rose = c.bypass_rose_ns
+        t = self.hotness
+        flags, gen = t.flags, t.gen
+        rid = -1
+        while w:
+            slot, g, at = w[0]
+            alive = gen[slot] == g and flags[slot] & F_MEMBER
+            if rose is not None and at - BYPASS_WINDOW_NS <= rose <= at + BYPASS_WINDOW_NS:
+                if alive and not flags[slot] & F_QUEUED:
+                    rid = c.promo_queue.reason_id(BYPASSED_LATER) if rid < 0 else rid
+                    flags[slot] |= F_QUEUED
+                    c.promo_queue.push(slot, rid)
+            elif now - at > BYPASS_WINDOW_NS:
+                if alive:
+                    flags[slot] |= F_RESIDENT
+                self._skipped(c, SKIP_INSERTED, 1)
+            else:
+                break
+            w.popleft()
+
+    @staticmethod
+    def _skipped(c: VolumeCtl, reason: str, n: int) -> None:
+        c.promotions_skipped[reason] = c.promotions_skipped.get(reason, 0) + n
 
     def _scan_pollution(self, c: VolumeCtl, now: int) -> None:
         """Two signals of a polluted cache: a scan (far more cold files -- outside the believed-cached set --
@@ -605,6 +701,9 @@ class Engine:
         texts: dict[int, str] = {}  # reason texts by counter: thousands of promotions share a few
         append = out.append
         not_queued = ~F_QUEUED & 0xFF
+        gated = c.caps.inserts_read_misses and promo.only_uncached
+        resident = F_RESIDENT if gated else 0  # a promoted file is not read again
+        why = self._why_admitted(c, now) if gated else ""
         while head < end:
             v = items[head]
             slot = v & 0xFFFFFFFF
@@ -617,14 +716,14 @@ class Engine:
             if size > tokens and tokens < cap:
                 break  # a file larger than the bucket goes once the bucket is full, leaving a debt
             head += 1
-            flags[slot] = f & not_queued
+            flags[slot] = (f & not_queued) | resident
             tokens -= size
             rid = v >> 32
             if rid == ADMITTED:
                 sc = score(slot)
                 reason = texts.get(sc)
                 if reason is None:
-                    reason = texts[sc] = f"counter {sc} > last evicted {bar}"
+                    reason = texts[sc] = f"counter {sc} > last evicted {bar}{why}"
             else:
                 reason = q.reasons[rid] if rid < len(q.reasons) else "re-warm"
             append(Promote(name, tdev[slot], tino[slot], tgen[slot], ((0, size),), reason))
@@ -632,19 +731,47 @@ class Engine:
         q.head = head - 1
         q.pop()  # compacts the array when the consumed head is large
 
+    @staticmethod
+    def _why_admitted(c: VolumeCtl, now: int) -> str:
+        """What let an admitted file through on a cache that inserts its own misses (the reason's tail)."""
+        if c.bypass_rose_ns is None:
+            return "; no bypass counters sampled yet"
+        return f"; the cache bypassed reads {max(0, now - c.bypass_rose_ns) / NS:.0f} s ago (it keeps only its misses)"
+
+    def discards(self, now_ns: int) -> list[Action]:
+        """The discards that the commits seen since the last look made ready, now (within each volume's budget).
+        The daemon asks after every poll of the probe's rings: a freed extent's discard goes out right after the
+        commit that freed it, not at the next tick -- dead data that waits is data the cache may write back."""
+        out: list[Action] = []
+        for c in self.vols.values():
+            if c.discard_due:
+                self._discard(c, max(now_ns, self.now_ns), out)
+        return out
+
     def _discard(self, c: VolumeCtl, now: int, out: list[Action]) -> None:
+        """Ready extents leave as one action (coalesced: extents that touch become one range), within a token
+        bucket of ``max_rate`` bytes per second holding at most max(1 s, interval) of it. A policy ``interval``
+        above 0 batches: at most one look per interval (the old behaviour, for operators who want it)."""
+        c.discard_due = False
         d = c.policy.discard_on_delete
         if not d.enabled or c.info.fs_discard:
             return
-        if now - c.last_discard_ns < d.interval_s * NS:
-            return
+        if d.interval_s > 0:
+            if now - c.last_discard_ns < d.interval_s * NS:
+                return
+            c.last_discard_ns = now
+        cap = d.max_rate * max(1.0, d.interval_s)
+        if c.discard_tokens < 0:
+            c.discard_tokens = cap
+        else:
+            c.discard_tokens = min(cap, c.discard_tokens + d.max_rate * max(0, now - c.discard_refill_ns) / NS)
+        c.discard_refill_ns = now
         bs = c.info.fs_block_size
-        max_blocks = max(1, int(d.max_rate * d.interval_s) // bs)
-        ranges = c.freed.take(now, max_blocks)
-        c.last_discard_ns = now
+        ranges = c.freed.take(now, int(c.discard_tokens) // bs)
         if not ranges:
             return
         total = sum(n for _, n in ranges) * bs
+        c.discard_tokens -= total
         out.append(DiscardRanges(
             c.info.name, c.info.dev, tuple((s * bs, n * bs) for s, n in ranges),
             f"{len(ranges)} extent(s), {total} bytes freed by deletes and committed by the journal",

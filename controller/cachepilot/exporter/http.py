@@ -1,24 +1,31 @@
-"""The metrics endpoint: HTTP on 127.0.0.1 by default, in its own thread.
+"""The metrics endpoint: HTTP on 127.0.0.1 by default, on a :class:`~cachepilot.boundedserver.BoundedServer` (one
+thread, a connection cap, the whole request within ``REQUEST_TIMEOUT_S``), so a local user cannot stall it.
 
 A scrape reads the last published snapshot (:class:`~cachepilot.exporter.snapshot.SnapshotBox`); it never
 takes a lock the loop holds for longer than a reference swap, so a slow or stuck scraper cannot delay a tick.
+HTTP is the little a scraper needs: ``GET``/``HEAD`` of ``/metrics`` (and ``/``, a link to it), one request per
+connection; any other path is 404, any other method 405.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import socket
-import threading
+import time
 from dataclasses import dataclass
-from socketserver import ThreadingMixIn
-from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import make_wsgi_app
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
+from cachepilot.boundedserver import BoundedServer, Dialogue
 from cachepilot.errors import UserError
 
+RENDER_TTL_S = 0.1
+MAX_REQUEST = 8192  # the request line and headers
+REQUEST_TIMEOUT_S = 2.0
+REPLY_TIMEOUT_S = 10.0
+MAX_CLIENTS = 256  # a scrape costs a socket and a buffer, not a thread
+INDEX = b'<html><body><a href="/metrics">/metrics</a></body></html>\n'
 DEFAULT_LISTEN = "127.0.0.1:9854"
 
 
@@ -36,43 +43,84 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host, number
 
 
+def _response(status: str, body: bytes, ctype: str = "text/plain; charset=utf-8", extra: str = "",
+              head: bool = False) -> bytes:
+    header = (f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n{extra}"
+              "Connection: close\r\n\r\n")
+    return header.encode("latin-1") + (b"" if head else body)
+
+
+def _accept_header(head: bytes) -> str:
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"accept":
+            return value.strip().decode("latin-1")
+    return ""
+
+
+class _Scrapes(Dialogue):
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self._rendered: dict[str, tuple[float, bytes]] = {}  # content type -> (when, body)
+
+    def _render(self, accept: str) -> tuple[bytes, str]:
+        """The registry rendered in the format the scraper asked for; at most once per RENDER_TTL_S per format, so
+        a storm of scrapes costs sends, not renders (the snapshot behind it changes once per tick anyway)."""
+        encode, ctype = choose_encoder(accept)  # Prometheus asks for OpenMetrics, curl gets text
+        now = time.monotonic()
+        when, body = self._rendered.get(ctype, (-RENDER_TTL_S, b""))
+        if now - when >= RENDER_TTL_S:
+            body = encode(self.registry)
+            self._rendered[ctype] = (now, body)
+        return body, ctype
+
+    def reply(self, data: bytes, eof: bool) -> bytes | None:
+        head, sep, _ = data.partition(b"\r\n\r\n")
+        if not sep:
+            return b"" if eof else None
+        parts = head.split(b"\r\n", 1)[0].split(b" ")
+        if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
+            return _response("400 Bad Request", b"bad request\n")
+        method, path = parts[0], parts[1].split(b"?", 1)[0]
+        if path not in (b"/metrics", b"/"):
+            return _response("404 Not Found", b"not found: try /metrics\n")
+        if method not in (b"GET", b"HEAD"):
+            return _response("405 Method Not Allowed", b"method not allowed\n", extra="Allow: GET, HEAD\r\n")
+        if path == b"/":
+            return _response("200 OK", INDEX, "text/html; charset=utf-8", head=method == b"HEAD")
+        body, ctype = self._render(_accept_header(head))
+        return _response("200 OK", body, ctype, head=method == b"HEAD")
+
+    def too_big(self) -> bytes:
+        return _response("431 Request Header Fields Too Large", b"request too large\n")
+
+    def too_slow(self) -> bytes:
+        return _response("408 Request Timeout", b"request not complete in time\n")
+
+
 @dataclass
 class MetricsServer:
     host: str
     port: int  # the bound port (useful with port 0 in tests)
-    _server: object
-    _thread: threading.Thread
+    _server: BoundedServer
 
     def close(self) -> None:
-        self._server.shutdown()  # type: ignore[attr-defined]
-        self._server.server_close()  # type: ignore[attr-defined]
-        self._thread.join(timeout=5)
-
-
-class _Quiet(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
-        """A scrape is not worth a log line (the journal would get one every scrape interval)."""
-
-
-class _Server(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-
-
-class _Server6(_Server):
-    address_family = socket.AF_INET6
+        self._server.close()
 
 
 def serve(listen: str, registry: CollectorRegistry) -> MetricsServer:
-    """Start answering ``/metrics`` on ``listen``; UserError if the address is malformed or taken.
-
-    Our own small WSGI server around prometheus_client's app rather than its start_http_server, whose return value
-    changed (None before 0.17, the server and thread after): Debian 12 ships 0.16."""
+    """Start answering ``/metrics`` on ``listen``; UserError if the address is malformed or taken."""
     host, port = parse_listen(listen)
-    cls = _Server6 if ipaddress.ip_address(host).version == 6 else _Server
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
-        server = make_server(host, port, make_wsgi_app(registry), cls, handler_class=_Quiet)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart binds despite TIME_WAIT
+        sock.bind((host, port))
+        server = BoundedServer(sock, _Scrapes(registry), name="cachepilot-metrics", max_conns=MAX_CLIENTS,
+                               request_deadline_s=REQUEST_TIMEOUT_S, reply_deadline_s=REPLY_TIMEOUT_S,
+                               max_request=MAX_REQUEST)
     except OSError as e:
+        sock.close()
         raise UserError(f"metrics listen address {listen}: {e.strerror or e}") from None
-    thread = threading.Thread(target=server.serve_forever, name="cachepilot-metrics", daemon=True)
-    thread.start()
-    return MetricsServer(host, server.server_address[1], server, thread)
+    server.start()
+    return MetricsServer(host, sock.getsockname()[1], server)

@@ -15,7 +15,7 @@ wscore        u32     write counter (saturating), at aging epoch ``stamp``
 stamp         u32     aging epoch at which rscore/wscore were last normalised
 last          i64     last access, CLOCK_MONOTONIC ns
 size          i64     file size in bytes (-1 = unknown)
-flags         u8      READ / APPEND / OVERWRITE / TOUCHED / LIVE / MEMBER / QUEUED bits
+flags         u8      READ / APPEND / OVERWRITE / TOUCHED / LIVE / MEMBER / QUEUED / RESIDENT bits
 charged       u32     pages charged to the believed-cached set
 ============  ======  =====================================================================
 
@@ -49,6 +49,9 @@ F_TOUCHED = 8  # changed since the last drain_touched()
 F_LIVE = 16  # slot in use
 F_MEMBER = 32  # in its volume's believed-cached set (models.admission)
 F_QUEUED = 64  # waiting in its volume's promotion queue (engine)
+# in the cache since it last changed identity, by our promotion or the cache's own insert (engine, bcache): not
+# promoted again; cleared by a write (new blocks may be elsewhere), a reset slot, or a cache change (engine)
+F_RESIDENT = 128
 
 
 HOT_DTYPE = np.dtype([("dev", "<u4"), ("ino", "<u8"), ("gen", "<u4"), ("rs", "<u4"), ("ws", "<u4"),
@@ -284,6 +287,7 @@ class HotnessTable:
         if rs:
             f |= F_READ
         if ws:
+            f &= ~F_RESIDENT & 0xFF
             old = self.size[slot]
             if size >= 0 and old >= 0 and size - old >= wbytes > 0:
                 f |= F_APPEND
@@ -386,6 +390,7 @@ class HotnessTable:
             app = wmask & (size >= 0) & (oldsize >= 0) & (wb > 0) & (size - oldsize >= wb)
             ovw = wmask & ~app & ((oldsize >= 0) | (size < 0))
             f |= (app * F_APPEND | ovw * F_OVERWRITE).astype(np.uint8)
+            f &= np.where(wmask, ~F_RESIDENT & 0xFF, 0xFF).astype(np.uint8)
         known = size >= 0
         sizea[slots[known]] = size[known]
         lasta = np.frombuffer(self.last, dtype=i64)

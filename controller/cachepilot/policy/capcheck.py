@@ -1,5 +1,6 @@
 """Capability checks of a policy: every knob value typed and ranged for its knob, and no rule asking for a knob or a
-mode that a kind of cache it can match cannot take (capabilities.py is the one table).
+mode that a kind of cache it can match cannot take (the declarative half of the table of kinds, capabilities.py, is
+the one source).
 
 Which kinds a rule can match: its ``kind`` selector if set; else what its ``device`` glob allows (bcache volumes are
 named ``bcacheN``, device-mapper ones ``dm-N``); ``fs_uuid`` and ``mountpoint`` do not narrow it. ``defaults`` apply
@@ -16,13 +17,11 @@ import fnmatch
 from collections.abc import Callable
 from typing import Any
 
-from cachepilot.capabilities import CAPABILITIES, KIND_BCACHE, KINDS, KNOBS, WRITETHROUGH
+from cachepilot.capabilities import CAPABILITIES, KINDS, KNOBS, WRITETHROUGH, capabilities
 from cachepilot.errors import UserError
 
 PathT = tuple[str | int, ...]
 ErrFn = Callable[[PathT, str], UserError]
-
-NAME_PREFIX = {KIND_BCACHE: "bcache", "dm-cache": "dm-", "dm-writecache": "dm-"}
 
 
 def glob_can_start_with(glob: str, prefix: str) -> bool:
@@ -80,7 +79,7 @@ def matchable_kinds(match: dict[str, Any]) -> tuple[str, ...]:
     glob = match.get("device")
     if glob is None:
         return KINDS
-    return tuple(k for k in KINDS if glob_can_start_with(glob, NAME_PREFIX[k]))
+    return tuple(k for k, c in CAPABILITIES.items() if glob_can_start_with(glob, c.device_prefix))
 
 
 def _knob_values(knobs: dict[str, Any], path: PathT, err: ErrFn) -> None:
@@ -94,14 +93,15 @@ def _knob_values(knobs: dict[str, Any], path: PathT, err: ErrFn) -> None:
 def _rule(rule: dict[str, Any], path: PathT, err: ErrFn) -> None:
     kinds = matchable_kinds(rule.get("match", {}))
     can_match = ", ".join(kinds) or "none"
+    knobs = KNOBS
     for name in rule.get("knobs", {}):
-        lacking = [k for k in kinds if k not in KNOBS[name].kinds]
+        lacking = [k for k in kinds if k not in knobs[name].kinds]
         if lacking:
-            has = ", ".join(sorted(KNOBS[name].kinds))
+            has = ", ".join(sorted(knobs[name].kinds))
             raise err((*path, "knobs", name), (
                 f"knob {name} exists only on {has}, but this rule can match {can_match}"
                 f" ({', '.join(lacking)} cannot take it): narrow it with match.kind"))
-    if rule.get("failure_model") == "auto" and kinds and all(WRITETHROUGH not in CAPABILITIES[k].modes
+    if rule.get("failure_model") == "auto" and kinds and all(WRITETHROUGH not in capabilities(k).modes
                                                               for k in kinds):
         raise err((*path, "failure_model"), (
             f"auto chooses between write-through and write-back, but {can_match} does not have write-through:"

@@ -321,11 +321,10 @@ def _settings(raw: dict[str, Any], base: VolumePolicy, doc: _Doc, path: PathT) -
     knobs.update({k: str(v) for k, v in raw.get("knobs", {}).items()})
     if promotion.enabled and promotion.rate == 0:
         raise doc.err((*path, "promotion", "rate"), "promotion is enabled but its rate is 0")
-    if discard.enabled and discard.interval_s <= 0:
-        raise doc.err((*path, "discard_on_delete", "interval"), "batching interval must be > 0")
-    if discard.enabled and discard.max_rate * discard.interval_s < max(1, discard.min_extent):
+    burst_s = max(1.0, discard.interval_s)  # the engine's discard budget holds this long of max_rate
+    if discard.enabled and discard.max_rate * burst_s < max(1, discard.min_extent):
         raise doc.err((*path, "discard_on_delete", "max_rate"),
-                      f"max_rate x interval ({discard.max_rate} B/s x {discard.interval_s:g} s) is below "
+                      f"max_rate x {burst_s:g} s ({discard.max_rate} B/s) is below "
                       f"min_extent ({discard.min_extent} B): no extent could ever be released")
     if exposure.max_age_s <= 0:
         raise doc.err((*path, "exposure", "max_age"), "the exposure age bound must be > 0")

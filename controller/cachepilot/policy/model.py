@@ -24,12 +24,15 @@ class Promotion:
     max_cache_fraction: float = 0.25
     sieve_size: int = 1 * MiB
     refresh_interval_s: float = 0.0  # 0 = never re-read the believed-cached set
+    # on a cache that inserts its own read misses (bcache): promote only while it bypasses reads, never a file
+    # already resident (false: every admitted file, e.g. where the allocator drops read-miss inserts)
+    only_uncached: bool = True
 
 
 @dataclass(frozen=True, slots=True)
 class DiscardOnDelete:
     enabled: bool = True
-    interval_s: float = 10.0
+    interval_s: float = 0.0  # 0: each commit's freed extents go at once; > 0: batched, one look per interval
     min_extent: int = 64 * 1024
     max_rate: int = 256 * MiB  # bytes per second
 

@@ -10,30 +10,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from cachepilot.capabilities import KINDS
+from cachepilot.capabilities import KINDS, KNOBS
 
 SIZE_PATTERN = r"^[0-9]+(\.[0-9]+)? ?(B|K|M|G|T|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?$"
 DURATION_PATTERN = r"^[0-9]+(\.[0-9]+)? ?(ms|s|m|h|d)$"
 
-KNOBS = [
-    # bcache (/sys/block/bcacheN/bcache/)
-    "sequential_cutoff",
-    "writeback_percent",
-    "writeback_delay",
-    "writeback_rate",
-    "writeback_rate_minimum",
-    "readahead",
-    "congested_read_threshold_us",
-    "congested_write_threshold_us",
-    # dm-cache (dmsetup message)
-    "migration_threshold",
-    # dm-writecache (table arguments)
-    "high_watermark",
-    "low_watermark",
-    "writeback_jobs",
-    "autocommit_blocks",
-    "autocommit_time",
-]
 
 _size: dict[str, Any] = {
     "description": "bytes: an integer or a string with a unit (KiB, MiB, GiB, K, M, G ...)",
@@ -50,7 +31,8 @@ def _obj(props: dict[str, Any], **extra: Any) -> dict[str, Any]:
     return {"type": "object", "additionalProperties": False, "properties": props, **extra}
 
 
-SETTINGS: dict[str, Any] = {
+def _settings(knobs: list[str]) -> dict[str, Any]:
+    return {
     "failure_model": {"enum": ["recoverable", "destructive", "auto"]},
     "exposure": _obj({"max_dirty": {"$ref": "#/$defs/size"}, "max_age": {"$ref": "#/$defs/duration"}}),
     "promotion": _obj(
@@ -62,6 +44,10 @@ SETTINGS: dict[str, Any] = {
             "refresh_interval": {
                 "$ref": "#/$defs/duration",
                 "description": "re-read the believed-cached set this often so the cache keeps it (0 = never)",
+            },
+            "only_uncached": {
+                "type": "boolean",
+                "description": "bcache: promote only while the cache bypasses reads, never a resident file",
             },
         }
     ),
@@ -87,22 +73,28 @@ SETTINGS: dict[str, Any] = {
     ),
     "knobs": {
         "type": "object",
-        "propertyNames": {"enum": KNOBS},
+        "propertyNames": {"enum": knobs},
         "additionalProperties": {"type": ["string", "integer", "number"]},
     },
-}
+    }
 
-SELECTOR: dict[str, Any] = _obj(
+
+def _selector(kind_names: list[str]) -> dict[str, Any]:
+    return _obj(
     {
         "device": {"type": "string", "minLength": 1, "description": "glob on the device name"},
         "fs_uuid": {"type": "string", "pattern": "^[0-9a-fA-F-]{8,36}$"},
         "mountpoint": {"type": "string", "pattern": "^/"},
-        "kind": {"enum": list(KINDS), "description": "the kind of cache (knobs and modes are checked against it)"},
+        "kind": {"enum": kind_names, "description": "the kind of cache (knobs and modes are checked against it)"},
     },
     minProperties=1,
-)
+    )
 
-SCHEMA: dict[str, Any] = {
+
+def build(kind_names: list[str], knobs: list[str]) -> dict[str, Any]:
+    """The schema for these kinds and knobs (the table's: :data:`SCHEMA`)."""
+    settings = _settings(knobs)
+    return {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "$id": "https://cachepilot.invalid/policy.schema.json",
     "title": "cachepilot policy",
@@ -113,17 +105,21 @@ SCHEMA: dict[str, Any] = {
         "version": {"const": 1},
         "dry_run": {"type": "boolean"},
         "hotness": _obj({"half_life": {"$ref": "#/$defs/duration"}}),
-        "defaults": _obj(SETTINGS),
+        "defaults": _obj(settings),
         "volumes": {
             "type": "array",
             "items": _obj(
-                {"name": {"type": "string"}, "match": SELECTOR, **SETTINGS},
+                {"name": {"type": "string"}, "match": _selector(kind_names), **settings},
                 required=["match"],
             ),
         },
     },
     "$defs": {"size": _size, "duration": _duration, "fraction": _fraction},
-}
+    }
+
+
+# The table's kinds and knobs (cachepilot.capabilities, the declarative half of the table of kinds).
+SCHEMA: dict[str, Any] = build(list(KINDS), list(KNOBS))
 
 
 if __name__ == "__main__":

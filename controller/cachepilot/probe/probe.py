@@ -45,8 +45,8 @@ from cachepilot.events import (
     HotnessDelta,
     MetadataDelta,
     SyncCalls,
-    kdev_major_minor,
 )
+from cachepilot.mountinfo import ProcMounts
 from cachepilot.probe import libbpf
 from cachepilot.probe.ring import FixedRing
 
@@ -249,22 +249,6 @@ def _has_kernel_symbol(name: str) -> bool:
         return False
 
 
-def fs_type(dev: int, mountinfo: Path = Path("/proc/self/mountinfo")) -> str | None:
-    """The type of the filesystem mounted from dev (the kernel's dev_t, as s_dev) (None: not mounted here, or mounted
-    as several types); from mountinfo's "major:minor" and the type after the " - " separator."""
-    want = "{}:{}".format(*kdev_major_minor(dev))
-    types = set()
-    try:
-        for line in mountinfo.read_text().splitlines():
-            fields, _, rest = line.partition(" - ")
-            parts = fields.split()
-            if len(parts) > 2 and parts[2] == want and rest:
-                types.add(rest.split()[0])
-    except OSError:
-        return None
-    return types.pop() if len(types) == 1 else None
-
-
 def _mount_tracefs() -> str | None:
     """Mount tracefs if it is not; returns a reason string if tracepoint/* programs cannot work."""
     if (TRACEFS / "events").is_dir():
@@ -333,6 +317,7 @@ class Probe:
     - dio_hook: "auto" (iomap tracepoints if the kernel has them, else syscall tracepoints), "iomap", "syscalls"
     - ignore_self: do not count this process's own file I/O, fsyncs and unlinks (its discards are still seen)
     - unavailable: programs to treat as missing (tests of the partial-attach path)
+    - mounts: the mount table to read filesystem types from (default: this host's /proc)
     """
 
     def __init__(
@@ -345,7 +330,9 @@ class Probe:
         ignore_self: bool = True,
         btf_path: str | os.PathLike[str] = VMLINUX_BTF,
         unavailable: Iterable[str] = (),
+        mounts: ProcMounts | None = None,
     ) -> None:
+        self.mounts = mounts or ProcMounts()  # which filesystem type a watched device carries
         self._obj: int | None = None
         self._links: list[int] = []
         self._rb: int | None = None
@@ -604,7 +591,7 @@ class Probe:
         self._fs_of[dev] = dev if fs_dev is None else fs_dev
         if self._fs_of[dev] != dev:
             self._attach_deferred(STACKED)
-        if fs_type(self._fs_of[dev]) != "ext4":
+        if self.mounts.fs_type(self._fs_of[dev]) != "ext4":
             self._attach_deferred(NOT_EXT4)
         touched = {dev: L.ROLE_VOLUME}
         touched[self._fs_of[dev]] = touched.get(self._fs_of[dev], 0) | L.ROLE_FS

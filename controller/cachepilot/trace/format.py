@@ -74,6 +74,7 @@ import numpy as np
 import zstandard
 
 from cachepilot import records as R
+from cachepilot.capabilities import KINDS
 from cachepilot.errors import UserError
 from cachepilot.events import (
     Event,
@@ -263,7 +264,7 @@ class TraceWriter:
                     pass  # nothing is left in the buffer (each block is flushed): the error was raised already
 
 
-_VOLUME_KINDS = ("bcache", "dm-cache", "dm-writecache", "none")  # none: a plain block device (record)
+OBSERVED = "none"  # the kind of a plain block device (record, observe): not a cache
 _U32, _U60 = (1 << 32) - 1, 1 << 60
 
 
@@ -299,8 +300,9 @@ def volume_info(d: Any) -> VolumeInfo:
         raise ValueError(f"volume {v.name!r}: dev {v.dev} is not a 32-bit device number")
     if not v.name:
         raise ValueError("volume: empty name")
-    if v.kind not in _VOLUME_KINDS:
-        raise ValueError(f"volume {v.name!r}: unknown kind {v.kind!r} (known: {', '.join(_VOLUME_KINDS)})")
+    known = (*KINDS, OBSERVED)
+    if v.kind not in known:
+        raise ValueError(f"volume {v.name!r}: unknown kind {v.kind!r} (known: {', '.join(known)})")
     bs = v.fs_block_size
     if bs < 512 or bs > 65536 or bs & (bs - 1):
         raise ValueError(f"volume {v.name!r}: fs_block_size {bs} is not a power of two in 512..65536")

@@ -165,12 +165,13 @@ def drop_caches() -> None:
 class Daemon:
     """`cachepilot run` with the given policy files, as its own process; CPU and RSS sampled from /proc."""
 
-    def __init__(self, policies: list[Path], tick: str = "1s") -> None:
+    def __init__(self, policies: list[Path], tick: str = "1s", metrics_listen: str = "") -> None:
+        """metrics_listen: the exporter's HTTP listener (IP:PORT), none by default."""
         self.tmp = Path(tempfile.mkdtemp(prefix="cp-bench-"))
         pol = ", ".join(str(p) for p in policies)
         (self.tmp / "c.yaml").write_text(
             f"version: 1\npolicies: [{pol}]\nstate_dir: state\nsocket: ctl.sock\ntick: {tick}\n"
-            "rescan: 10s\nstate_interval: 30s\nmetrics: {listen: ''}\n")
+            f"rescan: 10s\nstate_interval: 30s\nmetrics: {{listen: {json.dumps(metrics_listen)}}}\n")
         self.err = open(self.tmp / "stderr", "w+")  # noqa: SIM115 - kept open for the daemon's life
         cli = str(Path(sys.executable).with_name("cachepilot"))
         t0 = time.monotonic()
@@ -198,9 +199,13 @@ class Daemon:
         self.rss_max = max(self.rss_max, self.rss())
 
     def explain(self) -> list[dict]:
+        return list(self.ask("explain")["decisions"])
+
+    def ask(self, cmd: str) -> dict:
+        """One request on the daemon's control socket (status / top / explain)."""
         from cachepilot.daemon.control import request
 
-        return list(request(self.tmp / "ctl.sock", {"cmd": "explain"})["decisions"])
+        return request(self.tmp / "ctl.sock", {"cmd": cmd})
 
     def log(self) -> str:
         self.err.seek(0)

@@ -29,7 +29,9 @@ POLICY = """version: 1
 defaults:
   failure_model: destructive
   exposure: {max_dirty: 4MiB, max_age: 5m}
-  promotion: {enabled: true, rate: 8MiB, sieve_size: 1MiB}
+  # only_uncached false: nothing is bypassed here (cutoff 0), so by default bcache's own inserts would make every
+  # promotion redundant and none would be killed mid-way; this test is about promotions interrupted
+  promotion: {enabled: true, rate: 8MiB, sieve_size: 1MiB, only_uncached: false}
   discard_on_delete: {enabled: true, interval: 1s, min_extent: 4KiB}
   hysteresis: {min_switch_interval: 1s, resume_below: 0.5}
   knobs: {writeback_percent: 40, sequential_cutoff: 0}

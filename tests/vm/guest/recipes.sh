@@ -79,12 +79,47 @@ recipe_writecache() {
     mkfs_and_mount
 }
 
+# An LVM cache LV (lvmcache, lvconvert --type cache) on the origin and cache mappings. Its own lvm.conf (exported
+# as LVM_SYSTEM_DIR, so cachepilot's lvchange calls in the test read it too): only the two mappings are PVs (the
+# disks below them carry the same PV labels), and no udev in the guest: libdevmapper makes the nodes itself
+# (DM_DISABLE_UDEV, as cachepilot runs lvchange). The cache pool has no spare metadata LV.
+recipe_lvmcache() {
+    run_step "load dm-cache" modprobe -a dm-cache dm-cache-smq || return 1
+    export DM_DISABLE_UDEV=1 LVM_SYSTEM_DIR=/tmp/lab-lvm
+    mkdir -p "$LVM_SYSTEM_DIR"
+    cat > "$LVM_SYSTEM_DIR/lvm.conf" <<'CONF'
+devices {
+    filter = [ "a|^/dev/mapper/lab-origin$|", "a|^/dev/mapper/lab-cache$|", "r|.*|" ]
+    obtain_device_list_from_udev = 0
+    use_devicesfile = 0
+}
+activation {
+    udev_sync = 0
+    udev_rules = 0
+}
+backup {
+    backup = 0
+    archive = 0
+}
+CONF
+    run_step "pvcreate" lvm pvcreate -y -ff "$LAB_ORIGIN_DEV" "$LAB_CACHE_DEV" || return 1
+    run_step "vgcreate" lvm vgcreate labvg "$LAB_ORIGIN_DEV" "$LAB_CACHE_DEV" || return 1
+    run_step "origin LV" lvm lvcreate -y -n cached -l 100%PVS labvg "$LAB_ORIGIN_DEV" || return 1
+    run_step "cache pool" lvm lvcreate -y --type cache-pool --poolmetadataspare n --chunksize 64k \
+        -n cpool -l 100%PVS labvg "$LAB_CACHE_DEV" || return 1
+    run_step "lvconvert --type cache" lvm lvconvert -y --type cache --cachepool labvg/cpool \
+        --cachemode "${LAB_MODE:-writeback}" --cachepolicy smq labvg/cached || return 1
+    wait_for /dev/mapper/labvg-cached || return 1
+    export LAB_CACHED_DEV=/dev/mapper/labvg-cached LAB_DM_NAME=labvg-cached LAB_LV=labvg/cached
+    mkfs_and_mount
+}
+
 build_volume() {
     LAB_STEP="base devices"
     export LAB_RECIPE
     case $LAB_RECIPE in
         none) base_devices ;;
-        bcache|dmcache|writecache) base_devices && "recipe_$LAB_RECIPE" ;;
+        bcache|dmcache|writecache|lvmcache) base_devices && "recipe_$LAB_RECIPE" ;;
         *) LAB_STEP="recipe name"; echo "lab: unknown recipe '$LAB_RECIPE'" >&2; return 1 ;;
     esac
 }

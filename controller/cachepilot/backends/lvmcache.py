@@ -1,0 +1,153 @@
+"""lvmcache: a dm-cache LV that LVM manages (its dm uuid starts ``LVM-``), changed only through ``lvchange`` so that
+LVM's metadata stays the truth and a change survives a reboot (a raw ``dmsetup reload`` would be undone by the next
+activation).
+
+What LVM does (lvm2 tools/lvchange.c ``_lvchange_cache``, lib/metadata/cache_manip.c): ``--cachemode`` on a cache
+with dirty blocks first waits for it to be clean (loading the cleaner itself, polling) and refuses if that is
+interrupted; ``--cachepolicy`` and ``--cachesettings`` are written to the metadata and the table reloaded. So a
+drain is ``lvchange --cachepolicy cleaner`` alone (a mode change would block until clean; LVM loads the cleaner in
+writethrough, so no new dirty blocks appear), polled tick by tick until ``dirty`` reads 0, and only then
+``lvchange --cachemode M --cachepolicy P`` with the saved policy. As on raw dm-cache, recently written blocks are
+written back only once the origin idles (``Capabilities.drain_needs_idle``).
+Reads (mode, policy, dirty, counters) come from ``dmsetup table|status``, which is what the kernel runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from cachepilot.actions import Drain
+from cachepilot.backends import dmcache
+from cachepilot.backends.host import BlockDev, Host, ToolResult
+from cachepilot.backends.kinds import Kind, KnobDef
+from cachepilot.backends.operation import Operation, Setting
+from cachepilot.capabilities import KIND_LVMCACHE
+from cachepilot.errors import CachepilotError, DeviceGone, KernelRejected, RetryLater
+from cachepilot.models.volume import VolumeInfo, VolumeSample
+
+NAME = KIND_LVMCACHE
+LVCHANGE_TIMEOUT_S = 120.0  # a mode change on a cache that got dirty again waits inside lvchange until it is clean
+
+# What lvchange prints, by class (lvm2's log_error texts).
+_GONE = ("Failed to find logical volume", "not found")
+_RETRY = ("not clean, refusing", "Can't get lock", "aborted", "busy", "Device or resource busy")
+
+
+def lv_of_dm_name(dm_name: str) -> str:
+    """``vg/lv`` of a dm name LVM made (``lab--vg-cached`` -> ``lab-vg/cached``): a single ``-`` separates the
+    names, a ``-`` inside a name is doubled."""
+    i = 0
+    while i < len(dm_name):
+        if dm_name[i] == "-":
+            if dm_name[i + 1:i + 2] == "-":
+                i += 2
+                continue
+            vg, lv = dm_name[:i], dm_name[i + 1:]
+            if vg and lv:
+                return f"{vg.replace('--', '-')}/{lv.replace('--', '-')}"
+            break
+        i += 1
+    raise KernelRejected(f"{dm_name}: not a device-mapper name LVM made (vg-lv)")
+
+
+def classify_lvchange(argv: Sequence[str], r: ToolResult) -> CachepilotError:
+    lines = [x.strip() for x in r.stderr.splitlines() if x.strip() and not x.strip().startswith("WARNING")]
+    text = f"{' '.join(argv)} failed: {lines[-1] if lines else f'exit status {r.returncode}'}"
+    if any(s in r.stderr for s in _RETRY):
+        return RetryLater(text)
+    if any(s in r.stderr for s in _GONE):
+        return DeviceGone(text)
+    return KernelRejected(text)
+
+
+class LvmCacheBackend(dmcache.DmCacheBackend):
+    """dm-cache's operations (drain with the cleaner, switch once clean, passthrough only from clean), with every
+    change made by ``lvchange`` on the LV."""
+
+    kind = NAME
+
+    @property
+    def lv(self) -> str:
+        return lv_of_dm_name(self.dm_name)
+
+    def sample(self, now_ns: int) -> VolumeSample:
+        return sample(self.host, self.info, now_ns)
+
+    def lvchange(self, *args: str) -> None:
+        argv = ("lvchange", *args, self.lv)
+        r = self.host.tool(argv, LVCHANGE_TIMEOUT_S)
+        if r.returncode != 0:
+            raise classify_lvchange(argv, r)
+
+    def lvm_mode(self) -> str:
+        """The cache mode in LVM's metadata (the live table says writethrough while the cleaner runs)."""
+        argv = ("lvs", "--noheadings", "-o", "cache_mode", self.lv)
+        r = self.host.tool(argv, 30.0)
+        if r.returncode != 0:
+            raise classify_lvchange(argv, r)
+        return r.stdout.strip()
+
+    def table_setting(self, what: str) -> Setting:
+        """Mode and policy as one setting (``mode/policy``), read from the live table, changed by lvchange. The
+        cleaner is asked for alone (a mode change would wait inside lvchange until the cache is clean); LVM loads
+        it in writethrough (seen with lvm2 2.03.16), so no new dirty blocks appear while it runs. Any other value
+        names both, so that LVM's metadata holds the mode the table shows."""
+
+        def get() -> str:
+            t = self.table()
+            return f"{t.mode}/{t.policy}"
+
+        def put(value: str) -> None:
+            mode, policy = value.split("/")
+            if policy == "cleaner":
+                self.lvchange("--cachepolicy", policy)
+            else:
+                self.lvchange("--cachemode", mode, "--cachepolicy", policy)
+
+        def matches(readback: str, wanted: str) -> bool:
+            return readback == wanted or (wanted.endswith("/cleaner") and readback.endswith("/cleaner"))
+
+        return Setting(f"{self.lv} cache mode/policy ({what})", get, put, matches)
+
+    def migration_threshold_setting(self) -> Setting:
+        return Setting(f"{self.lv} migration_threshold",
+                       lambda: self.status().core_args.get("migration_threshold", ""),
+                       lambda v: self.lvchange("--cachesettings", f"migration_threshold={v}"))
+
+    def _begin_drain(self, op: Operation, mode: str, reason: str) -> bool:
+        """Clean: load ``mode`` (True). Dirty: the cleaner (by itself: see :meth:`table_setting`); the end of the
+        cleaner loads the saved mode with the saved policy in one lvchange, the cache clean by then."""
+        if isinstance(op.action, Drain) and self.table().policy == "cleaner":
+            # a cleaner left live (a daemon that died mid-drain) shows writethrough: LVM keeps the mode to go back to
+            mode = op.data["mode"] = self.lvm_mode()
+        if self.status().dirty_blocks == 0:
+            if self.table().mode != mode:
+                op.put(self.table_setting("mode"), f"{mode}/{op.data['policy']}", reason)
+            op.phase = "clean"
+            return True
+        op.phase = "cleaning"
+        op.put(self.table_setting("cleaner"), "writethrough/cleaner", f"drain: {reason}")
+        op.data["cleaner"] = "1"
+        return False
+
+    def _undo(self, op: Operation) -> None:
+        """An abandoned drain puts back the saved policy in the mode LVM's metadata still has: asking lvchange for
+        another mode on a cache that is still dirty would block until it is clean."""
+        if op.data.pop("cleaner", None):
+            op.put(self.table_setting("policy"), f"{self.lvm_mode()}/{op.data['policy']}", f"undo {op.action.kind}")
+
+
+# ------------------------------------------------------------------ the kind: discovery, description, samples
+def detect(dev: BlockDev) -> bool:
+    """A dm cache target whose uuid LVM gave it (``LVM-<vg uuid><lv uuid>``); before dm-cache in precedence."""
+    return dev.dm_target == "cache" and dev.dm_uuid.startswith("LVM-")
+
+
+def sample(host: Host, info: VolumeInfo, now: int) -> VolumeSample:
+    return dmcache.sample(host, info, now)
+
+
+# Modes, drain and the knob's range: cachepilot.capabilities (as dm-cache's, the drain by lvchange).
+KIND = Kind(NAME, LvmCacheBackend, detect, dmcache.describe, sample,
+            knobs=(KnobDef("migration_threshold", LvmCacheBackend.migration_threshold_setting),),
+            precedence=10)  # an LVM cache LV is a dm cache target too: this kind claims it first
