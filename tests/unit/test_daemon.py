@@ -455,7 +455,7 @@ def test_observe_only_volume_is_never_acted_on(tmp_path: Path) -> None:
     r = Rig(tmp_path)
     r.found = [Found(VolumeInfo(dev=DEV, name="loop0", kind="none", mountpoint="/mnt"))]
     r.d.start()
-    assert r.d.snapshot["observe_only"] is True and r.backends == {}
+    assert r.d.snapshot is not None and r.d.snapshot.observe_only is True and r.backends == {}
     r.d.execute(SetKnob("loop0", "x", "1", "test"), r.d.started_ns)
     assert r.d.decisions[-1]["detail"] == "not carried out: observe-only volume"
     r.d.shutdown()
@@ -650,7 +650,7 @@ class RealResultFiles(FakeFiles):
 def test_file_actions_outcomes_are_recorded_and_logged(tmp_path: Path) -> None:
     """The daemon logs each outcome through its own line(): the file actuators' result types included."""
     r = Rig(tmp_path)
-    r.d.actuators_factory = RealResultFiles
+    r.d.adopter.actuators_factory = RealResultFiles
     r.d.start()
     r.d.execute(DiscardRanges("bcache0", DEV, ((0, 4096),), "test"), r.d.started_ns)
     r.d.execute(Promote("bcache0", DEV, 12, 1, ((0, 8192),), "test"), r.d.started_ns)
@@ -762,6 +762,34 @@ def test_metrics_textfile_carries_the_daemons_snapshot(tmp_path: Path) -> None:
     # the stock cache's bypass counters, as the backend sampled them
     assert 'cachepilot_volume_cache_bypasses_total{device="bcache0",volume="bcache0"} 3.0' in text
     assert 'cachepilot_volume_cache_bypassed_bytes_total{device="bcache0",volume="bcache0"} 12288.0' in text
+    r.d.shutdown()
+
+
+def test_one_snapshot_serves_the_socket_and_the_exporter(tmp_path: Path) -> None:
+    r = Rig(tmp_path, metrics=f"{{listen: '', textfile: {tmp_path}/m.prom}}")
+    r.d.start()
+    r.backends["bcache0"].dirty = 8 << 20
+    r.d._feed(Delete(FileKey(DEV, 5, 1), 0, 0))
+    r.d.engine.vols[DEV].promotions_skipped["inserted"] = 2
+    r.tick(1)
+    snap = r.d.snapshot
+    assert snap is not None
+    s = r.d.answer({"cmd": "status"})
+    assert s["volumes"][0]["promotions_skipped"] == {"inserted": 2}
+    assert list(s) == ["version", "pid", "started", "uptime_s", "dry_run", "observe_only", "actuators", "config",
+                       "policy", "probe", "drops", "last_tick", "tracked_files", "counters", "state_file", "volumes",
+                       "unmanaged"]
+    assert s["drops"] == {"ringbuf_full": 0, "hotness_map_full": 0, "other": 0} and "metrics" not in s["volumes"][0]
+    assert s["last_tick"]["n"] == 1 and s["counters"]["decisions.set_write_policy"] == 1
+    # the exporter's counts by kind are the ones counted, not the flat names parsed back
+    assert snap.counts is not None and snap.counts.decisions == {"set_write_policy": 1}
+    assert snap.counts.events == {"Delete": 1}
+    assert snap.volumes[0].metrics is not None and snap.volumes[0].metrics.dirty_bytes == 8 << 20
+    assert r.d.metrics is not None
+    box = r.d.metrics.box.latest()
+    assert box is not None
+    assert box.decisions == {"set_write_policy": 1} and box.events == {"delete": 1} and box.ticks == 1
+    assert box.volumes[0].dirty_bytes == 8 << 20 and box.drops == {}
     r.d.shutdown()
 
 
@@ -907,7 +935,7 @@ def test_the_daemon_exports_errors_as_a_counter_and_none_for_dm_cache(tmp_path: 
     dm = VolumeInfo(dev=kdev(253, 3), name="dm-3", kind="dm-cache", mountpoint="/mnt/y", cache_bytes=1 << 30)
     r.found = [Found(VOL), Found(dm, dm_name="lab-cached")]
     backends: dict[str, ErrorsBackend] = {}
-    r.d.backend_factory = lambda info: backends.setdefault(info.name, ErrorsBackend(info))
+    r.d.adopter.backend_factory = lambda info: backends.setdefault(info.name, ErrorsBackend(info))
     r.d.start()
     seen = []
     for t, errors in enumerate((0, 4, 2, 1), start=1):
@@ -951,7 +979,7 @@ def test_a_volume_whose_backend_will_not_open_is_unmanaged(tmp_path: Path) -> No
             raise KernelRejected("bcache1: no cache_mode")
         return r.backend(info)
 
-    r.d.backend_factory = factory
+    r.d.adopter.backend_factory = factory
     r.d.start()
     r.tick(1)
     assert unmanaged_lines(metrics(r)) == [
@@ -966,7 +994,7 @@ def test_a_volume_whose_backend_will_not_open_is_unmanaged(tmp_path: Path) -> No
 def test_a_device_discover_could_not_describe_is_unmanaged_unless_it_has_no_usable_name(
         tmp_path: Path, problem: str) -> None:
     r = Rig(tmp_path, metrics=f"{{listen: '', textfile: {tmp_path}/m.prom}}")
-    r.d.discover = lambda: (list(r.found), [problem])
+    r.d.adopter.discover = lambda: (list(r.found), [problem])
     r.d.start()
     r.tick(1)
     want = ['cachepilot_volume_unmanaged{device="bcache2",reason="describe",volume="bcache2"} 1.0'] \
@@ -1016,6 +1044,37 @@ def test_a_type_error_inside_the_engine_is_a_bug_not_an_unknown_event(
     r.d.shutdown()
 
 
+def test_a_failing_stage_is_counted_and_the_tick_goes_on(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    r = Rig(tmp_path)
+    r.d.start()
+    calls = []
+
+    def broken(now: int) -> list[object]:
+        calls.append(now)
+        raise TypeError("unsupported operand type(s)")
+
+    r.d.engine.tick = broken  # type: ignore[method-assign]
+    r.d.actor.step = lambda now: calls.append(-now)  # type: ignore[method-assign]
+    r.d.stages = r.d._stages()
+    with caplog.at_level(logging.ERROR, logger="cachepilot"):
+        r.tick(1)
+        r.tick(2)
+    assert r.d.counters["stage_bugs.decide"] == 2 and r.d.counters["ticks"] == 2
+    assert len(calls) == 4 and calls[1] < 0  # the stage after it ran, each tick
+    assert r.d.counters["events.bugs"] == 0 and r.d.counters["stage_errors.decide"] == 0  # a bug, not input
+    assert len([rec for rec in caplog.records if rec.exc_info]) == 1  # its traceback once
+    snap = r.d.snapshot
+    assert snap is not None and snap.last_tick.n == 2  # still published
+
+    def refused(now: int) -> None:
+        raise KernelRejected("bcache0: cache_mode: Invalid argument")
+
+    r.d.engine.tick = refused  # type: ignore[method-assign]
+    r.tick(3)
+    assert r.d.counters["stage_errors.decide"] == 1 and r.d.counters["stage_bugs.decide"] == 2
+    r.d.shutdown()
+
+
 class CommitProbe(CountingProbe):
     """A probe whose next poll brings a freed extent and the commit of its transaction."""
 
@@ -1039,7 +1098,7 @@ def test_a_commit_polled_between_ticks_is_discarded_at_that_poll(tmp_path: Path)
     r.tick(1)
     probe = seen["probe"]
     probe.events = [FreedExtent(DEV, 5, 100, 10, False, 1, tid=3), JournalCommit(DEV, 3, 2)]  # type: ignore[attr-defined]
-    r.d._next_poll = 0.0  # noqa: SLF001 (the poll gap has passed)
+    r.d.intake._next_poll = 0.0  # noqa: SLF001 (the poll gap has passed)
     r.d._wait(0.01)  # noqa: SLF001 (the loop's wait between ticks)
     ran = [a for a, _ in r.d.vols[DEV].files.ran if isinstance(a, DiscardRanges)]
     assert [a.ranges for a in ran] == [((100 * 4096, 10 * 4096),)]

@@ -14,98 +14,39 @@ traceback.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
-import sys
 import time
-from collections import Counter, deque
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cachepilot import __version__, records
-from cachepilot.actions import Action, DiscardRanges, Drain, Promote, SetKnob
-from cachepilot.backends.base import DONE, FAILED, PENDING, Backend, Outcome
-from cachepilot.capabilities import ERROR_COUNTS, KIND_BCACHE
-from cachepilot.daemon import actuation, volumes
+from cachepilot.actions import Action
+from cachepilot.daemon import actuation, answers, status, volumes
+from cachepilot.daemon.acting import Actor
+from cachepilot.daemon.adoption import ActuatorsFactory, Adopter, BackendFactory, Discover
+from cachepilot.daemon.answers import TOP_K
 from cachepilot.daemon.config import DaemonConfig, load_config
 from cachepilot.daemon.control import ControlServer
+from cachepilot.daemon.counters import Counters
+from cachepilot.daemon.guard import Guard
+from cachepilot.daemon.intake import Intake
 from cachepilot.daemon.lock import DaemonLock, host_lock_path
 from cachepilot.daemon.loop import TickLoop
+from cachepilot.daemon.metrics import Metrics
 from cachepilot.daemon.notify import Notifier
-from cachepilot.daemon.reloads import ReloadRequests, Verdict
+from cachepilot.daemon.persist import Persistence
+from cachepilot.daemon.reloads import ReloadRequests, Verdict, keep_fixed
 from cachepilot.daemon.snapshot import hottest
-from cachepilot.daemon.state import MAX_DECISIONS, MAX_HOT, StateFile
-from cachepilot.engine.engine import Engine, Latch, UnknownEvent, normalise_mode
-from cachepilot.errors import CachepilotError, DeviceGone, FatalError, RetryLater, UserError, classify_errno
-from cachepilot.events import Barrier, Discard, Drops, kdev_major_minor
-from cachepilot.models.hotness import F_READ
+from cachepilot.daemon.state import StateFile
+from cachepilot.daemon.volume import VolumeTable
+from cachepilot.engine.engine import Engine
+from cachepilot.errors import FatalError, UserError
 
 log = logging.getLogger("cachepilot")
 
 NS = 1_000_000_000
-MAX_RETRIES = 5
-BACKOFF_MAX_S = 60.0
-TOP_K = 25
 TOP_EVERY_S = 2.0
-DECISIONS_KEPT = 1000
-# The daemon takes the probe's rings at most this often. It decides once a tick; reading the rings as every kernel
-# wakeup allowed (one per 20 ms under a commit storm, ~50 a second) cost the daemon more than the events themselves
-# (measured in the lab's varmail run). The rings hold seconds of records even at a flush storm's rate.
-MIN_POLL_GAP_S = 0.1
-# the status's event counts by kind (its counters are by class name); Drops are counters of their own
-_EVENT_KINDS = {k.event.__name__: k.name for k in records.KINDS if k is not records.DROPS}
 RELOAD_WAIT_S = 30.0  # a control-socket reload waits this long for the loop's verdict (a tick or two normally)
-
-
-def _file_id(path: Any) -> str:
-    """A short hash of a file (which build of the BPF object runs), or "none"."""
-    if path is None:
-        return "none"
-    try:
-        with open(path, "rb") as f:
-            return hashlib.sha256(f.read(64 << 20)).hexdigest()[:12]
-    except OSError:
-        return "none"
-
-
-Discover = Callable[[], tuple[list[volumes.Found], list[str]]]
-BackendFactory = Callable[[Any], Backend]
-ActuatorsFactory = Callable[[Any, int, int], Any]  # (info, discard max rate, promote rate) -> .run(action, dry)
-
-
-@dataclass
-class Vol:
-    found: volumes.Found
-    backend: Backend | None  # None: observe only
-    files: Any = None  # FileActuators: discards and promotions
-    in_flight: dict[Any, dict[str, Any]] = field(default_factory=dict)  # action -> its decision (with writes)
-    retries: list[tuple[int, int, Action]] = field(default_factory=list)  # (due ns, attempt, action)
-    deferred: list[Action] = field(default_factory=list)  # what pacing left for the next tick
-    last_sample: Any = None
-    # cumulative, for the exporter
-    promoted_bytes: int = 0
-    discard_issued_bytes: int = 0
-    discard_trimmed_bytes: int = 0
-    discard_landed_bytes: int = 0
-    barriers: int = 0
-    drains: int = 0
-    epoch_bytes: Any = None  # exporter HistogramAccumulator when the exporter is in this build
-
-    @property
-    def info(self) -> Any:
-        return self.found.info
-
-    @property
-    def observe_only(self) -> bool:
-        return self.backend is None
-
-
-def devname(dev: int) -> str:
-    major, minor = kdev_major_minor(dev)
-    return f"{major}:{minor}"
 
 
 class _StopDuringReload(BaseException):  # noqa: N818 - not an error: raised by the stop signal's handler
@@ -127,25 +68,26 @@ class Daemon:
         self.config = config
         self.config_path = config_path
         self.probe_factory = probe_factory
-        self.discover = discover
-        self.backend_factory = backend_factory
-        self.actuators_factory = actuators_factory
         self.notifier = notifier or Notifier()
         self.engine = Engine(config.policy, start_ns=time.monotonic_ns())
-        self.vols: dict[int, Vol] = {}
-        self._by_name: dict[str, Vol] = {}  # engine_vol's index over vols (checked against vols on each use)
-        self.probe: Any = None
-        self._next_poll = 0.0  # time.monotonic() of the earliest next look at the rings (MIN_POLL_GAP_S)
+        self.vols = VolumeTable()
         self.state = StateFile(config.state_dir)
         self.lock = DaemonLock(config.state_dir, host_lock_path())
         self.control = ControlServer(config.socket, self.answer)
-        self.loop = TickLoop(config.tick_s, self.tick, wait=self._wait)
-        self.counters: Counter[str] = Counter()
-        self.decisions: deque[dict[str, Any]] = deque(maxlen=DECISIONS_KEPT)
-        self.saved: dict[str, Any] = {}
-        self.previous_counters: dict[str, int] = {}  # the last run's, from the state file
-        self.snapshot: dict[str, Any] = {}
-        self.snapshot_listeners: list[Callable[[dict[str, Any]], None]] = []  # the metrics exporter's hook
+        self.loop = TickLoop(config.tick_s, self.tick, wait=lambda s: self.intake.wait(s))
+        self.counters = Counters()
+        self.guard = Guard(self.counters)
+        self.persist = Persistence(self.state, self.engine, self.counters, self.guard.once)
+        epochs = bool(config.metrics_listen or config.metrics_textfile)
+        self.adopter = Adopter(self.engine, self.vols, self.counters, self.guard, self.persist, discover=discover,
+                               backend_factory=backend_factory, actuators_factory=actuators_factory, epochs=epochs)
+        self.actor = Actor(self.engine, self.vols, self.counters, self.adopter.drop, self.guard.once)
+        self.decisions = self.actor.decisions
+        self.intake = Intake(self.engine, self.vols, self.counters, self.guard, self.loop.stop_event,
+                             lambda: self.adopter.probe, self.execute)
+        self._wait, self._feed = self.intake.wait, self.intake.feed
+        self.stages = self._stages()
+        self.snapshot: status.Status | None = None  # the last published, replaced whole (read by other threads)
         self.top: dict[str, list[dict[str, int]]] = {}
         self.policy_error: str | None = None
         self.policy_generation = 1
@@ -156,17 +98,9 @@ class Daemon:
         self._next_rescan = 0
         self._next_state = 0
         self._next_top = 0
-        self._said_observe_only = False
-        self._said: set[str] = set()
-        self.drops: Drops | None = None
-        self.by_lower: dict[int, int] = {}  # a device below a volume -> the volume's dev
-        self.remap: dict[int, int] = {}  # cached device -> the filesystem stacked on it (the engine's key)
         self.clear_requests: list[str] = []  # from the control socket, done on the loop thread
-        self.metrics: Any = None  # the exporter (box, registry, server) when configured
+        self.metrics: Metrics | None = None  # the exporter, when configured and in this build
         self.ready = False
-        # Cached volumes found but not managed, refound at every rescan: kernel name -> (volume label, reason word
-        # of exporter.snapshot.UNMANAGED_REASONS). Each is a metric and an alert, not only a log line said once.
-        self.unmanaged: dict[str, tuple[str, str]] = {}
         self.bpf_object = "none"  # a short hash of the loaded BPF object (cachepilot_build_info)
 
     # ------------------------------------------------------------------ start / stop
@@ -177,15 +111,15 @@ class Daemon:
     def start(self) -> None:
         """Everything before the first tick; FatalError if the daemon cannot run here."""
         self.lock.acquire()  # makes and checks the state directory; nothing acts before the locks are ours
-        self._read_state()
+        self.persist.read(self.decisions)
         now = time.monotonic_ns()
         # Reconcile before the probe loads (seconds on a slow host): a setting an interrupted operation left behind
         # (a drain's writeback_percent 0) is put back at once, not after the verifier has run.
-        self._rescan(now)
-        self._reconcile(now)
+        self.adopter.rescan(now, self.config.observe)
+        self.persist.reconcile(list(self.vols.values()), now, self.execute)
         self._attach_probe()
         self.control.start()
-        self._attach_metrics()
+        self.metrics = Metrics.attach(self.config)
         self._next_rescan = now + int(self.config.rescan_s * NS)
         self._next_state = now + int(self.config.state_interval_s * NS)
         self._publish(now, 0)
@@ -202,11 +136,11 @@ class Daemon:
         """Leave every cache safe and stable: unfinished operations are put back, the state file written."""
         self.notifier.stopping()
         for v in list(self.vols.values()):
-            self._restore(v, "stopping")
+            self.actor.restore(v, "stopping")
         self._save_state()
         self.control.stop()
-        if self.metrics is not None and self.metrics.get("server") is not None:
-            self.metrics["server"].close()
+        if self.metrics is not None:
+            self.metrics.close()
         if self.probe is not None:
             self.probe.close()
             self.probe = None
@@ -216,47 +150,12 @@ class Daemon:
     def abandon(self) -> None:
         """A start that cannot go on (FatalError): put back what reconciling started, release what start took."""
         for v in list(self.vols.values()):
-            self._restore(v, "cannot run")
+            self.actor.restore(v, "cannot run")
         self.control.stop()
         if self.probe is not None:
             self.probe.close()
             self.probe = None
         self.lock.release()
-
-    def _restore(self, v: Vol, why: str) -> None:
-        if v.backend is None:
-            return
-        try:
-            outs = v.backend.restore()
-        except CachepilotError as exc:
-            log.warning("%s: restore (%s) failed: %s", v.info.name, why, exc)
-            return
-        for out in outs:
-            self._record(v, out, now=time.monotonic_ns(), note=f"restored ({why})")
-        v.in_flight.clear()
-        v.retries.clear()
-
-    def _attach_metrics(self) -> None:
-        """The Prometheus exporter (cachepilot.exporter): a snapshot box the loop publishes to every tick, HTTP on
-        ``metrics.listen`` and/or the node_exporter textfile. A taken port is logged; the daemon runs on."""
-        cfg = self.config
-        if not (cfg.metrics_listen or cfg.metrics_textfile):
-            return
-        try:
-            from cachepilot import exporter
-        except ImportError:
-            log.info("metrics: no exporter in this build; %s not served", cfg.metrics_listen)
-            return
-        box = exporter.SnapshotBox()
-        registry = exporter.make_registry(box)
-        self.metrics = {"mod": exporter, "box": box, "registry": registry, "server": None,
-                        "ticks": exporter.HistogramAccumulator(exporter.TICK_BUCKETS)}
-        if cfg.metrics_listen:
-            try:
-                self.metrics["server"] = exporter.serve(cfg.metrics_listen, registry)
-                log.info("metrics: http://%s/metrics", cfg.metrics_listen)
-            except UserError as exc:
-                log.warning("metrics: not served: %s", exc)
 
     # ------------------------------------------------------------------ signals (called from handlers: flags only)
     def request_stop(self) -> None:
@@ -268,167 +167,58 @@ class Daemon:
         self.reloads.request()
 
     # ------------------------------------------------------------------ the loop
-    def _wait(self, seconds: float) -> None:
-        if self.probe is None:
-            self.loop.stop_event.wait(seconds)
-            return
-        early = self._next_poll - time.monotonic()
-        if early > 0:  # looked less than MIN_POLL_GAP_S ago: let records gather (a stop request ends the wait)
-            if self.loop.stop_event.wait(min(early, seconds)) or early >= seconds:
-                return
-            seconds -= early
-        self._next_poll = time.monotonic() + MIN_POLL_GAP_S
-        for ev in self.probe.poll(int(seconds * 1000)):
-            self._feed(ev)
-        now = time.monotonic_ns()  # the loop's clock
-        for action in self.engine.discards(now):  # right after the commit that freed them, not at the next tick
+    def tick(self, now: int) -> None:
+        """One tick: the stages in order, each guarded (a failing stage is counted and the next one runs)."""
+        t0 = time.monotonic_ns()
+        for name, stage in self.stages:
+            self.guard.call(name, stage, now)
+        self.counters["ticks"] += 1
+        dur = time.monotonic_ns() - t0
+        self.counters["tick_ns"] += dur
+        self.guard.call("publish", lambda n: self._publish(n, dur), now)
+        self.notifier.watchdog()
+        if now >= self._next_state:
+            self.guard.call("state", lambda _: self._save_state(), now)
+            self._next_state = now + int(self.config.state_interval_s * NS)
+
+    def _stages(self) -> list[tuple[str, Callable[[int], object]]]:
+        """The work of a tick, in order (its name counts its failures: ``stage_errors.<name>``, ``stage_bugs.``)."""
+        return [
+            ("reload", self._reload_if_asked),
+            ("drain", self.intake.drain),
+            ("rescan", self._rescan_if_due),
+            ("sample", self.actor.sample),
+            ("clear_latches", self._clear_latches),
+            ("deferred", lambda now: self.actor.deferred(now, self.dry_run)),
+            ("decide", self._decide),
+            ("retries", lambda now: self.actor.retry_due(now, self.dry_run)),
+            ("step", self.actor.step),
+        ]
+
+    def _decide(self, now: int) -> None:
+        for action in self.engine.tick(now):
             self.execute(action, now)
 
-    def _feed(self, ev: Any) -> None:
-        self.counters[f"events.{type(ev).__name__}"] += 1
-        if self.remap:
-            to = self.remap.get(getattr(ev, "dev", -1))
-            if to is not None:
-                ev = replace(ev, dev=to)
-        if isinstance(ev, Discard):
-            v = self.vols.get(self.by_lower.get(ev.dev, -1))
-            if v is not None:
-                v.discard_landed_bytes += ev.nr_sectors * 512
-        elif isinstance(ev, Barrier) and ev.closes_epoch:
-            v = self.vols.get(ev.dev)
-            if v is not None:
-                v.barriers += 1
-                if v.epoch_bytes is not None:
-                    v.epoch_bytes.observe(ev.epoch_bytes)
-        try:
-            self.engine.feed(ev)
-        except UnknownEvent:  # an event kind this engine does not know yet
-            self.counters["events.unhandled"] += 1
-        except UserError as exc:
-            self.counters["events.rejected"] += 1
-            self._once(f"event rejected: {exc}")
-        except Exception:  # a bug (e.g. a TypeError inside a known kind's handler): never mistaken for input
-            self.counters["events.bugs"] += 1
-            self._bug(f"handling {type(ev).__name__}")
-
-    def tick(self, now: int) -> None:
-        t0 = time.monotonic_ns()
+    def _reload_if_asked(self, now: int) -> None:
         if self.reloads.pending():
             waiting = self.reloads.take()
             ok = self.reload()
             said = f"reloaded {self.config.source}" if ok else str(self.policy_error)
             self.reloads.answer(waiting, Verdict(ok, said))
-        if self.probe is not None:
-            self._drain()
-        if now >= self._next_rescan:
-            self._rescan(now)
-            self._next_rescan = now + int(self.config.rescan_s * NS)
-        self._sample(now)
-        self._clear_latches()
-        for v in list(self.vols.values()):
-            deferred, v.deferred = v.deferred, []
-            held = self.engine.holds_promotions(v.info.name)
-            for action in deferred:
-                if held and isinstance(action, Promote):
-                    v.deferred.append(action)  # the volume's drain is at risk: the rest of the file waits
-                else:
-                    self.execute(action, now)
-        for action in self.engine.tick(now):
-            self.execute(action, now)
-        self._retry_due(now)
-        self._step(now)
-        self.counters["ticks"] += 1
-        dur = time.monotonic_ns() - t0
-        self.counters["tick_ns"] += dur
-        self._publish(now, dur)
-        self.notifier.watchdog()
-        if now >= self._next_state:
-            self._save_state()
-            self._next_state = now + int(self.config.state_interval_s * NS)
 
-    def _drain(self) -> None:
-        arr = self.probe.drain_hotness_array()
-        if len(arr):
-            self.counters["events.HotnessDelta"] += len(arr)
-            self.engine.feed_hotness_array(arr)
-        for ev in self.probe.drain_aggregates():  # metadata deltas, durability calls, drops (one table swap a tick)
-            if isinstance(ev, Drops):
-                self.drops = ev
-            self._feed(ev)
+    def _rescan_if_due(self, now: int) -> None:
+        if now >= self._next_rescan:
+            self._next_rescan = now + int(self.config.rescan_s * NS)
+            self.adopter.rescan(now, self.config.observe)
 
     # ------------------------------------------------------------------ volumes
-    def _rescan(self, now: int) -> None:
-        found, problems = self.discover()
-        self.unmanaged = {}
-        for p in problems:
-            self._once(f"volume not adopted: {p}")
-            name = p.partition(": ")[0]  # discover's problems are "<kernel name>: <why>"
-            self.unmanaged[name] = (name, "describe")
-        want: dict[int, volumes.Found] = {f.info.dev: f for f in found}
-        for spec in self.config.observe:
-            try:
-                f = volumes.observed(spec)
-            except UserError as exc:
-                self._once(str(exc))
-                continue
-            want.setdefault(f.info.dev, f)
-        for dev in [d for d in self.vols if d not in want]:
-            self.drop(dev, "vanished")
-        for dev in [d for d, v in self.vols.items() if want[d].info != v.info]:
-            self.drop(dev, f"changed (now {want[dev].info.kind}, mounted at {want[dev].info.mountpoint!r})")
-        for dev, f in want.items():
-            if dev not in self.vols:
-                self.adopt(f, now)
-        cached = [v for v in self.vols.values() if not v.observe_only]
-        if not cached and not self._said_observe_only:
-            self._said_observe_only = True
-            log.warning("no cached volume on this host: observe-only (nothing will be changed)")
-        elif cached:
-            self._said_observe_only = False
+    @property
+    def probe(self) -> Any:
+        return self.adopter.probe
 
-    def adopt(self, f: volumes.Found, now: int) -> None:
-        info = f.info
-        backend = None
-        if info.kind != volumes.OBSERVE:
-            try:
-                backend = self.backend_factory(info)
-            except CachepilotError as exc:
-                self._once(f"{info.name}: cannot open its backend: {exc}")
-                self.unmanaged[info.name] = (f.label, "backend")
-                return
-        try:
-            self.engine.add_volume(info)
-        except UserError as exc:  # e.g. the volume matches overlapping rules: keep going without it
-            self._once(f"{info.name}: not adopted: {exc}")
-            self.unmanaged[info.name] = (f.label, "policy")
-            return
-        if not self._watch(f):
-            self.engine.remove_volume(info.dev)
-            self.unmanaged[info.name] = (f.label, "watch")
-            return
-        self.unmanaged.pop(info.name, None)
-        v = Vol(f, backend)
-        if backend is not None:
-            ctl = self.engine.vols[info.dev]
-            v.files = self.actuators_factory(info, ctl.policy.discard_on_delete.max_rate, ctl.policy.promotion.rate)
-        if self.metrics is not None or self.config.metrics_listen or self.config.metrics_textfile:
-            try:
-                from cachepilot.exporter import EPOCH_BUCKETS, HistogramAccumulator
-                v.epoch_bytes = HistogramAccumulator(EPOCH_BUCKETS)
-            except ImportError:
-                pass
-        for low in f.lower:
-            self.by_lower[low] = info.dev
-        if f.block_dev is not None:  # block-level events carry the cached device; the engine knows the filesystem's
-            self.remap[f.block_dev] = info.dev
-        self.vols[info.dev] = v
-        self.counters["volumes.adopted"] += 1
-        how = "observe only" if v.observe_only else info.kind
-        stack = f", filesystem on {devname(info.dev)} stacked on it" if f.block_dev is not None else ""
-        log.info("adopted %s (%s, %s%s, mounted at %r)", info.name, how, devname(f.volume_dev), stack,
-                 info.mountpoint)
-        self._restore_latch(v, now)
-        self._rewarm_from_state(v, now)
+    @probe.setter
+    def probe(self, probe: Any) -> None:
+        self.adopter.probe = probe
 
     def _attach_probe(self) -> None:
         """Load the probe (FatalError if it cannot run here) and watch every volume adopted before it loaded."""
@@ -439,191 +229,14 @@ class Daemon:
         except UserError as exc:
             raise FatalError(f"the eBPF probe is unusable: {exc}") from None
         log.info("probe: %s", "; ".join(self.probe.report.summary().splitlines()))
-        self.bpf_object = _file_id(getattr(self.probe, "object_path", None))
-        for dev, v in list(self.vols.items()):
-            if not self._watch(v.found):
-                self.drop(dev, "cannot be watched")
-                if not v.observe_only:
-                    self.unmanaged[v.info.name] = (v.found.label, "watch")
-
-    def _watch(self, f: volumes.Found) -> bool:
-        """Ask the probe (if loaded) to watch a volume; False (said once) if it cannot."""
-        if self.probe is None:
-            return True
-        try:
-            fs_dev = f.info.dev if f.block_dev is not None else None
-            self.probe.watch_volume(f.volume_dev, fs_dev=fs_dev, lower=f.lower)
-        except (UserError, OSError) as exc:
-            self._once(f"{f.info.name}: cannot watch it: {exc}")
-            return False
-        return True
-
-    def _restore_latch(self, v: Vol, now: int) -> None:
-        """A latched volume stays latched across restarts (unless its cache device was replaced since)."""
-        sv = self._saved_volume(v.info) or {}
-        latch = sv.get("latch")
-        ctl = self.engine.vols.get(v.info.dev)
-        if not isinstance(latch, dict) or ctl is None or ctl.latch is not None:
-            return
-        cache_id = str(latch.get("cache_id", ""))
-        if cache_id and v.info.cache_id and cache_id != v.info.cache_id:
-            log.info("%s: was latched on cache %s; the cache device was replaced: not latched", v.info.name, cache_id)
-            return
-        ctl.latch = Latch(f"{latch.get('reason', 'latched')} (kept from the state file)", now, cache_id)
-        log.warning("%s: still latched: %s", v.info.name, ctl.latch.reason)
-
-    def drop(self, dev: int, why: str) -> None:
-        v = self.vols.pop(dev, None)
-        if v is None:
-            return
-        cancelled = len(v.in_flight) + len(v.retries)
-        if v.backend is not None:
-            try:
-                v.backend.restore()
-            except CachepilotError:
-                pass  # it is gone: nothing to put back
-        self.engine.remove_volume(dev)
-        for low in v.found.lower:
-            self.by_lower.pop(low, None)
-        self.remap.pop(v.found.volume_dev, None)
-        if self.probe is not None:
-            self.probe.unwatch(v.found.volume_dev)
-        self.counters["volumes.dropped"] += 1
-        log.warning("dropped %s: %s; %d pending action(s) cancelled", v.info.name, why, cancelled)
-
-    def _each_backend(self, what: str, call: Callable[[Backend], Any]) -> Iterator[tuple[Vol, Any]]:
-        """``call`` on every volume with a backend: a volume whose device is gone is dropped, another error is
-        counted and said once; yields (volume, result) for the rest."""
-        for dev, v in list(self.vols.items()):
-            if v.backend is None:
-                continue
-            try:
-                got = call(v.backend)
-            except DeviceGone as exc:
-                self.drop(dev, f"device gone ({exc})")
-                continue
-            except CachepilotError as exc:
-                self.counters[f"{what}_errors.{exc.kind}"] += 1
-                self._once(f"{v.info.name}: {what} failed: {exc}")
-                continue
-            yield v, got
-
-    def _sample(self, now: int) -> None:
-        for v, s in self._each_backend("sample", lambda b: b.sample(now)):
-            v.last_sample = s
-            self.engine.sample(s)
+        self.bpf_object = status.file_id(getattr(self.probe, "object_path", None))
+        self.adopter.watch_all()
 
     # ------------------------------------------------------------------ acting
     def execute(self, action: Action, now: int, attempt: int = 0) -> None:
-        self.counters[f"decisions.{action.kind}"] += 1
-        v = self.engine_vol(action.volume)
-        if v is None:
-            self._record(None, Outcome(action, FAILED, detail="volume gone"), now)
-            return
-        if v.observe_only:
-            self._record(v, Outcome(action, FAILED, detail="not carried out: observe-only volume"), now)
-            return
-        try:
-            if isinstance(action, Promote | DiscardRanges):
-                out = v.files.run(action, self.dry_run)
-            else:
-                assert v.backend is not None
-                out = v.backend.apply(action, dry_run=self.dry_run)
-        except CachepilotError as exc:
-            out = Outcome(action, FAILED, dry_run=self.dry_run, error=exc)
-        except OSError as exc:
-            what = str(exc.filename or action.kind)
-            out = Outcome(action, FAILED, dry_run=self.dry_run, error=classify_errno(exc.errno, what))
-        self._outcome(v, out, now, attempt)
+        self.actor.execute(action, now, self.dry_run, attempt)
 
-    def engine_vol(self, name: str) -> Vol | None:
-        v = self._by_name.get(name)
-        if v is not None and self.vols.get(v.info.dev) is v:
-            return v
-        for v in self.vols.values():  # (re)build the index: a volume came or went
-            self._by_name[v.info.name] = v
-        v = self._by_name.get(name)
-        return v if v is not None and self.vols.get(v.info.dev) is v else None
-
-    def _outcome(self, v: Vol, out: Outcome, now: int, attempt: int) -> None:
-        d = self._record(v, out, now, attempt=attempt)
-        a = out.action
-        if isinstance(a, DiscardRanges | Promote):
-            if not out.dry_run:
-                v.discard_issued_bytes += out.issued_bytes
-                v.discard_trimmed_bytes += out.trimmed_bytes
-                v.promoted_bytes += out.read_bytes
-            if out.deferred is not None:
-                v.deferred.append(out.deferred)  # paced: the rest goes next tick
-        elif out.status == PENDING:
-            v.in_flight[a] = d
-        elif isinstance(a, Drain) and out.status == DONE and not out.dry_run:
-            v.drains += 1
-        err = out.error
-        retry = isinstance(err, RetryLater) and attempt < MAX_RETRIES
-        if not retry and not (isinstance(a, DiscardRanges | Promote) and out.status == PENDING):
-            self.engine.outcome(out)  # the engine learns how it ended (re-queues failed discards, ends drains)
-        if err is None:
-            return
-        self.counters[f"failed.{err.kind}"] += 1
-        if retry:  # busy: the daemon retries with backoff; the engine hears only the final result
-            delay = min(BACKOFF_MAX_S, 2.0 ** attempt)
-            v.retries.append((now + int(delay * NS), attempt + 1, out.action))
-            self.counters["retries"] += 1
-        elif isinstance(err, DeviceGone) and not isinstance(a, DiscardRanges | Promote):
-            self.drop(v.info.dev, f"device gone ({err})")  # (a filesystem gone under a file action: the rescan)
-
-    def _retry_due(self, now: int) -> None:
-        for v in list(self.vols.values()):
-            due = [r for r in v.retries if r[0] <= now]
-            if not due:
-                continue
-            v.retries = [r for r in v.retries if r[0] > now]
-            for _, attempt, action in due:
-                if v.info.dev in self.vols:
-                    self.execute(action, now, attempt)
-
-    def _step(self, now: int) -> None:
-        for v, outs in self._each_backend("step", lambda b: b.step(now)):
-            for out in outs:
-                v.in_flight.pop(out.action, None)
-                self._outcome(v, out, now, attempt=MAX_RETRIES)
-
-    def _record(self, v: Vol | None, out: Outcome, now: int, attempt: int = 0, note: str = "") -> dict[str, Any]:
-        a = out.action
-        err = out.error
-        d = {
-            "ts": time.time(),
-            "volume": a.volume,
-            "kind": a.kind,
-            "action": (action_line := a.line()),
-            "reason": a.reason,
-            "status": out.status,
-            "dry_run": out.dry_run,
-            "writes": [{"target": w.target, "before": w.before, "value": w.value, "readback": w.readback}
-                       for w in out.writes],
-            "error": str(err) if err else None,
-            "error_kind": err.kind if err else None,
-            "detail": " ".join(x for x in (note, out.detail, self._discard_note(out)) if x),
-            "attempt": attempt,
-        }
-        self.decisions.append(d)
-        line = out.line(action_line) + (f" [{d['detail']}]" if d["detail"] else "")
-        level = logging.WARNING if out.status == FAILED and err is not None else logging.INFO
-        if v is not None and v.observe_only:
-            level = logging.DEBUG  # what it would do on a volume it only observes: explain shows it
-        log.log(level, "%s%s", "DRY RUN " if out.dry_run else "", line)
-        return d
-
-    @staticmethod
-    def _discard_note(out: Outcome) -> str:
-        if not isinstance(out.action, DiscardRanges) or not out.actuated:
-            return ""
-        later = f", {sum(n for _, n in out.deferred.ranges)} bytes deferred" if out.deferred else ""
-        return (f"FITRIM issued {len(out.issued)} range(s), {out.issued_bytes} bytes; "
-                f"filesystem trimmed {out.trimmed_bytes} bytes{later}")
-
-    def _clear_latches(self) -> None:
+    def _clear_latches(self, now: int) -> None:
         for name in self.clear_requests:
             try:
                 was = self.engine.clear_latch(name)
@@ -656,306 +269,28 @@ class Daemon:
             log.error("reload failed, keeping the running policy: %s", exc)
             self.notifier.ready("reload failed; running policy kept")
             return False
-        fixed = ("state_dir", "socket", "tick_s", "max_files", "metrics_listen", "metrics_textfile", "bpf_object")
-        for key in fixed:
-            if getattr(new, key) != getattr(self.config, key):
-                log.warning("reload: %s changed; takes effect at the next start", key)
-        self.config = replace(new, **{k: getattr(self.config, k) for k in fixed})
+        self.config = keep_fixed(new, self.config)
         self.policy_error = None
         self.policy_generation += 1
         log.info("reloaded %s (policies: %s)%s", new.source, new.policy.source, " DRY RUN" if self.dry_run else "")
         self.notifier.ready("reloaded")
         return True
 
-    # ------------------------------------------------------------------ state file
-    def _read_state(self) -> None:
-        doc, why = self.state.read()
-        if doc is None:
-            log.warning("starting fresh: %s", why)
-            return
-        self.saved = doc
-        saved = [v for v in doc.get("volumes", {}).values() if isinstance(v, dict)]
-        n = sum(len(v.get("hot", [])) for v in saved)
-        inflight = sum(len(v.get("in_flight", [])) for v in saved)
-        log.info("state file %s: %d volume(s), %d hot file(s), %d in-flight action(s)", self.state.path,
-                 len(saved), n, inflight)
-        prev = doc.get("counters", {})
-        if isinstance(prev, dict):
-            self.previous_counters = {k: v for k, v in prev.items() if isinstance(v, int)}
-        for d in doc.get("decisions", [])[-MAX_DECISIONS:]:
-            if isinstance(d, dict):
-                self.decisions.append(d)
-
-    def _saved_volume(self, info: Any) -> dict[str, Any] | None:
-        for sv in self.saved.get("volumes", {}).values():
-            if not isinstance(sv, dict):
-                continue
-            if info.fs_uuid and sv.get("fs_uuid") == info.fs_uuid:
-                return sv
-            if not info.fs_uuid and sv.get("name") == info.name and sv.get("kind") == info.kind:
-                return sv
-        return None
-
-    def _rewarm_from_state(self, v: Vol, now: int) -> None:
-        """Put the saved hot list back into the hotness table: the engine admits and promotes the files at the
-        volume's promotion rate (paced), hottest first."""
-        sv = self._saved_volume(v.info)
-        if sv is None:
-            return
-        t = self.engine.hotness
-        n = 0
-        for item in sv.get("hot", [])[:MAX_HOT]:
-            try:
-                ino, gen, score, size = (int(x) for x in item)
-            except (TypeError, ValueError):
-                continue
-            if ino <= 0 or score <= 0:
-                continue
-            slot = t.update(v.info.dev, ino, gen, score, 0, 0, now, size)
-            t.flags[slot] |= F_READ
-            n += 1
-        if n:
-            log.info("%s: re-warming %d file(s) from the state file (paced by the promotion rate)", v.info.name, n)
-            self.counters["rewarm_files"] += n
-
-    def _reconcile(self, now: int) -> None:
-        """Before the first decision: read every cache's actual state, and report what the last run left
-        unfinished. An interrupted step is never repeated; only a setting the interrupted operation changed and
-        that still reads back as it left it is put back."""
-        for v in self.vols.values():
-            if v.backend is None:
-                continue
-            try:
-                s = v.backend.sample(now)
-            except CachepilotError as exc:
-                self._once(f"{v.info.name}: cannot read its state before acting: {exc}")
-                continue
-            v.last_sample = s
-            self.engine.sample(s)
-            log.info("%s: actual state: mode %s, %d dirty bytes", v.info.name, s.mode, s.dirty_bytes)
-            sv = self._saved_volume(v.info) or {}
-            for d in sv.get("in_flight", []):
-                if not isinstance(d, dict):
-                    continue
-                log.warning("%s: interrupted at the last stop: %s (not repeated)", v.info.name, d.get("action"))
-                for w in d.get("writes", []):
-                    knob = str(w.get("target", "")).split()[-1:]
-                    if knob and s.knobs.get(knob[0]) == w.get("value") and w.get("before") not in (None, ""):
-                        self.execute(SetKnob(v.info.name, knob[0], str(w["before"]),
-                                             f"put back after an interrupted {d.get('kind')}"), now)
-
-    def state_doc(self) -> dict[str, Any]:
-        vols: dict[str, Any] = {}
-        for v in self.vols.values():
-            info = v.info
-            ctl = self.engine.vols.get(info.dev)
-            hot = hottest(self.engine.hotness, info.dev, MAX_HOT)
-            vols[info.name] = {
-                "name": info.name, "kind": info.kind, "dev": devname(info.dev), "fs_uuid": info.fs_uuid,
-                "hot": [[h["ino"], h["gen"], h["score"], h["size"]] for h in hot],
-                "health": ctl.state.health.name if ctl else "UNKNOWN",
-                "latch": {"reason": ctl.latch.reason, "cache_id": ctl.latch.cache_id}
-                if ctl is not None and ctl.latch is not None else None,
-                "in_flight": list(v.in_flight.values()),
-            }
-        return {
-            "written": time.time(), "pid": os.getpid(), "volumes": vols,
-            "counters": {k: int(n) for k, n in self.counters.items()},
-            "decisions": list(self.decisions)[-MAX_DECISIONS:],
-        }
-
     def _save_state(self) -> None:
-        ok = self.state.write(self.state_doc())
-        self.counters["state_writes" if ok else "state_writes_failed"] += 1
-        if not ok:
-            self._once(f"state file not written (carrying on): {self.state.last_error}")
+        self.persist.save(self.vols.values(), self.decisions)
 
     # ------------------------------------------------------------------ snapshot and answers
     def _publish(self, now: int, tick_ns: int) -> None:
         if now >= self._next_top:
             self.top = {v.info.name: hottest(self.engine.hotness, v.info.dev, TOP_K) for v in self.vols.values()}
             self._next_top = now + int(TOP_EVERY_S * NS)
-        vols = []
-        for v in self.vols.values():
-            info = v.info
-            c = self.engine.vols.get(info.dev)
-            if c is None:
-                continue
-            st = c.state
-            req = c.requested_mode
-            pend = v.backend.pending() if v.backend is not None else []
-            vols.append({
-                "name": info.name, "dev": devname(info.dev), "kind": info.kind, "observe_only": v.observe_only,
-                "mountpoint": info.mountpoint, "fs_uuid": info.fs_uuid, "cache_bytes": info.cache_bytes,
-                "policy": c.chosen_by, "failure_model": c.policy.failure_model,
-                "mode": normalise_mode(st.mode) if st.samples else None,
-                "target_mode": req[0] if req else (normalise_mode(st.mode) if st.samples else None),
-                "dirty_bytes": st.dirty_bytes if st.samples else None,
-                "max_dirty_bytes": c.policy.exposure.max_dirty,
-                "exposure_age_s": round(st.exposure_age_s(now), 3),
-                "hit_ratio": st.hit_ratio, "hits": v.last_sample.hits if v.last_sample else None,
-                "misses": v.last_sample.misses if v.last_sample else None,
-                "io_errors": st.io_errors, "health": st.health.name,
-                "latched": c.latch is not None, "latch_reason": c.latch.reason if c.latch else None,
-                "breach": c.breach, "last_failure": c.last_failure or None,
-                "pending": [a.line() for a in pend], "retries": len(v.retries),
-                "promo_queue": len(c.promo_queue), "believed_cached": len(c.cached),
-                "discard_pending_blocks": c.freed.pending_blocks, "held_switches": c.held_switches,
-                "promotions_skipped": dict(c.promotions_skipped),
-            })
-        d = self.drops
-        self.snapshot = {
-            "version": 1,
-            "pid": os.getpid(),
-            "started": self.started_wall,
-            "uptime_s": round((now - self.started_ns) / NS, 3),
-            "dry_run": self.dry_run,
-            "observe_only": not any(not v.observe_only for v in self.vols.values()),
-            "actuators": actuation.has_real_backends(),
-            "config": self.config.source,
-            "policy": {"source": self.config.policy.source, "generation": self.policy_generation,
-                       "last_error": self.policy_error},
-            "probe": {"attached": self.probe is not None,
-                      "summary": self.probe.report.summary() if self.probe is not None else "no probe"},
-            "drops": {"ringbuf_full": d.ringbuf_full, "hotness_map_full": d.hotness_map_full, "other": d.other}
-            if d else {"ringbuf_full": 0, "hotness_map_full": 0, "other": 0},
-            "last_tick": {"time": time.time(), "duration_s": tick_ns / NS, "n": self.counters["ticks"],
-                          "skipped": self.loop.skipped},
-            "tracked_files": len(self.engine.hotness),
-            "counters": dict(self.counters),
-            "state_file": {"path": str(self.state.path), "writes": self.state.writes,
-                           "failed_writes": self.state.failed_writes, "last_error": self.state.last_error},
-            "volumes": vols,
-            "unmanaged": [{"name": label, "dev": device, "reason": reason}
-                          for device, (label, reason) in sorted(self.unmanaged.items())],
-            "top": self.top,
-            "decisions": list(self.decisions),
-        }
+        vols = tuple(status.volume_status(v, ctl, now, self.engine.now_ns) for v in self.vols.values()
+                     if (ctl := self.engine.vols.get(v.info.dev)) is not None)
+        self.snapshot = snap = status.build(self, vols, now, tick_ns)
         if self.metrics is not None:
-            self._export(tick_ns)
-        for fn in self.snapshot_listeners:
-            try:
-                fn(self.snapshot)
-            except Exception as exc:  # noqa: BLE001 - a broken listener must not stop the loop
-                self._once(f"snapshot listener failed: {type(exc).__name__}: {exc}")
-
-    def _export(self, tick_ns: int) -> None:
-        m = self.metrics
-        ex = m["mod"]
-        if tick_ns:
-            m["ticks"].observe(tick_ns / NS)
-        c = self.counters
-        vols = []
-        for v in self.vols.values():
-            ctl = self.engine.vols.get(v.info.dev)
-            s = v.last_sample
-            if ctl is None or s is None or v.observe_only:
-                continue
-            st = ctl.state
-            mode = normalise_mode(st.mode)
-            req = ctl.requested_mode
-            recoverable = ctl.policy.failure_model == "recoverable"
-            try:
-                vols.append(ex.VolumeSnapshot(
-                    volume=v.found.label, device=v.info.name, kind=v.info.kind, mode=mode,
-                    target_mode=req[0] if req else mode, health=int(st.health), latched=ctl.latch is not None,
-                    draining=ctl.drain is not None or bool(v.in_flight), cache_bytes=v.info.cache_bytes,
-                    cache_io_errors=st.io_errors_risen if v.info.kind in ERROR_COUNTS else None,
-                    dirty_bytes=st.dirty_bytes,
-                    dirty_age_seconds=st.exposure_age_s(self.engine.now_ns),
-                    dirty_bound_bytes=None if recoverable else ctl.policy.exposure.max_dirty,
-                    age_bound_seconds=None if recoverable else ctl.policy.exposure.max_age_s,
-                    drains=v.drains, exposure_breaches=ctl.breaches, hits=s.hits, misses=s.misses,
-                    bypasses=s.bypasses, bypassed_bytes=s.bypassed_bytes, promoted_bytes=v.promoted_bytes,
-                    discard_issued_bytes=v.discard_issued_bytes,
-                    discard_landed_bytes=v.discard_landed_bytes, barriers=v.barriers,
-                    cache_set=(st.cache_id or None) if v.info.kind == KIND_BCACHE else None,
-                    epoch_bytes=v.epoch_bytes.freeze() if v.epoch_bytes is not None else ex.Histogram.empty(
-                        ex.EPOCH_BUCKETS)))
-            except ValueError as exc:
-                self._once(f"metrics: {v.info.name} left out: {exc}")
-        d = self.drops
-
-        def by(prefix: str) -> dict[str, int]:
-            return {k[len(prefix):]: int(n) for k, n in c.items() if k.startswith(prefix)}
-
-        events = {_EVENT_KINDS.get(k, k.lower()): n for k, n in by("events.").items() if k in _EVENT_KINDS}
-        snap = ex.DaemonSnapshot(
-            timestamp=time.time(), start_time=self.started_wall, ready=self.ready, dry_run=self.dry_run,
-            observe_only=not any(not v.observe_only for v in self.vols.values()), events=events,
-            drops={"ringbuf_full": d.ringbuf_full, "hotness_map_full": d.hotness_map_full, "other": d.other}
-            if d else {}, ticks=c["ticks"], tick_duration=m["ticks"].freeze(), last_tick_timestamp=time.time(),
-            decisions=by("decisions."), action_failures=by("failed."),
-            policy_reloads=c["reloads"] - c["reloads_failed"], policy_reload_failures=c["reloads_failed"],
-            policy_last_reload_success=self.policy_error is None, state_writes=self.state.writes,
-            state_write_failures=self.state.failed_writes, volumes=tuple(vols), unmanaged=self._unmanaged(ex),
-            version=__version__, kernel=os.uname().release, bpf_object=self.bpf_object)
-        m["box"].publish(snap)
-        if self.config.metrics_textfile:
-            try:
-                ex.write_textfile(self.config.metrics_textfile, m["registry"])
-            except OSError as exc:
-                self._once(f"metrics: textfile {self.config.metrics_textfile} not written: {exc.strerror}")
-
-    def _unmanaged(self, ex: Any) -> tuple[Any, ...]:
-        out = []
-        for device, (label, reason) in sorted(self.unmanaged.items()):
-            try:
-                out.append(ex.UnmanagedVolume(volume=label, device=device, reason=reason))
-            except ValueError as exc:
-                self._once(f"metrics: unmanaged {device!r} left out: {exc}")
-        return tuple(out)
+            self.metrics.publish(snap, tick_ns, time.time(), self.guard.once)
 
     def answer(self, req: dict[str, Any]) -> dict[str, Any]:
-        """Control-socket requests, from the last snapshot only (called on the server thread)."""
-        snap = self.snapshot  # one reference: a consistent view even while the loop publishes the next
-        cmd = req.get("cmd")
-        if cmd == "status":
-            return {k: v for k, v in snap.items() if k not in ("top", "decisions")}
-        if cmd == "top":
-            vols = {v["name"]: v for v in snap.get("volumes", [])}
-            want = req.get("volume")
-            if want is not None and want not in vols:
-                raise UserError(f"unknown volume {want!r} (known: {', '.join(sorted(vols)) or 'none'})")
-            n = int(req.get("n", TOP_K))
-            return {"volumes": [{"name": name, "mountpoint": vols[name]["mountpoint"], "dev": vols[name]["dev"],
-                                 "files": files[:n]}
-                                for name, files in snap.get("top", {}).items()
-                                if name in vols and (want is None or name == want)]}
-        if cmd == "explain":
-            since = float(req.get("since", 0) or 0)
-            want = req.get("volume")
-            decisions = snap.get("decisions", [])
-            known = {v["name"] for v in snap.get("volumes", [])} | {d.get("volume") for d in decisions}
-            if want is not None and want not in known:  # a volume gone since keeps its decisions
-                raise UserError(f"unknown volume {want!r} (known: {', '.join(sorted(map(str, known))) or 'none'})")
-            out = [d for d in decisions if d.get("ts", 0) >= since and (want is None or d.get("volume") == want)]
-            return {"decisions": out[-int(req.get("limit", DECISIONS_KEPT)):]}
-        if cmd == "clear_latch":
-            name = str(req.get("volume", ""))
-            vol = next((v for v in snap.get("volumes", []) if v["name"] == name), None)
-            if vol is None:
-                raise UserError(f"unknown volume {name!r}")
-            # Queued even when the snapshot (one tick old) shows no latch: the tick in between may have set one.
-            self.clear_requests.append(name)  # done by the loop at its next tick (the engine is the loop's)
-            return {"queued": name, "latched": bool(vol.get("latched"))}
-        if cmd == "reload":
-            verdict = self.reloads.ask(max(RELOAD_WAIT_S, 3 * self.config.tick_s))
-            return {"reloaded": verdict.ok, "message": verdict.message}
-        raise UserError(f"unknown command {cmd!r} (status, top, explain, clear_latch, reload)")
-
-    def _bug(self, what: str) -> None:
-        """Log the exception being handled with its traceback, once per kind of failure (it may recur per event)."""
-        exc = sys.exc_info()[1]
-        key = f"bug {what}: {type(exc).__name__}: {exc}"
-        if key not in self._said:
-            self._said.add(key)
-            log.exception("bug while %s (counted in events.bugs; the daemon goes on)", what)
-
-    def _once(self, msg: str) -> None:
-        """Log an expected problem once (it may recur every tick)."""
-        if msg not in self._said:
-            if len(self._said) > 1000:
-                self._said.clear()
-            self._said.add(msg)
-            log.warning("%s", msg)
+        """Control-socket requests (called on the server thread): daemon/answers.py."""
+        return answers.answer(self.snapshot, req, self.clear_requests,
+                              lambda: self.reloads.ask(max(RELOAD_WAIT_S, 3 * self.config.tick_s)))

@@ -7,8 +7,15 @@ when the new configuration or policy is refused. A SIGHUP still reloads without 
 
 from __future__ import annotations
 
+import logging
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+from cachepilot.daemon.config import DaemonConfig
+
+log = logging.getLogger("cachepilot")
+# what a reload cannot change in a running daemon (its sockets, files, loop and probe are set up at start)
+FIXED = ("state_dir", "socket", "tick_s", "max_files", "metrics_listen", "metrics_textfile", "bpf_object")
 
 
 @dataclass
@@ -58,3 +65,11 @@ class ReloadRequests:
         for w in waiting:
             w.verdict = verdict
             w.done.set()
+
+
+def keep_fixed(new: DaemonConfig, running: DaemonConfig) -> DaemonConfig:
+    """The reloaded configuration with what only a restart can change kept as it runs (a change is said)."""
+    for key in FIXED:
+        if getattr(new, key) != getattr(running, key):
+            log.warning("reload: %s changed; takes effect at the next start", key)
+    return replace(new, **{k: getattr(running, k) for k in FIXED})

@@ -60,7 +60,7 @@ from cachepilot.events import (
 from cachepilot.models.admission import CachedSet
 from cachepilot.models.epochs import EpochTracker
 from cachepilot.models.freed import FreedExtentQueue
-from cachepilot.models.hotness import F_MEMBER, F_QUEUED, F_RESIDENT, HOT_DTYPE, HotnessTable
+from cachepilot.models.hotness import F_MEMBER, F_QUEUED, F_READ, F_RESIDENT, HOT_DTYPE, HotnessTable
 from cachepilot.models.volume import (
     BYPASS,
     BYPASS_NAMES,
@@ -436,6 +436,31 @@ class Engine:
         latch, c.latch = c.latch, None
         c.state.forgive_errors()
         return None if latch is None else f"{latch.reason} (cleared by {who})"
+
+    def restore_latch(self, dev: int, reason: str, since_ns: int, cache_id: str) -> Latch | None:
+        """Latch a volume as a previous run left it (the daemon's state file), unless it is latched already; the
+        latch it now has, or None for a volume the engine does not know."""
+        c = self.vols.get(dev)
+        if c is None:
+            return None
+        if c.latch is None:
+            c.latch = Latch(reason, since_ns, cache_id)
+        return c.latch
+
+    def latch_of(self, dev: int) -> Latch | None:
+        c = self.vols.get(dev)
+        return c.latch if c is not None else None
+
+    def health_of(self, dev: int) -> str:
+        """The volume's health word (UNKNOWN for a volume the engine does not know)."""
+        c = self.vols.get(dev)
+        return c.state.health.name if c is not None else "UNKNOWN"
+
+    def rewarm_file(self, dev: int, ino: int, gen: int, score: int, size: int, now_ns: int) -> None:
+        """A file a previous run found hot, back in the hotness table as read-hot: admitted and promoted at the
+        volume's promotion rate like any other."""
+        slot = self.hotness.update(dev, ino, gen, score, 0, 0, now_ns, size)
+        self.hotness.flags[slot] |= F_READ
 
     def latched(self) -> dict[str, str]:
         return {c.info.name: c.latch.reason for c in self.vols.values() if c.latch is not None}

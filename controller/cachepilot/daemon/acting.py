@@ -1,0 +1,150 @@
+"""Carrying out the engine's decisions on the managed volumes: each action once, its outcome recorded (the decision
+log that ``explain`` and the state file show) and told to the engine; a busy device retried with backoff (the engine
+hears only the final result); a device gone drops its volume; the backends' pending operations stepped each tick.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from cachepilot.actions import Action, DiscardRanges, Promote
+from cachepilot.backends.base import FAILED, PENDING, Backend, Outcome
+from cachepilot.daemon.counters import Counters
+from cachepilot.daemon.volume import ManagedVolume, VolumeTable
+from cachepilot.engine.engine import Engine
+from cachepilot.errors import CachepilotError, DeviceGone, RetryLater
+
+log = logging.getLogger("cachepilot")
+
+MAX_RETRIES = 5
+DECISIONS_KEPT = 1000
+
+
+class Actor:
+    def __init__(self, engine: Engine, vols: VolumeTable, counters: Counters,
+                 drop: Callable[[int, str], None], once: Callable[[str], None]) -> None:
+        self.engine = engine
+        self.vols = vols
+        self.counters = counters
+        self.drop = drop  # the daemon's: a volume whose device is gone leaves every index
+        self.once = once
+        self.decisions: deque[dict[str, Any]] = deque(maxlen=DECISIONS_KEPT)
+
+    def execute(self, action: Action, now: int, dry_run: bool, attempt: int = 0) -> None:
+        self.counters.add("decisions", action.kind)
+        v = self.vols.named(action.volume)
+        if v is None:
+            self.record(None, Outcome(action, FAILED, detail="volume gone"))
+            return
+        if v.observe_only:
+            self.record(v, Outcome(action, FAILED, detail="not carried out: observe-only volume"))
+            return
+        self._outcome(v, v.run(action, dry_run), now, attempt)
+
+    def _outcome(self, v: ManagedVolume, out: Outcome, now: int, attempt: int) -> None:
+        v.settle(out, self.record(v, out, attempt=attempt))
+        a = out.action
+        err = out.error
+        retry = isinstance(err, RetryLater) and attempt < MAX_RETRIES
+        if not retry and not (isinstance(a, DiscardRanges | Promote) and out.status == PENDING):
+            self.engine.outcome(out)  # the engine learns how it ended (re-queues failed discards, ends drains)
+        if err is None:
+            return
+        self.counters.add("failed", err.kind)
+        if retry:  # busy: the daemon retries with backoff; the engine hears only the final result
+            v.retry_later(now, attempt, out.action)
+            self.counters["retries"] += 1
+        elif isinstance(err, DeviceGone) and not isinstance(a, DiscardRanges | Promote):
+            self.drop(v.info.dev, f"device gone ({err})")  # (a filesystem gone under a file action: the rescan)
+
+    def deferred(self, now: int, dry_run: bool) -> None:
+        """What pacing left last tick; promotions wait while the volume's drain is at risk."""
+        for v in list(self.vols.values()):
+            for action in v.take_deferred(self.engine.holds_promotions(v.info.name)):
+                self.execute(action, now, dry_run)
+
+    def retry_due(self, now: int, dry_run: bool) -> None:
+        for v in list(self.vols.values()):
+            for attempt, action in v.due_retries(now):
+                if self.vols.get(v.info.dev) is v:
+                    self.execute(action, now, dry_run, attempt)
+
+    def sample(self, now: int) -> None:
+        """One sample of every backend, to the engine."""
+        for v, s in self.each_backend("sample", lambda b: b.sample(now)):
+            v.last_sample = s
+            self.engine.sample(s)
+
+    def step(self, now: int) -> None:
+        for v, outs in self.each_backend("step", lambda b: b.step(now)):
+            for out in outs:
+                v.in_flight.pop(out.action, None)
+                self._outcome(v, out, now, attempt=MAX_RETRIES)
+
+    def restore(self, v: ManagedVolume, why: str) -> None:
+        """Put back what the volume's unfinished operations changed."""
+        if v.backend is None:
+            return
+        try:
+            outs = v.backend.restore()
+        except CachepilotError as exc:
+            log.warning("%s: restore (%s) failed: %s", v.info.name, why, exc)
+            return
+        for out in outs:
+            self.record(v, out, note=f"restored ({why})")
+        v.forget()
+
+    def each_backend(self, what: str, call: Callable[[Backend], Any]) -> Iterator[tuple[ManagedVolume, Any]]:
+        """``call`` on every volume with a backend: a volume whose device is gone is dropped, another error is
+        counted and said once; yields (volume, result) for the rest."""
+        for dev, v in list(self.vols.items()):
+            if v.backend is None:
+                continue
+            try:
+                got = call(v.backend)
+            except DeviceGone as exc:
+                self.drop(dev, f"device gone ({exc})")
+                continue
+            except CachepilotError as exc:
+                self.counters.add(f"{what}_errors", exc.kind)
+                self.once(f"{v.info.name}: {what} failed: {exc}")
+                continue
+            yield v, got
+
+    def record(self, v: ManagedVolume | None, out: Outcome, attempt: int = 0, note: str = "") -> dict[str, Any]:
+        a = out.action
+        err = out.error
+        d = {
+            "ts": time.time(),
+            "volume": a.volume,
+            "kind": a.kind,
+            "action": (action_line := a.line()),
+            "reason": a.reason,
+            "status": out.status,
+            "dry_run": out.dry_run,
+            "writes": [{"target": w.target, "before": w.before, "value": w.value, "readback": w.readback}
+                       for w in out.writes],
+            "error": str(err) if err else None,
+            "error_kind": err.kind if err else None,
+            "detail": " ".join(x for x in (note, out.detail, _discard_note(out)) if x),
+            "attempt": attempt,
+        }
+        self.decisions.append(d)
+        line = out.line(action_line) + (f" [{d['detail']}]" if d["detail"] else "")
+        level = logging.WARNING if out.status == FAILED and err is not None else logging.INFO
+        if v is not None and v.observe_only:
+            level = logging.DEBUG  # what it would do on a volume it only observes: explain shows it
+        log.log(level, "%s%s", "DRY RUN " if out.dry_run else "", line)
+        return d
+
+
+def _discard_note(out: Outcome) -> str:
+    if not isinstance(out.action, DiscardRanges) or not out.actuated:
+        return ""
+    later = f", {sum(n for _, n in out.deferred.ranges)} bytes deferred" if out.deferred else ""
+    return (f"FITRIM issued {len(out.issued)} range(s), {out.issued_bytes} bytes; "
+            f"filesystem trimmed {out.trimmed_bytes} bytes{later}")

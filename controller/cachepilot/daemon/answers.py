@@ -1,0 +1,60 @@
+"""The control socket's answers (called on the server thread): ``status``, ``top`` and ``explain`` from the last
+published snapshot only; ``clear_latch`` queues the request for the loop (the engine is the loop's); ``reload`` waits,
+bounded, for the loop's verdict."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from cachepilot.daemon.acting import DECISIONS_KEPT
+from cachepilot.daemon.reloads import Verdict
+from cachepilot.daemon.status import Status
+from cachepilot.errors import UserError
+
+TOP_K = 25
+
+
+def answer(snap: Status | None, req: dict[str, Any], clear_requests: list[str],
+           ask_reload: Callable[[], Verdict]) -> dict[str, Any]:
+    cmd = req.get("cmd")
+    if cmd == "reload":
+        verdict = ask_reload()
+        return {"reloaded": verdict.ok, "message": verdict.message}
+    if cmd == "status":
+        return snap.to_json(leave_out=("top", "decisions")) if snap is not None else {}
+    vols = {v.name: v for v in snap.volumes} if snap is not None else {}
+    if cmd == "top":
+        return _top(snap, vols, req)
+    if cmd == "explain":
+        return _explain(snap.decisions if snap is not None else [], vols, req)
+    if cmd == "clear_latch":
+        name = str(req.get("volume", ""))
+        vol = vols.get(name)
+        if vol is None:
+            raise UserError(f"unknown volume {name!r}")
+        # Queued even when the snapshot (one tick old) shows no latch: the tick in between may have set one.
+        clear_requests.append(name)  # done by the loop at its next tick
+        return {"queued": name, "latched": vol.latched}
+    raise UserError(f"unknown command {cmd!r} (status, top, explain, clear_latch, reload)")
+
+
+def _top(snap: Status | None, vols: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
+    want = req.get("volume")
+    if want is not None and want not in vols:
+        raise UserError(f"unknown volume {want!r} (known: {', '.join(sorted(vols)) or 'none'})")
+    n = int(req.get("n", TOP_K))
+    top = snap.top if snap is not None else {}
+    return {"volumes": [{"name": name, "mountpoint": vols[name].mountpoint, "dev": vols[name].dev,
+                         "files": files[:n]}
+                        for name, files in top.items() if name in vols and (want is None or name == want)]}
+
+
+def _explain(decisions: list[dict[str, Any]], vols: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
+    since = float(req.get("since", 0) or 0)
+    want = req.get("volume")
+    known = set(vols) | {d.get("volume") for d in decisions}
+    if want is not None and want not in known:  # a volume gone since keeps its decisions
+        raise UserError(f"unknown volume {want!r} (known: {', '.join(sorted(map(str, known))) or 'none'})")
+    out = [d for d in decisions if d.get("ts", 0) >= since and (want is None or d.get("volume") == want)]
+    return {"decisions": out[-int(req.get("limit", DECISIONS_KEPT)):]}

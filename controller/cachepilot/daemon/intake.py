@@ -1,0 +1,88 @@
+"""What the probe reports, into the engine: discrete events as they arrive while the loop waits (at most every
+``MIN_POLL_GAP_S``), the per-tick aggregates once a tick. Each event is counted by kind; one the engine does not know
+is "unhandled", one it refuses "rejected" (said once), and anything else a bug (its traceback once), never mistaken
+for bad input."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from cachepilot.actions import Action
+from cachepilot.daemon.counters import Counters
+from cachepilot.daemon.guard import Guard
+from cachepilot.daemon.volume import VolumeTable
+from cachepilot.engine.engine import Engine, UnknownEvent
+from cachepilot.errors import UserError
+from cachepilot.events import Drops
+
+# The daemon takes the probe's rings at most this often. It decides once a tick; reading the rings as every kernel
+# wakeup allowed (one per 20 ms under a commit storm, ~50 a second) cost the daemon more than the events themselves
+# (measured in the lab's varmail run). The rings hold seconds of records even at a flush storm's rate.
+MIN_POLL_GAP_S = 0.1
+
+
+class Intake:
+    def __init__(self, engine: Engine, vols: VolumeTable, counters: Counters, guard: Guard,
+                 stop_event: threading.Event, probe: Callable[[], Any], act: Callable[[Action, int], None]) -> None:
+        self.engine = engine
+        self.vols = vols
+        self.counters = counters
+        self.guard = guard
+        self.stop_event = stop_event
+        self.probe = probe  # the loaded probe, or None
+        self.act = act  # carries out an action (the daemon's execute)
+        self.drops: Drops | None = None  # the probe's last drop counts
+        self._next_poll = 0.0  # time.monotonic() of the earliest next look at the rings (MIN_POLL_GAP_S)
+
+    def wait(self, seconds: float) -> None:
+        """The loop's wait between ticks: on the probe's rings (feeding what comes), or on the stop event."""
+        probe = self.probe()
+        if probe is None:
+            self.stop_event.wait(seconds)
+            return
+        early = self._next_poll - time.monotonic()
+        if early > 0:  # looked less than MIN_POLL_GAP_S ago: let records gather (a stop request ends the wait)
+            if self.stop_event.wait(min(early, seconds)) or early >= seconds:
+                return
+            seconds -= early
+        self._next_poll = time.monotonic() + MIN_POLL_GAP_S
+        for ev in probe.poll(int(seconds * 1000)):
+            self.feed(ev)
+        self.guard.call("discards", self.discards, time.monotonic_ns())  # the loop's clock
+
+    def discards(self, now: int) -> None:
+        """The discards the commits just polled made ready: out right after the commit that freed them, not at the
+        next tick."""
+        for action in self.engine.discards(now):
+            self.act(action, now)
+
+    def feed(self, ev: Any) -> None:
+        self.counters.add("events", type(ev).__name__)
+        ev = self.vols.route(ev)
+        try:
+            self.engine.feed(ev)
+        except UnknownEvent:  # an event kind this engine does not know yet
+            self.counters.add("events", "unhandled")
+        except UserError as exc:
+            self.counters.add("events", "rejected")
+            self.guard.once(f"event rejected: {exc}")
+        except Exception:  # a bug (e.g. a TypeError inside a known kind's handler): never mistaken for input
+            self.counters.add("events", "bugs")
+            self.guard.bug(f"handling {type(ev).__name__}")
+
+    def drain(self, now: int) -> None:
+        """The tick's stage: the probe's per-tick tables (one swap a tick)."""
+        probe = self.probe()
+        if probe is None:
+            return
+        arr = probe.drain_hotness_array()
+        if len(arr):
+            self.counters.add("events", "HotnessDelta", len(arr))
+            self.engine.feed_hotness_array(arr)
+        for ev in probe.drain_aggregates():  # metadata deltas, durability calls, drops
+            if isinstance(ev, Drops):
+                self.drops = ev
+            self.feed(ev)

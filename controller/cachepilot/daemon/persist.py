@@ -1,0 +1,156 @@
+"""What the daemon carries across a restart, through the state file (daemon/state.py): the hot lists (re-warmed
+into the engine), the failure latches (kept unless the cache device was replaced), the counters and recent
+decisions, and the operations in flight at the last stop (reconciled, never repeated). It reaches the engine through
+its methods only (``restore_latch``, ``rewarm_file``, ``latch_of``, ``health_of``, ``sample``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from cachepilot.actions import Action, SetKnob
+from cachepilot.daemon.snapshot import hottest
+from cachepilot.daemon.state import MAX_DECISIONS, MAX_HOT, StateFile
+from cachepilot.daemon.volume import ManagedVolume, devname
+from cachepilot.engine.engine import Engine
+from cachepilot.errors import CachepilotError
+
+log = logging.getLogger("cachepilot")
+
+
+class Persistence:
+    def __init__(self, state: StateFile, engine: Engine, counters: Counter[str], once: Callable[[str], None]) -> None:
+        self.state = state
+        self.engine = engine
+        self.counters = counters
+        self.once = once
+        self.saved: dict[str, Any] = {}
+        self.previous_counters: dict[str, int] = {}  # the last run's, from the state file
+
+    def read(self, decisions: list[dict[str, Any]] | Any) -> None:
+        """Read the state file (a missing or corrupt one: start fresh, said once); its decisions go to
+        ``decisions``."""
+        doc, why = self.state.read()
+        if doc is None:
+            log.warning("starting fresh: %s", why)
+            return
+        self.saved = doc
+        saved = [v for v in doc.get("volumes", {}).values() if isinstance(v, dict)]
+        n = sum(len(v.get("hot", [])) for v in saved)
+        inflight = sum(len(v.get("in_flight", [])) for v in saved)
+        log.info("state file %s: %d volume(s), %d hot file(s), %d in-flight action(s)", self.state.path,
+                 len(saved), n, inflight)
+        prev = doc.get("counters", {})
+        if isinstance(prev, dict):
+            self.previous_counters = {k: v for k, v in prev.items() if isinstance(v, int)}
+        for d in doc.get("decisions", [])[-MAX_DECISIONS:]:
+            if isinstance(d, dict):
+                decisions.append(d)
+
+    def saved_volume(self, info: Any) -> dict[str, Any] | None:
+        for sv in self.saved.get("volumes", {}).values():
+            if not isinstance(sv, dict):
+                continue
+            if info.fs_uuid and sv.get("fs_uuid") == info.fs_uuid:
+                return sv
+            if not info.fs_uuid and sv.get("name") == info.name and sv.get("kind") == info.kind:
+                return sv
+        return None
+
+    def adopted(self, v: ManagedVolume, now: int) -> None:
+        """A volume just adopted: its latch and its hot list as the last run left them."""
+        self.restore_latch(v, now)
+        self.rewarm(v, now)
+
+    def restore_latch(self, v: ManagedVolume, now: int) -> None:
+        """A latched volume stays latched across restarts (unless its cache device was replaced since)."""
+        latch = (self.saved_volume(v.info) or {}).get("latch")
+        if not isinstance(latch, dict) or self.engine.latch_of(v.info.dev) is not None:
+            return
+        cache_id = str(latch.get("cache_id", ""))
+        if cache_id and v.info.cache_id and cache_id != v.info.cache_id:
+            log.info("%s: was latched on cache %s; the cache device was replaced: not latched", v.info.name, cache_id)
+            return
+        got = self.engine.restore_latch(v.info.dev, f"{latch.get('reason', 'latched')} (kept from the state file)",
+                                        now, cache_id)
+        if got is not None:
+            log.warning("%s: still latched: %s", v.info.name, got.reason)
+
+    def rewarm(self, v: ManagedVolume, now: int) -> None:
+        """Put the saved hot list back into the hotness table: the engine admits and promotes the files at the
+        volume's promotion rate (paced), hottest first."""
+        sv = self.saved_volume(v.info)
+        if sv is None:
+            return
+        n = 0
+        for item in sv.get("hot", [])[:MAX_HOT]:
+            try:
+                ino, gen, score, size = (int(x) for x in item)
+            except (TypeError, ValueError):
+                continue
+            if ino <= 0 or score <= 0:
+                continue
+            self.engine.rewarm_file(v.info.dev, ino, gen, score, size, now)
+            n += 1
+        if n:
+            log.info("%s: re-warming %d file(s) from the state file (paced by the promotion rate)", v.info.name, n)
+            self.counters["rewarm_files"] += n
+
+    def reconcile(self, vols: Iterable[ManagedVolume], now: int, execute: Callable[[Action, int], None]) -> None:
+        """Before the first decision: read every cache's actual state, and report what the last run left
+        unfinished. An interrupted step is never repeated; only a setting the interrupted operation changed and
+        that still reads back as it left it is put back."""
+        for v in vols:
+            if v.backend is None:
+                continue
+            try:
+                s = v.backend.sample(now)
+            except CachepilotError as exc:
+                self.once(f"{v.info.name}: cannot read its state before acting: {exc}")
+                continue
+            v.last_sample = s
+            self.engine.sample(s)
+            log.info("%s: actual state: mode %s, %d dirty bytes", v.info.name, s.mode, s.dirty_bytes)
+            for d in (self.saved_volume(v.info) or {}).get("in_flight", []):
+                if isinstance(d, dict):
+                    self._put_back(v, d, s.knobs, now, execute)
+
+    @staticmethod
+    def _put_back(v: ManagedVolume, d: dict[str, Any], knobs: dict[str, str], now: int,
+                  execute: Callable[[Action, int], None]) -> None:
+        log.warning("%s: interrupted at the last stop: %s (not repeated)", v.info.name, d.get("action"))
+        for w in d.get("writes", []):
+            knob = str(w.get("target", "")).split()[-1:]
+            if knob and knobs.get(knob[0]) == w.get("value") and w.get("before") not in (None, ""):
+                execute(SetKnob(v.info.name, knob[0], str(w["before"]),
+                                f"put back after an interrupted {d.get('kind')}"), now)
+
+    def doc(self, vols: Iterable[ManagedVolume], decisions: Iterable[dict[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for v in vols:
+            info = v.info
+            latch = self.engine.latch_of(info.dev)
+            hot = hottest(self.engine.hotness, info.dev, MAX_HOT)
+            out[info.name] = {
+                "name": info.name, "kind": info.kind, "dev": devname(info.dev), "fs_uuid": info.fs_uuid,
+                "hot": [[h["ino"], h["gen"], h["score"], h["size"]] for h in hot],
+                "health": self.engine.health_of(info.dev),
+                "latch": {"reason": latch.reason, "cache_id": latch.cache_id} if latch is not None else None,
+                "in_flight": list(v.in_flight.values()),
+            }
+        return {
+            "written": time.time(), "pid": os.getpid(), "volumes": out,
+            "counters": {k: int(n) for k, n in self.counters.items()},
+            "decisions": list(decisions)[-MAX_DECISIONS:],
+        }
+
+    def save(self, vols: Iterable[ManagedVolume], decisions: Iterable[dict[str, Any]]) -> None:
+        ok = self.state.write(self.doc(vols, decisions))
+        self.counters["state_writes" if ok else "state_writes_failed"] += 1
+        if not ok:
+            self.once(f"state file not written (carrying on): {self.state.last_error}")

@@ -1,0 +1,307 @@
+"""The daemon's one snapshot: a typed tree built once per tick by the loop, read by the control socket (``status``,
+``top``, ``explain``: :meth:`Status.to_json` gives the JSON keys ``cachepilot status`` reads) and by the metrics
+exporter (:func:`exporter_snapshot` builds its ``DaemonSnapshot`` from it, counters by kind as they were counted).
+Readers hold one reference: the loop replaces the snapshot whole, never edits it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING, Any
+
+from cachepilot import __version__, records
+from cachepilot.capabilities import ERROR_COUNTS, KIND_BCACHE
+from cachepilot.daemon import actuation
+from cachepilot.daemon.volume import ManagedVolume, devname
+from cachepilot.engine.engine import VolumeCtl, normalise_mode
+
+if TYPE_CHECKING:
+    from cachepilot.daemon.daemon import Daemon
+
+NS = 1_000_000_000
+# the exporter's event counts by kind (the daemon counts them by class name); Drops are counters of their own
+_EVENT_KINDS = {k.event.__name__: k.name for k in records.KINDS if k is not records.DROPS}
+
+
+@dataclass(frozen=True)
+class VolumeMetrics:
+    """What the exporter shows of a sampled, managed volume beyond its status (cumulative counts)."""
+
+    label: str
+    mode: str
+    target_mode: str
+    health: int
+    draining: bool
+    cache_io_errors: int | None
+    dirty_bytes: int
+    dirty_age_seconds: float
+    dirty_bound_bytes: int | None
+    age_bound_seconds: float | None
+    drains: int
+    exposure_breaches: int
+    bypasses: int | None
+    bypassed_bytes: int | None
+    promoted_bytes: int
+    discard_issued_bytes: int
+    discard_landed_bytes: int
+    barriers: int
+    cache_set: str | None
+    epoch_bytes: Any  # exporter Histogram, or None (no exporter in this build)
+
+
+@dataclass(frozen=True)
+class VolumeStatus:
+    name: str
+    dev: str
+    kind: str
+    observe_only: bool
+    mountpoint: str
+    fs_uuid: str
+    cache_bytes: int
+    policy: str
+    failure_model: str
+    mode: str | None
+    target_mode: str | None
+    dirty_bytes: int | None
+    max_dirty_bytes: int
+    exposure_age_s: float
+    hit_ratio: float | None
+    hits: int | None
+    misses: int | None
+    io_errors: int
+    health: str
+    latched: bool
+    latch_reason: str | None
+    breach: str | None
+    last_failure: str | None
+    pending: list[str]
+    retries: int
+    promo_queue: int
+    believed_cached: int
+    discard_pending_blocks: int
+    held_switches: int
+    promotions_skipped: dict[str, int]  # promotions not made, by reason
+    metrics: VolumeMetrics | None = field(default=None, metadata={"json": False})  # None: not exported
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.metadata.get("json", True)}
+
+
+@dataclass(frozen=True)
+class PolicyStatus:
+    source: str
+    generation: int
+    last_error: str | None
+
+
+@dataclass(frozen=True)
+class ProbeStatus:
+    attached: bool
+    summary: str
+
+
+@dataclass(frozen=True)
+class DropCounts:
+    ringbuf_full: int = 0
+    hotness_map_full: int = 0
+    other: int = 0
+
+
+@dataclass(frozen=True)
+class TickStatus:
+    time: float
+    duration_s: float
+    n: int
+    skipped: int
+
+
+@dataclass(frozen=True)
+class StateFileStatus:
+    path: str
+    writes: int
+    failed_writes: int
+    last_error: str | None
+
+
+@dataclass(frozen=True)
+class UnmanagedStatus:
+    name: str  # the volume's label
+    dev: str  # its kernel name
+    reason: str  # one of exporter.snapshot.UNMANAGED_REASONS
+
+
+@dataclass(frozen=True)
+class Counts:
+    """The exporter's counters by kind (never parsed back from the flat names)."""
+
+    events: dict[str, int]
+    decisions: dict[str, int]
+    failures: dict[str, int]
+    reloads: int
+    reloads_failed: int
+
+
+@dataclass(frozen=True)
+class Status:
+    version: int
+    pid: int
+    started: float
+    uptime_s: float
+    dry_run: bool
+    observe_only: bool
+    actuators: bool
+    config: str
+    policy: PolicyStatus
+    probe: ProbeStatus
+    drops: DropCounts
+    last_tick: TickStatus
+    tracked_files: int
+    counters: dict[str, int]
+    state_file: StateFileStatus
+    volumes: tuple[VolumeStatus, ...]
+    unmanaged: tuple[UnmanagedStatus, ...]
+    top: dict[str, list[dict[str, int]]]
+    decisions: list[dict[str, Any]]
+    # for the exporter only
+    ready: bool = field(default=False, metadata={"json": False})
+    has_drops: bool = field(default=False, metadata={"json": False})
+    counts: Counts | None = field(default=None, metadata={"json": False})
+    bpf_object: str = field(default="none", metadata={"json": False})
+
+    def to_json(self, leave_out: tuple[str, ...] = ()) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            if not f.metadata.get("json", True) or f.name in leave_out:
+                continue
+            value = getattr(self, f.name)
+            if f.name == "volumes":
+                out[f.name] = [v.to_json() for v in value]
+            elif f.name == "unmanaged":
+                out[f.name] = [asdict(u) for u in value]
+            elif hasattr(value, "__dataclass_fields__"):
+                out[f.name] = asdict(value)
+            else:
+                out[f.name] = value
+        return out
+
+
+def volume_status(v: ManagedVolume, c: VolumeCtl, now: int, engine_now: int) -> VolumeStatus:
+    info = v.info
+    st = c.state
+    req = c.requested_mode
+    mode = normalise_mode(st.mode) if st.samples else None
+    pend = v.backend.pending() if v.backend is not None else []
+    s = v.last_sample
+    return VolumeStatus(
+        name=info.name, dev=devname(info.dev), kind=info.kind, observe_only=v.observe_only,
+        mountpoint=info.mountpoint, fs_uuid=info.fs_uuid, cache_bytes=info.cache_bytes,
+        policy=c.chosen_by, failure_model=c.policy.failure_model, mode=mode,
+        target_mode=req[0] if req else mode, dirty_bytes=st.dirty_bytes if st.samples else None,
+        max_dirty_bytes=c.policy.exposure.max_dirty, exposure_age_s=round(st.exposure_age_s(now), 3),
+        hit_ratio=st.hit_ratio, hits=s.hits if s else None, misses=s.misses if s else None,
+        io_errors=st.io_errors, health=st.health.name,
+        latched=c.latch is not None, latch_reason=c.latch.reason if c.latch else None,
+        breach=c.breach, last_failure=c.last_failure or None,
+        pending=[a.line() for a in pend], retries=len(v.retries),
+        promo_queue=len(c.promo_queue), believed_cached=len(c.cached),
+        discard_pending_blocks=c.freed.pending_blocks, held_switches=c.held_switches,
+        promotions_skipped=dict(c.promotions_skipped),
+        metrics=None if s is None or v.observe_only else _metrics(v, c, engine_now))
+
+
+def _metrics(v: ManagedVolume, c: VolumeCtl, engine_now: int) -> VolumeMetrics:
+    st = c.state
+    s = v.last_sample
+    mode = normalise_mode(st.mode)
+    req = c.requested_mode
+    recoverable = c.policy.failure_model == "recoverable"
+    kind = v.info.kind
+    return VolumeMetrics(
+        label=v.found.label, mode=mode, target_mode=req[0] if req else mode, health=int(st.health),
+        draining=c.drain is not None or bool(v.in_flight),
+        cache_io_errors=st.io_errors_risen if kind in ERROR_COUNTS else None, dirty_bytes=st.dirty_bytes,
+        dirty_age_seconds=st.exposure_age_s(engine_now),
+        dirty_bound_bytes=None if recoverable else c.policy.exposure.max_dirty,
+        age_bound_seconds=None if recoverable else c.policy.exposure.max_age_s,
+        drains=v.drains, exposure_breaches=c.breaches, bypasses=s.bypasses, bypassed_bytes=s.bypassed_bytes,
+        promoted_bytes=v.promoted_bytes, discard_issued_bytes=v.discard_issued_bytes,
+        discard_landed_bytes=v.discard_landed_bytes, barriers=v.barriers,
+        cache_set=(st.cache_id or None) if kind == KIND_BCACHE else None,
+        epoch_bytes=v.epoch_bytes.freeze() if v.epoch_bytes is not None else None)
+
+
+def exporter_snapshot(status: Status, ex: Any, tick_duration: Any, now_wall: float,
+                      left_out: list[str]) -> Any:
+    """The exporter's DaemonSnapshot (``ex``: the exporter module) of ``status``; a volume whose labels the
+    exporter refuses is left out (its reason appended to ``left_out``)."""
+    vols = []
+    for v in status.volumes:
+        m = v.metrics
+        if m is None:
+            continue
+        try:
+            vols.append(ex.VolumeSnapshot(
+                volume=m.label, device=v.name, kind=v.kind, mode=m.mode, target_mode=m.target_mode,
+                health=m.health, latched=v.latched, draining=m.draining, cache_bytes=v.cache_bytes,
+                cache_io_errors=m.cache_io_errors, dirty_bytes=m.dirty_bytes, dirty_age_seconds=m.dirty_age_seconds,
+                dirty_bound_bytes=m.dirty_bound_bytes, age_bound_seconds=m.age_bound_seconds, drains=m.drains,
+                exposure_breaches=m.exposure_breaches, hits=v.hits, misses=v.misses, bypasses=m.bypasses,
+                bypassed_bytes=m.bypassed_bytes, promoted_bytes=m.promoted_bytes,
+                discard_issued_bytes=m.discard_issued_bytes, discard_landed_bytes=m.discard_landed_bytes,
+                barriers=m.barriers, cache_set=m.cache_set,
+                epoch_bytes=m.epoch_bytes if m.epoch_bytes is not None else ex.Histogram.empty(ex.EPOCH_BUCKETS)))
+        except ValueError as exc:
+            left_out.append(f"metrics: {v.name} left out: {exc}")
+    unmanaged = []
+    for u in status.unmanaged:
+        try:
+            unmanaged.append(ex.UnmanagedVolume(volume=u.name, device=u.dev, reason=u.reason))
+        except ValueError as exc:
+            left_out.append(f"metrics: unmanaged {u.dev!r} left out: {exc}")
+    c = status.counts
+    assert c is not None
+    d = status.drops
+    return ex.DaemonSnapshot(
+        timestamp=now_wall, start_time=status.started, ready=status.ready, dry_run=status.dry_run,
+        observe_only=status.observe_only,
+        events={_EVENT_KINDS[k]: n for k, n in c.events.items() if k in _EVENT_KINDS},
+        drops=asdict(d) if status.has_drops else {}, ticks=status.last_tick.n, tick_duration=tick_duration,
+        last_tick_timestamp=now_wall, decisions=c.decisions, action_failures=c.failures,
+        policy_reloads=c.reloads - c.reloads_failed, policy_reload_failures=c.reloads_failed,
+        policy_last_reload_success=status.policy.last_error is None, state_writes=status.state_file.writes,
+        state_write_failures=status.state_file.failed_writes, volumes=tuple(vols), unmanaged=tuple(unmanaged),
+        version=__version__, kernel=os.uname().release, bpf_object=status.bpf_object)
+
+
+def build(d: Daemon, vols: tuple[VolumeStatus, ...], now: int, tick_ns: int) -> Status:
+    """The daemon's snapshot at the end of a tick (``vols``: its volumes' statuses, see :func:`volume_status`)."""
+    drops, c, probe, state = d.intake.drops, d.counters, d.probe, d.state
+    return Status(
+        version=1, pid=os.getpid(), started=d.started_wall, uptime_s=round((now - d.started_ns) / NS, 3),
+        dry_run=d.dry_run, observe_only=all(v.observe_only for v in d.vols.values()),
+        actuators=actuation.has_real_backends(), config=d.config.source,
+        policy=PolicyStatus(d.config.policy.source, d.policy_generation, d.policy_error),
+        probe=ProbeStatus(probe is not None, probe.report.summary() if probe is not None else "no probe"),
+        drops=DropCounts(drops.ringbuf_full, drops.hotness_map_full, drops.other) if drops else DropCounts(),
+        last_tick=TickStatus(time.time(), tick_ns / NS, c["ticks"], d.loop.skipped),
+        tracked_files=len(d.engine.hotness), counters=dict(c),
+        state_file=StateFileStatus(str(state.path), state.writes, state.failed_writes, state.last_error),
+        volumes=vols, unmanaged=tuple(UnmanagedStatus(label, device, reason)
+                                      for device, (label, reason) in sorted(d.adopter.unmanaged.items())),
+        top=d.top, decisions=list(d.decisions), ready=d.ready, has_drops=drops is not None,
+        counts=Counts(c.group("events"), c.group("decisions"), c.group("failed"), c["reloads"], c["reloads_failed"]),
+        bpf_object=d.bpf_object)
+
+
+def file_id(path: Any) -> str:
+    """A short hash of a file (which build of the BPF object runs), or "none"."""
+    if path is None:
+        return "none"
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read(64 << 20)).hexdigest()[:12]
+    except OSError:
+        return "none"
