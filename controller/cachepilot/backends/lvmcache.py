@@ -120,15 +120,7 @@ class LvmCacheBackend(dmcache.DmCacheBackend):
         if isinstance(op.action, Drain) and self.table().policy == "cleaner":
             # a cleaner left live (a daemon that died mid-drain) shows writethrough: LVM keeps the mode to go back to
             mode = op.data["mode"] = self.lvm_mode()
-        if self.status().dirty_blocks == 0:
-            if self.table().mode != mode:
-                op.put(self.table_setting("mode"), f"{mode}/{op.data['policy']}", reason)
-            op.phase = "clean"
-            return True
-        op.phase = "cleaning"
-        op.put(self.table_setting("cleaner"), "writethrough/cleaner", f"drain: {reason}")
-        op.data["cleaner"] = "1"
-        return False
+        return super()._begin_drain(op, mode, reason)
 
     def _undo(self, op: Operation) -> None:
         """An abandoned drain puts back the saved policy in the mode LVM's metadata still has: asking lvchange for
