@@ -475,6 +475,30 @@ def test_sighup_with_a_broken_policy_keeps_the_running_one(rig: Rig) -> None:
     assert rig.d.engine.policy.defaults.exposure.max_dirty == 2 << 20 and rig.d.policy_error is None
 
 
+def test_a_slow_reload_is_parsed_beside_the_loop_and_applied_at_a_later_tick(rig: Rig) -> None:
+    """The soak's ticks over 1 s were its SIGHUP reloads, parsed on the loop thread: now a tick that starts one waits
+    at most 0.1 s for the parse, the loop goes on, and a later tick applies it."""
+    rig.d.start()
+    load, gate = rig.d._load, threading.Event()
+
+    def slow_load():  # type: ignore[no-untyped-def]
+        gate.wait(10)
+        return load()
+
+    rig.d._load = slow_load  # type: ignore[method-assign]
+    write(rig.tmp / "p.yaml", POLICY_DESTRUCTIVE.replace("1MiB", "2MiB"))
+    rig.d.request_reload()
+    t0 = time.monotonic()
+    rig.tick(1)
+    rig.tick(2)
+    assert time.monotonic() - t0 < 1.0 and rig.d.policy_generation == 1  # two ticks, the parse still running
+    gate.set()
+    time.sleep(0.2)
+    rig.tick(3)
+    assert rig.d.policy_generation == 2 and rig.d.engine.policy.defaults.exposure.max_dirty == 2 << 20
+    rig.d.shutdown()
+
+
 def test_reload_command_waits_for_the_verdict_and_fails_on_a_refused_policy(
         rig: Rig, capsys: pytest.CaptureFixture[str]) -> None:
     """`cachepilot reload` (the unit's ExecReload) asks over the control socket and exits with the loop's verdict:

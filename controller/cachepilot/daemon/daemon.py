@@ -35,7 +35,7 @@ from cachepilot.daemon.loop import TickLoop
 from cachepilot.daemon.metrics import Metrics
 from cachepilot.daemon.notify import Notifier
 from cachepilot.daemon.persist import Persistence
-from cachepilot.daemon.reloads import ReloadRequests, Verdict, keep_fixed
+from cachepilot.daemon.reloads import BackgroundParse, ReloadRequests, Verdict, keep_fixed
 from cachepilot.daemon.snapshot import hottest
 from cachepilot.daemon.state import StateFile
 from cachepilot.daemon.volume import VolumeTable
@@ -47,10 +47,7 @@ log = logging.getLogger("cachepilot")
 NS = 1_000_000_000
 TOP_EVERY_S = 2.0
 RELOAD_WAIT_S = 30.0  # a control-socket reload waits this long for the loop's verdict (a tick or two normally)
-
-
-class _StopDuringReload(BaseException):  # noqa: N818 - not an error: raised by the stop signal's handler
-    """Raised by the SIGTERM/SIGINT handler into a reload in progress (caught by the reload, nowhere else)."""
+RELOAD_IN_TICK_S = 0.1  # a parse done by then is applied in the same tick; a longer one at a later tick
 
 
 class Daemon:
@@ -92,7 +89,7 @@ class Daemon:
         self.policy_error: str | None = None
         self.policy_generation = 1
         self.reloads = ReloadRequests()
-        self._reloading = False  # a stop request (signal) aborts the reload in progress
+        self._parse: tuple[BackgroundParse, list[Any]] | None = None  # a reload being parsed, and who waits for it
         self.started_wall = time.time()
         self.started_ns = time.monotonic_ns()
         self._next_rescan = 0
@@ -135,6 +132,8 @@ class Daemon:
     def shutdown(self) -> None:
         """Leave every cache safe and stable: unfinished operations are put back, the state file written."""
         self.notifier.stopping()
+        if self._parse is not None:  # its thread dies with the process: nothing was applied
+            log.warning("reload abandoned: stopping (the running policy is kept)")
         for v in list(self.vols.values()):
             self.actor.restore(v, "stopping")
         self._save_state()
@@ -160,8 +159,6 @@ class Daemon:
     # ------------------------------------------------------------------ signals (called from handlers: flags only)
     def request_stop(self) -> None:
         self.loop.stop()
-        if self._reloading:  # a reload can parse 64 policy files of 4 MiB: a stop does not wait for that
-            raise _StopDuringReload
 
     def request_reload(self) -> None:
         self.reloads.request()
@@ -200,9 +197,14 @@ class Daemon:
             self.execute(action, now)
 
     def _reload_if_asked(self, now: int) -> None:
-        if self.reloads.pending():
-            waiting = self.reloads.take()
-            ok = self.reload()
+        if self._parse is None and self.reloads.pending():
+            self.notifier.reloading()
+            self.counters["reloads"] += 1
+            self._parse = (BackgroundParse(self._load), self.reloads.take())
+        if self._parse is not None and self._parse[0].wait(RELOAD_IN_TICK_S):
+            parse, waiting = self._parse
+            self._parse = None
+            ok = self._apply(parse)
             said = f"reloaded {self.config.source}" if ok else str(self.policy_error)
             self.reloads.answer(waiting, Verdict(ok, said))
 
@@ -247,22 +249,20 @@ class Daemon:
         self.clear_requests = []
 
     # ------------------------------------------------------------------ reload
-    def reload(self) -> bool:
-        """Re-read the configuration and its policies; anything invalid keeps the running ones (logged)."""
-        self.notifier.reloading()
-        self.counters["reloads"] += 1
+    def _load(self) -> DaemonConfig:
+        """Re-read the configuration and its policies (off the loop thread: reads and parses only)."""
+        if self.config_path is None:
+            raise UserError("no configuration file to reload")
+        return load_config(self.config_path)
+
+    def _apply(self, parse: BackgroundParse) -> bool:
+        """The parsed reload put in place; anything invalid keeps the running configuration (logged)."""
         try:
-            try:
-                self._reloading = True
-                if self.config_path is None:
-                    raise UserError("no configuration file to reload")
-                new = load_config(self.config_path)  # reads and parses only: nothing to undo if interrupted
-            finally:
-                self._reloading = False
+            if parse.error is not None:
+                raise parse.error  # a UserError is a refusal; anything else a bug, for the stage's guard
+            assert parse.result is not None
+            new = parse.result
             self.engine.set_policy(new.policy)
-        except _StopDuringReload:
-            log.warning("reload abandoned: stopping (the running policy is kept)")
-            return False
         except UserError as exc:
             self.counters["reloads_failed"] += 1
             self.policy_error = str(exc)
