@@ -10,7 +10,7 @@ pytestmark = pytest.mark.vm
 
 def test_daemon_sigkill_rounds_keep_files_and_leave_caches_safe(lab):
     r = lab.run([".venv/bin/python", "tests/vm/daemon/crash.py", "20", "10"], recipe="bcache", mode="writeback",
-                origin_delay_ms=1, timeout=420)
+                origin_delay_ms=1, timeout=720)
     print(r.stdout)
     assert r.rc == 0, r.explain()
     v = r.values

@@ -79,7 +79,10 @@ def test_record_then_replay_on_bcache(lab, tmp_path):
     assert replayed.total_barriers == closing >= 1
 
     policy = tmp_path / "fast-discard.yaml"
-    policy.write_text("version: 1\ndefaults:\n  discard_on_delete: {enabled: true, interval: 1s, min_extent: 4KiB}\n")
+    # only_uncached false: the hot file's O_DIRECT reads were not bypassed, so bcache inserted them itself and the
+    # shipped rule would (rightly) skip it; here the replay must reproduce a promotion decision
+    policy.write_text("version: 1\ndefaults:\n  discard_on_delete: {enabled: true, interval: 1s, min_extent: 4KiB}\n"
+                      "  promotion: {only_uncached: false}\n")
     cmd = [sys.executable, "-m", "cachepilot.cli", "replay", str(trace), "--policy", str(policy)]
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     second = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
