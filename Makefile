@@ -102,7 +102,7 @@ lab-shell:
 # The wheel carries the CO-RE object (built once, relocates on any kernel with BTF); the .deb installs it under
 # Debian's Python with Debian's modules, the unit, an example configuration, the default policy and a man page.
 package: deps-python bpf
-	packaging/build-package.sh $(ROOT) $(PY)
+	controller/packaging/build-package.sh $(ROOT) $(PY)
 
 clean:
 	rm -rf build dist .pytest_cache .ruff_cache

@@ -2,7 +2,7 @@
 # `make package`: the wheel (with the compiled CO-RE object as package data), the Debian package and the Ansible
 # role's tarball, into dist/.
 # The checkout is never modified: both are built from a staged copy that has the object under cachepilot/data/.
-#   packaging/build-package.sh ROOT PYTHON
+#   controller/packaging/build-package.sh ROOT PYTHON
 set -euo pipefail
 root=$(cd "$1" && pwd)
 py=$2
@@ -30,7 +30,7 @@ site=$deb/usr/lib/python3/dist-packages
 mkdir -p "$site" "$deb/usr/bin" "$deb/lib/systemd/system" "$deb/etc/cachepilot" "$deb/usr/share/man/man8" \
 	"$deb/usr/share/doc/cachepilot/examples" "$deb/DEBIAN"
 "$py" -m zipfile -e "$wheel" "$site"
-install -m 0755 "$root/packaging/debian/cachepilot" "$deb/usr/bin/cachepilot"
+install -m 0755 "$root/controller/packaging/debian/cachepilot" "$deb/usr/bin/cachepilot"
 # the unit names the program where the package puts it (the pip/Ansible install's copy says /usr/local/bin)
 sed 's#/usr/local/bin/cachepilot#/usr/bin/cachepilot#g' "$root/controller/cachepilot/data/cachepilot.service" \
 	> "$deb/lib/systemd/system/cachepilot.service"
@@ -41,12 +41,12 @@ grep -q '^policies: \[/etc/cachepilot/policy.yaml\]' "$deb/etc/cachepilot/config
 	|| { echo "package: data/config.yaml has no 'policies: [] ' line to point at the policy"; exit 1; }
 install -m 0644 "$root/policies/default.yaml" "$deb/etc/cachepilot/policy.yaml"
 install -m 0644 "$root"/policies/examples-*.yaml "$root/policies/schema.json" "$deb/usr/share/doc/cachepilot/examples/"
-gzip -9n < "$root/packaging/debian/cachepilot.8" > "$deb/usr/share/man/man8/cachepilot.8.gz"
-install -m 0644 "$root/packaging/debian/copyright" "$deb/usr/share/doc/cachepilot/copyright"
-for f in postinst prerm postrm; do install -m 0755 "$root/packaging/debian/$f" "$deb/DEBIAN/$f"; done
-install -m 0644 "$root/packaging/debian/conffiles" "$deb/DEBIAN/conffiles"
+gzip -9n < "$root/controller/packaging/debian/cachepilot.8" > "$deb/usr/share/man/man8/cachepilot.8.gz"
+install -m 0644 "$root/controller/packaging/debian/copyright" "$deb/usr/share/doc/cachepilot/copyright"
+for f in postinst prerm postrm; do install -m 0755 "$root/controller/packaging/debian/$f" "$deb/DEBIAN/$f"; done
+install -m 0644 "$root/controller/packaging/debian/conffiles" "$deb/DEBIAN/conffiles"
 size=$(du -sk --exclude=DEBIAN "$deb" | cut -f1)
-sed -e "s/@VERSION@/$version/" -e "s/@SIZE@/$size/" "$root/packaging/debian/control" > "$deb/DEBIAN/control"
+sed -e "s/@VERSION@/$version/" -e "s/@SIZE@/$size/" "$root/controller/packaging/debian/control" > "$deb/DEBIAN/control"
 find "$deb" -type d -exec chmod 0755 {} + && find "$deb" -type f ! -perm -u+x -exec chmod 0644 {} +
 out=$dist/cachepilot_${version}_amd64.deb
 dpkg-deb --root-owner-group -Zxz --build "$deb" "$out" >/dev/null
