@@ -33,10 +33,20 @@ class LabSpec:
     origin_size_mb: int = 512
     cache_size_mb: int = 64
     timeout: int = 900
+    # dm-delay per class (None: origin_delay_ms) and qemu's IOPS budget for the origin (0: none)
+    read_delay_ms: int | None = None
+    write_delay_ms: int | None = None
+    flush_delay_ms: int | None = None
+    origin_iops: int = 0
 
     def argv(self, out: Path, cmd: Sequence[str]) -> list[str]:
+        split = [arg for cls, v in (("read", self.read_delay_ms), ("write", self.write_delay_ms),
+                                    ("flush", self.flush_delay_ms)) if v is not None
+                 for arg in (f"--origin-{cls}-delay-ms", str(v))]
+        if self.origin_iops:
+            split += ["--origin-iops", str(self.origin_iops)]
         return [str(LAB.relative_to(ROOT)), "run", "--recipe", self.recipe, "--mode", self.mode,
-                "--origin-delay-ms", str(self.origin_delay_ms), "--origin-size-mb", str(self.origin_size_mb),
+                "--origin-delay-ms", str(self.origin_delay_ms), *split, "--origin-size-mb", str(self.origin_size_mb),
                 "--cache-size-mb", str(self.cache_size_mb), "--timeout", str(self.timeout), "--out", str(out),
                 "--", "env", f"BENCH_CACHE_MB={self.cache_size_mb}", ".venv/bin/python", *cmd]
 

@@ -19,7 +19,12 @@ base_devices() {
     run_step "load device-mapper" modprobe -a dm-mod dm-delay || return 1
     local osz csz
     osz=$(blockdev --getsz /dev/vda); csz=$(blockdev --getsz /dev/vdb)
-    if (( ${LAB_ORIGIN_DELAY_MS:-0} > 0 )); then
+    if [[ -n ${LAB_ORIGIN_DELAYS:-} ]]; then
+        local r w f; read -r r w f <<< "$LAB_ORIGIN_DELAYS"
+        # dm-delay's 9-argument table: reads, writes and flushes each with their own delay.
+        run_step "dm-delay under the origin (read $r, write $w, flush $f ms)" dmsetup create lab-origin \
+            --table "0 $osz delay /dev/vda 0 $r /dev/vda 0 $w /dev/vda 0 $f" || return 1
+    elif (( ${LAB_ORIGIN_DELAY_MS:-0} > 0 )); then
         run_step "dm-delay under the origin" dmsetup create lab-origin \
             --table "0 $osz delay /dev/vda 0 $LAB_ORIGIN_DELAY_MS" || return 1
     else
