@@ -84,7 +84,7 @@ class VolumeCtl:
     drain: DrainInFlight | None = None
     drain_clean_ns: int | None = None  # when a sample last ended a drain (its backend may still be putting back)
     breach: str | None = None  # an unresolved exposure breach (cleared when the cache is seen clean)
-    # until then the kind may still be in a pre-drain sleep begun before the engine shortened it (see _drain_sleep)
+    # until then the kind may still be in a pre-drain sleep begun before the engine shortened it (KnobPins._drain_sleep)
     drain_sleep_until_ns: int = 0
     breaches: int = 0
     last_failure: str = ""  # the last action that failed, for humans

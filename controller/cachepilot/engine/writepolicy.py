@@ -58,7 +58,7 @@ class WritePolicy:
             target, reason = WRITETHROUGH, f"not bypassing a dirty cache ({st.dirty_bytes} bytes): {reason}"
         if target == cur or target not in c.caps.modes:
             c.requested_mode = None
-            return  # e.g. dm-writecache: write-back only; its bound is kept by drains (_plan_drain)
+            return  # e.g. dm-writecache: write-back only; its bound is kept by drains (Drains.plan)
         req = c.requested_mode
         if req is not None and req[0] == target and now - req[1] < REQUEST_RETRY_NS:
             return
