@@ -52,6 +52,9 @@ from cachepilot.policy.model import DEFAULT_POLICY, Policy, VolumePolicy
 
 
 class Engine:
+    """Owns the volumes (``vols`` by the filesystem's device, ``by_name``) and sequences each tick's steps through
+    its collaborators; the public methods are what the daemon, replay and the simulator call."""
+
     def __init__(self, policy: Policy = DEFAULT_POLICY, volumes: Iterable[VolumeInfo] = (),
                  start_ns: int = 0) -> None:
         self.policy = policy
