@@ -197,7 +197,7 @@ static __always_inline void *reserve_event(u64 size, u32 type, u32 dev, u32 slot
  *   is read by the consumer's next pass (Probe.poll() never waits longer than CP_WAKE_EVERY_NS x 5 without
  *   looking).
  * User space waits edge-triggered (only these wakeups end a wait) and looks again without waiting when its
- * budget left records behind (Probe._poll_once).
+ * budget left records behind (EventRings._poll_once, controller/cachepilot/probe/poller.py).
  */
 #define CP_WAKE_EVERY_NS (20ULL * 1000 * 1000)
 

@@ -5,6 +5,9 @@ its own, never a layer above nor a sibling in its own layer. Every import counts
 Run: ``tests/import_layers.py [PACKAGE_DIR]`` (default ``controller/cachepilot``); prints each upward import as
 ``file:line: a imports b (layer i above j)`` and exits 1, or exits 0. A package or module the table does not list is
 an error too: a new one gets its place here when it is added.
+
+It also checks that no class is longer than ``MAX_CLASS_LINES`` (``end_lineno - lineno`` of its definition): a class
+past that holds more than one concept, and its parts become collaborators in modules of their own (issue 22).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "units", "bpf_layout", "boundedserver", "__init__"),
 )
 LAYER = {unit: depth for depth, units in enumerate(LAYERS) for unit in units}
+MAX_CLASS_LINES = 400
 
 
 def unit_of(module: str, root_names: frozenset[str]) -> str:
@@ -76,9 +80,22 @@ def check(package_dir: Path) -> list[str]:
     return problems
 
 
+def oversized_classes(package_dir: Path) -> list[str]:
+    """Every class under ``package_dir`` longer than MAX_CLASS_LINES, as one line each."""
+    problems = []
+    for path in sorted(package_dir.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef) and node.end_lineno is not None:
+                size = node.end_lineno - node.lineno
+                if size > MAX_CLASS_LINES:
+                    problems.append(f"{path}:{node.lineno}: class {node.name} is {size} lines"
+                                    f" (at most {MAX_CLASS_LINES}: split it by concept)")
+    return problems
+
+
 def main(argv: list[str]) -> int:
     package_dir = Path(argv[1] if len(argv) > 1 else "controller/cachepilot")
-    problems = check(package_dir)
+    problems = check(package_dir) + oversized_classes(package_dir)
     for p in problems:
         print(p)
     return 1 if problems else 0

@@ -130,20 +130,20 @@ def overhead() -> dict[str, dict[str, float]]:
 
 def drain_cost() -> dict[str, float]:
     with Probe(max_files=DRAIN_FILES) as p:
-        mm = p._hot_mm  # noqa: SLF001 - the same memory the BPF programs write
+        mm = p._hot._hot_mm  # type: ignore[union-attr]  # noqa: SLF001 - the same memory the BPF programs write
         assert mm is not None
         pack = struct.Struct(L.HOT_SLOT_FORMAT).pack
         now = time.monotonic_ns()
         # DRAIN_FILES occupied slots, as the BPF programs would leave them; copied in again before each drain
         table = b"".join(pack(i + 1, 7 << 20, 1, 64, 0, 8, 0, now, 4096) for i in range(DRAIN_FILES))
 
-        claimed = p._claimed_mm  # noqa: SLF001 - the slots' claimed bits, as the programs set them
+        claimed = p._hot._claimed_mm  # type: ignore[union-attr]  # noqa: SLF001 - the slots' claimed bits, as the programs set them
         assert claimed is not None
         full, rest = divmod(DRAIN_FILES, 64)
         bits = b"\xff" * (8 * full) + ((1 << rest) - 1).to_bytes(8, "little") * (rest > 0)
 
         def fill() -> None:  # into the half the programs count into now: the one the next drain takes
-            base = p._cfg.hot_base  # noqa: SLF001 (a multiple of 64)
+            base = p._config.cfg.hot_base  # noqa: SLF001 (a multiple of 64)
             at = base * C.sizeof(L.cp_hot_slot)
             mm[at: at + len(table)] = table
             claimed[base // 8: base // 8 + len(bits)] = bits

@@ -437,10 +437,13 @@ def test_vanished_volume_is_dropped_and_its_pending_actions_cancelled(
     rig.found = [Found(VOL)]
     rig.tick(4)
     assert DEV in rig.d.vols  # it came back: adopted again
+    assert rig.d.vols[DEV].ctl is rig.d.engine.vols[DEV]  # one handle: the engine's state of it is the new one
     moved = VolumeInfo(dev=DEV, name="bcache0", kind="bcache", fs_uuid="u-1", mountpoint="/mnt/y", cache_bytes=1 << 30)
     rig.found = [Found(moved)]
     rig.tick(6)
     assert rig.d.vols[DEV].info.mountpoint == "/mnt/y"  # remounted elsewhere: dropped and adopted as it is now
+    ctl = rig.d.vols[DEV].ctl
+    assert ctl is rig.d.engine.vols[DEV] and ctl.info.mountpoint == "/mnt/y"
     assert any("dropped bcache0: changed (now bcache, mounted at '/mnt/y')" in r.message for r in caplog.records)
 
 

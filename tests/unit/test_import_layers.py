@@ -1,4 +1,5 @@
-"""The import-layer check that make lint runs (tests/import_layers.py): the package passes, an upward import fails."""
+"""The import-layer check that make lint runs (tests/import_layers.py): the package passes, an upward import fails;
+so does a class over 400 lines."""
 
 from __future__ import annotations
 
@@ -48,3 +49,16 @@ def test_an_upward_import_fails_even_a_lazy_one(tmp_path: Path) -> None:
 def test_a_module_without_a_layer_is_reported(tmp_path: Path) -> None:
     pkg = _tree(tmp_path, {"plugins.py": "from cachepilot.errors import UserError\n", "errors.py": ""})
     assert _checker().check(pkg) == [f"{pkg / 'plugins'}: not in the import layers (tests/import_layers.py)"]
+
+
+def test_no_class_in_the_package_is_over_400_lines() -> None:
+    assert _checker().oversized_classes(ROOT / "controller" / "cachepilot") == []
+
+
+def test_a_class_over_400_lines_is_reported_and_fails_main(tmp_path: Path) -> None:
+    body = "".join(f"    x{i} = {i}\n" for i in range(400))
+    pkg = _tree(tmp_path, {"errors.py": f"class AtTheLimit:\n{body}", "units.py": f"class Big:\n{body}    y = 0\n"})
+    checker = _checker()
+    assert checker.oversized_classes(pkg) == [
+        f"{pkg / 'units.py'}:1: class Big is 401 lines (at most 400: split it by concept)"]
+    assert checker.main(["import_layers.py", str(pkg)]) == 1

@@ -4,7 +4,7 @@ while it was bypassing reads -- and never a file already resident in the cache s
 from __future__ import annotations
 
 from cachepilot.engine import Engine, Promote
-from cachepilot.engine.engine import BYPASSED_LATER, SKIP_INSERTED, SKIP_RESIDENT
+from cachepilot.engine.admission import BYPASSED_LATER, SKIP_INSERTED, SKIP_RESIDENT
 from cachepilot.events import FileKey, HotnessDelta, kdev
 from cachepilot.models.hotness import F_RESIDENT
 from cachepilot.models.volume import VolumeInfo, VolumeSample

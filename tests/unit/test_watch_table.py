@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from cachepilot import bpf_layout as L
 from cachepilot.errors import UserError
-from cachepilot.probe.probe import watch_home, watch_layout
+from cachepilot.probe.watches import watch_home, watch_layout
 
 
 def find_watch(table: dict[int, int], mul: int, dev: int) -> int | None:

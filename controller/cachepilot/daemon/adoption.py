@@ -86,7 +86,7 @@ class Adopter:
                 self.unmanaged[info.name] = (f.label, "backend")
                 return
         try:
-            self.engine.add_volume(info)
+            ctl = self.engine.add_volume(info)
         except UserError as exc:  # e.g. the volume matches overlapping rules: keep going without it
             self.guard.once(f"{info.name}: not adopted: {exc}")
             self.unmanaged[info.name] = (f.label, "policy")
@@ -96,9 +96,8 @@ class Adopter:
             self.unmanaged[info.name] = (f.label, "watch")
             return
         self.unmanaged.pop(info.name, None)
-        v = ManagedVolume(f, backend)
+        v = ManagedVolume(f, backend, ctl=ctl)
         if backend is not None:
-            ctl = self.engine.vols[info.dev]
             v.files = self.actuators_factory(info, ctl.policy.discard_on_delete.max_rate, ctl.policy.promotion.rate)
         if self.epochs:
             try:

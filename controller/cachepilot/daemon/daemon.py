@@ -284,8 +284,8 @@ class Daemon:
         if now >= self._next_top:
             self.top = {v.info.name: hottest(self.engine.hotness, v.info.dev, TOP_K) for v in self.vols.values()}
             self._next_top = now + int(TOP_EVERY_S * NS)
-        vols = tuple(status.volume_status(v, ctl, now, self.engine.now_ns) for v in self.vols.values()
-                     if (ctl := self.engine.vols.get(v.info.dev)) is not None)
+        vols = tuple(status.volume_status(v, v.ctl, now, self.engine.now_ns) for v in self.vols.values()
+                     if v.ctl is not None)
         self.snapshot = snap = status.build(self, vols, now, tick_ns)
         if self.metrics is not None:
             self.metrics.publish(snap, tick_ns, time.time(), self.guard.once)

@@ -14,7 +14,8 @@ from cachepilot.actions import Action
 from cachepilot.daemon.counters import Counters
 from cachepilot.daemon.guard import Guard
 from cachepilot.daemon.volume import VolumeTable
-from cachepilot.engine.engine import Engine, UnknownEvent
+from cachepilot.engine.dispatch import UnknownEvent
+from cachepilot.engine.engine import Engine
 from cachepilot.errors import UserError
 from cachepilot.events import Drops
 

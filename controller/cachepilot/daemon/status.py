@@ -16,7 +16,7 @@ from cachepilot import __version__, records
 from cachepilot.capabilities import ERROR_COUNTS, KIND_BCACHE
 from cachepilot.daemon import actuation
 from cachepilot.daemon.volume import ManagedVolume, devname
-from cachepilot.engine.engine import VolumeCtl, normalise_mode
+from cachepilot.engine.volumectl import VolumeCtl, normalise_mode
 
 if TYPE_CHECKING:
     from cachepilot.daemon.daemon import Daemon

@@ -1,9 +1,10 @@
 """One managed volume and the daemon's table of them.
 
-A :class:`ManagedVolume` owns what the daemon holds for one volume: its backend (None: observe only), its file
-actuators, the actions in flight and their retries, the work pacing deferred to the next tick, and the cumulative
-counts the exporter shows. The engine's view of the same volume (its ``VolumeCtl``) stays the engine's: the daemon
-reaches it through engine methods only.
+A :class:`ManagedVolume` is the one per-volume object of the daemon: its backend (None: observe only), its file
+actuators, the actions in flight and their retries, the work pacing deferred to the next tick, the cumulative
+counts the exporter shows, and the engine's state of the same volume (``ctl``, the ``VolumeCtl`` the engine made when
+it was adopted; the engine sits below the daemon, so that part is the engine's class). The daemon reads ``ctl`` for
+status and changes it through engine methods only.
 
 The :class:`VolumeTable` is the one index of them: by the filesystem's device (the engine's key), by kernel name
 (the actions' ``volume``), by a device below the volume (where the probe sees discards land) and from the cached
@@ -19,6 +20,7 @@ from typing import Any
 from cachepilot.actions import Action, DiscardRanges, Drain, Promote
 from cachepilot.backends.base import DONE, FAILED, PENDING, Backend, Outcome
 from cachepilot.daemon import volumes
+from cachepilot.engine.volumectl import VolumeCtl
 from cachepilot.errors import CachepilotError, classify_errno
 from cachepilot.events import Barrier, Discard, kdev_major_minor
 
@@ -48,6 +50,7 @@ class ManagedVolume:
     barriers: int = 0
     drains: int = 0
     epoch_bytes: Any = None  # exporter HistogramAccumulator when the exporter is in this build
+    ctl: VolumeCtl | None = None  # the engine's state of this volume (None only for a handle made outside adoption)
 
     @property
     def info(self) -> Any:

@@ -1,25 +1,8 @@
 """Per-file hotness: Loris' inverse-bitmap counters, kept in parallel arrays.
 
-One *slot* per tracked file. A file is found through ``index[dev][ino] -> slot`` (an
-:class:`~cachepilot.models.inoindex.InoIndex` per filesystem, ~12 bytes per file); the generation is
-stored in the slot and a different generation (inode reuse) resets the slot. Per slot we keep:
-
-============  ======  =====================================================================
-array         type    meaning
-============  ======  =====================================================================
-dev           u32     kernel dev_t of the filesystem
-ino           u64     inode number
-gen           u32     inode generation
-rscore        u32     read counter (saturating), at aging epoch ``stamp``
-wscore        u32     write counter (saturating), at aging epoch ``stamp``
-stamp         u32     aging epoch at which rscore/wscore were last normalised
-last          i64     last access, CLOCK_MONOTONIC ns
-size          i64     file size in bytes (-1 = unknown)
-flags         u8      READ / APPEND / OVERWRITE / TOUCHED / LIVE / MEMBER / QUEUED / RESIDENT bits
-charged       u32     pages charged to the believed-cached set
-============  ======  =====================================================================
-
-Per filesystem we also sum the read and write bytes (``dev_bytes``), for the ``auto`` failure model.
+One *slot* per tracked file, in the parallel arrays of :class:`~cachepilot.models.slots.SlotArrays` (the storage;
+its per-slot fields are listed there); the generation is stored in the slot and a different generation (inode reuse)
+resets the slot.
 
 Aging is lazy: time is cut into epochs of one half-life; a counter stamped at epoch ``s`` is worth
 ``raw >> (epoch - s)`` at epoch ``epoch``. Nothing walks the table to age it.
@@ -29,7 +12,6 @@ from __future__ import annotations
 
 import heapq
 from array import array
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -38,20 +20,19 @@ import numpy as np
 from cachepilot.errors import UserError
 from cachepilot.events import Delete, HotnessDelta
 from cachepilot.models.inoindex import InoIndex
+from cachepilot.models.slots import F_APPEND as F_APPEND
+from cachepilot.models.slots import F_LIVE as F_LIVE
+from cachepilot.models.slots import F_MEMBER as F_MEMBER
+from cachepilot.models.slots import F_OVERWRITE as F_OVERWRITE
+from cachepilot.models.slots import F_QUEUED as F_QUEUED
+from cachepilot.models.slots import F_READ as F_READ
+from cachepilot.models.slots import F_RESIDENT as F_RESIDENT
+from cachepilot.models.slots import F_TOUCHED as F_TOUCHED
+from cachepilot.models.slots import SlotArrays
 
 COUNTER_MAX = 0xFFFFFFFF
 PAGE = 4096
 
-F_READ = 1  # a read was seen
-F_APPEND = 2  # a write that grew the file by at least its size was seen
-F_OVERWRITE = 4  # a write that did not (only) append was seen
-F_TOUCHED = 8  # changed since the last drain_touched()
-F_LIVE = 16  # slot in use
-F_MEMBER = 32  # in its volume's believed-cached set (models.admission)
-F_QUEUED = 64  # waiting in its volume's promotion queue (engine)
-# in the cache since it last changed identity, by our promotion or the cache's own insert (engine, bcache): not
-# promoted again; cleared by a write (new blocks may be elsewhere), a reset slot, or a cache change (engine)
-F_RESIDENT = 128
 
 
 HOT_DTYPE = np.dtype([("dev", "<u4"), ("ino", "<u8"), ("gen", "<u4"), ("rs", "<u4"), ("ws", "<u4"),
@@ -91,29 +72,18 @@ class MemberOwner(Protocol):
     def discard(self, slot: int) -> int: ...
 
 
-class HotnessTable:
+class HotnessTable(SlotArrays):
+    """The hotness rule and its lazy ageing over the slot storage: counters bumped (one record at a time or
+    vectorised), files forgotten, slots touched since the last tick handed to admission, scores read back."""
+
     def __init__(self, half_life_s: float = 600.0, start_ns: int = 0) -> None:
         if half_life_s <= 0:
             raise UserError(f"hotness half-life must be positive, got {half_life_s}")
+        super().__init__()
         self.half_life_ns = int(half_life_s * 1e9)
         self.start_ns = start_ns
-        self.epoch = 0
         self.now_ns = start_ns
-        self.index: dict[int, InoIndex] = {}
-        self.dev = array("I")
-        self.ino = array("Q")
-        self.gen = array("I")
-        self.rscore = array("I")
-        self.wscore = array("I")
-        self.stamp = array("I")
-        self.last = array("q")
-        self.size = array("q")
-        self.flags = array("B")
-        self.charged = array("I")
-        self.dev_bytes: dict[int, list[int]] = {}
-        self._free: list[int] = []
         self.touched = array("q")  # slots changed since the last drain_touched (each once: F_TOUCHED)
-        self.live = 0
         self.owners: dict[int | None, MemberOwner] = {}  # believed-cached sets by dev (None: any dev)
 
     # ---------------------------------------------------------------- time
@@ -125,103 +95,7 @@ class HotnessTable:
             if e > self.epoch:
                 self.epoch = int(e)
 
-    # ---------------------------------------------------------------- slots
-    def _alloc(self, dev: int, ino: int, gen: int) -> int:
-        if self._free:
-            slot = self._free.pop()
-            self.dev[slot] = dev
-            self.ino[slot] = ino
-            self.gen[slot] = gen
-            self.rscore[slot] = 0
-            self.wscore[slot] = 0
-            self.stamp[slot] = self.epoch
-            self.last[slot] = 0
-            self.size[slot] = -1
-            self.flags[slot] = F_LIVE | (self.flags[slot] & (F_TOUCHED | F_QUEUED))  # may sit in those lists
-            self.charged[slot] = 0
-        else:
-            slot = len(self.flags)
-            self.dev.append(dev)
-            self.ino.append(ino)
-            self.gen.append(gen)
-            self.rscore.append(0)
-            self.wscore.append(0)
-            self.stamp.append(self.epoch)
-            self.last.append(0)
-            self.size.append(-1)
-            self.flags.append(F_LIVE)
-            self.charged.append(0)
-        idx = self.index.get(dev)
-        if idx is None:
-            idx = self.index[dev] = InoIndex()
-            self.dev_bytes[dev] = [0, 0]
-        idx[ino] = slot
-        self.live += 1
-        return slot
-
-    def _alloc_many(self, dev: int, inos: np.ndarray, gens: np.ndarray) -> np.ndarray:
-        """Slots for many new files at once (distinct inode numbers, u64, with their generations): free slots
-        first, then new ones at the end of the arrays. No numpy view of the arrays may exist (they may grow)."""
-        k = len(inos)
-        slots = np.empty(k, dtype=np.int64)
-        reuse = min(k, len(self._free))
-        if reuse:
-            slots[:reuse] = self._free[len(self._free) - reuse:]
-            del self._free[len(self._free) - reuse:]
-            self._reset_slots(slots[:reuse], dev, inos[:reuse], gens[:reuse])
-        rest = k - reuse
-        if rest:
-            base = len(self.flags)
-            slots[reuse:] = np.arange(base, base + rest)
-            self.dev.extend(array("I", [dev]) * rest)
-            self.ino.frombytes(inos[reuse:].astype(np.uint64).tobytes())
-            self.gen.frombytes(gens[reuse:].astype(np.uint32).tobytes())
-            zeros = array("I", bytes(4 * rest))
-            self.rscore.extend(zeros)
-            self.wscore.extend(zeros)
-            self.charged.extend(zeros)
-            self.stamp.extend(array("I", [self.epoch]) * rest)
-            self.last.extend(array("q", bytes(8 * rest)))
-            self.size.extend(array("q", [-1]) * rest)
-            self.flags.extend(array("B", [F_LIVE]) * rest)
-        self.index[dev].update_arrays(inos.astype(np.uint64), slots)
-        self.live += k
-        return slots
-
-    def _reset_slots(self, slots: np.ndarray, dev: int, inos: np.ndarray, gens: np.ndarray) -> None:
-        """Free slots taken by new files (as _alloc does one at a time)."""
-        np.frombuffer(self.dev, dtype=np.uint32)[slots] = dev
-        np.frombuffer(self.ino, dtype=np.uint64)[slots] = inos
-        np.frombuffer(self.gen, dtype=np.uint32)[slots] = gens
-        np.frombuffer(self.rscore, dtype=np.uint32)[slots] = 0
-        np.frombuffer(self.wscore, dtype=np.uint32)[slots] = 0
-        np.frombuffer(self.stamp, dtype=np.uint32)[slots] = self.epoch
-        np.frombuffer(self.last, dtype=np.int64)[slots] = 0
-        np.frombuffer(self.size, dtype=np.int64)[slots] = -1
-        np.frombuffer(self.charged, dtype=np.uint32)[slots] = 0
-        flags = np.frombuffer(self.flags, dtype=np.uint8)
-        flags[slots] = F_LIVE | (flags[slots] & (F_TOUCHED | F_QUEUED))  # may sit in those lists
-        del flags
-
-    def lookup(self, dev: int, ino: int, gen: int | None = None) -> int | None:
-        idx = self.index.get(dev)
-        if idx is None:
-            return None
-        slot = idx.get(ino)
-        if slot is None or (gen is not None and self.gen[slot] != gen):
-            return None
-        return slot
-
-    def __len__(self) -> int:
-        return self.live
-
     # ---------------------------------------------------------------- updates
-    def register_dev(self, dev: int) -> None:
-        """Track files of this filesystem (apply_array(known_only=True) skips the others)."""
-        if dev not in self.index:
-            self.index[dev] = InoIndex()
-            self.dev_bytes[dev] = [0, 0]
-
     def apply(self, ev: HotnessDelta) -> int:
         k = ev.key
         if ev.read_bytes < 0:
@@ -530,15 +404,6 @@ class HotnessTable:
             append_only=self.append_only(slot),
         )
 
-    def _live_slots(self, dev: int | None) -> Iterator[int]:
-        if dev is None:
-            for idx in self.index.values():
-                yield from idx.values()
-        else:
-            one = self.index.get(dev)
-            if one is not None:
-                yield from one.values()
-
     def hottest(self, k: int, dev: int | None = None) -> list[int]:
         """Highest counter first; most recent access wins ties. O(n log k) scan: for queries, not ticks."""
         score, last = self.score, self.last
@@ -548,10 +413,3 @@ class HotnessTable:
         """Lowest counter first; least recent access wins ties."""
         score, last = self.score, self.last
         return heapq.nsmallest(k, self._live_slots(dev), key=lambda s: (score(s), last[s]))
-
-    def memory_bytes(self) -> int:
-        """Bytes held by the parallel arrays and the sorted part of the indexes."""
-        arrays = (self.dev, self.ino, self.gen, self.rscore, self.wscore, self.stamp, self.last, self.size,
-                  self.flags, self.charged)
-        return (sum(a.buffer_info()[1] * a.itemsize for a in arrays)
-                + sum(i.memory_bytes() for i in self.index.values()))

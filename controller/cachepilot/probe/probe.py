@@ -16,39 +16,32 @@ Filtering happens in the kernel (the "watched" map): events of unwatched devices
 from __future__ import annotations
 
 import ctypes as C
-import itertools
 import math
-import mmap
 import os
-import random
 import re
 import secrets
-import select
-import struct
 import sys
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from cachepilot import bpf_layout as L
-from cachepilot import records
 from cachepilot.errors import UserError
 from cachepilot.events import (
-    BarrierKind,
     Drops,
     Event,
     FileKey,
     HotnessDelta,
-    MetadataDelta,
-    SyncCalls,
 )
 from cachepilot.mountinfo import ProcMounts
 from cachepilot.probe import libbpf
-from cachepilot.probe.ring import FixedRing
+from cachepilot.probe.counters import VolumeCounters
+from cachepilot.probe.hottable import KernelHotTable
+from cachepilot.probe.kconfig import KernelConfig
+from cachepilot.probe.maps import MapAccess
+from cachepilot.probe.poller import EventRings
+from cachepilot.probe.watches import NOT_EXT4, STACKED, WatchTable
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 # Where the compiled object is looked for when no path is configured: the copy a wheel or the Debian package carries
@@ -61,7 +54,6 @@ MIN_LIBBPF = (1, 1)
 MIN_PYTHON = (3, 11)
 VMLINUX_BTF = Path("/sys/kernel/btf/vmlinux")
 TRACEFS = Path("/sys/kernel/tracing")
-SLOT_SIZE = C.sizeof(L.cp_hot_slot)
 WORKS_WITHOUT = "without it cachepilot runs blind (policy, backends and dry-run on recorded traces still work)"
 MAPS = (
     "watched", "volumes", "cp_config_map", "drops", "hot_slots", "hot_claimed", "events", "barrier_events", "dio_task",
@@ -107,33 +99,12 @@ HOOKS: tuple[Hook, ...] = (
       for e in ("enter", "exit")),
     Hook("on_ext4_sync_fs", "durability points: sync(2) (ext4)"),
 )
-# durability calls counted in the kernel (SyncCalls), by kind
-SYNC_KINDS = (
-    BarrierKind.FSYNC,
-    BarrierKind.FDATASYNC,
-    BarrierKind.SYNC_FILE_RANGE,
-    BarrierKind.SYNCFS,
-    BarrierKind.SYNC,
-    BarrierKind.SYNC_WRITE,
-    BarrierKind.MSYNC,
-)
-# what a per-(volume, kind) drop counter counts (probe.drops_by_volume())
-DROP_KIND_NAMES = {**{t: k.name for t, k in records.BY_RING.items()}, L.DROP_SYNC: "sync_call"}
-# Work per poll() is bounded: at most this many records of each ring are consumed per call (the rest waits in the
-# ring; a full ring is counted as drops). The must-not-miss ring gets the larger share.
-POLL_BUDGET_EVENTS = 16384
-POLL_BUDGET_BARRIERS = 2048
-# poll(-1) looks at the rings at least this often: a record that came within CP_WAKE_EVERY_NS (20 ms) of the
-# last wakeup does not wake the consumer itself
-LOOK_EVERY_MS = 100
-_BUDGET_SPENT = -1000  # returned by the sample callback to stop libbpf's consume loop
 DIO_IOMAP = ("on_dio_begin", "on_dio_complete", "on_dio_queued")
 BIO_FAST, BIO_COMPAT = "on_bio_queue", "on_bio_queue_compat"
 _KFUNCS = {h.program: h.kfunc for h in HOOKS if h.kfunc}
 DIO_SYSCALLS = tuple(h.program for h in HOOKS if h.program.startswith("sys_dio_"))
 FSYNC_SYSCALLS = ("sys_fsync", "sys_exit_fsync", "sys_fdatasync", "sys_exit_fdatasync")
 EXT4_SYNC = ("on_ext4_sync_enter", "on_ext4_sync_exit")
-STACKED, NOT_EXT4 = "stacked volume", "not ext4"  # what makes a deferred program attach (Probe._deferred)
 DEFERRED_UNTIL = {
     STACKED: "direct I/O marks: attached when a stacked volume is watched",
     NOT_EXT4: "fsync-family system calls: attached when a filesystem other than ext4 is watched",
@@ -198,41 +169,6 @@ class AttachReport:
         if missing:
             lines.append("missing features: " + "; ".join(missing))
         return "\n".join(lines)
-
-
-def watch_home(dev: int, mul: int) -> int:
-    """dev's first index in a half of the kernel's watched table (find_watch in bpf/common.bpf.h)."""
-    return ((dev * mul) & 0xFFFFFFFF) >> (32 - L.WATCH_BITS)
-
-
-def _place(devs: list[int], mul: int) -> dict[int, int] | None:
-    """Linear probing as find_watch reads it (from the home index, at most WATCH_PROBES entries, an empty one ends
-    the search): dev -> index, or None if some device does not fit."""
-    at: dict[int, int] = {}
-    taken: set[int] = set()
-    for d in devs:
-        home = watch_home(d, mul)
-        k = next((k for k in ((home + i) % L.WATCH_SLOTS for i in range(L.WATCH_PROBES)) if k not in taken), None)
-        if k is None:
-            return None
-        at[d] = k
-        taken.add(k)
-    return at
-
-
-def watch_layout(devs: Iterable[int], current: int) -> tuple[int, dict[int, int]]:
-    """An odd multiplier and each device's index under it: the current multiplier if everything still fits. At
-    most 256 devices in 1024 entries with 4 probes each: a random multiplier fits within a few tries."""
-    order = sorted(devs)
-    if len(order) > L.WATCH_SLOTS // 4:
-        raise UserError(f"too many watched devices ({len(order)}; at most {L.WATCH_SLOTS // 4})")
-    rng = random.Random(len(order))  # noqa: S311 - a hash multiplier, not a secret
-    candidates = itertools.chain([current | 1] if current else [], (rng.getrandbits(32) | 1 for _ in range(10_000)))
-    for mul in candidates:
-        at = _place(order, mul)
-        if at is not None:
-            return mul, at
-    raise UserError(f"cannot place {len(order)} watched devices in the kernel's table of {L.WATCH_SLOTS}")
 
 
 def _tp_of(section: str) -> tuple[str, str]:
@@ -335,23 +271,14 @@ class Probe:
         self.mounts = mounts or ProcMounts()  # which filesystem type a watched device carries
         self._obj: int | None = None
         self._links: list[int] = []
-        self._rb: int | None = None
-        self._barrier_ring: FixedRing | None = None
-        self._epoll: select.epoll | None = None
-        self._backlog = False
-        self._hot_mm: mmap.mmap | None = None
-        self._claimed_mm: mmap.mmap | None = None
-        self._raw: list[bytes] = []
-        self._meta_prev: dict[int, tuple[int, int]] = {}
-        self._sync_prev: dict[tuple[int, int], int] = {}  # (volume dev, kind) -> calls already reported
-        self.volumes: dict[int, L.cp_watch] = {}  # every watched device -> its watch entry
-        self._half_used: list[set[int]] = [set(), set()]  # occupied indexes of each half of the kernel's table
-        self._members: dict[int, dict[int, int]] = {}  # watched device -> {volume dev: its roles for that volume}
-        self._fs_of: dict[int, int] = {}  # volume dev -> the s_dev of its filesystem (itself, or stacked on it)
+        self._rings: EventRings | None = None  # the discrete events (poll)
+        self._hot: KernelHotTable | None = None  # the per-file counters (drain)
+        self._watches: WatchTable | None = None  # which devices the kernel watches (watch_volume)
         # loaded programs attached only when a watch needs them: trigger -> {program: handle}
         self._deferred: dict[str, dict[str, int]] = {}
         self._progs: dict[str, int] = {}  # every program of the object, by name
         self._slots: dict[int, int] = {}  # volume dev -> index in the "volumes" array
+        self._counters: VolumeCounters | None = None  # per-volume kernel counters (drain_aggregates)
         self.self_tgid = 0  # our tgid as the kernel knows it (0: our own I/O is counted like anyone's)
         if dio_hook not in ("auto", "iomap", "syscalls"):
             raise UserError(f"dio_hook must be auto, iomap or syscalls, not {dio_hook!r}")
@@ -375,14 +302,14 @@ class Probe:
     # ---- loading ----
     def _open(self, btf_path: Path, dio_hook: str, unavailable: set[str]) -> None:
         """Feature checks, program selection, load, attach: each step raises UserError naming what is missing."""
-        self._h = h = self._requirements(btf_path)
+        self._h = self._requirements(btf_path)
         reasons = self._open_object(btf_path, unavailable)
         dio_hook = self._select_programs(reasons, dio_hook)
         self._load(dio_hook)
         self._attach(dio_hook)
         if self.ignore_self:
             self._claim_self()
-        self._open_rings(h)
+        self._rings = EventRings(self._maps, self.ringbuf_bytes, self._config.tick_clock)
 
     def _requirements(self, btf_path: Path) -> C.CDLL:
         if os.geteuid() != 0:
@@ -466,14 +393,16 @@ class Probe:
                 f"loading {self.object_path.name} failed: {libbpf.errno_str(rc)} (libbpf's log: "
                 "cachepilot.probe.libbpf.log_tail())"
             )
-        self._fds = {name: h.bpf_map__fd(self._map(name)) for name in MAPS}
-        self._ncpus = h.libbpf_num_possible_cpus()
-        if self._ncpus < 1:
-            raise UserError(f"cannot count the possible CPUs: {libbpf.errno_str(self._ncpus)}")
-        self._cfg = L.cp_config(flags=L.CFG_DIO_SYSCALLS if dio_hook == "syscalls" else 0, nslots=self.nslots)
-        self._tick_clock()
-        self._hot_mm = _map_shared(self._fds["hot_slots"], 2 * self.nslots * SLOT_SIZE)
-        self._claimed_mm = _map_shared(self._fds["hot_claimed"], 2 * self.nslots // 8)
+        ncpus = h.libbpf_num_possible_cpus()
+        if ncpus < 1:
+            raise UserError(f"cannot count the possible CPUs: {libbpf.errno_str(ncpus)}")
+        self._maps = MapAccess(h, {name: h.bpf_map__fd(self._map(name)) for name in MAPS}, ncpus)
+        cfg = L.cp_config(flags=L.CFG_DIO_SYSCALLS if dio_hook == "syscalls" else 0, nslots=self.nslots)
+        self._config = KernelConfig(self._maps, cfg)
+        self._config.tick_clock()
+        self._hot = KernelHotTable(self._config, self.nslots)
+        self._counters = VolumeCounters(self._maps, self._slots)
+        self._watches = WatchTable(self._config, self._counters, self._slots, self.mounts, self._attach_deferred)
 
     def _defer(self, dio_hook: str) -> None:
         """Set aside the loaded programs that wait for a watch needing them (Probe._deferred)."""
@@ -518,39 +447,25 @@ class Probe:
     def _why_not(self, program: str) -> str:
         return self.report.failed.get(program) or self.report.disabled.get(program, "not in object")
 
-    def _open_rings(self, h: C.CDLL) -> None:
-        self._cb = libbpf.RINGBUF_SAMPLE_FN(self._on_sample)
-        rb = h.ring_buffer__new(self._fds["events"], self._cb, None, None)
-        if not rb:
-            raise UserError(f"ring_buffer__new failed: {libbpf.errno_str(C.get_errno())}")
-        self._rb = rb
-        # block barriers are read in bulk from the ring's memory (ring.py); one epoll waits for either ring
-        self._barrier_ring = FixedRing(self._fds["barrier_events"], self.ringbuf_bytes, records.BARRIER_DTYPE)
-        # edge-triggered: woken only by the kernel's (paced) wakeups; level-triggered, every look that found a
-        # record that came meanwhile returned at once, and a busy producer kept the consumer spinning
-        self._epoll = select.epoll()
-        for name in ("events", "barrier_events"):
-            self._epoll.register(self._fds[name], select.EPOLLIN | select.EPOLLET)
-
     def _claim_self(self) -> None:
         """Tell the kernel which tgid is ours, in its own terms (our getpid() is wrong in a PID namespace): see
         CP_SELF_CLAIM_FD in bpf/cachepilot.h."""
-        self._cfg.nonce = secrets.randbits(62) | 1
-        self._update("cp_config_map", C.c_uint32(0), self._cfg)
+        self._config.cfg.nonce = secrets.randbits(62) | 1
+        self._config.write()
         libc = C.CDLL(None, use_errno=True)
         sfr = libc.sync_file_range
         sfr.argtypes = [C.c_int, C.c_int64, C.c_int64, C.c_uint]
-        sfr(L.SELF_CLAIM_FD, self._cfg.nonce, 0, 0)  # EBADF by design
+        sfr(L.SELF_CLAIM_FD, self._config.cfg.nonce, 0, 0)  # EBADF by design
         seen = L.cp_config()
-        self._lookup("cp_config_map", C.c_uint32(0), seen)
-        self._cfg.nonce = 0
+        self._maps.lookup("cp_config_map", C.c_uint32(0), seen)
+        self._config.cfg.nonce = 0
         if seen.nonce == 0 and seen.self_tgid:
             self.self_tgid, self.report.self_id = seen.self_tgid, "claimed in the kernel"
         else:  # the claim hook is missing: getpid() is right outside PID namespaces only
             self.self_tgid, self.report.self_id = os.getpid(), "getpid() (wrong inside a PID namespace)"
-        self._cfg.self_tgid = self.self_tgid
-        self._cfg.flags |= L.CFG_IGNORE_SELF
-        self._tick_clock()
+        self._config.cfg.self_tgid = self.self_tgid
+        self._config.cfg.flags |= L.CFG_IGNORE_SELF
+        self._config.tick_clock()
 
     def _map(self, name: str) -> int:
         m = self._h.bpf_object__find_map_by_name(self._obj, name.encode())
@@ -563,61 +478,34 @@ class Probe:
         if rc:
             raise UserError(f"cannot size map {name} to {n}: {libbpf.errno_str(rc)}")
 
-    def _update(self, name: str, key: C._SimpleCData | C.Structure, value: C._SimpleCData | C.Structure) -> None:
-        rc = self._h.bpf_map_update_elem(self._fds[name], C.byref(key), C.byref(value), 0)
-        if rc:
-            raise OSError(-rc if rc < 0 else C.get_errno(), f"update of map {name} failed")
-
-    def _lookup(self, name: str, key: C._SimpleCData, value: C.Structure) -> bool:
-        rc = self._h.bpf_map_lookup_elem(self._fds[name], C.byref(key), C.byref(value))
-        return rc == 0
-
     # ---- which volumes to watch ----
+    @property
+    def volumes(self) -> dict[int, L.cp_watch]:
+        """Every watched device -> its watch entry."""
+        return self._watches.volumes if self._watches is not None else {}
+
     def watch_volume(self, dev: int, *, fs_dev: int | None = None, lower: Iterable[int] = ()) -> None:
         """Watch a cached volume: `dev` the cached block device (kernel dev_t), `fs_dev` the s_dev of the filesystem
         on it (defaults to dev; a device stacked on the volume — LVM, dm-linear, dm-crypt, a direct-I/O loop device —
         when the filesystem is there), `lower` its backing and cache devices (their discards are reported and counted
         for every volume they belong to)."""
-        new = dev not in self._slots
-        fs_before = self._fs_of.get(dev)
-        if new:
-            free = sorted(set(range(L.MAX_VOLUMES)) - set(self._slots.values()))
-            if not free:
-                raise UserError(f"too many watched volumes (at most {L.MAX_VOLUMES})")
-            self._slots[dev] = free[0]
-            self._update("volumes", C.c_uint32(free[0]), L.cp_volume())  # fresh counters
-            self._fresh_percpu(free[0])
-            self._meta_prev[dev] = (0, 0)
-        self._fs_of[dev] = dev if fs_dev is None else fs_dev
-        if self._fs_of[dev] != dev:
-            self._attach_deferred(STACKED)
-        if self.mounts.fs_type(self._fs_of[dev]) != "ext4":
-            self._attach_deferred(NOT_EXT4)
-        touched = {dev: L.ROLE_VOLUME}
-        touched[self._fs_of[dev]] = touched.get(self._fs_of[dev], 0) | L.ROLE_FS
-        for low in lower:
-            touched[low] = touched.get(low, 0) | L.ROLE_LOWER
-        members = {d: dict(of) for d, of in self._members.items()}
-        watches = dict(self.volumes)
-        for d, roles in touched.items():
-            of = self._members.setdefault(d, {})
-            of[dev] = of.get(dev, 0) | roles
-            self._sync_watch(d)
-        try:
-            self._publish_watches()  # once for all of this volume's devices (a grace period each time)
-        except UserError:  # the kernel's table is full: it still holds the old watches, and so do we
-            self._members, self.volumes = members, watches
-            if new:
-                self._forget_volume(dev)
-            elif fs_before is not None:
-                self._fs_of[dev] = fs_before
-            raise
+        self._watch_table().watch_volume(dev, fs_dev=fs_dev, lower=lower)
+
+    def unwatch(self, dev: int) -> None:
+        """Stop watching a volume and the devices watched on its behalf only (a device shared with another watched
+        volume stays watched for it); its counters are dropped."""
+        self._watch_table().unwatch(dev)
+
+    def _watch_table(self) -> WatchTable:
+        if self._watches is None:
+            raise UserError("probe is closed")
+        return self._watches
 
     def _sync_syscalls_on(self) -> None:
         """Before the fsync-family syscall hooks attach: ext4's hooks leave the calls those see to them (else one
         call in flight while they attach would count twice)."""
-        self._cfg.flags |= L.CFG_SYNC_SYSCALLS
-        self._update("cp_config_map", C.c_uint32(0), self._cfg)
+        self._config.cfg.flags |= L.CFG_SYNC_SYSCALLS
+        self._config.write()
 
     def _attach_deferred(self, trigger: str) -> None:
         progs = self._deferred.get(trigger, {})
@@ -633,184 +521,34 @@ class Probe:
             self._links.append(link)
             self.report.attached.append(name)
 
-    def _sync_watch(self, d: int) -> None:
-        """Device d's entry from every volume it belongs to (a cache device may serve several); the kernel gets the
-        entries at the next _publish_watches()."""
-        of = self._members.get(d)
-        if not of:
-            self._members.pop(d, None)
-            self.volumes.pop(d, None)
-            return
-        # the entry's own volume: the one it is the volume or the filesystem of, else the first it is below
-        primary = min(of, key=lambda v: (not of[v] & (L.ROLE_VOLUME | L.ROLE_FS), self._slots[v]))
-        lower_of = sum(1 << self._slots[v] for v, r in of.items() if r & L.ROLE_LOWER)
-        roles = 0
-        for r in of.values():
-            roles |= r
-        w = L.cp_watch(dev=d, roles=roles, volume=primary, slot=self._slots[primary], fs_dev=self._fs_of[primary],
-                       lower_of=lower_of)
-        self.volumes[d] = w
-
-    def _publish_watches(self) -> None:
-        """Write every watch into the inactive half of the kernel's table, switch to it, wait out a grace period (see
-        "watched" in bpf/cachepilot.h): a program sees the old table or the new one, never a mix."""
-        mul, at = watch_layout(self.volumes, int(self._cfg.watch_sel) & 0xFFFFFFFF)
-        half = 1 - (int(self._cfg.watch_sel) >> 32)
-        base = half * L.WATCH_SLOTS
-        want = {at[d]: w for d, w in self.volumes.items()}
-        for k in self._half_used[half] - set(want):
-            self._update("watched", C.c_uint32(base + k), L.cp_watch())
-        for k, w in want.items():
-            self._update("watched", C.c_uint32(base + k), w)
-        self._half_used[half] = set(want)
-        self._cfg.watch_sel = mul | half << 32
-        self._switch_config()
-
-    def unwatch(self, dev: int) -> None:
-        """Stop watching a volume and the devices watched on its behalf only (a device shared with another watched
-        volume stays watched for it); its counters are dropped."""
-        for d in [d for d, of in self._members.items() if dev in of]:
-            del self._members[d][dev]
-            self._sync_watch(d)
-        self._publish_watches()
-        self._forget_volume(dev)
-
-    def _forget_volume(self, dev: int) -> None:
-        self._fs_of.pop(dev, None)
-        self._slots.pop(dev, None)
-        self._meta_prev.pop(dev, None)
-        for key in [k for k in self._sync_prev if k[0] == dev]:
-            del self._sync_prev[key]
-
-    def _fresh_percpu(self, slot: int) -> None:
-        """Zero a volume slot's per-CPU counters (durability calls, drops) before the slot is (re)used."""
-        for name, first, n, size in (
-            ("sync_calls", slot * L.SYNC_KINDS, L.SYNC_KINDS, C.sizeof(L.cp_sync)),
-            ("vol_drops", slot * L.DROP_KINDS, L.DROP_KINDS, 8),
-        ):
-            zero = C.create_string_buffer((size + 7) // 8 * 8 * self._ncpus)
-            for key in range(first, first + n):
-                rc = self._h.bpf_map_update_elem(self._fds[name], C.byref(C.c_uint32(key)), zero, 0)
-                if rc:
-                    raise OSError(-rc if rc < 0 else C.get_errno(), f"update of map {name} failed")
-
     # ---- discrete events ----
-    # A sample handed to a callback is consumed even when the callback stops the loop: keep it, then stop.
-    def _on_sample(self, _ctx: int, data: int, size: int) -> int:
-        self._raw.append(C.string_at(data, size))
-        return _BUDGET_SPENT if len(self._raw) >= POLL_BUDGET_EVENTS else 0
-
     def poll(self, timeout_ms: int = 0) -> list[Event]:
         """Wait up to timeout_ms (-1: until something arrives) for ring-buffer events and return them decoded
         (FreedExtent, Delete, JournalCommit, Discard, then block Barriers), each kind oldest first.
 
-        Bounded work: at most POLL_BUDGET_EVENTS + POLL_BUDGET_BARRIERS records per call; what is left stays in the
-        rings for the next call. The kernel paces its wakeups (see "Wakeups" in bpf/common.bpf.h): a delete, freed
-        extent, commit or discard wakes a waiting poll at once unless one did in the last 20 ms; a record that did
-        not wake it is taken by the next look, which poll(-1) makes at least every 100 ms."""
-        if self._rb is None:
+        Bounded work: at most POLL_BUDGET_EVENTS + POLL_BUDGET_BARRIERS records per call (probe/poller.py); what is
+        left stays in the rings for the next call. The kernel paces its wakeups (see "Wakeups" in bpf/common.bpf.h): a
+        delete, freed extent, commit or discard wakes a waiting poll at once unless one did in the last 20 ms; a record
+        that did not wake it is taken by the next look, which poll(-1) makes at least every 100 ms."""
+        if self._rings is None:
             raise UserError("probe is closed")
-        if timeout_ms >= 0:
-            return self._poll_once(timeout_ms)
-        while True:
-            got = self._poll_once(LOOK_EVERY_MS)
-            if got:
-                return got
-
-    def _poll_once(self, timeout_ms: int) -> list[Event]:
-        assert self._rb is not None and self._epoll is not None and self._barrier_ring is not None
-        self._tick_clock()
-        wait = 0 if self._backlog else timeout_ms  # records left by the last call's budget: no wakeup will say so
-        self._epoll.poll(wait / 1000 if wait else 0)
-        if wait:
-            self._tick_clock()
-        rc = self._h.ring_buffer__consume(self._rb)
-        if rc < 0 and rc != _BUDGET_SPENT:
-            raise OSError(-rc, "ring_buffer__consume failed")
-        raw, self._raw = self._raw, []
-        events = [ev for ev in map(decode_event, raw) if ev is not None]
-        barriers = records.decode_barriers(self._barrier_ring.take(POLL_BUDGET_BARRIERS))
-        self._backlog = len(raw) >= POLL_BUDGET_EVENTS or self._barrier_ring.left_over
-        return events + barriers
-
-    def _tick_clock(self) -> None:
-        """The kernel stamps hotness with this clock (resolution: the interval between polls)."""
-        self._cfg.clock_ns = time.monotonic_ns()
-        self._update("cp_config_map", C.c_uint32(0), self._cfg)
+        return self._rings.poll(timeout_ms)
 
     # ---- per-tick aggregates ----
-    def _switch_config(self) -> None:
-        """Write the config and return once no program still runs with the old one (the grace map's update waits
-        for every running program to finish: see "grace" in bpf/common.bpf.h)."""
-        self._update("cp_config_map", C.c_uint32(0), self._cfg)
-        self._update("grace", C.c_uint32(0), C.c_uint32(self._fds["grace_inner"]))
-
-    def _swap_halves(self) -> int:
-        """Make the programs count into the other half of the table and wait until none still counts into this
-        one (the grace map's update returns after every running program has finished); returns its first byte."""
-        old = self._cfg.hot_base
-        self._cfg.hot_base = 0 if old else self.nslots
-        self._switch_config()
-        return old * SLOT_SIZE
-
-    def _drain_claimed(self) -> list[int]:
-        """The slots of the half of the in-kernel hotness table the programs counted into until now that they
-        claimed (their bits in "hot_claimed"), the bits cleared. Lossless: the programs count into the other half
-        meanwhile (_swap_halves). A file may appear in two slots (a race at claim time); deltas are additive."""
-        if self._hot_mm is None or self._claimed_mm is None:
+    def _hot_table(self) -> KernelHotTable:
+        if self._hot is None:
             raise UserError("probe is closed")
-        first = self._swap_halves() // SLOT_SIZE // 64
-        words = memoryview(self._claimed_mm).cast("Q")
-        try:
-            out: list[int] = []
-            for w, v in enumerate(words[first : first + self.nslots // 64], first):
-                if not v:
-                    continue
-                words[w] = 0
-                while v:
-                    low = v & -v
-                    out.append(w * 64 + low.bit_length() - 1)
-                    v ^= low
-            return out
-        finally:
-            words.release()
+        return self._hot
 
     def drain_hotness_raw(self) -> list[tuple[int, ...]]:
         """Drain the hotness table as raw slot tuples
         (ino, dev, gen, read_score, write_score, read_sectors, write_sectors, last_ns, size)."""
-        unpack = struct.Struct(L.HOT_SLOT_FORMAT).unpack_from
-        claimed = self._drain_claimed()
-        mm = self._hot_mm
-        assert mm is not None  # (_drain_claimed raises on a closed probe)
-        out: list[tuple[int, ...]] = []
-        for k in claimed:
-            out.append(unpack(mm, k * SLOT_SIZE))
-            mm[k * SLOT_SIZE : (k + 1) * SLOT_SIZE] = ZERO_SLOT
-        return [t for t in out if t[0]]
+        return self._hot_table().drain_raw()
 
     def drain_hotness_array(self) -> Any:  # numpy.ndarray of cachepilot.models.hotness.HOT_DTYPE (numpy loads lazily)
         """Drain the hotness table as one numpy record array in the models' layout (HOT_DTYPE: dev, ino, gen, rs,
         ws, rb, wb, last, size), ready for HotnessModel.apply_array: the fast path for large drains."""
-
-        from cachepilot.models.hotness import HOT_DTYPE
-
-        slot = np.dtype(L.cp_hot_slot)  # numpy's view of the one ctypes layout
-        assert slot.itemsize == SLOT_SIZE
-        idx = np.array(self._drain_claimed(), dtype=np.int64)
-        table: Any = np.frombuffer(self._hot_mm, dtype=slot, count=2 * self.nslots)  # type: ignore[arg-type]
-        try:
-            used = table[idx]  # a copy
-            table[idx] = np.zeros(1, dtype=slot)
-        finally:
-            del table  # no view may outlive the map (close() unmaps it)
-        used = used[used["ino"] != 0]
-        out = np.empty(len(used), dtype=HOT_DTYPE)
-        for to, f in (("dev", "dev"), ("ino", "ino"), ("gen", "gen"), ("rs", "read_score"), ("ws", "write_score"),
-                      ("last", "last_ns"), ("size", "size")):
-            out[to] = used[f]
-        out["rb"] = used["read_sectors"].astype(np.uint64) << 9
-        out["wb"] = used["write_sectors"].astype(np.uint64) << 9
-        return out
+        return self._hot_table().drain_array()
 
     def drain(self) -> list[Event]:
         """Per-tick aggregates: one HotnessDelta per file active since the last drain, one MetadataDelta per volume
@@ -821,101 +559,47 @@ class Probe:
         ]
         return events + self.drain_aggregates()
 
+    def _volume_counters(self) -> VolumeCounters:
+        if self._counters is None:
+            raise UserError("probe is closed")
+        return self._counters
+
     def drain_aggregates(self) -> list[Event]:
         """drain() without the hotness table (for a caller that takes it with drain_hotness_array): one
         MetadataDelta per volume with metadata activity, the durability calls counted in the kernel, the Drops."""
-        events: list[Event] = []
-        for dev in list(self._meta_prev):
-            vol = self.volume_state(dev)
-            if vol is None:
-                continue
-            prev_score, prev_bytes = self._meta_prev[dev]
-            if vol.meta_score != prev_score or vol.meta_bytes != prev_bytes:
-                events.append(MetadataDelta(dev, vol.meta_score - prev_score, vol.meta_bytes - prev_bytes))
-                self._meta_prev[dev] = (vol.meta_score, vol.meta_bytes)
-        events += self._sync_deltas()
-        events.append(self.drops())
-        return events
-
-    def _percpu(self, name: str, key: int, value_type: type[C.Structure] | type[C.c_uint64]) -> list:
-        """Every CPU's copy of one element of a per-CPU array."""
-        stride = (C.sizeof(value_type) + 7) // 8 * 8
-        buf = C.create_string_buffer(stride * self._ncpus)
-        rc = self._h.bpf_map_lookup_elem(self._fds[name], C.byref(C.c_uint32(key)), buf)
-        if rc:
-            return []
-        return [value_type.from_buffer_copy(buf.raw[i * stride : i * stride + C.sizeof(value_type)])
-                for i in range(self._ncpus)]
-
-    def _sync_deltas(self) -> list[SyncCalls]:
-        """One SyncCalls per (volume, kind) with calls that succeeded since the last drain."""
-        out: list[SyncCalls] = []
-        for dev, slot in self._slots.items():
-            for kind in SYNC_KINDS:
-                cpus = self._percpu("sync_calls", slot * L.SYNC_KINDS + kind, L.cp_sync)
-                calls = sum(c.calls for c in cpus)
-                prev = self._sync_prev.get((dev, kind), 0)
-                if calls == prev:
-                    continue
-                self._sync_prev[(dev, kind)] = calls
-                last = max(cpus, key=lambda c: c.ts_ns)
-                out.append(SyncCalls(dev, kind, calls - prev, last.last_pid, last.last_ino, last.ts_ns))
-        return out
+        return self._volume_counters().deltas()
 
     def drops_by_volume(self) -> dict[tuple[int, str], int]:
         """Cumulative drops per (volume dev, kind): an event whose ring was full ("freed_extent", "delete",
         "barrier", "discard", "journal_commit") or a durability call that could not be tracked ("sync_call").
         Only non-zero counters are listed."""
-        out: dict[tuple[int, str], int] = {}
-        for dev, slot in self._slots.items():
-            for kind, name in DROP_KIND_NAMES.items():
-                n = sum(v.value for v in self._percpu("vol_drops", slot * L.DROP_KINDS + kind, C.c_uint64))
-                if n:
-                    out[(dev, name)] = n
-        return out
+        return self._volume_counters().drops_by_volume()
 
     def volume_state(self, dev: int) -> L.cp_volume | None:
         """The kernel's counters of a watched volume (cumulative totals and the open epoch)."""
-        if dev not in self._slots:
-            return None
-        vol = L.cp_volume()
-        return vol if self._lookup("volumes", C.c_uint32(self._slots[dev]), vol) else None
+        return self._volume_counters().volume_state(dev)
 
     def drops(self) -> Drops:
-        d = L.cp_drops()
-        self._lookup("drops", C.c_uint32(0), d)
-        return Drops(ringbuf_full=d.ringbuf_full, hotness_map_full=d.hot_full, other=d.other)
+        return self._volume_counters().drops()
 
     def kernel_memory_bytes(self) -> dict[str, int]:
         """Kernel memory charged for each map (memlock from /proc/self/fdinfo)."""
-        out: dict[str, int] = {}
-        for name, fd in self._fds.items():
-            for line in Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines():
-                if line.startswith("memlock:"):
-                    out[name] = int(line.split()[1])
-        return out
+        return self._maps.memory_bytes()
 
     # ---- lifetime ----
     def close(self) -> None:
         h = getattr(self, "_h", None)
         if h is None:
             return
-        if self._rb:
-            h.ring_buffer__free(self._rb)
-            self._rb = None
-        if self._epoll is not None:
-            self._epoll.close()
-            self._epoll = None
-        if self._barrier_ring is not None:
-            self._barrier_ring.close()
-            self._barrier_ring = None
+        if self._rings is not None:
+            self._rings.close()
+            self._rings = None
         for link in self._links:
             h.bpf_link__destroy(link)
         self._links = []
-        for mm in (self._hot_mm, self._claimed_mm):
-            if mm is not None:
-                mm.close()
-        self._hot_mm = self._claimed_mm = None
+        if self._hot is not None:
+            self._hot.close()
+            self._hot = None
         if self._obj:
             h.bpf_object__close(self._obj)
             self._obj = None
@@ -934,13 +618,3 @@ class Probe:
 
 
 CP_MIN_SLOTS = 64
-ZERO_SLOT = bytes(SLOT_SIZE)
-
-
-def _map_shared(fd: int, size: int) -> mmap.mmap:
-    """A BPF_F_MMAPABLE array map's values, read-write (whole pages)."""
-    return mmap.mmap(fd, -(-size // mmap.PAGESIZE) * mmap.PAGESIZE, flags=mmap.MAP_SHARED,
-                     prot=mmap.PROT_READ | mmap.PROT_WRITE)
-
-
-decode_event = records.decode_ring  # one ring record -> its event (bpf/cachepilot.h's side of the records table)

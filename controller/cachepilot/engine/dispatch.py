@@ -1,0 +1,134 @@
+"""Event dispatch: each probe event kind to the model it updates (hotness, freed extents, epochs, metadata)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from cachepilot import records
+from cachepilot.engine.volumectl import VolumeCtl
+from cachepilot.errors import UserError
+from cachepilot.events import (
+    Barrier,
+    Delete,
+    Discard,
+    Drops,
+    Event,
+    FreedExtent,
+    HotnessDelta,
+    JournalCommit,
+    MetadataDelta,
+    SyncCalls,
+)
+from cachepilot.models.hotness import HOT_DTYPE, HotnessTable
+
+
+class UnknownEvent(TypeError):
+    """An event kind this engine does not handle (a newer probe's). A TypeError, so a replay reports it as a bad
+    record; the daemon counts it apart from a TypeError raised *while* handling a known kind, which is a bug."""
+
+
+class EventDispatch:
+    """Routes events to the volume models they update; counts the ones for unknown volumes or kinds."""
+
+    def __init__(self, hotness: HotnessTable, vols: dict[int, VolumeCtl]) -> None:
+        self.hotness = hotness
+        self.vols = vols  # the engine's, shared: volumes come and go there
+        self.unknown_events = 0
+        self.drops: Drops | None = None
+        self.external_discards = 0
+        handlers: dict[str, Callable[[Any], None]] = {
+            records.HOTNESS.name: self._feed_hotness, records.FREED.name: self._feed_freed_extent,
+            records.COMMIT.name: self._feed_commit, records.DELETE.name: self.delete,
+            records.BARRIER.name: self._feed_epochs, records.SYNC.name: self._feed_epochs,
+            records.METADATA.name: self._feed_metadata, records.DISCARD.name: self._feed_discard,
+            records.DROPS.name: self._feed_drops,
+        }
+        # every kind of the records table has its handler (a kind added there without one fails here, at once)
+        self._handlers = {k.event: handlers[k.name] for k in records.KINDS}
+
+    def feed(self, ev: Event) -> None:
+        handler = self._handlers.get(type(ev))
+        if handler is None:
+            raise UnknownEvent(f"not an event: {ev!r}")
+        handler(ev)
+
+    def _feed_hotness(self, ev: HotnessDelta) -> None:
+        self.feed_hotness_records([records.HOTNESS.to_record(ev)])  # one rule for every path: the vectorised update
+
+    def _feed_freed_extent(self, ev: FreedExtent) -> None:
+        c = self._vol(ev.dev)
+        if c is not None:
+            c.freed.freed(ev.block, ev.count, ev.ts_ns, ev.tid)
+
+    def _feed_commit(self, ev: JournalCommit) -> None:
+        c = self._vol(ev.dev)
+        if c is not None:
+            c.freed.commit(ev.transaction, ev.ts_ns)
+            c.discard_due = True
+
+    def _feed_epochs(self, ev: Barrier | SyncCalls) -> None:
+        c = self._vol(ev.dev)  # block barriers close epochs, file-level calls annotate
+        if c is not None:
+            c.epochs.feed(ev)
+
+    def _feed_metadata(self, ev: MetadataDelta) -> None:
+        c = self._vol(ev.dev)
+        if c is not None:
+            c.meta_score += ev.score
+            c.meta_bytes += ev.bytes
+
+    def _feed_discard(self, ev: Discard) -> None:
+        self.external_discards += 1
+
+    def _feed_drops(self, ev: Drops) -> None:
+        self.drops = ev
+
+    def feed_hotness_records(self, records: list[tuple[int, ...]]) -> None:
+        """HotnessDelta records as tuples in trace layout (see cachepilot.trace.format)."""
+        try:
+            arr = np.array(records, dtype=HOT_DTYPE)
+        except (OverflowError, ValueError, TypeError) as exc:
+            raise UserError(f"bad hotness record: {exc}") from None
+        self.feed_hotness_array(arr)
+
+    def feed_hotness_array(self, records: np.ndarray) -> None:
+        """Fastest path: a numpy array of HOT_DTYPE records (a trace block or a raw BPF drain)."""
+        self.unknown_events += self.hotness.apply_array(records, known_only=True)
+
+    def _vol(self, dev: int) -> VolumeCtl | None:
+        c = self.vols.get(dev)
+        if c is None:
+            self.unknown_events += 1
+        return c
+
+    def feed_deletes(self, recs: list[tuple[int, ...]]) -> None:
+        """Delete records in trace layout (dev, ino, gen, size, ts_ns), as feeding each Delete would, per
+        filesystem in one index lookup (a replay's deletes come by the hundred thousand)."""
+        by_dev: dict[int, list[tuple[int, int]]] = {}
+        for r in recs:
+            by_dev.setdefault(r[0], []).append((r[1], r[2]))
+        for dev, files in by_dev.items():
+            arr = np.array(files, dtype=np.uint64).reshape(-1, 2)
+            self.hotness.forget_many(dev, arr[:, 0], arr[:, 1].astype(np.uint32))  # as delete() does, per batch
+
+    def feed_freed(self, recs: list[tuple[int, ...]]) -> None:
+        """FreedExtent records in trace layout (dev, ino, block, count, metadata, ts_ns, tid), as feeding each would,
+        per filesystem as arrays."""
+        if not recs:
+            return
+        cols = np.array(recs, dtype=np.int64).reshape(-1, 7)
+        for dev in np.unique(cols[:, 0]).tolist():
+            rows = cols[cols[:, 0] == dev]
+            c = self.vols.get(dev)
+            if c is None:
+                self.unknown_events += len(rows)
+                continue
+            c.freed.freed_many(rows[:, 2], rows[:, 3], rows[:, 5], rows[:, 6])
+
+    def delete(self, ev: Delete) -> None:
+        # a member leaves its believed-cached set through the table (the set owns its dev's slots); a queued
+        # promotion of it is dropped when it reaches the head
+        self.hotness.delete(ev)

@@ -1,0 +1,72 @@
+"""Knob requests: knobs the policy pins, and the drain-sleep knob the exposure guarantee shortens."""
+
+from __future__ import annotations
+
+from cachepilot.actions import Action, SetKnob
+from cachepilot.capabilities import KNOBS
+from cachepilot.engine.exposure import Exposure
+from cachepilot.engine.volumectl import ANY_KIND, NS, REQUEST_RETRY_NS, VolumeCtl
+from cachepilot.errors import UserError
+
+
+class KnobPins:
+    """Asks for each volume's pinned knob values (at most once per REQUEST_RETRY_NS while unanswered)."""
+
+    def __init__(self, exposure: Exposure) -> None:
+        self.exposure = exposure
+
+    def pin(self, c: VolumeCtl, now: int, out: list[Action]) -> None:
+        kinds_knobs = c.caps.knobs() if c.caps is not ANY_KIND else KNOBS
+        for knob, value in c.policy.knobs.items():
+            if knob in kinds_knobs:  # else a defaults knob for another kind of cache
+                self._request_knob(c, knob, value, f"pinned by policy ({c.chosen_by})", now, out)
+        self._drain_sleep(c, now, out)
+
+    def _drain_sleep(self, c: VolumeCtl, now: int, out: list[Action]) -> None:
+        """The exposure guarantee needs every drain to finish within max_age/2. Where the kind may sleep before a
+        drain's write-back starts (bcache: writeback_delay, 30 s by default, longer than the default 15 s window),
+        hold that sleep to at most a third of the window under the destructive model, unless the policy pins it.
+        A sleep already begun keeps its old length: drains planned before it can have ended get a deadline that
+        allows for it (the guarantee holds from the first completed drain)."""
+        knob = c.caps.drain_sleep_knob
+        if knob is None or knob in c.policy.knobs or self.exposure.failure_model(c, now)[0] != "destructive":
+            return
+        limit = max(1, int(c.policy.exposure.max_age_s / 6))
+        have = c.state.knobs.get(knob)
+        try:
+            was = KNOBS[knob].parse(have) if have is not None else 0
+        except UserError:
+            return  # an unreadable value: not ours to guess at
+        if was <= limit:
+            c.requested_knobs.pop(knob, None)
+            return
+        c.drain_sleep_until_ns = max(c.drain_sleep_until_ns, now + was * NS)
+        self._request_knob(c, knob, str(limit), (
+            f"exposure guarantee: a drain must finish within max_age/2 = {c.policy.exposure.max_age_s / 2:g} s"
+            f" and the write-back thread's {knob} sleep is not cut short"), now, out)
+
+    def _request_knob(self, c: VolumeCtl, knob: str, value: str, why: str, now: int, out: list[Action]) -> None:
+        if _same_knob_value(knob, c.state.knobs.get(knob), value):
+            c.requested_knobs.pop(knob, None)
+            return
+        req = c.requested_knobs.get(knob)
+        if req is not None and req[0] == value and now - req[1] < REQUEST_RETRY_NS:
+            return
+        was = c.state.knobs.get(knob, "unknown")
+        out.append(SetKnob(c.info.name, knob, value, f"{why}; was {was}"))
+        c.requested_knobs[knob] = (value, now)
+
+
+def _same_knob_value(knob: str, have: str | None, want: str) -> bool:
+    """Compare as the knob's typed value ("4.0M" from bcache's sysfs equals "4MiB" and 4194304)."""
+    if have is None:
+        return False
+    if have == want:
+        return True
+    k = KNOBS.get(knob)
+    if k is None:
+        return False
+    try:
+        return k.parse(have) == k.parse(want)
+    except UserError:
+        return False

@@ -1,0 +1,151 @@
+"""Promotion planning: the promotion queue leaves as Promote actions within the volume's byte budget, and the
+believed-cached set is re-queued (re-warmed) after a scan, a hit-ratio drop, a refresh interval or a new cache."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cachepilot.actions import Action, Promote
+from cachepilot.engine.drains import drain_at_risk
+from cachepilot.engine.promoqueue import ADMITTED
+from cachepilot.engine.volumectl import NS, VolumeCtl
+from cachepilot.models.hotness import F_MEMBER, F_QUEUED, F_RESIDENT, HotnessTable
+
+
+class Promoter:
+    """Turns each volume's promotion queue into Promote actions and re-warms its believed-cached set."""
+
+    def __init__(self, hotness: HotnessTable) -> None:
+        self.hotness = hotness
+
+    def promote(self, c: VolumeCtl, now: int, out: list[Action]) -> None:
+        promo = c.policy.promotion
+        t = self.hotness
+        if not promo.enabled:
+            for slot in c.promo_queue.clear():
+                t.flags[slot] &= ~F_QUEUED
+            return
+        if c.latch is not None:
+            return  # reading hot files into a failed cache helps nobody; the queue waits
+        if drain_at_risk(c, now):
+            return  # the queue waits: promotion reads keep the origin busy, and this kind cleans best when it idles
+        if (promo.refresh_interval_s > 0 and not c.scanning
+                and now - c.last_refresh_ns >= promo.refresh_interval_s * NS):
+            c.last_refresh_ns = now
+            self.rewarm(c, "refresh: hot file idle for a refresh interval",
+                         idle_since_ns=now - int(promo.refresh_interval_s * NS))
+        dt = (now - c.last_tick_ns) / NS if c.last_tick_ns is not None else 1.0
+        cap = promo.rate * 2.0  # bytes over any window T stay <= rate * T + cap + the largest file
+        c.tokens = min(cap, c.tokens + promo.rate * max(0.0, dt))
+        q = c.promo_queue
+        flags, tsize, tdev, tino, tgen = t.flags, t.size, t.dev, t.ino, t.gen
+        name = c.info.name
+        bar = c.cached.admission_bar(t.epoch)
+        items, head, end = q.items, q.head, len(q.items)
+        tokens = c.tokens
+        score = t.score
+        texts: dict[int, str] = {}  # reason texts by counter: thousands of promotions share a few
+        append = out.append
+        not_queued = ~F_QUEUED & 0xFF
+        gated = c.caps.inserts_read_misses and promo.only_uncached
+        resident = F_RESIDENT if gated else 0  # a promoted file is not read again
+        why = self._why_admitted(c, now) if gated else ""
+        while head < end:
+            v = items[head]
+            slot = v & 0xFFFFFFFF
+            f = flags[slot]
+            if not f & F_MEMBER:
+                head += 1
+                flags[slot] = f & not_queued
+                continue
+            size = tsize[slot]
+            if size > tokens and tokens < cap:
+                break  # a file larger than the bucket goes once the bucket is full, leaving a debt
+            head += 1
+            flags[slot] = (f & not_queued) | resident
+            tokens -= size
+            rid = v >> 32
+            if rid == ADMITTED:
+                sc = score(slot)
+                reason = texts.get(sc)
+                if reason is None:
+                    reason = texts[sc] = f"counter {sc} > last evicted {bar}{why}"
+            else:
+                reason = q.reasons[rid] if rid < len(q.reasons) else "re-warm"
+            append(Promote(name, tdev[slot], tino[slot], tgen[slot], ((0, size),), reason))
+        c.tokens = tokens
+        q.head = head - 1
+        q.pop()  # compacts the array when the consumed head is large
+
+    @staticmethod
+    def _why_admitted(c: VolumeCtl, now: int) -> str:
+        """What let an admitted file through on a cache that inserts its own misses (the reason's tail)."""
+        if c.bypass_rose_ns is None:
+            return "; no bypass counters sampled yet"
+        return f"; the cache bypassed reads {max(0, now - c.bypass_rose_ns) / NS:.0f} s ago (it keeps only its misses)"
+
+    def rewarm(self, c: VolumeCtl, reason: str, idle_since_ns: int | None = None) -> int:
+        """Queue members (hottest first); with idle_since_ns only those not accessed since then."""
+        n = 0
+        t = self.hotness
+        last, flags = t.last, t.flags
+        q = c.promo_queue
+        rid = q.reason_id(reason)
+        for slot in c.cached.hottest_members():
+            if idle_since_ns is not None and last[slot] >= idle_since_ns:
+                continue
+            f = flags[slot]
+            if not f & F_QUEUED:
+                flags[slot] = f | F_QUEUED
+                q.push(slot, rid)
+                n += 1
+        return n
+
+    def scan_pollution(self, c: VolumeCtl, now: int) -> None:
+        """Two signals of a polluted cache: a scan (far more cold files -- outside the believed-cached set --
+        touched per tick than usual) and a falling hit ratio. A scan re-warms when it ends; a hit-ratio drop
+        re-warms at once (at most once a minute)."""
+        n, c.touched_now = c.touched_now, 0
+        base = c.touched_baseline
+        if not c.scanning:
+            if base >= 8 and n > 2.5 * base:
+                c.scanning = True
+            else:
+                c.touched_baseline = n if base == 0 else 0.9 * base + 0.1 * n
+        elif n < 1.5 * base:
+            c.scanning = False
+            if c.policy.promotion.enabled:
+                c.last_rewarm_ns = now
+                self.rewarm(c, f"scan ended ({n} files/tick, usual {base:.0f}): re-warming the hot set")
+            return
+        drop = c.state.hit_trend()
+        if not c.policy.promotion.enabled or c.scanning or drop >= -c.policy.health.scan_drop:
+            return
+        if c.last_rewarm_ns is not None and now - c.last_rewarm_ns < 60 * NS:
+            return
+        c.last_rewarm_ns = now
+        self.rewarm(c, f"hit ratio fell by {-drop:.0%}: re-warming after pollution")
+
+    def replaced(self, c: VolumeCtl, cache_id: str, now: int) -> None:
+        """A new cache device behind the volume starts empty: re-warm the believed-cached set at once, hottest
+        first, instead of waiting for the workload's misses (the stock cache's only way back)."""
+        if not cache_id:
+            if c.cache_seen and not c.detached:  # detached: bcache drops a detached device's cached data
+                c.detached = True
+                self._forget_resident(c)
+            return  # detached, or the kind does not say
+        c.detached = False
+        old, c.cache_seen = c.cache_seen, cache_id
+        if old and old != cache_id:
+            self._forget_resident(c)
+        if old and old != cache_id and c.policy.promotion.enabled:
+            c.last_rewarm_ns = now
+            self.rewarm(c, f"cache device replaced ({old[:8]} -> {cache_id[:8]}): re-warming the hot set")
+
+    def _forget_resident(self, c: VolumeCtl) -> None:
+        """A different (or re-attached) cache holds none of the volume's files: nothing is resident any more."""
+        t = self.hotness
+        flags = np.frombuffer(t.flags, dtype=np.uint8)
+        flags[np.frombuffer(t.dev, dtype=np.uint32) == c.info.dev] &= ~F_RESIDENT & 0xFF
+        del flags
+        c.bypass_wait.clear()  # the re-warm queues every member

@@ -1,0 +1,91 @@
+"""One volume as the engine sees it: its policy, models, budgets, requests in flight, latch and drain."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from cachepilot.actions import Drain
+from cachepilot.capabilities import CAPABILITIES, Capabilities
+from cachepilot.engine.promoqueue import PromoQueue
+from cachepilot.models.admission import CachedSet
+from cachepilot.models.epochs import EpochTracker
+from cachepilot.models.freed import FreedExtentQueue
+from cachepilot.models.volume import BYPASS, BYPASS_NAMES, WRITEBACK, WRITETHROUGH, VolumeInfo, VolumeState
+from cachepilot.policy.model import VolumePolicy
+
+NS = 1_000_000_000
+REQUEST_RETRY_NS = 60 * NS  # re-issue an unanswered mode/knob request after this long
+
+
+def normalise_mode(mode: str) -> str:
+    return BYPASS if mode in BYPASS_NAMES else mode
+
+
+ANY_KIND = Capabilities("unknown", frozenset({WRITEBACK, WRITETHROUGH, BYPASS}), {}, drain="", destructive="")
+
+
+def caps_of(kind: str) -> Capabilities:
+    """The kind's capabilities; an unknown kind (e.g. a trace of a plain device) is assumed to take every mode."""
+    return CAPABILITIES.get(kind, ANY_KIND)
+
+
+@dataclass(frozen=True, slots=True)
+class Latch:
+    """A failed or degraded cache, kept out of write-back until its cache device changes or an operator clears it."""
+
+    reason: str
+    since_ns: int
+    cache_id: str  # the cache device that failed ("" = unknown: only an operator can clear it)
+
+
+@dataclass(frozen=True, slots=True)
+class DrainInFlight:
+    action: Drain
+    start_ns: int
+
+
+@dataclass
+class VolumeCtl:
+    info: VolumeInfo
+    policy: VolumePolicy
+    chosen_by: str
+    state: VolumeState
+    cached: CachedSet
+    freed: FreedExtentQueue
+    epochs: EpochTracker
+    promo_queue: PromoQueue = field(default_factory=lambda: PromoQueue())
+    tokens: float = 0.0
+    last_tick_ns: int | None = None
+    last_switch_ns: int | None = None
+    last_discard_ns: int = 0
+    discard_tokens: float = -1.0  # bytes the discard budget allows now (-1: not started, a full bucket)
+    discard_refill_ns: int = 0
+    discard_due: bool = False  # a commit came since the last look: extents it freed may be ready
+    bypasses_seen: int | None = None  # the cache's cumulative bypassed reads at the last sample (bcache)
+    bypass_rose_ns: int | None = None  # the sample time at which that count last rose
+    # admitted files (slot, generation, admitted at) that wait for a bypass within BYPASS_WINDOW_NS (oldest first)
+    bypass_wait: deque[tuple[int, int, int]] = field(default_factory=deque)
+    promotions_skipped: dict[str, int] = field(default_factory=dict)  # by reason (status)
+    last_rewarm_ns: int | None = None
+    cache_seen: str = ""  # the last cache device (set) seen attached: a different one is a replacement
+    detached: bool = False  # the last sample saw no cache device behind the volume
+    last_refresh_ns: int = 0
+    requested_mode: tuple[str, int] | None = None
+    requested_knobs: dict[str, tuple[str, int]] = field(default_factory=dict)
+    meta_score: int = 0
+    meta_bytes: int = 0
+    held_switches: int = 0
+    touched_now: int = 0  # files outside the believed-cached set touched in the current tick
+    touched_baseline: float = 0.0  # EWMA of files touched per tick outside scans
+    scanning: bool = False
+    caps: Capabilities = ANY_KIND
+    latch: Latch | None = None
+    drain: DrainInFlight | None = None
+    drain_clean_ns: int | None = None  # when a sample last ended a drain (its backend may still be putting back)
+    breach: str | None = None  # an unresolved exposure breach (cleared when the cache is seen clean)
+    # until then the kind may still be in a pre-drain sleep begun before the engine shortened it (KnobPins._drain_sleep)
+    drain_sleep_until_ns: int = 0
+    breaches: int = 0
+    last_failure: str = ""  # the last action that failed, for humans
+
