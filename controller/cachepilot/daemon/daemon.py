@@ -23,6 +23,7 @@ from typing import Any
 from cachepilot.actions import Action
 from cachepilot.daemon import actuation, answers, status, volumes
 from cachepilot.daemon.acting import Actor
+from cachepilot.daemon.allocfail import pace_promotions
 from cachepilot.daemon.adoption import ActuatorsFactory, Adopter, BackendFactory, Discover
 from cachepilot.daemon.answers import TOP_K
 from cachepilot.daemon.config import DaemonConfig, load_config
@@ -186,6 +187,7 @@ class Daemon:
             ("rescan", self._rescan_if_due),
             ("sample", self.actor.sample),
             ("clear_latches", self._clear_latches),
+            ("alloc", lambda now: pace_promotions(self.vols.values(), self.probe, now)),
             ("deferred", lambda now: self.actor.deferred(now, self.dry_run)),
             ("decide", self._decide),
             ("retries", lambda now: self.actor.retry_due(now, self.dry_run)),

@@ -65,7 +65,7 @@ SLOT_SIZE = C.sizeof(L.cp_hot_slot)
 WORKS_WITHOUT = "without it cachepilot runs blind (policy, backends and dry-run on recorded traces still work)"
 MAPS = (
     "watched", "volumes", "cp_config_map", "drops", "hot_slots", "hot_claimed", "events", "barrier_events", "dio_task",
-    "dio_store", "vol_drops", "sync_calls", "sync_pending", "grace", "grace_inner",
+    "dio_store", "vol_drops", "sync_calls", "sync_pending", "grace", "grace_inner", "alloc_fails",
 )
 LOAD_FACTOR = 0.76  # slots = max_files / LOAD_FACTOR per half: (2 x 48 B + 2 bits) / 0.76 = 126.6 B of kernel memory
 # per file
@@ -80,6 +80,9 @@ class Hook:
 
 
 BLOCK_IO = "block I/O: hotness, metadata bucket, epochs, block barriers, discards"
+BCACHE_ALLOC_FAIL = "on_bcache_alloc_fail"
+# programs on a module's tracepoints: absent while the module is not loaded, which is no failure of the probe
+MODULE_HOOKS = {BCACHE_ALLOC_FAIL: "bcache"}
 # Every program of the object, the feature it provides, and whether the probe is useless without it (a required
 # feature needs one of its programs: the block I/O hook comes in two variants, see bpf/core_fixes.bpf.h).
 HOOKS: tuple[Hook, ...] = (
@@ -106,6 +109,7 @@ HOOKS: tuple[Hook, ...] = (
     *(Hook(f"on_ext4_sync_{e}", "durability points: sync writes, msync, io_uring and overlayfs fsync (ext4)")
       for e in ("enter", "exit")),
     Hook("on_ext4_sync_fs", "durability points: sync(2) (ext4)"),
+    Hook(BCACHE_ALLOC_FAIL, "bcache allocation failures (read misses not inserted)"),
 )
 # durability calls counted in the kernel (SyncCalls), by kind
 SYNC_KINDS = (
@@ -299,7 +303,8 @@ class _KernelFeatures:
             if self._tracefs_problem:
                 return self._tracefs_problem
             if not (TRACEFS / "events" / tp).is_dir():
-                return f"the kernel has no tracepoint {tp} (CONFIG_FTRACE_SYSCALLS?)"
+                hint = " (CONFIG_FTRACE_SYSCALLS?)" if tp.startswith("syscalls/") else ""
+                return f"the kernel has no tracepoint {tp}{hint}"
         return None
 
     def close(self) -> None:
@@ -449,7 +454,9 @@ class Probe:
                 self.report.disabled[name] = off[name]
                 h.bpf_program__set_autoload(prog, False)
             elif reasons[name]:
-                self.report.failed[name] = str(reasons[name])
+                module = MODULE_HOOKS.get(name)
+                why = self.report.disabled if module else self.report.failed
+                why[name] = f"{module} is not loaded: {reasons[name]}" if module else str(reasons[name])
                 h.bpf_program__set_autoload(prog, False)
         return dio_hook
 
@@ -873,6 +880,13 @@ class Probe:
                 if n:
                     out[(dev, name)] = n
         return out
+
+    def alloc_failures(self, cache_dev: int) -> int:
+        """bcache's read-miss inserts refused on a watched cache device since the probe loaded (0 when none, or
+        when the bcache hook is not attached: see report)."""
+        n = C.c_uint64(0)
+        self._h.bpf_map_lookup_elem(self._fds["alloc_fails"], C.byref(C.c_uint32(cache_dev)), C.byref(n))
+        return n.value
 
     def volume_state(self, dev: int) -> L.cp_volume | None:
         """The kernel's counters of a watched volume (cumulative totals and the open epoch)."""
