@@ -137,6 +137,8 @@ class Daemon:
             log.warning("reload abandoned: stopping (the running policy is kept)")
         for v in list(self.vols.values()):
             self.actor.restore(v, "stopping")
+        for action in self.engine.restore_knobs():  # what the engine steered goes back as it was found
+            self.guard.call("restore_knobs", lambda now, a=action: self.execute(a, now), time.monotonic_ns())
         self._save_state()
         self.control.stop()
         if self.metrics is not None:

@@ -44,6 +44,8 @@ from cachepilot.actions import (
     SetWritePolicy,
 )
 from cachepilot.capabilities import CAPABILITIES, KNOBS, Capabilities
+from cachepilot.engine.seqcutoff import KNOB as SEQ_KNOB
+from cachepilot.engine.seqcutoff import SequentialSteering
 from cachepilot.errors import UserError
 from cachepilot.events import (
     Barrier,
@@ -220,6 +222,7 @@ class Engine:
         self.unknown_events = 0
         self.drops: Drops | None = None
         self.external_discards = 0
+        self.seq = SequentialSteering()  # bcache's sequential_cutoff, by what the bypassed runs are made of
         handlers: dict[str, Callable[[Any], None]] = {
             records.HOTNESS.name: self._feed_hotness, records.FREED.name: self._feed_freed_extent,
             records.COMMIT.name: self._feed_commit, records.DELETE.name: self.delete,
@@ -251,6 +254,8 @@ class Engine:
         self.vols[info.dev] = ctl
         self.by_name[info.name] = ctl
         self.hotness.register_dev(info.dev)
+        if SEQ_KNOB in ctl.caps.knobs():
+            self.seq.track(info.dev)
         return ctl
 
     def remove_volume(self, dev: int) -> VolumeCtl | None:
@@ -260,6 +265,7 @@ class Engine:
         if c is None:
             return None
         self.by_name.pop(c.info.name, None)
+        self.seq.forget(dev)
         flags = self.hotness.flags
         for slot in c.promo_queue.clear():
             flags[slot] &= ~F_QUEUED & 0xFF
@@ -338,6 +344,7 @@ class Engine:
     def feed_hotness_array(self, records: np.ndarray) -> None:
         """Fastest path: a numpy array of HOT_DTYPE records (a trace block or a raw BPF drain)."""
         self.unknown_events += self.hotness.apply_array(records, known_only=True)
+        self.seq.written(records)
 
     def _vol(self, dev: int) -> VolumeCtl | None:
         c = self.vols.get(dev)
@@ -385,6 +392,7 @@ class Engine:
             s.knobs, s.cache_id,
         ))
         c.epochs.note_dirty(grew)
+        self.seq.sampled(s.dev, s.knobs, s.bypassed_bytes)
         if s.bypasses is not None:
             prev, c.bypasses_seen = c.bypasses_seen, s.bypasses
             if prev is not None and s.bypasses > prev:
@@ -945,6 +953,18 @@ class Engine:
             if knob in kinds_knobs:  # else a defaults knob for another kind of cache
                 self._request_knob(c, knob, value, f"pinned by policy ({c.chosen_by})", now, out)
         self._drain_sleep(c, now, out)
+        steer = self.seq.decide(c.info.dev, c.policy.sequential_steering, SEQ_KNOB in c.policy.knobs, now)
+        if steer is not None:
+            self._request_knob(c, SEQ_KNOB, steer[0], steer[1], now, out)
+
+    def restore_knobs(self) -> list[Action]:
+        """At stop: the knobs the engine steered (not pinned ones) back to the values found at start."""
+        out: list[Action] = []
+        for c in self.vols.values():
+            back = self.seq.restore(c.info.dev)
+            if back is not None:
+                out.append(SetKnob(c.info.name, SEQ_KNOB, back[0], back[1]))
+        return out
 
     def _drain_sleep(self, c: VolumeCtl, now: int, out: list[Action]) -> None:
         """The exposure guarantee needs every drain to finish within max_age/2. Where the kind may sleep before a
