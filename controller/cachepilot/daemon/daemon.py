@@ -23,8 +23,8 @@ from typing import Any
 from cachepilot.actions import Action
 from cachepilot.daemon import actuation, answers, status, volumes
 from cachepilot.daemon.acting import Actor
-from cachepilot.daemon.allocfail import pace_promotions
 from cachepilot.daemon.adoption import ActuatorsFactory, Adopter, BackendFactory, Discover
+from cachepilot.daemon.allocfail import pace_promotions
 from cachepilot.daemon.answers import TOP_K
 from cachepilot.daemon.config import DaemonConfig, load_config
 from cachepilot.daemon.control import ControlServer
@@ -137,8 +137,7 @@ class Daemon:
             log.warning("reload abandoned: stopping (the running policy is kept)")
         for v in list(self.vols.values()):
             self.actor.restore(v, "stopping")
-        for action in self.engine.restore_knobs():  # what the engine steered goes back as it was found
-            self.guard.call("restore_knobs", lambda now, a=action: self.execute(a, now), time.monotonic_ns())
+        self.guard.call("restore_knobs", self._restore_knobs, time.monotonic_ns())
         self._save_state()
         self.control.stop()
         if self.metrics is not None:
@@ -148,6 +147,11 @@ class Daemon:
             self.probe = None
         self.lock.release()
         log.info("stopped")
+
+    def _restore_knobs(self, now: int) -> None:
+        """What the engine steered (not what the policy pins) goes back as it was found."""
+        for action in self.engine.restore_knobs():
+            self.execute(action, now)
 
     def abandon(self) -> None:
         """A start that cannot go on (FatalError): put back what reconciling started, release what start took."""
