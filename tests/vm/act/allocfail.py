@@ -68,7 +68,7 @@ def empty_cache() -> None:
 def promote(prefix: str, probe: Probe, lower: tuple[int, ...], paced: bool) -> None:
     """As the daemon: the promoter runs the queue, deferred work comes back; every TICK_S the pacing hook (when
     ``paced``) hears the probe's count. Reports failures, re-reads, the lowest rate, bytes and time."""
-    p = Promoter(info, rate=RATE, burst=RATE, seed=7)
+    p = Promoter(info, rate=RATE, seed=7)  # the default burst: cache/1024, the allocator's ready reserve
     if not paced:
         p.backoff = None
     v = SimpleNamespace(files=SimpleNamespace(promoter=p), found=SimpleNamespace(lower=lower), deferred=[])
