@@ -210,12 +210,14 @@ class Promoter:
         returns the promotions to read once more. Nothing on other kinds."""
         if self.backoff is None:
             return []
+        seen = self.backoff.failures_total
         again = self.backoff.observe(count, now_ns)
         self._refill()  # tokens earned so far at the old rate
         self.rate = max(1, int(self.backoff.rate))
         self.burst = max(MAX_CHUNK, default_burst(self.info, self.rate) if self._fixed_burst is None
                          else self._fixed_burst)
-        self._tokens = min(self._tokens, float(self.burst))
+        # the allocator is out of ready buckets now: nothing more until the halved rate has earned it
+        self._tokens = 0.0 if self.backoff.failures_total > seen else min(self._tokens, float(self.burst))
         return again
 
     def _refill(self) -> None:
