@@ -13,6 +13,8 @@
  *   sync.bpf.h         tp_btf/ext4_sync_file_{enter,exit} (every durability point on ext4), tp_btf/ext4_sync_fs,
  *                      sys_{enter,exit}_{sync_file_range,syncfs}, and sys_{enter,exit}_{fsync,fdatasync} (attached
  *                      only when a filesystem other than ext4 is watched): counted per volume and kind
+ *   bcache.bpf.h       tracepoint/bcache/bcache_alloc_fail (optional: bcache loaded): read-miss inserts refused,
+ *                      counted per watched cache device
  * All hooks are tracepoints (this host refuses fentry and has no kprobes).
  */
 #include "vmlinux.h"
@@ -28,6 +30,7 @@
 #include "dio.bpf.h"
 #include "freed.bpf.h"
 #include "sync.bpf.h"
+#include "bcache.bpf.h"
 
 char LICENSE[] SEC("license") = "GPL";
 

@@ -35,3 +35,19 @@ def test_promotion_on_dmcache_takes_two_rounds_and_the_next_reads_hit(lab):
     assert r.int("promote_bytes") == 8 * MIB  # 4 MiB, two rounds
     assert r.int("promote_promotions") >= 60, r.explain()  # 64 blocks of 64 KiB
     assert r.int("reread_origin_bytes") <= 4 * MIB // 20, r.explain()
+
+
+def test_promotion_backs_off_on_bcache_alloc_failures_and_what_it_read_stays_resident(lab):
+    # 16 MiB promoted in one burst into an emptied 256 MiB cache (4 096 buckets of 64 KiB: 4 ready at a time):
+    # bcache refuses inserts. Without the back-off those misses are lost; with it the rate halves, the bucket
+    # empties and what a failing tick read is read once more, so the re-read of the set finds (nearly) all of it.
+    r = lab.run([PY, "tests/vm/act/allocfail.py"], recipe="bcache", timeout=400)
+    print(r.stdout)
+    assert r.rc == 0, r.explain()
+    assert r.values["hook"] == "attached", r.explain()
+    assert r.int("unpaced_failures") > 0, r.explain()  # the probe counts the refusals on the cache device
+    assert r.int("paced_failures") > 0 and r.int("paced_rereads") > 0, r.explain()
+    assert r.int("paced_lowest_rate") <= 64 * MIB // 2, r.explain()  # halved
+    lost_unpaced, lost_paced = r.int("unpaced_reread_origin_bytes"), r.int("paced_reread_origin_bytes")
+    assert lost_unpaced > 0, r.explain()
+    assert lost_paced <= lost_unpaced // 2, r.explain()  # the promoted set is resident: the re-read hits

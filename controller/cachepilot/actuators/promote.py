@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable
 
 from cachepilot.actions import DONE, FAILED, PENDING, SKIPPED, Outcome, Promote
+from cachepilot.actuators.allocpace import AllocBackoff
 from cachepilot.actuators.extents import fiemap
 from cachepilot.capabilities import CAPABILITIES
 from cachepilot.errors import CachepilotError, DeviceGone, classify_errno
@@ -79,7 +80,10 @@ class Promoter:
                  opener: Callable[[int, int, int, int], int] = open_by_handle) -> None:
         self.info = info
         self.rate = max(1, rate)
+        self._fixed_burst = burst
         self.burst = max(MAX_CHUNK, default_burst(info, self.rate) if burst is None else burst)
+        # bcache refuses inserts when its free list is empty: the rate follows its failures (allocpace)
+        self.backoff = AllocBackoff(self.rate, floor=MIN_CHUNK) if info.kind == "bcache" else None
         caps = CAPABILITIES.get(info.kind)
         self.rounds = (caps.promote_rounds if caps else 1) if rounds is None else rounds
         self._round: dict[tuple[int, int, int], tuple[int, int]] = {}  # file -> (rounds done, next not before)
@@ -165,6 +169,7 @@ class Promoter:
         buf = mmap.mmap(-1, MAX_CHUNK)  # page-aligned, as O_DIRECT needs
         done_bytes = reads = 0
         left = list(chunks)
+        done: list[tuple[int, int]] = []
         while left and self._tokens >= left[0][2]:
             _, logical, n = left.pop(0)
             if not dry_run:
@@ -172,9 +177,12 @@ class Promoter:
             reads += 1
             self._tokens -= n
             done_bytes += n
+            done.append((logical, n))
         buf.close()
         if not dry_run:
             self.read_bytes_total += done_bytes
+            if self.backoff is not None:
+                self.backoff.read(action, tuple(sorted(done)))
         deferred = None
         if left:
             rest = tuple(sorted((lg, n) for _, lg, n in left))
@@ -196,6 +204,21 @@ class Promoter:
         self._round[key] = (done_rounds, not_before)
         return Outcome(action, PENDING, False, actuated=True, read_bytes=r.read_bytes, reads=r.reads,
                        deferred=action, not_before_ns=not_before, detail=f"round {done_rounds} of {self.rounds} read")
+
+    def alloc_failures(self, count: int, now_ns: int) -> list[Promote]:
+        """The probe's cumulative bcache_alloc_fail count for this volume's cache: the rate follows it (AIMD);
+        returns the promotions to read once more. Nothing on other kinds."""
+        if self.backoff is None:
+            return []
+        seen = self.backoff.failures_total
+        again = self.backoff.observe(count, now_ns)
+        self._refill()  # tokens earned so far at the old rate
+        self.rate = max(1, int(self.backoff.rate))
+        self.burst = max(MAX_CHUNK, default_burst(self.info, self.rate) if self._fixed_burst is None
+                         else self._fixed_burst)
+        # the allocator is out of ready buckets now: nothing more until the halved rate has earned it
+        self._tokens = 0.0 if self.backoff.failures_total > seen else min(self._tokens, float(self.burst))
+        return again
 
     def _refill(self) -> None:
         now = self.clock()

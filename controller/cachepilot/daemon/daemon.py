@@ -24,6 +24,7 @@ from cachepilot.actions import Action
 from cachepilot.daemon import actuation, answers, status, volumes
 from cachepilot.daemon.acting import Actor
 from cachepilot.daemon.adoption import ActuatorsFactory, Adopter, BackendFactory, Discover
+from cachepilot.daemon.allocfail import pace_promotions
 from cachepilot.daemon.answers import TOP_K
 from cachepilot.daemon.config import DaemonConfig, load_config
 from cachepilot.daemon.control import ControlServer
@@ -136,6 +137,7 @@ class Daemon:
             log.warning("reload abandoned: stopping (the running policy is kept)")
         for v in list(self.vols.values()):
             self.actor.restore(v, "stopping")
+        self.guard.call("restore_knobs", self._restore_knobs, time.monotonic_ns())
         self._save_state()
         self.control.stop()
         if self.metrics is not None:
@@ -145,6 +147,11 @@ class Daemon:
             self.probe = None
         self.lock.release()
         log.info("stopped")
+
+    def _restore_knobs(self, now: int) -> None:
+        """What the engine steered (not what the policy pins) goes back as it was found."""
+        for action in self.engine.restore_knobs():
+            self.execute(action, now)
 
     def abandon(self) -> None:
         """A start that cannot go on (FatalError): put back what reconciling started, release what start took."""
@@ -186,6 +193,7 @@ class Daemon:
             ("rescan", self._rescan_if_due),
             ("sample", self.actor.sample),
             ("clear_latches", self._clear_latches),
+            ("alloc", lambda now: pace_promotions(self.vols.values(), self.probe, now)),
             ("deferred", lambda now: self.actor.deferred(now, self.dry_run)),
             ("decide", self._decide),
             ("retries", lambda now: self.actor.retry_due(now, self.dry_run)),

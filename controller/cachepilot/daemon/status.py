@@ -50,6 +50,8 @@ class VolumeMetrics:
     barriers: int
     cache_set: str | None
     epoch_bytes: Any  # exporter Histogram, or None (no exporter in this build)
+    alloc_failures: int | None = None  # bcache: inserts its cache refused (bcache_alloc_fail); others: None
+    promotion_rate: float | None = None  # the promoter's rate now (bytes/s; on bcache it follows alloc_failures)
 
 
 @dataclass(frozen=True)
@@ -230,7 +232,17 @@ def _metrics(v: ManagedVolume, c: VolumeCtl, engine_now: int) -> VolumeMetrics:
         promoted_bytes=v.promoted_bytes, discard_issued_bytes=v.discard_issued_bytes,
         discard_landed_bytes=v.discard_landed_bytes, barriers=v.barriers,
         cache_set=(st.cache_id or None) if kind == KIND_BCACHE else None,
-        epoch_bytes=v.epoch_bytes.freeze() if v.epoch_bytes is not None else None)
+        epoch_bytes=v.epoch_bytes.freeze() if v.epoch_bytes is not None else None,
+        **_promotion_pacing(v))
+
+
+def _promotion_pacing(v: ManagedVolume) -> dict[str, Any]:
+    promoter = getattr(v.files, "promoter", None)
+    if promoter is None:
+        return {}
+    backoff = promoter.backoff
+    return {"alloc_failures": backoff.failures_total if backoff is not None else None,
+            "promotion_rate": float(promoter.rate)}
 
 
 def exporter_snapshot(status: Status, ex: Any, tick_duration: Any, now_wall: float,
@@ -251,7 +263,8 @@ def exporter_snapshot(status: Status, ex: Any, tick_duration: Any, now_wall: flo
                 exposure_breaches=m.exposure_breaches, hits=v.hits, misses=v.misses, bypasses=m.bypasses,
                 bypassed_bytes=m.bypassed_bytes, promoted_bytes=m.promoted_bytes,
                 discard_issued_bytes=m.discard_issued_bytes, discard_landed_bytes=m.discard_landed_bytes,
-                barriers=m.barriers, cache_set=m.cache_set,
+                barriers=m.barriers, cache_set=m.cache_set, alloc_failures=m.alloc_failures,
+                promotion_rate=m.promotion_rate,
                 epoch_bytes=m.epoch_bytes if m.epoch_bytes is not None else ex.Histogram.empty(ex.EPOCH_BUCKETS)))
         except ValueError as exc:
             left_out.append(f"metrics: {v.name} left out: {exc}")

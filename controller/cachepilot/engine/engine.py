@@ -31,7 +31,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from cachepilot.actions import DONE, FAILED, Action, DiscardRanges, Drain, Outcome
+from cachepilot.actions import DONE, FAILED, Action, DiscardRanges, Drain, Outcome, SetKnob
 from cachepilot.engine.admission import Admission
 from cachepilot.engine.discards import plan_discards, requeue_failed
 from cachepilot.engine.dispatch import EventDispatch
@@ -39,6 +39,8 @@ from cachepilot.engine.drains import Drains, drain_at_risk
 from cachepilot.engine.exposure import Exposure
 from cachepilot.engine.knobs import KnobPins
 from cachepilot.engine.promotion import Promoter
+from cachepilot.engine.seqcutoff import KNOB as SEQ_KNOB
+from cachepilot.engine.seqcutoff import SequentialSteering
 from cachepilot.engine.volumectl import NS, Latch, VolumeCtl, caps_of, normalise_mode
 from cachepilot.engine.writepolicy import WritePolicy
 from cachepilot.errors import UserError
@@ -69,6 +71,7 @@ class Engine:
         self.writes = WritePolicy(exposure)
         self.drains = Drains(exposure)
         self.knobs = KnobPins(exposure)
+        self.seq = SequentialSteering()  # bcache's sequential_cutoff, by what the bypassed runs are made of
         for v in volumes:
             self.add_volume(v)
 
@@ -91,6 +94,8 @@ class Engine:
         self.vols[info.dev] = ctl
         self.by_name[info.name] = ctl
         self.hotness.register_dev(info.dev)
+        if SEQ_KNOB in ctl.caps.knobs():
+            self.seq.track(info.dev)
         return ctl
 
     def remove_volume(self, dev: int) -> VolumeCtl | None:
@@ -100,6 +105,7 @@ class Engine:
         if c is None:
             return None
         self.by_name.pop(c.info.name, None)
+        self.seq.forget(dev)
         flags = self.hotness.flags
         for slot in c.promo_queue.clear():
             flags[slot] &= ~F_QUEUED & 0xFF
@@ -145,6 +151,7 @@ class Engine:
     def feed_hotness_array(self, records: np.ndarray) -> None:
         """Fastest path: a numpy array of HOT_DTYPE records (a trace block or a raw BPF drain)."""
         self.events.feed_hotness_array(records)
+        self.seq.written(records)
 
     def feed_deletes(self, recs: list[tuple[int, ...]]) -> None:
         """Delete records in trace layout (dev, ino, gen, size, ts_ns), in one index lookup per filesystem."""
@@ -168,6 +175,7 @@ class Engine:
             s.knobs, s.cache_id,
         ))
         c.epochs.note_dirty(grew)
+        self.seq.sampled(s.dev, s.knobs, s.bypassed_bytes)
         if s.bypasses is not None:
             prev, c.bypasses_seen = c.bypasses_seen, s.bypasses
             if prev is not None and s.bypasses > prev:
@@ -263,8 +271,23 @@ class Engine:
             self.drains.track(c, now)
             self.writes.decide(c, now, out)
             self.knobs.pin(c, now, out)
+            self._steer(c, now, out)
             self.drains.plan(c, now, out)
             c.last_tick_ns = now
+        return out
+
+    def _steer(self, c: VolumeCtl, now: int, out: list[Action]) -> None:
+        steer = self.seq.decide(c.info.dev, c.policy.sequential_steering, SEQ_KNOB in c.policy.knobs, now)
+        if steer is not None:
+            self.knobs.request(c, SEQ_KNOB, steer[0], steer[1], now, out)
+
+    def restore_knobs(self) -> list[Action]:
+        """At stop: the knobs the engine steered (not pinned ones) back to the values found at start."""
+        out: list[Action] = []
+        for c in self.vols.values():
+            back = self.seq.restore(c.info.dev)
+            if back is not None:
+                out.append(SetKnob(c.info.name, SEQ_KNOB, back[0], back[1]))
         return out
 
     def discards(self, now_ns: int) -> list[Action]:

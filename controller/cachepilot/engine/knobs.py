@@ -19,7 +19,7 @@ class KnobPins:
         kinds_knobs = c.caps.knobs() if c.caps is not ANY_KIND else KNOBS
         for knob, value in c.policy.knobs.items():
             if knob in kinds_knobs:  # else a defaults knob for another kind of cache
-                self._request_knob(c, knob, value, f"pinned by policy ({c.chosen_by})", now, out)
+                self.request(c, knob, value, f"pinned by policy ({c.chosen_by})", now, out)
         self._drain_sleep(c, now, out)
 
     def _drain_sleep(self, c: VolumeCtl, now: int, out: list[Action]) -> None:
@@ -41,11 +41,11 @@ class KnobPins:
             c.requested_knobs.pop(knob, None)
             return
         c.drain_sleep_until_ns = max(c.drain_sleep_until_ns, now + was * NS)
-        self._request_knob(c, knob, str(limit), (
+        self.request(c, knob, str(limit), (
             f"exposure guarantee: a drain must finish within max_age/2 = {c.policy.exposure.max_age_s / 2:g} s"
             f" and the write-back thread's {knob} sleep is not cut short"), now, out)
 
-    def _request_knob(self, c: VolumeCtl, knob: str, value: str, why: str, now: int, out: list[Action]) -> None:
+    def request(self, c: VolumeCtl, knob: str, value: str, why: str, now: int, out: list[Action]) -> None:
         if _same_knob_value(knob, c.state.knobs.get(knob), value):
             c.requested_knobs.pop(knob, None)
             return

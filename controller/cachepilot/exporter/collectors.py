@@ -170,6 +170,10 @@ ACTUATION: tuple[PerVolume, ...] = (
      "discard_issued_bytes"),
     (Counter, "cachepilot_volume_discard_landed_bytes_total", "Bytes of discards seen reaching the devices below.",
      "discard_landed_bytes"),
+    (Counter, "cachepilot_bcache_alloc_failures_total", "Read-miss inserts the volume's bcache cache refused (free "
+     "list empty: bcache_alloc_fail); each halves the promotion rate for a tick.", "alloc_failures"),
+    (Gauge, "cachepilot_volume_promotion_rate_bytes", "The promoter's current rate in bytes per second (on bcache "
+     "it backs off on allocation failures and recovers slowly).", "promotion_rate"),
 )
 
 

@@ -36,6 +36,7 @@ from cachepilot.policy.model import (
     Promotion,
     Rule,
     Selector,
+    SequentialSteering,
     VolumePolicy,
 )
 from cachepilot.policy.schema import SCHEMA
@@ -317,6 +318,10 @@ def _settings(raw: dict[str, Any], base: VolumePolicy, doc: _Doc, path: PathT) -
     hysteresis = sec("hysteresis", Hysteresis, base.hysteresis,
                      {"min_switch_interval": ("min_switch_interval_s", parse_duration)})
     health = sec("health", HealthPolicy, base.health, {})
+    steering = sec("sequential_steering", SequentialSteering, base.sequential_steering,
+                   {"max_cutoff": ("max_cutoff", parse_size), "window": ("window_s", parse_duration)})
+    if steering.enabled and steering.window_s <= 0:
+        raise doc.err((*path, "sequential_steering", "window"), "the steering window must be > 0")
     knobs = dict(base.knobs)
     knobs.update({k: str(v) for k, v in raw.get("knobs", {}).items()})
     if promotion.enabled and promotion.rate == 0:
@@ -336,6 +341,7 @@ def _settings(raw: dict[str, Any], base: VolumePolicy, doc: _Doc, path: PathT) -
         hysteresis=hysteresis,
         health=health,
         knobs=knobs,
+        sequential_steering=steering,
     )
 
 

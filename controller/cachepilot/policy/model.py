@@ -50,6 +50,16 @@ class HealthPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class SequentialSteering:
+    """bcache: raise ``sequential_cutoff`` while a volume's bypassed sequential runs are small-file creates, lower
+    it back while they are streams (cachepilot.engine.seqcutoff). A pinned ``knobs: sequential_cutoff`` wins."""
+
+    enabled: bool = True
+    max_cutoff: int = 64 * MiB  # never raised above this
+    window_s: float = 30.0  # evidence is judged (and the knob moved one step) at most once per window
+
+
+@dataclass(frozen=True, slots=True)
 class VolumePolicy:
     failure_model: str = "destructive"
     exposure: Exposure = field(default_factory=Exposure)
@@ -58,6 +68,7 @@ class VolumePolicy:
     hysteresis: Hysteresis = field(default_factory=Hysteresis)
     health: HealthPolicy = field(default_factory=HealthPolicy)
     knobs: dict[str, str] = field(default_factory=dict)
+    sequential_steering: SequentialSteering = field(default_factory=SequentialSteering)
 
 
 @dataclass(frozen=True, slots=True)

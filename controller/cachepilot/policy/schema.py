@@ -71,6 +71,14 @@ def _settings(knobs: list[str]) -> dict[str, Any]:
             "scan_drop": {"$ref": "#/$defs/fraction"},
         }
     ),
+    "sequential_steering": _obj(
+        {
+            "enabled": {"type": "boolean", "description": "bcache: raise sequential_cutoff while bypassed sequential "
+                        "runs are small-file creates, lower it back for streams (a pinned knob wins)"},
+            "max_cutoff": {"$ref": "#/$defs/size", "description": "never raised above this"},
+            "window": {"$ref": "#/$defs/duration", "description": "at most one step per window"},
+        }
+    ),
     "knobs": {
         "type": "object",
         "propertyNames": {"enum": knobs},

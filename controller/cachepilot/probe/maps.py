@@ -19,7 +19,7 @@ class MapAccess:
         if rc:
             raise OSError(-rc if rc < 0 else C.get_errno(), f"update of map {name} failed")
 
-    def lookup(self, name: str, key: C._SimpleCData, value: C.Structure) -> bool:
+    def lookup(self, name: str, key: C._SimpleCData, value: C.Structure | C._SimpleCData) -> bool:
         rc = self.h.bpf_map_lookup_elem(self.fds[name], C.byref(key), C.byref(value))
         return rc == 0
 

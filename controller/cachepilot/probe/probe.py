@@ -57,7 +57,7 @@ TRACEFS = Path("/sys/kernel/tracing")
 WORKS_WITHOUT = "without it cachepilot runs blind (policy, backends and dry-run on recorded traces still work)"
 MAPS = (
     "watched", "volumes", "cp_config_map", "drops", "hot_slots", "hot_claimed", "events", "barrier_events", "dio_task",
-    "dio_store", "vol_drops", "sync_calls", "sync_pending", "grace", "grace_inner",
+    "dio_store", "vol_drops", "sync_calls", "sync_pending", "grace", "grace_inner", "alloc_fails",
 )
 LOAD_FACTOR = 0.76  # slots = max_files / LOAD_FACTOR per half: (2 x 48 B + 2 bits) / 0.76 = 126.6 B of kernel memory
 # per file
@@ -72,6 +72,9 @@ class Hook:
 
 
 BLOCK_IO = "block I/O: hotness, metadata bucket, epochs, block barriers, discards"
+BCACHE_ALLOC_FAIL = "on_bcache_alloc_fail"
+# programs on a module's tracepoints: absent while the module is not loaded, which is no failure of the probe
+MODULE_HOOKS = {BCACHE_ALLOC_FAIL: "bcache"}
 # Every program of the object, the feature it provides, and whether the probe is useless without it (a required
 # feature needs one of its programs: the block I/O hook comes in two variants, see bpf/core_fixes.bpf.h).
 HOOKS: tuple[Hook, ...] = (
@@ -98,6 +101,7 @@ HOOKS: tuple[Hook, ...] = (
     *(Hook(f"on_ext4_sync_{e}", "durability points: sync writes, msync, io_uring and overlayfs fsync (ext4)")
       for e in ("enter", "exit")),
     Hook("on_ext4_sync_fs", "durability points: sync(2) (ext4)"),
+    Hook(BCACHE_ALLOC_FAIL, "bcache allocation failures (read misses not inserted)"),
 )
 DIO_IOMAP = ("on_dio_begin", "on_dio_complete", "on_dio_queued")
 BIO_FAST, BIO_COMPAT = "on_bio_queue", "on_bio_queue_compat"
@@ -235,7 +239,8 @@ class _KernelFeatures:
             if self._tracefs_problem:
                 return self._tracefs_problem
             if not (TRACEFS / "events" / tp).is_dir():
-                return f"the kernel has no tracepoint {tp} (CONFIG_FTRACE_SYSCALLS?)"
+                hint = " (CONFIG_FTRACE_SYSCALLS?)" if tp.startswith("syscalls/") else ""
+                return f"the kernel has no tracepoint {tp}{hint}"
         return None
 
     def close(self) -> None:
@@ -376,7 +381,9 @@ class Probe:
                 self.report.disabled[name] = off[name]
                 h.bpf_program__set_autoload(prog, False)
             elif reasons[name]:
-                self.report.failed[name] = str(reasons[name])
+                module = MODULE_HOOKS.get(name)
+                why = self.report.disabled if module else self.report.failed
+                why[name] = f"{module} is not loaded: {reasons[name]}" if module else str(reasons[name])
                 h.bpf_program__set_autoload(prog, False)
         return dio_hook
 
@@ -574,6 +581,13 @@ class Probe:
         "barrier", "discard", "journal_commit") or a durability call that could not be tracked ("sync_call").
         Only non-zero counters are listed."""
         return self._volume_counters().drops_by_volume()
+
+    def alloc_failures(self, cache_dev: int) -> int:
+        """bcache's read-miss inserts refused on a watched cache device since the probe loaded (0 when none, or
+        when the bcache hook is not attached: see report)."""
+        n = C.c_uint64(0)
+        self._maps.lookup("alloc_fails", C.c_uint32(cache_dev), n)
+        return n.value
 
     def volume_state(self, dev: int) -> L.cp_volume | None:
         """The kernel's counters of a watched volume (cumulative totals and the open epoch)."""
