@@ -33,12 +33,13 @@ class LabSpec:
     origin_size_mb: int = 512
     cache_size_mb: int = 64
     timeout: int = 900
+    env: tuple[str, ...] = ()  # extra NAME=VALUE for the guest's command
 
     def argv(self, out: Path, cmd: Sequence[str]) -> list[str]:
         return [str(LAB.relative_to(ROOT)), "run", "--recipe", self.recipe, "--mode", self.mode,
                 "--origin-delay-ms", str(self.origin_delay_ms), "--origin-size-mb", str(self.origin_size_mb),
                 "--cache-size-mb", str(self.cache_size_mb), "--timeout", str(self.timeout), "--out", str(out),
-                "--", "env", f"BENCH_CACHE_MB={self.cache_size_mb}", ".venv/bin/python", *cmd]
+                "--", "env", f"BENCH_CACHE_MB={self.cache_size_mb}", *self.env, ".venv/bin/python", *cmd]
 
 
 def repro(spec: LabSpec, cmd: Sequence[str]) -> str:

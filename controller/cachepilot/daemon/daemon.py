@@ -38,6 +38,7 @@ from cachepilot.daemon.persist import Persistence
 from cachepilot.daemon.reloads import BackgroundParse, ReloadRequests, Verdict, keep_fixed
 from cachepilot.daemon.snapshot import hottest
 from cachepilot.daemon.state import StateFile
+from cachepilot.daemon.ticktime import StageTimes
 from cachepilot.daemon.volume import VolumeTable
 from cachepilot.engine.engine import Engine
 from cachepilot.errors import FatalError, UserError
@@ -71,8 +72,9 @@ class Daemon:
         self.state = StateFile(config.state_dir)
         self.lock = DaemonLock(config.state_dir, host_lock_path())
         self.control = ControlServer(config.socket, self.answer)
-        self.loop = TickLoop(config.tick_s, self.tick, wait=lambda s: self.intake.wait(s))
+        self.loop = TickLoop(config.tick_s, self.tick, wait=self._between_ticks)
         self.counters = Counters()
+        self.times = StageTimes(self.counters)
         self.guard = Guard(self.counters)
         self.persist = Persistence(self.state, self.engine, self.counters, self.guard.once)
         epochs = bool(config.metrics_listen or config.metrics_textfile)
@@ -167,16 +169,26 @@ class Daemon:
     def tick(self, now: int) -> None:
         """One tick: the stages in order, each guarded (a failing stage is counted and the next one runs)."""
         t0 = time.monotonic_ns()
+        self.times.begin()
         for name, stage in self.stages:
-            self.guard.call(name, stage, now)
+            self._stage(name, stage, now)
         self.counters["ticks"] += 1
         dur = time.monotonic_ns() - t0
         self.counters["tick_ns"] += dur
-        self.guard.call("publish", lambda n: self._publish(n, dur), now)
+        self._stage("publish", lambda n: self._publish(n, dur), now)
         self.notifier.watchdog()
         if now >= self._next_state:
-            self.guard.call("state", lambda _: self._save_state(), now)
+            self._stage("state", lambda _: self._save_state(), now)
             self._next_state = now + int(self.config.state_interval_s * NS)
+        done = time.monotonic_ns()
+        self.times.end(done - t0, self.loop.tick_ns, done)
+
+    def _between_ticks(self, seconds: float) -> None:
+        """The wait for the next tick, where the probe's events are taken as they come (its time: ``between``)."""
+        self.times.timed("between", lambda: self.intake.wait(seconds))
+
+    def _stage(self, name: str, fn: Callable[[int], object], now: int) -> None:
+        self.times.timed(name, lambda: self.guard.call(name, fn, now))
 
     def _stages(self) -> list[tuple[str, Callable[[int], object]]]:
         """The work of a tick, in order (its name counts its failures: ``stage_errors.<name>``, ``stage_bugs.``)."""
