@@ -15,9 +15,10 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
+from cachepilot.backends import dmioctl
 from cachepilot.errors import CachepilotError, DeviceGone, KernelRejected, RetryLater, UserError, classify_errno
 
-__all__ = ["ErrorCounts", "classify_dmsetup", "classify_errno", "read_attr", "run_dmsetup", "write_attr"]
+__all__ = ["ErrorCounts", "classify_dmsetup", "classify_errno", "read_attr", "run_dm", "run_dmsetup", "write_attr"]
 
 # What dmsetup prints (libdevmapper's strerror of the ioctl's errno), by class.
 _DM_GONE = ("No such device", "Device does not exist", "No such file or directory")
@@ -52,6 +53,18 @@ def write_attr(path: Path, value: str) -> None:
         raise classify_errno(exc.errno, f"write {value!r} to {path}") from None
     finally:
         os.close(fd)
+
+
+def run_dm(args: Sequence[str], timeout: float) -> str:
+    """The daemon's :data:`~cachepilot.backends.base.DmRunner`: one device's status or table through the DM ioctl
+    (backends/dmioctl.py: no process per tick), anything else — and both where ``/dev/mapper/control`` cannot be
+    opened — through :func:`run_dmsetup`."""
+    if len(args) == 2 and args[0] in ("status", "table"):
+        try:
+            return dmioctl.read(args[1], table=args[0] == "table")
+        except OSError:
+            pass  # no control node here (or not ours to open): dmsetup says what is wrong
+    return run_dmsetup(args, timeout)
 
 
 def run_dmsetup(args: Sequence[str], timeout: float) -> str:
