@@ -28,6 +28,7 @@ from cachepilot.daemon.answers import TOP_K
 from cachepilot.daemon.config import DaemonConfig, load_config
 from cachepilot.daemon.control import ControlServer
 from cachepilot.daemon.counters import Counters
+from cachepilot.daemon.gcpause import GcPauses
 from cachepilot.daemon.guard import Guard
 from cachepilot.daemon.intake import Intake
 from cachepilot.daemon.lock import DaemonLock, host_lock_path
@@ -75,6 +76,7 @@ class Daemon:
         self.loop = TickLoop(config.tick_s, self.tick, wait=self._between_ticks)
         self.counters = Counters()
         self.times = StageTimes(self.counters)
+        self.gc = GcPauses(self.counters)
         self.guard = Guard(self.counters)
         self.persist = Persistence(self.state, self.engine, self.counters, self.guard.once)
         epochs = bool(config.metrics_listen or config.metrics_textfile)
@@ -125,6 +127,8 @@ class Daemon:
         what = ", ".join(f"{v.info.name} ({v.info.kind})" for v in self.vols.values()) or "no volume"
         mode = " DRY RUN:" if self.dry_run else ""
         self.ready = True
+        self.gc.freeze()
+        self.gc.watch()
         self.notifier.ready(f"watching {what}")
         log.info("ready:%s watching %s; control socket %s", mode, what, self.config.socket)
 
@@ -146,6 +150,7 @@ class Daemon:
             self.probe.close()
             self.probe = None
         self.lock.release()
+        self.gc.unwatch()
         log.info("stopped")
 
     def abandon(self) -> None:
