@@ -3,9 +3,10 @@
 CPython's full collection (generation 2) walks every tracked object; after start-up that is the whole of the
 loaded code (the policy schema, the exporter, the probe's bindings: ~40 000 objects): 30-60 ms on the 2-core
 development host, and the lab's emulated vCPU runs Python an order of magnitude slower: a pause of that size
-lands inside whichever tick allocates past the threshold. The start-up objects live as long as the daemon, so they are frozen once the daemon is ready (``gc.freeze``: moved
-to a generation the collector does not walk); later collections walk only what was made since. Each full
-collection's pause is counted (``gc_ns.full``, ``gc.full`` in the status) so that the cost stays visible."""
+lands inside whichever tick allocates past the threshold. The start-up objects live as long as the daemon, so
+they are frozen once the daemon is ready (``gc.freeze``: moved to a generation the collector does not walk); later
+collections walk only what was made since. Each full collection's pause is counted (``gc_ns.full``, ``gc.full``
+in the status) so that the cost stays visible."""
 
 from __future__ import annotations
 
