@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
 from cachepilot.backends import dmioctl, kernelio
 from cachepilot.backends.host import Host
-from cachepilot.errors import KernelRejected
+from cachepilot.errors import DeviceGone, KernelRejected
 
 STATUS = ("8 1234/2048 128 10/100 5 6 7 8 0 0 3 1 writeback 2 migration_threshold 2048 smq 0 rw -")
 
@@ -116,3 +117,27 @@ def test_without_the_control_node_dmsetup_answers(monkeypatch: pytest.MonkeyPatc
     assert kernelio.run_dm(("status", "x"), 10.0) == "from dmsetup"
     assert kernelio.run_dm(("message", "x", "0", "cleaner"), 10.0) == "from dmsetup"
     assert ran == [("status", "x"), ("message", "x", "0", "cleaner")]
+
+
+def test_the_rescans_listing_of_every_table_runs_no_dmsetup(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for dm, name in (("dm-0", "lab-origin"), ("dm-2", "lab-cached"), ("dm-3", "gone-meanwhile")):
+        (tmp_path / dm / "dm").mkdir(parents=True)
+        (tmp_path / dm / "dm" / "name").write_text(name + "\n")
+    (tmp_path / "sda").mkdir()
+    tables = {"lab-origin": "0 1024 delay 8:0 0 5", "lab-cached": f"0 8 cache {STATUS}\n8 8 zero"}
+
+    def read(name: str, *, table: bool) -> str:
+        assert table
+        if name not in tables:
+            raise DeviceGone(f"{name}: no such device")
+        return tables[name]
+
+    def no_process(*a: object, **k: object) -> None:
+        raise AssertionError("dmsetup run for the listing")
+
+    monkeypatch.setattr(kernelio, "SYS_BLOCK", tmp_path)
+    monkeypatch.setattr(dmioctl, "read", read)
+    monkeypatch.setattr(kernelio.subprocess, "run", no_process)
+    host = Host()
+    assert host.dm_tables() == {"lab-origin": ("0", "1024", "delay", "8:0", "0", "5"),
+                                "lab-cached": ("0", "8", "cache", *STATUS.split())}

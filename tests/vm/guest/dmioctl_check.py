@@ -21,8 +21,11 @@ def main() -> None:
             same += got == want
             if got != want:
                 print(f"differs_{name}_{'table' if table else 'status'}={got!r} != {want!r}")
+    from cachepilot.backends.host import Host
+    listing = Host(dm=lambda args, timeout: run_dmsetup(args, timeout)).dm_tables()
+    same += Host().dm_tables() == listing  # the rescan's listing: through the ioctl, and dmsetup's own
     print(f"same={same}")
-    print(f"compared={2 * len(names)}")
+    print(f"compared={2 * len(names) + 1}")
     n, name = 20, names[0]
     t = time.perf_counter()
     for _ in range(n):

@@ -1,0 +1,46 @@
+"""Per-tick costs the lab's profile found (README "Soak"): each is a cheap path that a refactor could lose again
+without any behaviour changing, so the tests pin the path itself."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from cachepilot.backends import kernelio
+from cachepilot.daemon import counters as counters_mod
+from cachepilot.daemon.counters import Counters
+from cachepilot.errors import DeviceGone
+
+
+def test_a_sysfs_attribute_is_read_without_the_text_file_stack(monkeypatch: pytest.MonkeyPatch,
+                                                               tmp_path: Path) -> None:
+    (tmp_path / "dirty_data").write_text("12.5M\n")
+
+    def slow(*a: object, **k: object) -> str:
+        raise AssertionError("Path.read_text: an io stack per attribute, ten attributes a tick")
+
+    monkeypatch.setattr(Path, "read_text", slow)
+    monkeypatch.setattr(Path, "open", slow)
+    assert kernelio.read_attr(tmp_path / "dirty_data") == "12.5M"
+    with pytest.raises(DeviceGone):
+        kernelio.read_attr(tmp_path / "gone")
+
+
+def test_counting_into_a_known_group_builds_no_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    c = Counters()
+    c.add("events", "Barrier")
+    built: list[int] = []
+
+    class Watched(Counter[str]):
+        def __init__(self) -> None:
+            built.append(1)
+            super().__init__()
+
+    monkeypatch.setattr(counters_mod, "Counter", Watched)
+    for _ in range(100):
+        c.add("events", "Barrier")  # once per event the probe delivers
+    assert built == [] and c.group("events") == {"Barrier": 101} and c["events.Barrier"] == 101
+    c.add("new", "x")
+    assert built == [1]
