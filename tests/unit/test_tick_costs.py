@@ -44,3 +44,27 @@ def test_counting_into_a_known_group_builds_no_table(monkeypatch: pytest.MonkeyP
     assert built == [] and c.group("events") == {"Barrier": 101} and c["events.Barrier"] == 101
     c.add("new", "x")
     assert built == [1]
+
+
+def test_the_claimed_slots_of_the_drained_half_are_found_and_cleared_without_a_loop_per_word() -> None:
+    import mmap
+
+    from cachepilot.probe.probe import SLOT_SIZE, Probe
+
+    nslots = 64 * 64  # a half of 64 words
+    p = Probe.__new__(Probe)
+    p.nslots = nslots
+    p._hot_mm = mmap.mmap(-1, 4096)
+    p._claimed_mm = mm = mmap.mmap(-1, 2 * nslots // 8)
+    words = memoryview(mm).cast("Q")
+    claimed_low = {0, 5, 63, 64, 1000, nslots - 1}
+    claimed_high = {nslots + 3, 2 * nslots - 1}  # the other half: counted into meanwhile, not drained now
+    for k in claimed_low | claimed_high:
+        words[k // 64] |= 1 << (k % 64)
+    p._swap_halves = lambda: 0  # type: ignore[method-assign]  # the half at slot 0 is the one to drain
+    assert p._drain_claimed() == sorted(claimed_low)
+    assert all(words[w] == 0 for w in range(64)) and words[(nslots + 3) // 64] != 0
+    assert p._drain_claimed() == []
+    p._swap_halves = lambda: nslots * SLOT_SIZE  # type: ignore[method-assign]
+    assert p._drain_claimed() == sorted(claimed_high)
+    words.release()
