@@ -68,3 +68,17 @@ def test_the_claimed_slots_of_the_drained_half_are_found_and_cleared_without_a_l
     p._swap_halves = lambda: nslots * SLOT_SIZE  # type: ignore[method-assign]
     assert p._drain_claimed() == sorted(claimed_high)
     words.release()
+
+
+def test_taking_from_a_queue_with_nothing_ready_does_no_array_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemon asks after every poll of the rings (commits from fsyncs that freed nothing, ten a second)."""
+    from cachepilot.models import freed
+
+    q = freed.FreedExtentQueue()
+    q.freed(100, 8, ts_ns=1, tid=7)  # pending: its transaction has not committed
+    q.commit(6, ts_ns=2)
+    monkeypatch.setattr(freed.np, "cumsum", lambda *a, **k: pytest.fail("array work with nothing ready"))
+    assert q.take(3) == []
+    monkeypatch.undo()
+    q.commit(7, ts_ns=4)
+    assert q.take(5) == [(100, 8)]
