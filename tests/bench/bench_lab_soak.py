@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -58,6 +59,10 @@ def report(r: dict, spec: LabSpec, minutes: float, cmd: str) -> str:
     md = header("Soak", spec, f"{minutes:g} min of the fileserver-shaped load (measured {r.get('seconds', 0):.0f} s "
                 f"after the daemon was ready), warm-up {r.get('warmup_s', 0):.0f} s; {r.get('ops')} ops.")
     md += "\n" + md_table(["criterion", "measured", "verdict"], rows)
+    stages = r.get("stage_ms_per_tick_after_warmup") or {}
+    md += (f"\n\nThe daemon's CPU after warm-up: {r.get('daemon_cpu_pct_after_warmup')}% of the vCPU. Its loop per "
+           "tick after warm-up, wall / CPU ms by stage: " + ", ".join(
+               f"{k} {w:g} / {c:g}" for k, (w, c) in sorted(stages.items(), key=lambda kv: -kv[1][0])) + ".")
     md += "\n\nEvents (seconds after the daemon was ready):\n\n" + "\n".join(
         f"- {e['t']:.0f} s: {e['event']}" for e in r.get("events", []))
     md += f"\n\nCommand:\n\n```sh\n{cmd}\n```\n"
@@ -73,7 +78,8 @@ def main() -> int:
     if not 1 <= a.minutes <= 24 * 60:
         ap.error("--minutes: between 1 and 1440")
     seconds = round(a.minutes * 60)
-    spec = LabSpec(timeout=seconds + SETUP_S)
+    spy = os.environ.get("SOAK_PYSPY")  # a py-spy binary the guest can run (its root is the host's): a profile
+    spec = LabSpec(timeout=seconds + SETUP_S, env=(f"SOAK_PYSPY={Path(spy).resolve()}",) if spy else ())
     cmd = ["tests/bench/guest/soak.py", str(seconds), "--seed", str(a.seed)]
     runner = Runner("soak", 1, jobs=1, **({"out": a.out} if a.out else {}))
     rows: dict[str, list[dict]] = {"soak": []}

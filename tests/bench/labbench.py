@@ -38,6 +38,7 @@ class LabSpec:
     write_delay_ms: int | None = None
     flush_delay_ms: int | None = None
     origin_iops: int = 0
+    env: tuple[str, ...] = ()  # extra NAME=VALUE for the guest's command
 
     def argv(self, out: Path, cmd: Sequence[str]) -> list[str]:
         split = [arg for cls, v in (("read", self.read_delay_ms), ("write", self.write_delay_ms),
@@ -48,7 +49,7 @@ class LabSpec:
         return [str(LAB.relative_to(ROOT)), "run", "--recipe", self.recipe, "--mode", self.mode,
                 "--origin-delay-ms", str(self.origin_delay_ms), *split, "--origin-size-mb", str(self.origin_size_mb),
                 "--cache-size-mb", str(self.cache_size_mb), "--timeout", str(self.timeout), "--out", str(out),
-                "--", "env", f"BENCH_CACHE_MB={self.cache_size_mb}", ".venv/bin/python", *cmd]
+                "--", "env", f"BENCH_CACHE_MB={self.cache_size_mb}", *self.env, ".venv/bin/python", *cmd]
 
 
 def repro(spec: LabSpec, cmd: Sequence[str]) -> str:

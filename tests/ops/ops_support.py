@@ -73,6 +73,7 @@ def snapshot(step: int = 1, now: float = 1_800_000_000.0) -> DaemonSnapshot:
                 "discard": 3 * step},
         drops={"ringbuf_full": 0, "hotness_map_full": 0, "other": 0},
         ticks=step, tick_duration=ticks.freeze(), last_tick_timestamp=now,
+        stage_seconds={"sample": 0.03 * step, "between": 0.8 * step}, stage_cpu_seconds={"sample": 0.01 * step},
         decisions={"promote": step, "discard": step, "set_write_policy": 1, "drain": step // 10},
         action_failures={"retry": 1, "rejected": 0},
         policy_reloads=1, policy_reload_failures=0, policy_last_reload_success=True,

@@ -44,6 +44,8 @@ EXPECTED = {
     "cachepilot_last_tick_timestamp_seconds": ("gauge", ()),
     "cachepilot_ticks": ("counter", ()),
     "cachepilot_tick_duration_seconds": ("histogram", ()),
+    "cachepilot_tick_stage_seconds": ("counter", K),
+    "cachepilot_tick_stage_cpu_seconds": ("counter", K),
     "cachepilot_volumes": ("gauge", ()),
     "cachepilot_events": ("counter", K),
     "cachepilot_event_drops": ("counter", K),

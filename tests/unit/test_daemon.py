@@ -1130,3 +1130,22 @@ def test_a_commit_polled_between_ticks_is_discarded_at_that_poll(tmp_path: Path)
     ran = [a for a, _ in r.d.vols[DEV].files.ran if isinstance(a, DiscardRanges)]
     assert [a.ranges for a in ran] == [((100 * 4096, 10 * 4096),)]
     r.d.shutdown()
+
+
+def test_start_up_objects_are_frozen_and_full_collections_counted(rig: Rig) -> None:
+    """A full collection walking start-up's objects made lab ticks pass a second (daemon/gcpause.py)."""
+    import gc
+
+    gc.unfreeze()
+    rig.d.start()
+    assert gc.get_freeze_count() > 1000  # the loaded code, out of the collector's walks
+    gc.collect()
+    assert rig.d.counters["gc.full"] >= 1 and rig.d.counters["gc_ns.full"] > 0
+    rig.tick(1)
+    c = rig.d.answer({"cmd": "status"})["counters"]
+    assert c["tick_wall_ns.sample"] > 0 and "tick_cpu_ns.decide" in c  # where each tick's time went
+    rig.d.shutdown()
+    before = rig.d.counters["gc.full"]
+    gc.collect()
+    assert rig.d.counters["gc.full"] == before  # no callback left behind
+    gc.unfreeze()

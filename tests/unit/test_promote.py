@@ -61,7 +61,7 @@ class Clock:
 def test_reads_exactly_the_on_disk_parts_in_chunks_that_never_continue_a_run(fs):
     info, d = fs
     ino, gen = make_file(d / "f", [(0, 3 * MIB), (5 * MIB, MIB)])  # a 2 MiB hole in between
-    p = Promoter(info, rate=64 * MIB, seed=1)
+    p = Promoter(info, rate=64 * MIB, seed=1, clock=Clock())  # a frozen clock: no read-time slice runs out
     fd = os.open(d / "f", os.O_RDONLY)
     try:
         chunks = p.plan(fd, ((0, 6 * MIB),))
@@ -152,3 +152,30 @@ def test_dm_cache_gets_a_second_round_after_smqs_tick(fs):
     clock.t = r.not_before_ns
     r2 = p.run(a)
     assert r2.status == DONE and r2.read_bytes == MIB
+
+
+def test_reading_stops_when_this_seconds_read_time_is_spent(fs, monkeypatch):
+    """Promotions read on the daemon's loop: in the lab soak a tick that decided dozens of them read for ten
+    seconds. Each second the promoter reads for at most READ_SLICE_NS; the rest waits for the next one."""
+    from cachepilot.actuators import promote
+
+    info, d = fs
+    files = [make_file(d / f"f{i}", [(0, MIB)]) for i in range(3)]
+    clock = Clock()
+    real = os.preadv
+
+    def slow_read(fd, bufs, off):  # each chunk takes 100 ms of the loop's time
+        clock.t += 100_000_000
+        return real(fd, bufs, off)
+
+    monkeypatch.setattr(promote.os, "preadv", slow_read)
+    p = Promoter(info, rate=64 * MIB, clock=clock)
+    first = p.run(action(info, *files[0], [(0, MIB)]))
+    assert first.status == PENDING and first.reads == 3 and first.deferred is not None  # 300 ms: slice spent
+    later = p.run(action(info, *files[1], [(0, MIB)]))
+    assert later.status == PENDING and later.reads == 0 and later.deferred is not None
+    assert later.not_before_ns == 1_000_000_000 and "read time" in later.detail
+    clock.t = later.not_before_ns  # the next second: reading goes on, at least a chunk a call
+    again = p.run(later.deferred)
+    assert again.reads >= 1 and again.read_bytes > 0
+    assert clock.t - later.not_before_ns <= promote.READ_SLICE_NS + 100_000_000

@@ -68,3 +68,17 @@ def test_each_criterion_fails_on_its_own_breach() -> None:
         verdicts = [p for _, _, p in bench.criteria({**good_result(), **change})]
         assert not verdicts[i] and sum(verdicts) == len(verdicts) - 1, change
     assert not bench.criteria({**good_result(), "events": []})[5][2]  # a disruption that never happened
+
+
+def test_the_daemons_cost_between_two_samples_per_tick_and_stage() -> None:
+    soak = load(BENCH / "guest" / "soak.py")
+    first = {"t": 100.0, "daemon_cpu_s": 10.0,
+             "counters": {"ticks": 50, "tick_wall_ns.sample": 1_000_000_000, "tick_cpu_ns.sample": 200_000_000}}
+    last = {"t": 200.0, "daemon_cpu_s": 25.0,
+            "counters": {"ticks": 150, "tick_wall_ns.sample": 6_000_000_000, "tick_cpu_ns.sample": 1_200_000_000,
+                         "tick_wall_ns.publish": 500_000_000, "tick_cpu_ns.publish": 300_000_000}}
+    assert soak.cost(first, last) == {"daemon_cpu_pct_after_warmup": 15.0,
+                                      "stage_ms_per_tick_after_warmup": {"publish": [5.0, 3.0], "sample": [50.0, 10.0]}}
+    bench = load(BENCH / "bench_lab_soak.py")
+    md = bench.report({**good_result(), **soak.cost(first, last)}, bench.LabSpec(), 6, "cmd")
+    assert "15.0% of the vCPU" in md and "sample 50 / 10, publish 5 / 3" in md

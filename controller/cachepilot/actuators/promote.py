@@ -18,7 +18,10 @@ dm-cache a promotion takes ``rounds`` = 2 rounds (a kind declares its ``promote_
 ``round_gap_ns`` apart: after the first, ``run`` returns the action as ``deferred`` with ``not_before_ns``;
 called again before then, it reads nothing.
 A token bucket keeps the reads within ``rate`` bytes per second; what does not fit now comes back as
-``deferred``. The probe ignores the daemon's own I/O, so promotion reads never count as hotness.
+``deferred``. So does what finds this second's read time spent (``READ_SLICE_NS`` of every ``SLICE_WINDOW_NS``):
+the reads run on the daemon's loop, and a tick that decided dozens of promotions at once (a hot set re-warmed
+after a scan) read for ten seconds in the lab soak, the loop stalled meanwhile; at least one chunk is read per
+call, so every promotion moves on. The probe ignores the daemon's own I/O, so promotion reads never count as hotness.
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ log = logging.getLogger("cachepilot.actuators.promote")
 FILEID_INO32_GEN = 1
 MIN_CHUNK, MAX_CHUNK = 64 << 10, 256 << 10
 ROUND_GAP_NS = 1_200_000_000  # smq's hotspot tick is one second
+SLICE_WINDOW_NS = 1_000_000_000  # the daemon's tick
+READ_SLICE_NS = 250_000_000  # of each window, the most the promoter reads for (the rest of the tick is the loop's)
 
 
 class _FileHandle(ctypes.Structure):
@@ -92,6 +97,7 @@ class Promoter:
         self.opener = opener
         self._tokens = float(self.burst)
         self._last = clock()
+        self._window_end = self._slice_end = 0  # this window's end, and its read time's
         self.errors: dict[str, int] = {}
         self.read_bytes_total = 0
         self.skipped_total = 0
@@ -104,6 +110,9 @@ class Promoter:
         if self.clock() < not_before:
             return Outcome(action, PENDING, dry_run, deferred=action, not_before_ns=not_before, actuated=True,
                            detail=f"round {done_rounds + 1} of {self.rounds} not due yet")
+        if self._slice_spent():
+            return Outcome(action, PENDING, dry_run, deferred=action, not_before_ns=self._window_end, actuated=True,
+                           detail="this second's read time is spent")
         try:
             fd = self._open(action)
         except _Skip as s:
@@ -170,7 +179,7 @@ class Promoter:
         done_bytes = reads = 0
         left = list(chunks)
         done: list[tuple[int, int]] = []
-        while left and self._tokens >= left[0][2]:
+        while left and self._tokens >= left[0][2] and (not reads or self.clock() < self._slice_end):
             _, logical, n = left.pop(0)
             if not dry_run:
                 os.preadv(fd, [memoryview(buf)[:n]], logical)
@@ -219,6 +228,13 @@ class Promoter:
         # the allocator is out of ready buckets now: nothing more until the halved rate has earned it
         self._tokens = 0.0 if self.backoff.failures_total > seen else min(self._tokens, float(self.burst))
         return again
+
+    def _slice_spent(self) -> bool:
+        """Whether this window's read time is used up (a new window starts when the last has ended)."""
+        now = self.clock()
+        if now >= self._window_end:
+            self._window_end, self._slice_end = now + SLICE_WINDOW_NS, now + READ_SLICE_NS
+        return now >= self._slice_end
 
     def _refill(self) -> None:
         now = self.clock()

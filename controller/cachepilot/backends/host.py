@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from cachepilot.backends.kernelio import read_attr, run_dmsetup
+from cachepilot.backends.kernelio import read_attr, run_dm
 from cachepilot.errors import CachepilotError, RetryLater, UserError
 from cachepilot.events import kdev
 from cachepilot.mountinfo import ProcMounts
@@ -83,7 +83,7 @@ def _dm_reporting(args: Sequence[str], timeout: float) -> str:
     """For one-shot readers (record, describe): a dmsetup that does not answer is a problem to report; backends
     use the raw runner and retry instead."""
     try:
-        return run_dmsetup(args, timeout)
+        return run_dm(args, timeout)
     except RetryLater as exc:
         raise UserError(str(exc)) from None
 
@@ -117,7 +117,7 @@ class Host:
 
     sysfs: Path = Path("/sys")
     proc: Path = Path("/proc")
-    dm: DmRunner = run_dmsetup
+    dm: DmRunner = run_dm
     tool: ToolRunner = run_tool
     statvfs: Callable[[str], os.statvfs_result] = field(default=os.statvfs)
 
@@ -127,7 +127,7 @@ class Host:
 
     def reporting(self) -> Host:
         """This host for one-shot readers: a dmsetup that does not answer is reported, not retried."""
-        return replace(self, dm=_dm_reporting) if self.dm is run_dmsetup else self
+        return replace(self, dm=_dm_reporting) if self.dm is run_dm else self
 
     # -------------------------------------------------------------- block devices
     def block_names(self) -> list[str]:

@@ -15,7 +15,10 @@ class Counters(Counter[str]):
     def add(self, group: str, kind: str, n: int = 1) -> None:
         """Count ``n`` of ``kind`` in ``group``: the flat ``group.kind`` and the group's own table."""
         self[f"{group}.{kind}"] += n
-        self.groups.setdefault(group, Counter())[kind] += n
+        table = self.groups.get(group)
+        if table is None:  # not setdefault: that builds a Counter on every call, and this runs per event
+            table = self.groups[group] = Counter()
+        table[kind] += n
 
     def group(self, name: str) -> dict[str, int]:
         return dict(self.groups.get(name, {}))

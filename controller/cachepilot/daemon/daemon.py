@@ -29,6 +29,7 @@ from cachepilot.daemon.answers import TOP_K
 from cachepilot.daemon.config import DaemonConfig, load_config
 from cachepilot.daemon.control import ControlServer
 from cachepilot.daemon.counters import Counters
+from cachepilot.daemon.gcpause import GcPauses
 from cachepilot.daemon.guard import Guard
 from cachepilot.daemon.intake import Intake
 from cachepilot.daemon.lock import DaemonLock, host_lock_path
@@ -39,6 +40,7 @@ from cachepilot.daemon.persist import Persistence
 from cachepilot.daemon.reloads import BackgroundParse, ReloadRequests, Verdict, keep_fixed
 from cachepilot.daemon.snapshot import hottest
 from cachepilot.daemon.state import StateFile
+from cachepilot.daemon.ticktime import StageTimes
 from cachepilot.daemon.volume import VolumeTable
 from cachepilot.engine.engine import Engine
 from cachepilot.errors import FatalError, UserError
@@ -72,8 +74,10 @@ class Daemon:
         self.state = StateFile(config.state_dir)
         self.lock = DaemonLock(config.state_dir, host_lock_path())
         self.control = ControlServer(config.socket, self.answer)
-        self.loop = TickLoop(config.tick_s, self.tick, wait=lambda s: self.intake.wait(s))
+        self.loop = TickLoop(config.tick_s, self.tick, wait=self._between_ticks)
         self.counters = Counters()
+        self.times = StageTimes(self.counters)
+        self.gc = GcPauses(self.counters)
         self.guard = Guard(self.counters)
         self.persist = Persistence(self.state, self.engine, self.counters, self.guard.once)
         epochs = bool(config.metrics_listen or config.metrics_textfile)
@@ -124,6 +128,8 @@ class Daemon:
         what = ", ".join(f"{v.info.name} ({v.info.kind})" for v in self.vols.values()) or "no volume"
         mode = " DRY RUN:" if self.dry_run else ""
         self.ready = True
+        self.gc.freeze()
+        self.gc.watch()
         self.notifier.ready(f"watching {what}")
         log.info("ready:%s watching %s; control socket %s", mode, what, self.config.socket)
 
@@ -146,6 +152,7 @@ class Daemon:
             self.probe.close()
             self.probe = None
         self.lock.release()
+        self.gc.unwatch()
         log.info("stopped")
 
     def _restore_knobs(self, now: int) -> None:
@@ -174,16 +181,26 @@ class Daemon:
     def tick(self, now: int) -> None:
         """One tick: the stages in order, each guarded (a failing stage is counted and the next one runs)."""
         t0 = time.monotonic_ns()
+        self.times.begin()
         for name, stage in self.stages:
-            self.guard.call(name, stage, now)
+            self._stage(name, stage, now)
         self.counters["ticks"] += 1
         dur = time.monotonic_ns() - t0
         self.counters["tick_ns"] += dur
-        self.guard.call("publish", lambda n: self._publish(n, dur), now)
+        self._stage("publish", lambda n: self._publish(n, dur), now)
         self.notifier.watchdog()
         if now >= self._next_state:
-            self.guard.call("state", lambda _: self._save_state(), now)
+            self._stage("state", lambda _: self._save_state(), now)
             self._next_state = now + int(self.config.state_interval_s * NS)
+        done = time.monotonic_ns()
+        self.times.end(done - t0, self.loop.tick_ns, done)
+
+    def _between_ticks(self, seconds: float) -> None:
+        """The wait for the next tick, where the probe's events are taken as they come (its time: ``between``)."""
+        self.times.timed("between", lambda: self.intake.wait(seconds))
+
+    def _stage(self, name: str, fn: Callable[[int], object], now: int) -> None:
+        self.times.timed(name, lambda: self.guard.call(name, fn, now))
 
     def _stages(self) -> list[tuple[str, Callable[[int], object]]]:
         """The work of a tick, in order (its name counts its failures: ``stage_errors.<name>``, ``stage_bugs.``)."""

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from cachepilot import __version__, records
 from cachepilot.capabilities import ERROR_COUNTS, KIND_BCACHE
-from cachepilot.daemon import actuation
+from cachepilot.daemon import actuation, ticktime
 from cachepilot.daemon.volume import ManagedVolume, devname
 from cachepilot.engine.volumectl import VolumeCtl, normalise_mode
 
@@ -144,6 +144,8 @@ class Counts:
     failures: dict[str, int]
     reloads: int
     reloads_failed: int
+    stage_wall_ns: dict[str, int] = field(default_factory=dict)  # the loop's time by stage (daemon/ticktime.py)
+    stage_cpu_ns: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -282,11 +284,16 @@ def exporter_snapshot(status: Status, ex: Any, tick_duration: Any, now_wall: flo
         observe_only=status.observe_only,
         events={_EVENT_KINDS[k]: n for k, n in c.events.items() if k in _EVENT_KINDS},
         drops=asdict(d) if status.has_drops else {}, ticks=status.last_tick.n, tick_duration=tick_duration,
-        last_tick_timestamp=now_wall, decisions=c.decisions, action_failures=c.failures,
+        last_tick_timestamp=now_wall, stage_seconds=_seconds(c.stage_wall_ns),
+        stage_cpu_seconds=_seconds(c.stage_cpu_ns), decisions=c.decisions, action_failures=c.failures,
         policy_reloads=c.reloads - c.reloads_failed, policy_reload_failures=c.reloads_failed,
         policy_last_reload_success=status.policy.last_error is None, state_writes=status.state_file.writes,
         state_write_failures=status.state_file.failed_writes, volumes=tuple(vols), unmanaged=tuple(unmanaged),
         version=__version__, kernel=os.uname().release, bpf_object=status.bpf_object)
+
+
+def _seconds(ns: dict[str, int]) -> dict[str, float]:
+    return {k: v / NS for k, v in ns.items()}
 
 
 def build(d: Daemon, vols: tuple[VolumeStatus, ...], now: int, tick_ns: int) -> Status:
@@ -305,7 +312,8 @@ def build(d: Daemon, vols: tuple[VolumeStatus, ...], now: int, tick_ns: int) -> 
         volumes=vols, unmanaged=tuple(UnmanagedStatus(label, device, reason)
                                       for device, (label, reason) in sorted(d.adopter.unmanaged.items())),
         top=d.top, decisions=list(d.decisions), ready=d.ready, has_drops=drops is not None,
-        counts=Counts(c.group("events"), c.group("decisions"), c.group("failed"), c["reloads"], c["reloads_failed"]),
+        counts=Counts(c.group("events"), c.group("decisions"), c.group("failed"), c["reloads"], c["reloads_failed"],
+                      c.group(ticktime.WALL), c.group(ticktime.CPU)),
         bpf_object=d.bpf_object)
 
 

@@ -8,7 +8,7 @@ base units (bytes, seconds), ``_total`` on counters, labels ``volume``, ``device
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from operator import attrgetter
 
 from prometheus_client.core import (
@@ -39,7 +39,7 @@ def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, value=value)
 
 
-def _by_kind(name: str, doc: str, table: dict[str, int]) -> CounterMetricFamily:
+def _by_kind(name: str, doc: str, table: Mapping[str, float]) -> CounterMetricFamily:
     family = CounterMetricFamily(name, doc, labels=["kind"])
     for kind in sorted(table):
         family.add_metric([kind], table[kind])
@@ -84,6 +84,10 @@ def daemon(s: DaemonSnapshot) -> list[Metric]:
                s.last_tick_timestamp),
         _counter("cachepilot_ticks_total", "Ticks run.", s.ticks),
         ticks,
+        _by_kind("cachepilot_tick_stage_seconds_total", "Wall-clock time of the daemon's loop, by stage of the tick "
+                 "(between: waiting for the next tick, the probe's events taken meanwhile).", s.stage_seconds),
+        _by_kind("cachepilot_tick_stage_cpu_seconds_total", "CPU time of the daemon's loop thread, by stage of the "
+                 "tick.", s.stage_cpu_seconds),
         _gauge("cachepilot_volumes", "Cached volumes adopted.", len(s.volumes)),
     ]
 

@@ -181,6 +181,9 @@ class DaemonSnapshot:
     ticks: int = 0
     tick_duration: Histogram = field(default_factory=lambda: Histogram.empty(TICK_BUCKETS))
     last_tick_timestamp: float = 0.0  # Unix seconds when the last tick finished (a stuck loop stops it)
+    # where the loop's time went, by stage of the tick ("between": waiting for the next, events taken meanwhile)
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    stage_cpu_seconds: dict[str, float] = field(default_factory=dict)
     decisions: dict[str, int] = field(default_factory=dict)  # actions the engine decided, by action kind
     action_failures: dict[str, int] = field(default_factory=dict)  # failed actions, by error class
     policy_reloads: int = 0  # successful reloads (SIGHUP)
@@ -197,7 +200,8 @@ class DaemonSnapshot:
 
     def __post_init__(self) -> None:
         for what, table in (("events", self.events), ("drops", self.drops), ("decisions", self.decisions),
-                            ("action_failures", self.action_failures)):
+                            ("action_failures", self.action_failures), ("stage", self.stage_seconds),
+                            ("stage", self.stage_cpu_seconds)):
             for kind in table:
                 check_label_value(f"{what} kind", kind)
         names = [v.volume for v in self.volumes]

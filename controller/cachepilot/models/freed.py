@@ -286,6 +286,8 @@ class FreedExtentQueue:
         self._now = max(self._now, now_ns)
         self._release_unjournalled(now_ns)
         self._settle()
+        if not len(self._starts):  # nothing ready: the usual case after a commit that freed nothing (per poll)
+            return []
         g = self.granularity
         budget = max_blocks if max_blocks is not None else 1 << 62
         s, e, t = self._starts, self._ends, self._since

@@ -400,9 +400,25 @@ class Soak:
             "bad_files": (bad + self.load.bad_live)[:20], "files_deleted": self.load.deleted,
             "writes_not_acked": self.load.unacked, "files_dropped_after_failed_append": self.load.dropped,
             "load_errors": self.load.errors, "ops": self.load.ops,
+            **cost(at_warmup, final),
             "hups_sent": self.hups_sent, "hups_ok": self.hups_ok, "hup_failures": self.hup_failures,
             "events": self.events, "samples": rows,
         }
+
+
+def cost(first: dict, last: dict) -> dict:
+    """Between two samples: the daemon's CPU as a share of the (one) vCPU, and where its loop's time went — each
+    stage's wall and CPU milliseconds per tick (the daemon's tick_wall_ns/tick_cpu_ns counters; "between" is the
+    wait for the next tick, where the probe's events are taken)."""
+    c0, c1 = first.get("counters") or {}, last.get("counters") or {}
+    ticks = max(1, c1.get("ticks", 0) - c0.get("ticks", 0))
+    stages = {k.split(".", 1)[1] for k in c1 if k.startswith("tick_wall_ns.")}
+    per_tick = {s: [round((c1.get(f"tick_{w}_ns.{s}", 0) - c0.get(f"tick_{w}_ns.{s}", 0)) / 1e6 / ticks, 2)
+                    for w in ("wall", "cpu")] for s in sorted(stages)}
+    span = last.get("t", 0) - first.get("t", 0)
+    cpu = last.get("daemon_cpu_s", 0) - first.get("daemon_cpu_s", 0)
+    return {"daemon_cpu_pct_after_warmup": round(100 * cpu / span, 1) if span > 0 else None,
+            "stage_ms_per_tick_after_warmup": per_tick}
 
 
 def profile(pid: int) -> subprocess.Popen | None:
