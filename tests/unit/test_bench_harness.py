@@ -68,6 +68,8 @@ def test_oldest_dirty_age() -> None:
     # blocks 0 and 1 written at 0 s; block 1 rewritten at 5 s; block 0 written back at 12 s (age 12); block 1 at
     # 20 s (age 15, the oldest); the write at 21 s dies by discard at 22 s
     assert lt.oldest_dirty_age(ev, 30.0) == pytest.approx(15.0)
+    # a write bcache sent to the origin (write-through, bypassed) replaces the dirty copy
+    assert lt.oldest_dirty_age([(0.0, "w", 0, 8), (3.0, "c", 0, 8)], 50.0) == pytest.approx(3.0)
     # a write-back key older than the write does not clean it: still dirty at the end
     assert lt.oldest_dirty_age([(1.0, "wb", 0, 8), (2.0, "w", 0, 8)], 50.0) == pytest.approx(48.0)
 

@@ -297,6 +297,8 @@ class WorkloadHits:
     pid, but its sector is the request's sector on the backing device, shifted by the backing superblock's data
     offset); a bcache_read counts for the workload when its sector, shifted back, is one of the workload's reads."""
 
+    BYPASS = ("bcache_bypass_sequential", "bcache_bypass_congested")
+
     def __init__(self, device: str, pid: int) -> None:
         st = os.stat(device)
         self.inst = Path("/sys/kernel/tracing/instances") / f"cp-hits-{os.getpid()}"
@@ -307,15 +309,21 @@ class WorkloadHits:
                                   f"common_pid == {pid}\n")
         (q / "enable").write_text("1")
         (self.inst / "events" / "bcache" / "bcache_read" / "enable").write_text("1")
+        for ev in self.BYPASS:  # why reads and writes skip the cache, counted for the workload's own requests
+            (self.inst / "events" / "bcache" / ev / "filter").write_text(f"common_pid == {pid}\n")
+            (self.inst / "events" / "bcache" / ev / "enable").write_text("1")
 
     def counts(self) -> dict:
         """hits, misses, bypassed of the workload's reads (the offset that matches most requests wins: 16 sectors
         for make-bcache's default data offset)."""
         (self.inst / "events" / "block" / "block_bio_queue" / "enable").write_text("0")
-        (self.inst / "events" / "bcache" / "bcache_read" / "enable").write_text("0")
+        for ev in ("bcache_read", *self.BYPASS):
+            (self.inst / "events" / "bcache" / ev / "enable").write_text("0")
         mine: set[int] = set()
         reads: list[tuple[int, bool, bool]] = []
-        for line in (self.inst / "trace").read_text().splitlines():
+        lines = (self.inst / "trace").read_text().splitlines()
+        why = {ev: sum(1 for ln in lines if f": {ev}:" in ln) for ev in self.BYPASS}
+        for line in lines:
             if ": block_bio_queue:" in line:
                 f = line.split(": block_bio_queue:", 1)[1].split()
                 if len(f) >= 3 and "R" in f[1]:
@@ -329,7 +337,8 @@ class WorkloadHits:
         own = [(h, b) for s, h, b in reads if s - off in mine]
         hits = sum(1 for h, _ in own if h)
         return {"hits": hits, "misses": len(own) - hits, "bypassed": sum(1 for _, b in own if b),
-                "workload_read_bios": len(mine), "matched": len(own), "offset": off}
+                "workload_read_bios": len(mine), "matched": len(own), "offset": off,
+                **{ev.replace("bcache_", "workload_"): n for ev, n in why.items()}}
 
 
 class DirtyTrace:
@@ -359,8 +368,10 @@ class DirtyTrace:
             if ": bcache_write:" in line:  # "<uuid> inode 0  W 2064 + 8 hit 1 bypass 0"
                 head, rest = line.split(": bcache_write:", 1)
                 f = rest.split()
-                if len(f) >= 9 and f[-4] == "hit" and f[-3] == "1" and f[-1] == "0":
-                    out.append((float(head.split()[-1]), "w", int(f[-7]), int(f[-5])))
+                if len(f) >= 9 and f[-4] == "hit":
+                    # cached dirty ("hit" is the writeback flag); any other write replaced the range on the origin
+                    kind = "w" if f[-3] == "1" and f[-1] == "0" else "c"
+                    out.append((float(head.split()[-1]), kind, int(f[-7]), int(f[-5])))
             elif ": bcache_writeback:" in line:  # "1:4128 len 64 dirty 1" (the key's end sector)
                 head, rest = line.split(": bcache_writeback:", 1)
                 f = rest.split()
@@ -388,13 +399,17 @@ class DirtyAge:
 
 
 class CpuTax:
-    """A duty-cycled busy loop taking `pct` % of one CPU (100 ms periods), as its own process: the CPU-tax control
-    that stands in for the daemon's CPU without its policy."""
+    """A busy loop that takes `pct` % of one CPU, as its own process: the CPU-tax control that stands in for the
+    daemon's CPU without its policy. It spins whenever its own CPU time is behind pct × the wall time since it
+    started (a duty cycle by wall time would get less than its share on a saturated vCPU, where the daemon's share
+    was measured)."""
 
     def __init__(self, pct: float) -> None:
-        busy = max(0.0, min(1.0, pct / 100)) * 0.1
-        code = ("import time\nwhile True:\n t = time.monotonic()\n"
-                f" while time.monotonic() - t < {busy!r}: pass\n time.sleep(max(0.0, 0.1 - (time.monotonic() - t)))\n")
+        share = max(0.0, min(1.0, pct / 100))
+        code = ("import time\nt0, c0 = time.monotonic(), time.process_time()\nwhile True:\n"
+                f" if time.process_time() - c0 < {share!r} * (time.monotonic() - t0):\n"
+                "  e = time.monotonic() + 0.005\n  while time.monotonic() < e: pass\n"
+                " else:\n  time.sleep(0.01)\n")
         self.proc = subprocess.Popen([sys.executable, "-c", code])
 
     def cpu_s(self) -> float:

@@ -94,7 +94,8 @@ BLOCK = 8  # sectors: ext4's 4 KiB block, the unit in which the exposure witness
 def oldest_dirty_age(events: Sequence[tuple[float, str, int, int]], end: float) -> float:
     """The age of the oldest dirty data seen, from bcache's own events (time, kind, start sector, sectors): "w" a
     write bcache cached as dirty (its blocks' age starts, a rewrite restarts it), "wb" a key bcache wrote back (its
-    blocks written before that are clean), "d" a discard (its blocks are dead). Evaluated just before every event
+    blocks written before that are clean), "d" a discard (its blocks are dead), "c" a write bcache sent to the origin (write-through, bypassed:
+    it replaces whatever was dirty there). Evaluated just before every event
     and at `end`; blocks still dirty at the end count with their age then."""
     import heapq
 
@@ -113,6 +114,6 @@ def oldest_dirty_age(events: Sequence[tuple[float, str, int, int]], end: float) 
             if kind == "w":
                 born[b] = t
                 heapq.heappush(heap, (t, b))
-            elif kind == "d" or (b in born and born[b] < t):
+            elif kind in ("d", "c") or (b in born and born[b] < t):
                 born.pop(b, None)
     return max(worst, oldest(end))
