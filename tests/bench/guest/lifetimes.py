@@ -94,9 +94,9 @@ BLOCK = 8  # sectors: ext4's 4 KiB block, the unit in which the exposure witness
 def oldest_dirty_age(events: Sequence[tuple[float, str, int, int]], end: float) -> float:
     """The age of the oldest dirty data seen, from bcache's own events (time, kind, start sector, sectors): "w" a
     write bcache cached as dirty (its blocks' age starts, a rewrite restarts it), "wb" a key bcache wrote back (its
-    blocks written before that are clean), "d" a discard (its blocks are dead), "c" a write bcache sent to the origin (write-through, bypassed:
-    it replaces whatever was dirty there). Evaluated just before every event
-    and at `end`; blocks still dirty at the end count with their age then."""
+    blocks written before that are clean), "d" a discard (its blocks are dead), "c" a write bcache sent to the
+    origin (write-through or bypassed: it replaces whatever was dirty there). Evaluated just before every event and
+    at `end`; blocks still dirty at the end count with their age then."""
     import heapq
 
     born: dict[int, float] = {}
