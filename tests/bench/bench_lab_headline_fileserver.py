@@ -7,8 +7,9 @@ configuration (one lab boot each, the same seed within a round), ratios pair by 
 .venv/bin/python tests/bench/bench_lab_headline_fileserver.py [--reps N] [--quick] [--out DIR] [--report]
     [--configs wt,wb,...] [--warmup S] [--window S] [--cpu-tax-pct P]
 --quick: one round, 10 s warm-up, 40 s window (a development check, not a result; the full set: 3 rounds, 20 s
-warm-up, 120 s window); --report with --out: rebuild the tables from that directory's finished runs; --cpu-tax-pct: a fixed share for the CPU-tax control (default: the
-share the same round's cachepilot destructive run measured)."""
+warm-up, 120 s window); --report with --out: rebuild the tables from that directory's finished runs;
+--cpu-tax-pct: a fixed share for the CPU-tax control (default: the share the same round's cachepilot destructive
+run measured)."""
 
 from __future__ import annotations
 
