@@ -83,12 +83,17 @@ test-ops: deps-python
 demo: deps-python bpf
 	tests/vm/demo.sh
 
-# The lab benchmarks run two guests at a time on a 2-core machine (BENCH_JOBS=1: one at a time).
+# make bench = the host micro-benchmarks (a few minutes; bench_probe.py, ~3 min, runs on its own) and the headline
+# set, every tests/bench/bench_lab_headline_*.py (issue 23: W1 fileserver, W2-W4), then summary.py. The lab runs two
+# guests at a time on a 2-core machine (BENCH_JOBS=1: one at a time). BENCH_QUICK=1: the development variant (one
+# round, 10 s warm-up, 40 s windows): it checks that the set runs and proves nothing. The other lab benchmarks
+# (scan, warm restart, the earlier fileserver shapes) run by hand: tests/bench/bench_lab_*.py.
+BENCH_QUICK ?=
+BENCH_HOST     := $(filter-out tests/bench/bench_lab% tests/bench/bench_probe.py,$(wildcard tests/bench/bench_*.py))
+BENCH_HEADLINE := $(sort $(wildcard tests/bench/bench_lab_headline_*.py))
 bench: deps-python bpf
-	@set -e; for b in $(filter-out %/bench_lab_soak.py,$(wildcard tests/bench/bench_*.py)); do \
-		echo "== $$b"; $(PY) $$b; done; \
-	echo "== tests/bench/bench_lab_fileserver.py --recipe dmcache"; \
-	$(PY) tests/bench/bench_lab_fileserver.py --recipe dmcache --configs stock,discard,cp-destructive; \
+	@set -e; for b in $(BENCH_HOST); do echo "== $$b"; $(PY) $$b; done; \
+	for b in $(BENCH_HEADLINE); do echo "== $$b"; $(PY) $$b $(if $(BENCH_QUICK),--quick); done; \
 	$(PY) tests/bench/summary.py
 
 # The soak takes the lab for SOAK_MINUTES plus ~10 min of set-up: one guest, under the lab lock.

@@ -71,6 +71,9 @@ class Job:
     spec: LabSpec
     cmd: Sequence[str]
     result_name: str
+    # called in the worker right before the boot, for a command that depends on an earlier job's result (the
+    # CPU-tax control takes the share the same round's daemon measured); None: cmd as given
+    prepare: Callable[[], Sequence[str]] | None = None
 
 
 @dataclass
@@ -103,7 +106,9 @@ class Runner:
         where = self.out / "runs" / label
         where.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
-        proc = subprocess.run(job.spec.argv(where, job.cmd), cwd=ROOT, capture_output=True, text=True,
+        cmd = job.prepare() if job.prepare else job.cmd
+        (where / "cmd.txt").write_text(shlex.join(job.spec.argv(where, cmd)) + "\n")
+        proc = subprocess.run(job.spec.argv(where, cmd), cwd=ROOT, capture_output=True, text=True,
                               timeout=job.spec.timeout + 120)
         (where / "stderr.txt").write_text(proc.stderr)
         (where / "stdout.txt").write_text(proc.stdout)
@@ -146,6 +151,30 @@ def pair_ratios(a: Sequence[dict], b: Sequence[dict], key: str) -> list[float]:
     """a[i][key] / b[i][key] for the repetitions where both ran (pairs from the same round)."""
     return [float(x[key]) / float(y[key]) for x, y in zip(a, b, strict=False)
             if key in x and key in y and float(y[key]) != 0]
+
+
+def verdict(xs: Sequence[float], ok: Callable[[float], bool]) -> str:
+    """A goal line's word: on the median of the per-round values; n/a without any."""
+    if not xs:
+        return "n/a"
+    return "met" if ok(med(xs)) else "**missed**"
+
+
+def all_rounds(xs: Sequence[float], ok: Callable[[float], bool]) -> str:
+    """For a bound that must hold in every run (the exposure): met only if it held in each."""
+    if not xs:
+        return "n/a"
+    return "met" if all(ok(x) for x in xs) else "**missed**"
+
+
+def wait_for_file(path: Path, timeout: float, poll: float = 5.0) -> bool:
+    """True once path exists (an earlier job's result), False after timeout."""
+    end = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() >= end:
+            return False
+        time.sleep(poll)
+    return True
 
 
 def md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -208,9 +237,28 @@ def machine() -> str:
     return f"{platform.node()}, {os.cpu_count()} cores, qemu TCG guest, host kernel {platform.release()}"
 
 
+def origin_text(spec: LabSpec) -> str:
+    """The origin's cost model in words: one dm-delay, or per class, and the IOPS budget."""
+    d = spec.origin_delay_ms
+    if (spec.read_delay_ms, spec.write_delay_ms, spec.flush_delay_ms) == (None, None, None):
+        text = f"dm-delay {d} ms"
+    else:
+        r, w, f = (d if v is None else v for v in (spec.read_delay_ms, spec.write_delay_ms, spec.flush_delay_ms))
+        text = f"dm-delay read {r} / write {w} / flush {f} ms"
+    return text + (f", {spec.origin_iops} IOPS (qemu throttling)" if spec.origin_iops else "")
+
+
+def load_text() -> str:
+    """The host's load average (the numbers depend on it: two guests share two cores)."""
+    try:
+        return "load average " + " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "load average unknown"
+
+
 def header(name: str, spec: LabSpec, extra: str = "") -> str:
-    return (f"## {name}\n\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {machine()}; lab "
-            f"{spec.recipe} {spec.mode}, origin {spec.origin_size_mb} MiB behind dm-delay {spec.origin_delay_ms} ms, "
+    return (f"## {name}\n\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {machine()} ({load_text()}); "
+            f"lab {spec.recipe} {spec.mode}, origin {spec.origin_size_mb} MiB behind {origin_text(spec)}, "
             f"cache {spec.cache_size_mb} MiB. {extra}\n")
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from labbench import OUT_ROOT, cell, md_table  # noqa: E402
 
-LAB = ("fileserver", "scan", "warm", "varmail")
+# the lab benchmarks' result names (the headline ones are found by their "goals", see goal_rows)
+LAB = ("headline_fileserver", "fileserver", "scan", "warm", "varmail")
 
 
 def newest(name: str) -> list[tuple[Path, dict]]:
@@ -58,6 +59,19 @@ def lab_rows() -> list[list[str]]:
     return rows
 
 
+def goal_rows() -> list[list[str]]:
+    """The goal lines of every benchmark whose result JSON carries a "goals" list ([goal, measured, verdict] rows:
+    the headline set of issue 23, whatever its scripts are called), the newest result of each."""
+    names = sorted({f.stem for f in OUT_ROOT.glob("*/*.json") if f.stem.startswith("headline_")})
+    rows = []
+    for name in names:
+        for path, doc in newest(name):
+            for g in doc.get("goals", []):
+                if isinstance(g, list) and len(g) == 3:
+                    rows.append([name, *map(str, g), path.parent.name])
+    return rows
+
+
 def probe_rows() -> list[list[str]]:
     rows = []
     for path, doc in newest("probe"):
@@ -75,6 +89,8 @@ def main() -> int:
           "bio that reached the deleted extents (ftrace witness).\n\n")
     md += md_table(["benchmark", "configuration", "daemon CPU, % of the vCPU", "daemon RSS, MiB",
                     "delete → discard p50 / p90, s", "runs (result dir)"], lab_rows() or [["–"] * 6])
+    md += "\n\nGoals of the headline set (issue 23), per-round pairs, median (min–max):\n\n"
+    md += md_table(["benchmark", "goal", "measured", "verdict", "result dir"], goal_rows() or [["–"] * 5])
     md += ("\n\nCapture on the host (`tests/bench/bench_probe.py`: fio psync, ext4 on a loop device; ratio = IOPS with "
            "the programs attached / without, median (min–max) of ABBA pairs; BPF ns per I/O as the kernel measures "
            "it; est. = the ratio that run time alone gives). Goals: ratio ≥ 0.99, ≤ 250 ns per I/O.\n\n")

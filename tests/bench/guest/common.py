@@ -34,11 +34,19 @@ def log(msg: str) -> None:
     print(f"[guest {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def _origin_stat() -> list[str]:
+    st = os.stat(ORIGIN)
+    return Path(f"/sys/dev/block/{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}/stat").read_text().split()
+
+
 def origin_written() -> int:
     """Bytes written to the origin device (its dm node's stat: sectors written)."""
-    st = os.stat(ORIGIN)
-    return int(Path(f"/sys/dev/block/{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}/stat").read_text().split()[6]) * 512
+    return int(_origin_stat()[6]) * 512
 
+
+def origin_io_ticks_ms() -> int:
+    """Milliseconds the origin device had I/O in flight (its stat's io_ticks): the origin's busy time."""
+    return int(_origin_stat()[9])
 
 
 
@@ -236,6 +244,7 @@ class DiscardWitness:
         (ev / "filter").write_text(f"dev == {(os.major(st.st_rdev) << 20) | os.minor(st.st_rdev)}\n")
         (ev / "enable").write_text("1")
         self.deletes: list[tuple[float, list[tuple[int, int]]]] = []
+        self._seen: list[tuple[float, int, int]] | None = None
 
     def deleting(self, path: Path) -> None:
         """Call just before unlinking path: its extents, in 512-byte sectors of the volume."""
@@ -251,6 +260,10 @@ class DiscardWitness:
         self.deletes.append((time.monotonic(), ext))
 
     def discards(self) -> list[tuple[float, int, int]]:
+        """Every discard bio seen (time, sector, sectors); the first call ends the recording, later calls repeat
+        its answer."""
+        if self._seen is not None:
+            return self._seen
         (self.inst / "events" / "block" / "block_bio_queue" / "enable").write_text("0")
         out = []
         for line in (self.inst / "trace").read_text().splitlines():
@@ -261,6 +274,7 @@ class DiscardWitness:
             if len(f) >= 5 and "D" in f[1] and f[3] == "+":
                 out.append((float(head.split()[-1]), int(f[2]), int(f[4])))
         self.inst.rmdir()
+        self._seen = out
         return out
 
     def latencies(self) -> tuple[list[float], int]:
@@ -274,6 +288,137 @@ class DiscardWitness:
             else:
                 lat.append(hit - t)
         return lat, never
+
+
+class WorkloadHits:
+    """The workload's own read hits and misses on bcache, without the daemon's promotion reads: ftrace records the
+    read bios one process (the workload) queues on the cached device (block_bio_queue, filtered by pid) and every
+    bcache_read event (hit / bypass per request; logged from bcache's completion context, so it carries no useful
+    pid, but its sector is the request's sector on the backing device, shifted by the backing superblock's data
+    offset); a bcache_read counts for the workload when its sector, shifted back, is one of the workload's reads."""
+
+    BYPASS = ("bcache_bypass_sequential", "bcache_bypass_congested")
+
+    def __init__(self, device: str, pid: int) -> None:
+        st = os.stat(device)
+        self.inst = Path("/sys/kernel/tracing/instances") / f"cp-hits-{os.getpid()}"
+        self.inst.mkdir()
+        (self.inst / "buffer_size_kb").write_text("8192")
+        q = self.inst / "events" / "block" / "block_bio_queue"
+        (q / "filter").write_text(f"dev == {(os.major(st.st_rdev) << 20) | os.minor(st.st_rdev)} && "
+                                  f"common_pid == {pid}\n")
+        (q / "enable").write_text("1")
+        (self.inst / "events" / "bcache" / "bcache_read" / "enable").write_text("1")
+        for ev in self.BYPASS:  # why reads and writes skip the cache, counted for the workload's own requests
+            (self.inst / "events" / "bcache" / ev / "filter").write_text(f"common_pid == {pid}\n")
+            (self.inst / "events" / "bcache" / ev / "enable").write_text("1")
+
+    def counts(self) -> dict:
+        """hits, misses, bypassed of the workload's reads (the offset that matches most requests wins: 16 sectors
+        for make-bcache's default data offset)."""
+        (self.inst / "events" / "block" / "block_bio_queue" / "enable").write_text("0")
+        for ev in ("bcache_read", *self.BYPASS):
+            (self.inst / "events" / "bcache" / ev / "enable").write_text("0")
+        mine: set[int] = set()
+        reads: list[tuple[int, bool, bool]] = []
+        lines = (self.inst / "trace").read_text().splitlines()
+        why = {ev: sum(1 for ln in lines if f": {ev}:" in ln) for ev in self.BYPASS}
+        for line in lines:
+            if ": block_bio_queue:" in line:
+                f = line.split(": block_bio_queue:", 1)[1].split()
+                if len(f) >= 3 and "R" in f[1]:
+                    mine.add(int(f[2]))
+            elif ": bcache_read:" in line:
+                f = line.split(": bcache_read:", 1)[1].split()  # "254,0 RA 2064 + 256 hit 1 bypass 0"
+                if len(f) >= 9 and f[5] == "hit" and f[7] == "bypass":
+                    reads.append((int(f[2]), f[6] == "1", f[8] == "1"))
+        self.inst.rmdir()
+        off = max((0, 16), key=lambda o: sum(1 for s, _, _ in reads if s - o in mine))
+        own = [(h, b) for s, h, b in reads if s - off in mine]
+        hits = sum(1 for h, _ in own if h)
+        return {"hits": hits, "misses": len(own) - hits, "bypassed": sum(1 for _, b in own if b),
+                "workload_read_bios": len(mine), "matched": len(own), "offset": off,
+                **{ev.replace("bcache_", "workload_"): n for ev, n in why.items()}}
+
+
+class DirtyTrace:
+    """bcache's own record of what it cached dirty (bcache_write with writeback 1) and wrote back (bcache_writeback,
+    one event per key), in backing-device sectors, on the monotonic clock: the input of the exposure witness
+    (lifetimes.oldest_dirty_age)."""
+
+    def __init__(self) -> None:
+        self.inst = Path("/sys/kernel/tracing/instances") / f"cp-dirty-{os.getpid()}"
+        self.inst.mkdir()
+        (self.inst / "trace_clock").write_text("mono")
+        (self.inst / "buffer_size_kb").write_text("16384")
+        for ev in ("bcache_write", "bcache_writeback"):
+            (self.inst / "events" / "bcache" / ev / "enable").write_text("1")
+
+    def events(self) -> tuple[list[tuple[float, str, int, int]], bool]:
+        """(events, whether the trace buffer overran: then the witness is incomplete)."""
+        for ev in ("bcache_write", "bcache_writeback"):
+            (self.inst / "events" / "bcache" / ev / "enable").write_text("0")
+        overrun = "overrun: 0" not in (self.inst / "per_cpu" / "cpu0" / "stats").read_text()
+        out: list[tuple[float, str, int, int]] = []
+        lines = (self.inst / "trace").read_text().splitlines()
+        # a few raw lines go into the result: the parser below assumes the 6.1 formats
+        self.samples = ([ln for ln in lines if ": bcache_write:" in ln][:2]
+                        + [ln for ln in lines if ": bcache_writeback:" in ln][:2])
+        for line in lines:
+            if ": bcache_write:" in line:  # "<uuid> inode 0  W 2064 + 8 hit 1 bypass 0"
+                head, rest = line.split(": bcache_write:", 1)
+                f = rest.split()
+                if len(f) >= 9 and f[-4] == "hit":
+                    # cached dirty ("hit" is the writeback flag); any other write replaced the range on the origin
+                    kind = "w" if f[-3] == "1" and f[-1] == "0" else "c"
+                    out.append((float(head.split()[-1]), kind, int(f[-7]), int(f[-5])))
+            elif ": bcache_writeback:" in line:  # "1:4128 len 64 dirty 1" (the key's end sector)
+                head, rest = line.split(": bcache_writeback:", 1)
+                f = rest.split()
+                end, size = int(f[0].split(":")[1]), int(f[2])
+                out.append((float(head.split()[-1]), "wb", end - size, size))
+        self.inst.rmdir()
+        return out, overrun
+
+
+class DirtyAge:
+    """The exposure witness from outside the daemon: the largest dirty amount seen and an upper bound on the age of
+    the oldest dirty data (seconds since the cache was last seen with nothing dirty: no dirty byte can be older)."""
+
+    def __init__(self) -> None:
+        self.t_clean = time.monotonic()
+        self.max_bytes = 0
+        self.max_age_s = 0.0
+
+    def see(self, dirty: int) -> None:
+        now = time.monotonic()
+        if dirty == 0:
+            self.t_clean = now
+        self.max_bytes = max(self.max_bytes, dirty)
+        self.max_age_s = max(self.max_age_s, now - self.t_clean)
+
+
+class CpuTax:
+    """A busy loop that takes `pct` % of one CPU, as its own process: the CPU-tax control that stands in for the
+    daemon's CPU without its policy. It spins whenever its own CPU time is behind pct × the wall time since it
+    started (a duty cycle by wall time would get less than its share on a saturated vCPU, where the daemon's share
+    was measured)."""
+
+    def __init__(self, pct: float) -> None:
+        share = max(0.0, min(1.0, pct / 100))
+        code = ("import time\nt0, c0 = time.monotonic(), time.process_time()\nwhile True:\n"
+                f" if time.process_time() - c0 < {share!r} * (time.monotonic() - t0):\n"
+                "  e = time.monotonic() + 0.005\n  while time.monotonic() < e: pass\n"
+                " else:\n  time.sleep(0.01)\n")
+        self.proc = subprocess.Popen([sys.executable, "-c", code])
+
+    def cpu_s(self) -> float:
+        f = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
 
 
 class Sampler(threading.Thread):

@@ -1,0 +1,119 @@
+"""The pure parts of the headline fileserver (no guest, no devices): the lifetime mix of new files and the
+delete -> discard bookkeeping, so that both can be unit-tested on the host.
+
+Lifetime mix (README, Benchmarks, "W1"): a share of the new bytes dies young, its lifetime drawn log-uniformly
+between a few seconds and a minute (file-system traces find short lifetimes spread over orders of magnitude, not
+memoryless); the rest is long-lived: it stays until the live set passes its target, then the oldest goes first."""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+Extents = Sequence[tuple[int, int]]  # (start sector, sectors)
+
+
+@dataclass(frozen=True)
+class LifetimeMix:
+    short_share: float = 0.5  # share of new files (sizes are drawn independently, so also of new bytes)
+    short_min_s: float = 2.0
+    short_max_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not (0.0 <= self.short_share <= 1.0 and 0.0 < self.short_min_s <= self.short_max_s):
+            raise ValueError(f"bad lifetime mix {self}")
+
+    def draw(self, rnd: random.Random) -> float | None:
+        """Seconds this new file lives, or None for a long-lived one."""
+        if rnd.random() >= self.short_share:
+            return None
+        lo, hi = math.log(self.short_min_s), math.log(self.short_max_s)
+        return math.exp(rnd.uniform(lo, hi))
+
+    def median_short_s(self) -> float:
+        return math.sqrt(self.short_min_s * self.short_max_s)
+
+
+@dataclass
+class Outcomes:
+    latencies: list[float]  # delete -> first overlapping discard, seconds
+    never: int  # deletes no discard reached
+    reused_first: int  # of those, deletes whose blocks a later file took before any discard came
+
+
+class ExtentIndex:
+    """Files' extents with their creation time, searchable by sector (sorted by start)."""
+
+    def __init__(self, created: Sequence[tuple[float, Extents]]) -> None:
+        rows = sorted((s, n, t) for t, ext in created for s, n in ext)
+        self.starts = [r[0] for r in rows]
+        self.rows = rows
+        self.longest = max((r[1] for r in rows), default=0)
+
+    def first_after(self, ext: Extents, after: float) -> float | None:
+        """The earliest creation after `after` of a file that overlaps ext."""
+        best: float | None = None
+        for s, n in ext:
+            i = bisect.bisect_left(self.starts, s - self.longest)
+            for rs, rn, t in self.rows[i:bisect.bisect_left(self.starts, s + n)]:
+                if rs < s + n and s < rs + rn and t > after and (best is None or t < best):
+                    best = t
+        return best
+
+
+def discard_outcomes(deletes: Sequence[tuple[float, Extents]], discards: Sequence[tuple[float, int, int]],
+                     created: Sequence[tuple[float, Extents]]) -> Outcomes:
+    """Per delete: the first discard bio (time, sector, sectors) at or after it overlapping its extents; a delete no
+    discard reached counts as reused first when a file created after the delete took one of its blocks."""
+    disc = ExtentIndex([(d, [(s, n)]) for d, s, n in discards])
+    index = ExtentIndex(created)
+    out = Outcomes([], 0, 0)
+    for t, ext in deletes:
+        hit = disc.first_after(ext, t - 1e-9)
+        if hit is not None:
+            out.latencies.append(hit - t)
+            continue
+        out.never += 1
+        if index.first_after(ext, t) is not None:
+            out.reused_first += 1
+    return out
+
+
+def reach_share(o: Outcomes) -> float:
+    """Discards' reach: deletes a discard reached / deletes whose blocks were not reused before any discard."""
+    eligible = len(o.latencies) + o.never - o.reused_first
+    return len(o.latencies) / eligible if eligible else float("nan")
+
+
+BLOCK = 8  # sectors: ext4's 4 KiB block, the unit in which the exposure witness tracks dirty data
+
+
+def oldest_dirty_age(events: Sequence[tuple[float, str, int, int]], end: float) -> float:
+    """The age of the oldest dirty data seen, from bcache's own events (time, kind, start sector, sectors): "w" a
+    write bcache cached as dirty (its blocks' age starts, a rewrite restarts it), "wb" a key bcache wrote back (its
+    blocks written before that are clean), "d" a discard (its blocks are dead), "c" a write bcache sent to the
+    origin (write-through or bypassed: it replaces whatever was dirty there). Evaluated just before every event and
+    at `end`; blocks still dirty at the end count with their age then."""
+    import heapq
+
+    born: dict[int, float] = {}
+    heap: list[tuple[float, int]] = []
+    worst = 0.0
+
+    def oldest(now: float) -> float:
+        while heap and born.get(heap[0][1]) != heap[0][0]:
+            heapq.heappop(heap)  # stale: that block was cleaned or rewritten since
+        return now - heap[0][0] if heap else 0.0
+
+    for t, kind, start, n in sorted(events):
+        worst = max(worst, oldest(t))  # just before the event: the age its clean-up ends
+        for b in range(start // BLOCK, (start + n + BLOCK - 1) // BLOCK):
+            if kind == "w":
+                born[b] = t
+                heapq.heappush(heap, (t, b))
+            elif kind in ("d", "c") or (b in born and born[b] < t):
+                born.pop(b, None)
+    return max(worst, oldest(end))
