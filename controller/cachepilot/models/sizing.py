@@ -1,0 +1,258 @@
+"""The cache-sizing advisor: an LRU miss-ratio curve of a volume's workload, estimated in bounded memory by
+spatially hashed sampling (SHARDS, Waldspurger et al., FAST'15), with an error estimate.
+
+What is sampled: the objects of the stream the probe delivers, which is per file and per tick (the hotness drain:
+bytes read and written below the page cache). An object is a file (dev, ino, gen) weighted by the bytes of it the
+workload touched; its reuse distance is the bytes of the distinct objects touched since its last access, plus its
+own. A file is sampled when the hash of its identity falls under a threshold T (rate R = T / 2^24), so a sampled
+file is seen at every access; its reuse distances, measured among sampled files only, estimate the full stream's
+when scaled by 1/R. Fixed-size SHARDS: past ``max_objects`` sampled files, the one of the highest hash leaves and
+T drops to its hash, so memory stays bounded whatever the stream; each access counts 1/R of the rate of its time.
+
+Within a tick the order of accesses is lost: a file read more than once in a tick (bytes read beyond its touched
+size) counts the extra reads as hits at any size (their distance is under one tick's traffic, far below a cache).
+Reads count towards the hit ratio (byte-weighted: bcache and dm-cache count requests, which for whole-file reads
+is proportional); writes are accesses too (written blocks enter bcache and dm-cache alike) but not hits or misses.
+
+The estimate is the mean of SEEDS independent samplers (different hash seeds); the error is their spread (half the
+range). LRU only: bcache's eviction and dm-cache's smq differ from LRU, so the error against a real cache is measured
+(README, tests/bench/bench_lab_advisor.py), not implied by the spread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+HASH_BITS = 24
+HASH_SPACE = 1 << HASH_BITS
+BLOCK = 4096
+SEEDS = 3
+MAX_OBJECTS = 4096  # per sampler: SEEDS x this many files at most, whatever the stream
+STEPS_PER_OCTAVE = 16  # histogram resolution: distances within 2^(1/16) (4.4%) share a bucket
+MAX_BUCKET = 64 * STEPS_PER_OCTAVE
+FACTORS = (0.5, 1.0, 2.0, 4.0)
+ACHIEVABLE_SHARE = 0.9
+
+
+def _bucket(distance: float) -> int:
+    return min(MAX_BUCKET - 1, max(0, math.ceil(math.log2(max(distance, 1.0)) * STEPS_PER_OCTAVE)))
+
+
+def _upto(size: float) -> int:
+    """How many buckets hold distances a cache of ``size`` bytes fits: those of bucket sizes up to it."""
+    if size < 1:
+        return 0
+    return min(MAX_BUCKET, math.floor(math.log2(size) * STEPS_PER_OCTAVE + 1e-9) + 1)
+
+
+def _bucket_bytes(b: int) -> float:
+    return float(2.0 ** (b / STEPS_PER_OCTAVE))
+
+
+class _Fenwick:
+    """Bytes of the sampled objects by recency position: the sum over positions after p is a reuse distance."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.t = [0] * (n + 1)
+
+    def add(self, i: int, v: int) -> None:
+        i += 1
+        while i <= self.n:
+            self.t[i] += v
+            i += i & -i
+
+    def prefix(self, i: int) -> int:  # positions [0, i)
+        s = 0
+        while i > 0:
+            s += self.t[i]
+            i -= i & -i
+        return s
+
+
+class Sampler:
+    """One fixed-size SHARDS sampler (one hash seed)."""
+
+    def __init__(self, seed: int, max_objects: int = MAX_OBJECTS) -> None:
+        self.key = seed.to_bytes(8, "little")
+        self.max_objects = max_objects
+        self.threshold = HASH_SPACE  # T: start at rate 1 (every object) and lower it as objects come
+        self.capacity = 4 * max_objects  # recency positions before a renumbering
+        self.tree = _Fenwick(self.capacity)
+        self.clock = 0
+        self.objects: dict[tuple[int, int, int], tuple[int, int, int]] = {}  # key -> (hash, position, bytes)
+        self.hist = np.zeros(MAX_BUCKET, dtype=np.float64)  # read bytes (scaled) by reuse-distance bucket
+        self.cold = 0.0  # read bytes at an infinite distance (first accesses)
+        self.near = 0.0  # re-reads within a tick: hits at any size
+        self.read = 0.0
+        self.written = 0.0
+        self.samples = 0
+
+    @property
+    def rate(self) -> float:
+        return self.threshold / HASH_SPACE
+
+    def _hash(self, key: tuple[int, int, int]) -> int:
+        raw = key[0].to_bytes(4, "little") + key[1].to_bytes(8, "little") + key[2].to_bytes(4, "little")
+        h = hashlib.blake2b(raw, digest_size=4, key=self.key).digest()
+        return int.from_bytes(h, "little") & (HASH_SPACE - 1)
+
+    def access(self, key: tuple[int, int, int], touched: int, read: int, written: int) -> None:
+        """One tick's access to a file: ``touched`` bytes of it (its weight), ``read`` and ``written`` bytes."""
+        h = self._hash(key)
+        if h >= self.threshold:
+            return
+        scale = 1.0 / self.rate
+        self.written += written * scale
+        old = self.objects.get(key)
+        if old is not None:
+            _, pos, weight = old
+            distance = self.tree.prefix(self.clock) - self.tree.prefix(pos + 1) + touched
+            self.tree.add(pos, -weight)
+        if read:
+            self.samples += 1
+            first = min(read, touched)
+            self.read += read * scale
+            self.near += (read - first) * scale
+            if old is None:
+                self.cold += first * scale
+            else:
+                self.hist[_bucket(distance * scale)] += first * scale
+        if self.clock >= self.capacity:
+            self._renumber()
+        self.tree.add(self.clock, touched)
+        self.objects[key] = (h, self.clock, touched)
+        self.clock += 1
+        if len(self.objects) > self.max_objects:
+            self._shrink()
+
+    def _shrink(self) -> None:
+        """Lower T to the highest sampled hash and drop every object at or above it."""
+        top = max(h for h, _, _ in self.objects.values())
+        self.threshold = top
+        for k in [k for k, (h, _, _) in self.objects.items() if h >= top]:
+            _, pos, weight = self.objects.pop(k)
+            self.tree.add(pos, -weight)
+
+    def _renumber(self) -> None:
+        """Positions ran out: the live objects, in recency order, get positions 0..n-1 again."""
+        live = sorted(self.objects.items(), key=lambda kv: kv[1][1])
+        self.tree = _Fenwick(self.capacity)
+        for i, (k, (h, _, weight)) in enumerate(live):
+            self.objects[k] = (h, i, weight)
+            self.tree.add(i, weight)
+        self.clock = len(live)
+
+    def hit_ratio(self, size: float) -> float:
+        if self.read <= 0:
+            return 0.0
+        return float((self.hist[:_upto(size)].sum() + self.near) / self.read)
+
+    def curve(self) -> np.ndarray:
+        """The hit ratio at each bucket's size (index b: a cache of 2^(b/16) bytes)."""
+        if self.read <= 0:
+            return np.zeros(MAX_BUCKET)
+        return np.asarray((np.cumsum(self.hist) + self.near) / self.read)
+
+    def achievable(self) -> float:
+        return float((self.hist.sum() + self.near) / self.read) if self.read > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Point:
+    size_bytes: int
+    hit_ratio: float
+    error: float  # half the range across the samplers
+    origin_read_bytes: int  # read misses
+    origin_write_bytes: int  # written bytes reach the origin at any size (write-through now, write-back later)
+
+    def to_json(self) -> dict[str, float | int]:
+        return {"size_bytes": self.size_bytes, "hit_ratio": round(self.hit_ratio, 4), "error": round(self.error, 4),
+                "origin_read_bytes": self.origin_read_bytes, "origin_write_bytes": self.origin_write_bytes}
+
+
+class Advisor:
+    """A volume's sampled LRU miss-ratio curve: SEEDS samplers fed the same accesses."""
+
+    def __init__(self, max_objects: int = MAX_OBJECTS, seeds: int = SEEDS) -> None:
+        self.samplers = [Sampler(s + 1, max_objects) for s in range(seeds)]
+
+    def access(self, key: tuple[int, int, int], size: int, read: int, written: int) -> None:
+        """A file's bytes read and written in one tick (``size``: the file's size, -1 when unknown)."""
+        if read <= 0 and written <= 0:
+            return
+        touched = max(read, written)
+        if size > 0:
+            touched = min(touched, size)
+        touched = max(BLOCK, -(-touched // BLOCK) * BLOCK)
+        for s in self.samplers:
+            s.access(key, touched, max(read, 0), max(written, 0))
+
+    @property
+    def samples(self) -> int:
+        return min(s.samples for s in self.samplers)
+
+    def point(self, size: int) -> Point:
+        ratios = [s.hit_ratio(size) for s in self.samplers]
+        ratio = sum(ratios) / len(ratios)
+        read = sum(s.read for s in self.samplers) / len(self.samplers)
+        written = sum(s.written for s in self.samplers) / len(self.samplers)
+        return Point(size, ratio, (max(ratios) - min(ratios)) / 2, int(read * (1 - ratio)), int(written))
+
+    def size_for(self, share: float = ACHIEVABLE_SHARE) -> int:
+        """The smallest size whose (mean) hit ratio reaches ``share`` of the achievable one (0: nothing to hit)."""
+        goal = share * sum(s.achievable() for s in self.samplers) / len(self.samplers)
+        if goal <= 0:
+            return 0
+        mean = sum(s.curve() for s in self.samplers) / len(self.samplers)
+        b = int(np.searchsorted(mean, goal - 1e-12))
+        return int(math.ceil(_bucket_bytes(min(b, MAX_BUCKET - 1))))
+
+    def curve(self, cache_bytes: int) -> list[Point]:
+        """The points the advisor reports: FACTORS x the current cache, then the size for 90% of the achievable
+        hits (sorted by size, one point per size)."""
+        sizes = {int(cache_bytes * f) for f in FACTORS if cache_bytes > 0}
+        sizes.add(self.size_for())
+        return [self.point(s) for s in sorted(sizes) if s > 0]
+
+
+class Advisors:
+    """One advisor per volume (by the filesystem's dev), fed from hotness drains (HOT_DTYPE arrays)."""
+
+    def __init__(self, max_objects: int = MAX_OBJECTS) -> None:
+        self.max_objects = max_objects
+        self.by_dev: dict[int, Advisor] = {}
+
+    def observe(self, records: np.ndarray, devs: Collection[int]) -> None:
+        """A drain's records; files of devices not in ``devs`` (no managed volume) are left out, so the advisors
+        stay as many as the volumes."""
+        if not records.size:
+            return
+        rows = zip(records["dev"].tolist(), records["ino"].tolist(), records["gen"].tolist(),
+                   records["rb"].tolist(), records["wb"].tolist(), records["size"].tolist(), strict=True)
+        for dev, ino, gen, rb, wb, size in rows:
+            if dev not in devs:
+                continue
+            adv = self.by_dev.get(dev)
+            if adv is None:
+                adv = self.by_dev[dev] = Advisor(self.max_objects)
+            adv.access((dev, ino, gen), size, rb, wb)
+
+    def forget(self, keep: Collection[int]) -> None:
+        """Volumes gone: their advisors go too."""
+        for dev in [d for d in self.by_dev if d not in keep]:
+            del self.by_dev[dev]
+
+    def advice(self, dev: int, cache_bytes: int) -> dict[str, Any]:
+        """The JSON the control socket and ``cachepilot advise`` show for one volume."""
+        adv = self.by_dev.get(dev)
+        if adv is None:
+            return {"cache_bytes": cache_bytes, "samples": 0, "seeds": 0, "points": [], "size_for_90pct": 0}
+        return {"cache_bytes": cache_bytes, "samples": adv.samples, "seeds": len(adv.samplers), "rate": round(min(s.rate for s in adv.samplers), 6),
+                "size_for_90pct": adv.size_for(), "points": [p.to_json() for p in adv.curve(cache_bytes)]}
