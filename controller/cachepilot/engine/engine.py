@@ -214,6 +214,7 @@ class Engine:
                  start_ns: int = 0) -> None:
         self.policy = policy
         self.hotness = HotnessTable(policy.half_life_s, start_ns)
+        self.sizing = Advisors()  # the cache-sizing advisor's samplers, fed the same drains
         self.vols: dict[int, VolumeCtl] = {}
         self.by_name: dict[str, VolumeCtl] = {}
         self.now_ns = start_ns
@@ -260,6 +261,7 @@ class Engine:
         if c is None:
             return None
         self.by_name.pop(c.info.name, None)
+        self.sizing.forget(self.vols)
         flags = self.hotness.flags
         for slot in c.promo_queue.clear():
             flags[slot] &= ~F_QUEUED & 0xFF
@@ -338,6 +340,7 @@ class Engine:
     def feed_hotness_array(self, records: np.ndarray) -> None:
         """Fastest path: a numpy array of HOT_DTYPE records (a trace block or a raw BPF drain)."""
         self.unknown_events += self.hotness.apply_array(records, known_only=True)
+        self.sizing.observe(records, self.vols)
 
     def _vol(self, dev: int) -> VolumeCtl | None:
         c = self.vols.get(dev)

@@ -21,13 +21,14 @@ range). LRU only: bcache's eviction and dm-cache's smq differ from LRU, so the e
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from cachepilot.models.hotness import HOT_DTYPE
 
 HASH_BITS = 24
 HASH_SPACE = 1 << HASH_BITS
@@ -40,8 +41,29 @@ FACTORS = (0.5, 1.0, 2.0, 4.0)
 ACHIEVABLE_SHARE = 0.9
 
 
+def spatial_hash(dev: np.ndarray, ino: np.ndarray, gen: np.ndarray, seed: int) -> np.ndarray:
+    """A file identity's HASH_BITS-bit hash under ``seed`` (splitmix64's finaliser over the mixed fields), for a
+    whole drain at once: the samplers look at a record only when its hash is under their threshold."""
+    with np.errstate(over="ignore"):
+        x = (ino.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+             ^ (dev.astype(np.uint64) << np.uint64(32) | gen.astype(np.uint64))
+             ^ np.uint64(seed * 0xD1B54A32D192ED03 & 0xFFFFFFFFFFFFFFFF))
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+    return np.asarray(x >> np.uint64(64 - HASH_BITS))
+
+
 def _bucket(distance: float) -> int:
     return min(MAX_BUCKET - 1, max(0, math.ceil(math.log2(max(distance, 1.0)) * STEPS_PER_OCTAVE)))
+
+
+def _touched(read: int, written: int, size: int) -> int:
+    """A file's weight in the cache for one tick: the bytes it moved, at most its size, in whole blocks."""
+    touched = max(read, written)
+    if size > 0:
+        touched = min(touched, size)
+    return max(BLOCK, -(-touched // BLOCK) * BLOCK)
 
 
 def _upto(size: float) -> int:
@@ -80,7 +102,7 @@ class Sampler:
     """One fixed-size SHARDS sampler (one hash seed)."""
 
     def __init__(self, seed: int, max_objects: int = MAX_OBJECTS) -> None:
-        self.key = seed.to_bytes(8, "little")
+        self.seed = seed
         self.max_objects = max_objects
         self.threshold = HASH_SPACE  # T: start at rate 1 (every object) and lower it as objects come
         self.capacity = 4 * max_objects  # recency positions before a renumbering
@@ -98,16 +120,9 @@ class Sampler:
     def rate(self) -> float:
         return self.threshold / HASH_SPACE
 
-    def _hash(self, key: tuple[int, int, int]) -> int:
-        raw = key[0].to_bytes(4, "little") + key[1].to_bytes(8, "little") + key[2].to_bytes(4, "little")
-        h = hashlib.blake2b(raw, digest_size=4, key=self.key).digest()
-        return int.from_bytes(h, "little") & (HASH_SPACE - 1)
-
-    def access(self, key: tuple[int, int, int], touched: int, read: int, written: int) -> None:
-        """One tick's access to a file: ``touched`` bytes of it (its weight), ``read`` and ``written`` bytes."""
-        h = self._hash(key)
-        if h >= self.threshold:
-            return
+    def access(self, key: tuple[int, int, int], h: int, touched: int, read: int, written: int) -> None:
+        """One tick's access to a file of hash ``h`` (under the threshold: sampled): ``touched`` bytes of it (its
+        weight), ``read`` and ``written`` bytes."""
         scale = 1.0 / self.rate
         self.written += written * scale
         old = self.objects.get(key)
@@ -149,11 +164,6 @@ class Sampler:
             self.tree.add(i, weight)
         self.clock = len(live)
 
-    def hit_ratio(self, size: float) -> float:
-        if self.read <= 0:
-            return 0.0
-        return float((self.hist[:_upto(size)].sum() + self.near) / self.read)
-
     def curve(self) -> np.ndarray:
         """The hit ratio at each bucket's size (index b: a cache of 2^(b/16) bytes)."""
         if self.read <= 0:
@@ -177,6 +187,51 @@ class Point:
                 "origin_read_bytes": self.origin_read_bytes, "origin_write_bytes": self.origin_write_bytes}
 
 
+class Curve:
+    """An advisor's curve frozen at one moment (the daemon publishes it with its snapshot; the control socket's
+    thread reads it): each sampler's hit ratio by size bucket, and the mean bytes read and written."""
+
+    def __init__(self, samplers: list[Sampler]) -> None:
+        self.ratios = np.stack([s.curve() for s in samplers]) if samplers else np.zeros((1, MAX_BUCKET))
+        self.best = [s.achievable() for s in samplers] or [0.0]
+        self.read = sum(s.read for s in samplers) / max(1, len(samplers))
+        self.written = sum(s.written for s in samplers) / max(1, len(samplers))
+        self.samples = min((s.samples for s in samplers), default=0)
+        self.rate = min((s.rate for s in samplers), default=1.0)
+        self.seeds = len(samplers)
+
+    def point(self, size: int) -> Point:
+        upto = _upto(size)
+        ratios = self.ratios[:, upto - 1] if upto else np.zeros(len(self.ratios))
+        ratio = float(ratios.mean())
+        return Point(size, ratio, float(ratios.max() - ratios.min()) / 2, int(self.read * (1 - ratio)),
+                     int(self.written))
+
+    def size_for(self, share: float = ACHIEVABLE_SHARE) -> int:
+        """The smallest size whose (mean) hit ratio reaches ``share`` of the achievable one (0: nothing to hit)."""
+        goal = share * sum(self.best) / len(self.best)
+        if goal <= 0:
+            return 0
+        b = int(np.searchsorted(self.ratios.mean(axis=0), goal - 1e-12))
+        return int(math.ceil(_bucket_bytes(min(b, MAX_BUCKET - 1))))
+
+    def points(self, cache_bytes: int) -> list[Point]:
+        """The points the advisor reports: FACTORS x the current cache, then the size for 90% of the achievable
+        hits (sorted by size, one point per size)."""
+        sizes = {int(cache_bytes * f) for f in FACTORS if cache_bytes > 0}
+        sizes.add(self.size_for())
+        return [self.point(s) for s in sorted(sizes) if s > 0]
+
+    def advice(self, cache_bytes: int) -> dict[str, Any]:
+        """The JSON the control socket and ``cachepilot advise`` show for one volume."""
+        return {"cache_bytes": cache_bytes, "samples": self.samples, "seeds": self.seeds,
+                "rate": round(self.rate, 6), "size_for_90pct": self.size_for() if self.samples else 0,
+                "points": [p.to_json() for p in self.points(cache_bytes)] if self.samples else []}
+
+
+EMPTY = Curve([])
+
+
 class Advisor:
     """A volume's sampled LRU miss-ratio curve: SEEDS samplers fed the same accesses."""
 
@@ -185,41 +240,32 @@ class Advisor:
 
     def access(self, key: tuple[int, int, int], size: int, read: int, written: int) -> None:
         """A file's bytes read and written in one tick (``size``: the file's size, -1 when unknown)."""
-        if read <= 0 and written <= 0:
-            return
-        touched = max(read, written)
-        if size > 0:
-            touched = min(touched, size)
-        touched = max(BLOCK, -(-touched // BLOCK) * BLOCK)
-        for s in self.samplers:
-            s.access(key, touched, max(read, 0), max(written, 0))
+        one = np.array([(key[0], key[1], key[2], 0, 0, read, written, 0, size)], dtype=HOT_DTYPE)
+        self.observe(one)
 
-    @property
-    def samples(self) -> int:
-        return min(s.samples for s in self.samplers)
+    def observe(self, recs: np.ndarray) -> None:
+        """One drain's records of this volume (HOT_DTYPE): each sampler takes those under its threshold."""
+        for s in self.samplers:
+            hashes = spatial_hash(recs["dev"], recs["ino"], recs["gen"], s.seed)
+            picked = recs[hashes < s.threshold]
+            rows = zip(picked["dev"].tolist(), picked["ino"].tolist(), picked["gen"].tolist(),
+                       hashes[hashes < s.threshold].tolist(), picked["rb"].tolist(), picked["wb"].tolist(),
+                       picked["size"].tolist(), strict=True)
+            for dev, ino, gen, h, read, written, size in rows:
+                if read > 0 or written > 0:
+                    s.access((dev, ino, gen), h, _touched(read, written, size), max(read, 0), max(written, 0))
+
+    def freeze(self) -> Curve:
+        return Curve(self.samplers)
 
     def point(self, size: int) -> Point:
-        ratios = [s.hit_ratio(size) for s in self.samplers]
-        ratio = sum(ratios) / len(ratios)
-        read = sum(s.read for s in self.samplers) / len(self.samplers)
-        written = sum(s.written for s in self.samplers) / len(self.samplers)
-        return Point(size, ratio, (max(ratios) - min(ratios)) / 2, int(read * (1 - ratio)), int(written))
+        return self.freeze().point(size)
 
     def size_for(self, share: float = ACHIEVABLE_SHARE) -> int:
-        """The smallest size whose (mean) hit ratio reaches ``share`` of the achievable one (0: nothing to hit)."""
-        goal = share * sum(s.achievable() for s in self.samplers) / len(self.samplers)
-        if goal <= 0:
-            return 0
-        mean = sum(s.curve() for s in self.samplers) / len(self.samplers)
-        b = int(np.searchsorted(mean, goal - 1e-12))
-        return int(math.ceil(_bucket_bytes(min(b, MAX_BUCKET - 1))))
+        return self.freeze().size_for(share)
 
     def curve(self, cache_bytes: int) -> list[Point]:
-        """The points the advisor reports: FACTORS x the current cache, then the size for 90% of the achievable
-        hits (sorted by size, one point per size)."""
-        sizes = {int(cache_bytes * f) for f in FACTORS if cache_bytes > 0}
-        sizes.add(self.size_for())
-        return [self.point(s) for s in sorted(sizes) if s > 0]
+        return self.freeze().points(cache_bytes)
 
 
 class Advisors:
@@ -234,25 +280,22 @@ class Advisors:
         stay as many as the volumes."""
         if not records.size:
             return
-        rows = zip(records["dev"].tolist(), records["ino"].tolist(), records["gen"].tolist(),
-                   records["rb"].tolist(), records["wb"].tolist(), records["size"].tolist(), strict=True)
-        for dev, ino, gen, rb, wb, size in rows:
+        for dev in np.unique(records["dev"]).tolist():
             if dev not in devs:
                 continue
             adv = self.by_dev.get(dev)
             if adv is None:
                 adv = self.by_dev[dev] = Advisor(self.max_objects)
-            adv.access((dev, ino, gen), size, rb, wb)
+            adv.observe(records[records["dev"] == dev])
 
     def forget(self, keep: Collection[int]) -> None:
         """Volumes gone: their advisors go too."""
         for dev in [d for d in self.by_dev if d not in keep]:
             del self.by_dev[dev]
 
+    def curves(self) -> dict[int, Curve]:
+        return {dev: adv.freeze() for dev, adv in self.by_dev.items()}
+
     def advice(self, dev: int, cache_bytes: int) -> dict[str, Any]:
-        """The JSON the control socket and ``cachepilot advise`` show for one volume."""
         adv = self.by_dev.get(dev)
-        if adv is None:
-            return {"cache_bytes": cache_bytes, "samples": 0, "seeds": 0, "points": [], "size_for_90pct": 0}
-        return {"cache_bytes": cache_bytes, "samples": adv.samples, "seeds": len(adv.samplers), "rate": round(min(s.rate for s in adv.samplers), 6),
-                "size_for_90pct": adv.size_for(), "points": [p.to_json() for p in adv.curve(cache_bytes)]}
+        return (adv.freeze() if adv is not None else EMPTY).advice(cache_bytes)
