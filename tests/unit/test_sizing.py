@@ -31,7 +31,7 @@ def lru_hit_ratio(stream: list[Access], capacity: int) -> float:
     beyond the file's size counts as a hit, as the advisor's near re-reads do)."""
     cache: OrderedDict[int, int] = OrderedDict()
     used = hits = total = 0
-    for f, size, rb, wb in stream:
+    for f, size, rb, _wb in stream:
         if rb:
             first = min(rb, size)
             total += rb
@@ -46,7 +46,7 @@ def lru_hit_ratio(stream: list[Access], capacity: int) -> float:
 
 
 def zipf_stream(n_files: int, n: int, seed: int, s: float = 0.9) -> list[Access]:
-    rnd = random.Random(seed)
+    rnd = random.Random(seed)  # noqa: S311 - a reproducible workload, not a secret
     sizes = [rnd.choice((16, 64, 64, 128, 256)) * 1024 for _ in range(n_files)]
     weights = [1 / (i + 1) ** s for i in range(n_files)]
     picks = rnd.choices(range(n_files), weights, k=n)

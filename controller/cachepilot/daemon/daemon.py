@@ -41,6 +41,7 @@ from cachepilot.daemon.state import StateFile
 from cachepilot.daemon.volume import VolumeTable
 from cachepilot.engine.engine import Engine
 from cachepilot.errors import FatalError, UserError
+from cachepilot.models.sizing import Curve
 
 log = logging.getLogger("cachepilot")
 
@@ -86,6 +87,7 @@ class Daemon:
         self.stages = self._stages()
         self.snapshot: status.Status | None = None  # the last published, replaced whole (read by other threads)
         self.top: dict[str, list[dict[str, int]]] = {}
+        self.curves: dict[str, Curve] = {}  # the sizing advisor's, by volume name
         self.policy_error: str | None = None
         self.policy_generation = 1
         self.reloads = ReloadRequests()
@@ -284,6 +286,7 @@ class Daemon:
         if now >= self._next_top:
             self.top = {v.info.name: hottest(self.engine.hotness, v.info.dev, TOP_K) for v in self.vols.values()}
             self._next_top = now + int(TOP_EVERY_S * NS)
+        self.curves = {v.info.name: self.engine.sizing.curve_of(v.info.dev) for v in self.vols.values()}  # cheap
         vols = tuple(status.volume_status(v, ctl, now, self.engine.now_ns) for v in self.vols.values()
                      if (ctl := self.engine.vols.get(v.info.dev)) is not None)
         self.snapshot = snap = status.build(self, vols, now, tick_ns)

@@ -17,6 +17,7 @@ from cachepilot.capabilities import ERROR_COUNTS, KIND_BCACHE
 from cachepilot.daemon import actuation
 from cachepilot.daemon.volume import ManagedVolume, devname
 from cachepilot.engine.engine import VolumeCtl, normalise_mode
+from cachepilot.models.sizing import Curve
 
 if TYPE_CHECKING:
     from cachepilot.daemon.daemon import Daemon
@@ -170,6 +171,7 @@ class Status:
     has_drops: bool = field(default=False, metadata={"json": False})
     counts: Counts | None = field(default=None, metadata={"json": False})
     bpf_object: str = field(default="none", metadata={"json": False})
+    curves: dict[str, Curve] = field(default_factory=dict, metadata={"json": False})  # the advisor's, by volume
 
     def to_json(self, leave_out: tuple[str, ...] = ()) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -233,6 +235,13 @@ def _metrics(v: ManagedVolume, c: VolumeCtl, engine_now: int) -> VolumeMetrics:
         epoch_bytes=v.epoch_bytes.freeze() if v.epoch_bytes is not None else None)
 
 
+def _advice(curve: Curve | None, cache_bytes: int) -> tuple[tuple[int, float, float, int, int], ...]:
+    if curve is None or not curve.samples:
+        return ()
+    return tuple((p.size_bytes, p.hit_ratio, p.error, p.origin_read_bytes, p.origin_write_bytes)
+                 for p in curve.points(cache_bytes))
+
+
 def exporter_snapshot(status: Status, ex: Any, tick_duration: Any, now_wall: float,
                       left_out: list[str]) -> Any:
     """The exporter's DaemonSnapshot (``ex``: the exporter module) of ``status``; a volume whose labels the
@@ -251,7 +260,7 @@ def exporter_snapshot(status: Status, ex: Any, tick_duration: Any, now_wall: flo
                 exposure_breaches=m.exposure_breaches, hits=v.hits, misses=v.misses, bypasses=m.bypasses,
                 bypassed_bytes=m.bypassed_bytes, promoted_bytes=m.promoted_bytes,
                 discard_issued_bytes=m.discard_issued_bytes, discard_landed_bytes=m.discard_landed_bytes,
-                barriers=m.barriers, cache_set=m.cache_set,
+                barriers=m.barriers, cache_set=m.cache_set, advice=_advice(status.curves.get(v.name), v.cache_bytes),
                 epoch_bytes=m.epoch_bytes if m.epoch_bytes is not None else ex.Histogram.empty(ex.EPOCH_BUCKETS)))
         except ValueError as exc:
             left_out.append(f"metrics: {v.name} left out: {exc}")
@@ -293,7 +302,7 @@ def build(d: Daemon, vols: tuple[VolumeStatus, ...], now: int, tick_ns: int) -> 
                                       for device, (label, reason) in sorted(d.adopter.unmanaged.items())),
         top=d.top, decisions=list(d.decisions), ready=d.ready, has_drops=drops is not None,
         counts=Counts(c.group("events"), c.group("decisions"), c.group("failed"), c["reloads"], c["reloads_failed"]),
-        bpf_object=d.bpf_object)
+        bpf_object=d.bpf_object, curves=d.curves)
 
 
 def file_id(path: Any) -> str:

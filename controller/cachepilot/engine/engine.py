@@ -61,6 +61,7 @@ from cachepilot.models.admission import CachedSet
 from cachepilot.models.epochs import EpochTracker
 from cachepilot.models.freed import FreedExtentQueue
 from cachepilot.models.hotness import F_MEMBER, F_QUEUED, F_READ, F_RESIDENT, HOT_DTYPE, HotnessTable
+from cachepilot.models.sizing import Advisors
 from cachepilot.models.volume import (
     BYPASS,
     BYPASS_NAMES,

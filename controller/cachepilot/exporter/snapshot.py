@@ -133,6 +133,8 @@ class VolumeSnapshot:
     epoch_bytes: Histogram = field(default_factory=lambda: Histogram.empty(EPOCH_BUCKETS))  # bytes per epoch
     bypassed_bytes: int | None = None  # bcache stats_total/bypassed (bytes of the bypasses); others: None
     cache_set: str | None = None  # bcache: its cache set's UUID, node_exporter's node_bcache_*{uuid}; others: None
+    # the sizing advisor's points: (size bytes, hit ratio, its error, origin read bytes, origin write bytes)
+    advice: tuple[tuple[int, float, float, int, int], ...] = ()
 
     def __post_init__(self) -> None:
         check_label_value("volume", self.volume)

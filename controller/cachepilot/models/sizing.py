@@ -293,9 +293,9 @@ class Advisors:
         for dev in [d for d in self.by_dev if d not in keep]:
             del self.by_dev[dev]
 
-    def curves(self) -> dict[int, Curve]:
-        return {dev: adv.freeze() for dev, adv in self.by_dev.items()}
+    def curve_of(self, dev: int) -> Curve:
+        adv = self.by_dev.get(dev)
+        return adv.freeze() if adv is not None else EMPTY
 
     def advice(self, dev: int, cache_bytes: int) -> dict[str, Any]:
-        adv = self.by_dev.get(dev)
-        return (adv.freeze() if adv is not None else EMPTY).advice(cache_bytes)
+        return self.curve_of(dev).advice(cache_bytes)
