@@ -16,7 +16,7 @@ from cachepilot.commands.advise import from_trace, render
 from cachepilot.events import FileKey, HotnessDelta, kdev
 from cachepilot.models.hotness import HOT_DTYPE
 from cachepilot.models.sizing import MAX_BUCKET, Advisor, Advisors
-from cachepilot.models.volume import VolumeInfo
+from cachepilot.models.volume import VolumeInfo, VolumeSample
 from cachepilot.trace.format import write_trace
 
 MiB = 1 << 20
@@ -186,3 +186,42 @@ def test_cli_offline_json(tmp_path: Path) -> None:
     r = cli("bcache0", "--trace", str(_trace(tmp_path)), "--json", "--cache-size", "32MiB")
     assert r.returncode == 0, r.stderr
     assert '"cache_bytes": 33554432' in r.stdout
+
+
+def test_calibration_by_the_caches_own_ratio() -> None:
+    """A cache that measured what an LRU of half its size would is taken for one: 2x its size reads as an LRU of
+    1x; a ratio past what any LRU size gives is clamped, never extrapolated."""
+    stream = zipf_stream(2000, 30_000, 6)
+    adv = Advisor()
+    feed(adv, stream)
+    c = adv.freeze()
+    lru_half = c.point(32 * MiB).hit_ratio
+    eff = c.efficiency(64 * MiB, lru_half)
+    assert eff == pytest.approx(0.5, rel=0.05)
+    a = c.advice(64 * MiB, lru_half)
+    pts = {p["size_bytes"]: p["hit_ratio"] for p in a["points"]}
+    lru = {p["size_bytes"]: p["hit_ratio"] for p in a["lru_points"]}
+    assert pts[64 * MiB] == pytest.approx(lru_half, abs=0.01)
+    assert pts[128 * MiB] == pytest.approx(lru[64 * MiB], abs=0.01)
+    assert a["measured_hit_ratio"] == round(lru_half, 4) and "lru_points" not in c.advice(64 * MiB)
+    assert c.efficiency(64 * MiB, 0.0) == 0.25 and c.efficiency(64 * MiB, 1.0) == 4.0
+
+
+def test_offline_calibration_from_the_traces_samples(tmp_path: Path) -> None:
+    """The cache measured (between the trace's first and last samples) what the LRU estimate gives at half its
+    size: calibrated, the estimate at its size is that ratio."""
+    half = {p["size_bytes"]: p["hit_ratio"] for p in from_trace(str(_trace(tmp_path)), "bcache0", None)["points"]}
+    measured = half[32 * MiB]
+    path = tmp_path / "s.cptrace"
+    hits = round(measured * 10_000)
+    evs: list[object] = [VolumeSample(DEV, 0, "writethrough", 0, 1000, 1000, 0)]
+    evs += [HotnessDelta(FileKey(DEV, f + 1, 0), 1, 0, rb, wb, 1, size)
+            for f, size, rb, wb in zipf_stream(300, 3000, 5)]
+    evs.append(VolumeSample(DEV, 1, "writethrough", 0, 1000 + hits, 1000 + 10_000 - hits, 0))
+    write_trace(path, evs, [VolumeInfo(DEV, "bcache0", cache_bytes=64 * MiB)])  # type: ignore[arg-type]
+    a = from_trace(str(path), "bcache0", None)
+    assert a["measured_hit_ratio"] == pytest.approx(measured, abs=1e-4)
+    assert a["efficiency"] == pytest.approx(0.5, rel=0.05)
+    assert {p["size_bytes"]: p["hit_ratio"] for p in a["points"]}[64 * MiB] == pytest.approx(measured, abs=0.01)
+    assert "efficiency" not in from_trace(str(path), "bcache0", None, calibrate=False)
+    assert "calibrated" in render(a)

@@ -13,11 +13,22 @@ from cachepilot.display import escape
 from cachepilot.errors import UserError
 from cachepilot.units import parse_size
 
+MIN_REQUESTS = 100  # fewer reads counted by the cache calibrate nothing
 
-def from_trace(path: str, volume: str, cache_size: int | None) -> dict[str, Any]:
-    """The advice for ``volume`` of the trace at ``path`` (its hotness records fed to a fresh advisor)."""
+
+def _measured(seen: list[tuple[int, int]]) -> float | None:
+    """The cache's own read hit ratio between the trace's first and last sample (None: too few reads)."""
+    if len(seen) < 2:
+        return None
+    hits, misses = seen[-1][0] - seen[0][0], seen[-1][1] - seen[0][1]
+    return hits / (hits + misses) if hits >= 0 and misses >= 0 and hits + misses >= MIN_REQUESTS else None
+
+
+def from_trace(path: str, volume: str, cache_size: int | None, calibrate: bool = True) -> dict[str, Any]:
+    """The advice for ``volume`` of the trace at ``path`` (its hotness records fed to a fresh advisor), calibrated
+    by the cache's own hit ratio in the trace's samples unless ``calibrate`` is false."""
     from cachepilot.models.sizing import Advisors
-    from cachepilot.trace.format import T_HOT, TraceReader
+    from cachepilot.trace.format import T_HOT, T_SAMPLE, TraceReader, volume_sample
 
     reader = TraceReader(path)
     info = next((v for v in reader.volumes if v.name == volume), None)
@@ -28,10 +39,16 @@ def from_trace(path: str, volume: str, cache_size: int | None) -> dict[str, Any]
     if cache <= 0:
         raise UserError(f"{path}: the trace does not say {volume}'s cache size: give --cache-size")
     advisors = Advisors()
+    seen: list[tuple[int, int]] = []  # the cache's (hits, misses), first and last sample
     for t, recs in reader.blocks(hot_as_array=True):
         if t == T_HOT:
             advisors.observe(recs, (info.dev,))
-    out = {"volume": volume, **advisors.advice(info.dev, cache)}
+        elif t == T_SAMPLE:
+            for r in recs:
+                s = volume_sample(r)
+                if s.dev == info.dev:
+                    seen[min(len(seen), 1):] = [(s.hits, s.misses)]  # keeps the first, replaces the last
+    out = {"volume": volume, **advisors.advice(info.dev, cache, _measured(seen) if calibrate else None)}
     if reader.cut:
         out["cut"] = reader.cut
     return out
@@ -43,11 +60,16 @@ def render(a: dict[str, Any]) -> str:
     if not a["points"]:
         lines.append("  no reads seen yet")
         return "\n".join(lines)
-    lines.append(f"  {'SIZE':>12} {'HIT RATIO':>10} {'±':>6} {'ORIGIN READ':>12} {'ORIGIN WRITE':>12}")
+    if "efficiency" in a:
+        lines.append(f"  calibrated: the cache measured {a['measured_hit_ratio']:.3f}, as an LRU of "
+                     f"{a['efficiency']:.2f}x its size would (LRU column: uncalibrated)")
+    lru = {p["size_bytes"]: p["hit_ratio"] for p in a.get("lru_points", [])}
+    lines.append(f"  {'SIZE':>12} {'HIT RATIO':>10} {'±':>6} {'LRU':>6} {'ORIGIN READ':>12} {'ORIGIN WRITE':>12}")
     for p in a["points"]:
         mark = "  <- 90% of achievable" if p["size_bytes"] == a["size_for_90pct"] else ""
         mark = "  <- current" if p["size_bytes"] == a["cache_bytes"] else mark
-        lines.append(f"  {_bytes(p['size_bytes']):>12} {p['hit_ratio']:>10.3f} {p['error']:>6.3f} "
+        raw = f"{lru[p['size_bytes']]:.3f}" if p["size_bytes"] in lru else "-"
+        lines.append(f"  {_bytes(p['size_bytes']):>12} {p['hit_ratio']:>10.3f} {p['error']:>6.3f} {raw:>6} "
                      f"{_bytes(p['origin_read_bytes']):>12} {_bytes(p['origin_write_bytes']):>12}{mark}")
     return "\n".join(lines)
 
@@ -62,7 +84,7 @@ def advise(args: argparse.Namespace) -> int:
         if size <= 0:
             raise UserError(f"--cache-size must be positive, got {args.cache_size!r}")
     if args.trace is not None:
-        answer = from_trace(args.trace, args.volume, size)
+        answer = from_trace(args.trace, args.volume, size, calibrate=not args.lru)
     else:
         from cachepilot.daemon.control import request
 
@@ -77,6 +99,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("volume", metavar="VOLUME", help="the cached volume (e.g. bcache0)")
     p.add_argument("--trace", metavar="FILE", help="from a recorded trace (cachepilot record) instead of the daemon")
     p.add_argument("--cache-size", metavar="SIZE", help="the current cache size to scale from (default: the volume's)")
+    p.add_argument("--lru", action="store_true",
+                   help="--trace: the plain LRU estimate, not calibrated by the cache's own hit ratio")
     p.add_argument("--json", action="store_true", help="print the answer as JSON")
     socket_arg(p)
     p.set_defaults(handler=advise)

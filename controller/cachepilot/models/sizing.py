@@ -39,6 +39,7 @@ STEPS_PER_OCTAVE = 16  # histogram resolution: distances within 2^(1/16) (4.4%) 
 MAX_BUCKET = 64 * STEPS_PER_OCTAVE
 FACTORS = (0.5, 1.0, 2.0, 4.0)
 ACHIEVABLE_SHARE = 0.9
+MIN_EFFICIENCY, MAX_EFFICIENCY = 0.25, 4.0  # a calibration past these is not a cache behaving like an LRU
 
 
 def spatial_hash(dev: np.ndarray, ino: np.ndarray, gen: np.ndarray, seed: int) -> np.ndarray:
@@ -200,33 +201,53 @@ class Curve:
         self.rate = min((s.rate for s in samplers), default=1.0)
         self.seeds = len(samplers)
 
-    def point(self, size: int) -> Point:
-        upto = _upto(size)
+    def point(self, size: int, efficiency: float = 1.0) -> Point:
+        """The estimate at a cache of ``size`` bytes that behaves like an LRU of ``efficiency`` x its size."""
+        upto = _upto(size * efficiency)
         ratios = self.ratios[:, upto - 1] if upto else np.zeros(len(self.ratios))
         ratio = float(ratios.mean())
         return Point(size, ratio, float(ratios.max() - ratios.min()) / 2, int(self.read * (1 - ratio)),
                      int(self.written))
 
-    def size_for(self, share: float = ACHIEVABLE_SHARE) -> int:
+    def efficiency(self, cache_bytes: int, measured: float) -> float:
+        """How large an LRU the real cache behaves like, as a share of its size: the LRU size whose estimated hit
+        ratio is the one the cache itself measured over the same window (bucket reserves, metadata, bucket-granular
+        eviction and partial hits counted as misses make bcache smaller than an LRU of its size), within
+        [MIN_EFFICIENCY, MAX_EFFICIENCY]."""
+        b = int(np.searchsorted(self.ratios.mean(axis=0), measured - 1e-12))
+        share = _bucket_bytes(min(b, MAX_BUCKET - 1)) / max(1, cache_bytes)
+        return min(MAX_EFFICIENCY, max(MIN_EFFICIENCY, share))
+
+    def size_for(self, share: float = ACHIEVABLE_SHARE, efficiency: float = 1.0) -> int:
         """The smallest size whose (mean) hit ratio reaches ``share`` of the achievable one (0: nothing to hit)."""
         goal = share * sum(self.best) / len(self.best)
         if goal <= 0:
             return 0
         b = int(np.searchsorted(self.ratios.mean(axis=0), goal - 1e-12))
-        return int(math.ceil(_bucket_bytes(min(b, MAX_BUCKET - 1))))
+        return int(math.ceil(_bucket_bytes(min(b, MAX_BUCKET - 1)) / efficiency))
 
-    def points(self, cache_bytes: int) -> list[Point]:
+    def points(self, cache_bytes: int, efficiency: float = 1.0) -> list[Point]:
         """The points the advisor reports: FACTORS x the current cache, then the size for 90% of the achievable
         hits (sorted by size, one point per size)."""
         sizes = {int(cache_bytes * f) for f in FACTORS if cache_bytes > 0}
-        sizes.add(self.size_for())
-        return [self.point(s) for s in sorted(sizes) if s > 0]
+        sizes.add(self.size_for(efficiency=efficiency))
+        return [self.point(s, efficiency) for s in sorted(sizes) if s > 0]
 
-    def advice(self, cache_bytes: int) -> dict[str, Any]:
-        """The JSON the control socket and ``cachepilot advise`` show for one volume."""
-        return {"cache_bytes": cache_bytes, "samples": self.samples, "seeds": self.seeds,
-                "rate": round(self.rate, 6), "size_for_90pct": self.size_for() if self.samples else 0,
-                "points": [p.to_json() for p in self.points(cache_bytes)] if self.samples else []}
+    def advice(self, cache_bytes: int, measured: float | None = None) -> dict[str, Any]:
+        """The JSON the control socket and ``cachepilot advise`` show for one volume. With ``measured`` (the
+        cache's own read hit ratio over the advisor's window) the points are calibrated: the cache is taken for an
+        LRU of the size that gives that ratio, scaled with it (``lru_points``: the plain LRU estimate)."""
+        out: dict[str, Any] = {"cache_bytes": cache_bytes, "samples": self.samples, "seeds": self.seeds,
+                               "rate": round(self.rate, 6), "size_for_90pct": 0, "points": []}
+        if not self.samples:
+            return out
+        eff = 1.0 if measured is None else self.efficiency(cache_bytes, measured)
+        out.update(size_for_90pct=self.size_for(efficiency=eff),
+                   points=[p.to_json() for p in self.points(cache_bytes, eff)])
+        if measured is not None:
+            out.update(measured_hit_ratio=round(measured, 4), efficiency=round(eff, 4),
+                       lru_points=[p.to_json() for p in self.points(cache_bytes)])
+        return out
 
 
 EMPTY = Curve([])
@@ -297,5 +318,5 @@ class Advisors:
         adv = self.by_dev.get(dev)
         return adv.freeze() if adv is not None else EMPTY
 
-    def advice(self, dev: int, cache_bytes: int) -> dict[str, Any]:
-        return self.curve_of(dev).advice(cache_bytes)
+    def advice(self, dev: int, cache_bytes: int, measured: float | None = None) -> dict[str, Any]:
+        return self.curve_of(dev).advice(cache_bytes, measured)

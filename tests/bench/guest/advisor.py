@@ -4,7 +4,7 @@ ground truth the sizing advisor's prediction is checked against (tests/bench/ben
 usage: advisor.py WORKLOAD [--seed N]     WORKLOAD: zipf | fileserver
 
 The workload is a seeded generator of cachepilot.workloads run on real files (the same operations at any cache
-size): zipf = the warm-restart generator's Zipf(1.0) whole-file reads over 6 000 files of ~64 KiB (~375 MiB), without
+size): zipf = the warm-restart generator's Zipf(1.0) whole-file reads over 5 000 files of ~64 KiB (~310 MiB), without
 its cache drop; fileserver = Filebench's fileserver shape (an initial set of 4 000 files of ~64 KiB, then create +
 write, append, whole-file read, delete per iteration). Reads drop the file's page cache first (so they reach the
 cache); `cachepilot record` records from before the first write (written data enters bcache: the advisor counts it).
@@ -34,9 +34,9 @@ STATS_SETTLE_S = 6.0  # bcache folds its counters into stats_total every 5 s
 def ops_of(name: str, seed: int) -> tuple[list[Op], int]:
     """The workload's operations and the index of its first measured one (after the initial file set)."""
     if name == "zipf":
-        w = warm_restart(reads=12000, nfiles=6000, mean_size=64 * KiB, zipf_s=1.0, hot_files=0, seed=seed)
+        w = warm_restart(reads=10000, nfiles=5000, mean_size=64 * KiB, zipf_s=1.0, hot_files=0, seed=seed)
         ops = [op for op in w.ops if op[0] != DROP_CACHE]
-        return ops, 2 * 6000
+        return ops, 2 * 5000
     if name == "fileserver":
         w = fileserver(iterations=3000, nfiles=4000, mean_size=64 * KiB, seed=seed)
         return w.ops, 2 * 4000
