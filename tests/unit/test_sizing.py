@@ -225,3 +225,23 @@ def test_offline_calibration_from_the_traces_samples(tmp_path: Path) -> None:
     assert {p["size_bytes"]: p["hit_ratio"] for p in a["points"]}[64 * MiB] == pytest.approx(measured, abs=0.01)
     assert "efficiency" not in from_trace(str(path), "bcache0", None, calibrate=False)
     assert "calibrated" in render(a)
+
+
+def test_the_engine_feeds_drains_and_samples_to_the_advisor() -> None:
+    """The live path: the engine's drains reach the volume's advisor, its samples calibrate it; a volume removed
+    takes its advisor with it; a new counter base (cache replaced) starts the window again."""
+    from cachepilot.engine.engine import Engine
+
+    eng = Engine(volumes=[VolumeInfo(DEV, "bcache0", cache_bytes=64 * MiB)])
+    recs = np.array([(DEV, 7, 0, 1, 0, 8192, 0, 1, 8192), (kdev(8, 1), 6, 0, 1, 0, 8192, 0, 1, 8192)],
+                    dtype=HOT_DTYPE)
+    eng.feed_hotness_array(recs)
+    eng.feed_hotness_array(recs)
+    assert list(eng.sizing.by_dev) == [DEV] and eng.sizing.by_dev[DEV].freeze().samples == 2
+    eng.sample(VolumeSample(DEV, 1, "writethrough", 0, 500, 500, 0))
+    eng.sample(VolumeSample(DEV, 2, "writethrough", 0, 560, 540, 0))
+    assert eng.sizing.curve_of(DEV).measured == pytest.approx(0.6)
+    eng.sample(VolumeSample(DEV, 3, "writethrough", 0, 10, 10, 0))  # counters went back: a new window
+    assert eng.sizing.curve_of(DEV).measured is None
+    eng.remove_volume(DEV)
+    assert not eng.sizing.by_dev and not eng.sizing.measured

@@ -13,16 +13,6 @@ from cachepilot.display import escape
 from cachepilot.errors import UserError
 from cachepilot.units import parse_size
 
-MIN_REQUESTS = 100  # fewer reads counted by the cache calibrate nothing
-
-
-def _measured(seen: list[tuple[int, int]]) -> float | None:
-    """The cache's own read hit ratio between the trace's first and last sample (None: too few reads)."""
-    if len(seen) < 2:
-        return None
-    hits, misses = seen[-1][0] - seen[0][0], seen[-1][1] - seen[0][1]
-    return hits / (hits + misses) if hits >= 0 and misses >= 0 and hits + misses >= MIN_REQUESTS else None
-
 
 def from_trace(path: str, volume: str, cache_size: int | None, calibrate: bool = True) -> dict[str, Any]:
     """The advice for ``volume`` of the trace at ``path`` (its hotness records fed to a fresh advisor), calibrated
@@ -39,7 +29,6 @@ def from_trace(path: str, volume: str, cache_size: int | None, calibrate: bool =
     if cache <= 0:
         raise UserError(f"{path}: the trace does not say {volume}'s cache size: give --cache-size")
     advisors = Advisors()
-    seen: list[tuple[int, int]] = []  # the cache's (hits, misses), first and last sample
     for t, recs in reader.blocks(hot_as_array=True):
         if t == T_HOT:
             advisors.observe(recs, (info.dev,))
@@ -47,8 +36,8 @@ def from_trace(path: str, volume: str, cache_size: int | None, calibrate: bool =
             for r in recs:
                 s = volume_sample(r)
                 if s.dev == info.dev:
-                    seen[min(len(seen), 1):] = [(s.hits, s.misses)]  # keeps the first, replaces the last
-    out = {"volume": volume, **advisors.advice(info.dev, cache, _measured(seen) if calibrate else None)}
+                    advisors.note_sample(s.dev, s.hits, s.misses)
+    out = {"volume": volume, **advisors.advice(info.dev, cache, calibrate)}
     if reader.cut:
         out["cut"] = reader.cut
     return out

@@ -61,7 +61,8 @@ def _advise(snap: Status | None, vols: dict[str, Any], req: dict[str, Any]) -> d
     cache = req.get("cache_bytes", vol.cache_bytes)
     if not isinstance(cache, int) or isinstance(cache, bool) or not 0 < cache < 1 << 62:
         raise UserError(f"cache_bytes must be a positive integer, got {cache!r}")
-    return {"volume": name, **snap.curves.get(name, EMPTY).advice(cache)}
+    curve = snap.curves.get(name, EMPTY)
+    return {"volume": name, **curve.advice(cache, curve.measured)}
 
 
 def _explain(decisions: list[dict[str, Any]], vols: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:

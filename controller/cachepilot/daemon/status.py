@@ -239,7 +239,7 @@ def _advice(curve: Curve | None, cache_bytes: int) -> tuple[tuple[int, float, fl
     if curve is None or not curve.samples:
         return ()
     return tuple((p.size_bytes, p.hit_ratio, p.error, p.origin_read_bytes, p.origin_write_bytes)
-                 for p in curve.points(cache_bytes))
+                 for p in curve.points(cache_bytes, curve.calibration(cache_bytes)))
 
 
 def exporter_snapshot(status: Status, ex: Any, tick_duration: Any, now_wall: float,

@@ -383,6 +383,7 @@ class Engine:
         if c is None:
             self.unknown_events += 1
             return
+        self.sizing.note_sample(s.dev, s.hits, s.misses)  # the advisor calibrates by the cache's own ratio
         st = c.state
         grew = st.update(VolumeSample(
             s.dev, s.ts_ns, normalise_mode(s.mode), s.dirty_bytes, s.hits, s.misses, s.io_errors, s.failed,

@@ -188,11 +188,35 @@ class Point:
                 "origin_read_bytes": self.origin_read_bytes, "origin_write_bytes": self.origin_write_bytes}
 
 
+MIN_REQUESTS = 100  # fewer reads counted by the cache calibrate nothing
+
+
+class Measured:
+    """The cache's own read hits and misses over the advisor's window: its first and last cumulative counts."""
+
+    def __init__(self) -> None:
+        self.first: tuple[int, int] | None = None
+        self.last: tuple[int, int] | None = None
+
+    def note(self, hits: int, misses: int) -> None:
+        if self.first is None or hits < self.first[0] or misses < self.first[1]:  # new counters (cache replaced)
+            self.first = (hits, misses)
+        self.last = (hits, misses)
+
+    def ratio(self) -> float | None:
+        """The read hit ratio over the window (None: too few reads to calibrate by)."""
+        if self.first is None or self.last is None:
+            return None
+        hits, misses = self.last[0] - self.first[0], self.last[1] - self.first[1]
+        return hits / (hits + misses) if hits + misses >= MIN_REQUESTS else None
+
+
 class Curve:
     """An advisor's curve frozen at one moment (the daemon publishes it with its snapshot; the control socket's
     thread reads it): each sampler's hit ratio by size bucket, and the mean bytes read and written."""
 
-    def __init__(self, samplers: list[Sampler]) -> None:
+    def __init__(self, samplers: list[Sampler], measured: float | None = None) -> None:
+        self.measured = measured  # the cache's own read hit ratio over the same window, if known
         self.ratios = np.stack([s.curve() for s in samplers]) if samplers else np.zeros((1, MAX_BUCKET))
         self.best = [s.achievable() for s in samplers] or [0.0]
         self.read = sum(s.read for s in samplers) / max(1, len(samplers))
@@ -217,6 +241,10 @@ class Curve:
         b = int(np.searchsorted(self.ratios.mean(axis=0), measured - 1e-12))
         share = _bucket_bytes(min(b, MAX_BUCKET - 1)) / max(1, cache_bytes)
         return min(MAX_EFFICIENCY, max(MIN_EFFICIENCY, share))
+
+    def calibration(self, cache_bytes: int) -> float:
+        """The efficiency the cache's measured ratio gives (1: not measured, the plain LRU estimate)."""
+        return 1.0 if self.measured is None or not self.samples else self.efficiency(cache_bytes, self.measured)
 
     def size_for(self, share: float = ACHIEVABLE_SHARE, efficiency: float = 1.0) -> int:
         """The smallest size whose (mean) hit ratio reaches ``share`` of the achievable one (0: nothing to hit)."""
@@ -276,8 +304,8 @@ class Advisor:
                 if read > 0 or written > 0:
                     s.access((dev, ino, gen), h, _touched(read, written, size), max(read, 0), max(written, 0))
 
-    def freeze(self) -> Curve:
-        return Curve(self.samplers)
+    def freeze(self, measured: float | None = None) -> Curve:
+        return Curve(self.samplers, measured)
 
     def point(self, size: int) -> Point:
         return self.freeze().point(size)
@@ -295,6 +323,7 @@ class Advisors:
     def __init__(self, max_objects: int = MAX_OBJECTS) -> None:
         self.max_objects = max_objects
         self.by_dev: dict[int, Advisor] = {}
+        self.measured: dict[int, Measured] = {}
 
     def observe(self, records: np.ndarray, devs: Collection[int]) -> None:
         """A drain's records; files of devices not in ``devs`` (no managed volume) are left out, so the advisors
@@ -309,14 +338,22 @@ class Advisors:
                 adv = self.by_dev[dev] = Advisor(self.max_objects)
             adv.observe(records[records["dev"] == dev])
 
+    def note_sample(self, dev: int, hits: int, misses: int) -> None:
+        """The cache's own cumulative read hits and misses (a volume sample), to calibrate by."""
+        self.measured.setdefault(dev, Measured()).note(hits, misses)
+
     def forget(self, keep: Collection[int]) -> None:
         """Volumes gone: their advisors go too."""
         for dev in [d for d in self.by_dev if d not in keep]:
             del self.by_dev[dev]
+        for dev in [d for d in self.measured if d not in keep]:
+            del self.measured[dev]
 
     def curve_of(self, dev: int) -> Curve:
         adv = self.by_dev.get(dev)
-        return adv.freeze() if adv is not None else EMPTY
+        m = self.measured.get(dev)
+        return adv.freeze(m.ratio() if m is not None else None) if adv is not None else EMPTY
 
-    def advice(self, dev: int, cache_bytes: int, measured: float | None = None) -> dict[str, Any]:
-        return self.curve_of(dev).advice(cache_bytes, measured)
+    def advice(self, dev: int, cache_bytes: int, calibrate: bool = True) -> dict[str, Any]:
+        curve = self.curve_of(dev)
+        return curve.advice(cache_bytes, curve.measured if calibrate else None)
