@@ -21,6 +21,7 @@ range). LRU only: bcache's eviction and dm-cache's smq differ from LRU, so the e
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -59,12 +60,12 @@ def _bucket(distance: float) -> int:
     return min(MAX_BUCKET - 1, max(0, math.ceil(math.log2(max(distance, 1.0)) * STEPS_PER_OCTAVE)))
 
 
-def _touched(read: int, written: int, size: int) -> int:
-    """A file's weight in the cache for one tick: the bytes it moved, at most its size, in whole blocks."""
-    touched = max(read, written)
-    if size > 0:
-        touched = min(touched, size)
-    return max(BLOCK, -(-touched // BLOCK) * BLOCK)
+def _touched(read: np.ndarray, written: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """Each file's weight in the cache for one tick: the bytes it moved, at most its size (when known), in whole
+    blocks, at least one."""
+    moved = np.maximum(read, written)
+    moved = np.where(size > 0, np.minimum(moved, size), moved)
+    return np.asarray(np.maximum(BLOCK, -(-moved // BLOCK) * BLOCK))
 
 
 def _upto(size: float) -> int:
@@ -110,6 +111,8 @@ class Sampler:
         self.tree = _Fenwick(self.capacity)
         self.clock = 0
         self.objects: dict[tuple[int, int, int], tuple[int, int, int]] = {}  # key -> (hash, position, bytes)
+        self.by_hash: list[tuple[int, tuple[int, int, int]]] = []  # max-heap (negated hash) of the sampled objects
+        self.total = 0  # bytes of the sampled objects (the tree's whole sum)
         self.hist = np.zeros(MAX_BUCKET, dtype=np.float64)  # read bytes (scaled) by reuse-distance bucket
         self.cold = 0.0  # read bytes at an infinite distance (first accesses)
         self.near = 0.0  # re-reads within a tick: hits at any size
@@ -129,8 +132,9 @@ class Sampler:
         old = self.objects.get(key)
         if old is not None:
             _, pos, weight = old
-            distance = self.tree.prefix(self.clock) - self.tree.prefix(pos + 1) + touched
+            distance = self.total - self.tree.prefix(pos + 1) + touched
             self.tree.add(pos, -weight)
+            self.total -= weight
         if read:
             self.samples += 1
             first = min(read, touched)
@@ -143,6 +147,9 @@ class Sampler:
         if self.clock >= self.capacity:
             self._renumber()
         self.tree.add(self.clock, touched)
+        self.total += touched
+        if old is None:
+            heapq.heappush(self.by_hash, (-h, key))
         self.objects[key] = (h, self.clock, touched)
         self.clock += 1
         if len(self.objects) > self.max_objects:
@@ -150,11 +157,12 @@ class Sampler:
 
     def _shrink(self) -> None:
         """Lower T to the highest sampled hash and drop every object at or above it."""
-        top = max(h for h, _, _ in self.objects.values())
+        top = -self.by_hash[0][0]
         self.threshold = top
-        for k in [k for k, (h, _, _) in self.objects.items() if h >= top]:
-            _, pos, weight = self.objects.pop(k)
+        while self.by_hash and -self.by_hash[0][0] >= top:
+            _, pos, weight = self.objects.pop(heapq.heappop(self.by_hash)[1])
             self.tree.add(pos, -weight)
+            self.total -= weight
 
     def _renumber(self) -> None:
         """Positions ran out: the live objects, in recency order, get positions 0..n-1 again."""
@@ -294,15 +302,18 @@ class Advisor:
 
     def observe(self, recs: np.ndarray) -> None:
         """One drain's records of this volume (HOT_DTYPE): each sampler takes those under its threshold."""
+        read = np.maximum(recs["rb"].astype(np.int64), 0)
+        written = np.maximum(recs["wb"].astype(np.int64), 0)
+        touched = _touched(read, written, recs["size"].astype(np.int64))
+        live = (read > 0) | (written > 0)
         for s in self.samplers:
             hashes = spatial_hash(recs["dev"], recs["ino"], recs["gen"], s.seed)
-            picked = recs[hashes < s.threshold]
-            rows = zip(picked["dev"].tolist(), picked["ino"].tolist(), picked["gen"].tolist(),
-                       hashes[hashes < s.threshold].tolist(), picked["rb"].tolist(), picked["wb"].tolist(),
-                       picked["size"].tolist(), strict=True)
-            for dev, ino, gen, h, read, written, size in rows:
-                if read > 0 or written > 0:
-                    s.access((dev, ino, gen), h, _touched(read, written, size), max(read, 0), max(written, 0))
+            pick = live & (hashes < s.threshold)
+            rows = zip(recs["dev"][pick].tolist(), recs["ino"][pick].tolist(), recs["gen"][pick].tolist(),
+                       hashes[pick].tolist(), touched[pick].tolist(), read[pick].tolist(), written[pick].tolist(),
+                       strict=True)
+            for dev, ino, gen, h, weight, rb, wb in rows:
+                s.access((dev, ino, gen), h, weight, rb, wb)
 
     def freeze(self, measured: float | None = None) -> Curve:
         return Curve(self.samplers, measured)
