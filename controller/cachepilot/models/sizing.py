@@ -114,7 +114,6 @@ class Sampler:
         self.by_hash: list[tuple[int, tuple[int, int, int]]] = []  # max-heap (negated hash) of the sampled objects
         self.total = 0  # bytes of the sampled objects (the tree's whole sum)
         self.hist = np.zeros(MAX_BUCKET, dtype=np.float64)  # read bytes (scaled) by reuse-distance bucket
-        self.cold = 0.0  # read bytes at an infinite distance (first accesses)
         self.near = 0.0  # re-reads within a tick: hits at any size
         self.read = 0.0
         self.written = 0.0
@@ -140,9 +139,7 @@ class Sampler:
             first = min(read, touched)
             self.read += read * scale
             self.near += (read - first) * scale
-            if old is None:
-                self.cold += first * scale
-            else:
+            if old is not None:  # a first access is a miss at any size: in the total only
                 self.hist[_bucket(distance * scale)] += first * scale
         if self.clock >= self.capacity:
             self._renumber()
