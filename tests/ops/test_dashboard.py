@@ -86,9 +86,10 @@ def test_panels_are_complete() -> None:
                    "volume_mode:code", "cachepilot_ready", "tick_duration"):
         assert needed in text, needed
     # and issue 24: the controller's own state, and the stock cache's metrics from node_exporter beside ours
+    # (issue 25: the sizing advisor's curve)
     for needed in ("exposure_breaches_total", "drains_total", "target_mode:code", "cachepilot_dry_run",
                    "cachepilot_observe_only", "cachepilot_volume_unmanaged", "process_resident_memory_bytes",
-                   "cachepilot_build_info", "node_disk_", "node_bcache_"):
+                   "cachepilot_build_info", "node_disk_", "node_bcache_", "cachepilot_advisor_hit_ratio"):
         assert needed in text, needed
 
 

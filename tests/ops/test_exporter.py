@@ -84,6 +84,10 @@ EXPECTED = {
     "cachepilot_build_info": ("gauge", ("bpf_object", "kernel", "version")),
     "cachepilot_volume_unmanaged": ("gauge", ("device", "reason", "volume")),
     "cachepilot_volume_cache_set_info": ("gauge", ("device", "uuid", "volume")),
+    # the sizing advisor's points (issue 25), by cache size in bytes
+    "cachepilot_advisor_hit_ratio": ("gauge", ("device", "size_bytes", "volume")),
+    "cachepilot_advisor_hit_ratio_error": ("gauge", ("device", "size_bytes", "volume")),
+    "cachepilot_advisor_origin_read_bytes": ("gauge", ("device", "size_bytes", "volume")),
     # the daemon's own process (prometheus_client's ProcessCollector, prefixed: node_exporter has its own process_*)
     "cachepilot_process_cpu_seconds": ("counter", ()),
     "cachepilot_process_max_fds": ("gauge", ()),

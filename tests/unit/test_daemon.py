@@ -350,11 +350,12 @@ class Rig:
     """A daemon without a probe, on fakes; ticks driven by hand."""
 
     def __init__(self, tmp: Path, policy: str = POLICY_DESTRUCTIVE, dry_run: bool = False,
-                 metrics: str = "{listen: ''}") -> None:
+                 metrics: str = "{listen: ''}", advisor: bool = False) -> None:
         self.tmp = tmp
         write(tmp / "p.yaml", policy)
         self.cfg_path = write(tmp / "c.yaml", f"version: 1\npolicies: [p.yaml]\nstate_dir: st\nsocket: ctl.sock\n"
-                              f"dry_run: {str(dry_run).lower()}\nmetrics: {metrics}\nrescan: 1s\n")
+                              f"dry_run: {str(dry_run).lower()}\nmetrics: {metrics}\nrescan: 1s\n"
+                              f"advisor: {str(advisor).lower()}\n")
         self.found = [Found(VOL)]
         self.backends: dict[str, FakeBackend] = {}
         self.d = Daemon(load_config(self.cfg_path), config_path=self.cfg_path,
@@ -1149,3 +1150,46 @@ def test_start_up_objects_are_frozen_and_full_collections_counted(rig: Rig) -> N
     gc.collect()
     assert rig.d.counters["gc.full"] == before  # no callback left behind
     gc.unfreeze()
+# ---------------------------------------------------------------------------------------------- sizing advisor
+def test_advise_answers_from_the_live_drains_and_the_metrics_carry_the_curve(tmp_path: Path) -> None:
+    """The drains the daemon feeds reach the advisor; `advise` answers from the snapshot (any cache size asked);
+    bad requests are one UserError; the exporter publishes the points."""
+    r = Rig(tmp_path, metrics=f"{{listen: '', textfile: {tmp_path}/m.prom}}", advisor=True)
+    r.d.start()
+    for rnd in range(3):  # 100 files of 1 MiB read three times: 1/3 cold, 2/3 hits once the cache holds 100 MiB
+        for f in range(100):
+            r.d._feed(HotnessDelta(FileKey(DEV, 100 + f, 1), 1, 0, 1 << 20, 0, rnd, 1 << 20))
+    r.tick(1)
+    a = r.d.answer({"cmd": "advise", "volume": "bcache0"})
+    assert a["volume"] == "bcache0" and a["cache_bytes"] == 1 << 30 and a["samples"] == 300
+    by_size = {p["size_bytes"]: p for p in a["points"]}
+    assert by_size[1 << 30]["hit_ratio"] == pytest.approx(2 / 3, abs=1e-3)
+    assert a["size_for_90pct"] <= 110 << 20
+    small = r.d.answer({"cmd": "advise", "volume": "bcache0", "cache_bytes": 50 << 20})
+    assert {p["size_bytes"]: p["hit_ratio"] for p in small["points"]}[50 << 20] == 0.0  # LRU loops: all miss
+    for bad, words in (({"volume": "nope"}, "unknown volume 'nope'"), ({"volume": "bcache0", "cache_bytes": -1},
+                       "cache_bytes must be a positive integer"), ({"volume": "bcache0", "cache_bytes": "1G"},
+                       "cache_bytes must be")):
+        with pytest.raises(UserError, match=words):
+            r.d.answer({"cmd": "advise", **bad})
+    r.tick(2)
+    text = (tmp_path / "m.prom").read_text()
+    assert ('cachepilot_advisor_hit_ratio{device="bcache0",size_bytes="1073741824",volume="bcache0"} 0.666'
+            in text), [line for line in text.splitlines() if "advisor" in line]
+    assert 'cachepilot_advisor_hit_ratio_error{device="bcache0",size_bytes="536870912",volume="bcache0"} 0.0' in text
+    r.d.shutdown()
+
+
+def test_the_live_advisor_is_opt_in_and_off_it_costs_nothing(tmp_path: Path) -> None:
+    """Off by default (its samplers cost Python work per file touched each tick): the engine feeds none, `advise`
+    says how to turn it on, no advisor metric is published."""
+    r = Rig(tmp_path, metrics=f"{{listen: '', textfile: {tmp_path}/m.prom}}")
+    r.d.start()
+    assert r.d.engine.sizing is None
+    r.d._feed(HotnessDelta(FileKey(DEV, 100, 1), 1, 0, 1 << 20, 0, 0, 1 << 20))
+    r.tick(1)
+    with pytest.raises(UserError, match="advisor: true"):
+        r.d.answer({"cmd": "advise", "volume": "bcache0"})
+    r.tick(2)
+    assert "cachepilot_advisor_hit_ratio{" not in (tmp_path / "m.prom").read_text()
+    r.d.shutdown()

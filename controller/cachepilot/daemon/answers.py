@@ -11,6 +11,7 @@ from cachepilot.daemon.acting import DECISIONS_KEPT
 from cachepilot.daemon.reloads import Verdict
 from cachepilot.daemon.status import Status
 from cachepilot.errors import UserError
+from cachepilot.models.sizing import EMPTY
 
 TOP_K = 25
 
@@ -28,6 +29,8 @@ def answer(snap: Status | None, req: dict[str, Any], clear_requests: list[str],
         return _top(snap, vols, req)
     if cmd == "explain":
         return _explain(snap.decisions if snap is not None else [], vols, req)
+    if cmd == "advise":
+        return _advise(snap, vols, req)
     if cmd == "clear_latch":
         name = str(req.get("volume", ""))
         vol = vols.get(name)
@@ -36,7 +39,7 @@ def answer(snap: Status | None, req: dict[str, Any], clear_requests: list[str],
         # Queued even when the snapshot (one tick old) shows no latch: the tick in between may have set one.
         clear_requests.append(name)  # done by the loop at its next tick
         return {"queued": name, "latched": vol.latched}
-    raise UserError(f"unknown command {cmd!r} (status, top, explain, clear_latch, reload)")
+    raise UserError(f"unknown command {cmd!r} (status, top, explain, advise, clear_latch, reload)")
 
 
 def _top(snap: Status | None, vols: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
@@ -48,6 +51,21 @@ def _top(snap: Status | None, vols: dict[str, Any], req: dict[str, Any]) -> dict
     return {"volumes": [{"name": name, "mountpoint": vols[name].mountpoint, "dev": vols[name].dev,
                          "files": files[:n]}
                         for name, files in top.items() if name in vols and (want is None or name == want)]}
+
+
+def _advise(snap: Status | None, vols: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
+    name = str(req.get("volume", ""))
+    vol = vols.get(name)
+    if snap is None or vol is None:
+        raise UserError(f"unknown volume {name!r} (known: {', '.join(sorted(vols)) or 'none'})")
+    cache = req.get("cache_bytes", vol.cache_bytes)
+    if not isinstance(cache, int) or isinstance(cache, bool) or not 0 < cache < 1 << 62:
+        raise UserError(f"cache_bytes must be a positive integer, got {cache!r}")
+    if name not in snap.curves:
+        raise UserError("the live sizing advisor is off: `advisor: true` in the daemon's configuration turns it on "
+                        "(a restart takes it); offline: cachepilot advise VOLUME --trace RECORDING")
+    curve = snap.curves.get(name, EMPTY)
+    return {"volume": name, **curve.advice(cache, curve.measured)}
 
 
 def _explain(decisions: list[dict[str, Any]], vols: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:

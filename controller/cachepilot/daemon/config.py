@@ -48,6 +48,7 @@ SCHEMA: dict[str, Any] = {
         "rescan": _DURATION,
         "state_interval": _DURATION,
         "dry_run": {"type": "boolean"},
+        "advisor": {"type": "boolean"},
         "observe": {"type": "array", "items": {"type": "string", "minLength": 1}},
         "max_files": {"type": "integer", "minimum": 64, "maximum": 1 << 26},
         "bpf_object": {"type": "string", "minLength": 1},
@@ -74,6 +75,8 @@ class DaemonConfig:
     rescan_s: float = 10.0
     state_interval_s: float = 30.0
     dry_run: bool = False
+    # the live sizing advisor: Python work per file touched each tick (offline `advise --trace` needs none)
+    advisor: bool = False
     observe: tuple[str, ...] = ()
     max_files: int = 1 << 18
     metrics_listen: str = DEFAULT_METRICS  # "" = no HTTP listener
@@ -167,6 +170,7 @@ def parse_config(text: str, source: str, base_dir: Path) -> DaemonConfig:
         rescan_s=dur("rescan", 10.0, 0.1, MAX_INTERVAL_S),
         state_interval_s=dur("state_interval", 30.0, 0.1, MAX_INTERVAL_S),
         dry_run=bool(raw.get("dry_run", False)),
+        advisor=bool(raw.get("advisor", False)),
         observe=tuple(raw.get("observe", [])),
         max_files=int(raw.get("max_files", 1 << 18)),
         metrics_listen=_listen(metrics.get("listen", DEFAULT_METRICS), doc),

@@ -44,6 +44,7 @@ from cachepilot.daemon.ticktime import StageTimes
 from cachepilot.daemon.volume import VolumeTable
 from cachepilot.engine.engine import Engine
 from cachepilot.errors import FatalError, UserError
+from cachepilot.models.sizing import Curve
 
 log = logging.getLogger("cachepilot")
 
@@ -69,7 +70,7 @@ class Daemon:
         self.config_path = config_path
         self.probe_factory = probe_factory
         self.notifier = notifier or Notifier()
-        self.engine = Engine(config.policy, start_ns=time.monotonic_ns())
+        self.engine = Engine(config.policy, start_ns=time.monotonic_ns(), advisor=config.advisor)
         self.vols = VolumeTable()
         self.state = StateFile(config.state_dir)
         self.lock = DaemonLock(config.state_dir, host_lock_path())
@@ -91,6 +92,7 @@ class Daemon:
         self.stages = self._stages()
         self.snapshot: status.Status | None = None  # the last published, replaced whole (read by other threads)
         self.top: dict[str, list[dict[str, int]]] = {}
+        self.curves: dict[str, Curve] = {}  # the sizing advisor's, by volume name
         self.policy_error: str | None = None
         self.policy_generation = 1
         self.reloads = ReloadRequests()
@@ -309,6 +311,8 @@ class Daemon:
         if now >= self._next_top:
             self.top = {v.info.name: hottest(self.engine.hotness, v.info.dev, TOP_K) for v in self.vols.values()}
             self._next_top = now + int(TOP_EVERY_S * NS)
+        sizing = self.engine.sizing
+        self.curves = {} if sizing is None else {v.info.name: sizing.curve_of(v.info.dev) for v in self.vols.values()}
         vols = tuple(status.volume_status(v, v.ctl, now, self.engine.now_ns) for v in self.vols.values()
                      if v.ctl is not None)
         self.snapshot = snap = status.build(self, vols, now, tick_ns)

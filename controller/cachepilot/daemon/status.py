@@ -17,6 +17,7 @@ from cachepilot.capabilities import ERROR_COUNTS, KIND_BCACHE
 from cachepilot.daemon import actuation, ticktime
 from cachepilot.daemon.volume import ManagedVolume, devname
 from cachepilot.engine.volumectl import VolumeCtl, normalise_mode
+from cachepilot.models.sizing import Curve
 
 if TYPE_CHECKING:
     from cachepilot.daemon.daemon import Daemon
@@ -174,6 +175,7 @@ class Status:
     has_drops: bool = field(default=False, metadata={"json": False})
     counts: Counts | None = field(default=None, metadata={"json": False})
     bpf_object: str = field(default="none", metadata={"json": False})
+    curves: dict[str, Curve] = field(default_factory=dict, metadata={"json": False})  # the advisor's, by volume
 
     def to_json(self, leave_out: tuple[str, ...] = ()) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -247,6 +249,13 @@ def _promotion_pacing(v: ManagedVolume) -> dict[str, Any]:
             "promotion_rate": float(promoter.rate)}
 
 
+def _advice(curve: Curve | None, cache_bytes: int) -> tuple[tuple[int, float, float, int, int], ...]:
+    if curve is None or not curve.samples:
+        return ()
+    return tuple((p.size_bytes, p.hit_ratio, p.error, p.origin_read_bytes, p.origin_write_bytes)
+                 for p in curve.points(cache_bytes, curve.calibration(cache_bytes)))
+
+
 def exporter_snapshot(status: Status, ex: Any, tick_duration: Any, now_wall: float,
                       left_out: list[str]) -> Any:
     """The exporter's DaemonSnapshot (``ex``: the exporter module) of ``status``; a volume whose labels the
@@ -266,7 +275,7 @@ def exporter_snapshot(status: Status, ex: Any, tick_duration: Any, now_wall: flo
                 bypassed_bytes=m.bypassed_bytes, promoted_bytes=m.promoted_bytes,
                 discard_issued_bytes=m.discard_issued_bytes, discard_landed_bytes=m.discard_landed_bytes,
                 barriers=m.barriers, cache_set=m.cache_set, alloc_failures=m.alloc_failures,
-                promotion_rate=m.promotion_rate,
+                promotion_rate=m.promotion_rate, advice=_advice(status.curves.get(v.name), v.cache_bytes),
                 epoch_bytes=m.epoch_bytes if m.epoch_bytes is not None else ex.Histogram.empty(ex.EPOCH_BUCKETS)))
         except ValueError as exc:
             left_out.append(f"metrics: {v.name} left out: {exc}")
@@ -314,7 +323,7 @@ def build(d: Daemon, vols: tuple[VolumeStatus, ...], now: int, tick_ns: int) -> 
         top=d.top, decisions=list(d.decisions), ready=d.ready, has_drops=drops is not None,
         counts=Counts(c.group("events"), c.group("decisions"), c.group("failed"), c["reloads"], c["reloads_failed"],
                       c.group(ticktime.WALL), c.group(ticktime.CPU)),
-        bpf_object=d.bpf_object)
+        bpf_object=d.bpf_object, curves=d.curves)
 
 
 def file_id(path: Any) -> str:

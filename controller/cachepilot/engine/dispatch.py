@@ -39,6 +39,8 @@ class EventDispatch:
         self.unknown_events = 0
         self.drops: Drops | None = None
         self.external_discards = 0
+        # models beside the hotness table that read every drain (sequential-cutoff steering, the sizing advisor)
+        self.hotness_readers: list[Callable[[np.ndarray], None]] = []
         handlers: dict[str, Callable[[Any], None]] = {
             records.HOTNESS.name: self._feed_hotness, records.FREED.name: self._feed_freed_extent,
             records.COMMIT.name: self._feed_commit, records.DELETE.name: self.delete,
@@ -97,6 +99,8 @@ class EventDispatch:
     def feed_hotness_array(self, records: np.ndarray) -> None:
         """Fastest path: a numpy array of HOT_DTYPE records (a trace block or a raw BPF drain)."""
         self.unknown_events += self.hotness.apply_array(records, known_only=True)
+        for read in self.hotness_readers:
+            read(records)
 
     def _vol(self, dev: int) -> VolumeCtl | None:
         c = self.vols.get(dev)

@@ -49,6 +49,7 @@ from cachepilot.models.admission import CachedSet
 from cachepilot.models.epochs import EpochTracker
 from cachepilot.models.freed import FreedExtentQueue
 from cachepilot.models.hotness import F_QUEUED, F_READ, HotnessTable
+from cachepilot.models.sizing import Advisors
 from cachepilot.models.volume import Health, VolumeInfo, VolumeSample, VolumeState
 from cachepilot.policy.model import DEFAULT_POLICY, Policy, VolumePolicy
 
@@ -58,9 +59,11 @@ class Engine:
     its collaborators; the public methods are what the daemon, replay and the simulator call."""
 
     def __init__(self, policy: Policy = DEFAULT_POLICY, volumes: Iterable[VolumeInfo] = (),
-                 start_ns: int = 0) -> None:
+                 start_ns: int = 0, advisor: bool = False) -> None:
         self.policy = policy
         self.hotness = HotnessTable(policy.half_life_s, start_ns)
+        # the cache-sizing advisor's samplers, fed the same drains (opt-in: its cost grows with the files touched)
+        self.sizing: Advisors | None = Advisors() if advisor else None
         self.vols: dict[int, VolumeCtl] = {}
         self.by_name: dict[str, VolumeCtl] = {}
         self.now_ns = start_ns
@@ -72,6 +75,10 @@ class Engine:
         self.drains = Drains(exposure)
         self.knobs = KnobPins(exposure)
         self.seq = SequentialSteering()  # bcache's sequential_cutoff, by what the bypassed runs are made of
+        self.events.hotness_readers.append(self.seq.written)
+        if self.sizing is not None:
+            sizing = self.sizing
+            self.events.hotness_readers.append(lambda recs: sizing.observe(recs, self.vols))
         for v in volumes:
             self.add_volume(v)
 
@@ -106,6 +113,8 @@ class Engine:
             return None
         self.by_name.pop(c.info.name, None)
         self.seq.forget(dev)
+        if self.sizing is not None:
+            self.sizing.forget(self.vols)
         flags = self.hotness.flags
         for slot in c.promo_queue.clear():
             flags[slot] &= ~F_QUEUED & 0xFF
@@ -151,7 +160,6 @@ class Engine:
     def feed_hotness_array(self, records: np.ndarray) -> None:
         """Fastest path: a numpy array of HOT_DTYPE records (a trace block or a raw BPF drain)."""
         self.events.feed_hotness_array(records)
-        self.seq.written(records)
 
     def feed_deletes(self, recs: list[tuple[int, ...]]) -> None:
         """Delete records in trace layout (dev, ino, gen, size, ts_ns), in one index lookup per filesystem."""
@@ -169,6 +177,8 @@ class Engine:
         if c is None:
             self.events.unknown_events += 1
             return
+        if self.sizing is not None:  # the advisor calibrates by the cache's own ratio
+            self.sizing.note_sample(s.dev, s.hits, s.misses)
         st = c.state
         grew = st.update(VolumeSample(
             s.dev, s.ts_ns, normalise_mode(s.mode), s.dirty_bytes, s.hits, s.misses, s.io_errors, s.failed,

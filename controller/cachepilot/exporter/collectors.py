@@ -234,6 +234,26 @@ def epochs(s: DaemonSnapshot) -> list[Metric]:
     ]
 
 
+def advisor(s: DaemonSnapshot) -> list[Metric]:
+    """The cache-sizing advisor's points (models/sizing.py): ½×, 1×, 2×, 4× the cache and the size reaching 90% of
+    the achievable hits, each labelled with its size in bytes."""
+    labels = [*VOL, "size_bytes"]
+    ratio = GaugeMetricFamily("cachepilot_advisor_hit_ratio", "Estimated read hit ratio (LRU, sampled) of the "
+                              "volume's workload at a cache of size_bytes.", labels=labels)
+    error = GaugeMetricFamily("cachepilot_advisor_hit_ratio_error", "The estimate's error: half the spread of the "
+                              "hit ratio across independent hash seeds.", labels=labels)
+    origin = GaugeMetricFamily("cachepilot_advisor_origin_read_bytes", "Estimated bytes the origin would have "
+                               "served (read misses) at a cache of size_bytes, over the advisor's window.",
+                               labels=labels)
+    for v in s.volumes:
+        for size, hit, err, read, _written in v.advice:
+            key = [v.volume, v.device, str(size)]
+            ratio.add_metric(key, hit)
+            error.add_metric(key, err)
+            origin.add_metric(key, read)
+    return [ratio, error, origin]
+
+
 # name (the collector's `kind` label) -> collector; the order is the exposition's order.
 COLLECTORS: dict[str, Collect] = {
     "daemon": daemon,
@@ -246,4 +266,5 @@ COLLECTORS: dict[str, Collect] = {
     "cache": cache,
     "actuation": actuation,
     "epochs": epochs,
+    "advisor": advisor,
 }

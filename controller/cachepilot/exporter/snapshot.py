@@ -135,6 +135,8 @@ class VolumeSnapshot:
     cache_set: str | None = None  # bcache: its cache set's UUID, node_exporter's node_bcache_*{uuid}; others: None
     alloc_failures: int | None = None  # bcache: read-miss inserts its cache refused (bcache_alloc_fail); else None
     promotion_rate: float | None = None  # the promoter's current rate in bytes/s (None: no promoter)
+    # the sizing advisor's points: (size bytes, hit ratio, its error, origin read bytes, origin write bytes)
+    advice: tuple[tuple[int, float, float, int, int], ...] = ()
 
     def __post_init__(self) -> None:
         check_label_value("volume", self.volume)
