@@ -44,6 +44,7 @@ from cachepilot.actions import (
     SetWritePolicy,
 )
 from cachepilot.capabilities import CAPABILITIES, KNOBS, Capabilities
+from cachepilot.engine.lifetime import Lifetimes
 from cachepilot.errors import UserError
 from cachepilot.events import (
     Barrier,
@@ -220,6 +221,7 @@ class Engine:
         self.unknown_events = 0
         self.drops: Drops | None = None
         self.external_discards = 0
+        self.lifetimes = Lifetimes()  # delete ages and the lifetime hold (engine.lifetime)
         handlers: dict[str, Callable[[Any], None]] = {
             records.HOTNESS.name: self._feed_hotness, records.FREED.name: self._feed_freed_extent,
             records.COMMIT.name: self._feed_commit, records.DELETE.name: self.delete,
@@ -351,6 +353,8 @@ class Engine:
         by_dev: dict[int, list[tuple[int, int]]] = {}
         for r in recs:
             by_dev.setdefault(r[0], []).append((r[1], r[2]))
+        for r in recs:
+            self._died(r[0], r[1], r[2], r[3], r[4])
         for dev, files in by_dev.items():
             arr = np.array(files, dtype=np.uint64).reshape(-1, 2)
             self.hotness.forget_many(dev, arr[:, 0], arr[:, 1].astype(np.uint32))  # as delete() does, per batch
@@ -372,7 +376,13 @@ class Engine:
     def delete(self, ev: Delete) -> None:
         # a member leaves its believed-cached set through the table (the set owns its dev's slots); a queued
         # promotion of it is dropped when it reaches the head
+        self._died(ev.key.dev, ev.key.ino, ev.key.gen, ev.size, ev.ts_ns)
         self.hotness.delete(ev)
+
+    def _died(self, dev: int, ino: int, gen: int, size: int, ts_ns: int) -> None:
+        slot = self.hotness.lookup(dev, ino, gen or None)
+        if slot is not None and dev in self.vols:
+            self.lifetimes.deleted(dev, self.hotness.born[slot], size, ts_ns)
 
     def sample(self, s: VolumeSample) -> None:
         c = self.vols.get(s.dev)
@@ -538,6 +548,7 @@ class Engine:
             self._track_drain(c, now)
             self._write_policy(c, now, out)
             self._knobs(c, now, out)
+            self._lifetime_hold(c, now, out)
             self._plan_drain(c, now, out)
             c.last_tick_ns = now
         return out
@@ -969,7 +980,16 @@ class Engine:
             f"exposure guarantee: a drain must finish within max_age/2 = {c.policy.exposure.max_age_s / 2:g} s"
             f" and the write-back thread's {knob} sleep is not cut short"), now, out)
 
-    def _request_knob(self, c: VolumeCtl, knob: str, value: str, why: str, now: int, out: list[Action]) -> None:
+    def _lifetime_hold(self, c: VolumeCtl, now: int, out: list[Action]) -> None:
+        """Recoverable write-back volumes hold young data dirty (engine.lifetime); not while latched or draining."""
+        vp, st = c.policy, c.state
+        active = (vp.lifetime_hold.enabled and c.latch is None and c.drain is None and st.samples > 0
+                  and normalise_mode(st.mode) == WRITEBACK and self._fm(c, now)[0] == "recoverable")
+        self.lifetimes.steer(c.info, vp, st.knobs, self.hotness.dev_bytes.get(c.info.dev, (0, 0))[1], now, active,
+                             lambda k, v, why: self._request_knob(c, k, v, why, now, out, put_back=True))
+
+    def _request_knob(self, c: VolumeCtl, knob: str, value: str, why: str, now: int, out: list[Action],
+                      put_back: bool = False) -> None:
         if _same_knob_value(knob, c.state.knobs.get(knob), value):
             c.requested_knobs.pop(knob, None)
             return
@@ -977,7 +997,7 @@ class Engine:
         if req is not None and req[0] == value and now - req[1] < REQUEST_RETRY_NS:
             return
         was = c.state.knobs.get(knob, "unknown")
-        out.append(SetKnob(c.info.name, knob, value, f"{why}; was {was}"))
+        out.append(SetKnob(c.info.name, knob, value, f"{why}; was {was}", put_back))
         c.requested_knobs[knob] = (value, now)
 
 
