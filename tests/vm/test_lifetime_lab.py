@@ -17,7 +17,7 @@ def test_young_files_die_dirty_under_the_hold_and_are_written_back_under_stock(l
     assert r.rc == 0, r.explain()
     v = r.values
     assert v["stock_percent"] == "10" and v["cleaned"] == "yes" and v["ready"] == "yes", r.explain()
-    # the same workload in both windows: ~45 MiB written, ~45 MiB deleted 15 s after it was written
+    # the same workload in both windows: ~45 MiB written, ~45 MiB deleted 10 s after it was written
     for tag in ("stock", "hold"):
         assert r.int(f"{tag}_written") >= 30 * MIB and r.int(f"{tag}_deleted") >= 30 * MIB, r.explain()
     # stock writes young data back before it dies ...

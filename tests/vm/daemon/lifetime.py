@@ -1,5 +1,5 @@
 """Lab: the lifetime hold on real bcache (write-back, ext4 mounted -o discard so that both runs kill deleted data
-the same way). The same workload twice -- a 1 MiB file written (fsync) every second, each deleted 15 s after it
+the same way). The same workload twice -- a 1 MiB file written (fsync) every second, each deleted 10 s after it
 was written -- first on stock settings (writeback_percent 10), then under `cachepilot run` with the recoverable
 model, whose lifetime hold raises writeback_percent from the ages it sees at delete. Origin bytes written during a
 measured window of each run: under stock, young files are written back before they die; under the hold, they die
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/vm: the gu
 from guestkit import say, wait  # noqa: E402
 
 MIB = 1 << 20
-AGE_S = 15  # each file dies this long after it was written
+AGE_S = 10  # each file dies this long after it was written (10 MiB young data live: fits the 30% room)
 WARM_S, MEASURE_S = 30, 45
 mnt = Path(os.environ["LAB_MOUNT"])
 sysfs = Path(os.environ["LAB_BCACHE_SYSFS"])
@@ -86,6 +86,7 @@ class Workload(threading.Thread):
 def measure(tag: str, w: Workload) -> None:
     """Origin bytes written and dirty data over MEASURE_S, the workload running."""
     w0, d0, o0 = w.written, w.deleted, origin_written()
+    say(f"{tag}_dirty_start", dirty())
     peak, t_end = 0, time.monotonic() + MEASURE_S
     while time.monotonic() < t_end:
         peak = max(peak, dirty())
@@ -139,6 +140,7 @@ w.start()
 t0 = time.monotonic()
 held = wait(lambda: int(attr("writeback_percent")) >= 25, 150, 1)
 say("hold_reached_s", f"{time.monotonic() - t0:.0f}" if held else "never")
+time.sleep(10)  # write-back's PI controller unwinds what it integrated while the hold ramped up
 measure("hold", w)
 w.stop.set()
 w.join()
