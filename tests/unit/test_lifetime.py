@@ -147,3 +147,12 @@ def test_policy_lifetime_hold_section() -> None:
         parse_policy(RECOVERABLE + "  lifetime_hold: {share: 0}\n", "t.yaml")
     with pytest.raises(UserError, match="lifetime_hold"):
         parse_policy(RECOVERABLE + "  lifetime_hold: {share: 2}\n", "t.yaml")
+
+
+def test_the_value_found_is_the_floor_the_hold_never_lowers_it() -> None:
+    """An operator's writeback_percent 25 (not pinned by the policy) is not lowered to the stock 10 when the deletes
+    ask for less; the hold only ever raises it."""
+    e = Engine(parse_policy(RECOVERABLE, "t.yaml"), [BCACHE])
+    asks = run_workload(e, BCACHE, 40, {"writeback_percent": "25"}, age_s=1)  # dies within 2 s: wants the floor
+    assert e.lifetimes.of(DEV).why and "floor 25%" in e.lifetimes.of(DEV).why
+    assert not asks

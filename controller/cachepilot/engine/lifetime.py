@@ -93,6 +93,7 @@ class VolumeLifetimes:
     rate: float = 0.0  # bytes/s written to the volume (exponential average, RATE_TAU_S)
     written: int | None = None  # the volume's cumulative write bytes at the last tick
     at_ns: int = 0
+    found: int | None = None  # the knob's value when the rule first looked: the floor (an operator's choice stays)
     why: str = ""  # the last decision, for status and explain
 
     def note_written(self, total: int, now_ns: int) -> None:
@@ -120,6 +121,7 @@ def hold_for(kind: str, cache_bytes: int, lt: VolumeLifetimes, pol: LifetimeHold
     if stock is None or cache_bytes <= 0:
         return None
     knob, floor = stock
+    floor = max(floor, lt.found or 0)
     q = lt.ages.quantile(pol.share)
     if q is None:
         return None
@@ -164,6 +166,9 @@ class Lifetimes:
         and the policy does not pin the knob, request the hold's value."""
         lt = self.of(info.dev)
         lt.note_written(written, now_ns)
+        knob = STOCK.get(info.kind, ("",))[0]
+        if lt.found is None and knobs.get(knob) is not None:
+            lt.found = _value(knob, knobs[knob])
         pol = vp.lifetime_hold
         h = hold_for(info.kind, info.cache_bytes, lt, pol) if active else None
         if h is None or h.knob in vp.knobs:
@@ -175,8 +180,13 @@ class Lifetimes:
         request(h.knob, str(h.value), h.reason)
 
 
-def _near(knob: str, have: str, want: int) -> bool:
+def _value(knob: str, have: str) -> int | None:
     try:
-        return abs(KNOBS[knob].parse(have) - want) < MIN_STEP
+        return KNOBS[knob].parse(have)
     except UserError:
-        return False
+        return None
+
+
+def _near(knob: str, have: str, want: int) -> bool:
+    v = _value(knob, have)
+    return v is not None and abs(v - want) < MIN_STEP
