@@ -353,10 +353,10 @@ class Engine:
         by_dev: dict[int, list[tuple[int, int]]] = {}
         for r in recs:
             by_dev.setdefault(r[0], []).append((r[1], r[2]))
-        for r in recs:
-            self._died(r[0], r[1], r[2], r[3], r[4])
         for dev, files in by_dev.items():
             arr = np.array(files, dtype=np.uint64).reshape(-1, 2)
+            if dev in self.vols:
+                self.lifetimes.deleted_many(self.hotness, dev, [r for r in recs if r[0] == dev])
             self.hotness.forget_many(dev, arr[:, 0], arr[:, 1].astype(np.uint32))  # as delete() does, per batch
 
     def feed_freed(self, recs: list[tuple[int, ...]]) -> None:
@@ -376,13 +376,10 @@ class Engine:
     def delete(self, ev: Delete) -> None:
         # a member leaves its believed-cached set through the table (the set owns its dev's slots); a queued
         # promotion of it is dropped when it reaches the head
-        self._died(ev.key.dev, ev.key.ino, ev.key.gen, ev.size, ev.ts_ns)
+        k = ev.key
+        if k.dev in self.vols:
+            self.lifetimes.deleted_many(self.hotness, k.dev, [(k.dev, k.ino, k.gen, ev.size, ev.ts_ns)])
         self.hotness.delete(ev)
-
-    def _died(self, dev: int, ino: int, gen: int, size: int, ts_ns: int) -> None:
-        slot = self.hotness.lookup(dev, ino, gen or None)
-        if slot is not None and dev in self.vols:
-            self.lifetimes.deleted(dev, self.hotness.born[slot], size, ts_ns)
 
     def sample(self, s: VolumeSample) -> None:
         c = self.vols.get(s.dev)

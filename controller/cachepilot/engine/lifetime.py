@@ -33,8 +33,11 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from cachepilot.capabilities import KIND_BCACHE, KIND_WRITECACHE, KNOBS
 from cachepilot.errors import UserError
+from cachepilot.models.hotness import HotnessTable
 from cachepilot.models.volume import VolumeInfo
 from cachepilot.policy.model import LifetimeHold, VolumePolicy
 
@@ -155,10 +158,20 @@ class Lifetimes:
             lt = self.vols[dev] = VolumeLifetimes()
         return lt
 
-    def deleted(self, dev: int, born_ns: int, size: int, ts_ns: int) -> None:
-        """A file of the volume died at ts_ns; born_ns is its first write seen (0: none, no evidence)."""
-        if born_ns > 0 and size > 0 and ts_ns >= born_ns:
-            self.of(dev).ages.add(ts_ns - born_ns, size, ts_ns)
+    def deleted_many(self, table: HotnessTable, dev: int, recs: list[tuple[int, ...]]) -> None:
+        """Delete records of one volume (dev, ino, gen, size, ts_ns; gen 0: any), before the table forgets them: each
+        file whose first write was seen adds its age at delete (one index lookup for the batch)."""
+        idx = table.index.get(dev)
+        if idx is None or not recs:
+            return
+        slots = idx.lookup_many(np.array([r[1] for r in recs], dtype=np.uint64))
+        ages = self.of(dev).ages
+        for r, slot in zip(recs, slots.tolist(), strict=True):
+            if slot < 0 or (r[2] and table.gen[slot] != r[2]):
+                continue
+            born = table.born[slot]
+            if born > 0 and r[3] > 0 and r[4] >= born:
+                ages.add(r[4] - born, r[3], r[4])
 
     def steer(self, info: VolumeInfo, vp: VolumePolicy, knobs: dict[str, str], written: int, now_ns: int,
               active: bool, request: Request) -> None:
