@@ -42,6 +42,7 @@ def bcache_tree(root: Path, *, mode: str = "writeback", dirty: str = "24.0M", st
         (d / name).write_text(value + "\n")
     (cset / "cache0" / "io_errors").write_text("0\n")
     (cset / "congested_read_threshold_us").write_text("2000\n")
+    (cset / "cache_available_percent").write_text("73\n")
     return d
 
 
@@ -371,6 +372,7 @@ def test_bcache_steered_knob_is_put_back_on_exit(tmp_path):
     assert (d / "writeback_percent").read_text().strip() == "10"
     assert (d / "sequential_cutoff").read_text().strip() == "0"
     assert b.restore() == []  # once
+    assert b.sample(S).in_use_percent == 27  # 100 - cache_available_percent
 
 
 def test_bcache_steered_knob_changed_by_someone_else_is_left_alone(tmp_path):

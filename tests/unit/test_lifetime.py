@@ -156,3 +156,23 @@ def test_the_value_found_is_the_floor_the_hold_never_lowers_it() -> None:
     asks = run_workload(e, BCACHE, 40, {"writeback_percent": "25"}, age_s=1)  # dies within 2 s: wants the floor
     assert e.lifetimes.of(DEV).why and "floor 25%" in e.lifetimes.of(DEV).why
     assert not asks
+
+
+def test_bcache_in_use_beyond_the_dirty_data_shrinks_the_room() -> None:
+    """bcache's write cutoff compares its in-use share (dirty buckets, metadata, buckets allocated since the last
+    GC), not the dirty data: what is in use beyond the dirty share is taken off the room."""
+    lt = lifetimes(20, 64 * MIB, 4 * MIB)
+    h = hold_for("bcache", 256 * MIB, lt, LifetimeHold(), overhead=12)
+    assert h is not None and h.value == 18 and "12% in use beyond the dirty data" in h.reason
+    h = hold_for("bcache", 256 * MIB, lt, LifetimeHold(), overhead=35)
+    assert h is not None and h.value == 10  # no room left: the floor, never below
+    e = Engine(parse_policy(RECOVERABLE, "t.yaml"), [BCACHE])
+    for t in range(40):
+        e.feed(HotnessDelta(FileKey(DEV, 1000 + t, 1), 0, 64, 0, MIB, t * NS + 1, size=MIB))
+        if t >= 20:
+            e.feed(Delete(FileKey(DEV, 1000 + t - 20, 1), MIB, t * NS + 2))
+        # 16 MiB dirty (12% of 128 MiB) but 32% in use: 20% overhead, room 10%
+        e.sample(VolumeSample(DEV, t * NS + 3, "writeback", 16 * MIB, 0, 0, 0, False, {"writeback_percent": "10"},
+                              in_use_percent=32))
+        assert not [a for a in e.tick(t * NS + 4) if isinstance(a, SetKnob)]
+    assert "20% in use beyond the dirty data" in e.lifetimes.of(DEV).why

@@ -389,7 +389,7 @@ class Engine:
         st = c.state
         grew = st.update(VolumeSample(
             s.dev, s.ts_ns, normalise_mode(s.mode), s.dirty_bytes, s.hits, s.misses, s.io_errors, s.failed,
-            s.knobs, s.cache_id,
+            s.knobs, s.cache_id, in_use_percent=s.in_use_percent,
         ))
         c.epochs.note_dirty(grew)
         if s.bypasses is not None:
@@ -982,7 +982,7 @@ class Engine:
         vp, st = c.policy, c.state
         active = (vp.lifetime_hold.enabled and c.latch is None and c.drain is None and st.samples > 0
                   and normalise_mode(st.mode) == WRITEBACK and self._fm(c, now)[0] == "recoverable")
-        self.lifetimes.steer(c.info, vp, st.knobs, self.hotness.dev_bytes.get(c.info.dev, (0, 0))[1], now, active,
+        self.lifetimes.steer(c.info, vp, st, self.hotness.dev_bytes.get(c.info.dev, (0, 0))[1], now, active,
                              lambda k, v, why: self._request_knob(c, k, v, why, now, out, put_back=True))
 
     def _request_knob(self, c: VolumeCtl, knob: str, value: str, why: str, now: int, out: list[Action],

@@ -38,7 +38,7 @@ import numpy as np
 from cachepilot.capabilities import KIND_BCACHE, KIND_WRITECACHE, KNOBS
 from cachepilot.errors import UserError
 from cachepilot.models.hotness import HotnessTable
-from cachepilot.models.volume import VolumeInfo
+from cachepilot.models.volume import VolumeInfo, VolumeState
 from cachepilot.policy.model import LifetimeHold, VolumePolicy
 
 NS = 1_000_000_000
@@ -117,9 +117,11 @@ class Hold:
     reason: str
 
 
-def hold_for(kind: str, cache_bytes: int, lt: VolumeLifetimes, pol: LifetimeHold) -> Hold | None:
+def hold_for(kind: str, cache_bytes: int, lt: VolumeLifetimes, pol: LifetimeHold,
+             overhead: int = 0) -> Hold | None:
     """The knob value that holds the volume's young data dirty, and why; None when the rule has nothing to say
-    (a kind without such a knob, or too few deletes seen)."""
+    (a kind without such a knob, or too few deletes seen). ``overhead``: bcache's in-use share beyond its dirty
+    share, in percent (metadata, buckets partly dirty or allocated since the last GC), taken off the room."""
     stock = STOCK.get(kind)
     if stock is None or cache_bytes <= 0:
         return None
@@ -132,12 +134,13 @@ def hold_for(kind: str, cache_bytes: int, lt: VolumeLifetimes, pol: LifetimeHold
     need = SLACK * lt.rate * hold
     pct = math.ceil(100 * need / cache_bytes)
     if kind == KIND_BCACHE:
-        room = int(CUTOFF_WRITEBACK - 100 * pol.headroom)
-        where = f"bcache caches writes below {CUTOFF_WRITEBACK}% in use, less headroom {pol.headroom:g}"
+        room = int(CUTOFF_WRITEBACK - 100 * pol.headroom) - overhead
+        where = (f"bcache caches writes below {CUTOFF_WRITEBACK}% in use, less headroom {pol.headroom:g}"
+                 f" and {overhead}% in use beyond the dirty data")
     else:
         room = int(100 - 100 * pol.headroom)
         where = f"full less headroom {pol.headroom:g}"
-    room = min(room, KNOBS[knob].max)
+    room = max(0, min(room, KNOBS[knob].max))
     value = max(floor, min(pct, room))
     capped = " (capped by max_hold)" if q > pol.max_hold_s else ""
     reason = (f"lifetime hold {hold:g} s{capped}: {pol.share:.0%} of {lt.ages.total() / (1 << 20):.1f} MiB deleted"
@@ -173,17 +176,18 @@ class Lifetimes:
             if born > 0 and r[3] > 0 and r[4] >= born:
                 ages.add(r[4] - born, r[3], r[4])
 
-    def steer(self, info: VolumeInfo, vp: VolumePolicy, knobs: dict[str, str], written: int, now_ns: int,
+    def steer(self, info: VolumeInfo, vp: VolumePolicy, st: VolumeState, written: int, now_ns: int,
               active: bool, request: Request) -> None:
         """One tick: follow the volume's write rate; when ``active`` (a write-back volume under the recoverable model)
         and the policy does not pin the knob, request the hold's value."""
         lt = self.of(info.dev)
         lt.note_written(written, now_ns)
+        knobs = st.knobs
         knob = STOCK.get(info.kind, ("",))[0]
         if lt.found is None and knobs.get(knob) is not None:
             lt.found = _value(knob, knobs[knob])
         pol = vp.lifetime_hold
-        h = hold_for(info.kind, info.cache_bytes, lt, pol) if active else None
+        h = hold_for(info.kind, info.cache_bytes, lt, pol, _overhead(st, info.cache_bytes)) if active else None
         if h is None or h.knob in vp.knobs:
             return
         lt.why = h.reason
@@ -191,6 +195,13 @@ class Lifetimes:
         if info.kind == KIND_WRITECACHE and have is not None and _near(h.knob, have, h.value):
             return
         request(h.knob, str(h.value), h.reason)
+
+
+def _overhead(st: VolumeState, cache_bytes: int) -> int:
+    """bcache's last in-use share (at its last GC) beyond the share of the cache that is dirty now, in percent."""
+    if st.in_use_percent is None or cache_bytes <= 0:
+        return 0
+    return max(0, st.in_use_percent - st.dirty_bytes * 100 // cache_bytes)
 
 
 def _value(knob: str, have: str) -> int | None:

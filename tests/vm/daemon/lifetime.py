@@ -1,12 +1,14 @@
-"""Lab: the lifetime hold on real bcache (write-back, ext4 mounted -o discard so that both runs kill deleted data
-the same way). The same workload twice -- a 1 MiB file written (fsync) every second, each deleted 10 s after it
-was written -- first on stock settings (writeback_percent 10), then under `cachepilot run` with the recoverable
-model, whose lifetime hold raises writeback_percent from the ages it sees at delete. Origin bytes written during a
-measured window of each run: under stock, young files are written back before they die; under the hold, they die
-dirty in the cache. Then SIGTERM: the daemon puts writeback_percent back. key=value lines on stdout."""
+"""Lab: the lifetime hold on real bcache (write-back, a 64 MiB cache, ext4 mounted -o discard so that both runs
+kill deleted data the same way). The same young file twice -- 12 MiB written (fsync), deleted 20 s later -- first
+on stock settings (writeback_percent 10), then under `cachepilot run` with the recoverable model, after a workload
+that taught it the volume's delete ages (a 1 MiB file every second, each deleted 10 s after it was written), once
+its lifetime hold has raised writeback_percent. For each: origin bytes written during the file's life, and how much
+of it was still dirty when the delete discarded it. Then SIGTERM: the daemon puts writeback_percent back.
+key=value lines on stdout."""
 
 from __future__ import annotations
 
+import mmap
 import os
 import signal
 import subprocess
@@ -24,7 +26,7 @@ from guestkit import say, wait  # noqa: E402
 
 MIB = 1 << 20
 AGE_S = 10  # each file dies this long after it was written (10 MiB young data live: fits the 30% room)
-WARM_S, MEASURE_S = 30, 45
+YOUNG, LIFE_S = 12 * MIB, 20  # the measured file: 12 MiB (stock's 10% target of the 64 MiB cache is 6.4 MiB)
 mnt = Path(os.environ["LAB_MOUNT"])
 sysfs = Path(os.environ["LAB_BCACHE_SYSFS"])
 origin = os.environ["LAB_ORIGIN_DEV"]
@@ -83,19 +85,44 @@ class Workload(threading.Thread):
             self.stop.wait(max(0.0, 1.0 - (time.monotonic() - t)))
 
 
-def measure(tag: str, w: Workload) -> None:
-    """Origin bytes written and dirty data over MEASURE_S, the workload running."""
-    w0, d0, o0 = w.written, w.deleted, origin_written()
-    say(f"{tag}_dirty_start", dirty())
-    peak, t_end = 0, time.monotonic() + MEASURE_S
+def young_file(tag: str) -> None:
+    """One file of YOUNG bytes written (fsync), deleted LIFE_S later (-o discard: the delete discards it). Origin
+    bytes written during its life, and how much of it was still dirty when its delete discarded it. A small read
+    every 0.2 s keeps the cache set busy: an idle one writes back at full speed whatever the target."""
+    os.sync()
+    time.sleep(2)
+    busy = threading.Event()
+
+    def keep_busy() -> None:
+        while not busy.wait(0.2):
+            fd = os.open(mnt / "busy", os.O_RDONLY | os.O_DIRECT)
+            os.preadv(fd, [buf], 0)
+            os.close(fd)
+
+    threading.Thread(target=keep_busy, daemon=True).start()
+    in_use = [100 - int(attr("cache/cache_available_percent"))]
+    o0, d0 = origin_written(), dirty()
+    with open(mnt / f"young-{tag}", "wb") as f:
+        f.write(os.urandom(YOUNG))
+        f.flush()
+        os.fsync(f.fileno())
+    d1 = dirty()
+    t_end = time.monotonic() + LIFE_S
     while time.monotonic() < t_end:
-        peak = max(peak, dirty())
+        in_use.append(100 - int(attr("cache/cache_available_percent")))
         time.sleep(1)
-    say(f"{tag}_origin_written", origin_written() - o0)
-    say(f"{tag}_written", w.written - w0)
-    say(f"{tag}_deleted", w.deleted - d0)
-    say(f"{tag}_dirty_peak", peak)
+    say(f"{tag}_young_origin_written", origin_written() - o0)
+    say(f"{tag}_young_dirty_added", d1 - d0)
+    d2 = dirty()
+    os.unlink(mnt / f"young-{tag}")
+    os.sync()  # the commit: ext4 -o discard sends the discard
+    wait(lambda: dirty() <= d2 - YOUNG // 2, 10, 0.2)
+    time.sleep(1)
+    say(f"{tag}_young_dirty_discarded", d2 - dirty())
+    say(f"{tag}_in_use_max", max(in_use))
     say(f"{tag}_writeback_percent", attr("writeback_percent"))
+    say(f"{tag}_rate_debug", " ".join(attr("writeback_rate_debug").split()))
+    busy.set()
 
 
 def clean() -> None:
@@ -114,13 +141,10 @@ for k in ("sequential_cutoff", "cache/congested_read_threshold_us", "cache/conge
 say("stock_percent", attr("writeback_percent"))
 clean()
 
+buf = mmap.mmap(-1, 4096)
+(mnt / "busy").write_bytes(os.urandom(4096))
 # 1. stock: writeback_percent 10
-w = Workload(mnt / "stock")
-w.start()
-time.sleep(WARM_S)
-measure("stock", w)
-w.stop.set()
-w.join()
+young_file("stock")
 clean()
 
 # 2. the daemon, recoverable, the lifetime hold on
@@ -138,12 +162,14 @@ if not ok:
 w = Workload(mnt / "held")
 w.start()
 t0 = time.monotonic()
-held = wait(lambda: int(attr("writeback_percent")) >= 25, 150, 1)
+held = wait(lambda: int(attr("writeback_percent")) >= 25, 120, 1)
 say("hold_reached_s", f"{time.monotonic() - t0:.0f}" if held else "never")
-time.sleep(10)  # write-back's PI controller unwinds what it integrated while the hold ramped up
-measure("hold", w)
 w.stop.set()
 w.join()
+for f in (mnt / "held").iterdir():
+    f.unlink()  # the workload's last files
+time.sleep(10)  # write-back's PI controller unwinds what it integrated while the hold ramped up
+young_file("hold")
 decisions = request(tmp / "ctl.sock", {"cmd": "explain"})["decisions"]
 holds = [x for x in decisions if x["kind"] == "set_knob" and "lifetime hold" in x.get("reason", "")]
 say("hold_decisions", len(holds))
