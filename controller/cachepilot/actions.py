@@ -68,6 +68,9 @@ class SetKnob:
     knob: str
     value: str
     reason: str
+    # a value the engine steers (the lifetime hold), not the operator's: the backend puts the value it found back
+    # when the daemon stops, unless something else changed the knob since
+    put_back_on_exit: bool = False
 
     @property
     def kind(self) -> str:

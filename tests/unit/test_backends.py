@@ -12,7 +12,7 @@ import pytest
 
 from cachepilot.actions import Drain, SetKnob, SetWritePolicy
 from cachepilot.backends import open_backend
-from cachepilot.backends.base import DONE, FAILED, PENDING
+from cachepilot.backends.base import DONE, FAILED, PENDING, SKIPPED
 from cachepilot.backends.bcache import BcacheBackend, size_matches
 from cachepilot.backends.dmcache import CacheTable, DmCacheBackend
 from cachepilot.backends.host import Host
@@ -42,6 +42,7 @@ def bcache_tree(root: Path, *, mode: str = "writeback", dirty: str = "24.0M", st
         (d / name).write_text(value + "\n")
     (cset / "cache0" / "io_errors").write_text("0\n")
     (cset / "congested_read_threshold_us").write_text("2000\n")
+    (cset / "cache_available_percent").write_text("73\n")
     return d
 
 
@@ -356,6 +357,52 @@ def test_writecache_watermark_by_reload_and_no_writethrough(wc):
     assert WritecacheTable.parse(fake.live).get("low_watermark") == "10"
     out = b.apply(SetWritePolicy("dm-2", "writethrough", "x"))
     assert out.status == FAILED and "write-back only" in str(out.error)
+
+
+# ------------------------------------------------------------------ steered knobs put back on exit (engine.lifetime)
+def test_bcache_steered_knob_is_put_back_on_exit(tmp_path):
+    d = bcache_tree(tmp_path)
+    b = open_backend(VolumeInfo(dev=1, name="bcache0", kind="bcache"), host=Host(sysfs=tmp_path))
+    for v in ("25", "30"):
+        assert b.apply(SetKnob("bcache0", "writeback_percent", v, "hold", True)).status == DONE
+    b.apply(SetKnob("bcache0", "sequential_cutoff", "0", "pinned"))  # not steered: stays
+    [out] = b.restore()
+    assert out.status == DONE and out.action.value == "10" and "steered to 30" in out.action.reason
+    assert out.writes[0].before == "30" and out.writes[0].readback == "10"
+    assert (d / "writeback_percent").read_text().strip() == "10"
+    assert (d / "sequential_cutoff").read_text().strip() == "0"
+    assert b.restore() == []  # once
+    assert b.sample(S).in_use_percent == 27  # 100 - cache_available_percent
+
+
+def test_bcache_steered_knob_changed_by_someone_else_is_left_alone(tmp_path):
+    d = bcache_tree(tmp_path)
+    b = open_backend(VolumeInfo(dev=1, name="bcache0", kind="bcache"), host=Host(sysfs=tmp_path))
+    b.apply(SetKnob("bcache0", "writeback_percent", "30", "hold", True))
+    (d / "writeback_percent").write_text("20\n")  # an operator
+    [out] = b.restore()
+    assert out.status == SKIPPED and "left alone" in out.detail
+    assert (d / "writeback_percent").read_text().strip() == "20"
+
+
+def test_bcache_knob_set_for_its_own_sake_drops_the_put_back(tmp_path):
+    d = bcache_tree(tmp_path)
+    b = open_backend(VolumeInfo(dev=1, name="bcache0", kind="bcache"), host=Host(sysfs=tmp_path))
+    b.apply(SetKnob("bcache0", "writeback_percent", "30", "hold", True))
+    b.apply(SetKnob("bcache0", "writeback_percent", "35", "pinned by policy"))
+    assert b.restore() == []
+    assert (d / "writeback_percent").read_text().strip() == "35"
+
+
+def test_writecache_sample_reports_and_restore_puts_back_the_high_watermark(tmp_path):
+    dm_tree(tmp_path)
+    fake = FakeDm(WC_TABLE)
+    b = open_backend(VolumeInfo(dev=2, name="dm-2", kind="dm-writecache"), host=Host(sysfs=tmp_path, dm=fake))
+    assert b.sample(S).knobs == {"high_watermark": "50"}
+    assert b.apply(SetKnob("dm-2", "high_watermark", "80", "hold", True)).status == DONE
+    assert b.sample(S).knobs == {"high_watermark": "80"}
+    [out] = b.restore()
+    assert out.status == DONE and WritecacheTable.parse(fake.live).get("high_watermark") == "50"
 
 
 # ------------------------------------------------------------------ classification

@@ -22,12 +22,12 @@ import abc
 from pathlib import Path
 from typing import ClassVar
 
-from cachepilot.actions import DONE, FAILED, PENDING, ControlAction, Outcome, Write
+from cachepilot.actions import DONE, FAILED, PENDING, SKIPPED, ControlAction, Outcome, Write
 from cachepilot.backends.host import DmRunner, Host
 from cachepilot.capabilities import Capabilities, capabilities
 from cachepilot.models.volume import VolumeInfo, VolumeSample
 
-__all__ = ["DONE", "FAILED", "PENDING", "Backend", "ControlAction", "DmRunner", "Outcome", "Write"]
+__all__ = ["DONE", "FAILED", "PENDING", "SKIPPED", "Backend", "ControlAction", "DmRunner", "Outcome", "Write"]
 
 
 class Backend(abc.ABC):

@@ -179,10 +179,12 @@ def sample(host: Host, info: VolumeInfo, now: int) -> VolumeSample:
     sysfs = host.sys_block / info.name / "bcache"
     mode = bracketed(read_attr(sysfs / "cache_mode"))
     attached = (sysfs / "cache").exists()
-    errors = 0
+    errors, in_use = 0, None
     if attached:
         try:
             errors = int(read_attr(sysfs / "cache" / "cache0" / "io_errors"))
+            avail = sysfs / "cache" / "cache_available_percent"
+            in_use = 100 - int(read_attr(avail)) if avail.exists() else None
         except DeviceGone:
             attached = False  # the cache set went away between the two reads
     stats = sysfs / "stats_total"
@@ -193,7 +195,7 @@ def sample(host: Host, info: VolumeInfo, now: int) -> VolumeSample:
         knobs={k: read_attr(sysfs / k) for k in ("sequential_cutoff", "writeback_percent", "writeback_delay")},
         # a bypass "hit" is a bypassed I/O whose data was in the cache anyway; both went around it
         bypasses=int(read_attr(stats / "cache_bypass_hits")) + int(read_attr(stats / "cache_bypass_misses")),
-        bypassed_bytes=parse_bcache_size(read_attr(stats / "bypassed")),
+        bypassed_bytes=parse_bcache_size(read_attr(stats / "bypassed")), in_use_percent=in_use,
     )
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from cachepilot.actions import Drain, SetKnob
-from cachepilot.backends.base import DONE, FAILED, PENDING, Backend, ControlAction, Outcome, Write
+from cachepilot.backends.base import DONE, FAILED, PENDING, SKIPPED, Backend, ControlAction, Outcome, Write
 from cachepilot.backends.host import Host
 from cachepilot.backends.kernelio import ErrorCounts
 from cachepilot.errors import CachepilotError, KernelRejected, RetryLater
@@ -116,6 +116,9 @@ class OperationBackend(Backend):
         self.errors = ErrorCounts()
         self.clock = clock
         self._ops: list[Operation] = []
+        # knobs set with put_back_on_exit: (setting, the value found before the first such write, the last value
+        # written), put back by restore()
+        self._on_exit: dict[str, tuple[Setting, str, str]] = {}
 
     # -------------------------------------------------------------- the contract
     def apply(self, action: ControlAction, *, dry_run: bool = False) -> Outcome:
@@ -170,7 +173,22 @@ class OperationBackend(Backend):
     def restore(self) -> list[Outcome]:
         out = [self._abandon(op, None) for op in self._ops]
         self._ops.clear()
+        for knob, (s, before, ours) in sorted(self._on_exit.items()):
+            out.append(self._put_back_knob(knob, s, before, ours))
+        self._on_exit.clear()
         return out
+
+    def _put_back_knob(self, knob: str, s: Setting, before: str, ours: str) -> Outcome:
+        """A steered knob back to the value found before the engine steered it, if it still reads as we left it."""
+        a = SetKnob(self.info.name, knob, before, f"put back on exit (steered to {ours})")
+        try:
+            now = s.get()
+            if not s.matches(now, ours):
+                return Outcome(a, SKIPPED, detail=f"changed since by someone else (reads {now}): left alone")
+            w = put_setting(s, before, a.reason, dry_run=False)
+        except CachepilotError as exc:
+            return self._failed(a, False, [], exc)
+        return Outcome(a, DONE, False, (w,))
 
     # -------------------------------------------------------------- helpers
     def dmsetup(self, args: Sequence[str], timeout: float = 10.0) -> str:
@@ -186,7 +204,13 @@ class OperationBackend(Backend):
         setting = k.settings.get(a.knob)
         if setting is None:
             raise KernelRejected(f"{self.kind} has no knob {a.knob!r}")
-        op.put(setting(self), str(k.caps.knobs()[a.knob].parse(a.value)), a.reason)
+        s = setting(self)
+        value = str(k.caps.knobs()[a.knob].parse(a.value))
+        w = op.put(s, value, a.reason)
+        if not a.put_back_on_exit:
+            self._on_exit.pop(a.knob, None)  # set for its own sake now: the value it had is not ours to restore
+        elif not op.dry_run:
+            self._on_exit[a.knob] = (s, self._on_exit.get(a.knob, (s, w.before, ""))[1], value)
         return True
 
     @property

@@ -158,7 +158,8 @@ def describe(host: Host, dev: BlockDev) -> Described:
 def sample(host: Host, info: VolumeInfo, now: int) -> VolumeSample:
     dm_name = host.dm_name_of(info.name)
     line = host.dm(("status", dm_name), 10.0)
-    cache_id = cache_device(host.dm(("table", dm_name), 10.0).split())
+    table = host.dm(("table", dm_name), 10.0)
+    cache_id = cache_device(table.split())
     try:
         w = parse_dm_writecache_status(line)
     except StatusParseError as exc:
@@ -169,7 +170,16 @@ def sample(host: Host, info: VolumeInfo, now: int) -> VolumeSample:
     return VolumeSample(
         dev=info.dev, ts_ns=now, mode="writeback", dirty_bytes=w.used_blocks * block, hits=hits,
         misses=max(0, total - hits), io_errors=w.error, failed=w.error != 0, cache_id=cache_id,
+        knobs={"high_watermark": _high_watermark(table)},
     )
+
+
+def _high_watermark(table: str) -> str:
+    """The table's high_watermark, or the kernel's default (DEFAULT_HIGH_WATERMARK 50 in dm-writecache.c)."""
+    try:
+        return WritecacheTable.parse(table).get("high_watermark") or "50"
+    except KernelRejected:
+        return "50"
 
 
 def _option(name: str) -> KnobDef:

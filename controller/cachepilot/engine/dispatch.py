@@ -41,6 +41,8 @@ class EventDispatch:
         self.external_discards = 0
         # models beside the hotness table that read every drain (sequential-cutoff steering, the sizing advisor)
         self.hotness_readers: list[Callable[[np.ndarray], None]] = []
+        # models that learn from deletes before the table forgets the file (the lifetime hold: its age at delete)
+        self.delete_readers: list[Callable[[int, list[tuple[int, ...]]], None]] = []
         handlers: dict[str, Callable[[Any], None]] = {
             records.HOTNESS.name: self._feed_hotness, records.FREED.name: self._feed_freed_extent,
             records.COMMIT.name: self._feed_commit, records.DELETE.name: self.delete,
@@ -111,11 +113,14 @@ class EventDispatch:
     def feed_deletes(self, recs: list[tuple[int, ...]]) -> None:
         """Delete records in trace layout (dev, ino, gen, size, ts_ns), as feeding each Delete would, per
         filesystem in one index lookup (a replay's deletes come by the hundred thousand)."""
-        by_dev: dict[int, list[tuple[int, int]]] = {}
+        by_dev: dict[int, list[tuple[int, ...]]] = {}
         for r in recs:
-            by_dev.setdefault(r[0], []).append((r[1], r[2]))
-        for dev, files in by_dev.items():
-            arr = np.array(files, dtype=np.uint64).reshape(-1, 2)
+            by_dev.setdefault(r[0], []).append(r)
+        for dev, mine in by_dev.items():
+            if dev in self.vols:
+                for read in self.delete_readers:
+                    read(dev, mine)
+            arr = np.array([(r[1], r[2]) for r in mine], dtype=np.uint64).reshape(-1, 2)
             self.hotness.forget_many(dev, arr[:, 0], arr[:, 1].astype(np.uint32))  # as delete() does, per batch
 
     def feed_freed(self, recs: list[tuple[int, ...]]) -> None:
@@ -135,4 +140,8 @@ class EventDispatch:
     def delete(self, ev: Delete) -> None:
         # a member leaves its believed-cached set through the table (the set owns its dev's slots); a queued
         # promotion of it is dropped when it reaches the head
+        k = ev.key
+        if k.dev in self.vols:
+            for read in self.delete_readers:
+                read(k.dev, [(k.dev, k.ino, k.gen, ev.size, ev.ts_ns)])
         self.hotness.delete(ev)

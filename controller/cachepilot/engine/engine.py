@@ -38,6 +38,7 @@ from cachepilot.engine.dispatch import EventDispatch
 from cachepilot.engine.drains import Drains, drain_at_risk
 from cachepilot.engine.exposure import Exposure
 from cachepilot.engine.knobs import KnobPins
+from cachepilot.engine.lifetime import Lifetimes
 from cachepilot.engine.promotion import Promoter
 from cachepilot.engine.seqcutoff import KNOB as SEQ_KNOB
 from cachepilot.engine.seqcutoff import SequentialSteering
@@ -50,7 +51,7 @@ from cachepilot.models.epochs import EpochTracker
 from cachepilot.models.freed import FreedExtentQueue
 from cachepilot.models.hotness import F_QUEUED, F_READ, HotnessTable
 from cachepilot.models.sizing import Advisors
-from cachepilot.models.volume import Health, VolumeInfo, VolumeSample, VolumeState
+from cachepilot.models.volume import WRITEBACK, Health, VolumeInfo, VolumeSample, VolumeState
 from cachepilot.policy.model import DEFAULT_POLICY, Policy, VolumePolicy
 
 
@@ -76,6 +77,8 @@ class Engine:
         self.knobs = KnobPins(exposure)
         self.seq = SequentialSteering()  # bcache's sequential_cutoff, by what the bypassed runs are made of
         self.events.hotness_readers.append(self.seq.written)
+        self.lifetimes = Lifetimes()  # delete ages and the lifetime hold (engine.lifetime)
+        self.events.delete_readers.append(lambda dev, recs: self.lifetimes.deleted_many(self.hotness, dev, recs))
         if self.sizing is not None:
             sizing = self.sizing
             self.events.hotness_readers.append(lambda recs: sizing.observe(recs, self.vols))
@@ -182,7 +185,7 @@ class Engine:
         st = c.state
         grew = st.update(VolumeSample(
             s.dev, s.ts_ns, normalise_mode(s.mode), s.dirty_bytes, s.hits, s.misses, s.io_errors, s.failed,
-            s.knobs, s.cache_id,
+            s.knobs, s.cache_id, in_use_percent=s.in_use_percent,
         ))
         c.epochs.note_dirty(grew)
         self.seq.sampled(s.dev, s.knobs, s.bypassed_bytes)
@@ -282,6 +285,7 @@ class Engine:
             self.writes.decide(c, now, out)
             self.knobs.pin(c, now, out)
             self._steer(c, now, out)
+            self._lifetime_hold(c, now, out)
             self.drains.plan(c, now, out)
             c.last_tick_ns = now
         return out
@@ -290,6 +294,15 @@ class Engine:
         steer = self.seq.decide(c.info.dev, c.policy.sequential_steering, SEQ_KNOB in c.policy.knobs, now)
         if steer is not None:
             self.knobs.request(c, SEQ_KNOB, steer[0], steer[1], now, out)
+
+    def _lifetime_hold(self, c: VolumeCtl, now: int, out: list[Action]) -> None:
+        """Recoverable write-back volumes hold young data dirty (engine.lifetime); not while latched or draining."""
+        vp, st = c.policy, c.state
+        active = (vp.lifetime_hold.enabled and c.latch is None and c.drain is None and st.samples > 0
+                  and normalise_mode(st.mode) == WRITEBACK
+                  and self.knobs.exposure.failure_model(c, now)[0] == "recoverable")
+        self.lifetimes.steer(c.info, vp, st, self.hotness.dev_bytes.get(c.info.dev, (0, 0))[1], now, active,
+                             lambda k, v, why: self.knobs.request(c, k, v, why, now, out, put_back=True))
 
     def restore_knobs(self) -> list[Action]:
         """At stop: the knobs the engine steered (not pinned ones) back to the values found at start."""

@@ -45,7 +45,8 @@ class KnobPins:
             f"exposure guarantee: a drain must finish within max_age/2 = {c.policy.exposure.max_age_s / 2:g} s"
             f" and the write-back thread's {knob} sleep is not cut short"), now, out)
 
-    def request(self, c: VolumeCtl, knob: str, value: str, why: str, now: int, out: list[Action]) -> None:
+    def request(self, c: VolumeCtl, knob: str, value: str, why: str, now: int, out: list[Action],
+                put_back: bool = False) -> None:
         if _same_knob_value(knob, c.state.knobs.get(knob), value):
             c.requested_knobs.pop(knob, None)
             return
@@ -53,7 +54,7 @@ class KnobPins:
         if req is not None and req[0] == value and now - req[1] < REQUEST_RETRY_NS:
             return
         was = c.state.knobs.get(knob, "unknown")
-        out.append(SetKnob(c.info.name, knob, value, f"{why}; was {was}"))
+        out.append(SetKnob(c.info.name, knob, value, f"{why}; was {was}", put_back))
         c.requested_knobs[knob] = (value, now)
 
 

@@ -138,6 +138,7 @@ class HotnessTable(SlotArrays):
         self.rscore[slot] = 0
         self.wscore[slot] = 0
         self.stamp[slot] = self.epoch
+        self.born[slot] = 0
         self.size[slot] = -1
         self.flags[slot] = F_LIVE | (self.flags[slot] & (F_TOUCHED | F_QUEUED))  # may sit in those lists
 
@@ -157,6 +158,8 @@ class HotnessTable(SlotArrays):
         self.wscore[slot] = w if w < COUNTER_MAX else COUNTER_MAX
         if last_ns > self.last[slot]:
             self.last[slot] = last_ns
+        if ws and not self.born[slot]:
+            self.born[slot] = max(1, last_ns)
         f = self.flags[slot]
         if rs:
             f |= F_READ
@@ -269,6 +272,11 @@ class HotnessTable(SlotArrays):
         sizea[slots[known]] = size[known]
         lasta = np.frombuffer(self.last, dtype=i64)
         lasta[slots] = np.maximum(lasta[slots], rec["last"])
+        if anyw:
+            borna = np.frombuffer(self.born, dtype=i64)
+            fresh = wmask & (borna[slots] == 0)
+            borna[slots[fresh]] = np.maximum(rec["last"][fresh], 1)
+            del borna
         new = (f & F_TOUCHED) == 0
         self.touched.frombytes(slots[new].astype(np.int64).tobytes())
         flags[slots] = f | F_TOUCHED

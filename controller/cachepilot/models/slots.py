@@ -11,6 +11,7 @@ rscore        u32     read counter (saturating), at aging epoch ``stamp``
 wscore        u32     write counter (saturating), at aging epoch ``stamp``
 stamp         u32     aging epoch at which rscore/wscore were last normalised
 last          i64     last access, CLOCK_MONOTONIC ns
+born          i64     first write seen, CLOCK_MONOTONIC ns (0 = none): a deleted file's age (engine.lifetime)
 size          i64     file size in bytes (-1 = unknown)
 flags         u8      READ / APPEND / OVERWRITE / TOUCHED / LIVE / MEMBER / QUEUED / RESIDENT bits
 charged       u32     pages charged to the believed-cached set
@@ -54,6 +55,7 @@ class SlotArrays:
         self.wscore = array("I")
         self.stamp = array("I")
         self.last = array("q")
+        self.born = array("q")
         self.size = array("q")
         self.flags = array("B")
         self.charged = array("I")
@@ -71,6 +73,7 @@ class SlotArrays:
             self.wscore[slot] = 0
             self.stamp[slot] = self.epoch
             self.last[slot] = 0
+            self.born[slot] = 0
             self.size[slot] = -1
             self.flags[slot] = F_LIVE | (self.flags[slot] & (F_TOUCHED | F_QUEUED))  # may sit in those lists
             self.charged[slot] = 0
@@ -83,6 +86,7 @@ class SlotArrays:
             self.wscore.append(0)
             self.stamp.append(self.epoch)
             self.last.append(0)
+            self.born.append(0)
             self.size.append(-1)
             self.flags.append(F_LIVE)
             self.charged.append(0)
@@ -117,6 +121,7 @@ class SlotArrays:
             self.charged.extend(zeros)
             self.stamp.extend(array("I", [self.epoch]) * rest)
             self.last.extend(array("q", bytes(8 * rest)))
+            self.born.extend(array("q", bytes(8 * rest)))
             self.size.extend(array("q", [-1]) * rest)
             self.flags.extend(array("B", [F_LIVE]) * rest)
         self.index[dev].update_arrays(inos.astype(np.uint64), slots)
@@ -132,6 +137,7 @@ class SlotArrays:
         np.frombuffer(self.wscore, dtype=np.uint32)[slots] = 0
         np.frombuffer(self.stamp, dtype=np.uint32)[slots] = self.epoch
         np.frombuffer(self.last, dtype=np.int64)[slots] = 0
+        np.frombuffer(self.born, dtype=np.int64)[slots] = 0
         np.frombuffer(self.size, dtype=np.int64)[slots] = -1
         np.frombuffer(self.charged, dtype=np.uint32)[slots] = 0
         flags = np.frombuffer(self.flags, dtype=np.uint8)
@@ -167,7 +173,7 @@ class SlotArrays:
 
     def memory_bytes(self) -> int:
         """Bytes held by the parallel arrays and the sorted part of the indexes."""
-        arrays = (self.dev, self.ino, self.gen, self.rscore, self.wscore, self.stamp, self.last, self.size,
+        arrays = (self.dev, self.ino, self.gen, self.rscore, self.wscore, self.stamp, self.last, self.born, self.size,
                   self.flags, self.charged)
         return (sum(a.buffer_info()[1] * a.itemsize for a in arrays)
                 + sum(i.memory_bytes() for i in self.index.values()))

@@ -60,6 +60,9 @@ class VolumeSample:
     cache_id: str = ""  # as VolumeInfo.cache_id, read with this sample ("" = unknown or detached)
     bypasses: int | None = None  # cumulative I/Os the cache sent around itself (bcache); None: no such counter
     bypassed_bytes: int | None = None  # cumulative bytes of those (bcache, to the precision it prints)
+    # bcache: the cache set's in-use share at its last GC (dirty and metadata buckets, buckets allocated since),
+    # 100 - cache_available_percent; what its write cutoffs compare (engine.lifetime). None: not known
+    in_use_percent: int | None = None
 
 
 class VolumeState:
@@ -73,6 +76,7 @@ class VolumeState:
         self.io_errors_risen = 0
         self.failed = False
         self.knobs: dict[str, str] = {}
+        self.in_use_percent: int | None = None
         self.cache_id = info.cache_id
         self.error_threshold = error_threshold
         self._hist: deque[tuple[int, int, int, int]] = deque(maxlen=window)  # ts, hits, misses, errors
@@ -106,6 +110,7 @@ class VolumeState:
         self.io_errors = s.io_errors
         self.failed = s.failed
         self.knobs = dict(s.knobs)
+        self.in_use_percent = s.in_use_percent
         self.last_ts = s.ts_ns
         self.samples += 1
         return max(0, grew)

@@ -32,6 +32,7 @@ from cachepilot.policy.model import (
     Exposure,
     HealthPolicy,
     Hysteresis,
+    LifetimeHold,
     Policy,
     Promotion,
     Rule,
@@ -309,6 +310,7 @@ def _settings(raw: dict[str, Any], base: VolumePolicy, doc: _Doc, path: PathT) -
 
     exposure = sec("exposure", Exposure, base.exposure,
                    {"max_dirty": ("max_dirty", parse_size), "max_age": ("max_age_s", parse_duration)})
+    hold = sec("lifetime_hold", LifetimeHold, base.lifetime_hold, {"max_hold": ("max_hold_s", parse_duration)})
     promotion = sec("promotion", Promotion, base.promotion,
                     {"rate": ("rate", parse_size), "sieve_size": ("sieve_size", parse_size),
                      "refresh_interval": ("refresh_interval_s", parse_duration)})
@@ -333,9 +335,13 @@ def _settings(raw: dict[str, Any], base: VolumePolicy, doc: _Doc, path: PathT) -
                       f"min_extent ({discard.min_extent} B): no extent could ever be released")
     if exposure.max_age_s <= 0:
         raise doc.err((*path, "exposure", "max_age"), "the exposure age bound must be > 0")
+    if hold.share <= 0 or hold.max_hold_s <= 0:
+        key = "share" if hold.share <= 0 else "max_hold"
+        raise doc.err((*path, "lifetime_hold", key), f"lifetime_hold {key} must be > 0")
     return VolumePolicy(
         failure_model=raw.get("failure_model", base.failure_model),
         exposure=exposure,
+        lifetime_hold=hold,
         promotion=promotion,
         discard_on_delete=discard,
         hysteresis=hysteresis,

@@ -18,6 +18,16 @@ class Exposure:
 
 
 @dataclass(frozen=True, slots=True)
+class LifetimeHold:
+    """Recoverable model: hold new data dirty while the volume's deletes say it is likely to die (engine.lifetime)."""
+
+    enabled: bool = True
+    share: float = 0.9  # hold until the age by which this share of the deleted bytes had died
+    max_hold_s: float = 600.0
+    headroom: float = 0.1  # share of the cache kept below its write cutoff (bcache: 40% in use)
+
+
+@dataclass(frozen=True, slots=True)
 class Promotion:
     enabled: bool = True
     rate: int = 4 * MiB  # bytes per second
@@ -63,6 +73,7 @@ class SequentialSteering:
 class VolumePolicy:
     failure_model: str = "destructive"
     exposure: Exposure = field(default_factory=Exposure)
+    lifetime_hold: LifetimeHold = field(default_factory=LifetimeHold)
     promotion: Promotion = field(default_factory=Promotion)
     discard_on_delete: DiscardOnDelete = field(default_factory=DiscardOnDelete)
     hysteresis: Hysteresis = field(default_factory=Hysteresis)

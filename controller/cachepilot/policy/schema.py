@@ -35,6 +35,14 @@ def _settings(knobs: list[str]) -> dict[str, Any]:
     return {
     "failure_model": {"enum": ["recoverable", "destructive", "auto"]},
     "exposure": _obj({"max_dirty": {"$ref": "#/$defs/size"}, "max_age": {"$ref": "#/$defs/duration"}}),
+    "lifetime_hold": _obj(
+        {
+            "enabled": {"type": "boolean", "description": "recoverable: hold new data dirty while it is likely to die"},
+            "share": {"$ref": "#/$defs/fraction", "description": "hold until this share of deleted bytes had died"},
+            "max_hold": {"$ref": "#/$defs/duration"},
+            "headroom": {"$ref": "#/$defs/fraction", "description": "cache share kept below its write cutoff"},
+        }
+    ),
     "promotion": _obj(
         {
             "enabled": {"type": "boolean"},
