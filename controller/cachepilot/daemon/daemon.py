@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from cachepilot.actions import Action
-from cachepilot.daemon import actuation, answers, status, volumes
+from cachepilot.daemon import actuation, answers, pinning, status, volumes
 from cachepilot.daemon.acting import Actor
 from cachepilot.daemon.adoption import ActuatorsFactory, Adopter, BackendFactory, Discover
 from cachepilot.daemon.answers import TOP_K
@@ -270,6 +270,8 @@ class Daemon:
             self.notifier.ready("reload failed; running policy kept")
             return False
         self.config = keep_fixed(new, self.config)
+        for v in list(self.vols.values()):
+            pinning.apply(self.engine, v.info)  # the patterns may have changed, and files appeared
         self.policy_error = None
         self.policy_generation += 1
         log.info("reloaded %s (policies: %s)%s", new.source, new.policy.source, " DRY RUN" if self.dry_run else "")
@@ -284,7 +286,7 @@ class Daemon:
         if now >= self._next_top:
             self.top = {v.info.name: hottest(self.engine.hotness, v.info.dev, TOP_K) for v in self.vols.values()}
             self._next_top = now + int(TOP_EVERY_S * NS)
-        vols = tuple(status.volume_status(v, ctl, now, self.engine.now_ns) for v in self.vols.values()
+        vols = tuple(status.volume_status(v, ctl, now, self.engine) for v in self.vols.values()
                      if (ctl := self.engine.vols.get(v.info.dev)) is not None)
         self.snapshot = snap = status.build(self, vols, now, tick_ns)
         if self.metrics is not None:

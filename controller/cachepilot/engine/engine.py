@@ -61,6 +61,7 @@ from cachepilot.models.admission import CachedSet
 from cachepilot.models.epochs import EpochTracker
 from cachepilot.models.freed import FreedExtentQueue
 from cachepilot.models.hotness import F_MEMBER, F_QUEUED, F_READ, F_RESIDENT, HOT_DTYPE, HotnessTable
+from cachepilot.models.pins import PinnedFile, PinSet, check_room
 from cachepilot.models.volume import (
     BYPASS,
     BYPASS_NAMES,
@@ -207,6 +208,7 @@ class VolumeCtl:
     drain_sleep_until_ns: int = 0
     breaches: int = 0
     last_failure: str = ""  # the last action that failed, for humans
+    pins: PinSet = field(default_factory=PinSet)  # pinned files (models/pins.py)
 
 
 class Engine:
@@ -237,6 +239,7 @@ class Engine:
         if info.dev in self.vols:
             raise UserError(f"volume {info.name}: device {info.dev} already known")
         vp, chosen = self.policy.resolve(info)
+        check_room(vp.pin, info)
         ctl = VolumeCtl(
             info=info,
             policy=vp,
@@ -268,6 +271,19 @@ class Engine:
         return c
 
     @staticmethod
+    def _set_room(c: VolumeCtl) -> int:
+        """The believed-cached set's capacity: its share of the cache less what pinned files take."""
+        return max(0, int(c.info.cache_bytes * c.policy.promotion.max_cache_fraction) - c.pins.bytes)
+
+    def set_pins(self, name: str, files: list[PinnedFile], note: str = "") -> None:
+        """The files the volume's pin patterns resolved to (the daemon walks the mount; models/pins.py)."""
+        c = self.volume(name)
+        c.pins.assign(self.hotness, c.info.dev, files, c.policy.pin.refresh_s, note, self.now_ns)
+        for slot in c.pins.slots.tolist():
+            c.cached.discard(slot)  # a pinned file is no member: no admission or eviction decision touches it
+        c.cached.capacity_bytes = self._set_room(c)
+
+    @staticmethod
     def _granularity(info: VolumeInfo, vp: VolumePolicy) -> int:
         return max(1, vp.discard_on_delete.min_extent // max(1, info.fs_block_size))
 
@@ -281,11 +297,13 @@ class Engine:
     def set_policy(self, policy: Policy) -> None:
         """Apply a new policy (already validated). Resolution errors leave the old one in place."""
         resolved = {dev: policy.resolve(c.info) for dev, c in self.vols.items()}
+        for dev, (vp, _) in resolved.items():
+            check_room(vp.pin, self.vols[dev].info)
         self.policy = policy
         for dev, (vp, chosen) in resolved.items():
             c = self.vols[dev]
             c.policy, c.chosen_by = vp, chosen
-            c.cached.capacity_bytes = int(c.info.cache_bytes * vp.promotion.max_cache_fraction)
+            c.cached.capacity_bytes = self._set_room(c)
             c.freed.granularity = self._granularity(c.info, vp)
             c.state.error_threshold = vp.health.error_threshold
 
@@ -385,6 +403,7 @@ class Engine:
             s.knobs, s.cache_id,
         ))
         c.epochs.note_dirty(grew)
+        c.pins.sampled(s.misses, s.bypasses)
         if s.bypasses is not None:
             prev, c.bypasses_seen = c.bypasses_seen, s.bypasses
             if prev is not None and s.bypasses > prev:
@@ -511,6 +530,8 @@ class Engine:
         last, flags = t.last, t.flags
         q = c.promo_queue
         rid = q.reason_id(reason)
+        if idle_since_ns is None:
+            c.pins.requeue_all(reason)
         for slot in c.cached.hottest_members():
             if idle_since_ns is not None and last[slot] >= idle_since_ns:
                 continue
@@ -572,6 +593,7 @@ class Engine:
         """Sieve (size, write-only, append-only; see HotnessTable.sieve), re-charge members, admit the rest against
         the last evicted counter; queue the new members for promotion in the order they were touched."""
         t = self.hotness
+        s = c.pins.exclude(s)  # pinned files are not sieved nor admitted: models/pins.py
         f = np.frombuffer(t.flags, dtype=np.uint8)[s]
         member = (f & F_MEMBER) != 0
         c.touched_now += len(s) - int(member.sum())
@@ -691,6 +713,7 @@ class Engine:
         dt = (now - c.last_tick_ns) / NS if c.last_tick_ns is not None else 1.0
         cap = promo.rate * 2.0  # bytes over any window T stay <= rate * T + cap + the largest file
         c.tokens = min(cap, c.tokens + promo.rate * max(0.0, dt))
+        c.tokens = c.pins.take(t, c.info, now, c.tokens, cap, out)  # pinned files first
         q = c.promo_queue
         flags, tsize, tdev, tino, tgen = t.flags, t.size, t.dev, t.ino, t.gen
         name = c.info.name

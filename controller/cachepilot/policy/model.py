@@ -50,6 +50,17 @@ class HealthPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class Pin:
+    """Files kept in the cache whatever happens (models/pins.py): path prefixes or globs relative to the mount
+    point, at most ``max_bytes`` of them (refused past the cache's room), re-read at most every ``refresh_s``
+    while the cache is missing reads."""
+
+    paths: tuple[str, ...] = ()
+    max_bytes: int = 0
+    refresh_s: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
 class VolumePolicy:
     failure_model: str = "destructive"
     exposure: Exposure = field(default_factory=Exposure)
@@ -58,6 +69,7 @@ class VolumePolicy:
     hysteresis: Hysteresis = field(default_factory=Hysteresis)
     health: HealthPolicy = field(default_factory=HealthPolicy)
     knobs: dict[str, str] = field(default_factory=dict)
+    pin: Pin = field(default_factory=Pin)
 
 
 @dataclass(frozen=True, slots=True)
