@@ -29,6 +29,7 @@ from cachepilot.daemon.config import DaemonConfig, load_config
 from cachepilot.daemon.control import ControlServer
 from cachepilot.daemon.counters import Counters
 from cachepilot.daemon.guard import Guard
+from cachepilot.daemon.imports import Imports
 from cachepilot.daemon.intake import Intake
 from cachepilot.daemon.lock import DaemonLock, host_lock_path
 from cachepilot.daemon.loop import TickLoop
@@ -96,6 +97,7 @@ class Daemon:
         self._next_state = 0
         self._next_top = 0
         self.clear_requests: list[str] = []  # from the control socket, done on the loop thread
+        self.imports = Imports()  # hot lists from the control socket, handed to the engine on the loop thread
         self.metrics: Metrics | None = None  # the exporter, when configured and in this build
         self.ready = False
         self.bpf_object = "none"  # a short hash of the loaded BPF object (cachepilot_build_info)
@@ -186,6 +188,7 @@ class Daemon:
             ("rescan", self._rescan_if_due),
             ("sample", self.actor.sample),
             ("clear_latches", self._clear_latches),
+            ("imports", lambda now: self.imports.apply(self.engine)),
             ("deferred", lambda now: self.actor.deferred(now, self.dry_run)),
             ("decide", self._decide),
             ("retries", lambda now: self.actor.retry_due(now, self.dry_run)),
@@ -295,4 +298,4 @@ class Daemon:
     def answer(self, req: dict[str, Any]) -> dict[str, Any]:
         """Control-socket requests (called on the server thread): daemon/answers.py."""
         return answers.answer(self.snapshot, req, self.clear_requests,
-                              lambda: self.reloads.ask(max(RELOAD_WAIT_S, 3 * self.config.tick_s)))
+                              lambda: self.reloads.ask(max(RELOAD_WAIT_S, 3 * self.config.tick_s)), self.imports)

@@ -481,6 +481,12 @@ class Engine:
         slot = self.hotness.update(dev, ino, gen, score, 0, 0, now_ns, size)
         self.hotness.flags[slot] |= F_READ
 
+    def import_hot(self, name: str, files: list[tuple[int, int, int, int]]) -> tuple[int, int]:
+        """A warm handoff's hot list (ino, gen, score, size), hottest first: engine/handoff.py."""
+        from cachepilot.engine.handoff import queue_imported
+
+        return queue_imported(self, name, files)
+
     def latched(self) -> dict[str, str]:
         return {c.info.name: c.latch.reason for c in self.vols.values() if c.latch is not None}
 
