@@ -1,6 +1,6 @@
 """The control socket's answers (called on the server thread): ``status``, ``top`` and ``explain`` from the last
-published snapshot only; ``clear_latch`` and ``hotlist_import`` queue the request for the loop (the engine is the loop's); ``reload``
-waits, bounded, for the loop's verdict."""
+published snapshot only; ``clear_latch`` and ``hotlist_import`` queue the request for the loop (the engine is the
+loop's); ``reload`` waits, bounded, for the loop's verdict."""
 
 from __future__ import annotations
 

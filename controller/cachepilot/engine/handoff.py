@@ -22,7 +22,8 @@ IMPORTED = "imported hot list (warm handoff)"
 
 
 def queue_imported(e: Engine, name: str, files: Sequence[tuple[int, int, int, int]]) -> tuple[int, int]:
-    """(queued, not queued: sieved, below the admission bar, already queued or resident) for files (ino, gen, score, size), hottest first."""
+    """(queued, not queued: sieved, below the admission bar, already queued or resident) for files (ino, gen,
+    score, size), hottest first."""
     c = e.volume(name)
     t = e.hotness
     now = e.now_ns
