@@ -403,7 +403,7 @@ class Engine:
             s.knobs, s.cache_id,
         ))
         c.epochs.note_dirty(grew)
-        c.pins.sampled(s.misses, s.bypasses)
+        c.pins.sampled(s.misses, s.bypasses, s.ts_ns)
         if s.bypasses is not None:
             prev, c.bypasses_seen = c.bypasses_seen, s.bypasses
             if prev is not None and s.bypasses > prev:

@@ -33,7 +33,7 @@ version: 1
 defaults:
   failure_model: recoverable
   promotion: {enabled: true, rate: 32MiB}
-  pin: {paths: [pinned], max_bytes: 8MiB, refresh: 2s}
+  pin: {paths: [pinned], max_bytes: 8MiB, refresh: 1s}
 """
 
 
