@@ -94,9 +94,10 @@ def main() -> None:
     policy = ROOT / "policies" / "default.yaml"
     a = Daemon([policy])
     series_a = Reader(nfiles, 1).run(warm)
+    name_a = a.ask("status")["volumes"][0]["name"]  # the daemon's name for the volume (dm-N)
     steady = sum(series_a[len(series_a) // 2:]) / max(1, len(series_a) - len(series_a) // 2)
     say("a_daemon_exit", a.stop(keep_log="a"))
-    exp = subprocess.run([CLI, "hotlist", "export", "--config", str(a.tmp / "c.yaml"), NAME],
+    exp = subprocess.run([CLI, "hotlist", "export", "--config", str(a.tmp / "c.yaml"), name_a],
                          capture_output=True, text=True)
     say("export_rc", exp.returncode)
     say("export_said", exp.stderr.strip().replace("\n", " | "))
@@ -112,8 +113,9 @@ def main() -> None:
 
     fresh_cache()
     b = Daemon([policy])  # host B: a new state directory, nothing learnt
+    name_b = b.ask("status")["volumes"][0]["name"]
     t0 = time.monotonic()
-    imp = subprocess.run([CLI, "hotlist", "import", "--socket", str(b.tmp / "ctl.sock"), NAME, str(hot)],
+    imp = subprocess.run([CLI, "hotlist", "import", "--socket", str(b.tmp / "ctl.sock"), name_b, str(hot)],
                          capture_output=True, text=True)
     say("import_rc", imp.returncode)
     say("import_said", (imp.stdout + imp.stderr).strip().replace("\n", " | "))
