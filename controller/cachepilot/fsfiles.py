@@ -214,6 +214,7 @@ def _walk_dir(top: int, dev: int, prefix: tuple[str, ...], pats: tuple[Pattern, 
 
 
 def _push(stack: list[tuple[int, tuple[str, ...], Any]], fd: int, where: tuple[str, ...]) -> None:
+    it: Any
     try:
         it = os.scandir(fd)
     except OSError:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from cachepilot.display import escape
 from cachepilot.engine.engine import Engine
 from cachepilot.fsfiles import WalkResult, walk
 from cachepilot.models.pins import MAX_PIN_FILES, PinnedFile
@@ -60,4 +59,4 @@ def apply(engine: Engine, info: VolumeInfo, walker: Walker = _walk) -> None:
     files, note = resolve(info, pin, walker)
     engine.set_pins(info.name, files, note)
     log.info("%s: %d file(s) pinned (%d bytes)%s", info.name, len(files), sum(f.size for f in files),
-             f": {escape(note)}" if note else "")
+             f": {note!r}" if note else "")  # repr: the note may carry the mount point

@@ -61,7 +61,7 @@ from cachepilot.models.admission import CachedSet
 from cachepilot.models.epochs import EpochTracker
 from cachepilot.models.freed import FreedExtentQueue
 from cachepilot.models.hotness import F_MEMBER, F_QUEUED, F_READ, F_RESIDENT, HOT_DTYPE, HotnessTable
-from cachepilot.models.pins import PinnedFile, PinSet, check_room
+from cachepilot.models.pins import PinnedFile, PinSet
 from cachepilot.models.volume import (
     BYPASS,
     BYPASS_NAMES,
@@ -239,7 +239,7 @@ class Engine:
         if info.dev in self.vols:
             raise UserError(f"volume {info.name}: device {info.dev} already known")
         vp, chosen = self.policy.resolve(info)
-        check_room(vp.pin, info)
+        vp.pin.check_room(info)
         ctl = VolumeCtl(
             info=info,
             policy=vp,
@@ -298,7 +298,7 @@ class Engine:
         """Apply a new policy (already validated). Resolution errors leave the old one in place."""
         resolved = {dev: policy.resolve(c.info) for dev, c in self.vols.items()}
         for dev, (vp, _) in resolved.items():
-            check_room(vp.pin, self.vols[dev].info)
+            vp.pin.check_room(self.vols[dev].info)
         self.policy = policy
         for dev, (vp, chosen) in resolved.items():
             c = self.vols[dev]

@@ -29,23 +29,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cachepilot.actions import Action, Promote
-from cachepilot.errors import UserError
 from cachepilot.models.hotness import F_LIVE, F_READ, F_RESIDENT, HotnessTable
 from cachepilot.models.volume import VolumeInfo
-from cachepilot.policy.model import Pin
 
 NS = 1_000_000_000
 MAX_PIN_FILES = 10_000
 CHURN_WINDOW_NS = 30 * NS
 NOT_RESIDENT = "pinned by policy: not in the cache (new pin, written since, or the cache device changed)"
 STATUS_FILES = 20  # pinned files listed by `status` (the counts cover them all)
-
-
-def check_room(pin: Pin, info: VolumeInfo) -> None:
-    """A cap larger than the cache could never hold: refused (UserError), where the cache's size is known."""
-    if pin.paths and info.cache_bytes > 0 and pin.max_bytes > info.cache_bytes:
-        raise UserError(f"volume {info.name}: pin.max_bytes {pin.max_bytes} is more than its cache holds "
-                        f"({info.cache_bytes} bytes)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -345,7 +345,7 @@ def _settings(raw: dict[str, Any], base: VolumePolicy, doc: _Doc, path: PathT) -
 
 def _pin(raw: dict[str, Any] | None, base: Pin, promotion: Promotion, doc: _Doc, path: PathT) -> Pin:
     """``pin:`` (paths and max_bytes required by the schema); the cap against the cache's room is checked when
-    a volume is adopted (models/pins.py: check_room), where the cache's size is known."""
+    a volume is adopted (Pin.check_room), where the cache's size is known."""
     if raw is None:
         return base
     pin = _section(Pin, raw, base, {"paths": ("paths", tuple), "max_bytes": ("max_bytes", parse_size),

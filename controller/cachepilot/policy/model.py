@@ -59,6 +59,12 @@ class Pin:
     max_bytes: int = 0
     refresh_s: float = 10.0
 
+    def check_room(self, info: VolumeInfo) -> None:
+        """A cap larger than the cache could never hold: refused (UserError), where the cache's size is known."""
+        if self.paths and info.cache_bytes > 0 and self.max_bytes > info.cache_bytes:
+            raise UserError(f"volume {info.name}: pin.max_bytes {self.max_bytes} is more than its cache holds "
+                            f"({info.cache_bytes} bytes)")
+
 
 @dataclass(frozen=True, slots=True)
 class VolumePolicy:
