@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests" / "bench" / "guest"))
 from common import Daemon, drop_caches, log, timed_read_ms  # noqa: E402
 
-FILE_SIZE, HIT_MS = 64 * 1024, 4.0
+FILE_SIZE, HIT_MS = 64 * 1024, 10.0  # the origin adds 20 ms: a hit is well under, even on a loaded host
 MNT = Path(os.environ["LAB_MOUNT"])
 NAME = os.environ["LAB_DM_NAME"]
 CACHED = os.environ["LAB_CACHED_DEV"]
