@@ -1193,3 +1193,30 @@ def test_the_live_advisor_is_opt_in_and_off_it_costs_nothing(tmp_path: Path) -> 
     r.tick(2)
     assert "cachepilot_advisor_hit_ratio{" not in (tmp_path / "m.prom").read_text()
     r.d.shutdown()
+
+
+def test_pins_are_resolved_at_adoption_and_reload_and_shown_by_status(tmp_path: Path) -> None:
+    """Issue 25: the daemon walks the volume's mount for its pin patterns when it adopts it and at every reload; the
+    pinned files are promoted through the actuators first and status shows them with their residency."""
+    import dataclasses
+
+    mnt = tmp_path / "mnt"
+    (mnt / "db").mkdir(parents=True)
+    (mnt / "db" / "a").write_bytes(b"a" * 5000)
+    pol = POLICY_DESTRUCTIVE + "  pin: {paths: [db], max_bytes: 1MiB}\n"
+    r = Rig(tmp_path, policy=pol)
+    r.found = [Found(dataclasses.replace(VOL, mountpoint=str(mnt)))]
+    try:
+        r.d.start()
+        r.tick(1)
+        v = r.d.answer({"cmd": "status"})["volumes"][0]
+        assert v["pins"]["files"] == 1 and v["pins"]["list"][0]["path"] == "db/a"
+        assert v["pins"]["resident_files"] == 1  # promoted at the first tick
+        files = r.d.adopter.vols[DEV].files
+        assert any(isinstance(a, Promote) and "pinned by policy" in a.reason for a, _ in files.ran)
+        (mnt / "db" / "b").write_bytes(b"b" * 100)
+        r.d.request_reload()
+        r.tick(2)
+        assert r.d.answer({"cmd": "status"})["volumes"][0]["pins"]["files"] == 2
+    finally:
+        r.d.shutdown()

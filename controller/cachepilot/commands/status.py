@@ -66,12 +66,26 @@ def render(s: dict[str, Any]) -> str:
         )
         for p in v["pending"]:
             head.append(f"{'':<10} pending: {escape(p)}")
+        head.extend(_pins(v.get("pins")))  # a daemon from before pinning has no such key
     if not s["volumes"]:
         head.append("(no volume)")
     for u in s.get("unmanaged", []):  # a daemon from before issue 24 has no such key
         head.append(f"{escape(u['name']):<10} NOT MANAGED ({escape(u['reason'])}; {escape(u['dev'])}): its cache runs "
                     "unbounded; see the journal")
     return "\n".join(head)
+
+
+def _pins(p: dict[str, Any] | None) -> list[str]:
+    """The volume's pins: how many are resident, then the first files with their residency."""
+    if not p:
+        return []
+    out = [f"{'':<10} pinned: {p['files']} file(s), {_bytes(p['bytes'])}; resident {p['resident_files']}"
+           f" ({_bytes(p['resident_bytes'])}); {p['promotions']} promotion(s)"
+           + (f"; {escape(p['note'])}" if p.get("note") else "")]
+    for f in p.get("list", []):
+        out.append(f"{'':<12} {'resident' if f['resident'] else 'NOT resident':<13} {_bytes(f['size']):>10}  "
+                   f"{escape(f['path'])}")
+    return out
 
 
 def status(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from cachepilot.backends.base import Backend
-from cachepilot.daemon import volumes
+from cachepilot.daemon import pinning, volumes
 from cachepilot.daemon.counters import Counters
 from cachepilot.daemon.guard import Guard
 from cachepilot.daemon.persist import Persistence
@@ -112,6 +112,7 @@ class Adopter:
         log.info("adopted %s (%s, %s%s, mounted at %r)", info.name, how, devname(f.volume_dev), stack,
                  info.mountpoint)
         self.persist.adopted(v, now)
+        pinning.apply(self.engine, info)
 
     def watch_all(self) -> None:
         """The probe just loaded: watch every volume adopted before it."""

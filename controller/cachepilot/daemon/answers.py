@@ -1,6 +1,6 @@
 """The control socket's answers (called on the server thread): ``status``, ``top`` and ``explain`` from the last
-published snapshot only; ``clear_latch`` queues the request for the loop (the engine is the loop's); ``reload`` waits,
-bounded, for the loop's verdict."""
+published snapshot only; ``clear_latch`` and ``hotlist_import`` queue the request for the loop (the engine is the
+loop's); ``reload`` waits, bounded, for the loop's verdict."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cachepilot.daemon.acting import DECISIONS_KEPT
+from cachepilot.daemon.imports import Imports
 from cachepilot.daemon.reloads import Verdict
 from cachepilot.daemon.status import Status
 from cachepilot.errors import UserError
@@ -17,7 +18,7 @@ TOP_K = 25
 
 
 def answer(snap: Status | None, req: dict[str, Any], clear_requests: list[str],
-           ask_reload: Callable[[], Verdict]) -> dict[str, Any]:
+           ask_reload: Callable[[], Verdict], imports: Imports | None = None) -> dict[str, Any]:
     cmd = req.get("cmd")
     if cmd == "reload":
         verdict = ask_reload()
@@ -39,7 +40,12 @@ def answer(snap: Status | None, req: dict[str, Any], clear_requests: list[str],
         # Queued even when the snapshot (one tick old) shows no latch: the tick in between may have set one.
         clear_requests.append(name)  # done by the loop at its next tick
         return {"queued": name, "latched": vol.latched}
-    raise UserError(f"unknown command {cmd!r} (status, top, explain, advise, clear_latch, reload)")
+    if cmd == "hotlist_import" and imports is not None:
+        name = str(req.get("volume", ""))
+        if name not in vols:
+            raise UserError(f"unknown volume {name!r}")
+        return {"queued": imports.add(name, req.get("files"))}
+    raise UserError(f"unknown command {cmd!r} (status, top, explain, advise, clear_latch, reload, hotlist_import)")
 
 
 def _top(snap: Status | None, vols: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from cachepilot.actions import Action
-from cachepilot.daemon import actuation, answers, status, volumes
+from cachepilot.daemon import actuation, answers, pinning, status, volumes
 from cachepilot.daemon.acting import Actor
 from cachepilot.daemon.adoption import ActuatorsFactory, Adopter, BackendFactory, Discover
 from cachepilot.daemon.allocfail import pace_promotions
@@ -31,6 +31,7 @@ from cachepilot.daemon.control import ControlServer
 from cachepilot.daemon.counters import Counters
 from cachepilot.daemon.gcpause import GcPauses
 from cachepilot.daemon.guard import Guard
+from cachepilot.daemon.imports import Imports
 from cachepilot.daemon.intake import Intake
 from cachepilot.daemon.lock import DaemonLock, host_lock_path
 from cachepilot.daemon.loop import TickLoop
@@ -103,6 +104,7 @@ class Daemon:
         self._next_state = 0
         self._next_top = 0
         self.clear_requests: list[str] = []  # from the control socket, done on the loop thread
+        self.imports = Imports()  # hot lists from the control socket, handed to the engine on the loop thread
         self.metrics: Metrics | None = None  # the exporter, when configured and in this build
         self.ready = False
         self.bpf_object = "none"  # a short hash of the loaded BPF object (cachepilot_build_info)
@@ -213,6 +215,7 @@ class Daemon:
             ("sample", self.actor.sample),
             ("clear_latches", self._clear_latches),
             ("alloc", lambda now: pace_promotions(self.vols.values(), self.probe, now)),
+            ("imports", lambda now: self.imports.apply(self.engine)),
             ("deferred", lambda now: self.actor.deferred(now, self.dry_run)),
             ("decide", self._decide),
             ("retries", lambda now: self.actor.retry_due(now, self.dry_run)),
@@ -297,6 +300,8 @@ class Daemon:
             self.notifier.ready("reload failed; running policy kept")
             return False
         self.config = keep_fixed(new, self.config)
+        for v in list(self.vols.values()):
+            pinning.apply(self.engine, v.info)  # the patterns may have changed, and files appeared
         self.policy_error = None
         self.policy_generation += 1
         log.info("reloaded %s (policies: %s)%s", new.source, new.policy.source, " DRY RUN" if self.dry_run else "")
@@ -313,7 +318,7 @@ class Daemon:
             self._next_top = now + int(TOP_EVERY_S * NS)
         sizing = self.engine.sizing
         self.curves = {} if sizing is None else {v.info.name: sizing.curve_of(v.info.dev) for v in self.vols.values()}
-        vols = tuple(status.volume_status(v, v.ctl, now, self.engine.now_ns) for v in self.vols.values()
+        vols = tuple(status.volume_status(v, v.ctl, now, self.engine) for v in self.vols.values()
                      if v.ctl is not None)
         self.snapshot = snap = status.build(self, vols, now, tick_ns)
         if self.metrics is not None:
@@ -322,4 +327,4 @@ class Daemon:
     def answer(self, req: dict[str, Any]) -> dict[str, Any]:
         """Control-socket requests (called on the server thread): daemon/answers.py."""
         return answers.answer(self.snapshot, req, self.clear_requests,
-                              lambda: self.reloads.ask(max(RELOAD_WAIT_S, 3 * self.config.tick_s)))
+                              lambda: self.reloads.ask(max(RELOAD_WAIT_S, 3 * self.config.tick_s)), self.imports)

@@ -18,6 +18,7 @@ from cachepilot.daemon import actuation, ticktime
 from cachepilot.daemon.volume import ManagedVolume, devname
 from cachepilot.engine.volumectl import VolumeCtl, normalise_mode
 from cachepilot.models.sizing import Curve
+from cachepilot.engine.engine import Engine
 
 if TYPE_CHECKING:
     from cachepilot.daemon.daemon import Daemon
@@ -87,6 +88,7 @@ class VolumeStatus:
     discard_pending_blocks: int
     held_switches: int
     promotions_skipped: dict[str, int]  # promotions not made, by reason
+    pins: dict[str, Any] | None  # pinned files and their residency (models/pins.py), None: no pins
     metrics: VolumeMetrics | None = field(default=None, metadata={"json": False})  # None: not exported
 
     def to_json(self) -> dict[str, Any]:
@@ -194,7 +196,7 @@ class Status:
         return out
 
 
-def volume_status(v: ManagedVolume, c: VolumeCtl, now: int, engine_now: int) -> VolumeStatus:
+def volume_status(v: ManagedVolume, c: VolumeCtl, now: int, engine: Engine) -> VolumeStatus:
     info = v.info
     st = c.state
     req = c.requested_mode
@@ -215,7 +217,8 @@ def volume_status(v: ManagedVolume, c: VolumeCtl, now: int, engine_now: int) -> 
         promo_queue=len(c.promo_queue), believed_cached=len(c.cached),
         discard_pending_blocks=c.freed.pending_blocks, held_switches=c.held_switches,
         promotions_skipped=dict(c.promotions_skipped),
-        metrics=None if s is None or v.observe_only else _metrics(v, c, engine_now))
+        pins=c.pins.status(engine.hotness) if len(c.pins) or c.pins.note else None,
+        metrics=None if s is None or v.observe_only else _metrics(v, c, engine.now_ns))
 
 
 def _metrics(v: ManagedVolume, c: VolumeCtl, engine_now: int) -> VolumeMetrics:

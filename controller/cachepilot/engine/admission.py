@@ -56,6 +56,7 @@ class Admission:
         """Sieve (size, write-only, append-only; see HotnessTable.sieve), re-charge members, admit the rest against
         the last evicted counter; queue the new members for promotion in the order they were touched."""
         t = self.hotness
+        s = c.pins.exclude(s)  # pinned files are not sieved nor admitted: models/pins.py
         f = np.frombuffer(t.flags, dtype=np.uint8)[s]
         member = (f & F_MEMBER) != 0
         c.touched_now += len(s) - int(member.sum())

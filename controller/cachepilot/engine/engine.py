@@ -50,6 +50,7 @@ from cachepilot.models.admission import CachedSet
 from cachepilot.models.epochs import EpochTracker
 from cachepilot.models.freed import FreedExtentQueue
 from cachepilot.models.hotness import F_QUEUED, F_READ, HotnessTable
+from cachepilot.models.pins import PinnedFile
 from cachepilot.models.sizing import Advisors
 from cachepilot.models.volume import WRITEBACK, Health, VolumeInfo, VolumeSample, VolumeState
 from cachepilot.policy.model import DEFAULT_POLICY, Policy, VolumePolicy
@@ -90,6 +91,7 @@ class Engine:
         if info.dev in self.vols:
             raise UserError(f"volume {info.name}: device {info.dev} already known")
         vp, chosen = self.policy.resolve(info)
+        vp.pin.check_room(info)
         ctl = VolumeCtl(
             info=info,
             policy=vp,
@@ -126,6 +128,25 @@ class Engine:
         return c
 
     @staticmethod
+    def _set_room(c: VolumeCtl) -> int:
+        """The believed-cached set's capacity: its share of the cache less what pinned files take."""
+        return max(0, int(c.info.cache_bytes * c.policy.promotion.max_cache_fraction) - c.pins.bytes)
+
+    def set_pins(self, name: str, files: list[PinnedFile], note: str = "") -> None:
+        """The files the volume's pin patterns resolved to (the daemon walks the mount; models/pins.py)."""
+        c = self.volume(name)
+        c.pins.assign(self.hotness, c.info.dev, files, c.policy.pin.refresh_s, note, self.now_ns)
+        for slot in c.pins.slots.tolist():
+            c.cached.discard(slot)  # a pinned file is no member: no admission or eviction decision touches it
+        c.cached.capacity_bytes = self._set_room(c)
+
+    def import_hot(self, name: str, files: list[tuple[int, int, int, int]]) -> tuple[int, int]:
+        """A warm handoff's hot list (ino, gen, score, size), hottest first: engine/handoff.py."""
+        from cachepilot.engine.handoff import queue_imported
+
+        return queue_imported(self, name, files)
+
+    @staticmethod
     def _granularity(info: VolumeInfo, vp: VolumePolicy) -> int:
         return max(1, vp.discard_on_delete.min_extent // max(1, info.fs_block_size))
 
@@ -139,11 +160,13 @@ class Engine:
     def set_policy(self, policy: Policy) -> None:
         """Apply a new policy (already validated). Resolution errors leave the old one in place."""
         resolved = {dev: policy.resolve(c.info) for dev, c in self.vols.items()}
+        for dev, (vp, _) in resolved.items():
+            vp.pin.check_room(self.vols[dev].info)
         self.policy = policy
         for dev, (vp, chosen) in resolved.items():
             c = self.vols[dev]
             c.policy, c.chosen_by = vp, chosen
-            c.cached.capacity_bytes = int(c.info.cache_bytes * vp.promotion.max_cache_fraction)
+            c.cached.capacity_bytes = self._set_room(c)
             c.freed.granularity = self._granularity(c.info, vp)
             c.state.error_threshold = vp.health.error_threshold
 
@@ -188,6 +211,7 @@ class Engine:
             s.knobs, s.cache_id, in_use_percent=s.in_use_percent,
         ))
         c.epochs.note_dirty(grew)
+        c.pins.sampled(s.misses, s.bypasses, s.ts_ns)
         self.seq.sampled(s.dev, s.knobs, s.bypassed_bytes)
         if s.bypasses is not None:
             prev, c.bypasses_seen = c.bypasses_seen, s.bypasses

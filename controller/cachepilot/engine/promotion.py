@@ -37,6 +37,7 @@ class Promoter:
         dt = (now - c.last_tick_ns) / NS if c.last_tick_ns is not None else 1.0
         cap = promo.rate * 2.0  # bytes over any window T stay <= rate * T + cap + the largest file
         c.tokens = min(cap, c.tokens + promo.rate * max(0.0, dt))
+        c.tokens = c.pins.take(t, c.info, now, c.tokens, cap, out)  # pinned files first
         q = c.promo_queue
         flags, tsize, tdev, tino, tgen = t.flags, t.size, t.dev, t.ino, t.gen
         name = c.info.name
@@ -91,6 +92,8 @@ class Promoter:
         last, flags = t.last, t.flags
         q = c.promo_queue
         rid = q.reason_id(reason)
+        if idle_since_ns is None:
+            c.pins.requeue_all(reason)
         for slot in c.cached.hottest_members():
             if idle_since_ns is not None and last[slot] >= idle_since_ns:
                 continue

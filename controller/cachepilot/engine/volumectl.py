@@ -12,6 +12,7 @@ from cachepilot.models.admission import CachedSet
 from cachepilot.models.epochs import EpochTracker
 from cachepilot.models.freed import FreedExtentQueue
 from cachepilot.models.volume import BYPASS, BYPASS_NAMES, WRITEBACK, WRITETHROUGH, VolumeInfo, VolumeState
+from cachepilot.models.pins import PinSet
 from cachepilot.policy.model import VolumePolicy
 
 NS = 1_000_000_000
@@ -88,4 +89,5 @@ class VolumeCtl:
     drain_sleep_until_ns: int = 0
     breaches: int = 0
     last_failure: str = ""  # the last action that failed, for humans
+    pins: PinSet = field(default_factory=PinSet)  # pinned files (models/pins.py)
 

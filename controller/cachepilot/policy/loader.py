@@ -33,6 +33,7 @@ from cachepilot.policy.model import (
     HealthPolicy,
     Hysteresis,
     LifetimeHold,
+    Pin,
     Policy,
     Promotion,
     Rule,
@@ -40,6 +41,7 @@ from cachepilot.policy.model import (
     SequentialSteering,
     VolumePolicy,
 )
+from cachepilot.policy.pinpaths import pattern_error
 from cachepilot.policy.schema import SCHEMA
 from cachepilot.safeio import read_text
 
@@ -338,6 +340,7 @@ def _settings(raw: dict[str, Any], base: VolumePolicy, doc: _Doc, path: PathT) -
     if hold.share <= 0 or hold.max_hold_s <= 0:
         key = "share" if hold.share <= 0 else "max_hold"
         raise doc.err((*path, "lifetime_hold", key), f"lifetime_hold {key} must be > 0")
+    pin = _pin(raw.get("pin"), base.pin, promotion, doc, (*path, "pin"))
     return VolumePolicy(
         failure_model=raw.get("failure_model", base.failure_model),
         exposure=exposure,
@@ -348,7 +351,28 @@ def _settings(raw: dict[str, Any], base: VolumePolicy, doc: _Doc, path: PathT) -
         health=health,
         knobs=knobs,
         sequential_steering=steering,
+        pin=pin,
     )
+
+
+def _pin(raw: dict[str, Any] | None, base: Pin, promotion: Promotion, doc: _Doc, path: PathT) -> Pin:
+    """``pin:`` (paths and max_bytes required by the schema); the cap against the cache's room is checked when
+    a volume is adopted (Pin.check_room), where the cache's size is known."""
+    if raw is None:
+        return base
+    pin = _section(Pin, raw, base, {"paths": ("paths", tuple), "max_bytes": ("max_bytes", parse_size),
+                                    "refresh": ("refresh_s", parse_duration)}, doc, path)
+    for i, p in enumerate(pin.paths):
+        why = pattern_error(p)
+        if why is not None:
+            raise doc.err((*path, "paths", i), why)
+    if pin.paths and pin.max_bytes == 0:
+        raise doc.err((*path, "max_bytes"), "pins need a cap above 0 bytes")
+    if pin.paths and not promotion.enabled:
+        raise doc.err(path, "pinned files are promoted by reading: promotion must be enabled")
+    if pin.refresh_s == 0:
+        raise doc.err((*path, "refresh"), "the refresh interval must be > 0")
+    return pin
 
 
 def _covers(a: Selector, b: Selector) -> bool:

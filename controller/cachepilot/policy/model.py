@@ -70,6 +70,23 @@ class SequentialSteering:
 
 
 @dataclass(frozen=True, slots=True)
+class Pin:
+    """Files kept in the cache whatever happens (models/pins.py): path prefixes or globs relative to the mount
+    point, at most ``max_bytes`` of them (refused past the cache's room), re-read at most every ``refresh_s``
+    while the cache is missing reads."""
+
+    paths: tuple[str, ...] = ()
+    max_bytes: int = 0
+    refresh_s: float = 10.0
+
+    def check_room(self, info: VolumeInfo) -> None:
+        """A cap larger than the cache could never hold: refused (UserError), where the cache's size is known."""
+        if self.paths and info.cache_bytes > 0 and self.max_bytes > info.cache_bytes:
+            raise UserError(f"volume {info.name}: pin.max_bytes {self.max_bytes} is more than its cache holds "
+                            f"({info.cache_bytes} bytes)")
+
+
+@dataclass(frozen=True, slots=True)
 class VolumePolicy:
     failure_model: str = "destructive"
     exposure: Exposure = field(default_factory=Exposure)
@@ -80,6 +97,7 @@ class VolumePolicy:
     health: HealthPolicy = field(default_factory=HealthPolicy)
     knobs: dict[str, str] = field(default_factory=dict)
     sequential_steering: SequentialSteering = field(default_factory=SequentialSteering)
+    pin: Pin = field(default_factory=Pin)
 
 
 @dataclass(frozen=True, slots=True)

@@ -87,6 +87,21 @@ def _settings(knobs: list[str]) -> dict[str, Any]:
             "window": {"$ref": "#/$defs/duration", "description": "at most one step per window"},
         }
     ),
+    "pin": _obj(
+        {
+            "paths": {
+                "type": "array", "maxItems": 256,
+                "items": {"type": "string", "minLength": 1, "maxLength": 4096},
+                "description": "path prefixes or file globs relative to the mount point",
+            },
+            "max_bytes": {"$ref": "#/$defs/size", "description": "bytes pinned at most (within the cache's room)"},
+            "refresh": {
+                "$ref": "#/$defs/duration",
+                "description": "re-read pinned files at most this often while the cache misses reads",
+            },
+        },
+        required=["paths", "max_bytes"],
+    ),
     "knobs": {
         "type": "object",
         "propertyNames": {"enum": knobs},

@@ -1,0 +1,129 @@
+"""`cachepilot hotlist export VOLUME > FILE` and `cachepilot hotlist import VOLUME FILE`: a warm handoff.
+
+export: the hot list the daemon last wrote to its state file (every ``state_interval`` and at stop; the daemon may
+run or not), each file named by its path relative to the volume's mount point (root: files are found by handle).
+import: each path resolved under the volume's mount point on this host and checked (hotlist.py: generation and size,
+else size and modification time), unknown and changed files skipped and counted, the rest handed to the running
+daemon (control socket, root only), which re-warms them at the volume's promotion rate."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from cachepilot.commands.status import socket_arg, socket_path
+from cachepilot.display import escape
+from cachepilot.errors import UserError
+
+REQUEST_BYTES = 3500  # below the control socket's 4 KiB per request
+
+
+def _state_dir(args: argparse.Namespace) -> Path:
+    if args.state_dir:
+        return Path(args.state_dir)
+    from cachepilot.daemon.config import DEFAULT_STATE_DIR, load_config
+
+    return load_config(args.config).state_dir if args.config else Path(DEFAULT_STATE_DIR)
+
+
+def _saved_volume(doc: dict[str, Any], name: str) -> dict[str, Any]:
+    vols = doc.get("volumes", {})
+    sv = vols.get(name) if isinstance(vols, dict) else None
+    if not isinstance(sv, dict):
+        known = ", ".join(sorted(str(k) for k in vols)) if isinstance(vols, dict) else ""
+        raise UserError(f"the state file has no volume {name!r} (known: {known or 'none'})")
+    return sv
+
+
+def _mount_of(dev: str) -> str:
+    from cachepilot.mountinfo import ProcMounts
+
+    for m in ProcMounts().all():
+        if m.dev == dev and m.root == "/":
+            return m.mountpoint
+    raise UserError(f"the filesystem of device {dev} is not mounted here: its files have no paths to export")
+
+
+def export(args: argparse.Namespace) -> int:
+    from cachepilot import hotlist
+    from cachepilot.daemon.state import StateFile
+
+    state = StateFile(_state_dir(args))
+    doc, why = state.read()
+    if doc is None:
+        raise UserError(f"no hot list to export: {why}")
+    sv = _saved_volume(doc, args.volume)
+    mount = _mount_of(str(sv.get("dev", "")))
+    hot = sv.get("hot", [])
+    hl, lost = hotlist.export(args.volume, str(sv.get("fs_uuid", "")), mount, hot if isinstance(hot, list) else [])
+    sys.stdout.write(hl.dumps())
+    print(f"{escape(args.volume)}: {len(hl.files)} hot file(s) exported from {escape(str(state.path))}"
+          f" (written {_age(doc)}); {lost} left out (gone, renamed out of the mount, or unreadable)", file=sys.stderr)
+    return 0
+
+
+def _age(doc: dict[str, Any]) -> str:
+    import time
+
+    w = doc.get("written")
+    return f"{time.time() - w:.0f} s ago" if isinstance(w, int | float) else "at an unknown time"
+
+
+def _chunks(files: list[tuple[int, int, int, int]]) -> list[list[list[int]]]:
+    """The files in requests of at most REQUEST_BYTES (and the daemon's per-request count)."""
+    from cachepilot.daemon.imports import MAX_PER_REQUEST
+
+    out: list[list[list[int]]] = []
+    cur: list[list[int]] = []
+    size = 0
+    for f in files:
+        n = len(json.dumps(list(f))) + 2
+        if cur and (size + n > REQUEST_BYTES or len(cur) >= MAX_PER_REQUEST):
+            out.append(cur)
+            cur, size = [], 0
+        cur.append(list(f))
+        size += n
+    if cur:
+        out.append(cur)
+    return out
+
+
+def import_(args: argparse.Namespace) -> int:
+    from cachepilot import hotlist
+    from cachepilot.daemon.control import request
+    from cachepilot.safeio import read_capped
+
+    hl = hotlist.parse(read_capped(args.file, "hot-list file", hotlist.MAX_FILE_BYTES), str(args.file))
+    sock = socket_path(args)
+    vols = {v.get("name"): v for v in request(sock, {"cmd": "status"}).get("volumes", [])}
+    v = vols.get(args.volume)
+    if v is None:
+        raise UserError(f"the daemon manages no volume {args.volume!r} (known: {', '.join(sorted(map(str, vols)))})")
+    if not v.get("mountpoint"):
+        raise UserError(f"volume {args.volume!r} has no filesystem mounted: nothing to resolve the paths in")
+    m = hotlist.match(hl, str(v["mountpoint"]))
+    queued = 0
+    for chunk in _chunks(m.files):
+        queued += int(request(sock, {"cmd": "hotlist_import", "volume": args.volume, "files": chunk})["queued"])
+    print(f"{escape(args.volume)}: {queued} of {len(hl.files)} file(s) handed to the daemon for re-warming at the"
+          f" promotion rate ({m.by_generation} matched by generation and size, {m.by_mtime} by size and mtime);"
+          f" skipped: {m.unknown} unknown, {m.changed} changed")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("hotlist", help="warm handoff: export a volume's hot list, import one into the daemon")
+    verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
+    e = verbs.add_parser("export", help="the hot list the daemon last saved, by path, as JSON on stdout (root)")
+    e.add_argument("--config", metavar="FILE", help="the daemon's configuration (its state_dir)")
+    e.add_argument("--state-dir", metavar="DIR", help="the daemon's state directory (default: its built-in one)")
+    e.add_argument("volume", metavar="VOLUME", help="the volume's name as status shows it (e.g. bcache0)")
+    e.set_defaults(handler=export)
+    i = verbs.add_parser("import", help="re-warm a volume from an exported hot list (control socket; root)")
+    socket_arg(i)
+    i.add_argument("volume", metavar="VOLUME", help="the volume's name as status shows it (e.g. bcache0)")
+    i.add_argument("file", metavar="FILE", help="a file written by `cachepilot hotlist export`")
+    i.set_defaults(handler=import_)

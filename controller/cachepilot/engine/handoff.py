@@ -1,0 +1,51 @@
+"""A warm handoff's imported hot list into a volume's promotion queue (``cachepilot hotlist import``).
+
+Each file goes into the hotness table with the counter it had on the exporting host (read-hot, of known size), is
+offered to the believed-cached set like any admitted file (sieve and admission bar as usual; pinned files are left to
+their pins), and the admitted ones are queued hottest first with the reason "imported hot list". They are promoted at
+the volume's promotion rate. Unlike an ordinary admission they skip the bcache bypass rule (``only_uncached``): the
+operator asked for them because the cache does not hold them (a new cache device, another host)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from cachepilot.models.hotness import F_MEMBER, F_QUEUED, F_READ, F_RESIDENT
+
+if TYPE_CHECKING:
+    from cachepilot.engine.engine import Engine
+
+IMPORTED = "imported hot list (warm handoff)"
+
+
+def queue_imported(e: Engine, name: str, files: Sequence[tuple[int, int, int, int]]) -> tuple[int, int]:
+    """(queued, not queued: sieved, below the admission bar, already queued or resident) for files (ino, gen,
+    score, size), hottest first."""
+    c = e.volume(name)
+    t = e.hotness
+    now = e.now_ns
+    slots = []
+    for ino, gen, score, size in files:
+        slot = t.update(c.info.dev, ino, gen, score, 0, 0, now, size)
+        t.flags[slot] |= F_READ
+        slots.append(slot)
+    arr = c.pins.exclude(np.unique(np.array(slots, dtype=np.int64)))
+    if not len(arr) or not c.policy.promotion.enabled:
+        return 0, len(arr)
+    ok = arr[t.sieve_mask(arr, c.policy.promotion.sieve_size)]
+    flags = np.frombuffer(t.flags, dtype=np.uint8)
+    member = (flags[ok] & F_MEMBER) != 0
+    known = ok[member & ((flags[ok] & F_RESIDENT) == 0)]  # members the cache is not known to hold
+    del flags
+    admitted = c.cached.admit_many(ok[~member], np.frombuffer(t.size, dtype=np.int64)[ok[~member]].copy())
+    admitted = np.concatenate([admitted, known])
+    flags = np.frombuffer(t.flags, dtype=np.uint8)
+    fresh = admitted[(flags[admitted] & F_QUEUED) == 0]
+    flags[fresh] |= F_QUEUED
+    del flags
+    fresh = fresh[np.argsort([-t.score(x) for x in fresh.tolist()], kind="stable")]  # hottest first
+    c.promo_queue.push_many(fresh, c.promo_queue.reason_id(IMPORTED))
+    return len(fresh), len(arr) - len(fresh)

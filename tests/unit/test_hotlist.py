@@ -1,0 +1,187 @@
+"""Warm handoff (`cachepilot hotlist export` / `import`): the format round-trips hostile names and refuses bad files
+with one line, in bounded size; export finds paths by handle; import matches by generation and size, else size and
+mtime, skips and counts unknown and changed files; the daemon takes the list in bounded requests and the engine
+re-warms it at the promotion rate, past bcache's bypass rule."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from cachepilot import hotlist
+from cachepilot.cli import main
+from cachepilot.commands.hotlist import REQUEST_BYTES, _chunks
+from cachepilot.daemon.answers import answer
+from cachepilot.daemon.control import MAX_REQUEST
+from cachepilot.daemon.imports import MAX_PER_REQUEST, Imports
+from cachepilot.engine import Engine, Promote
+from cachepilot.engine.handoff import IMPORTED
+from cachepilot.errors import UserError
+from cachepilot.events import kdev
+from cachepilot.fsfiles import generation
+from cachepilot.models.volume import VolumeInfo, VolumeSample
+from cachepilot.policy import parse_policy
+
+NS = 1_000_000_000
+DEV = kdev(252, 0)
+HOSTILE = os.fsdecode(b"evil\x1b[2J\xff\xe2\x80\xae name")
+
+
+def ident(p: Path) -> tuple[int, int]:
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        return os.fstat(fd).st_ino, generation(fd)
+    finally:
+        os.close(fd)
+
+
+def make_tree(root: Path) -> list[Path]:
+    out = []
+    for rel in ("db/a", "db/b", f"db/{HOSTILE}", "logs/c"):
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(os.urandom(4096 * (len(out) + 1)))
+        out.append(p)
+    return out
+
+
+def exported(root: Path) -> hotlist.HotList:
+    files = make_tree(root)
+    hot = [[*ident(p), 1000 - i, p.stat().st_size] for i, p in enumerate(files)] + [[999_999_999, 5, 1, 1]]
+    hl, lost = hotlist.export("v0", "uuid", str(root), hot)
+    assert lost == 1  # the inode that does not exist
+    return hl
+
+
+def test_export_names_files_by_path_and_the_format_round_trips_hostile_names(tmp_path: Path) -> None:
+    hl = exported(tmp_path)
+    assert [f.path for f in hl.files] == ["db/a", "db/b", f"db/{HOSTILE}", "logs/c"]
+    text = hl.dumps()
+    assert text.isascii()  # undecodable bytes and controls travel as escapes
+    back = hotlist.parse(text.encode(), "h.json")
+    assert back.files == hl.files and back.volume == "v0"
+
+
+def test_import_matches_by_generation_or_by_size_and_mtime_and_counts_the_rest(tmp_path: Path) -> None:
+    a = tmp_path / "a"
+    hl = exported(a)
+    m = hotlist.match(hl, str(a))
+    assert (m.by_generation, m.by_mtime, m.unknown, m.changed) == (4, 0, 0, 0)
+    assert [f[2] for f in m.files] == [1000, 999, 998, 997]  # hottest first, with the exported counters
+    b = tmp_path / "b"
+    shutil.copytree(a, b)  # a file-by-file copy: new inodes and generations, same sizes and mtimes
+    (b / "db" / "b").write_bytes(b"changed")
+    (b / "logs" / "c").unlink()
+    m = hotlist.match(hl, str(b))
+    assert (m.by_generation, m.by_mtime, m.unknown, m.changed) == (0, 2, 1, 1)
+
+
+def test_import_never_follows_a_symlink_out_of_the_mount(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    hl = exported(outside)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    (mnt / "db").symlink_to(outside / "db")
+    m = hotlist.match(hl, str(mnt))
+    assert m.unknown == 4 and not m.files
+
+
+@pytest.mark.parametrize("content, why", [
+    (b"\x00\xff", "not JSON"),
+    (b"[1]", "no \"format\""),
+    (b'{"format": "cachepilot-hotlist", "version": 9, "files": []}', "unsupported hot-list version"),
+    (b'{"format": "cachepilot-hotlist", "version": 1, "files": {}}', "files: not a list"),
+    (b'{"format": "cachepilot-hotlist", "version": 1, "files": [{"path": "/etc/passwd", "size": 1, "gen": 1,'
+     b' "mtime_ns": 1, "score": 1}]}', "files[0]: path"),
+    (b'{"format": "cachepilot-hotlist", "version": 1, "files": [{"path": "../x", "size": 1, "gen": 1,'
+     b' "mtime_ns": 1, "score": 1}]}', "files[0]: path"),
+    (b'{"format": "cachepilot-hotlist", "version": 1, "files": [{"path": "x", "size": -1, "gen": 1,'
+     b' "mtime_ns": 1, "score": 1}]}', "files[0]: not an integer"),
+    (b'{"format": "cachepilot-hotlist", "version": 1, "files": [{"path": "x", "size": 1, "gen": 4294967296,'
+     b' "mtime_ns": 1, "score": 1}]}', "files[0]: not an integer"),
+    (b"[" * 100_000, "not JSON"),
+])
+def test_bad_hot_list_files_are_refused_with_one_line_and_exit_2(tmp_path: Path, content: bytes, why: str,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "h.json"
+    f.write_bytes(content)
+    with pytest.raises(UserError, match=why.replace("[", r"\[")):
+        hotlist.parse(content, str(f))
+    assert main(["hotlist", "import", "--socket", str(tmp_path / "none.sock"), "v0", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and why.split("[")[0] in err
+
+
+def test_a_huge_or_special_hot_list_file_costs_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    big = tmp_path / "big.json"
+    with open(big, "wb") as f:
+        f.truncate(5 << 30)  # sparse 5 GiB: refused by its size, never read
+    assert main(["hotlist", "import", "--socket", "/nonexistent", "v0", str(big)]) == 2
+    assert "larger than 32 MiB" in capsys.readouterr().err
+    assert main(["hotlist", "import", "--socket", "/nonexistent", "v0", "/dev/zero"]) == 2
+    assert "not a regular file" in capsys.readouterr().err
+
+
+def test_export_reads_the_state_file_and_refuses_a_missing_volume(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from cachepilot.daemon.state import StateFile
+
+    st = StateFile(tmp_path)
+    assert st.write({"volumes": {"v0": {"name": "v0", "dev": "0:0", "hot": []}}, "counters": {}, "decisions": []})
+    assert main(["hotlist", "export", "--state-dir", str(tmp_path), "nope"]) == 2
+    assert "the state file has no volume 'nope' (known: v0)" in capsys.readouterr().err
+    assert main(["hotlist", "export", "--state-dir", str(tmp_path), "v0"]) == 2  # device 0:0 is mounted nowhere
+    assert "is not mounted here" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ the daemon and the engine
+def engine(kind: str = "bcache") -> Engine:
+    pol = parse_policy("""
+version: 1
+defaults:
+  failure_model: recoverable
+  promotion: {enabled: true, rate: 64KiB, max_cache_fraction: 0.5, sieve_size: 1MiB}
+""", "t.yaml")
+    return Engine(pol, [VolumeInfo(dev=DEV, name="v0", kind=kind, cache_bytes=1 << 30)])
+
+
+def test_requests_stay_under_the_sockets_limit_and_bad_entries_are_refused() -> None:
+    files = [((1 << 62) + i, 4_000_000_000, 4_000_000_000, 1 << 40) for i in range(1000)]
+    chunks = _chunks(files)
+    assert sum(len(c) for c in chunks) == 1000
+    for c in chunks:
+        req = json.dumps({"cmd": "hotlist_import", "volume": "v" * 64, "files": c})
+        assert len(req) < MAX_REQUEST and len(c) <= MAX_PER_REQUEST and REQUEST_BYTES < MAX_REQUEST
+    imp = Imports()
+    for bad in ([[1, 2, 3]], [[1, 2, 3, True]], [[0, 1, 1, 1]], [[1, 1 << 32, 1, 1]], "x", [[1, 1, 1, 1]] * 129):
+        with pytest.raises(UserError):
+            imp.add("v0", bad)
+
+
+def test_an_imported_list_is_re_warmed_hottest_first_at_the_rate_past_the_bypass_rule() -> None:
+    e = engine("bcache")
+    for t in (0, 1):  # bcache bypassed nothing: an ordinary admission would wait, then be taken as inserted
+        e.sample(VolumeSample(DEV, t * NS, "writeback", 0, 0, 0, 0, False, {}, "cset", bypasses=5))
+
+    class Snap:
+        volumes = [type("V", (), {"name": "v0", "latched": False})()]
+
+    imp = Imports()
+    files = [[10 + i, 1, 100 + i, 64 << 10] for i in range(8)]  # ascending counters: the last is the hottest
+    got = answer(Snap(), {"cmd": "hotlist_import", "volume": "v0", "files": files},  # type: ignore[arg-type]
+                 [], lambda: None, imp)  # type: ignore[arg-type, return-value]
+    assert got == {"queued": 8}
+    with pytest.raises(UserError, match="unknown volume"):
+        answer(Snap(), {"cmd": "hotlist_import", "volume": "x", "files": files}, [], lambda: None, imp)  # type: ignore[arg-type, return-value]
+    imp.apply(e)
+    seen: list[int] = []
+    for t in range(2, 12):
+        acts = [a for a in e.tick(t * NS) if isinstance(a, Promote)]
+        assert len(acts) <= 2  # 64 KiB/s, a bucket of two seconds
+        assert all(a.reason == IMPORTED for a in acts)
+        seen += [a.ino for a in acts]
+    assert seen == [17, 16, 15, 14, 13, 12, 11, 10]

