@@ -1,8 +1,9 @@
 """The headline benchmark's shared lab geometry and timing (issue 23), and the pair-by-pair arithmetic the W2-W4
-scripts report with. A 7200 rpm disk behind a 256 MiB cache: origin 2 GiB (sparse) behind dm-delay 8 ms per read (a seek plus half a
-turn), 4 ms per write (a disk's write cache absorbs part of the seek), 1 ms per flush (an almost empty write
-cache), and qemu's throttle at 150 IOPS (a 7200 rpm disk's random IOPS: 100-200), so origin I/O costs foreground
-throughput as on a real disk. The same numbers as the W1 fileserver run (branch s23bench); the lead aligns them."""
+scripts report with. A 7200 rpm disk behind a 256 MiB cache: origin 2 GiB (sparse) behind dm-delay 8 ms per read
+(a seek plus half a turn), 4 ms per write (a disk's write cache absorbs part of the seek), 1 ms per flush (an almost
+empty write cache), and qemu's throttle at 150 IOPS (a 7200 rpm disk's random IOPS: 100-200), so origin I/O
+costs foreground throughput as on a real disk. The same numbers as the W1 fileserver run (branch s23bench); the lead
+aligns them."""
 
 from __future__ import annotations
 

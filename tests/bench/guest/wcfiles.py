@@ -162,7 +162,8 @@ class Exposure:
         d, now = dirty(), time.monotonic()
         if d == 0:
             self.last_clean = now
-        return {"dirty_mib": d / MIB, "age_s": round(now - self.last_clean, 2), "origin_mib": (origin_written() - self.w0) / MIB}
+        return {"dirty_mib": d / MIB, "age_s": round(now - self.last_clean, 2),
+                "origin_mib": (origin_written() - self.w0) / MIB}
 
 
 def arg(name: str, default: float) -> float:
