@@ -71,3 +71,11 @@ def test_headline_spec_is_the_shared_geometry() -> None:
     argv = s.argv(Path("/tmp/x"), ["true"])
     assert argv[argv.index("--origin-flush-delay-ms") + 1] == "1"
     assert headline.FULL.window >= 120
+
+
+def test_dm_ratio_takes_the_promoters_bios_out_as_hits() -> None:
+    zipfread = load(BENCH / "guest" / "zipfread.py")
+    assert zipfread.workload_dm_ratio(100, 100, 0) == pytest.approx(0.5)
+    # 20 promoter bios counted as hits: 80 workload hits of 180 workload bios
+    assert zipfread.workload_dm_ratio(100, 100, 20) == pytest.approx(80 / 180)
+    assert zipfread.workload_dm_ratio(5, 0, 5) is None
