@@ -1,7 +1,9 @@
 """Varmail-like sync-heavy load on a destructive-model bcache volume in the lab: the stock cache in write-through,
 the stock cache in write-back, and stock write-back steered by cachepilot under the shipped default policy
 (destructive, exposure <= 64 MiB / 30 s). ops/s, fsync p50/p99, and the largest dirty exposure (bytes, and age as
-an independent witness measures it) sampled every second. Rounds of the three, one lab boot each.
+an independent witness measures it) sampled every second. Rounds of the three, one lab boot each, on the headline
+geometry (headline.py): every run starts clean (the spool written in write-through, the cache settled to 0 dirty),
+warms up, then measures a steady-state window.
 
 .venv/bin/python tests/bench/bench_lab_varmail.py [--reps N] [--quick] [--out DIR]"""
 
@@ -11,9 +13,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import headline  # noqa: E402
 from labbench import (  # noqa: E402
     Job,
-    LabSpec,
     Runner,
     cell,
     console,
@@ -40,6 +42,7 @@ def summary(rows: dict[str, list[dict]], reps: int) -> list[list[str]]:
         table.append([CONFIGS[c], cell(values(ok, "ops_s")), cell(values(ok, "fsync_p50_ms")),
                       cell(values(ok, "fsync_p99_ms")), cell(values(ok, "max_dirty_mib")),
                       cell(values(ok, "max_age_s"), "{:.0f}"), cell(values(ok, "origin_written_mib")),
+                      cell(values(ok, "origin_mib_per_kop"), "{:.2f}"), cell(values(ok, "dirty_owed_mib")),
                       f"{len(ok)}/{reps}"])
     return table
 
@@ -60,11 +63,12 @@ def goals(rows: dict[str, list[dict]]) -> str:
 
 def main() -> None:
     reps, quick, out = parse_args(sys.argv[1:])
-    seconds = 30 if quick else 60
-    spec = LabSpec()
+    timing = headline.QUICK if quick else headline.FULL
+    seconds = timing.window
+    spec = headline.spec("bcache")
     runner = Runner("varmail", reps * len(CONFIGS), **({"out": out} if out else {}))
     rows: dict[str, list[dict]] = {c: [] for c in CONFIGS}
-    cmd = ["tests/bench/guest/varmail.py", "{c}", str(seconds)]
+    cmd = ["tests/bench/guest/varmail.py", "{c}", str(seconds), "--warmup", str(timing.warmup)]
     jobs = [Job(c, f"{c}-{rep + 1}", spec, [a.format(c=c) for a in cmd] + ["--seed", str(rep + 1)], "varmail")
             for rep in range(reps) for c in CONFIGS]
     try:
@@ -72,12 +76,14 @@ def main() -> None:
     finally:
         runner.close()
     md = header("Varmail on a destructive-model volume", spec,
-                f"{seconds} s of a varmail-like loop, 4 threads: delete a file; create one, append 16 KiB, fsync; "
+                f"{headline.geometry()}. {timing.warmup} s of warm-up, then a {seconds} s window of a "
+                f"varmail-like loop, 4 threads: delete a file; create one, append 16 KiB, fsync; "
                 f"append 16 KiB to another, fsync; read two whole (page cache dropped). One op = one such iteration. "
                 f"Exposure witness: dirty bytes every second; age = time since dirty data last read 0 (polled "
                 f"every 50 ms). Median (min–max) of {reps} rounds.")
     md += "\n" + md_table(["configuration", "ops/s", "fsync p50 ms", "fsync p99 ms", "largest dirty, MiB",
-                           "largest age, s", "origin written, MiB", "runs"], summary(rows, reps))
+                           "largest age, s", "origin written in the window, MiB", "origin MiB per 1000 ops",
+                           "dirty owed at the end, MiB", "runs"], summary(rows, reps))
     md += "\n\n" + goals(rows)
     dmn = [r for r in rows["cp-destructive"] if "error" not in r]
     md += (f"\n\nDaemon: CPU {cell(values(dmn, 'daemon_cpu_pct'))}% of the guest's vCPU, RSS "

@@ -1,15 +1,16 @@
 """Guest: a varmail-like sync-heavy load (Filebench's varmail shape) on the lab's cached volume, under one
 configuration, with the dirty exposure sampled every second.
 
-usage: varmail.py CONFIG SECONDS [--threads N] [--seed N]
+usage: varmail.py CONFIG SECONDS [--warmup S] [--threads N] [--seed N]
 CONFIG: writethrough (stock cache in write-through) | writeback (stock cache in write-back) | cp-destructive (stock
 write-back + the daemon under the shipped default policy: destructive, exposure <= 64 MiB / 30 s).
 
 The file set: 1 000 files of 4-28 KiB (16 KiB mean), written clean. Each of N threads (default 4) loops for SECONDS
 over one varmail iteration: delete a file; create one, append 16 KiB, fsync; open another, append 16 KiB, fsync;
 read two others whole (page cache dropped first, so the reads reach the cache). One op = one iteration (2 fsyncs).
-With the daemon, the loop starts once it has held bcache's writeback_delay within its drain window (its first
-tick): the steady state of a host where it runs, not the race of its first second.
+The loop first runs S seconds of warm-up (default 0; ops, fsyncs and origin bytes not counted), then the
+measured window of SECONDS. With the daemon, the loop starts once it has held bcache's writeback_delay within its
+drain window (its first tick): the steady state of a host where it runs, not the race of its first second.
 Every second: the cache's dirty bytes and the exposure age, measured here as an upper bound independent of the
 daemon: the time since dirty data last read 0 (polled every 50 ms; every dirty byte was written after that).
 Result: $LAB_OUT/varmail.json."""
@@ -85,11 +86,13 @@ def append_sync(path: Path, data: bytes, create: bool) -> float:
         os.close(fd)
 
 
-def worker(fs: FileSet, seed: int, stop: float, fsyncs: list[float], ops: list[int]) -> None:
+def worker(fs: FileSet, seed: int, span: tuple[float, float], fsyncs: list[float], ops: list[int]) -> None:
+    """Loop until span's end; only iterations that start inside the window (span's start onwards) count."""
+    measure, stop = span
     n = 0
     rnd = random.Random(seed)  # noqa: S311 - a reproducible workload, not a secret
     data = rnd.randbytes(APPEND)
-    while time.monotonic() < stop:
+    while (now := time.monotonic()) < stop:
         victim = fs.pick(pop=True)
         victim.unlink(missing_ok=True)
         p = fs.new()
@@ -98,8 +101,9 @@ def worker(fs: FileSet, seed: int, stop: float, fsyncs: list[float], ops: list[i
         lat.append(append_sync(fs.pick(), data, create=False))
         read_whole(fs.pick(), missing_ok=True)
         read_whole(fs.pick(), missing_ok=True)
-        fsyncs.extend(x for x in lat if x >= 0)
-        n += 1
+        if now >= measure:
+            fsyncs.extend(x for x in lat if x >= 0)
+            n += 1
     ops.append(n)
 
 
@@ -137,6 +141,7 @@ def main() -> None:
     config, seconds = sys.argv[1], float(sys.argv[2])
     nthreads = int(sys.argv[sys.argv.index("--threads") + 1]) if "--threads" in sys.argv else 4
     seed = int(sys.argv[sys.argv.index("--seed") + 1]) if "--seed" in sys.argv else 1
+    warmup = float(sys.argv[sys.argv.index("--warmup") + 1]) if "--warmup" in sys.argv else 0.0
     rnd = random.Random(seed)  # noqa: S311
     spool = MNT / "spool"
     spool.mkdir()
@@ -159,14 +164,17 @@ def main() -> None:
     sampler.start()
     fsyncs: list[float] = []
     ops: list[int] = []
-    t0 = time.monotonic()
-    threads = [threading.Thread(target=worker, args=(fs, seed * 100 + i, t0 + seconds, fsyncs, ops))
+    t0 = time.monotonic() + warmup
+    threads = [threading.Thread(target=worker, args=(fs, seed * 100 + i, (t0, t0 + seconds), fsyncs, ops))
                for i in range(nthreads)]
     for t in threads:
         t.start()
+    time.sleep(warmup)
+    w0, cpu0 = origin_written(), daemon.cpu_s() if daemon else 0.0
     for t in threads:
         t.join()
     elapsed = time.monotonic() - t0
+    window_origin = (origin_written() - w0) / MIB
     rows = sampler.stop()
     exposure.stopped.set()
     res = {
@@ -175,11 +183,12 @@ def main() -> None:
         "fsync_p99_ms": percentile(fsyncs, 99) * 1e3,
         "max_dirty_mib": max((r["dirty_mib"] for r in rows), default=0.0),
         "max_age_s": max((r["age_s"] for r in rows), default=0.0),
-        "origin_written_mib": rows[-1]["origin_mib"] if rows else 0.0,
+        "warmup_s": warmup, "origin_written_mib": window_origin,
+        "origin_mib_per_kop": 1000 * window_origin / max(1, sum(ops)), "dirty_owed_mib": dirty_bytes() / MIB,
         "modes": sorted({r["mode"] for r in rows}), "timeline": rows,
     }
     if daemon:
-        res["daemon_cpu_pct"] = 100 * (daemon.cpu_s() - daemon.cpu0) / elapsed
+        res["daemon_cpu_pct"] = 100 * (daemon.cpu_s() - cpu0) / elapsed
         res["daemon_rss_mib"] = daemon.rss_max / MIB
         dec = daemon.explain()
         res["decisions"] = {k: sum(1 for x in dec if x["kind"] == k) for k in {x["kind"] for x in dec}}

@@ -1,0 +1,104 @@
+"""W3 of the headline benchmark: buffered readers with Zipf file popularity on dm-cache (promotion's home ground):
+stock smq against stock smq + cachepilot under the shipped default policy. The workload's own hit ratio (reads
+faster than the origin's read delay; the daemon's promotion reads never counted), read p50/p99, reads/s; dm-cache's
+counters, promotions and the daemon's promoted bytes beside them. Rounds of the two, one lab boot each, on the
+headline geometry (headline.py).
+
+.venv/bin/python tests/bench/bench_lab_zipf.py [--reps N] [--quick] [--out DIR]"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import headline  # noqa: E402
+from labbench import (  # noqa: E402
+    Job,
+    Runner,
+    cell,
+    console,
+    header,
+    md_table,
+    med,
+    pair_ratios,
+    parse_args,
+    plot,
+    repro,
+    save,
+    values,
+)
+
+CONFIGS = {"smq": "stock dm-cache (smq)", "cp-default": "stock smq + cachepilot, shipped default policy"}
+
+
+def summary(rows: dict[str, list[dict]], reps: int) -> list[list[str]]:
+    table = []
+    for c, rs in rows.items():
+        ok = [r for r in rs if "error" not in r]
+        table.append([CONFIGS[c], cell(values(ok, "ops_s")), cell(values(ok, "hit_ratio"), "{:.3f}"),
+                      cell(values(ok, "read_p50_ms")), cell(values(ok, "read_p99_ms")),
+                      cell(values(ok, "dm_workload_hit_ratio"), "{:.3f}"),
+                      cell(values(ok, "dm_hit_ratio"), "{:.3f}"), cell(values(ok, "dm_promotions"), "{:.0f}"),
+                      cell(values(ok, "promoted_mib")), cell(values(ok, "daemon_cpu_pct")), f"{len(ok)}/{reps}"])
+    return table
+
+
+def goals(rows: dict[str, list[dict]]) -> str:
+    cp, st = rows["cp-default"], rows["smq"]
+    dh = headline.pair_deltas(cp, st, "hit_ratio")
+    dd = headline.pair_deltas(cp, st, "dm_workload_hit_ratio")
+    p99 = pair_ratios(cp, st, "read_p99_ms")
+    ops = pair_ratios(cp, st, "ops_s")
+    return (f"Goals, pair by pair within a round: workload hit ratio {cell(dh, '{:+.3f}')} over smq (≥ +0.10) — "
+            f"{headline.verdict(dh, bool(dh) and med(dh) >= 0.10)} (at bio level, dm-cache's counters with the "
+            f"promoter's bios taken out: {cell(dd, '{:+.3f}')} — "
+            f"{headline.verdict(dd, bool(dd) and med(dd) >= 0.10)}); read p99 {cell(p99, '{:.2f}')}× smq's "
+            f"(≤ 0.8×) — {headline.verdict(p99, bool(p99) and med(p99) <= 0.8)}; reads/s {cell(ops, '{:.2f}')}×.")
+
+
+def main() -> None:
+    reps, quick, out = parse_args(sys.argv[1:])
+    timing = headline.QUICK if quick else headline.FULL
+    spec = headline.spec("dmcache")
+    runner = Runner("zipf", reps * len(CONFIGS), **({"out": out} if out else {}))
+    rows: dict[str, list[dict]] = {c: [] for c in CONFIGS}
+    cmd = ["tests/bench/guest/zipfread.py", "{c}", str(timing.window), "--warmup", str(timing.warmup),
+           "--origin-read-ms", str(headline.READ_MS)]
+    jobs = [Job(c, f"{c}-{rep + 1}", spec, [a.format(c=c) for a in cmd] + ["--seed", str(rep + 1)], "zipfread")
+            for rep in range(reps) for c in CONFIGS]
+    try:
+        runner.run_all(jobs, rows)
+    finally:
+        runner.close()
+    first = next((r for rs in rows.values() for r in rs if "error" not in r), {})
+    md = header("W3: Zipf readers on dm-cache", spec,
+                f"{headline.geometry()}. {first.get('files', '?')} files of {first.get('file_kib', '?')} KiB (3× "
+                f"the cache), popularity Zipf(s = {first.get('exponent', '?')}; an ideal cache of 256 MiB would hit "
+                f"{first.get('ideal_hit_ratio', float('nan')):.2f}), 4 buffered reader threads, each read whole "
+                f"after posix_fadvise DONTNEED. {timing.warmup} s of warm-up, then a {timing.window} s window. "
+                f"Hit = a file read faster than the origin's {headline.READ_MS} ms read delay. Median (min–max) of "
+                f"{reps} rounds.")
+    md += "\n" + md_table(["configuration", "reads/s", "workload hit ratio", "read p50 ms", "read p99 ms",
+                           "dm-cache read hit ratio, promoter taken out (bio level)",
+                           "dm-cache read hit ratio (incl. promoter)", "smq promotions", "promoted by the daemon, MiB",
+                           "daemon CPU %", "runs"], summary(rows, reps))
+    md += "\n\n" + goals(rows)
+    dmn = [r for r in rows["cp-default"] if "error" not in r]
+    md += (f"\n\nDaemon RSS {cell(values(dmn, 'daemon_rss_mib'))} MiB; decisions (round 1): "
+           f"{dmn[0].get('decisions') if dmn else '-'}.")
+    md += "\n\nReproduce one row (cachepilot, round 1):\n\n```sh\n" + repro(
+        spec, [a.format(c="cp-default") for a in cmd] + ["--seed", "1"]) + "\n```\n"
+    series = {CONFIGS[c]: [(p["t"], p["hit_ratio"]) for p in rows[c][0].get("timeline", [])]
+              for c in CONFIGS if rows[c] and "timeline" in rows[c][0]}
+    png = plot(runner.out, "zipf_hit_ratio", "W3: workload hit ratio per 5 s, warm-up included (round 1)",
+               "hit ratio", series, marks=[(float(timing.warmup), "window")])
+    if png:
+        md += f"\n![W3 hit ratio]({png.name})\n"
+    save(runner.out, "zipf", md, {"configs": CONFIGS, "timing": timing.__dict__, "rows": rows})
+    console.print(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

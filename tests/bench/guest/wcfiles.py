@@ -1,0 +1,225 @@
+"""Guest: a fileserver-like load with a documented lifetime mix on the lab's dm-writecache volume, under one
+configuration: dm-writecache's own age bound against cachepilot keeping the same bound on stock dm-writecache.
+
+usage: wcfiles.py CONFIG SECONDS [--warmup S] [--threads N] [--seed N]
+CONFIG: max-age (the table reloaded with `max_age` AGE_S * 1000 ms: dm-writecache writes back every block older than
+that) | cp-default (the stock table, no max_age, + the daemon under the shipped default policy: destructive,
+exposure <= 64 MiB / 30 s, discards of deleted files' extents after the journal commit that freed them).
+
+Each of N threads (default 4) loops: create a file of 64-192 KiB, write it and fsync it (its data and the journal
+commit reach the cache device); append 16 KiB to a live file; read another live file whole (page cache dropped
+first); stat a third; delete every file whose lifetime is up. Lifetimes (SHORT_SHARE of new files, the rest
+long-lived): a short-lived file dies uniformly 2-60 s after its creation; long-lived files stay until the live set
+passes LIVE_MIB (a third of the cache), then the oldest goes. S seconds of warm-up, then the window of SECONDS.
+Every second: dirty bytes (the cache's used blocks: dm-writecache frees a block once written back) and the time
+since they last read 0. Result: $LAB_OUT/wcfiles.json."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (  # noqa: E402
+    DM_NAME,
+    MIB,
+    MNT,
+    ROOT,
+    Daemon,
+    Sampler,
+    log,
+    origin_written,
+    percentile,
+    read_whole,
+    wait,
+    write_result,
+)
+
+from cachepilot.backends.dmstatus import parse_dm_writecache_status  # noqa: E402
+from cachepilot.backends.writecache import WritecacheTable  # noqa: E402
+
+AGE_S = 30  # the shipped default's exposure.max_age: the same bound on both sides
+# Baker et al., "Measurements of a Distributed File System" (SOSP 1991): 65-80% of new bytes in Sprite lived under
+# 30 s; Roselli et al. (USENIX 2000) found block lifetimes far more varied (many live a day), so half of the new
+# files here die within a minute and half are long-lived: below Sprite's share, well above memoryless deletes.
+SHORT_SHARE, SHORT_LIFE = 0.5, (2.0, 60.0)
+LIVE_MIB = 85  # the long-lived set: about a third of the 256 MiB cache
+APPEND = 16 * 1024
+DM_ENV = {**os.environ, "DM_DISABLE_UDEV": "1"}
+
+
+def dm(*args: str) -> str:
+    return subprocess.run(["dmsetup", *args], capture_output=True, text=True, check=True, env=DM_ENV).stdout
+
+
+def dirty() -> int:
+    s = parse_dm_writecache_status(dm("status", DM_NAME))
+    return s.used_blocks * 4096  # the lab's table: 4 KiB blocks
+
+
+def set_max_age(ms: int) -> None:
+    """The table reloaded with max_age (a table argument only: no message changes it), then suspend + resume."""
+    line = WritecacheTable.parse(dm("table", DM_NAME)).with_("max_age", str(ms)).line()
+    dm("reload", DM_NAME, "--table", line)
+    dm("suspend", DM_NAME)
+    dm("resume", DM_NAME)
+    log(f"table now: {dm('table', DM_NAME).strip()}")
+
+
+class Files:
+    """Live files and when each dies; long-lived files in creation order, trimmed to LIVE_MIB."""
+
+    def __init__(self, root: Path, rnd: random.Random) -> None:
+        self.root, self.rnd, self.lock, self.n = root, rnd, threading.Lock(), 0
+        self.short: list[tuple[float, Path]] = []
+        self.long: deque[tuple[Path, int]] = deque()
+        self.long_bytes = 0
+
+    def create(self) -> tuple[Path, int]:
+        with self.lock:
+            self.n += 1
+            return self.root / f"f{self.n:07d}", self.rnd.randrange(64, 193) * 1024
+
+    def born(self, p: Path, size: int, now: float) -> list[Path]:
+        """Book a new file; the files to delete now (short-lived ones due, long-lived ones past the cap)."""
+        with self.lock:
+            if self.rnd.random() < SHORT_SHARE:
+                self.short.append((now + self.rnd.uniform(*SHORT_LIFE), p))
+            else:
+                self.long.append((p, size))
+                self.long_bytes += size
+            due = [q for t, q in self.short if t <= now]
+            self.short = [(t, q) for t, q in self.short if t > now]
+            while self.long_bytes > LIVE_MIB * MIB and len(self.long) > 1:
+                q, n = self.long.popleft()
+                self.long_bytes -= n
+                due.append(q)
+            return due
+
+    def pick(self) -> Path | None:
+        with self.lock:
+            pool = self.long or [(p, 0) for _, p in self.short]
+            return self.rnd.choice(pool)[0] if pool else None
+
+
+def op(files: Files, data: bytes) -> list[Path]:
+    """One iteration; the files it deleted."""
+    p, size = files.create()
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, data[:size])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    due = files.born(p, size, time.monotonic())
+    try:
+        if (a := files.pick()) is not None:
+            fd = os.open(a, os.O_WRONLY | os.O_APPEND)  # no O_CREAT: a file deleted meanwhile stays deleted
+            try:
+                os.write(fd, data[:APPEND])
+            finally:
+                os.close(fd)
+        if (r := files.pick()) is not None:
+            read_whole(r, missing_ok=True)
+        if (st := files.pick()) is not None:
+            st.stat()
+    except FileNotFoundError:
+        pass  # another thread deleted it meanwhile
+    for q in due:
+        q.unlink(missing_ok=True)
+    return due
+
+
+def worker(files: Files, seed: int, span: tuple[float, float], ops: list[int]) -> None:
+    data = random.Random(seed).randbytes(192 * 1024)  # noqa: S311 - a reproducible workload
+    n = 0
+    while (now := time.monotonic()) < span[1]:
+        op(files, data)
+        n += now >= span[0]
+    ops.append(n)
+
+
+class Exposure:
+    """Dirty bytes every second and the time since they last read 0 (polled every 100 ms in between)."""
+
+    def __init__(self) -> None:
+        self.last_clean, self.w0 = time.monotonic(), origin_written()
+        self.stopped = threading.Event()
+        threading.Thread(target=self._poll, daemon=True).start()
+
+    def _poll(self) -> None:
+        while not self.stopped.wait(0.1):
+            if dirty() == 0:
+                self.last_clean = time.monotonic()
+
+    def __call__(self) -> dict:
+        d, now = dirty(), time.monotonic()
+        if d == 0:
+            self.last_clean = now
+        return {"dirty_mib": d / MIB, "age_s": round(now - self.last_clean, 2),
+                "origin_mib": (origin_written() - self.w0) / MIB}
+
+
+def arg(name: str, default: float) -> float:
+    return float(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
+
+
+def main() -> None:
+    config, seconds = sys.argv[1], float(sys.argv[2])
+    warmup, nthreads, seed = arg("--warmup", 0.0), int(arg("--threads", 4)), int(arg("--seed", 1))
+    if config == "max-age":
+        set_max_age(AGE_S * 1000)
+    dm("message", DM_NAME, "0", "flush")  # what mkfs and the mount left: every run starts clean
+    if not wait(lambda: dirty() == 0, 120, 0.5):
+        raise SystemExit(f"still {dirty()} dirty bytes after the flush")
+    root = MNT / "fs"
+    root.mkdir()
+    files = Files(root, random.Random(seed))  # noqa: S311
+    daemon = Daemon([ROOT / "policies" / "default.yaml"]) if config.startswith("cp-") else None
+    exposure = Exposure()
+    sampler = Sampler(exposure)
+    sampler.start()
+    ops: list[int] = []
+    t0 = time.monotonic() + warmup
+    threads = [threading.Thread(target=worker, args=(files, seed * 100 + i, (t0, t0 + seconds), ops))
+               for i in range(nthreads)]
+    for t in threads:
+        t.start()
+    time.sleep(warmup)
+    w0, cpu0 = origin_written(), daemon.cpu_s() if daemon else 0.0
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - t0
+    origin = (origin_written() - w0) / MIB
+    rows = sampler.stop()
+    exposure.stopped.set()
+    window = [r for r in rows if r["t"] >= warmup]
+    res = {
+        "config": config, "seconds": elapsed, "warmup_s": warmup, "threads": nthreads, "age_bound_s": AGE_S,
+        "ops": sum(ops), "ops_s": sum(ops) / elapsed, "origin_written_mib": origin,
+        "origin_mib_per_kop": 1000 * origin / max(1, sum(ops)), "dirty_owed_mib": dirty() / MIB,
+        "max_dirty_mib": max((r["dirty_mib"] for r in window), default=0.0),
+        "max_age_s": max((r["age_s"] for r in window), default=0.0),
+        "dirty_p50_mib": percentile([r["dirty_mib"] for r in window], 50), "timeline": rows,
+        "table": dm("table", DM_NAME).strip(),
+    }
+    if daemon:
+        daemon.sample()
+        res["daemon_cpu_pct"] = 100 * (daemon.cpu_s() - cpu0) / elapsed
+        res["daemon_rss_mib"] = daemon.rss_max / MIB
+        dec = daemon.explain()
+        res["decisions"] = {k: sum(1 for x in dec if x["kind"] == k) for k in {x["kind"] for x in dec}}
+        res["daemon_exit"] = daemon.stop(keep_log="wcfiles")
+    write_result("wcfiles", res)
+    log(f"{config}: {res['ops_s']:.1f} ops/s, origin {origin:.1f} MiB, owed {res['dirty_owed_mib']:.1f} MiB, "
+        f"max dirty {res['max_dirty_mib']:.1f} MiB")
+
+
+if __name__ == "__main__":
+    main()
