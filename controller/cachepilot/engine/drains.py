@@ -85,6 +85,8 @@ class Drains:
             if projected > ex.max_dirty:
                 return (f"exposure bound: {dirty} dirty bytes growing {rate:.0f} B/s may reach {projected}"
                         f" (bound {ex.max_dirty}); {c.info.kind} has no write-through: flushing")
+        if dirty == 0:
+            return None  # this sample read clean: clean_ns moved to it, no byte is older than the sample
         base = st.clean_ns
         if base is None:
             return f"periodic drain: dirty data of unknown age ({dirty} bytes)"
