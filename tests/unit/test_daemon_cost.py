@@ -4,6 +4,7 @@ is one decision, said once."""
 from __future__ import annotations
 
 import logging
+import threading
 from typing import cast
 
 import pytest
@@ -12,10 +13,12 @@ from cachepilot.actions import PENDING, Outcome, Promote
 from cachepilot.backends.base import Backend
 from cachepilot.daemon.acting import Actor
 from cachepilot.daemon.counters import Counters
+from cachepilot.daemon.guard import Guard
+from cachepilot.daemon.intake import Intake
 from cachepilot.daemon.volume import ManagedVolume, VolumeTable
 from cachepilot.daemon.volumes import Found
 from cachepilot.engine.engine import Engine
-from cachepilot.events import kdev
+from cachepilot.events import Delete, FileKey, FreedExtent, kdev
 from cachepilot.models.volume import VolumeInfo
 
 FS = kdev(252, 1)
@@ -50,3 +53,33 @@ def test_a_deferred_promotion_that_waits_is_one_decision_and_one_log_line(caplog
     assert len(actor.decisions) == 1 and counters["decisions.promote"] == 1
     assert len([r for r in caplog.records if "promote bcache0" in r.getMessage()]) == 1
     assert counters["deferred_waits"] == 5
+
+
+def _engine_with_files(n: int) -> Engine:
+    engine = Engine()
+    engine.add_volume(INFO)
+    for ino in range(1, n + 1):
+        engine.hotness.update(FS, ino, 1, 0, 0, 0, 7, 8192)
+    return engine
+
+
+def test_a_polls_deletes_go_to_the_engine_in_runs_with_the_same_result_as_one_by_one() -> None:
+    events: list[object] = [Delete(FileKey(FS, 1, 1), 8192, 10), Delete(FileKey(FS, 2, 1), 8192, 11),
+                            FreedExtent(FS, 2, 100, 2, False, 12, 5), Delete(FileKey(FS, 3, 1), 8192, 13),
+                            Delete(FileKey(FS, 4, 9), 8192, 14)]  # another generation: not the tracked file
+    one_by_one = _engine_with_files(5)
+    for ev in events:
+        one_by_one.feed(ev)  # type: ignore[arg-type]
+    engine = _engine_with_files(5)
+    batches: list[int] = []
+    feed_deletes = engine.feed_deletes
+    engine.feed_deletes = lambda recs: (batches.append(len(recs)), feed_deletes(recs))[-1]  # type: ignore[method-assign]
+    counters = Counters()
+    intake = Intake(engine, VolumeTable(), counters, Guard(counters), threading.Event(), lambda: None,
+                    lambda action, now: None)
+    intake.feed_all(events)
+    assert batches == [2, 2]  # a run ends at the next event of another kind
+    assert counters["events.Delete"] == 4 and counters["events.FreedExtent"] == 1
+    assert len(engine.hotness) == len(one_by_one.hotness) == 2
+    assert sorted(engine.hotness.index[FS]) == sorted(one_by_one.hotness.index[FS]) == [4, 5]
+    assert engine.volume("bcache0").freed.pending == one_by_one.volume("bcache0").freed.pending
