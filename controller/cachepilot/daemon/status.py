@@ -16,9 +16,9 @@ from cachepilot import __version__, records
 from cachepilot.capabilities import ERROR_COUNTS, KIND_BCACHE
 from cachepilot.daemon import actuation, ticktime
 from cachepilot.daemon.volume import ManagedVolume, devname
+from cachepilot.engine.engine import Engine
 from cachepilot.engine.volumectl import VolumeCtl, normalise_mode
 from cachepilot.models.sizing import Curve
-from cachepilot.engine.engine import Engine
 
 if TYPE_CHECKING:
     from cachepilot.daemon.daemon import Daemon

@@ -11,8 +11,8 @@ from cachepilot.engine.promoqueue import PromoQueue
 from cachepilot.models.admission import CachedSet
 from cachepilot.models.epochs import EpochTracker
 from cachepilot.models.freed import FreedExtentQueue
-from cachepilot.models.volume import BYPASS, BYPASS_NAMES, WRITEBACK, WRITETHROUGH, VolumeInfo, VolumeState
 from cachepilot.models.pins import PinSet
+from cachepilot.models.volume import BYPASS, BYPASS_NAMES, WRITEBACK, WRITETHROUGH, VolumeInfo, VolumeState
 from cachepilot.policy.model import VolumePolicy
 
 NS = 1_000_000_000
