@@ -14,11 +14,11 @@ from cachepilot.backends.base import Backend
 from cachepilot.daemon.acting import Actor
 from cachepilot.daemon.counters import Counters
 from cachepilot.daemon.guard import Guard
-from cachepilot.daemon.intake import Intake
+from cachepilot.daemon.intake import DELETE_BATCH_MIN, Intake
 from cachepilot.daemon.volume import ManagedVolume, VolumeTable
 from cachepilot.daemon.volumes import Found
 from cachepilot.engine.engine import Engine
-from cachepilot.events import Delete, FileKey, FreedExtent, kdev
+from cachepilot.events import Delete, FileKey, FreedExtent, HotnessDelta, JournalCommit, kdev
 from cachepilot.models.volume import VolumeInfo
 
 FS = kdev(252, 1)
@@ -64,13 +64,17 @@ def _engine_with_files(n: int) -> Engine:
 
 
 def test_a_polls_deletes_go_to_the_engine_in_runs_with_the_same_result_as_one_by_one() -> None:
-    events: list[object] = [Delete(FileKey(FS, 1, 1), 8192, 10), Delete(FileKey(FS, 2, 1), 8192, 11),
-                            FreedExtent(FS, 2, 100, 2, False, 12, 5), Delete(FileKey(FS, 3, 1), 8192, 13),
-                            Delete(FileKey(FS, 4, 9), 8192, 14)]  # another generation: not the tracked file
-    one_by_one = _engine_with_files(5)
+    # an unlink's delete comes with its freed extents; a run waits past those and commits, not past hotness
+    n = DELETE_BATCH_MIN
+    events: list[object] = [JournalCommit(FS, 5, 1)]
+    for ino in range(1, n + 1):
+        events += [Delete(FileKey(FS, ino, 1), 8192, 10 + ino), FreedExtent(FS, ino, 100 * ino, 2, False, 10, 5)]
+    events += [HotnessDelta(FileKey(FS, 1000, 1), 1, 0, 4096, 0, 13, 4096), Delete(FileKey(FS, n + 1, 1), 8192, 90),
+               Delete(FileKey(FS, n + 2, 9), 8192, 91)]  # another generation: not the tracked file
+    one_by_one = _engine_with_files(n + 3)
     for ev in events:
         one_by_one.feed(ev)  # type: ignore[arg-type]
-    engine = _engine_with_files(5)
+    engine = _engine_with_files(n + 3)
     batches: list[int] = []
     feed_deletes = engine.feed_deletes
     engine.feed_deletes = lambda recs: (batches.append(len(recs)), feed_deletes(recs))[-1]  # type: ignore[method-assign]
@@ -78,8 +82,8 @@ def test_a_polls_deletes_go_to_the_engine_in_runs_with_the_same_result_as_one_by
     intake = Intake(engine, VolumeTable(), counters, Guard(counters), threading.Event(), lambda: None,
                     lambda action, now: None)
     intake.feed_all(events)
-    assert batches == [2, 2]  # a run ends at the next event of another kind
-    assert counters["events.Delete"] == 4 and counters["events.FreedExtent"] == 1
-    assert len(engine.hotness) == len(one_by_one.hotness) == 2
-    assert sorted(engine.hotness.index[FS]) == sorted(one_by_one.hotness.index[FS]) == [4, 5]
+    assert batches == [n]  # the hotness delta ended the run; the two after it went one by one
+    assert counters["events.Delete"] == n + 2 and counters["events.FreedExtent"] == n
+    assert len(engine.hotness) == len(one_by_one.hotness) == 3
+    assert sorted(engine.hotness.index[FS]) == sorted(one_by_one.hotness.index[FS]) == [n + 2, n + 3, 1000]
     assert engine.volume("bcache0").freed.pending == one_by_one.volume("bcache0").freed.pending
