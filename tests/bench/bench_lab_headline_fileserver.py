@@ -8,13 +8,16 @@ configuration (one lab boot each, the same seed within a round), ratios pair by 
     [--configs wt,wb,...] [--warmup S] [--window S] [--cpu-tax-pct P]
 --quick: one round, 10 s warm-up, 40 s window (a development check, not a result; the full set: 3 rounds, 20 s
 warm-up, 120 s window); --report with --out: rebuild the tables from that directory's finished runs;
+$SOAK_PYSPY=<py-spy binary>: the daemon profiled over each window (daemon-profile.txt);
 --cpu-tax-pct: a fixed share for the CPU-tax control (default: the share the same round's cachepilot destructive
 run measured)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -98,6 +101,12 @@ def tax_prepare(runner: Runner, a: argparse.Namespace, rnd: int) -> Callable[[],
     return prepare
 
 
+def spec() -> LabSpec:
+    """SPEC, with $SOAK_PYSPY (a py-spy binary the guest can run) passed on: the daemon profiled over the window."""
+    spy = os.environ.get("SOAK_PYSPY")
+    return dataclasses.replace(SPEC, env=(*SPEC.env, f"SOAK_PYSPY={Path(spy).resolve()}")) if spy else SPEC
+
+
 def run(a: argparse.Namespace, configs: list[str]) -> tuple[Runner, dict[str, list[dict]]]:
     rows: dict[str, list[dict]] = {c: [] for c in configs}
     runner = Runner("headline W1 fileserver", 0 if a.report else a.reps * len(configs),
@@ -112,7 +121,7 @@ def run(a: argparse.Namespace, configs: list[str]) -> tuple[Runner, dict[str, li
                     continue
                 prep = tax_prepare(runner, a, rnd) if c == "cpu-tax" and "cp-destructive" in configs else None
                 tax = a.cpu_tax_pct if a.cpu_tax_pct is not None else DEFAULT_TAX_PCT
-                jobs.append(Job(c, f"{c}-{rnd}", SPEC, guest_cmd(c, a, rnd, tax), NAME, prep))
+                jobs.append(Job(c, f"{c}-{rnd}", spec(), guest_cmd(c, a, rnd, tax), NAME, prep))
         runner.run_all(jobs, rows)
     finally:
         runner.close()

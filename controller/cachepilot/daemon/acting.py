@@ -34,16 +34,23 @@ class Actor:
         self.once = once
         self.decisions: deque[dict[str, Any]] = deque(maxlen=DECISIONS_KEPT)
 
-    def execute(self, action: Action, now: int, dry_run: bool, attempt: int = 0) -> None:
-        self.counters.add("decisions", action.kind)
+    def execute(self, action: Action, now: int, dry_run: bool, attempt: int = 0, *, again: bool = False) -> None:
+        """Carry out ``action``; ``again``: it is one that pacing deferred, and one that waits on still (no read,
+        no discard) is not a new decision -- said once, when first deferred, not on every tick it waits (a
+        re-warmed hot set waited tens of promotions a tick, a log line and a decision record each)."""
         v = self.vols.named(action.volume)
-        if v is None:
-            self.record(None, Outcome(action, FAILED, detail="volume gone"))
+        if v is None or v.observe_only:
+            self.counters.add("decisions", action.kind)
+            why = "volume gone" if v is None else "not carried out: observe-only volume"
+            self.record(v, Outcome(action, FAILED, detail=why))
             return
-        if v.observe_only:
-            self.record(v, Outcome(action, FAILED, detail="not carried out: observe-only volume"))
+        out = v.run(action, dry_run)
+        if again and waits_still(out):
+            v.settle(out, {})  # back on the volume's deferred list
+            self.counters["deferred_waits"] += 1
             return
-        self._outcome(v, v.run(action, dry_run), now, attempt)
+        self.counters.add("decisions", action.kind)
+        self._outcome(v, out, now, attempt)
 
     def _outcome(self, v: ManagedVolume, out: Outcome, now: int, attempt: int) -> None:
         v.settle(out, self.record(v, out, attempt=attempt))
@@ -65,7 +72,7 @@ class Actor:
         """What pacing left last tick; promotions wait while the volume's drain is at risk."""
         for v in list(self.vols.values()):
             for action in v.take_deferred(self.engine.holds_promotions(v.info.name)):
-                self.execute(action, now, dry_run)
+                self.execute(action, now, dry_run, again=True)
 
     def retry_due(self, now: int, dry_run: bool) -> None:
         for v in list(self.vols.values()):
@@ -140,6 +147,12 @@ class Actor:
             level = logging.DEBUG  # what it would do on a volume it only observes: explain shows it
         log.log(level, "%s%s", "DRY RUN " if out.dry_run else "", line)
         return d
+
+
+def waits_still(out: Outcome) -> bool:
+    """A file action that came back deferred whole: nothing read or discarded, nothing failed."""
+    return (out.deferred is out.action and out.status == PENDING and out.error is None and not out.reads
+            and not out.issued)
 
 
 def _discard_note(out: Outcome) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from cachepilot.actions import Action
@@ -17,12 +17,19 @@ from cachepilot.daemon.volume import VolumeTable
 from cachepilot.engine.dispatch import UnknownEvent
 from cachepilot.engine.engine import Engine
 from cachepilot.errors import UserError
-from cachepilot.events import Drops
+from cachepilot.events import Barrier, Delete, Discard, Drops, FreedExtent, JournalCommit, MetadataDelta, SyncCalls
 
 # The daemon takes the probe's rings at most this often. It decides once a tick; reading the rings as every kernel
 # wakeup allowed (one per 20 ms under a commit storm, ~50 a second) cost the daemon more than the events themselves
 # (measured in the lab's varmail run). The rings hold seconds of records even at a flush storm's rate.
 MIN_POLL_GAP_S = 0.1
+# The kinds whose handling reads and writes nothing a delete does (engine.dispatch: freed extents and commits go to
+# the discard queue, barriers and sync calls to the epochs, metadata to its score, drops and discards to counters).
+# Fewer deletes than this go one by one: the batch's array set-up costs more than it saves below ~8 (measured on
+# this host: 1 a batch 60 us a delete against 16 one by one; 20 a batch 6.4 against 13). The headline fileserver
+# polls ~1 delete at a time; a tree removal, thousands.
+DELETE_BATCH_MIN = 16
+APART_FROM_DELETES = frozenset({FreedExtent, JournalCommit, Barrier, SyncCalls, MetadataDelta, Discard, Drops})
 
 
 class Intake:
@@ -50,8 +57,7 @@ class Intake:
                 return
             seconds -= early
         self._next_poll = time.monotonic() + MIN_POLL_GAP_S
-        for ev in probe.poll(int(seconds * 1000)):
-            self.feed(ev)
+        self.feed_all(probe.poll(int(seconds * 1000)))
         self.guard.call("discards", self.discards, time.monotonic_ns())  # the loop's clock
 
     def discards(self, now: int) -> None:
@@ -60,11 +66,41 @@ class Intake:
         for action in self.engine.discards(now):
             self.act(action, now)
 
+    def feed_all(self, events: Iterable[Any]) -> None:
+        """A poll's events, its deletes as one batch when there are many (one index lookup per filesystem, not
+        one per file: a tree removal's deletes come by the thousand). Every unlink
+        comes with its freed extents, so the deletes wait past the kinds that touch none of what a delete touches
+        (the hotness table and the delete ages); any other kind takes them first: the same as feeding each."""
+        run: list[Delete] = []
+        for ev in events:
+            if type(ev) is Delete:
+                run.append(ev)
+                continue
+            if run and type(ev) not in APART_FROM_DELETES:
+                self._feed_deletes(run)
+                run = []
+            self.feed(ev)
+        if run:
+            self._feed_deletes(run)
+
+    def _feed_deletes(self, evs: list[Delete]) -> None:
+        if len(evs) < DELETE_BATCH_MIN:
+            for ev in evs:
+                self.feed(ev)
+            return
+        self.counters.add("events", "Delete", len(evs))
+        # (deletes are keyed by the filesystem already: vols.route leaves them as they are)
+        recs: list[tuple[int, ...]] = [(e.key.dev, e.key.ino, e.key.gen, e.size, e.ts_ns) for e in evs]
+        self._guarded("Delete", lambda: self.engine.feed_deletes(recs))
+
     def feed(self, ev: Any) -> None:
         self.counters.add("events", type(ev).__name__)
         ev = self.vols.route(ev)
+        self._guarded(type(ev).__name__, lambda: self.engine.feed(ev))
+
+    def _guarded(self, kind: str, fn: Callable[[], None]) -> None:
         try:
-            self.engine.feed(ev)
+            fn()
         except UnknownEvent:  # an event kind this engine does not know yet
             self.counters.add("events", "unhandled")
         except UserError as exc:
@@ -72,7 +108,7 @@ class Intake:
             self.guard.once(f"event rejected: {exc}")
         except Exception:  # a bug (e.g. a TypeError inside a known kind's handler): never mistaken for input
             self.counters.add("events", "bugs")
-            self.guard.bug(f"handling {type(ev).__name__}")
+            self.guard.bug(f"handling {kind}")
 
     def drain(self, now: int) -> None:
         """The tick's stage: the probe's per-tick tables (one swap a tick)."""

@@ -58,6 +58,15 @@ def tid_geq(x: int | np.ndarray, y: int | np.ndarray) -> np.ndarray:
     return np.asarray(((x - y) & TID_MASK) < 0x80000000)
 
 
+@dataclass(frozen=True)
+class _Quiet:
+    starts: np.ndarray  # the ready set it saw (by identity)
+    granularity: int
+    max_hold_ns: int
+    drop_at_ns: int  # after this, its oldest small range would be dropped
+    all_small: bool  # no range held a whole granule: no budget gives anything
+
+
 class FreedExtentQueue:
     def __init__(self, granularity_blocks: int = 1, max_hold_ns: int = 60_000_000_000,
                  unjournalled_hold_ns: int = 30_000_000_000, max_pending: int = 1 << 16,
@@ -85,6 +94,7 @@ class FreedExtentQueue:
         self._retries: dict[tuple[int, int], int] = {}
         self._now = 0
         self.stats = FreedStats()
+        self._quiet: _Quiet | None = None  # the last take() that gave and dropped nothing (see _still_quiet)
 
     # ------------------------------------------------------------ input
     def freed(self, block: int, count: int, ts_ns: int, tid: int = -1) -> None:
@@ -290,6 +300,8 @@ class FreedExtentQueue:
             return []
         g = self.granularity
         budget = max_blocks if max_blocks is not None else 1 << 62
+        if self._still_quiet(now_ns, budget):
+            return []
         s, e, t = self._starts, self._ends, self._since
         a = -(-s // g) * g  # whole granules only: a range never grows beyond what was freed
         whole = (e // g) * g
@@ -311,4 +323,18 @@ class FreedExtentQueue:
         kt = np.concatenate([t[waits], t[head], t[tail]])
         order = np.argsort(ks, kind="stable")
         self._starts, self._ends, self._since = ks[order], ke[order], kt[order]
+        self._quiet = None
+        if not given.any() and not dropped.any():
+            drop_at = int(t[small].min()) + self.max_hold_ns if small.any() else 1 << 62
+            self._quiet = _Quiet(self._starts, g, self.max_hold_ns, drop_at, not avail.any())
         return list(zip(a[given].tolist(), give[given].tolist(), strict=True))
+
+    def _still_quiet(self, now_ns: int, budget: int) -> bool:
+        """Whether take() would give and drop nothing again, as the last one: the ready set is the same (every
+        change replaces its arrays), no small range is old enough to drop, and the budget is still under a granule
+        (or every range is small). Under an fsync load the daemon looks after every poll, ten times a second,
+        while small ranges wait for their neighbours."""
+        q = self._quiet
+        return (q is not None and q.starts is self._starts and q.granularity == self.granularity
+                and q.max_hold_ns == self.max_hold_ns and now_ns <= q.drop_at_ns
+                and (q.all_small or max(budget, 0) // self.granularity == 0))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import heapq
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -47,6 +48,7 @@ from common import (  # noqa: E402
     write_result,
 )
 from lifetimes import LifetimeMix, discard_outcomes, oldest_dirty_age, reach_share  # noqa: E402
+from soak import profile  # noqa: E402 - with $SOAK_PYSPY: a py-spy profile of the daemon over the window
 
 CONFIGS = ("wt", "wb", "discard", "tuned", "cp-destructive", "cp-recoverable", "cpu-tax")
 MIX = LifetimeMix(short_share=0.4, short_min_s=2.0, short_max_s=60.0)  # README: W1, the lifetime mix
@@ -215,15 +217,26 @@ def discard_metrics(load: Load, witness: DiscardWitness) -> dict:
             "delete_discard_p50_s": percentile(o.latencies, 50), "delete_discard_p90_s": percentile(o.latencies, 90)}
 
 
-def daemon_metrics(daemon: Daemon, cpu0: float, secs: float) -> dict:
+def daemon_metrics(daemon: Daemon, cpu0: float, secs: float, first: dict) -> dict:
+    """first: the daemon's status counters when the window began (where its loop's time went in the window)."""
     res = {"daemon_cpu_pct": 100 * (daemon.cpu_s() - cpu0) / secs, "daemon_rss_mib": daemon.rss_max / MIB,
-           "daemon_ready_s": daemon.ready_s}
+           "daemon_ready_s": daemon.ready_s,
+           "stage_ms_per_tick": stage_ms(first, daemon.ask("status").get("counters") or {})}
     dec = daemon.explain()
     res["decisions"] = {k: sum(1 for x in dec if x["kind"] == k) for k in {x["kind"] for x in dec}}
     res["decisions_tail"] = dec[-6:]
     res["daemon_exit"] = daemon.stop(keep_log=os.environ.get("BENCH_KEEP_LOG", ""))
     res["daemon_log_tail"] = daemon.log()[-1200:]
     return res
+
+
+def stage_ms(c0: dict, c1: dict) -> dict:
+    """Each loop stage's wall and CPU milliseconds per tick between two counter sets ("between": the wait for the
+    next tick, where the probe's ring events are taken)."""
+    ticks = max(1, c1.get("ticks", 0) - c0.get("ticks", 0))
+    stages = sorted(k.split(".", 1)[1] for k in c1 if k.startswith("tick_wall_ns."))
+    return {s: [round((c1.get(f"tick_{w}_ns.{s}", 0) - c0.get(f"tick_{w}_ns.{s}", 0)) / 1e6 / ticks, 2)
+                for w in ("wall", "cpu")] for s in stages}
 
 
 def main() -> None:
@@ -257,7 +270,12 @@ def main() -> None:
     hits = WorkloadHits(os.environ["LAB_CACHED_DEV"], os.getpid())
     a, ops0, load.recording = counters(), load.ops, True
     cpu0 = daemon.cpu_s() if daemon else (busy.cpu_s() if busy else 0.0)
+    first = (daemon.ask("status").get("counters") or {}) if daemon else {}
+    spy = profile(daemon.proc.pid) if daemon else None
     load.run(window)
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
+        spy.wait(timeout=60)
     b, load.recording = counters(), False
     res = {"config": config, "warmup_s": warmup, "seed": seed, "cpu_tax_pct": tax, "live_target_mib": cache / 3 / MIB,
            "mix": {"short_share": MIX.short_share, "short_min_s": MIX.short_min_s, "short_max_s": MIX.short_max_s},
@@ -268,7 +286,7 @@ def main() -> None:
         busy.stop()
     res["timeline"] = sampler.stop()  # before the daemon stops: the sampler reads its RSS
     if daemon:
-        res.update(daemon_metrics(daemon, cpu0, res["window_s"]))
+        res.update(daemon_metrics(daemon, cpu0, res["window_s"], first))
     time.sleep(WITNESS_TAIL)
     events, overrun = dirty_trace.events()
     disc = [(t, "d", s + res["offset"], n) for t, s, n in witness.discards()]

@@ -1,0 +1,131 @@
+"""The daemon's costs under load (issue 23 item 5): a deferred promotion that waits on is one decision, said once; a
+poll's many deletes are one batch; a discard look that would find nothing again does no array work."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import threading
+from typing import cast
+
+import pytest
+
+from cachepilot.actions import PENDING, Outcome, Promote
+from cachepilot.backends.base import Backend
+from cachepilot.daemon.acting import Actor
+from cachepilot.daemon.counters import Counters
+from cachepilot.daemon.guard import Guard
+from cachepilot.daemon.intake import DELETE_BATCH_MIN, Intake
+from cachepilot.daemon.volume import ManagedVolume, VolumeTable
+from cachepilot.daemon.volumes import Found
+from cachepilot.engine.engine import Engine
+from cachepilot.events import Delete, FileKey, FreedExtent, HotnessDelta, JournalCommit, kdev
+from cachepilot.models.freed import FreedExtentQueue
+from cachepilot.models.volume import VolumeInfo
+
+FS = kdev(252, 1)
+INFO = VolumeInfo(dev=FS, name="bcache0", kind="bcache", fs_uuid="u-1", mountpoint="/mnt/x", cache_id="c-1")
+
+
+class SpentPromoter:
+    """The promoter's answer when this second's read time is spent: the action back whole, deferred."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def run(self, action: Promote, dry_run: bool) -> Outcome:
+        self.calls += 1
+        return Outcome(action, PENDING, dry_run, deferred=action, actuated=True,
+                       detail="this second's read time is spent")
+
+
+def test_a_deferred_promotion_that_waits_is_one_decision_and_one_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    files = SpentPromoter()
+    v = ManagedVolume(Found(INFO), backend=cast(Backend, object()), files=files)  # managed
+    vols = VolumeTable()
+    vols.add(v)
+    counters = Counters()
+    actor = Actor(Engine(), vols, counters, lambda dev, why: None, lambda msg: None)
+    p = Promote("bcache0", FS, 12, 1, ((0, 65536),), "hot")
+    with caplog.at_level(logging.INFO, logger="cachepilot"):
+        actor.execute(p, 0, dry_run=False)  # the engine's decision: deferred at once, said
+        for tick in range(1, 6):
+            actor.deferred(tick, dry_run=False)  # each tick it is tried again, and waits on
+    assert files.calls == 6 and v.deferred == [p]  # still tried every tick, still waiting
+    assert len(actor.decisions) == 1 and counters["decisions.promote"] == 1
+    assert len([r for r in caplog.records if "promote bcache0" in r.getMessage()]) == 1
+    assert counters["deferred_waits"] == 5
+
+
+def _engine_with_files(n: int) -> Engine:
+    engine = Engine()
+    engine.add_volume(INFO)
+    for ino in range(1, n + 1):
+        engine.hotness.update(FS, ino, 1, 0, 0, 0, 7, 8192)
+    return engine
+
+
+def test_a_polls_deletes_go_to_the_engine_in_runs_with_the_same_result_as_one_by_one() -> None:
+    # an unlink's delete comes with its freed extents; a run waits past those and commits, not past hotness
+    n = DELETE_BATCH_MIN
+    events: list[object] = [JournalCommit(FS, 5, 1)]
+    for ino in range(1, n + 1):
+        events += [Delete(FileKey(FS, ino, 1), 8192, 10 + ino), FreedExtent(FS, ino, 100 * ino, 2, False, 10, 5)]
+    events += [HotnessDelta(FileKey(FS, 1000, 1), 1, 0, 4096, 0, 13, 4096), Delete(FileKey(FS, n + 1, 1), 8192, 90),
+               Delete(FileKey(FS, n + 2, 9), 8192, 91)]  # another generation: not the tracked file
+    one_by_one = _engine_with_files(n + 3)
+    for ev in events:
+        one_by_one.feed(ev)  # type: ignore[arg-type]
+    engine = _engine_with_files(n + 3)
+    batches: list[int] = []
+    feed_deletes = engine.feed_deletes
+    engine.feed_deletes = lambda recs: (batches.append(len(recs)), feed_deletes(recs))[-1]  # type: ignore[method-assign]
+    counters = Counters()
+    intake = Intake(engine, VolumeTable(), counters, Guard(counters), threading.Event(), lambda: None,
+                    lambda action, now: None)
+    intake.feed_all(events)
+    assert batches == [n]  # the hotness delta ended the run; the two after it went one by one
+    assert counters["events.Delete"] == n + 2 and counters["events.FreedExtent"] == n
+    assert len(engine.hotness) == len(one_by_one.hotness) == 3
+    assert sorted(engine.hotness.index[FS]) == sorted(one_by_one.hotness.index[FS]) == [n + 2, n + 3, 1000]
+    assert engine.volume("bcache0").freed.pending == one_by_one.volume("bcache0").freed.pending
+
+
+def test_a_take_that_would_find_nothing_again_does_no_array_work() -> None:
+    q = FreedExtentQueue(granularity_blocks=128, max_hold_ns=1000)
+    q.commit(1, 0)
+    for i in range(50):
+        q.freed(i * 1000, 2, 1, 1)  # small ranges: each waits for its neighbours to make a whole granule
+    q.commit(2, 2)
+    assert q.take(10, 1 << 20) == []
+    ready = q._starts
+    assert q.take(11, 1 << 20) == [] and q._starts is ready  # nothing rebuilt
+    assert q.take(1 << 20, 1 << 20) == [] and q.stats.dropped_small_blocks == 100  # held too long: dropped
+
+
+def _random_run(rng: random.Random, quiet: bool) -> list[object]:
+    q = FreedExtentQueue(granularity_blocks=8, max_hold_ns=50)
+    if not quiet:
+        q._still_quiet = lambda now, budget: False  # type: ignore[method-assign]
+    seen: list[object] = []
+    tid, now = 1, 0
+    for _ in range(300):
+        now += rng.randrange(0, 20)
+        op = rng.random()
+        if op < 0.4:
+            q.freed(rng.randrange(0, 400), rng.choice((1, 2, 3, 8, 16)), now, tid)
+        elif op < 0.5:
+            q.commit(tid, now)
+            tid += 1
+        elif op < 0.55:
+            q.allocated(rng.randrange(0, 400), rng.randrange(1, 10))
+        else:
+            seen.append(q.take(now, rng.choice((0, 3, 8, 24, None))))
+        seen.append((q.ready(), dataclasses.astuple(q.stats)))
+    return seen
+
+
+def test_the_quiet_take_gives_what_the_full_one_does() -> None:
+    for seed in range(20):
+        assert _random_run(random.Random(seed), True) == _random_run(random.Random(seed), False)  # noqa: S311 - reproducible sequences, not secrets
