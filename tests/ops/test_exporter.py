@@ -84,6 +84,9 @@ EXPECTED = {
     "cachepilot_build_info": ("gauge", ("bpf_object", "kernel", "version")),
     "cachepilot_volume_unmanaged": ("gauge", ("device", "reason", "volume")),
     "cachepilot_volume_cache_set_info": ("gauge", ("device", "uuid", "volume")),
+    # bcache's refused read-miss inserts and the promoter's rate that follows them (issue 23)
+    "cachepilot_bcache_alloc_failures": ("counter", V),
+    "cachepilot_volume_promotion_rate_bytes": ("gauge", V),
     # the sizing advisor's points (issue 25), by cache size in bytes
     "cachepilot_advisor_hit_ratio": ("gauge", ("device", "size_bytes", "volume")),
     "cachepilot_advisor_hit_ratio_error": ("gauge", ("device", "size_bytes", "volume")),

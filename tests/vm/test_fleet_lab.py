@@ -126,7 +126,7 @@ def playbook(tmp: Path, guests: list[Guest], policies: dict[str, dict[str, Any]]
                 "cachepilot_require_cached_volume": True, "cachepilot_health_timeout": 120,
                 # under TCG a tick takes 1-2.5 s of guest time (the preview's tick p99): with the default 1 s tick
                 # Ansible's steps in the guest ran about half as fast
-                "cachepilot_tick": "2s"}},
+                "cachepilot_tick": "2s", "cachepilot_advisor": True}},  # every panel, the advisor's too
             "prometheus": {"hosts": {"prom": {"ansible_connection": "local", "cachepilot_root": str(prom_root)}}}}}}
     (tmp / "inventory.yml").write_text(yaml.safe_dump(inventory))
     env = {**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_RETRY_FILES_ENABLED": "0",
