@@ -366,7 +366,9 @@ def test_bcache_steered_knob_is_put_back_on_exit(tmp_path):
     for v in ("25", "30"):
         assert b.apply(SetKnob("bcache0", "writeback_percent", v, "hold", True)).status == DONE
     b.apply(SetKnob("bcache0", "sequential_cutoff", "0", "pinned"))  # not steered: stays
+    assert b.steered_knobs() == {"writeback_percent": ("10", "30")}  # what the state file keeps against a kill
     [out] = b.restore()
+    assert b.steered_knobs() == {}
     assert out.status == DONE and out.action.value == "10" and "steered to 30" in out.action.reason
     assert out.writes[0].before == "30" and out.writes[0].readback == "10"
     assert (d / "writeback_percent").read_text().strip() == "10"

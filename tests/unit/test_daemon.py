@@ -1220,3 +1220,44 @@ def test_pins_are_resolved_at_adoption_and_reload_and_shown_by_status(tmp_path: 
         assert r.d.answer({"cmd": "status"})["volumes"][0]["pins"]["files"] == 2
     finally:
         r.d.shutdown()
+
+
+def test_knobs_steered_before_a_kill_are_put_back_at_the_next_start(tmp_path: Path) -> None:
+    """The lifetime hold and sequential steering put their knobs back at a clean stop; a SIGKILL leaves them
+    steered. The state file keeps what was steered and from what, and the next start puts back what still reads as
+    the last run left it -- before the engine takes its base (else the steered value would become the "original")."""
+    r = Rig(tmp_path)
+    r.d.start()
+    b = r.backends["bcache0"]
+    b.knobs.update({"writeback_percent": "40", "sequential_cutoff": "8388608"})
+    b.steered_knobs = lambda: {"writeback_percent": ("10", "40")}  # type: ignore[method-assign]
+    seq = r.d.engine.seq.vols[DEV]
+    seq.base, seq.cutoff, seq.moved = 4194304, 8388608, True
+    r.d._save_state()
+    r.d.control.stop()
+    r.d.lock.release()  # killed: no restore()
+    doc, _ = StateFile(tmp_path / "st").read()
+    assert doc is not None
+    assert doc["volumes"]["bcache0"]["steered"] == {"sequential_cutoff": ["4194304", "8388608"],
+                                                    "writeback_percent": ["10", "40"]}
+
+    b.knobs["writeback_percent"] = "25"  # an operator set it since: theirs to keep
+    r2 = Rig(tmp_path)
+    r2.backends["bcache0"] = b
+    r2.d.start()
+    assert b.knobs["sequential_cutoff"] == "4194304" and b.knobs["writeback_percent"] == "25"
+    assert r2.d.engine.seq.vols[DEV].base == 4194304  # the operator's value is the base again
+    put = [a for a, _ in b.applied if isinstance(a, SetKnob) and "unclean stop" in a.reason]
+    assert [(a.knob, a.value) for a in put] == [("sequential_cutoff", "4194304")]
+    r2.d.shutdown()
+
+
+def test_a_hostile_steered_entry_in_the_state_file_is_ignored(tmp_path: Path) -> None:
+    (tmp_path / "st").mkdir(mode=0o700)
+    assert StateFile(tmp_path / "st").write({"volumes": {"bcache0": {"name": "bcache0", "fs_uuid": "u-1", "steered": {
+        "writeback_percent": ["10"], "sequential_cutoff": [1, 2], "x": "y", "cache_mode": ["none", "writeback"]}}}})
+    r = Rig(tmp_path)
+    b = r.backend(VOL)
+    r.d.start()
+    assert not [a for a, _ in b.applied if isinstance(a, SetKnob)] and b.knobs["writeback_percent"] == "10"
+    r.d.shutdown()

@@ -64,3 +64,9 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def restore(self) -> list[Outcome]:
         """Abandon pending operations, putting back every value they saved; the cache is left safe and stable."""
+
+    def steered_knobs(self) -> dict[str, tuple[str, str]]:
+        """Knobs :meth:`restore` would put back: knob -> (the value found before the first steer, the value last
+        written). The state file keeps them so that a daemon killed before it could restore puts them back at its
+        next start. Default: none."""
+        return {}

@@ -178,6 +178,9 @@ class OperationBackend(Backend):
         self._on_exit.clear()
         return out
 
+    def steered_knobs(self) -> dict[str, tuple[str, str]]:
+        return {knob: (before, ours) for knob, (_, before, ours) in self._on_exit.items()}
+
     def _put_back_knob(self, knob: str, s: Setting, before: str, ours: str) -> Outcome:
         """A steered knob back to the value found before the engine steered it, if it still reads as we left it."""
         a = SetKnob(self.info.name, knob, before, f"put back on exit (steered to {ours})")

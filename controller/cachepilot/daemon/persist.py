@@ -1,7 +1,8 @@
 """What the daemon carries across a restart, through the state file (daemon/state.py): the hot lists (re-warmed
 into the engine), the failure latches (kept unless the cache device was replaced), the counters and recent
-decisions, and the operations in flight at the last stop (reconciled, never repeated). It reaches the engine through
-its methods only (``restore_latch``, ``rewarm_file``, ``latch_of``, ``health_of``, ``sample``).
+decisions, the operations in flight at the last stop (reconciled, never repeated), and the knobs it steered (put
+back at the next start if a kill left them as steered). It reaches the engine through its methods only
+(``restore_latch``, ``rewarm_file``, ``latch_of``, ``health_of``, ``sample``, ``steered_knobs``).
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from cachepilot.actions import Action, SetKnob
+from cachepilot.capabilities import KNOBS
 from cachepilot.daemon.snapshot import hottest
 from cachepilot.daemon.state import MAX_DECISIONS, MAX_HOT, StateFile
 from cachepilot.daemon.volume import ManagedVolume, devname
 from cachepilot.engine.engine import Engine
+from cachepilot.engine.knobs import same_knob_value
 from cachepilot.errors import CachepilotError
 
 log = logging.getLogger("cachepilot")
@@ -108,15 +111,18 @@ class Persistence:
         for v in vols:
             if v.backend is None:
                 continue
+            saved = self.saved_volume(v.info) or {}
             try:
                 s = v.backend.sample(now)
+                if self._put_back_steered(v, saved.get("steered"), s.knobs, now, execute):
+                    s = v.backend.sample(now)  # the engine must find the operator's values, not ours, as the base
             except CachepilotError as exc:
                 self.once(f"{v.info.name}: cannot read its state before acting: {exc}")
                 continue
             v.last_sample = s
             self.engine.sample(s)
             log.info("%s: actual state: mode %s, %d dirty bytes", v.info.name, s.mode, s.dirty_bytes)
-            for d in (self.saved_volume(v.info) or {}).get("in_flight", []):
+            for d in saved.get("in_flight", []):
                 if isinstance(d, dict):
                     self._put_back(v, d, s.knobs, now, execute)
 
@@ -130,6 +136,32 @@ class Persistence:
                 execute(SetKnob(v.info.name, knob[0], str(w["before"]),
                                 f"put back after an interrupted {d.get('kind')}"), now)
 
+    @staticmethod
+    def _put_back_steered(v: ManagedVolume, steered: Any, knobs: dict[str, str], now: int,
+                          execute: Callable[[Action, int], None]) -> int:
+        """Knobs the last run steered and could not put back (it was killed): back to the value it found, if the
+        knob still reads as it left it (else someone has set it since: theirs to keep). How many were put back."""
+        if not isinstance(steered, dict):
+            return 0
+        n = 0
+        for knob, pair in sorted(steered.items()):
+            if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
+                continue
+            before, ours = pair
+            if knob not in KNOBS or knob not in knobs or not same_knob_value(knob, knobs[knob], ours) or \
+                    same_knob_value(knob, knobs[knob], before):
+                continue
+            execute(SetKnob(v.info.name, knob, before,
+                            f"put back after an unclean stop: the last run steered it to {ours}"), now)
+            n += 1
+        return n
+
+    def steered(self, v: ManagedVolume) -> dict[str, list[str]]:
+        """What this run would put back at stop, as the state file keeps it (knob -> [found, ours])."""
+        got = dict(v.backend.steered_knobs()) if v.backend is not None else {}
+        got.update(self.engine.steered_knobs(v.info.dev))
+        return {k: [b, o] for k, (b, o) in sorted(got.items())}
+
     def doc(self, vols: Iterable[ManagedVolume], decisions: Iterable[dict[str, Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for v in vols:
@@ -142,6 +174,7 @@ class Persistence:
                 "health": self.engine.health_of(info.dev),
                 "latch": {"reason": latch.reason, "cache_id": latch.cache_id} if latch is not None else None,
                 "in_flight": list(v.in_flight.values()),
+                "steered": self.steered(v),
             }
         return {
             "written": time.time(), "pid": os.getpid(), "volumes": out,

@@ -328,6 +328,11 @@ class Engine:
         self.lifetimes.steer(c.info, vp, st, self.hotness.dev_bytes.get(c.info.dev, (0, 0))[1], now, active,
                              lambda k, v, why: self.knobs.request(c, k, v, why, now, out, put_back=True))
 
+    def steered_knobs(self, dev: int) -> dict[str, tuple[str, str]]:
+        """The knobs the engine itself steered and would put back at stop (knob -> (found at start, ours))."""
+        got = self.seq.steered(dev)
+        return {} if got is None else {SEQ_KNOB: got}
+
     def restore_knobs(self) -> list[Action]:
         """At stop: the knobs the engine steered (not pinned ones) back to the values found at start."""
         out: list[Action] = []

@@ -47,7 +47,7 @@ class KnobPins:
 
     def request(self, c: VolumeCtl, knob: str, value: str, why: str, now: int, out: list[Action],
                 put_back: bool = False) -> None:
-        if _same_knob_value(knob, c.state.knobs.get(knob), value):
+        if same_knob_value(knob, c.state.knobs.get(knob), value):
             c.requested_knobs.pop(knob, None)
             return
         req = c.requested_knobs.get(knob)
@@ -58,7 +58,7 @@ class KnobPins:
         c.requested_knobs[knob] = (value, now)
 
 
-def _same_knob_value(knob: str, have: str | None, want: str) -> bool:
+def same_knob_value(knob: str, have: str | None, want: str) -> bool:
     """Compare as the knob's typed value ("4.0M" from bcache's sysfs equals "4MiB" and 4194304)."""
     if have is None:
         return False

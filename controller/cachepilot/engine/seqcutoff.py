@@ -144,6 +144,13 @@ class SequentialSteering:
             return None
         return str(v.base), f"{why}: putting back the {KNOB} found at start"
 
+    def steered(self, dev: int) -> tuple[str, str] | None:
+        """(the value found at start, the value last sampled) while the cutoff is ours to put back, else None."""
+        v = self.vols.get(dev)
+        if v is None or not v.moved or v.base is None or v.cutoff is None or v.cutoff == v.base:
+            return None
+        return str(v.base), str(v.cutoff)
+
     def restore(self, dev: int) -> tuple[str, str] | None:
         """The value found at start, if we changed it (the daemon stops)."""
         v = self.vols.get(dev)
