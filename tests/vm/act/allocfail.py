@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from labkit import drive, drop_caches, run, say, volume, write_files
+from labkit import drive, drop_caches, reattach_bcache, run, say, volume, write_files
 
 from cachepilot.actions import Promote, SetKnob
 from cachepilot.actuators.promote import Promoter
@@ -59,13 +59,7 @@ def actions(prefix: str) -> list[Promote]:
 
 
 def empty_cache() -> None:
-    cset = os.path.basename(os.readlink(bc / "cache"))
-    (bc / "detach").write_text("1\n")
-    while (bc / "cache").exists():
-        time.sleep(0.1)
-    (bc / "attach").write_text(cset + "\n")
-    while not (bc / "cache").exists():
-        time.sleep(0.1)
+    reattach_bcache(bc)
     drop_caches()
 
 

@@ -1,5 +1,5 @@
 """Helpers for the actuator lab scripts (run inside the lab guest by the venv's python): files with known
-checksums, dropping caches, block-device counters, and driving a backend action to completion."""
+checksums, dropping caches, emptying a bcache, block-device counters, and driving a backend action to completion."""
 
 from __future__ import annotations
 
@@ -50,6 +50,19 @@ def intact(d: Path, sums: dict[str, str]) -> str:
 def drop_caches() -> None:
     os.sync()
     Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def reattach_bcache(bc: Path) -> str:
+    """Detach the bcache device ``bc`` (its sysfs dir) from its cache set and attach it again: the same cache,
+    now empty for this volume. Returns the cache set's UUID."""
+    cset = os.path.basename(os.readlink(bc / "cache"))
+    (bc / "detach").write_text("1\n")
+    while (bc / "cache").exists():
+        time.sleep(0.1)
+    (bc / "attach").write_text(cset + "\n")
+    while not (bc / "cache").exists():
+        time.sleep(0.1)
+    return cset
 
 
 def sectors(dev_path: str) -> tuple[int, int]:

@@ -10,7 +10,7 @@ import struct
 import time
 from pathlib import Path
 
-from labkit import drive, drop_caches, run, say, volume, write_files
+from labkit import drive, drop_caches, reattach_bcache, run, say, volume, write_files
 
 from cachepilot.actions import Promote, SetKnob
 from cachepilot.actuators.promote import Promoter
@@ -103,14 +103,7 @@ if recipe == "bcache":
         say(f"{knob}_status", drive(volume(), SetKnob(info.name, knob, "0", "lab: promotion"))[0].status)
     write_files(mnt, "hot", 8, MIB, seed=1)
     os.sync()
-    cset = os.path.basename(os.readlink(bc / "cache"))
-    (bc / "detach").write_text("1\n")
-    while (bc / "cache").exists():
-        time.sleep(0.1)
-    (bc / "attach").write_text(cset + "\n")
-    while not (bc / "cache").exists():
-        time.sleep(0.1)
-    say("reattached", cset)
+    say("reattached", reattach_bcache(bc))
     say("sequential_cutoff", (bc / "sequential_cutoff").read_text().strip())
     drop_caches()
     s0 = settled()
