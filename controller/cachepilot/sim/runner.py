@@ -6,8 +6,8 @@ file's blocks through the cache (OPT prefetches optimally), ``DiscardRanges`` dr
 still free (what FITRIM would do; dirty ones are never written back), ``SetWritePolicy`` switches
 write-back on or off, ``Drain`` writes every dirty block back at once and reports the drain done (as a backend
 does once it reads the cache clean; without that report the engine would see the drain complete only at a sample
-with no dirty data, which a steady write load never gives, and count a breach). When the cache is emptied (warm restart) the
-daemon would notice the re-attached cache device; the simulator tells the engine to re-warm.
+with no dirty data, which a steady write load never gives, and count a breach). When the cache is emptied (warm
+restart) the daemon would notice the re-attached cache device; the simulator tells the engine to re-warm.
 """
 
 from __future__ import annotations
