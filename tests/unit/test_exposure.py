@@ -171,6 +171,27 @@ def test_drain_that_misses_its_deadline_is_a_breach() -> None:
     assert e.vols[DEV].breaches >= 1 and "missed its deadline" in (e.vols[DEV].breach or "")
 
 
+def test_a_drain_that_missed_its_deadline_makes_the_next_start_earlier() -> None:
+    """A measured fast drain (32 MiB within a tick), then one that hangs to its deadline: that one took at least its
+    whole window, so the lead of the next periodic drain is at least that long (an earlier start), not the margin."""
+    e = engine(DESTRUCTIVE)
+    sample(e, 0, "writeback", dirty=32 * MIB)
+    e.outcome(Outcome(drains(e.tick(0))[0], "done"))
+    for t in range(1, 30):  # the next drain starts late (lead 3.5 s) and hangs
+        sample(e, t, "writeback", dirty=MIB)
+        if drains(e.tick(t * NS)):
+            break
+    hung = e.vols[DEV].drain
+    assert hung is not None and hung.start_ns >= 25 * NS
+    t += 1
+    while e.vols[DEV].breaches == 0:
+        sample(e, t, "writeback", dirty=MIB)
+        e.tick(t * NS)
+        t += 1
+    longest = max(took for _, took in e.vols[DEV].drains_done)
+    assert longest >= hung.action.deadline_ns - hung.start_ns
+
+
 def test_byte_bound_switches_before_it_is_crossed() -> None:
     e = engine(DESTRUCTIVE.replace("64MiB", "8MiB"))
     mode = "writeback"

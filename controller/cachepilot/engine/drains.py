@@ -43,6 +43,7 @@ class Drains:
             self._measured(c, d, st.clean_ns, now)
         elif now >= d.action.deadline_ns:
             c.drain = None
+            self._measured(c, d, now, now)  # at least this long: the next drains start earlier
             self._set_breach(c, (
                 f"drain started at {d.start_ns / NS:.0f} s missed its deadline"
                 f" ({d.action.deadline_ns / NS:.0f} s; {st.dirty_bytes} bytes still dirty)"))
