@@ -168,3 +168,41 @@ def test_simulator_emits_what_the_kernel_emits() -> None:
             tr.feed(e)
     assert tr.total_barriers == len(barriers) and tr.total_syncs == fsyncs
     assert sum(ep.bytes for ep in tr.window) == sum(b.epoch_bytes for b in barriers)  # counted once
+
+
+def test_late_drains_save_origin_writes_on_a_lifetime_mix_at_the_same_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 23: under the destructive default (30 s bound) drains timed by their measured duration let more young
+    files die in the cache than drains at max_age/2 (the schedule before, forced here by pinning the lead at A/2):
+    fewer bytes written to the origin, the witness (oldest dirty data) still within the bound."""
+    from cachepilot.engine.drains import Drains
+    from cachepilot.policy.model import DEFAULT_POLICY
+
+    p = prepare(W.fileserver_lifetimes(iterations=3000, nfiles=400), tick_s=1.0)
+    cap = p.data_blocks_peak * 3
+    late = run(p, "lru", True, cap, 40.0, ctl_policy=DEFAULT_POLICY)
+    monkeypatch.setattr(Drains, "lead", lambda self, c, now, half: (half, "at max_age/2"))
+    half = run(p, "lru", True, cap, 40.0, ctl_policy=DEFAULT_POLICY)
+    assert late.origin_write_bytes < half.origin_write_bytes, (late.origin_write_bytes, half.origin_write_bytes)
+    assert late.dirty_dropped_blocks > half.dirty_dropped_blocks
+    assert late.exposure_age_max_s <= 30 and half.exposure_age_max_s <= 30
+    assert late.actions["set_write_policy"] == 0  # no write-through forced by the byte bound
+
+
+def test_the_lifetime_mix_kills_a_share_of_new_files_young() -> None:
+    """Half the new files (short_share 0.5) die 2-60 s old; the long-lived set (2 000 files) outlives the run."""
+    w = W.fileserver_lifetimes(iterations=2000, nfiles=2000, short_share=0.5, seed=9)
+    assert w.ops == W.fileserver_lifetimes(iterations=2000, nfiles=2000, short_share=0.5, seed=9).ops
+    born: dict[int, float] = {}
+    ages: dict[int, float] = {}
+    for i, (op, fid, *_) in enumerate(w.ops):
+        if op == W.CREATE:
+            born[fid] = i * w.op_interval_ns / 1e9
+        elif op == W.DELETE:
+            ages[fid] = i * w.op_interval_ns / 1e9 - born[fid]
+    end = len(w.ops) * w.op_interval_ns / 1e9
+    early = [f for f in range(2000, 4000) if born[f] < end - 61]  # any short one among them died in the run
+    young = [ages[f] for f in early if f in ages]
+    assert len(early) > 500 and 0.4 < len(young) / len(early) < 0.6
+    assert 2.0 <= min(young) and max(young) <= 61
+    with pytest.raises(UserError):
+        W.fileserver_lifetimes(short_min_s=0)

@@ -8,6 +8,8 @@ from cachepilot.engine.exposure import Exposure, tick_ns
 from cachepilot.engine.volumectl import NS, DrainInFlight, VolumeCtl, normalise_mode
 from cachepilot.models.volume import WRITEBACK, WRITETHROUGH
 
+ROOM = 0.75  # a late drain starts early once dirty data could pass this share of max_dirty within two ticks
+
 
 def drain_at_risk(c: VolumeCtl, now: int) -> bool:
     """A drain past half its window on a kind whose write-back needs the origin idle (dm-cache writes back
@@ -38,43 +40,72 @@ class Drains:
         st = c.state
         if st.clean_ns is not None and st.clean_ns >= d.start_ns:
             c.drain, c.drain_clean_ns = None, now
+            self._measured(c, d, st.clean_ns, now)
         elif now >= d.action.deadline_ns:
             c.drain = None
+            self._measured(c, d, now, now)  # at least this long: the next drains start earlier
             self._set_breach(c, (
                 f"drain started at {d.start_ns / NS:.0f} s missed its deadline"
                 f" ({d.action.deadline_ns / NS:.0f} s; {st.dirty_bytes} bytes still dirty)"))
 
     def plan(self, c: VolumeCtl, now: int, out: list[Action]) -> None:
-        """The exposure guarantee. Let A = exposure.max_age, P = A/2, C = the last time the cache was known clean
-        (a sample with no dirty data, or the tick in which a drain's backend read it clean). Every dirty byte was
-        written after C. A drain starts no later than C + P (a tick early, so a late tick cannot delay it) with
-        deadline C + A. When it completes, every byte dirty at its start is written back. So no byte
-        stays dirty longer than A, provided each drain completes within P (the backing device absorbs the
-        write-back, the samples or outcomes report it; dm-cache writes back recently written blocks only when the
-        device idles, see Capabilities.drain_needs_idle); a drain that does not is a breach: write-through
-        (where the kind has it), a new drain, and an alert-worthy reason."""
+        """The exposure guarantee. Let A = exposure.max_age, C = the last time the cache was known clean (a sample
+        with no dirty data, or the tick in which a drain's backend read it clean). Every dirty byte was written
+        after C, so the oldest is at most now - C old. A drain starts no later than C + A - L (a tick early, so a
+        late tick cannot delay it) with deadline C + A, where the lead L is the drain's predicted duration plus a
+        margin (:meth:`lead`; A/2 until a drain of the volume has been measured). When it completes, every byte
+        dirty at its start is written back. So no byte stays dirty longer than A, provided each drain completes
+        within its lead (the backing device absorbs the write-back, the samples or outcomes report it; dm-cache
+        writes back recently written blocks only when the device idles, see Capabilities.drain_needs_idle); a
+        drain that does not is a breach: write-through (where the kind has it), a new drain, and an alert-worthy
+        reason. Starting as late as the bound allows gives young data the most time to die in the cache (its
+        delete's discard drops it there) before the drain writes it back."""
         st = c.state
         if st.samples == 0 or c.drain is not None:
             return
-        ex = c.policy.exposure
-        half = int(ex.max_age_s * NS / 2)
-        why = self._drain_reason(c, now, half)
-        if why is None:
+        half = int(c.policy.exposure.max_age_s * NS / 2)
+        lead, how = self.lead(c, now, half)
+        planned = self._drain_reason(c, now, lead, how)
+        if planned is None:
             return
+        why, window = planned
         base = st.clean_ns
-        deadline = now + half if base is None else max(base + 2 * half, now + half)
+        deadline = now + half if base is None else max(base + 2 * half, now + window)
         deadline = max(deadline, c.drain_sleep_until_ns + half)
         a = Drain(c.info.name, deadline, why)
         out.append(a)
-        c.drain = DrainInFlight(a, now)
+        c.drain = DrainInFlight(a, now, st.dirty_bytes)
 
-    def _drain_reason(self, c: VolumeCtl, now: int, half: int) -> str | None:
+    def lead(self, c: VolumeCtl, now: int, half: int) -> tuple[int, str]:
+        """How long before the age bound a periodic drain starts, and why: the predicted duration P of draining the
+        dirty data the next sample may show, at the write-back rate of the volume's last drains (their bytes over
+        their durations, and never less than the longest of them: a drain has a fixed cost, a mode switch and the
+        sample that sees it clean), plus a margin of P/2 and two ticks; at most A. A/2 before any drain of the
+        volume was measured."""
+        done = c.drains_done
+        if not done:
+            return half, f"no drain of this volume measured yet: starting at max_age/2 ({half / NS:g} s)"
+        projected, _ = self.exposure.projected_dirty(c, now)
+        nbytes, took = sum(b for b, _ in done), sum(t for _, t in done)
+        longest = max(t for _, t in done)
+        predicted = max(longest, projected * took // max(1, nbytes))
+        lead = min(2 * half, predicted + predicted // 2 + 2 * tick_ns(c, now))
+        rate = nbytes / max(1, took) * NS / (1 << 20)
+        return lead, (f"the last {len(done)} drains wrote back {rate:.2f} MiB/s (longest {longest / NS:.1f} s), so"
+                      f" {projected / (1 << 20):.1f} MiB should take {predicted / NS:.1f} s; with half that and two"
+                      f" ticks of margin the drain starts {lead / NS:.1f} s before max_age {2 * half / NS:g} s,"
+                      f" leaving young data the rest to die in the cache")
+
+    def _drain_reason(self, c: VolumeCtl, now: int, lead: int, how: str) -> tuple[str, int] | None:
+        """Why a drain starts now, and the least time it gets from now (its deadline is C + A or later); None: not
+        yet."""
         st = c.state
         dirty = st.dirty_bytes
+        half = int(c.policy.exposure.max_age_s * NS / 2)
         if c.latch is not None:
-            return f"latched: {c.latch.reason}: draining {dirty} dirty bytes" if dirty > 0 else None
+            return (f"latched: {c.latch.reason}: draining {dirty} dirty bytes", half) if dirty > 0 else None
         if c.breach is not None:
-            return f"exposure breach: {c.breach}: draining {dirty} dirty bytes" if dirty > 0 else None
+            return (f"exposure breach: {c.breach}: draining {dirty} dirty bytes", half) if dirty > 0 else None
         # auto is destructive about what it leaves dirty, read-mostly or not
         fm, _ = self.exposure.failure_model(c, now)
         if fm == "recoverable" or (dirty == 0 and normalise_mode(st.mode) != WRITEBACK):
@@ -84,16 +115,33 @@ class Drains:
             projected, rate = self.exposure.projected_dirty(c, now)
             if projected > ex.max_dirty:
                 return (f"exposure bound: {dirty} dirty bytes growing {rate:.0f} B/s may reach {projected}"
-                        f" (bound {ex.max_dirty}); {c.info.kind} has no write-through: flushing")
+                        f" (bound {ex.max_dirty}); {c.info.kind} has no write-through: flushing", half)
         if dirty == 0:
             return None  # this sample read clean: clean_ns moved to it, no byte is older than the sample
         base = st.clean_ns
         if base is None:
-            return f"periodic drain: dirty data of unknown age ({dirty} bytes)"
-        if now + tick_ns(c, now) >= base + half:
-            return (f"periodic drain: last known clean {(now - base) / NS:.0f} s ago; every dirty byte written back"
-                    f" within max_age {ex.max_age_s:g} s")
+            return f"periodic drain: dirty data of unknown age ({dirty} bytes)", half
+        late = now + tick_ns(c, now) >= base + 2 * half - lead
+        room = "" if late or not c.drains_done else self._byte_room(c, now)
+        if late or room:
+            # deadline C + A: a tick that comes after it (a stalled loop) is a breach, not a later deadline
+            return (f"periodic drain: last known clean {(now - base) / NS:.0f} s ago, so no dirty byte is older;"
+                    f" every dirty byte written back within max_age {ex.max_age_s:g} s: {room or how}", tick_ns(c, now))
         return None
+
+    def _byte_room(self, c: VolumeCtl, now: int) -> str:
+        """A drain timed late lets dirty data grow for longer: start it once the dirty data, growing at its peak
+        rate, could pass ROOM of max_dirty by the sample after next (a drain started a tick later would start
+        there; once it runs, dirty data shrinks), so that the byte bound does not force write-through (and its
+        hysteresis) before the drain comes. "" while there is room."""
+        st = c.state
+        cap = c.policy.exposure.max_dirty
+        rate = st.dirty_rate()
+        reach = st.dirty_bytes + int(rate * 2 * tick_ns(c, now) / NS)
+        if reach <= ROOM * cap:
+            return ""
+        return (f"{st.dirty_bytes} dirty bytes growing {rate:.0f} B/s could reach {reach} by the sample after next"
+                f" ({ROOM:.0%} of max_dirty {cap}): starting now, before the byte bound forces write-through")
 
     def ended(self, c: VolumeCtl, a: Drain, ok: bool, detail: str, now: int) -> None:
         d = c.drain
@@ -101,12 +149,19 @@ class Drains:
             return
         c.drain = None
         if ok:
+            self._measured(c, d, now, now)
             # A backend reports a drain done when it reads the cache clean, which it does after this tick began:
             # every byte dirty now was written after the tick's time.
             c.state.cleaned(max(d.start_ns, now))
             c.breach = None  # the bound holds again (write-back resumes after the hysteresis interval)
         else:
             self._set_breach(c, f"drain started at {d.start_ns / NS:.0f} s failed: {detail or 'no reason given'}")
+
+    @staticmethod
+    def _measured(c: VolumeCtl, d: DrainInFlight, done_ns: int, now: int) -> None:
+        """Keep a completed drain's bytes and duration; a drain is seen done a tick after it started at the
+        earliest, so a tick is the least duration it is taken for (the resolution of the measurement)."""
+        c.drains_done.append((d.dirty_bytes, max(tick_ns(c, now), done_ns - d.start_ns)))
 
     def _set_breach(self, c: VolumeCtl, why: str) -> None:
         c.breach = why

@@ -17,6 +17,7 @@ from cachepilot.policy.model import VolumePolicy
 
 NS = 1_000_000_000
 REQUEST_RETRY_NS = 60 * NS  # re-issue an unanswered mode/knob request after this long
+DRAIN_HISTORY = 4  # completed drains whose write-back rate predicts the next one's duration (engine/drains.py)
 
 
 def normalise_mode(mode: str) -> str:
@@ -44,6 +45,7 @@ class Latch:
 class DrainInFlight:
     action: Drain
     start_ns: int
+    dirty_bytes: int = 0  # dirty when it started: with its duration, the volume's write-back rate
 
 
 @dataclass
@@ -84,6 +86,8 @@ class VolumeCtl:
     latch: Latch | None = None
     drain: DrainInFlight | None = None
     drain_clean_ns: int | None = None  # when a sample last ended a drain (its backend may still be putting back)
+    # the last completed drains: (dirty bytes at the start, ns to completion), oldest first
+    drains_done: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=DRAIN_HISTORY))
     breach: str | None = None  # an unresolved exposure breach (cleared when the cache is seen clean)
     # until then the kind may still be in a pre-drain sleep begun before the engine shortened it (KnobPins._drain_sleep)
     drain_sleep_until_ns: int = 0

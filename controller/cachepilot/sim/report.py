@@ -56,6 +56,9 @@ SCENARIOS = {
     **{f"fileserver-{c:g}x-wb{wb}": Scenario(f"fileserver-{c:g}x-wb{wb}", _fs, c, float(wb),
                                              label=f"fileserver {c:g}x wb{wb}", sweep=True)
        for c in (0.5, 1.0, 2.0) for wb in (10, 40) if (c, wb) != (2.0, 40)},
+    # W1's lifetime mix (40% of new files die 2-60 s old), the live set a third of the cache as in the lab's W1
+    "lifetime-mix": Scenario("lifetime-mix", lambda: W.fileserver_lifetimes(), 3.0,
+                             label="lifetime mix 3x"),
     "webserver": Scenario("webserver", lambda: W.webserver_backup(nfiles=20000, hot_files=2000,
                                                                   reads=100000), 0.25, tick_s=0.25),
     # Filebench's webserver: uniform picks; the log grows to ~8x the file set, so 0.05 of the peak live data
@@ -103,7 +106,7 @@ def evaluate(key: str, policies: tuple[str, ...] = POLICIES) -> Evaluation:
 def table(evs: list[Evaluation]) -> str:
     lines = [
         f"{'workload':24} {'policy':9} {'read hit':>8} {'zipf hit':>8} {'origin written':>15} {'origin read':>12} "
-        f"{'promoted':>9} {'dirty mean':>11} {'dirty max':>10} {'discarded':>10} {'cpu s':>6}",
+        f"{'promoted':>9} {'dirty mean':>11} {'dirty max':>10} {'age max':>7} {'discarded':>10} {'cpu s':>6}",
     ]
     for ev in evs:
         name = ev.scenario.label or ev.prepared.workload.name
@@ -112,7 +115,7 @@ def table(evs: list[Evaluation]) -> str:
                 f"{name:24} {label:9} {r.hit_ratio:8.3f} {r.zipf_hit_ratio:8.3f} "
                 f"{r.origin_write_bytes / MiB:11.1f} MiB "
                 f"{r.origin_read_bytes / MiB:8.1f} MiB {r.promoted_bytes / MiB:5.1f} MiB "
-                f"{r.dirty_mean_bytes / MiB:7.1f} MiB {r.dirty_max_bytes / MiB:6.1f} MiB "
+                f"{r.dirty_mean_bytes / MiB:7.1f} MiB {r.dirty_max_bytes / MiB:6.1f} MiB {r.exposure_age_max_s:5.0f} s "
                 f"{r.discarded_blocks:10d} {r.cpu_s:6.1f}"
             )
             name = ""

@@ -4,8 +4,10 @@
 sample every simulated second, and its actions are applied to the simulated cache: ``Promote`` reads the
 file's blocks through the cache (OPT prefetches optimally), ``DiscardRanges`` drops the blocks that are
 still free (what FITRIM would do; dirty ones are never written back), ``SetWritePolicy`` switches
-write-back on or off, ``Drain`` writes every dirty block back. When the cache is emptied (warm restart) the
-daemon would notice the re-attached cache device; the simulator tells the engine to re-warm.
+write-back on or off, ``Drain`` writes every dirty block back at once and reports the drain done (as a backend
+does once it reads the cache clean; without that report the engine would see the drain complete only at a sample
+with no dirty data, which a steady write load never gives, and count a breach). When the cache is emptied (warm
+restart) the daemon would notice the re-attached cache device; the simulator tells the engine to re-warm.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cachepilot import records
+from cachepilot.actions import DONE, Outcome
 from cachepilot.engine import Action, DiscardRanges, Drain, Engine, Promote, SetWritePolicy
 from cachepilot.events import HotnessDelta
 from cachepilot.models.volume import WRITEBACK, VolumeInfo, VolumeSample
@@ -61,6 +64,7 @@ class SimResult:
     promoted_bytes: int = 0
     dirty_mean_bytes: float = 0.0
     dirty_max_bytes: int = 0
+    exposure_age_max_s: float = 0.0  # the witness: longest time dirty data was seen since the cache was last clean
     discarded_blocks: int = 0
     dirty_dropped_blocks: int = 0
     hot_per_tick: list[tuple[int, int]] = field(default_factory=list)  # (hot reads, hot hits)
@@ -152,6 +156,7 @@ def run(p: Prepared, policy: str, controller: bool, capacity: int, writeback_per
     sim = _Sim(p, cache, res, engine)
     dt_s = p.tick_ns / 1e9
     dirty_sum = 0
+    clean_at = 0  # the witness: the last sample time (or drain) at which the cache held no dirty block
     start = 0
     for k, end in enumerate(p.tick_end):
         res.hot_per_tick.append(sim.ops(start, end))
@@ -161,6 +166,9 @@ def run(p: Prepared, policy: str, controller: bool, capacity: int, writeback_per
         dirty_sum += d
         res.dirty_max_bytes = max(res.dirty_max_bytes, d)
         ts = (k + 1) * p.tick_ns
+        if d == 0:
+            clean_at = ts
+        res.exposure_age_max_s = max(res.exposure_age_max_s, (ts - clean_at) / 1e9)
         sample = VolumeSample(SIM_DEV, ts, WRITEBACK if cache.writeback else "writethrough", d,
                               sim.hits, sim.reads - sim.hits, 0)
         if trace is not None:
@@ -169,6 +177,8 @@ def run(p: Prepared, policy: str, controller: bool, capacity: int, writeback_per
             trace.write(Tick(ts))
         if engine is not None:
             sim.control(k, end, sample)
+            if not cache.dirty:  # a drain emptied it at this tick
+                clean_at = ts
     cache.flush()  # what would eventually be written back
     res.reads, res.read_hits = sim.reads, sim.hits
     res.scan_reads, res.scan_hits = sim.sreads, sim.shits
@@ -271,6 +281,8 @@ class _Sim:
             cache.set_writeback(a.mode == WRITEBACK)
         elif isinstance(a, Drain):  # write every dirty block back now (bcache writeback_percent 0 ...)
             cache.flush()
+            assert self.engine is not None
+            self.engine.outcome(Outcome(a, DONE))
 
 
 def recovery_ticks(r: SimResult, scan_end_tick: int, pre: tuple[int, int], frac: float = 0.9) -> int | None:

@@ -14,6 +14,8 @@ Generators (same seed, same parameters -> same list):
   appends.
 * :func:`webserver_backup` — whole-file reads of a Zipf-popular set plus log appends; in the middle a
   backup reads every file once.
+* :func:`fileserver_lifetimes` — a fileserver whose new files die by a lifetime mix: a share young (seconds to
+  a minute), the rest long-lived (the oldest deleted once the long-lived set is full).
 * :func:`varmail` — small files: create+write+fsync, append 16 KiB+fsync, read, delete.
 * :func:`warm_restart` — Zipf reads; the cache is emptied midway (device replaced / re-attached).
 """
@@ -21,8 +23,11 @@ Generators (same seed, same parameters -> same list):
 from __future__ import annotations
 
 import bisect
+import heapq
 import itertools
+import math
 import random
+from collections import deque
 from dataclasses import dataclass, field
 
 from cachepilot.errors import UserError
@@ -118,6 +123,53 @@ def fileserver(iterations: int = 12000, nfiles: int = 1000, mean_size: int = 64 
     return Workload("fileserver-with-deletes", ops, op_interval_ns=int(op_interval_ms * 1e6), params=dict(
         iterations=iterations, nfiles=nfiles, mean_size=mean_size, append_size=append_size,
         op_interval_ms=op_interval_ms, seed=seed))
+
+
+def fileserver_lifetimes(iterations: int = 8000, nfiles: int = 1000, mean_size: int = 64 * KiB,
+                         append_size: int = 16 * KiB, short_share: float = 0.4, short_min_s: float = 2.0,
+                         short_max_s: float = 60.0, op_interval_ms: float = 10.0, seed: int = 5) -> Workload:
+    """Each iteration: create and write a whole file, append to a long-lived one, read a long-lived one whole, delete
+    the files whose lifetime is up. A new file dies young with probability ``short_share``, its lifetime
+    log-uniform in [short_min_s, short_max_s] (file-system traces find short lifetimes spread over orders of
+    magnitude, not memoryless; the headline lab benchmark W1 uses the same mix); the others are long-lived: once
+    there are more than ``nfiles``, the oldest goes."""
+    _check(iterations=iterations, nfiles=nfiles, mean_size=mean_size, append_size=append_size,
+           short_share=short_share, short_min_s=short_min_s, short_max_s=short_max_s, op_interval_ms=op_interval_ms)
+    if not (short_share <= 1.0 and 0.0 < short_min_s <= short_max_s and op_interval_ms > 0):
+        raise UserError("lifetime mix: need short_share <= 1, 0 < short_min_s <= short_max_s, op_interval_ms > 0")
+    rng = random.Random(seed)  # noqa: S311 - reproducible workloads, not crypto
+    ops: list[Op] = []
+    sizes: dict[int, int] = {}
+    long: deque[int] = deque()
+    dies: list[tuple[int, int]] = []  # (op index at which it dies, file)
+    per_s = 1000.0 / op_interval_ms
+    lo, hi = math.log(short_min_s), math.log(short_max_s)
+    for fid in range(nfiles):  # the initial long-lived set
+        sizes[fid] = _size(rng, mean_size)
+        long.append(fid)
+        ops += [(CREATE, fid, 0, 0, 0), (WRITE, fid, 0, sizes[fid], 0)]
+    for fid in range(nfiles, nfiles + iterations):
+        sizes[fid] = _size(rng, mean_size)
+        ops += [(CREATE, fid, 0, 0, 0), (WRITE, fid, 0, sizes[fid], 0)]
+        if rng.random() < short_share:
+            heapq.heappush(dies, (len(ops) + int(math.exp(rng.uniform(lo, hi)) * per_s), fid))
+        else:
+            long.append(fid)
+        a = long[rng.randrange(len(long))]
+        n = max(4 * KiB, int(rng.expovariate(1 / append_size)) // 4096 * 4096)
+        ops.append((APPEND, a, sizes[a], n, 0))
+        sizes[a] += n
+        r = long[rng.randrange(len(long))]
+        ops.append((READ, r, 0, sizes[r], 0))
+        while dies and dies[0][0] <= len(ops):
+            d = heapq.heappop(dies)[1]
+            ops.append((DELETE, d, 0, sizes.pop(d), 0))
+        while len(long) > nfiles:
+            d = long.popleft()
+            ops.append((DELETE, d, 0, sizes.pop(d), 0))
+    return Workload("fileserver-lifetimes", ops, op_interval_ns=int(op_interval_ms * 1e6), params=dict(
+        iterations=iterations, nfiles=nfiles, mean_size=mean_size, append_size=append_size, short_share=short_share,
+        short_min_s=short_min_s, short_max_s=short_max_s, op_interval_ms=op_interval_ms, seed=seed))
 
 
 def webserver_backup(reads: int = 120000, nfiles: int = 6000, mean_size: int = 16 * KiB,
@@ -239,6 +291,7 @@ def warm_restart(reads: int = 100000, nfiles: int = 8000, mean_size: int = 16 * 
 
 GENERATORS = {
     "fileserver": fileserver,
+    "fileserver-lifetimes": fileserver_lifetimes,
     "webserver": webserver,
     "webserver-backup": webserver_backup,
     "varmail": varmail,
