@@ -266,6 +266,22 @@ def test_dm_writecache_breach_is_a_flush_and_ends_when_one_completes() -> None:
     assert e.vols[DEV].breach is None and e.vols[DEV].breaches == 1
 
 
+def test_a_breach_drain_refused_while_the_late_one_is_abandoned_is_not_a_second_breach() -> None:
+    """At the deadline the engine declares the breach and drains again in the same tick in which the backend is
+    still abandoning the late drain: the backend refuses the new one. The breach goes on (one, not two) and the
+    next tick drains again."""
+    e = engine(DESTRUCTIVE)
+    sample(e, 0, "writeback", dirty=4096)
+    drains(e.tick(0))
+    sample(e, 16, "writeback", dirty=4096)  # past the deadline (15 s): breach, and its own drain
+    again = drains(e.tick(16 * NS))[0]
+    assert "exposure breach" in again.reason and e.vols[DEV].breaches == 1
+    e.outcome(Outcome(again, "failed", detail="vol0: another operation is in progress"))
+    assert e.vols[DEV].breaches == 1 and e.vols[DEV].breach is not None
+    sample(e, 17, "writeback", dirty=4096)
+    assert "exposure breach" in drains(e.tick(17 * NS))[0].reason
+
+
 def test_a_completed_drain_moves_the_clean_point_to_when_it_read_clean() -> None:
     """A backend reports a drain done once it reads the cache clean: every byte dirty after that tick was written
     after it, so the next drain is due by max_age less its lead after it, not after the drain's start (a drain that

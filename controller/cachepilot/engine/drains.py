@@ -154,8 +154,10 @@ class Drains:
             # every byte dirty now was written after the tick's time.
             c.state.cleaned(max(d.start_ns, now))
             c.breach = None  # the bound holds again (write-back resumes after the hysteresis interval)
-        else:
+        elif c.breach is None:
             self._set_breach(c, f"drain started at {d.start_ns / NS:.0f} s failed: {detail or 'no reason given'}")
+        # else the breach's own drain failed (e.g. refused while the backend still abandons the drain that missed
+        # its deadline): the same breach goes on and the next tick drains again -- not a second breach
 
     @staticmethod
     def _measured(c: VolumeCtl, d: DrainInFlight, done_ns: int, now: int) -> None:
