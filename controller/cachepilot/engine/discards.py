@@ -6,6 +6,24 @@ from __future__ import annotations
 from cachepilot.actions import Action, DiscardRanges
 from cachepilot.engine.volumectl import NS, VolumeCtl
 
+# A commit's freed extents are looked for at most this often per volume (engine.discards): under an fsync load
+# commits come several times a second, and each look cost an array pass over the ready set and a FITRIM action of
+# its own (the headline fileserver: ~8 a second, a fifth of the daemon's CPU; issue 23 item 5). What the commits
+# within this window made ready leaves in one action; a freed extent's discard waits at most this much longer
+# (the first commit after a quiet spell is looked at at once).
+DISCARD_GATHER_NS = 500_000_000
+
+
+def gather_due(c: VolumeCtl, now: int) -> bool:
+    """Whether a commit-prompted look at the volume's freed extents is due now (``discard_due`` stays set until
+    then); a due look is counted as made."""
+    if not c.discard_due:
+        return False
+    if c.discard_look_ns is not None and now - c.discard_look_ns < DISCARD_GATHER_NS:
+        return False
+    c.discard_look_ns = now
+    return True
+
 
 def plan_discards(c: VolumeCtl, now: int, out: list[Action]) -> None:
     """Ready extents leave as one action (coalesced: extents that touch become one range), within a token
