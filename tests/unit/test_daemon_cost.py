@@ -132,6 +132,29 @@ def test_commits_within_the_gather_window_make_one_discard_look() -> None:
     assert len(later) == 1 and len(later[0].ranges) == 4 and c.freed.ready_blocks == 0
 
 
+def test_a_tick_right_after_a_commits_look_does_not_look_again() -> None:
+    """The tick's own look at the freed extents is skipped within the gather window after a commit-prompted one
+    (that look took what was ready); past the window the tick looks as before."""
+    from cachepilot.engine.discards import DISCARD_GATHER_NS
+
+    engine = Engine()
+    c = engine.add_volume(INFO)
+    takes: list[int] = []
+    take = c.freed.take
+    c.freed.take = lambda now, most=None: (takes.append(now), take(now, most))[-1]  # type: ignore[method-assign]
+    t0 = 10**9
+    engine.feed(FreedExtent(FS, 1, 1024, 16, False, t0 - 1, 1))
+    engine.feed(JournalCommit(FS, 1, t0))
+    assert len(engine.discards(t0)) == 1 and takes == [t0]
+    engine.tick(t0 + DISCARD_GATHER_NS // 2)
+    assert takes == [t0]  # within the window: no second look
+    engine.tick(t0 + DISCARD_GATHER_NS)
+    assert takes == [t0, t0 + DISCARD_GATHER_NS]
+    engine.feed(FreedExtent(FS, 1, 2048, 16, False, t0 + DISCARD_GATHER_NS, 2))
+    engine.feed(JournalCommit(FS, 2, t0 + DISCARD_GATHER_NS + 1))
+    assert len(engine.discards(t0 + DISCARD_GATHER_NS + 2)) == 1  # the tick's look does not hold a commit's back
+
+
 def test_a_take_that_would_find_nothing_again_does_no_array_work() -> None:
     q = FreedExtentQueue(granularity_blocks=128, max_hold_ns=1000)
     q.commit(1, 0)

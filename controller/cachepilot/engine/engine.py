@@ -304,7 +304,8 @@ class Engine:
             self.promoter.scan_pollution(c, now)
             self.admission.bypass_gate(c, now)
             self.promoter.promote(c, now, out)
-            plan_discards(c, now, out)
+            if gather_due(c, now, prompted=False):
+                plan_discards(c, now, out)
             self.drains.track(c, now)
             self.writes.decide(c, now, out)
             self.knobs.pin(c, now, out)
