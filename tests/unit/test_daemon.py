@@ -893,8 +893,9 @@ class BusyProbe(CountingProbe):
 
 
 def test_the_daemon_takes_the_rings_at_most_every_poll_gap(tmp_path: Path) -> None:
-    """Under a storm the kernel may wake the daemon every 20 ms; it looks at most every MIN_POLL_GAP_S (0.1 s)
-    and lets records gather in between (before: one look per wakeup, ~50 a second)."""
+    """Under a storm the kernel may wake the daemon every 20 ms; it looks at most every MIN_POLL_GAP_S (0.25 s)
+    and lets records gather in between (before: one look per wakeup, ~50 a second; then ten a second, which cost
+    the headline fileserver's daemon a ring read and a discard look each)."""
     seen: dict[str, object] = {}
     r = Rig(tmp_path)
     b = FakeBackend(VOL)
@@ -904,9 +905,9 @@ def test_the_daemon_takes_the_rings_at_most_every_poll_gap(tmp_path: Path) -> No
     p = seen["probe"]
     assert isinstance(p, BusyProbe)
     t0 = time.monotonic()
-    while time.monotonic() - t0 < 0.55:
+    while time.monotonic() - t0 < 1.1:
         r.d._wait(0.2)
-    assert 5 <= p.polls <= 7, p.polls  # 0.55 s / 0.1 s, not one per call
+    assert 4 <= p.polls <= 6, p.polls  # 1.1 s / 0.25 s, not one per call (nor one per 0.1 s: 11)
     r.d.loop.stop()
     t1 = time.monotonic()
     r.d._wait(0.2)  # a stop request ends a gap's wait at once

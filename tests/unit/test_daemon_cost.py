@@ -85,11 +85,74 @@ def test_a_polls_deletes_go_to_the_engine_in_runs_with_the_same_result_as_one_by
     intake = Intake(engine, VolumeTable(), counters, Guard(counters), threading.Event(), lambda: None,
                     lambda action, now: None)
     intake.feed_all(events)
-    assert batches == [n]  # the hotness delta ended the run; the two after it went one by one
+    assert batches == [n]  # the hotness delta ended the run; the two after it wait for the tick
+    assert counters["events.Delete"] == n
+    intake.drain(0)  # the tick: the two held ones, one by one (fewer than a batch)
+    assert batches == [n]
     assert counters["events.Delete"] == n + 2 and counters["events.FreedExtent"] == n
     assert len(engine.hotness) == len(one_by_one.hotness) == 3
     assert sorted(engine.hotness.index[FS]) == sorted(one_by_one.hotness.index[FS]) == [n + 2, n + 3, 1000]
     assert engine.volume("bcache0").freed.pending == one_by_one.volume("bcache0").freed.pending
+
+
+def test_deletes_polled_between_ticks_go_to_the_engine_as_one_batch_at_the_tick() -> None:
+    """The headline fileserver's polls bring ~1 delete each: one by one they cost the engine's per-delete work ten
+    times a second; held for the tick they are one batch (and nothing between ticks reads what they change)."""
+    engine = _engine_with_files(DELETE_BATCH_MIN + 1)
+    batches: list[int] = []
+    feed_deletes = engine.feed_deletes
+    engine.feed_deletes = lambda recs: (batches.append(len(recs)), feed_deletes(recs))[-1]  # type: ignore[method-assign]
+    counters = Counters()
+    intake = Intake(engine, VolumeTable(), counters, Guard(counters), threading.Event(), lambda: None,
+                    lambda action, now: None)
+    for ino in range(1, DELETE_BATCH_MIN + 1):  # one delete and its freed extent a poll
+        intake.feed_all([Delete(FileKey(FS, ino, 1), 8192, 10 + ino), FreedExtent(FS, ino, 100 * ino, 2, False, 10, 5)])
+    assert batches == [] and len(engine.hotness) == DELETE_BATCH_MIN + 1  # nothing deleted yet
+    intake.drain(0)
+    assert batches == [DELETE_BATCH_MIN] and len(engine.hotness) == 1
+    assert counters["events.Delete"] == DELETE_BATCH_MIN
+
+
+def test_commits_within_the_gather_window_make_one_discard_look() -> None:
+    """Commits under an fsync load come several times a second; their freed extents leave together, one look (one
+    FITRIM action) per DISCARD_GATHER_NS, the first at once and the rest when the window has passed."""
+    from cachepilot.engine.discards import DISCARD_GATHER_NS
+
+    engine = Engine()
+    c = engine.add_volume(INFO)  # the default policy: discards on, 64 KiB extents at least
+    step = DISCARD_GATHER_NS // 5
+    looks: list[int] = []
+    for i in range(10):  # a commit every fifth of the window, each freeing one extent; the daemon looks after each
+        now = 10**9 + i * step
+        engine.feed(FreedExtent(FS, 1, 1024 * (i + 1), 16, False, now - 1, i + 1))
+        engine.feed(JournalCommit(FS, i + 1, now))
+        looks += [i] * len(engine.discards(now))
+    assert looks == [0, 5]  # two looks in two windows, not ten
+    later = engine.discards(10**9 + 10 * step)  # the window after the last look: the rest, at once
+    assert len(later) == 1 and len(later[0].ranges) == 4 and c.freed.ready_blocks == 0
+
+
+def test_a_tick_right_after_a_commits_look_does_not_look_again() -> None:
+    """The tick's own look at the freed extents is skipped within the gather window after a commit-prompted one
+    (that look took what was ready); past the window the tick looks as before."""
+    from cachepilot.engine.discards import DISCARD_GATHER_NS
+
+    engine = Engine()
+    c = engine.add_volume(INFO)
+    takes: list[int] = []
+    take = c.freed.take
+    c.freed.take = lambda now, most=None: (takes.append(now), take(now, most))[-1]  # type: ignore[method-assign]
+    t0 = 10**9
+    engine.feed(FreedExtent(FS, 1, 1024, 16, False, t0 - 1, 1))
+    engine.feed(JournalCommit(FS, 1, t0))
+    assert len(engine.discards(t0)) == 1 and takes == [t0]
+    engine.tick(t0 + DISCARD_GATHER_NS // 2)
+    assert takes == [t0]  # within the window: no second look
+    engine.tick(t0 + DISCARD_GATHER_NS)
+    assert takes == [t0, t0 + DISCARD_GATHER_NS]
+    engine.feed(FreedExtent(FS, 1, 2048, 16, False, t0 + DISCARD_GATHER_NS, 2))
+    engine.feed(JournalCommit(FS, 2, t0 + DISCARD_GATHER_NS + 1))
+    assert len(engine.discards(t0 + DISCARD_GATHER_NS + 2)) == 1  # the tick's look does not hold a commit's back
 
 
 def test_a_take_that_would_find_nothing_again_does_no_array_work() -> None:

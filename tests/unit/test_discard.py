@@ -55,6 +55,17 @@ def test_each_coalesced_range_is_one_fitrim(vol):
     assert "filesystem trimmed" in r.line()
 
 
+def test_a_discard_that_ran_logs_no_line_of_its_own(vol, caplog):
+    """The daemon's decision record logs each outcome; the actuator's own copy of that line was a second one per
+    discard (issue 23 item 5: the daemon's CPU)."""
+    import logging
+
+    d, _, _ = make(vol)
+    with caplog.at_level(logging.INFO, logger="cachepilot"):
+        r = d.run(DiscardRanges("bcache0", vol.dev, ((0, 4096),), "deletes"))
+    assert r.status == DONE and caplog.records == []
+
+
 def test_pacing_defers_the_rest_and_the_rate_refills(vol):
     d, calls, clock = make(vol, rate=MIB)
     a = DiscardRanges("bcache0", vol.dev, ((0, MIB), (4 * MIB, MIB)), "deletes")

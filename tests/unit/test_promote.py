@@ -78,6 +78,19 @@ def test_reads_exactly_the_on_disk_parts_in_chunks_that_never_continue_a_run(fs)
     assert r.status == DONE and r.read_bytes == 4 * MIB and r.reads == len(chunks), r.line()
 
 
+def test_a_promotion_that_read_logs_no_line_of_its_own(fs, caplog):
+    """The daemon's decision record logs each outcome; the actuator's own copy of that line was a second one per
+    promotion (issue 23 item 5: the daemon's CPU)."""
+    import logging
+
+    info, d = fs
+    ino, gen = make_file(d / "f", [(0, MIB)])
+    p = Promoter(info, rate=64 * MIB, seed=1, clock=Clock())
+    with caplog.at_level(logging.INFO, logger="cachepilot"):
+        r = p.run(action(info, ino, gen, [(0, MIB)]))
+    assert r.status == DONE and r.read_bytes == MIB and caplog.records == []
+
+
 def test_replaced_or_deleted_file_is_skipped(fs):
     info, d = fs
     ino, gen = make_file(d / "f", [(0, MIB)])

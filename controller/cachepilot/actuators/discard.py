@@ -95,10 +95,9 @@ class Discarder:
             self.issued_bytes_total += sum(n for _, n in issued)
             self.trimmed_bytes_total += trimmed
         deferred = DiscardRanges(action.volume, action.fs_dev, tuple(rest), action.reason) if rest else None
-        r = Outcome(action, PENDING if rest else DONE, dry_run, actuated=True, issued=tuple(issued),
-                    trimmed_bytes=trimmed, deferred=deferred)
-        log.info("%s", r.line())
-        return r
+        # not logged here: the daemon's decision record logs each outcome once (two lines a discard, before)
+        return Outcome(action, PENDING if rest else DONE, dry_run, actuated=True, issued=tuple(issued),
+                       trimmed_bytes=trimmed, deferred=deferred)
 
     def _open(self, action: DiscardRanges) -> int:
         """A descriptor of the mountpoint, checked to be the filesystem the ranges belong to."""

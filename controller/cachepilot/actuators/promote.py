@@ -196,10 +196,9 @@ class Promoter:
         if left:
             rest = tuple(sorted((lg, n) for _, lg, n in left))
             deferred = Promote(action.volume, action.dev, action.ino, action.gen, rest, action.reason)
-        r = Outcome(action, PENDING if left else DONE, dry_run, actuated=True, read_bytes=done_bytes, reads=reads,
-                    deferred=deferred)
-        log.info("%s", r.line())
-        return r
+        # not logged here: the daemon's decision record logs each outcome once (two lines a promotion, before)
+        return Outcome(action, PENDING if left else DONE, dry_run, actuated=True, read_bytes=done_bytes, reads=reads,
+                       deferred=deferred)
 
     def _next_round(self, action: Promote, r: Outcome, key: tuple[int, int, int], done_rounds: int) -> Outcome:
         """A round that read everything it had: count it; if the cache needs another, defer the whole action."""

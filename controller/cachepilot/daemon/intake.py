@@ -1,7 +1,7 @@
 """What the probe reports, into the engine: discrete events as they arrive while the loop waits (at most every
-``MIN_POLL_GAP_S``), the per-tick aggregates once a tick. Each event is counted by kind; one the engine does not know
-is "unhandled", one it refuses "rejected" (said once), and anything else a bug (its traceback once), never mistaken
-for bad input."""
+``MIN_POLL_GAP_S``), deletes and the per-tick aggregates once a tick. Each event is counted by kind; one the engine
+does not know is "unhandled", one it refuses "rejected" (said once), and anything else a bug (its traceback once),
+never mistaken for bad input."""
 
 from __future__ import annotations
 
@@ -21,14 +21,18 @@ from cachepilot.events import Barrier, Delete, Discard, Drops, FreedExtent, Jour
 
 # The daemon takes the probe's rings at most this often. It decides once a tick; reading the rings as every kernel
 # wakeup allowed (one per 20 ms under a commit storm, ~50 a second) cost the daemon more than the events themselves
-# (measured in the lab's varmail run). The rings hold seconds of records even at a flush storm's rate.
-MIN_POLL_GAP_S = 0.1
+# (measured in the lab's varmail run). The rings hold seconds of records even at a flush storm's rate. Four looks a
+# second, not ten: each look costs the ring reads and the discard look after it whatever it brings (the headline
+# fileserver's between-ticks stage, issue 23 item 5); a freed extent's discard waits at most this much longer.
+MIN_POLL_GAP_S = 0.25
 # The kinds whose handling reads and writes nothing a delete does (engine.dispatch: freed extents and commits go to
 # the discard queue, barriers and sync calls to the epochs, metadata to its score, drops and discards to counters).
-# Fewer deletes than this go one by one: the batch's array set-up costs more than it saves below ~8 (measured on
-# this host: 1 a batch 60 us a delete against 16 one by one; 20 a batch 6.4 against 13). The headline fileserver
-# polls ~1 delete at a time; a tree removal, thousands.
-DELETE_BATCH_MIN = 16
+# Deletes wait for the tick (nothing between ticks reads what they change: the hotness table, the believed-cached
+# sets, the delete ages) and go as one batch; fewer than this go one by one: the batch's array set-up costs more than
+# it saves below ~5 (measured on this host: 1 a batch 60 us a delete against 16 one by one; 20 a batch 6.4 against
+# 13). The headline fileserver brings ~1 delete a poll, ~10 a tick; a tree removal, thousands.
+DELETE_BATCH_MIN = 6
+DELETES_HELD_MAX = 16384  # held beyond this, they go at once
 APART_FROM_DELETES = frozenset({FreedExtent, JournalCommit, Barrier, SyncCalls, MetadataDelta, Discard, Drops})
 
 
@@ -44,6 +48,7 @@ class Intake:
         self.act = act  # carries out an action (the daemon's execute)
         self.drops: Drops | None = None  # the probe's last drop counts
         self._next_poll = 0.0  # time.monotonic() of the earliest next look at the rings (MIN_POLL_GAP_S)
+        self._deletes: list[Delete] = []  # polled, for the engine at the next tick (or before a kind they touch)
 
     def wait(self, seconds: float) -> None:
         """The loop's wait between ticks: on the probe's rings (feeding what comes), or on the stop event."""
@@ -67,20 +72,24 @@ class Intake:
             self.act(action, now)
 
     def feed_all(self, events: Iterable[Any]) -> None:
-        """A poll's events, its deletes as one batch when there are many (one index lookup per filesystem, not
-        one per file: a tree removal's deletes come by the thousand). Every unlink
-        comes with its freed extents, so the deletes wait past the kinds that touch none of what a delete touches
-        (the hotness table and the delete ages); any other kind takes them first: the same as feeding each."""
-        run: list[Delete] = []
+        """A poll's events; its deletes are kept for the tick's batch (one index lookup per filesystem, not one per
+        file). Every unlink comes with its freed extents, so the deletes wait past the kinds that touch none of what
+        a delete touches (the hotness table and the delete ages); any other kind takes them first: the same as
+        feeding each."""
         for ev in events:
             if type(ev) is Delete:
-                run.append(ev)
+                self._deletes.append(ev)
+                if len(self._deletes) >= DELETES_HELD_MAX:  # a tree removal: bounded memory, no wait
+                    self.flush_deletes()
                 continue
-            if run and type(ev) not in APART_FROM_DELETES:
-                self._feed_deletes(run)
-                run = []
+            if self._deletes and type(ev) not in APART_FROM_DELETES:
+                self.flush_deletes()
             self.feed(ev)
-        if run:
+
+    def flush_deletes(self) -> None:
+        """The deletes polled since the last flush, to the engine."""
+        if self._deletes:
+            run, self._deletes = self._deletes, []
             self._feed_deletes(run)
 
     def _feed_deletes(self, evs: list[Delete]) -> None:
@@ -111,7 +120,9 @@ class Intake:
             self.guard.bug(f"handling {kind}")
 
     def drain(self, now: int) -> None:
-        """The tick's stage: the probe's per-tick tables (one swap a tick)."""
+        """The tick's stage: the deletes polled since the last tick, then the probe's per-tick tables (one swap a
+        tick)."""
+        self.flush_deletes()
         probe = self.probe()
         if probe is None:
             return

@@ -6,6 +6,25 @@ from __future__ import annotations
 from cachepilot.actions import Action, DiscardRanges
 from cachepilot.engine.volumectl import NS, VolumeCtl
 
+# A commit's freed extents are looked for at most this often per volume (engine.discards): under an fsync load
+# commits come several times a second, and each look cost an array pass over the ready set and a FITRIM action of
+# its own (the headline fileserver: ~8 a second, a fifth of the daemon's CPU; issue 23 item 5). What the commits
+# within this window made ready leaves in one action; a freed extent's discard waits at most this much longer
+# (the first commit after a quiet spell is looked at at once).
+DISCARD_GATHER_NS = 500_000_000
+
+
+def gather_due(c: VolumeCtl, now: int, *, prompted: bool = True) -> bool:
+    """Whether a look at the volume's freed extents is due now. A commit-prompted one (``prompted``: only when a
+    commit came; ``discard_due`` stays set until the look) at most once per DISCARD_GATHER_NS, and counted as made.
+    The tick's own look (which hands out what the budget or a granule held back) is skipped within a window after a
+    commit-prompted one: that look took what was ready, and the next commit's look takes what came since."""
+    recent = c.discard_look_ns is not None and 0 <= now - c.discard_look_ns < DISCARD_GATHER_NS
+    if not prompted or recent or not c.discard_due:
+        return not prompted and not recent
+    c.discard_look_ns = now
+    return True
+
 
 def plan_discards(c: VolumeCtl, now: int, out: list[Action]) -> None:
     """Ready extents leave as one action (coalesced: extents that touch become one range), within a token

@@ -33,7 +33,7 @@ import numpy as np
 
 from cachepilot.actions import DONE, FAILED, Action, DiscardRanges, Drain, Outcome, SetKnob
 from cachepilot.engine.admission import Admission
-from cachepilot.engine.discards import plan_discards, requeue_failed
+from cachepilot.engine.discards import gather_due, plan_discards, requeue_failed
 from cachepilot.engine.dispatch import EventDispatch
 from cachepilot.engine.drains import Drains, drain_at_risk
 from cachepilot.engine.exposure import Exposure
@@ -304,7 +304,8 @@ class Engine:
             self.promoter.scan_pollution(c, now)
             self.admission.bypass_gate(c, now)
             self.promoter.promote(c, now, out)
-            plan_discards(c, now, out)
+            if gather_due(c, now, prompted=False):
+                plan_discards(c, now, out)
             self.drains.track(c, now)
             self.writes.decide(c, now, out)
             self.knobs.pin(c, now, out)
@@ -345,11 +346,13 @@ class Engine:
     def discards(self, now_ns: int) -> list[Action]:
         """The discards that the commits seen since the last look made ready, now (within each volume's budget).
         The daemon asks after every poll of the probe's rings: a freed extent's discard goes out right after the
-        commit that freed it, not at the next tick -- dead data that waits is data the cache may write back."""
+        commit that freed it, not at the next tick -- dead data that waits is data the cache may write back.
+        At most one look per volume every DISCARD_GATHER_NS: the commits in between leave together."""
         out: list[Action] = []
+        now = max(now_ns, self.now_ns)
         for c in self.vols.values():
-            if c.discard_due:
-                plan_discards(c, max(now_ns, self.now_ns), out)
+            if gather_due(c, now):
+                plan_discards(c, now, out)
         return out
 
     # ------------------------------------------------------------ drains

@@ -65,6 +65,7 @@ class VolumeCtl:
     discard_tokens: float = -1.0  # bytes the discard budget allows now (-1: not started, a full bucket)
     discard_refill_ns: int = 0
     discard_due: bool = False  # a commit came since the last look: extents it freed may be ready
+    discard_look_ns: int | None = None  # the last look a commit prompted (discards.DISCARD_GATHER_NS apart)
     bypasses_seen: int | None = None  # the cache's cumulative bypassed reads at the last sample (bcache)
     bypass_rose_ns: int | None = None  # the sample time at which that count last rose
     # admitted files (slot, generation, admitted at) that wait for a bypass within BYPASS_WINDOW_NS (oldest first)

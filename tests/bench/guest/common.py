@@ -191,11 +191,17 @@ class Daemon:
             raise SystemExit(f"daemon not ready after {self.ready_s:.0f} s:\n{self.log()[-2000:]}")
         log(f"daemon ready in {self.ready_s:.1f} s")
         self.cpu0 = self.cpu_s()
+        self.sys0 = self.sys_s()
         self.rss_max = 0
 
     def cpu_s(self) -> float:
         f = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+    def sys_s(self) -> float:
+        """Of cpu_s, the kernel's share (syscalls: FITRIM, ring reads, promotion reads, sysfs)."""
+        f = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(f[12]) / os.sysconf("SC_CLK_TCK")
 
     def rss(self) -> int:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():

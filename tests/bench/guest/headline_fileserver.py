@@ -219,7 +219,8 @@ def discard_metrics(load: Load, witness: DiscardWitness) -> dict:
 
 def daemon_metrics(daemon: Daemon, cpu0: float, secs: float, first: dict) -> dict:
     """first: the daemon's status counters when the window began (where its loop's time went in the window)."""
-    res = {"daemon_cpu_pct": 100 * (daemon.cpu_s() - cpu0) / secs, "daemon_rss_mib": daemon.rss_max / MIB,
+    res = {"daemon_cpu_pct": 100 * (daemon.cpu_s() - cpu0) / secs,
+           "daemon_sys_pct": 100 * (daemon.sys_s() - daemon.sys0) / secs, "daemon_rss_mib": daemon.rss_max / MIB,
            "daemon_ready_s": daemon.ready_s,
            "stage_ms_per_tick": stage_ms(first, daemon.ask("status").get("counters") or {})}
     dec = daemon.explain()
@@ -270,6 +271,8 @@ def main() -> None:
     hits = WorkloadHits(os.environ["LAB_CACHED_DEV"], os.getpid())
     a, ops0, load.recording = counters(), load.ops, True
     cpu0 = daemon.cpu_s() if daemon else (busy.cpu_s() if busy else 0.0)
+    if daemon:
+        daemon.sys0 = daemon.sys_s()
     first = (daemon.ask("status").get("counters") or {}) if daemon else {}
     spy = profile(daemon.proc.pid) if daemon else None
     load.run(window)
