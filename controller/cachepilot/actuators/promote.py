@@ -40,6 +40,7 @@ from collections.abc import Callable
 from cachepilot.actions import DONE, FAILED, PENDING, SKIPPED, Outcome, Promote
 from cachepilot.actuators.allocpace import AllocBackoff
 from cachepilot.actuators.extents import fiemap
+from cachepilot.actuators.readpool import ReadPool
 from cachepilot.capabilities import CAPABILITIES
 from cachepilot.errors import CachepilotError, DeviceGone, classify_errno
 from cachepilot.events import kdev_from_st_dev
@@ -82,7 +83,9 @@ class Promoter:
 
     def __init__(self, info: VolumeInfo, *, rate: int = 4 << 20, rounds: int | None = None, seed: int = 0,
                  burst: int | None = None, clock: Callable[[], int] = time.monotonic_ns,
-                 opener: Callable[[int, int, int, int], int] = open_by_handle) -> None:
+                 opener: Callable[[int, int, int, int], int] = open_by_handle, workers: int = 0) -> None:
+        """``workers`` > 0: files are read by that many background threads (readpool), off the caller's thread
+        and without its read-time slice; 0: on the caller's thread."""
         self.info = info
         self.rate = max(1, rate)
         self._fixed_burst = burst
@@ -101,32 +104,72 @@ class Promoter:
         self.errors: dict[str, int] = {}
         self.read_bytes_total = 0
         self.skipped_total = 0
+        self.pool = ReadPool(workers, clock) if workers > 0 else None
 
     def run(self, action: Promote, *, dry_run: bool = False) -> Outcome:
         if self.rounds == 0:
             return self._skip(action, dry_run, f"{self.info.kind} does not cache reads")
         key = (action.dev, action.ino, action.gen)
+        background = self.pool is not None and not dry_run
+        if background and (waiting := self._collect(action, key)) is not None:
+            return waiting
         done_rounds, not_before = self._round.get(key, (0, 0))
         if self.clock() < not_before:
             return Outcome(action, PENDING, dry_run, deferred=action, not_before_ns=not_before, actuated=True,
                            detail=f"round {done_rounds + 1} of {self.rounds} not due yet")
-        if self._slice_spent():
+        if not background and self._slice_spent():
             return Outcome(action, PENDING, dry_run, deferred=action, not_before_ns=self._window_end, actuated=True,
                            detail="this second's read time is spent")
+        if background and self.pool is not None and self.pool.full():
+            return _waits(action, f"{self.pool.workers} reader threads have enough queued")
         try:
             fd = self._open(action)
         except _Skip as s:
             return self._skip(action, dry_run, str(s))
         except CachepilotError as exc:
             return self._failed(action, dry_run, exc)
+        handed = False
         try:
             chunks = self.plan(fd, action.ranges)
+            if background and chunks:
+                handed = True  # the reader thread closes it
+                return self._submit(fd, action, key, chunks)
             r = self._read(fd, action, chunks, dry_run)
             return self._next_round(action, r, key, done_rounds)
         except OSError as exc:
             return self._failed(action, dry_run, classify_errno(exc.errno, f"promote ino {action.ino}"))
         finally:
+            if not handed:
+                os.close(fd)
+
+    # -------------------------------------------------------------- reading in the background (readpool)
+    def _submit(self, fd: int, action: Promote, key: tuple[int, int, int], chunks: list[Chunk]) -> Outcome:
+        """Hand the chunks the budget allows now to a reader thread; the action waits for its result."""
+        assert self.pool is not None
+        self._refill()
+        take, rest = [], list(chunks)
+        while rest and self._tokens >= rest[0][2]:
+            c = rest.pop(0)
+            self._tokens -= c[2]
+            take.append(c)
+        if not take:
             os.close(fd)
+            return _waits(action, "the promotion budget is spent")
+        self.pool.submit(key, fd, take, rest)
+        return _waits(action, f"{len(take)} chunk(s) handed to a reader thread")
+
+    def _collect(self, action: Promote, key: tuple[int, int, int]) -> Outcome | None:
+        """The outcome of the file's background read once it has ended; a wait while it runs; None if none runs."""
+        assert self.pool is not None
+        got = self.pool.poll(key)
+        if got is None:
+            return _waits(action, "being read by a reader thread") if self.pool.busy(key) else None
+        result, rest = got
+        if isinstance(result, OSError):
+            return self._failed(action, False, classify_errno(result.errno, f"promote ino {action.ino}"))
+        done, ended = result
+        r = self._outcome(action, done, rest, False)
+        return self._next_round(action, r, key, self._round.get(key, (0, 0))[0], ended)
 
     # -------------------------------------------------------------- opening by handle
     def _open(self, action: Promote) -> int:
@@ -176,7 +219,7 @@ class Promoter:
     def _read(self, fd: int, action: Promote, chunks: list[Chunk], dry_run: bool) -> Outcome:
         self._refill()
         buf = mmap.mmap(-1, MAX_CHUNK)  # page-aligned, as O_DIRECT needs
-        done_bytes = reads = 0
+        reads = 0
         left = list(chunks)
         done: list[tuple[int, int]] = []
         while left and self._tokens >= left[0][2] and (not reads or self.clock() < self._slice_end):
@@ -185,9 +228,13 @@ class Promoter:
                 os.preadv(fd, [memoryview(buf)[:n]], logical)
             reads += 1
             self._tokens -= n
-            done_bytes += n
             done.append((logical, n))
         buf.close()
+        return self._outcome(action, done, left, dry_run)
+
+    def _outcome(self, action: Promote, done: list[tuple[int, int]], left: list[Chunk], dry_run: bool) -> Outcome:
+        """What a round read (``done``: logical ranges) and what it left for later."""
+        done_bytes = sum(n for _, n in done)
         if not dry_run:
             self.read_bytes_total += done_bytes
             if self.backoff is not None:
@@ -196,20 +243,22 @@ class Promoter:
         if left:
             rest = tuple(sorted((lg, n) for _, lg, n in left))
             deferred = Promote(action.volume, action.dev, action.ino, action.gen, rest, action.reason)
-        r = Outcome(action, PENDING if left else DONE, dry_run, actuated=True, read_bytes=done_bytes, reads=reads,
-                    deferred=deferred)
+        r = Outcome(action, PENDING if left else DONE, dry_run, actuated=True, read_bytes=done_bytes,
+                    reads=len(done), deferred=deferred)
         log.info("%s", r.line())
         return r
 
-    def _next_round(self, action: Promote, r: Outcome, key: tuple[int, int, int], done_rounds: int) -> Outcome:
-        """A round that read everything it had: count it; if the cache needs another, defer the whole action."""
+    def _next_round(self, action: Promote, r: Outcome, key: tuple[int, int, int], done_rounds: int,
+                    ended: int | None = None) -> Outcome:
+        """A round that read everything it had (its last read ending at ``ended``, default now): count it; if the
+        cache needs another, defer the whole action."""
         if r.status != DONE or r.dry_run:
             return r
         done_rounds += 1
         if done_rounds >= self.rounds:
             self._round.pop(key, None)
             return r
-        not_before = self.clock() + ROUND_GAP_NS
+        not_before = (self.clock() if ended is None else ended) + ROUND_GAP_NS
         self._round[key] = (done_rounds, not_before)
         return Outcome(action, PENDING, False, actuated=True, read_bytes=r.read_bytes, reads=r.reads,
                        deferred=action, not_before_ns=not_before, detail=f"round {done_rounds} of {self.rounds} read")
@@ -263,6 +312,11 @@ def default_burst(info: VolumeInfo, rate: int) -> int:
     if info.kind == "bcache" and info.cache_bytes > 0:
         return min(rate, info.cache_bytes >> 10)
     return rate
+
+
+def _waits(action: Promote, why: str) -> Outcome:
+    """The action waits whole, nothing read by this call (the daemon says it once, not each tick it waits)."""
+    return Outcome(action, PENDING, False, deferred=action, actuated=True, detail=why)
 
 
 class _Skip(Exception):
