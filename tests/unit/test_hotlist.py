@@ -185,3 +185,44 @@ def test_an_imported_list_is_re_warmed_hottest_first_at_the_rate_past_the_bypass
         assert all(a.reason == IMPORTED for a in acts)
         seen += [a.ino for a in acts]
     assert seen == [17, 16, 15, 14, 13, 12, 11, 10]
+
+
+def test_import_hands_the_hottest_files_over_before_it_resolves_the_rest(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The daemon re-warms what it has: the CLI sends each request's worth as soon as it is resolved (in the lab
+    the CLI took 7 s before its one batch of requests, the re-warm waiting meanwhile)."""
+    from cachepilot import fsfiles
+    from cachepilot.daemon import control
+
+    root = tmp_path / "mnt"
+    paths = []
+    for i in range(300):
+        p = root / f"f{i:03d}"
+        p.parent.mkdir(exist_ok=True)
+        p.write_bytes(b"x" * 10)
+        paths.append(p)
+    hot = [[*ident(p), 1000 - i, 10] for i, p in enumerate(paths)]
+    hl, _ = hotlist.export("v0", "uuid", str(root), hot)
+    f = tmp_path / "h.json"
+    f.write_text(hl.dumps())
+    resolved = [0]
+    real = fsfiles.resolve
+
+    def counting(*a: object, **k: object) -> object:
+        resolved[0] += 1
+        return real(*a, **k)  # type: ignore[arg-type]
+
+    sent: list[tuple[int, int]] = []  # (files in the request, files resolved by then)
+
+    def fake_request(sock: object, req: dict) -> dict:  # type: ignore[type-arg]
+        if req["cmd"] == "status":
+            return {"volumes": [{"name": "v0", "mountpoint": str(root)}]}
+        sent.append((len(req["files"]), resolved[0]))
+        return {"queued": len(req["files"])}
+
+    monkeypatch.setattr(hotlist, "resolve", counting)
+    monkeypatch.setattr(control, "request", fake_request)
+    assert main(["hotlist", "import", "--socket", str(tmp_path / "s"), "v0", str(f)]) == 0
+    assert "300 of 300 file(s) handed" in capsys.readouterr().out
+    assert sum(n for n, _ in sent) == 300
+    assert sent[0][1] == MAX_PER_REQUEST  # the first request left before the other 172 were resolved

@@ -11,10 +11,10 @@ from typing import Any
 
 from cachepilot.engine.engine import Engine
 from cachepilot.errors import UserError
+from cachepilot.hotlist import MAX_PER_REQUEST
 
 log = logging.getLogger("cachepilot")
 
-MAX_PER_REQUEST = 128
 MAX_PENDING = 1 << 17
 U32 = 0xFFFFFFFF
 U63 = (1 << 63) - 1
