@@ -225,3 +225,32 @@ def test_background_readers_read_several_files_at_once_and_the_loop_collects_the
     done = [p.run(a) for a in acts]
     assert all(r.status == PENDING and r.reads == 0 for r in second)
     assert all(r.status == DONE and r.read_bytes == 64 << 10 for r in done) and p.read_bytes_total == 16 * (64 << 10)
+
+
+def test_an_imported_hot_list_is_read_faster_than_the_rate_and_backs_off_on_bcache_refusals(fs):
+    """A warm handoff's list (the operator asked for it) goes at IMPORT_RATE_FACTOR times the rate from its own
+    bucket, leaving ordinary promotions their budget; on bcache no larger bursts than the allocator keeps ready, and
+    a refusal empties its bucket too (start fast, back off on failure)."""
+    from cachepilot.actions import IMPORTED
+
+    info, d = fs
+    ino, gen = make_file(d / "f", [(0, 8 * MIB)])
+    clock = Clock()
+    p = Promoter(replace(info, kind="dm-cache"), rate=MIB, clock=clock, rounds=1)
+    ordinary = p.run(action(info, ino, gen, [(0, 8 * MIB)]))
+    assert ordinary.read_bytes <= MIB  # a second of the rate
+    imp = p.run(replace(action(info, ino, gen, [(0, 8 * MIB)]), reason=IMPORTED))
+    assert imp.read_bytes > 4 * MIB and imp.read_bytes <= promote.IMPORT_RATE_FACTOR * MIB
+    clock.t += 1_000_000_000
+    assert p.run(ordinary.deferred).read_bytes > 0  # the import did not spend the ordinary budget
+
+    big = replace(info, cache_bytes=256 * MIB)  # bcache: 256 KiB ready at once, whatever the rate
+    b = Promoter(big, rate=64 * MIB, clock=clock)
+    assert b.import_burst == b.burst == 256 * 1024
+    b.alloc_failures(0, clock.t)
+    r = b.run(replace(action(big, ino, gen, [(0, 8 * MIB)]), reason=IMPORTED))
+    assert 0 < r.read_bytes <= 256 * 1024
+    clock.t += 10_000_000
+    b.alloc_failures(3, clock.t)  # refused inserts: halved, and nothing more until it has earned it
+    assert b.rate == 32 * MIB
+    assert b.run(r.deferred).read_bytes == 0

@@ -37,7 +37,7 @@ import struct
 import time
 from collections.abc import Callable
 
-from cachepilot.actions import DONE, FAILED, PENDING, SKIPPED, Outcome, Promote
+from cachepilot.actions import DONE, FAILED, IMPORTED, PENDING, SKIPPED, Outcome, Promote
 from cachepilot.actuators.allocpace import AllocBackoff
 from cachepilot.actuators.extents import fiemap
 from cachepilot.actuators.readpool import ReadPool
@@ -53,6 +53,9 @@ MIN_CHUNK, MAX_CHUNK = 64 << 10, 256 << 10
 ROUND_GAP_NS = 1_200_000_000  # smq's hotspot tick is one second
 SLICE_WINDOW_NS = 1_000_000_000  # the daemon's tick
 READ_SLICE_NS = 250_000_000  # of each window, the most the promoter reads for (the rest of the tick is the loop's)
+# An imported hot list (a warm handoff) is read at this many times the rate, from its own bucket: the operator asked
+# for it, typically before the workload moves over; on bcache the alloc-fail back-off halves it too (allocpace).
+IMPORT_RATE_FACTOR = 8
 
 
 class _FileHandle(ctypes.Structure):
@@ -89,7 +92,7 @@ class Promoter:
         self.info = info
         self.rate = max(1, rate)
         self._fixed_burst = burst
-        self.burst = max(MAX_CHUNK, default_burst(info, self.rate) if burst is None else burst)
+        self.burst, self.import_burst = self._bursts()
         # bcache refuses inserts when its free list is empty: the rate follows its failures (allocpace)
         self.backoff = AllocBackoff(self.rate, floor=MIN_CHUNK) if info.kind == "bcache" else None
         caps = CAPABILITIES.get(info.kind)
@@ -99,6 +102,7 @@ class Promoter:
         self.clock = clock
         self.opener = opener
         self._tokens = float(self.burst)
+        self._import_tokens = float(self.import_burst)
         self._last = clock()
         self._window_end = self._slice_end = 0  # this window's end, and its read time's
         self.errors: dict[str, int] = {}
@@ -148,10 +152,9 @@ class Promoter:
         assert self.pool is not None
         self._refill()
         take, rest = [], list(chunks)
-        while rest and self._tokens >= rest[0][2]:
-            c = rest.pop(0)
-            self._tokens -= c[2]
-            take.append(c)
+        imported = IMPORTED in action.reason
+        while rest and self._spend(imported, rest[0][2]):
+            take.append(rest.pop(0))
         if not take:
             os.close(fd)
             return _waits(action, "the promotion budget is spent")
@@ -222,12 +225,12 @@ class Promoter:
         reads = 0
         left = list(chunks)
         done: list[tuple[int, int]] = []
-        while left and self._tokens >= left[0][2] and (not reads or self.clock() < self._slice_end):
+        imported = IMPORTED in action.reason
+        while left and (not reads or self.clock() < self._slice_end) and self._spend(imported, left[0][2]):
             _, logical, n = left.pop(0)
             if not dry_run:
                 os.preadv(fd, [memoryview(buf)[:n]], logical)
             reads += 1
-            self._tokens -= n
             done.append((logical, n))
         buf.close()
         return self._outcome(action, done, left, dry_run)
@@ -272,10 +275,11 @@ class Promoter:
         again = self.backoff.observe(count, now_ns)
         self._refill()  # tokens earned so far at the old rate
         self.rate = max(1, int(self.backoff.rate))
-        self.burst = max(MAX_CHUNK, default_burst(self.info, self.rate) if self._fixed_burst is None
-                         else self._fixed_burst)
+        self.burst, self.import_burst = self._bursts()
         # the allocator is out of ready buckets now: nothing more until the halved rate has earned it
-        self._tokens = 0.0 if self.backoff.failures_total > seen else min(self._tokens, float(self.burst))
+        refused = self.backoff.failures_total > seen
+        self._tokens = 0.0 if refused else min(self._tokens, float(self.burst))
+        self._import_tokens = 0.0 if refused else min(self._import_tokens, float(self.import_burst))
         return again
 
     def _slice_spent(self) -> bool:
@@ -287,9 +291,31 @@ class Promoter:
 
     def _refill(self) -> None:
         now = self.clock()
-        self._tokens = min(float(self.burst),
-                           self._tokens + (now - self._last) / 1e9 * self.rate)
+        dt = (now - self._last) / 1e9
+        self._tokens = min(float(self.burst), self._tokens + dt * self.rate)
+        f = IMPORT_RATE_FACTOR
+        self._import_tokens = min(float(self.import_burst), self._import_tokens + dt * self.rate * f)
         self._last = now
+
+    def _bursts(self) -> tuple[int, int]:
+        """The most read at once, at the rate and at an import's: a second's worth, and on bcache never more than
+        its allocator keeps ready (default_burst) -- an import goes faster, not in larger bursts."""
+        if self._fixed_burst is not None:
+            return max(MAX_CHUNK, self._fixed_burst), max(MAX_CHUNK, self._fixed_burst * IMPORT_RATE_FACTOR)
+        return (max(MAX_CHUNK, default_burst(self.info, self.rate)),
+                max(MAX_CHUNK, default_burst(self.info, self.rate * IMPORT_RATE_FACTOR)))
+
+    def _spend(self, imported: bool, n: int) -> bool:
+        """Take ``n`` bytes from the bucket of the action's kind if it holds them."""
+        if imported:
+            if self._import_tokens < n:
+                return False
+            self._import_tokens -= n
+        else:
+            if self._tokens < n:
+                return False
+            self._tokens -= n
+        return True
 
     def _skip(self, action: Promote, dry_run: bool, why: str) -> Outcome:
         self.skipped_total += 1
