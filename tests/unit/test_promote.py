@@ -254,3 +254,20 @@ def test_an_imported_hot_list_is_read_faster_than_the_rate_and_backs_off_on_bcac
     b.alloc_failures(3, clock.t)  # refused inserts: halved, and nothing more until it has earned it
     assert b.rate == 32 * MIB
     assert b.run(r.deferred).read_bytes == 0
+
+
+def test_a_background_read_counts_for_bcache_refusals_from_when_it_is_handed_over(fs):
+    """The tick's look at bcache_alloc_fail re-reads what was read since the last look: a file handed to a reader
+    thread is among them at once, not only once the loop has collected it (a tick later)."""
+    info, d = fs
+    ino, gen = make_file(d / "f", [(0, 64 << 10)])
+    clock = Clock()
+    p = Promoter(replace(info, cache_bytes=256 * MIB), rate=64 * MIB, clock=clock, workers=2)
+    p.alloc_failures(0, clock.t)
+    a = action(info, ino, gen, [(0, 64 << 10)])
+    assert p.run(a).reads == 0  # handed over
+    again = p.alloc_failures(1, clock.t)  # a refusal seen before the loop collected the read
+    assert [(x.ino, x.ranges) for x in again] == [(ino, ((0, 64 << 10),))]
+    p.pool.wait()
+    clock.t += 1
+    assert p.run(a).status == DONE and p.alloc_failures(1, clock.t) == []  # counted once

@@ -159,6 +159,8 @@ class Promoter:
             os.close(fd)
             return _waits(action, "the promotion budget is spent")
         self.pool.submit(key, fd, take, rest)
+        if self.backoff is not None:  # read from now on: failures the next look sees may be these reads'
+            self.backoff.read(action, tuple(sorted((lg, n) for _, lg, n in take)))
         return _waits(action, f"{len(take)} chunk(s) handed to a reader thread")
 
     def _collect(self, action: Promote, key: tuple[int, int, int]) -> Outcome | None:
@@ -171,7 +173,7 @@ class Promoter:
         if isinstance(result, OSError):
             return self._failed(action, False, classify_errno(result.errno, f"promote ino {action.ino}"))
         done, ended = result
-        r = self._outcome(action, done, rest, False)
+        r = self._outcome(action, done, rest, False, counted=True)
         return self._next_round(action, r, key, self._round.get(key, (0, 0))[0], ended)
 
     # -------------------------------------------------------------- opening by handle
@@ -235,12 +237,14 @@ class Promoter:
         buf.close()
         return self._outcome(action, done, left, dry_run)
 
-    def _outcome(self, action: Promote, done: list[tuple[int, int]], left: list[Chunk], dry_run: bool) -> Outcome:
-        """What a round read (``done``: logical ranges) and what it left for later."""
+    def _outcome(self, action: Promote, done: list[tuple[int, int]], left: list[Chunk], dry_run: bool,
+                 counted: bool = False) -> Outcome:
+        """What a round read (``done``: logical ranges) and what it left for later (``counted``: its reads were told
+        to the back-off when they were handed to a reader thread)."""
         done_bytes = sum(n for _, n in done)
         if not dry_run:
             self.read_bytes_total += done_bytes
-            if self.backoff is not None:
+            if self.backoff is not None and not counted:
                 self.backoff.read(action, tuple(sorted(done)))
         deferred = None
         if left:
