@@ -142,6 +142,7 @@ def main() -> None:
     say("imported_first_s", f"{first - t0_wall:.1f}")  # the import's start to its first re-warm read
     last = max((d["ts"] for d in imported if d["status"] == "done"), default=started)
     say("imported_last_done_s", f"{last - started:.1f}")  # relative to the workload's start
+    say("imported_rewarm_s", f"{last - t0_wall:.1f}")  # the import's start to its last re-warm read
     say("b_daemon_exit", b.stop(keep_log="b"))
     log("handoff done")
 
