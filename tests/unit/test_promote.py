@@ -271,3 +271,17 @@ def test_a_background_read_counts_for_bcache_refusals_from_when_it_is_handed_ove
     p.pool.wait()
     clock.t += 1
     assert p.run(a).status == DONE and p.alloc_failures(1, clock.t) == []  # counted once
+
+
+def test_the_reader_threads_take_up_to_a_ticks_worth_within_the_descriptor_limit(monkeypatch):
+    """The loop collects once a tick: at 32 files in flight the lab's import re-warm ran 24 s into the workload. Up
+    to 256 files wait at once, never more than a quarter of the descriptors the process may open."""
+    import resource
+
+    from cachepilot.actuators import readpool
+
+    assert readpool.ReadPool(8, Clock()).limit == min(256, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 4)
+    monkeypatch.setattr(readpool.resource, "getrlimit", lambda _: (4096, 4096))
+    assert readpool.ReadPool(8, Clock()).limit == 256
+    monkeypatch.setattr(readpool.resource, "getrlimit", lambda _: (200, 4096))
+    assert readpool.ReadPool(8, Clock()).limit == 50

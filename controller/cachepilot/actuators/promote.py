@@ -125,7 +125,7 @@ class Promoter:
             return Outcome(action, PENDING, dry_run, deferred=action, not_before_ns=self._window_end, actuated=True,
                            detail="this second's read time is spent")
         if background and self.pool is not None and self.pool.full():
-            return _waits(action, f"{self.pool.workers} reader threads have enough queued")
+            return _waits(action, f"{self.pool.limit} files wait for the reader threads")
         try:
             fd = self._open(action)
         except _Skip as s:

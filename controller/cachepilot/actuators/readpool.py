@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import resource
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -22,6 +23,13 @@ Chunk = tuple[int, int, int]  # (physical, logical, length)
 Done = tuple[list[tuple[int, int]], int]  # ((logical, length) read, the clock when the last read ended)
 
 MAX_CHUNK = 256 << 10
+MAX_INFLIGHT = 256  # files handed over and not yet collected (each holds a descriptor until it is read)
+
+
+def inflight_limit() -> int:
+    """At most MAX_INFLIGHT, and a quarter of the descriptors the process may open."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return MAX_INFLIGHT if soft == resource.RLIM_INFINITY else max(1, min(MAX_INFLIGHT, soft // 4))
 
 
 def read_chunks(fd: int, chunks: list[Chunk], clock: Callable[[], int]) -> Done:
@@ -46,13 +54,16 @@ class ReadPool:
         self.clock = clock
         self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="cachepilot-promote")
         self._inflight: dict[Key, tuple[Future[Done], list[Chunk]]] = {}
+        self.limit = max(self.workers, inflight_limit())
 
     def busy(self, key: Key) -> bool:
         return key in self._inflight
 
     def full(self) -> bool:
-        """Enough queued to keep every thread busy for a while: more would only wait in memory."""
-        return len(self._inflight) >= 4 * self.workers
+        """The loop collects results once a tick, so this many files a tick at most (in the lab, with at most 32
+        at a time, an imported list was still being re-warmed 24 s into the workload); each holds a descriptor
+        until it is read."""
+        return len(self._inflight) >= self.limit
 
     def submit(self, key: Key, fd: int, chunks: list[Chunk], rest: list[Chunk]) -> None:
         """Read ``chunks`` of the open ``fd`` (closed when read); ``rest``: what the budget left for later."""
