@@ -4,7 +4,8 @@ export: the hot list the daemon last wrote to its state file (every ``state_inte
 run or not), each file named by its path relative to the volume's mount point (root: files are found by handle).
 import: each path resolved under the volume's mount point on this host and checked (hotlist.py: generation and size,
 else size and modification time), unknown and changed files skipped and counted, the rest handed to the running
-daemon (control socket, root only), which re-warms them at the volume's promotion rate."""
+daemon (control socket, root only), which re-warms them at once, faster than the volume's promotion rate
+(engine/handoff.py)."""
 
 from __future__ import annotations
 
@@ -111,8 +112,8 @@ def import_(args: argparse.Namespace) -> int:
         m.add(part)
         for chunk in _chunks(part.files):
             queued += int(request(sock, {"cmd": "hotlist_import", "volume": args.volume, "files": chunk})["queued"])
-    print(f"{escape(args.volume)}: {queued} of {len(hl.files)} file(s) handed to the daemon for re-warming at the"
-          f" promotion rate ({m.by_generation} matched by generation and size, {m.by_mtime} by size and mtime);"
+    print(f"{escape(args.volume)}: {queued} of {len(hl.files)} file(s) handed to the daemon for re-warming"
+          f" ({m.by_generation} matched by generation and size, {m.by_mtime} by size and mtime);"
           f" skipped: {m.unknown} unknown, {m.changed} changed")
     return 0
 

@@ -58,5 +58,5 @@ class Imports:
             except UserError as exc:  # the volume went away since
                 log.warning("hot-list import: %s", exc)
                 continue
-            log.info("%s: hot-list import: %d file(s) queued for re-warming at the promotion rate, %d not queued"
+            log.info("%s: hot-list import: %d file(s) queued for re-warming, %d not queued"
                      " (sieved, below the admission bar, or already held)", name, queued, left)
