@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from cachepilot.errors import CachepilotError
 
 DONE, PENDING, FAILED, SKIPPED = "done", "pending", "failed", "skipped"
+IMPORTED = "imported hot list (warm handoff)"  # a Promote's reason (engine/handoff.py; the promoter paces it)
 
 
 @dataclass(frozen=True, slots=True)

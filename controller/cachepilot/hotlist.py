@@ -22,8 +22,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cachepilot.errors import UserError
@@ -33,6 +33,7 @@ FORMAT = "cachepilot-hotlist"
 VERSION = 1
 MAX_FILES = 65_536
 MAX_FILE_BYTES = 32 << 20
+MAX_PER_REQUEST = 128  # files per control-socket request of an import (its 4 KiB)
 MAX_PATH = 4096
 U32 = 0xFFFFFFFF
 U63 = (1 << 63) - 1
@@ -167,6 +168,20 @@ class Matched:
     by_mtime: int = 0
     unknown: int = 0
     changed: int = 0
+
+
+    def add(self, other: Matched) -> None:
+        """Count ``other`` in (its files are not kept)."""
+        self.by_generation += other.by_generation
+        self.by_mtime += other.by_mtime
+        self.unknown += other.unknown
+        self.changed += other.changed
+
+
+def match_in_parts(hl: HotList, mount: str, part: int, gen_fn: GenFn = generation) -> Iterator[Matched]:
+    """``match`` of ``part`` files at a time, in the list's order (hottest first)."""
+    for i in range(0, len(hl.files), max(1, part)):
+        yield match(replace(hl, files=hl.files[i:i + part]), mount, gen_fn)
 
 
 def match(hl: HotList, mount: str, gen_fn: GenFn = generation) -> Matched:

@@ -162,7 +162,10 @@ def test_requests_stay_under_the_sockets_limit_and_bad_entries_are_refused() -> 
             imp.add("v0", bad)
 
 
-def test_an_imported_list_is_re_warmed_hottest_first_at_the_rate_past_the_bypass_rule() -> None:
+def test_an_imported_list_leaves_the_queue_at_once_hottest_first_past_the_rate_and_the_bypass_rule() -> None:
+    """At the policy's rate (64 KiB/s here) the list would take 8 s; its bytes are a credit, spent first, so all of it
+    goes to the promoter at the first tick (which reads it at IMPORT_RATE_FACTOR times the rate). The credit lapses
+    with the list: an ordinary admission afterwards waits for the rate as before."""
     e = engine("bcache")
     for t in (0, 1):  # bcache bypassed nothing: an ordinary admission would wait, then be taken as inserted
         e.sample(VolumeSample(DEV, t * NS, "writeback", 0, 0, 0, 0, False, {}, "cset", bypasses=5))
@@ -178,10 +181,49 @@ def test_an_imported_list_is_re_warmed_hottest_first_at_the_rate_past_the_bypass
     with pytest.raises(UserError, match="unknown volume"):
         answer(Snap(), {"cmd": "hotlist_import", "volume": "x", "files": files}, [], lambda: None, imp)  # type: ignore[arg-type, return-value]
     imp.apply(e)
-    seen: list[int] = []
-    for t in range(2, 12):
-        acts = [a for a in e.tick(t * NS) if isinstance(a, Promote)]
-        assert len(acts) <= 2  # 64 KiB/s, a bucket of two seconds
-        assert all(a.reason == IMPORTED for a in acts)
-        seen += [a.ino for a in acts]
-    assert seen == [17, 16, 15, 14, 13, 12, 11, 10]
+    acts = [a for a in e.tick(2 * NS) if isinstance(a, Promote)]
+    assert all(a.reason == IMPORTED for a in acts)
+    assert [a.ino for a in acts] == [17, 16, 15, 14, 13, 12, 11, 10]  # all at once (64 KiB/s: 2 a tick), hottest first
+    c = e.volume("v0")
+    assert c.import_credit == 0 and c.tokens <= 2 * (64 << 10)  # lapsed: nothing left over for other admissions
+
+
+def test_import_hands_the_hottest_files_over_before_it_resolves_the_rest(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The daemon re-warms what it has: the CLI sends each request's worth as soon as it is resolved (in the lab
+    the CLI took 7 s before its one batch of requests, the re-warm waiting meanwhile)."""
+    from cachepilot import fsfiles
+    from cachepilot.daemon import control
+
+    root = tmp_path / "mnt"
+    paths = []
+    for i in range(300):
+        p = root / f"f{i:03d}"
+        p.parent.mkdir(exist_ok=True)
+        p.write_bytes(b"x" * 10)
+        paths.append(p)
+    hot = [[*ident(p), 1000 - i, 10] for i, p in enumerate(paths)]
+    hl, _ = hotlist.export("v0", "uuid", str(root), hot)
+    f = tmp_path / "h.json"
+    f.write_text(hl.dumps())
+    resolved = [0]
+    real = fsfiles.resolve
+
+    def counting(*a: object, **k: object) -> object:
+        resolved[0] += 1
+        return real(*a, **k)  # type: ignore[arg-type]
+
+    sent: list[tuple[int, int]] = []  # (files in the request, files resolved by then)
+
+    def fake_request(sock: object, req: dict) -> dict:  # type: ignore[type-arg]
+        if req["cmd"] == "status":
+            return {"volumes": [{"name": "v0", "mountpoint": str(root)}]}
+        sent.append((len(req["files"]), resolved[0]))
+        return {"queued": len(req["files"])}
+
+    monkeypatch.setattr(hotlist, "resolve", counting)
+    monkeypatch.setattr(control, "request", fake_request)
+    assert main(["hotlist", "import", "--socket", str(tmp_path / "s"), "v0", str(f)]) == 0
+    assert "300 of 300 file(s) handed" in capsys.readouterr().out
+    assert sum(n for n, _ in sent) == 300
+    assert sent[0][1] == MAX_PER_REQUEST  # the first request left before the other 172 were resolved

@@ -12,6 +12,7 @@ from dataclasses import replace
 import pytest
 
 from cachepilot.actions import Promote
+from cachepilot.actuators import promote
 from cachepilot.actuators.promote import DONE, FAILED, MAX_CHUNK, MIN_CHUNK, PENDING, SKIPPED, Promoter
 from cachepilot.errors import DeviceGone
 from cachepilot.events import kdev_from_st_dev
@@ -192,3 +193,108 @@ def test_reading_stops_when_this_seconds_read_time_is_spent(fs, monkeypatch):
     again = p.run(later.deferred)
     assert again.reads >= 1 and again.read_bytes > 0
     assert clock.t - later.not_before_ns <= promote.READ_SLICE_NS + 100_000_000
+
+
+def test_background_readers_read_several_files_at_once_and_the_loop_collects_them(fs, monkeypatch):
+    """On a slow origin a read's latency bounds a reader that waits for each (the lab: ~7 files of 64 KiB a second
+    re-warmed behind a +20 ms origin). With reader threads the promoter hands files over and returns at once; the
+    threads read several at a time; the next look at a file collects its result (a second round on dm-cache counts
+    its gap from when the first ended)."""
+    import threading
+    import time
+
+    from cachepilot.actuators import readpool
+
+    info, d = fs
+    files = [make_file(d / f"f{i}", [(0, 64 << 10)]) for i in range(8)]
+    real, lock = os.preadv, threading.Lock()
+    now, peak = [0], [0]
+
+    def slow_read(fd, bufs, off):  # a slow origin: each read waits 200 ms
+        with lock:
+            now[0] += 1
+            peak[0] = max(peak[0], now[0])
+        time.sleep(0.2)
+        with lock:
+            now[0] -= 1
+        return real(fd, bufs, off)
+
+    monkeypatch.setattr(readpool.os, "preadv", slow_read)
+    clock = Clock()
+    p = Promoter(replace(info, kind="dm-cache"), rate=64 * MIB, clock=clock, workers=8)
+    acts = [action(info, ino, gen, [(0, 64 << 10)]) for ino, gen in files]
+    t0 = time.monotonic()
+    handed = [p.run(a) for a in acts]
+    assert time.monotonic() - t0 < 0.2  # nothing waited on a read
+    assert all(r.status == PENDING and r.deferred is r.action and r.reads == 0 for r in handed)
+    p.pool.wait()
+    assert peak[0] >= 4, peak  # several files read at once (serially: 1)
+    clock.t = 5_000_000_000  # the loop looks again later
+    first = [p.run(a) for a in acts]
+    assert all(r.status == PENDING and r.reads == 1 and r.read_bytes == 64 << 10 for r in first)
+    assert all(r.not_before_ns == promote.ROUND_GAP_NS for r in first)  # from when the read ended (clock 0)
+    second = [p.run(a) for a in acts]  # round 2 handed over, then collected
+    p.pool.wait()
+    done = [p.run(a) for a in acts]
+    assert all(r.status == PENDING and r.reads == 0 for r in second)
+    assert all(r.status == DONE and r.read_bytes == 64 << 10 for r in done) and p.read_bytes_total == 16 * (64 << 10)
+
+
+def test_an_imported_hot_list_is_read_faster_than_the_rate_and_backs_off_on_bcache_refusals(fs):
+    """A warm handoff's list (the operator asked for it) goes at IMPORT_RATE_FACTOR times the rate from its own
+    bucket, leaving ordinary promotions their budget; on bcache no larger bursts than the allocator keeps ready, and
+    a refusal empties its bucket too (start fast, back off on failure)."""
+    from cachepilot.actions import IMPORTED
+
+    info, d = fs
+    ino, gen = make_file(d / "f", [(0, 8 * MIB)])
+    clock = Clock()
+    p = Promoter(replace(info, kind="dm-cache"), rate=MIB, clock=clock, rounds=1)
+    ordinary = p.run(action(info, ino, gen, [(0, 8 * MIB)]))
+    assert ordinary.read_bytes <= MIB  # a second of the rate
+    imp = p.run(replace(action(info, ino, gen, [(0, 8 * MIB)]), reason=IMPORTED))
+    assert imp.read_bytes > 4 * MIB and imp.read_bytes <= promote.IMPORT_RATE_FACTOR * MIB
+    clock.t += 1_000_000_000
+    assert p.run(ordinary.deferred).read_bytes > 0  # the import did not spend the ordinary budget
+
+    big = replace(info, cache_bytes=256 * MIB)  # bcache: 256 KiB ready at once, whatever the rate
+    b = Promoter(big, rate=64 * MIB, clock=clock)
+    assert b.import_burst == b.burst == 256 * 1024
+    b.alloc_failures(0, clock.t)
+    r = b.run(replace(action(big, ino, gen, [(0, 8 * MIB)]), reason=IMPORTED))
+    assert 0 < r.read_bytes <= 256 * 1024
+    clock.t += 10_000_000
+    b.alloc_failures(3, clock.t)  # refused inserts: halved, and nothing more until it has earned it
+    assert b.rate == 32 * MIB
+    assert b.run(r.deferred).read_bytes == 0
+
+
+def test_a_background_read_counts_for_bcache_refusals_from_when_it_is_handed_over(fs):
+    """The tick's look at bcache_alloc_fail re-reads what was read since the last look: a file handed to a reader
+    thread is among them at once, not only once the loop has collected it (a tick later)."""
+    info, d = fs
+    ino, gen = make_file(d / "f", [(0, 64 << 10)])
+    clock = Clock()
+    p = Promoter(replace(info, cache_bytes=256 * MIB), rate=64 * MIB, clock=clock, workers=2)
+    p.alloc_failures(0, clock.t)
+    a = action(info, ino, gen, [(0, 64 << 10)])
+    assert p.run(a).reads == 0  # handed over
+    again = p.alloc_failures(1, clock.t)  # a refusal seen before the loop collected the read
+    assert [(x.ino, x.ranges) for x in again] == [(ino, ((0, 64 << 10),))]
+    p.pool.wait()
+    clock.t += 1
+    assert p.run(a).status == DONE and p.alloc_failures(1, clock.t) == []  # counted once
+
+
+def test_the_reader_threads_take_up_to_a_ticks_worth_within_the_descriptor_limit(monkeypatch):
+    """The loop collects once a tick: at 32 files in flight the lab's import re-warm ran 24 s into the workload. Up
+    to 256 files wait at once, never more than a quarter of the descriptors the process may open."""
+    import resource
+
+    from cachepilot.actuators import readpool
+
+    assert readpool.ReadPool(8, Clock()).limit == min(256, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 4)
+    monkeypatch.setattr(readpool.resource, "getrlimit", lambda _: (4096, 4096))
+    assert readpool.ReadPool(8, Clock()).limit == 256
+    monkeypatch.setattr(readpool.resource, "getrlimit", lambda _: (200, 4096))
+    assert readpool.ReadPool(8, Clock()).limit == 50

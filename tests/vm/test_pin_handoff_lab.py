@@ -34,5 +34,8 @@ def test_an_exported_hot_list_re_warms_a_fresh_dm_cache_faster_than_its_own_miss
     assert f"{r.int('exported_files')} of {r.int('exported_files')} file(s) handed" in said, r.explain()
     assert "skipped: 0 unknown, 0 changed" in said, r.explain()
     assert r.int("imported_promotions") >= 100, r.explain()  # the daemon re-warmed them
+    # ... quickly: reader threads, the list past the rate (8x it). Before, one read at a time on the loop at the
+    # policy's rate: the last imported read came 36 s into the workload; 6.9 s with them (24 s at 32 in flight).
+    assert float(r.values["imported_last_done_s"]) <= 15, r.explain()
     # Recovery (stock_recovery_s vs import_recovery_s) is measured and reported in README, not asserted: the issue
     # asks 3x faster; measured so far it was not (README, "Warm handoff").

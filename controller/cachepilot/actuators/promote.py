@@ -37,9 +37,10 @@ import struct
 import time
 from collections.abc import Callable
 
-from cachepilot.actions import DONE, FAILED, PENDING, SKIPPED, Outcome, Promote
+from cachepilot.actions import DONE, FAILED, IMPORTED, PENDING, SKIPPED, Outcome, Promote
 from cachepilot.actuators.allocpace import AllocBackoff
 from cachepilot.actuators.extents import fiemap
+from cachepilot.actuators.readpool import ReadPool
 from cachepilot.capabilities import CAPABILITIES
 from cachepilot.errors import CachepilotError, DeviceGone, classify_errno
 from cachepilot.events import kdev_from_st_dev
@@ -52,6 +53,9 @@ MIN_CHUNK, MAX_CHUNK = 64 << 10, 256 << 10
 ROUND_GAP_NS = 1_200_000_000  # smq's hotspot tick is one second
 SLICE_WINDOW_NS = 1_000_000_000  # the daemon's tick
 READ_SLICE_NS = 250_000_000  # of each window, the most the promoter reads for (the rest of the tick is the loop's)
+# An imported hot list (a warm handoff) is read at this many times the rate, from its own bucket: the operator asked
+# for it, typically before the workload moves over; on bcache the alloc-fail back-off halves it too (allocpace).
+IMPORT_RATE_FACTOR = 8
 
 
 class _FileHandle(ctypes.Structure):
@@ -82,11 +86,13 @@ class Promoter:
 
     def __init__(self, info: VolumeInfo, *, rate: int = 4 << 20, rounds: int | None = None, seed: int = 0,
                  burst: int | None = None, clock: Callable[[], int] = time.monotonic_ns,
-                 opener: Callable[[int, int, int, int], int] = open_by_handle) -> None:
+                 opener: Callable[[int, int, int, int], int] = open_by_handle, workers: int = 0) -> None:
+        """``workers`` > 0: files are read by that many background threads (readpool), off the caller's thread
+        and without its read-time slice; 0: on the caller's thread."""
         self.info = info
         self.rate = max(1, rate)
         self._fixed_burst = burst
-        self.burst = max(MAX_CHUNK, default_burst(info, self.rate) if burst is None else burst)
+        self.burst, self.import_burst = self._bursts()
         # bcache refuses inserts when its free list is empty: the rate follows its failures (allocpace)
         self.backoff = AllocBackoff(self.rate, floor=MIN_CHUNK) if info.kind == "bcache" else None
         caps = CAPABILITIES.get(info.kind)
@@ -96,37 +102,79 @@ class Promoter:
         self.clock = clock
         self.opener = opener
         self._tokens = float(self.burst)
+        self._import_tokens = float(self.import_burst)
         self._last = clock()
         self._window_end = self._slice_end = 0  # this window's end, and its read time's
         self.errors: dict[str, int] = {}
         self.read_bytes_total = 0
         self.skipped_total = 0
+        self.pool = ReadPool(workers, clock) if workers > 0 else None
 
     def run(self, action: Promote, *, dry_run: bool = False) -> Outcome:
         if self.rounds == 0:
             return self._skip(action, dry_run, f"{self.info.kind} does not cache reads")
         key = (action.dev, action.ino, action.gen)
+        background = self.pool is not None and not dry_run
+        if background and (waiting := self._collect(action, key)) is not None:
+            return waiting
         done_rounds, not_before = self._round.get(key, (0, 0))
         if self.clock() < not_before:
             return Outcome(action, PENDING, dry_run, deferred=action, not_before_ns=not_before, actuated=True,
                            detail=f"round {done_rounds + 1} of {self.rounds} not due yet")
-        if self._slice_spent():
+        if not background and self._slice_spent():
             return Outcome(action, PENDING, dry_run, deferred=action, not_before_ns=self._window_end, actuated=True,
                            detail="this second's read time is spent")
+        if background and self.pool is not None and self.pool.full():
+            return _waits(action, f"{self.pool.limit} files wait for the reader threads")
         try:
             fd = self._open(action)
         except _Skip as s:
             return self._skip(action, dry_run, str(s))
         except CachepilotError as exc:
             return self._failed(action, dry_run, exc)
+        handed = False
         try:
             chunks = self.plan(fd, action.ranges)
+            if background and chunks:
+                handed = True  # the reader thread closes it
+                return self._submit(fd, action, key, chunks)
             r = self._read(fd, action, chunks, dry_run)
             return self._next_round(action, r, key, done_rounds)
         except OSError as exc:
             return self._failed(action, dry_run, classify_errno(exc.errno, f"promote ino {action.ino}"))
         finally:
+            if not handed:
+                os.close(fd)
+
+    # -------------------------------------------------------------- reading in the background (readpool)
+    def _submit(self, fd: int, action: Promote, key: tuple[int, int, int], chunks: list[Chunk]) -> Outcome:
+        """Hand the chunks the budget allows now to a reader thread; the action waits for its result."""
+        assert self.pool is not None
+        self._refill()
+        take, rest = [], list(chunks)
+        imported = IMPORTED in action.reason
+        while rest and self._spend(imported, rest[0][2]):
+            take.append(rest.pop(0))
+        if not take:
             os.close(fd)
+            return _waits(action, "the promotion budget is spent")
+        self.pool.submit(key, fd, take, rest)
+        if self.backoff is not None:  # read from now on: failures the next look sees may be these reads'
+            self.backoff.read(action, tuple(sorted((lg, n) for _, lg, n in take)))
+        return _waits(action, f"{len(take)} chunk(s) handed to a reader thread")
+
+    def _collect(self, action: Promote, key: tuple[int, int, int]) -> Outcome | None:
+        """The outcome of the file's background read once it has ended; a wait while it runs; None if none runs."""
+        assert self.pool is not None
+        got = self.pool.poll(key)
+        if got is None:
+            return _waits(action, "being read by a reader thread") if self.pool.busy(key) else None
+        result, rest = got
+        if isinstance(result, OSError):
+            return self._failed(action, False, classify_errno(result.errno, f"promote ino {action.ino}"))
+        done, ended = result
+        r = self._outcome(action, done, rest, False, counted=True)
+        return self._next_round(action, r, key, self._round.get(key, (0, 0))[0], ended)
 
     # -------------------------------------------------------------- opening by handle
     def _open(self, action: Promote) -> int:
@@ -176,39 +224,47 @@ class Promoter:
     def _read(self, fd: int, action: Promote, chunks: list[Chunk], dry_run: bool) -> Outcome:
         self._refill()
         buf = mmap.mmap(-1, MAX_CHUNK)  # page-aligned, as O_DIRECT needs
-        done_bytes = reads = 0
+        reads = 0
         left = list(chunks)
         done: list[tuple[int, int]] = []
-        while left and self._tokens >= left[0][2] and (not reads or self.clock() < self._slice_end):
+        imported = IMPORTED in action.reason
+        while left and (not reads or self.clock() < self._slice_end) and self._spend(imported, left[0][2]):
             _, logical, n = left.pop(0)
             if not dry_run:
                 os.preadv(fd, [memoryview(buf)[:n]], logical)
             reads += 1
-            self._tokens -= n
-            done_bytes += n
             done.append((logical, n))
         buf.close()
+        return self._outcome(action, done, left, dry_run)
+
+    def _outcome(self, action: Promote, done: list[tuple[int, int]], left: list[Chunk], dry_run: bool,
+                 counted: bool = False) -> Outcome:
+        """What a round read (``done``: logical ranges) and what it left for later (``counted``: its reads were told
+        to the back-off when they were handed to a reader thread)."""
+        done_bytes = sum(n for _, n in done)
         if not dry_run:
             self.read_bytes_total += done_bytes
-            if self.backoff is not None:
+            if self.backoff is not None and not counted:
                 self.backoff.read(action, tuple(sorted(done)))
         deferred = None
         if left:
             rest = tuple(sorted((lg, n) for _, lg, n in left))
             deferred = Promote(action.volume, action.dev, action.ino, action.gen, rest, action.reason)
         # not logged here: the daemon's decision record logs each outcome once (two lines a promotion, before)
-        return Outcome(action, PENDING if left else DONE, dry_run, actuated=True, read_bytes=done_bytes, reads=reads,
-                       deferred=deferred)
+        return Outcome(action, PENDING if left else DONE, dry_run, actuated=True, read_bytes=done_bytes,
+                       reads=len(done), deferred=deferred)
 
-    def _next_round(self, action: Promote, r: Outcome, key: tuple[int, int, int], done_rounds: int) -> Outcome:
-        """A round that read everything it had: count it; if the cache needs another, defer the whole action."""
+    def _next_round(self, action: Promote, r: Outcome, key: tuple[int, int, int], done_rounds: int,
+                    ended: int | None = None) -> Outcome:
+        """A round that read everything it had (its last read ending at ``ended``, default now): count it; if the
+        cache needs another, defer the whole action."""
         if r.status != DONE or r.dry_run:
             return r
         done_rounds += 1
         if done_rounds >= self.rounds:
             self._round.pop(key, None)
             return r
-        not_before = self.clock() + ROUND_GAP_NS
+        not_before = (self.clock() if ended is None else ended) + ROUND_GAP_NS
         self._round[key] = (done_rounds, not_before)
         return Outcome(action, PENDING, False, actuated=True, read_bytes=r.read_bytes, reads=r.reads,
                        deferred=action, not_before_ns=not_before, detail=f"round {done_rounds} of {self.rounds} read")
@@ -222,10 +278,11 @@ class Promoter:
         again = self.backoff.observe(count, now_ns)
         self._refill()  # tokens earned so far at the old rate
         self.rate = max(1, int(self.backoff.rate))
-        self.burst = max(MAX_CHUNK, default_burst(self.info, self.rate) if self._fixed_burst is None
-                         else self._fixed_burst)
+        self.burst, self.import_burst = self._bursts()
         # the allocator is out of ready buckets now: nothing more until the halved rate has earned it
-        self._tokens = 0.0 if self.backoff.failures_total > seen else min(self._tokens, float(self.burst))
+        refused = self.backoff.failures_total > seen
+        self._tokens = 0.0 if refused else min(self._tokens, float(self.burst))
+        self._import_tokens = 0.0 if refused else min(self._import_tokens, float(self.import_burst))
         return again
 
     def _slice_spent(self) -> bool:
@@ -237,9 +294,31 @@ class Promoter:
 
     def _refill(self) -> None:
         now = self.clock()
-        self._tokens = min(float(self.burst),
-                           self._tokens + (now - self._last) / 1e9 * self.rate)
+        dt = (now - self._last) / 1e9
+        self._tokens = min(float(self.burst), self._tokens + dt * self.rate)
+        f = IMPORT_RATE_FACTOR
+        self._import_tokens = min(float(self.import_burst), self._import_tokens + dt * self.rate * f)
         self._last = now
+
+    def _bursts(self) -> tuple[int, int]:
+        """The most read at once, at the rate and at an import's: a second's worth, and on bcache never more than
+        its allocator keeps ready (default_burst) -- an import goes faster, not in larger bursts."""
+        if self._fixed_burst is not None:
+            return max(MAX_CHUNK, self._fixed_burst), max(MAX_CHUNK, self._fixed_burst * IMPORT_RATE_FACTOR)
+        return (max(MAX_CHUNK, default_burst(self.info, self.rate)),
+                max(MAX_CHUNK, default_burst(self.info, self.rate * IMPORT_RATE_FACTOR)))
+
+    def _spend(self, imported: bool, n: int) -> bool:
+        """Take ``n`` bytes from the bucket of the action's kind if it holds them."""
+        if imported:
+            if self._import_tokens < n:
+                return False
+            self._import_tokens -= n
+        else:
+            if self._tokens < n:
+                return False
+            self._tokens -= n
+        return True
 
     def _skip(self, action: Promote, dry_run: bool, why: str) -> Outcome:
         self.skipped_total += 1
@@ -262,6 +341,11 @@ def default_burst(info: VolumeInfo, rate: int) -> int:
     if info.kind == "bcache" and info.cache_bytes > 0:
         return min(rate, info.cache_bytes >> 10)
     return rate
+
+
+def _waits(action: Promote, why: str) -> Outcome:
+    """The action waits whole, nothing read by this call (the daemon says it once, not each tick it waits)."""
+    return Outcome(action, PENDING, False, deferred=action, actuated=True, detail=why)
 
 
 class _Skip(Exception):

@@ -4,7 +4,8 @@ export: the hot list the daemon last wrote to its state file (every ``state_inte
 run or not), each file named by its path relative to the volume's mount point (root: files are found by handle).
 import: each path resolved under the volume's mount point on this host and checked (hotlist.py: generation and size,
 else size and modification time), unknown and changed files skipped and counted, the rest handed to the running
-daemon (control socket, root only), which re-warms them at the volume's promotion rate."""
+daemon (control socket, root only), which re-warms them at once, faster than the volume's promotion rate
+(engine/handoff.py)."""
 
 from __future__ import annotations
 
@@ -74,14 +75,14 @@ def _age(doc: dict[str, Any]) -> str:
 
 def _chunks(files: list[tuple[int, int, int, int]]) -> list[list[list[int]]]:
     """The files in requests of at most REQUEST_BYTES (and the daemon's per-request count)."""
-    from cachepilot.daemon.imports import MAX_PER_REQUEST
+    from cachepilot import hotlist
 
     out: list[list[list[int]]] = []
     cur: list[list[int]] = []
     size = 0
     for f in files:
         n = len(json.dumps(list(f))) + 2
-        if cur and (size + n > REQUEST_BYTES or len(cur) >= MAX_PER_REQUEST):
+        if cur and (size + n > REQUEST_BYTES or len(cur) >= hotlist.MAX_PER_REQUEST):
             out.append(cur)
             cur, size = [], 0
         cur.append(list(f))
@@ -104,12 +105,15 @@ def import_(args: argparse.Namespace) -> int:
         raise UserError(f"the daemon manages no volume {args.volume!r} (known: {', '.join(sorted(map(str, vols)))})")
     if not v.get("mountpoint"):
         raise UserError(f"volume {args.volume!r} has no filesystem mounted: nothing to resolve the paths in")
-    m = hotlist.match(hl, str(v["mountpoint"]))
-    queued = 0
-    for chunk in _chunks(m.files):
-        queued += int(request(sock, {"cmd": "hotlist_import", "volume": args.volume, "files": chunk})["queued"])
-    print(f"{escape(args.volume)}: {queued} of {len(hl.files)} file(s) handed to the daemon for re-warming at the"
-          f" promotion rate ({m.by_generation} matched by generation and size, {m.by_mtime} by size and mtime);"
+    queued, m = 0, hotlist.Matched()
+    # hottest first, a request's worth at a time: the daemon starts on the hottest files while the rest resolve
+    # (in the lab the CLI took 7 s before its one batch of requests; the re-warm waited meanwhile)
+    for part in hotlist.match_in_parts(hl, str(v["mountpoint"]), hotlist.MAX_PER_REQUEST):
+        m.add(part)
+        for chunk in _chunks(part.files):
+            queued += int(request(sock, {"cmd": "hotlist_import", "volume": args.volume, "files": chunk})["queued"])
+    print(f"{escape(args.volume)}: {queued} of {len(hl.files)} file(s) handed to the daemon for re-warming"
+          f" ({m.by_generation} matched by generation and size, {m.by_mtime} by size and mtime);"
           f" skipped: {m.unknown} unknown, {m.changed} changed")
     return 0
 

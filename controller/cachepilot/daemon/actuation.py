@@ -23,6 +23,7 @@ from cachepilot.errors import DeviceGone, UserError
 from cachepilot.models.volume import VolumeInfo, VolumeSample
 
 NO_ACTUATOR = "not carried out: this build has no actuator for it yet"
+PROMOTE_WORKERS = 8  # files read at once by a volume's promoter, off the loop (actuators/readpool.py)
 
 
 class ReadOnlyBackend(Backend):
@@ -85,7 +86,7 @@ class FileActuators:
         discarder = _optional("cachepilot.actuators.discard", "Discarder")
         self.discarder = discarder(info, max_rate=discard_max_rate) if discarder else None
         promoter = _optional("cachepilot.actuators.promote", "Promoter")
-        self.promoter = promoter(info, rate=promote_rate) if promoter else None
+        self.promoter = promoter(info, rate=promote_rate, workers=PROMOTE_WORKERS) if promoter else None
 
     def run(self, action: Promote | DiscardRanges, dry_run: bool) -> Outcome:
         if isinstance(action, DiscardRanges):

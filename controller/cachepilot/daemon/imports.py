@@ -11,10 +11,10 @@ from typing import Any
 
 from cachepilot.engine.engine import Engine
 from cachepilot.errors import UserError
+from cachepilot.hotlist import MAX_PER_REQUEST
 
 log = logging.getLogger("cachepilot")
 
-MAX_PER_REQUEST = 128
 MAX_PENDING = 1 << 17
 U32 = 0xFFFFFFFF
 U63 = (1 << 63) - 1
@@ -58,5 +58,5 @@ class Imports:
             except UserError as exc:  # the volume went away since
                 log.warning("hot-list import: %s", exc)
                 continue
-            log.info("%s: hot-list import: %d file(s) queued for re-warming at the promotion rate, %d not queued"
+            log.info("%s: hot-list import: %d file(s) queued for re-warming, %d not queued"
                      " (sieved, below the admission bar, or already held)", name, queued, left)

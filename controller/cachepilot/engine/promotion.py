@@ -43,7 +43,8 @@ class Promoter:
         name = c.info.name
         bar = c.cached.admission_bar(t.epoch)
         items, head, end = q.items, q.head, len(q.items)
-        tokens = c.tokens
+        credit = c.import_credit
+        tokens = c.tokens + credit
         score = t.score
         texts: dict[int, str] = {}  # reason texts by counter: thousands of promotions share a few
         append = out.append
@@ -74,7 +75,10 @@ class Promoter:
             else:
                 reason = q.reasons[rid] if rid < len(q.reasons) else "re-warm"
             append(Promote(name, tdev[slot], tino[slot], tgen[slot], ((0, size),), reason))
-        c.tokens = tokens
+        # an imported list's credit is spent first; it lapses once the queue is empty (handoff.py)
+        left = max(0.0, credit - (c.tokens + credit - tokens))
+        c.tokens = tokens - left
+        c.import_credit = left if head < end else 0.0
         q.head = head - 1
         q.pop()  # compacts the array when the consumed head is large
 

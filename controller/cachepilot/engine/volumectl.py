@@ -59,6 +59,7 @@ class VolumeCtl:
     epochs: EpochTracker
     promo_queue: PromoQueue = field(default_factory=lambda: PromoQueue())
     tokens: float = 0.0
+    import_credit: float = 0.0  # bytes of an imported hot list let out of the queue past the rate (handoff)
     last_tick_ns: int | None = None
     last_switch_ns: int | None = None
     last_discard_ns: int = 0

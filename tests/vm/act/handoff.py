@@ -74,6 +74,12 @@ class Reader:
         return [h / (h + m) if h + m else 0.0 for _, (h, m) in sorted(per_s.items())]
 
 
+def cache_blocks() -> str:
+    """dm-cache's used/total cache blocks and its promotions so far."""
+    f = run("dmsetup", "status", NAME).split()
+    return f"{f[6]} promotions={f[12]}"
+
+
 def recovery(series: list[float], target: float) -> float | None:
     return next((s + 1.0 for s, r in enumerate(series) if r >= target), None)
 
@@ -114,17 +120,29 @@ def main() -> None:
     fresh_cache()
     b = Daemon([policy])  # host B: a new state directory, nothing learnt
     name_b = b.ask("status")["volumes"][0]["name"]
-    t0 = time.monotonic()
+    t0, t0_wall = time.monotonic(), time.time()
     imp = subprocess.run([CLI, "hotlist", "import", "--socket", str(b.tmp / "ctl.sock"), name_b, str(hot)],
                          capture_output=True, text=True)
     say("import_rc", imp.returncode)
     say("import_said", (imp.stdout + imp.stderr).strip().replace("\n", " | "))
     say("import_s", f"{time.monotonic() - t0:.2f}")
+    say("b_cache_at_start", cache_blocks())  # what the re-warm had placed when the workload began
+    started, cpu0 = time.time(), b.cpu_s()
     warmed = Reader(nfiles, 2).run(cold)
+    say("b_cache_at_end", cache_blocks())
+    say("b_daemon_cpu_s", f"{b.cpu_s() - cpu0:.1f}")
     say("import_series", ",".join(f"{r:.2f}" for r in warmed))
     say("import_recovery_s", recovery(warmed, 0.9 * steady))
     dec = b.explain()
-    say("imported_promotions", sum(1 for d in dec if "imported hot list" in json.dumps(d)))
+    imported = [d for d in dec if "imported hot list" in json.dumps(d)]
+    say("imported_promotions", len(imported))
+    say("imported_before_start", sum(1 for d in imported if d["ts"] < started))
+    say("imported_done_before_start", sum(1 for d in imported if d["ts"] < started and d["status"] == "done"))
+    first = min((d["ts"] for d in imported), default=started)
+    say("imported_first_s", f"{first - t0_wall:.1f}")  # the import's start to its first re-warm read
+    last = max((d["ts"] for d in imported if d["status"] == "done"), default=started)
+    say("imported_last_done_s", f"{last - started:.1f}")  # relative to the workload's start
+    say("imported_rewarm_s", f"{last - t0_wall:.1f}")  # the import's start to its last re-warm read
     say("b_daemon_exit", b.stop(keep_log="b"))
     log("handoff done")
 
