@@ -35,7 +35,7 @@ from cachepilot.events import (
     HotnessDelta,
 )
 from cachepilot.mountinfo import ProcMounts
-from cachepilot.probe import libbpf
+from cachepilot.probe import capture, libbpf
 from cachepilot.probe.counters import VolumeCounters
 from cachepilot.probe.hottable import KernelHotTable
 from cachepilot.probe.kconfig import KernelConfig
@@ -52,9 +52,9 @@ CHECKOUT_OBJECT = REPO_ROOT / "bpf" / ".output" / "cachepilot.bpf.o"
 MIN_KERNEL = (5, 8)
 MIN_LIBBPF = (1, 1)
 MIN_PYTHON = (3, 11)
-VMLINUX_BTF = Path("/sys/kernel/btf/vmlinux")
+VMLINUX_BTF = capture.VMLINUX_BTF
 TRACEFS = Path("/sys/kernel/tracing")
-WORKS_WITHOUT = "without it cachepilot runs blind (policy, backends and dry-run on recorded traces still work)"
+WORKS_WITHOUT = capture.WORKS_WITHOUT
 MAPS = (
     "watched", "volumes", "cp_config_map", "drops", "hot_slots", "hot_claimed", "events", "barrier_events", "dio_task",
     "dio_store", "vol_drops", "sync_calls", "sync_pending", "grace", "grace_inner", "alloc_fails",
@@ -298,6 +298,7 @@ class Probe:
         self.ignore_self = ignore_self
         self.object_path = Path(object_path) if object_path else default_object()
         self.report = AttachReport(kernel=os.uname().release)
+        self.capture_path = capture.CORE  # which capture path runs (capture.select): core or bcc
         try:
             self._open(Path(btf_path), dio_hook, set(unavailable))
         except BaseException:
@@ -319,11 +320,10 @@ class Probe:
     def _requirements(self, btf_path: Path) -> C.CDLL:
         if os.geteuid() != 0:
             raise UserError(f"the eBPF probe needs root (CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN); {WORKS_WITHOUT}")
-        if not btf_path.is_file():
-            raise UserError(
-                f"the kernel has no BTF ({btf_path} missing, CONFIG_DEBUG_INFO_BTF=n): the CO-RE programs cannot be "
-                f"relocated; {WORKS_WITHOUT}"
-            )
+        self.capture_path = capture.select(btf_path).path
+        if self.capture_path == capture.BCC:
+            raise UserError(f"the kernel has no BTF ({btf_path} missing): the bcc capture path is not built yet; "
+                            f"{WORKS_WITHOUT}")
         if not self.object_path.is_file():
             raise UserError(f"BPF object {self.object_path} not found: set bpf_object in the configuration (or "
                             "--bpf-object), install the package that carries it, or run 'make bpf' in a checkout")
