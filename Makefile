@@ -20,7 +20,8 @@ APT_PACKAGES := clang llvm libbpf-dev libbpf1 bpftool make gcc \
 	qemu-system-x86 qemu-utils busybox-static cpio zstd xz-utils kmod \
 	bcache-tools dmsetup lvm2 thin-provisioning-tools e2fsprogs xfsprogs util-linux fio \
 	prometheus prometheus-node-exporter ansible ansible-lint yamllint systemd procps file openssh-server \
-	python3-yaml python3-jsonschema python3-prometheus-client python3-numpy python3-zstandard python3-rich
+	python3-yaml python3-jsonschema python3-prometheus-client python3-numpy python3-zstandard python3-rich \
+	python3-bpfcc
 
 .PHONY: help deps deps-system deps-python deps-lab bpf lint test test-unit test-bpf test-vm test-ops \
 	demo bench soak lab-shell package clean distclean
@@ -56,6 +57,7 @@ deps-python: $(VENV)/.stamp
 deps-lab:
 	tests/vm/fetch-kernel.sh $(LAB_CACHE)
 	tests/vm/build-initramfs.sh $(LAB_CACHE)
+	tests/vm/fetch-headers.sh $(LAB_CACHE)
 
 bpf:
 	@if [ -f bpf/Makefile ]; then $(MAKE) -C bpf; fi

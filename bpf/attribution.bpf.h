@@ -68,15 +68,16 @@ static __always_inline bool page_words(struct page *page, unsigned long *head, u
 /* What the page heading this bio belongs to. fsdev: the volume's filesystem, on the volume (== bdev) or stacked on it. */
 static __always_inline int bio_page_file(struct bio *bio, u32 bdev, u32 fsdev, struct file_id *id, bool fast)
 {
-	struct bio_vec *vec = bio->bi_io_vec;
+	struct bio_vec *vec = BTF_READ(bio, bi_io_vec);
+	struct page *page = vec ? BTF_READ(vec, bv_page) : NULL;
 	unsigned long head, raw;
 
-	if (!vec || !vec->bv_page)
+	if (!page)
 		return PAGE_OTHER;
-	if (!page_words(vec->bv_page, &head, &raw))
+	if (!page_words(page, &head, &raw))
 		return PAGE_OTHER;
 	if (!(head & 1))
-		return mapping_file(raw, vec->bv_page->mapping, bdev, fsdev, id, fast);
+		return mapping_file(raw, CP_TYPED(vec->bv_page->mapping), bdev, fsdev, id, fast);
 	/* a tail page of a large folio: the head page has the mapping */
 	if (!page_words((struct page *)(head - 1), &head, &raw))
 		return PAGE_ANON;
@@ -90,11 +91,11 @@ static __always_inline bool iomap_dio_file(struct bio *bio, u32 bdev, u32 fsdev,
 	void *end_io, *priv;
 	struct inode *inode;
 
-	if (!&iomap_dio_bio_end_io)
+	if (!CP_KSYM_IOMAP_DIO_END_IO)
 		return false;
 	end_io = fast ? (void *)bio->bi_end_io : (void *)BPF_CORE_READ(bio, bi_end_io);
 	priv = fast ? bio->bi_private : BPF_CORE_READ(bio, bi_private);
-	if (&bio_chain_endio && end_io == (void *)&bio_chain_endio && priv) {
+	if (CP_KSYM_BIO_CHAIN_ENDIO && end_io == CP_KSYM_BIO_CHAIN_ENDIO && priv) {
 		if (fast) {
 			struct bio *parent = CP_KPTR(struct bio, priv);
 			end_io = (void *)parent->bi_end_io;
@@ -105,7 +106,7 @@ static __always_inline bool iomap_dio_file(struct bio *bio, u32 bdev, u32 fsdev,
 			priv = BPF_CORE_READ(parent, bi_private);
 		}
 	}
-	if (end_io != (void *)&iomap_dio_bio_end_io || !priv)
+	if (end_io != CP_KSYM_IOMAP_DIO_END_IO || !priv)
 		return false;
 	if (fast) {
 		inode = CP_KPTR(struct iomap_dio, priv)->iocb->ki_filp->f_inode;
@@ -131,8 +132,10 @@ static __always_inline bool bio_file(struct cp_config *c, struct bio *bio, u32 b
 		return kind == PAGE_FILE;
 	if (!fast && iomap_dio_file(bio, bdev, fsdev, id, fast))
 		return true;
+#ifndef CP_BCC
 	/* direct I/O whose bio does not name its file (a clone device-mapper made below a stacked filesystem; 6.1's
-	 * syscall marks): the pages belong to the user's buffer; use the file the task is doing direct I/O on */
+	 * syscall marks): the pages belong to the user's buffer; use the file the task is doing direct I/O on (the
+	 * bcc build has no marks: its hooks are block I/O and the freed/delete/commit ones) */
 	struct cp_dio *d;
 	if (c->flags & CP_CFG_DIO_SYSCALLS) {
 		u32 tid = (u32)bpf_get_current_pid_tgid();
@@ -147,6 +150,7 @@ static __always_inline bool bio_file(struct cp_config *c, struct bio *bio, u32 b
 		id->size = d->size;
 		return true;
 	}
+#endif
 	return false;
 }
 

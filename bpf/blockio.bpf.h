@@ -34,8 +34,13 @@ struct discard_ctx {
 	u64 sectors;
 };
 
-/* bpf_loop: the verifier checks the body once (an open-coded loop over 64 unknown bits explodes its state count) */
+/* bpf_loop: the verifier checks the body once (an open-coded loop over 64 unknown bits explodes its state count); the
+ * bcc build, which cannot load bpf_loop's callback (a subprogram), unrolls it */
+#ifdef CP_BCC
+static __always_inline long count_discard_slot(u32 i, struct discard_ctx *dc)
+#else
 static long count_discard_slot(u32 i, struct discard_ctx *dc)
+#endif
 {
 	u32 slot = i;
 	if (!(dc->mask & (1ULL << (i & 63))))
@@ -53,20 +58,26 @@ static __always_inline void count_discard(struct cp_watch *w, u64 sectors)
 	struct discard_ctx dc = {.mask = w->lower_of, .sectors = sectors};
 	if (w->roles & CP_ROLE_VOLUME && w->slot < CP_MAX_VOLUMES)
 		dc.mask |= 1ULL << w->slot;
+#ifdef CP_BCC
+#pragma unroll
+	for (u32 i = 0; i < CP_MAX_VOLUMES; i++)
+		count_discard_slot(i, &dc);
+#else
 	bpf_loop(CP_MAX_VOLUMES, count_discard_slot, &dc, 0);
+#endif
 }
 
 /* fast: this kernel has bpf_rdonly_cast (on_bio_queue), else on_bio_queue_compat; see core_fixes.bpf.h */
 static __always_inline int bio_queue(struct bio *bio, bool fast)
 {
-	u32 dev = bio->bi_bdev->bd_dev;
+	u32 dev = BTF_READ(bio, bi_bdev, bd_dev);
 	struct cp_watch *w = find_watch(dev);
 	if (!w)
 		return 0;
 
-	u32 opf = bio->bi_opf;
+	u32 opf = BTF_READ(bio, bi_opf);
 	u32 op = opf & REQ_OP_MASK_;
-	u64 size = bio->bi_iter.bi_size;
+	u64 size = BTF_READ(bio, bi_iter.bi_size);
 
 	if (op == REQ_OP_DISCARD_) {
 		/* a filesystem stacked on the volume: its discards are counted where they reach the volume */
@@ -132,11 +143,13 @@ static __always_inline int bio_queue(struct bio *bio, bool fast)
 	return 0;
 }
 
+#ifndef CP_BCC /* bpf_rdonly_cast needs BTF */
 SEC("tp_btf/block_bio_queue")
 int BPF_PROG(on_bio_queue, struct bio *bio)
 {
 	return bio_queue(bio, true);
 }
+#endif
 
 SEC("tp_btf/block_bio_queue")
 int BPF_PROG(on_bio_queue_compat, struct bio *bio)

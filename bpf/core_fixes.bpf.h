@@ -34,8 +34,19 @@
  * original): their addresses, from kallsyms (0 if absent) */
 extern const void iomap_dio_bio_end_io __ksym __weak;
 extern const void bio_chain_endio __ksym __weak;
+/* their addresses (NULL if absent); the bcc build reads them from a map user space fills from kallsyms */
+#define CP_KSYM_IOMAP_DIO_END_IO ((void *)&iomap_dio_bio_end_io)
+#define CP_KSYM_BIO_CHAIN_ENDIO ((void *)&bio_chain_endio)
 
 extern void *bpf_rdonly_cast(void *obj, __u32 btf_id) __ksym __weak;
+
+/* a BTF-typed pointer the program may load through (tp_btf arguments and what they point to); the bcc build has none */
+#define CP_TYPED(p) (p)
+/* a read through tp_btf arguments: plain loads here, probe reads in the bcc build (BTF_READ(bio, bi_bdev, bd_dev)) */
+#define CP_BTF2(s, a) ((s)->a)
+#define CP_BTF3(s, a, b) ((s)->a->b)
+#define CP_BTF_N(_1, _2, _3, N, ...) N
+#define BTF_READ(...) CP_BTF_N(__VA_ARGS__, CP_BTF3, CP_BTF2, _)(__VA_ARGS__)
 
 /* p (a kernel address held as a scalar) as a read-only `type *` (only where the caller passed fast = true) */
 #define CP_KPTR(type, p) ((type *)bpf_rdonly_cast((void *)(p), bpf_core_type_id_kernel(type)))

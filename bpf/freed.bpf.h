@@ -15,6 +15,20 @@
  * of another journal (never expected) falls back to the running transaction. Data blocks in data=writeback are
  * released at once: their tid is still the handle's (waiting for it is merely conservative).
  */
+#ifdef CP_BCC
+/* The headers have no struct ext4_sb_info (fs/ext4/ext4.h): the handle alone. Without a journal journal_info is ext4's
+ * nesting counter, below EXT4_NOJOURNAL_MAX_REF_COUNT (4096), never a handle's address. */
+static __always_inline bool ext4_free_tid(struct inode *inode, u32 *tid)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	handle_t *handle = BPF_CORE_READ(task, journal_info);
+	transaction_t *txn = (unsigned long)handle >= 4096 ? BPF_CORE_READ(handle, h_transaction) : NULL;
+	if (!txn)
+		return false;
+	*tid = BPF_CORE_READ(txn, t_tid);
+	return true;
+}
+#else
 static __always_inline bool ext4_free_tid(struct inode *inode, u32 *tid)
 {
 	struct ext4_sb_info *sbi = BPF_CORE_READ(inode, i_sb, s_fs_info);
@@ -31,6 +45,7 @@ static __always_inline bool ext4_free_tid(struct inode *inode, u32 *tid)
 	*tid = BPF_CORE_READ(txn, t_tid);
 	return true;
 }
+#endif
 
 SEC("tp_btf/ext4_free_blocks")
 int BPF_PROG(on_ext4_free_blocks, struct inode *inode, u64 block, unsigned long count, int flags)
@@ -60,6 +75,7 @@ int BPF_PROG(on_ext4_free_blocks, struct inode *inode, u64 block, unsigned long 
  * reported as linear fs blocks (agno * agblocks + agbno), like ext4's. The owner is the inode when XFS records it
  * (data extents of a file), else 0 ("blocks were freed on this filesystem").
  */
+#ifndef CP_BCC /* the headers have no XFS structures */
 #define XFS_EFI_BMBT_BLOCK_ (1U << 2)
 #define XFS_EFI_REALTIME_ (1U << 5)
 
@@ -90,6 +106,7 @@ int BPF_PROG(on_xfs_extent_free, struct xfs_mount *mp, struct xfs_extent_free_it
 	submit(e, sizeof(*e));
 	return 0;
 }
+#endif
 
 /*
  * A file's end: the inode is evicted with no link left. Whatever caused it (the last unlink of a closed file, the last

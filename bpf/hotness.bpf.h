@@ -20,6 +20,16 @@ struct hot_ctx {
 	u32 done;
 };
 
+/* Add to a u32 counter of a slot. The bcc build's LLVM targets BPF v1 (bcc sets no CPU), which has no 32-bit atomics:
+ * it adds to the aligned 64-bit word holding the counter (read/write pairs, drained each tick: no carry across). */
+#ifdef CP_BCC
+#define HOT_ADD32(s, member, v)                                                                                   \
+	__sync_fetch_and_add((u64 *)((char *)(s) + (offsetof(struct cp_hot_slot, member) & ~7)),                 \
+			     (u64)(v) << ((offsetof(struct cp_hot_slot, member) & 4) * 8))
+#else
+#define HOT_ADD32(s, member, v) __sync_fetch_and_add(&(s)->member, (v))
+#endif
+
 static __always_inline void hot_mark_claimed(u32 k)
 {
 	u32 w = k >> 6;
@@ -53,11 +63,11 @@ static __always_inline long hot_try(u32 i, struct hot_ctx *h)
 	if (t != h->ino || s->dev != h->dev || s->gen != h->gen)
 		return 0;
 	if (h->write) {
-		__sync_fetch_and_add(&s->write_score, h->score);
-		__sync_fetch_and_add(&s->write_sectors, h->sectors);
+		HOT_ADD32(s, write_score, h->score);
+		HOT_ADD32(s, write_sectors, h->sectors);
 	} else {
-		__sync_fetch_and_add(&s->read_score, h->score);
-		__sync_fetch_and_add(&s->read_sectors, h->sectors);
+		HOT_ADD32(s, read_score, h->score);
+		HOT_ADD32(s, read_sectors, h->sectors);
 	}
 	s->last_ns = h->now;
 	s->size = h->size;
@@ -65,10 +75,17 @@ static __always_inline long hot_try(u32 i, struct hot_ctx *h)
 	return 1;
 }
 
+#ifndef CP_BCC
 static long hot_try_far(u32 i, struct hot_ctx *h)
 {
 	return hot_try(i + CP_HOT_PROBES, h);
 }
+#endif
+
+/* slots probed inline: the bcc build probes no further (bcc cannot load bpf_loop's callback, a subprogram) */
+#ifndef CP_HOT_INLINE
+#define CP_HOT_INLINE CP_HOT_PROBES
+#endif
 
 /*
  * Open addressing with linear probing at a 0.76 load factor has long probe tails: the first CP_HOT_PROBES slots are
@@ -86,14 +103,16 @@ static __always_inline void hot_add(struct file_id *id, bool write, u32 score, u
 			    .write = write};
 	/* multiply-shift range reduction: no division on the hot path */
 	h.idx = ((hash_key(id->dev, id->ino, id->gen) >> 32) * (h.nslots & 0xffffffff)) >> 32;
-	for (int i = 0; i < CP_HOT_PROBES; i++)
+	for (int i = 0; i < CP_HOT_INLINE; i++)
 		if (hot_try(i, &h))
 			break;
+#ifndef CP_BCC
 	if (!h.done && h.nslots > CP_HOT_PROBES) {
 		u64 more = h.nslots - CP_HOT_PROBES;
 		bpf_loop(more < CP_HOT_PROBES_MAX - CP_HOT_PROBES ? more : CP_HOT_PROBES_MAX - CP_HOT_PROBES,
 			 hot_try_far, &h, 0);
 	}
+#endif
 	if (h.done)
 		return;
 	struct cp_drops *d = drop_counters();

@@ -14,6 +14,9 @@ from bpf_support import LAB_CACHED_DEV, ROOT, LoopFs, lab_volume, make_loop_ext4
 
 from cachepilot.probe.probe import CHECKOUT_OBJECT, TRACEFS, Probe
 
+# "bcc": the lab guest hid the kernel's BTF (tests/vm/test_bcc_lab.py): the probe must take the bcc capture path
+LAB_CAPTURE = os.environ.get("LAB_CAPTURE", "core")
+
 
 @pytest.fixture(scope="session")
 def bpf_env() -> None:
@@ -21,7 +24,7 @@ def bpf_env() -> None:
     problems = []
     if os.geteuid() != 0:
         problems.append("tests/bpf need root (loading BPF programs, loop devices, mount)")
-    if not Path("/sys/kernel/btf/vmlinux").is_file():
+    if LAB_CAPTURE == "core" and not Path("/sys/kernel/btf/vmlinux").is_file():
         problems.append("the kernel has no BTF (/sys/kernel/btf/vmlinux)")
     if problems:
         pytest.fail("; ".join(problems), pytrace=False)
@@ -49,6 +52,7 @@ BIO_VARIANTS = ["default"] if LAB_CACHED_DEV else ["default", "compat"]
 @pytest.fixture(scope="session", params=BIO_VARIANTS)
 def probe(bpf_env: None, request: pytest.FixtureRequest) -> Iterator[Probe]:
     p = Probe(max_files=1 << 14, unavailable={"on_bio_queue"} if request.param == "compat" else ())
+    assert p.capture_path == LAB_CAPTURE, p.report.summary()
     assert ("on_bio_queue_compat" if request.param == "compat" else "on_bio_queue") in p.report.attached or (
         LAB_CACHED_DEV and "on_bio_queue_compat" in p.report.attached
     ), p.report.summary()

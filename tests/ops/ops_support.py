@@ -82,7 +82,7 @@ def snapshot(step: int = 1, now: float = 1_800_000_000.0) -> DaemonSnapshot:
         policy_reloads=1, policy_reload_failures=0, policy_last_reload_success=True,
         state_writes=step // 30, state_write_failures=0,
         volumes=(bcache, dmcache), unmanaged=(UnmanagedVolume("bcache1", "bcache1", "policy"),),
-        version="1.2.3", kernel="6.1.0-lab", bpf_object="0123456789ab",
+        version="1.2.3", kernel="6.1.0-lab", bpf_object="0123456789ab", capture="bcc",
     )
 
 

@@ -82,6 +82,7 @@ EXPECTED = {
     "cachepilot_exporter_collector_success": ("gauge", K),
     "cachepilot_exporter_collector_duration_seconds": ("gauge", K),
     "cachepilot_build_info": ("gauge", ("bpf_object", "kernel", "version")),
+    "cachepilot_capture_info": ("gauge", ("path",)),
     "cachepilot_volume_unmanaged": ("gauge", ("device", "reason", "volume")),
     "cachepilot_volume_cache_set_info": ("gauge", ("device", "uuid", "volume")),
     # bcache's refused read-miss inserts and the promoter's rate that follows them (issue 23)
@@ -158,6 +159,7 @@ def test_no_label_value_is_a_path_and_values_match_the_snapshot() -> None:
         == 1
     assert by[("cachepilot_build_info", (("bpf_object", "0123456789ab"), ("kernel", "6.1.0-lab"),
                                          ("version", "1.2.3")))] == 1
+    assert by[("cachepilot_capture_info", (("path", "bcc"),))] == 1
     assert by[("cachepilot_process_resident_memory_bytes", ())] > 1 << 20
     assert by[("cachepilot_tick_duration_seconds_count", ())] == 10
     assert by[("cachepilot_tick_duration_seconds_bucket", (("le", "+Inf"),))] == 10

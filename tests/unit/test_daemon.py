@@ -593,6 +593,7 @@ class FakeProbe:
         self.watched: list[int] = []
         self.closed = False
         self.report = type("R", (), {"summary": staticmethod(lambda: "fake")})()
+        self.capture_path = "bcc"
         seen["probe"] = self
 
     def watch_volume(self, dev: int, fs_dev: int | None = None, lower: object = ()) -> None:
@@ -621,6 +622,7 @@ def test_reconcile_puts_back_before_the_probe_loads_then_watches(tmp_path: Path)
     r.d.start()
     assert seen["knob_at_load"] == "10"  # put back before the probe loaded
     assert seen["probe"].watched == [DEV] and r.d.ready  # type: ignore[attr-defined]
+    assert r.d.capture == "bcc"  # the probe's capture path, for cachepilot_capture_info
     r.d.shutdown()
 
 
@@ -987,6 +989,7 @@ def test_the_daemon_exports_errors_as_a_counter_and_none_for_dm_cache(tmp_path: 
     assert 'device="dm-3"' not in "".join(x for x in metrics(r).splitlines() if "cache_io_errors" in x)
     text = metrics(r)
     assert 'cachepilot_build_info{bpf_object="none",kernel="' in text  # no probe here
+    assert 'cachepilot_capture_info{path="none"} 1.0' in text  # no probe, no capture path
     assert "cachepilot_process_resident_memory_bytes " in text
     r.d.shutdown()
 

@@ -108,6 +108,7 @@ class Daemon:
         self.metrics: Metrics | None = None  # the exporter, when configured and in this build
         self.ready = False
         self.bpf_object = "none"  # a short hash of the loaded BPF object (cachepilot_build_info)
+        self.capture = "none"  # the probe's capture path (cachepilot_capture_info)
 
     # ------------------------------------------------------------------ start / stop
     @property
@@ -262,6 +263,7 @@ class Daemon:
             raise FatalError(f"the eBPF probe is unusable: {exc}") from None
         log.info("probe: %s", "; ".join(self.probe.report.summary().splitlines()))
         self.bpf_object = status.file_id(getattr(self.probe, "object_path", None))
+        self.capture = str(getattr(self.probe, "capture_path", "core"))
         self.adopter.watch_all()
 
     # ------------------------------------------------------------------ acting

@@ -177,6 +177,7 @@ class Status:
     has_drops: bool = field(default=False, metadata={"json": False})
     counts: Counts | None = field(default=None, metadata={"json": False})
     bpf_object: str = field(default="none", metadata={"json": False})
+    capture: str = field(default="none", metadata={"json": False})  # the probe's capture path (core, bcc)
     curves: dict[str, Curve] = field(default_factory=dict, metadata={"json": False})  # the advisor's, by volume
 
     def to_json(self, leave_out: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -301,7 +302,8 @@ def exporter_snapshot(status: Status, ex: Any, tick_duration: Any, now_wall: flo
         policy_reloads=c.reloads - c.reloads_failed, policy_reload_failures=c.reloads_failed,
         policy_last_reload_success=status.policy.last_error is None, state_writes=status.state_file.writes,
         state_write_failures=status.state_file.failed_writes, volumes=tuple(vols), unmanaged=tuple(unmanaged),
-        version=__version__, kernel=os.uname().release, bpf_object=status.bpf_object)
+        version=__version__, kernel=os.uname().release, bpf_object=status.bpf_object,
+        capture=status.capture)
 
 
 def _seconds(ns: dict[str, int]) -> dict[str, float]:
@@ -326,7 +328,7 @@ def build(d: Daemon, vols: tuple[VolumeStatus, ...], now: int, tick_ns: int) -> 
         top=d.top, decisions=list(d.decisions), ready=d.ready, has_drops=drops is not None,
         counts=Counts(c.group("events"), c.group("decisions"), c.group("failed"), c["reloads"], c["reloads_failed"],
                       c.group(ticktime.WALL), c.group(ticktime.CPU)),
-        bpf_object=d.bpf_object, curves=d.curves)
+        bpf_object=d.bpf_object, capture=d.capture, curves=d.curves)
 
 
 def file_id(path: Any) -> str:

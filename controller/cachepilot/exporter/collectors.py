@@ -71,8 +71,13 @@ def daemon(s: DaemonSnapshot) -> list[Metric]:
                               "and the loaded BPF object (a short hash of the file; none without the probe).",
                               labels=["version", "kernel", "bpf_object"])
     build.add_metric([s.version, s.kernel, s.bpf_object], 1)
+    capture = GaugeMetricFamily("cachepilot_capture_info", "1, labelled with the probe's capture path: core (CO-RE, "
+                                "the kernel has BTF), bcc (compiled against the kernel's headers), none (no probe).",
+                                labels=["path"])
+    capture.add_metric([s.capture], 1)
     return [
         build,
+        capture,
         _gauge("cachepilot_start_time_seconds", "When the daemon started, Unix seconds.", s.start_time),
         _gauge("cachepilot_ready", "1 once the probe is attached and the volumes adopted.", int(s.ready)),
         _gauge("cachepilot_dry_run", "1 when decisions are only logged, never carried out.", int(s.dry_run)),

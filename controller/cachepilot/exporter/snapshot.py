@@ -199,6 +199,7 @@ class DaemonSnapshot:
     version: str = ""
     kernel: str = ""
     bpf_object: str = "none"
+    capture: str = "none"  # the probe's capture path: core, bcc, none (no probe)
 
     def __post_init__(self) -> None:
         for what, table in (("events", self.events), ("drops", self.drops), ("decisions", self.decisions),

@@ -99,6 +99,13 @@ def lib() -> C.CDLL:
         _fn(handle, "btf__name_by_offset", cp, vp, u)
         _fn(handle, "btf__resolve_size", C.c_long, vp, u)
         _fn(handle, "libbpf_set_print", vp, vp)
+        # the bcc capture path (probe/bccload.py): the object's map definitions, then maps and programs of its own
+        _fn(handle, "bpf_map__type", i, vp)
+        _fn(handle, "bpf_map__key_size", u, vp)
+        _fn(handle, "bpf_map__map_flags", u, vp)
+        _fn(handle, "bpf_map_create", i, i, cp, u, u, u, vp)
+        _fn(handle, "bpf_prog_load", i, i, cp, cp, vp, C.c_size_t, vp)
+        _fn(handle, "bpf_raw_tracepoint_open", i, cp, i)
         libc = C.CDLL(ctypes.util.find_library("c"), use_errno=True)
         vsnprintf = _fn(libc, "vsnprintf", i, cp, C.c_size_t, cp, vp)
 

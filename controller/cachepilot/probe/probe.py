@@ -35,7 +35,9 @@ from cachepilot.events import (
     HotnessDelta,
 )
 from cachepilot.mountinfo import ProcMounts
-from cachepilot.probe import libbpf
+from cachepilot.probe import bccload, capture, libbpf
+from cachepilot.probe.bccload import DEFAULT_CACHE as DEFAULT_BCC_CACHE
+from cachepilot.probe.bccload import BccPrograms
 from cachepilot.probe.counters import VolumeCounters
 from cachepilot.probe.hottable import KernelHotTable
 from cachepilot.probe.kconfig import KernelConfig
@@ -52,9 +54,9 @@ CHECKOUT_OBJECT = REPO_ROOT / "bpf" / ".output" / "cachepilot.bpf.o"
 MIN_KERNEL = (5, 8)
 MIN_LIBBPF = (1, 1)
 MIN_PYTHON = (3, 11)
-VMLINUX_BTF = Path("/sys/kernel/btf/vmlinux")
+VMLINUX_BTF = capture.VMLINUX_BTF
 TRACEFS = Path("/sys/kernel/tracing")
-WORKS_WITHOUT = "without it cachepilot runs blind (policy, backends and dry-run on recorded traces still work)"
+WORKS_WITHOUT = capture.WORKS_WITHOUT
 MAPS = (
     "watched", "volumes", "cp_config_map", "drops", "hot_slots", "hot_claimed", "events", "barrier_events", "dio_task",
     "dio_store", "vol_drops", "sync_calls", "sync_pending", "grace", "grace_inner", "alloc_fails",
@@ -115,6 +117,13 @@ DEFERRED_UNTIL = {
 }
 
 
+def map_sizes(nslots: int, ringbuf_bytes: int) -> dict[str, int]:
+    """The maps sized at load time: the hotness table's two halves (one counted into, one drained), its claimed
+    bits, the two rings."""
+    return {"hot_slots": 2 * nslots, "hot_claimed": 2 * nslots // 64, "events": ringbuf_bytes,
+            "barrier_events": ringbuf_bytes}
+
+
 def default_object() -> Path:
     """The packaged object if this install carries one, else the checkout's (which may not be built)."""
     return PACKAGED_OBJECT if PACKAGED_OBJECT.is_file() else CHECKOUT_OBJECT
@@ -146,6 +155,7 @@ class AttachReport:
     """What is attached, what is not and why. A partial attach is reported here (and by `cachepilot probe`)."""
 
     kernel: str
+    capture: str = "core"  # the capture path (probe/capture.py); for bcc, whether its compile came from the cache
     dio_hook: str = ""
     self_id: str = "not ignored"
     attached: list[str] = field(default_factory=list)
@@ -162,9 +172,16 @@ class AttachReport:
         by_prog = {h.program: h.feature for h in HOOKS}
         return sorted({by_prog[p] for p in self.failed})
 
+    def bcc(self, b: BccPrograms) -> None:
+        """What the bcc path attached: its build of the hooks (the others are the CO-RE object's only)."""
+        self.capture, self.dio_hook, self.attached, self.failed = b.describe(), bccload.DIO_HOOK, b.attached, b.failed
+        self.disabled.update(dict.fromkeys((hk.program for hk in HOOKS if hk.program not in bccload.PROGRAMS),
+                                           bccload.NOT_BUILT))
+
     def summary(self) -> str:
         lines = [
-            f"kernel {self.kernel}; direct I/O attribution: {self.dio_hook or 'none'}; own I/O: {self.self_id}"
+            f"kernel {self.kernel}; capture: {self.capture}; direct I/O attribution: {self.dio_hook or 'none'}; "
+            f"own I/O: {self.self_id}"
         ]
         lines.append(f"attached: {', '.join(self.attached) or 'nothing'}")
         for prog, why in sorted(self.failed.items()):
@@ -259,6 +276,7 @@ class Probe:
     - ignore_self: do not count this process's own file I/O, fsyncs and unlinks (its discards are still seen)
     - unavailable: programs to treat as missing (tests of the partial-attach path)
     - mounts: the mount table to read filesystem types from (default: this host's /proc)
+    - bcc_cache: where the bcc path keeps its compiles, one per kernel release and source (probe/bccload.py)
     """
 
     def __init__(
@@ -272,6 +290,7 @@ class Probe:
         btf_path: str | os.PathLike[str] = VMLINUX_BTF,
         unavailable: Iterable[str] = (),
         mounts: ProcMounts | None = None,
+        bcc_cache: str | os.PathLike[str] | None = None,
     ) -> None:
         self.mounts = mounts or ProcMounts()  # which filesystem type a watched device carries
         self._obj: int | None = None
@@ -298,6 +317,8 @@ class Probe:
         self.ignore_self = ignore_self
         self.object_path = Path(object_path) if object_path else default_object()
         self.report = AttachReport(kernel=os.uname().release)
+        self._bcc: BccPrograms | None = None  # the bcc path's maps and programs
+        self.bcc_cache = Path(bcc_cache) if bcc_cache else DEFAULT_BCC_CACHE
         try:
             self._open(Path(btf_path), dio_hook, set(unavailable))
         except BaseException:
@@ -308,10 +329,14 @@ class Probe:
     def _open(self, btf_path: Path, dio_hook: str, unavailable: set[str]) -> None:
         """Feature checks, program selection, load, attach: each step raises UserError naming what is missing."""
         self._h = self._requirements(btf_path)
-        reasons = self._open_object(btf_path, unavailable)
-        dio_hook = self._select_programs(reasons, dio_hook)
-        self._load(dio_hook)
-        self._attach(dio_hook)
+        if self.capture_path == capture.BCC:
+            self._open_bcc(unavailable)
+        else:
+            reasons = self._open_object(btf_path, unavailable)
+            dio_hook = self._select_programs(reasons, dio_hook)
+            self._load(dio_hook)
+            self._attach(dio_hook)
+        self._check_required()
         if self.ignore_self:
             self._claim_self()
         self._rings = EventRings(self._maps, self.ringbuf_bytes, self._config.tick_clock)
@@ -319,11 +344,8 @@ class Probe:
     def _requirements(self, btf_path: Path) -> C.CDLL:
         if os.geteuid() != 0:
             raise UserError(f"the eBPF probe needs root (CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN); {WORKS_WITHOUT}")
-        if not btf_path.is_file():
-            raise UserError(
-                f"the kernel has no BTF ({btf_path} missing, CONFIG_DEBUG_INFO_BTF=n): the CO-RE programs cannot be "
-                f"relocated; {WORKS_WITHOUT}"
-            )
+        self._capture = capture.select(btf_path)
+        self.capture_path = self._capture.path  # which capture path runs: core or bcc
         if not self.object_path.is_file():
             raise UserError(f"BPF object {self.object_path} not found: set bpf_object in the configuration (or "
                             "--bpf-object), install the package that carries it, or run 'make bpf' in a checkout")
@@ -389,10 +411,8 @@ class Probe:
 
     def _load(self, dio_hook: str) -> None:
         h = self._h
-        self._set_max_entries("hot_slots", 2 * self.nslots)  # two halves: one counted into, one drained
-        self._set_max_entries("hot_claimed", 2 * self.nslots // 64)
-        self._set_max_entries("events", self.ringbuf_bytes)
-        self._set_max_entries("barrier_events", self.ringbuf_bytes)
+        for name, n in map_sizes(self.nslots, self.ringbuf_bytes).items():
+            self._set_max_entries(name, n)
         rc = h.bpf_object__load(self._obj)
         if rc:
             # one line; libbpf's own log (the verifier's output) stays in libbpf.log_tail() for debugging
@@ -400,10 +420,22 @@ class Probe:
                 f"loading {self.object_path.name} failed: {libbpf.errno_str(rc)} (libbpf's log: "
                 "cachepilot.probe.libbpf.log_tail())"
             )
-        ncpus = h.libbpf_num_possible_cpus()
+        self._bind_maps({name: h.bpf_map__fd(self._map(name)) for name in MAPS}, dio_hook)
+
+    def _open_bcc(self, unavailable: set[str]) -> None:
+        """The bcc path: the cached (or a fresh) compile, the same maps, its programs as raw tracepoints."""
+        assert self._capture.headers is not None  # capture.select gives bcc headers
+        b = self._bcc = bccload.start(self._h, self._capture.headers, self.report.kernel, self.bcc_cache,
+                                      self.object_path, MAPS, map_sizes(self.nslots, self.ringbuf_bytes), unavailable)
+        self.report.bcc(b)
+        self._bind_maps(self._bcc.map_fds, "iomap")
+
+    def _bind_maps(self, fds: dict[str, int], dio_hook: str) -> None:
+        """User space over the loaded maps (either path's): configuration, hotness table, counters, watches."""
+        ncpus = self._h.libbpf_num_possible_cpus()
         if ncpus < 1:
             raise UserError(f"cannot count the possible CPUs: {libbpf.errno_str(ncpus)}")
-        self._maps = MapAccess(h, {name: h.bpf_map__fd(self._map(name)) for name in MAPS}, ncpus)
+        self._maps = MapAccess(self._h, fds, ncpus)
         cfg = L.cp_config(flags=L.CFG_DIO_SYSCALLS if dio_hook == "syscalls" else 0, nslots=self.nslots)
         self._config = KernelConfig(self._maps, cfg)
         self._config.tick_clock()
@@ -442,6 +474,8 @@ class Probe:
                 continue
             self._links.append(link)
             self.report.attached.append(name)
+
+    def _check_required(self) -> None:
         attached = {hk.feature for hk in HOOKS if hk.program in self.report.attached}
         required = [hk.program for hk in HOOKS if hk.required and hk.feature not in attached]
         if required:
@@ -617,6 +651,9 @@ class Probe:
         if self._obj:
             h.bpf_object__close(self._obj)
             self._obj = None
+        if self._bcc is not None:
+            self._bcc.close()
+            self._bcc = None
 
     def __enter__(self) -> Probe:
         return self
