@@ -18,11 +18,17 @@ rm -rf "$work" && mkdir -p "$work/src" "$dist"
 tar -C "$root" --exclude='*.egg-info' --exclude=__pycache__ -cf - pyproject.toml README.md controller |
 	tar -C "$work/src" -xf -
 install -m 0644 "$obj" "$work/src/controller/cachepilot/data/cachepilot.bpf.o"
+# the bcc capture path's sources (kernels without BTF compile them against their headers: probe/bccload.py)
+install -d "$work/src/controller/cachepilot/data/bcc"
+install -m 0644 "$root"/bpf/cachepilot.bcc.c "$root"/bpf/cachepilot.h "$root"/bpf/*.bpf.h \
+	"$work/src/controller/cachepilot/data/bcc/"
 rm -f "$dist"/cachepilot-"$version"-*.whl
 "$py" -m pip wheel -q --no-deps -w "$dist" "$work/src"
 wheel=$dist/cachepilot-$version-py3-none-any.whl
 "$py" -c 'import sys, zipfile; sys.exit(sys.argv[2] not in zipfile.ZipFile(sys.argv[1]).namelist())' \
 	"$wheel" cachepilot/data/cachepilot.bpf.o || { echo "package: no object in $wheel"; exit 1; }
+"$py" -c 'import sys, zipfile; sys.exit(sys.argv[2] not in zipfile.ZipFile(sys.argv[1]).namelist())' \
+	"$wheel" cachepilot/data/bcc/cachepilot.bcc.c || { echo "package: no bcc source in $wheel"; exit 1; }
 
 # --- the Debian package: the wheel's files under Debian's Python, its modules from Debian ------------------------
 deb=$work/deb

@@ -42,6 +42,9 @@ def _outside(tmp: Path) -> dict[str, str]:
 def test_the_wheel_carries_the_object_and_the_unit(built: None) -> None:
     names = set(zipfile.ZipFile(WHEEL).namelist())
     assert {OBJECT, "cachepilot/data/cachepilot.service", "cachepilot/data/config.yaml"} <= names
+    # the bcc capture path's sources (kernels without BTF compile them at the first start)
+    bcc = {f"cachepilot/data/bcc/{p.name}" for p in (ROOT / "bpf").iterdir() if p.name.endswith((".bpf.h", ".bcc.c"))}
+    assert bcc | {"cachepilot/data/bcc/cachepilot.h"} <= names
     built_obj = (ROOT / "bpf" / ".output" / "cachepilot.bpf.o").read_bytes()
     assert zipfile.ZipFile(WHEEL).read(OBJECT) == built_obj
     assert not (ROOT / "controller" / OBJECT).exists()  # staged: the checkout is not modified
@@ -75,6 +78,7 @@ def test_the_deb_runs_under_debians_python_and_finds_its_object(built: None, tmp
     assert "ExecStart=/usr/bin/cachepilot run --config /etc/cachepilot/config.yaml" in unit
     assert "ExecReload=/usr/bin/cachepilot reload --config /etc/cachepilot/config.yaml" in unit
     assert "/usr/local" not in unit
+    assert "\nCacheDirectory=cachepilot\n" in unit  # the bcc compile's cache: writable under ProtectSystem=strict
     assert b".SH EXIT STATUS" in gzip.decompress((root / "usr/share/man/man8/cachepilot.8.gz").read_bytes())
     env = _outside(tmp_path) | {"PYTHONPATH": str(root / "usr/lib/python3/dist-packages")}
     exe = ["/usr/bin/python3", str(root / "usr/bin/cachepilot")]  # its shebang: Debian's Python
@@ -83,6 +87,10 @@ def test_the_deb_runs_under_debians_python_and_finds_its_object(built: None, tmp
         return subprocess.run([*exe, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
 
     assert run("--version").stdout == f"cachepilot {__version__}\n"
+    # no checkout here: the bcc path finds its sources in the package
+    r = subprocess.run(["/usr/bin/python3", "-c", "from cachepilot.probe import bccload; print(bccload.bpf_source_dir())"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert r.stdout == f"{root}/usr/lib/python3/dist-packages/cachepilot/data/bcc\n", r.stdout + r.stderr
     config = tmp_path / "config.yaml"  # the example configuration, pointed at the extracted policy
     config.write_text((root / "etc/cachepilot/config.yaml").read_text().replace("/etc/cachepilot/", f"{root}/etc/"
                                                                                  "cachepilot/"))

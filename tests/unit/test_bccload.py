@@ -69,3 +69,16 @@ def test_kallsyms_addresses(tmp_path: Path) -> None:
                  "ffffffff81444440 T iomap_dio_bio_end_io\nffffffffc0123000 t ext4_free_blocks\t[ext4]\n")
     assert bccload.kallsyms(bccload.KSYMS, f) == {"bio_chain_endio": 0xFFFFFFFF8150A0B0,
                                                    "iomap_dio_bio_end_io": 0xFFFFFFFF81444440}
+
+
+def test_the_sources_come_from_the_checkout_else_from_the_package(tmp_path: Path) -> None:
+    """An installed package has no checkout: the bcc build's sources travel in the wheel under data/bcc/ (as the
+    CO-RE object under data/); a checkout's bpf/ wins when there is one."""
+    checkout, packaged = tmp_path / "bpf", tmp_path / "data" / "bcc"
+    packaged.mkdir(parents=True)
+    (packaged / bccload.SOURCE_NAME).write_text("/* packaged */\n")
+    assert bccload.bpf_source_dir(checkout, packaged) == packaged
+    checkout.mkdir()
+    (checkout / bccload.SOURCE_NAME).write_text("/* checkout */\n")
+    assert bccload.bpf_source_dir(checkout, packaged) == checkout
+    assert bccload.bpf_source_dir() == bccload.CHECKOUT_BPF_DIR  # this checkout

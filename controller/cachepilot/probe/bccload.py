@@ -23,8 +23,17 @@ from cachepilot.probe import libbpf
 from cachepilot.probe.capture import HEADERS_ENV, SYSTEM_PYTHON
 from cachepilot.safeio import read_capped
 
-BPF_DIR = Path(__file__).resolve().parents[3] / "bpf"
 SOURCE_NAME = "cachepilot.bcc.c"
+CHECKOUT_BPF_DIR = Path(__file__).resolve().parents[3] / "bpf"
+PACKAGED_BPF_DIR = Path(__file__).resolve().parents[1] / "data" / "bcc"  # the wheel and .deb carry the sources here
+
+
+def bpf_source_dir(checkout: Path = CHECKOUT_BPF_DIR, packaged: Path = PACKAGED_BPF_DIR) -> Path:
+    """Where the bcc build's sources are: the checkout's bpf/ when run from one, else the installed package's copy
+    (as the CO-RE object: probe.PACKAGED_OBJECT)."""
+    return checkout if (checkout / SOURCE_NAME).is_file() else packaged
+
+
 COMPILER = Path(__file__).with_name("bcc_compile.py")
 # the programs of the bcc build and the raw tracepoint each attaches to
 PROGRAMS = {
@@ -68,8 +77,8 @@ def source_digest(bpf_dir: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def cache_file(cache_dir: Path, release: str, bpf_dir: Path = BPF_DIR) -> Path:
-    return cache_dir / f"{release}-{source_digest(bpf_dir)}.json"
+def cache_file(cache_dir: Path, release: str, bpf_dir: Path | None = None) -> Path:
+    return cache_dir / f"{release}-{source_digest(bpf_dir or bpf_source_dir())}.json"
 
 
 def _read_cache(path: Path) -> dict[str, bytes] | None:
@@ -90,12 +99,13 @@ def _compile_env(headers: Path) -> dict[str, str]:
     return env
 
 
-def compiled(headers: Path, release: str, cache_dir: Path, *, bpf_dir: Path = BPF_DIR,
+def compiled(headers: Path, release: str, cache_dir: Path, *, bpf_dir: Path | None = None,
              python: Path = SYSTEM_PYTHON) -> tuple[dict[str, bytes], bool]:
     """Each program's instructions, and whether they came from the cache (else bcc compiled them now)."""
+    bpf_dir = bpf_dir or bpf_source_dir()
     source = bpf_dir / SOURCE_NAME
     if not source.is_file():
-        raise UserError(f"the bcc source {source} is missing (the bcc capture path runs from a checkout)")
+        raise UserError(f"the bcc source {source} is missing (a checkout's bpf/ or the package's data/bcc/)")
     path = cache_file(cache_dir, release, bpf_dir)
     code = _read_cache(path)
     if code is not None:
