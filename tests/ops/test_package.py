@@ -89,7 +89,8 @@ def test_the_deb_runs_under_debians_python_and_finds_its_object(built: None, tmp
     assert run("--version").stdout == f"cachepilot {__version__}\n"
     # no checkout here: the bcc path finds its sources in the package
     where = "from cachepilot.probe import bccload; print(bccload.bpf_source_dir())"
-    r = subprocess.run(["/usr/bin/python3", "-c", where], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(["/usr/bin/python3", "-c", where], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=60)
     assert r.stdout == f"{root}/usr/lib/python3/dist-packages/cachepilot/data/bcc\n", r.stdout + r.stderr
     config = tmp_path / "config.yaml"  # the example configuration, pointed at the extracted policy
     config.write_text((root / "etc/cachepilot/config.yaml").read_text().replace("/etc/cachepilot/", f"{root}/etc/"
