@@ -19,16 +19,16 @@ def _own_host_lock(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
 
 
 # `make test` runs the levels under pytest-xdist with --dist loadfile --no-loadscope-reorder: each worker takes whole
-# files, in collection order, the next one as it runs out. These lab files take the longest (seconds per file in
-# fresh-clone runs under `make test`, fc5: 624, 716, 372, 320, 142, 127, 128, 114, 109): they start first, longest
-# first, so neither worker is left with one of them at the end while the other idles, and the many short files fill
-# both tails. (xdist's own reorder puts files with the most tests first: these, with one to three tests each, came
-# last, after 80 other files.)
+# files, in collection order, the next one as it runs out. These lab files take the longest (seconds per file; fc5
+# under `make test`: fleet 624, bpf 372, pin/handoff 320, crash 716, service 142, promote 128, package 127, discard
+# stress 114, daemon 109; since cut, alone: fleet 414, crash 191): they start first, longest first, so neither worker
+# is left with one of them at the end while the other idles, and the many short files fill both tails. (xdist's own
+# reorder puts files with the most tests first: these, with one to three tests each, came last, after 80 others.)
 LONGEST_FIRST = (
     "tests/vm/test_fleet_lab.py",
-    "tests/vm/test_daemon_crash_lab.py",
     "tests/vm/test_bpf_lab.py",
     "tests/vm/test_pin_handoff_lab.py",
+    "tests/vm/test_daemon_crash_lab.py",
     "tests/vm/test_service_lab.py",
     "tests/vm/test_promote_lab.py",
     "tests/vm/test_package_lab.py",
