@@ -70,8 +70,10 @@ lint: deps-python
 
 # One pytest run over every level that exists; each level's fixtures do their own set-up (tracefs, loop devices, the lab).
 test: deps-python bpf lint
-	# the lab level first: its long modules start early and the short unit tests fill the tail
-	$(PYTEST) -n $(TEST_JOBS) --dist loadfile --durations=30 $(wildcard tests/vm tests/bpf tests/ops tests/unit)
+	# whole files per worker in collection order (not xdist's reorder by test count): the longest lab files first
+	# (tests/conftest.py, LONGEST_FIRST), the rest of the lab level next, the short unit tests fill the tail
+	$(PYTEST) -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder --durations=30 \
+		$(wildcard tests/vm tests/bpf tests/ops tests/unit)
 
 test-unit: deps-python
 	$(PYTEST) tests/unit

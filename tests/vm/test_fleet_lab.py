@@ -81,6 +81,13 @@ class Guest:
         out = "" if self.runner.poll() is None else self.runner.communicate()[1]
         raise AssertionError(f"{self.name}: no ssh login ({r}); runner rc={self.runner.poll()} {out}")
 
+    def hide_apt_lists(self) -> None:
+        """The guest sees this host's apt lists (60 000 packages, no pkgcache: docker-clean turns it off); under TCG
+        apt-get parsed them for ~20 s of a 31 s install on an idle guest. No network: the package's dependencies
+        can only come from what is installed (/var/lib/dpkg/status) either way, so the install is the same."""
+        r = self.ssh("mount -t tmpfs -o size=1m,mode=0755 nolists /var/lib/apt/lists")
+        assert r.returncode == 0, r
+
     def state(self) -> dict[str, str]:
         """What a rollout may change: the daemon (pid, state, restarts) and the files the role writes."""
         files = ["/etc/cachepilot/policy.yaml", "/etc/cachepilot/config.yaml",
@@ -164,6 +171,7 @@ def test_two_guest_rollout_and_every_panel_from_running_daemons(tmp_path: Path) 
     try:
         for g in guests:
             g.wait_for_ssh(time.monotonic() + 240)
+            g.hide_apt_lists()
         timings["boot"] = time.monotonic() - t
         prom_root = tmp_path / "prom-root"
         rules = prom_root / "etc" / "prometheus" / "rules" / "cachepilot.rules.yml"
@@ -207,11 +215,14 @@ def test_two_guest_rollout_and_every_panel_from_running_daemons(tmp_path: Path) 
 
         # 4. every panel query returns data from Prometheus, scraped from the running daemons
         assert not prom.alive(), prom.alive()
-        results, empty = wait_for_every_query(prom.base, 90, node=False)  # no node_exporter in the guests
-        # The sizing advisor's two panels had no data here even with the advisor on (fc5 at ddeb2e4; cause not
-        # found yet); they are drawn from the exporter's real output in tests/ops/test_dashboard.py.
+        # The sizing advisor's two panels have no data here even with the advisor on: `cachepilot advise bcache0` on
+        # both guests said "0 sampled reads" after the whole rollout (2026-11-26). The unit's sandbox stops the
+        # attribution of direct reads to files: the same daemon and workload in a lab guest gave 1 sampled read under
+        # the packaged unit and 16 in the foreground (CAP_SYSLOG for kallsyms addresses alone did not bring them
+        # back); cause not pinned yet. They are drawn from the exporter's real output in tests/ops/test_dashboard.py;
+        # left out of the wait here (waiting for them cost the whole 90 s every run).
         advisor = ("Advisor estimate error and origin reads at 2x/", "Estimated hit ratio by cache size/")
-        empty = [e for e in empty if not e.startswith(advisor)]
+        results, empty = wait_for_every_query(prom.base, 90, node=False, leave_out=advisor)  # no node_exporter
         assert not empty, f"no data for: {empty}"
         # each guest's one volume is managed: no unmanaged series, the panel shows each host at 0
         assert api(prom.base, "query", query="cachepilot_volume_unmanaged")["result"] == []

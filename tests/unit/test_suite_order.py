@@ -1,0 +1,35 @@
+"""`make test`'s order: the longest lab files start first (tests/conftest.py, LONGEST_FIRST), and xdist keeps the
+collection order (--no-loadscope-reorder; its default puts the files with the most tests first)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def longest_first() -> list[str]:
+    text = (ROOT / "tests" / "conftest.py").read_text()
+    block = re.search(r"LONGEST_FIRST = \((.*?)\n\)", text, re.S)
+    assert block, "tests/conftest.py has no LONGEST_FIRST"
+    return re.findall(r'"([^"]+)"', block.group(1))
+
+
+def test_the_longest_files_exist_and_are_collected_first() -> None:
+    names = longest_first()
+    assert len(names) >= 3 and all((ROOT / n).is_file() for n in names), names  # a renamed file would drop out
+    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                        "-p", "no:xdist", "tests/vm", "tests/ops"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    files = list(dict.fromkeys(line.partition("::")[0] for line in r.stdout.splitlines() if "::" in line))
+    assert files[:len(names)] == names, files[:len(names) + 3]
+    assert "tests/ops/test_ansible.py" in files[len(names):]  # the rest still collected, after them
+
+
+def test_make_test_keeps_the_collection_order() -> None:
+    recipe = (ROOT / "Makefile").read_text().partition("\ntest:")[2].partition("\n\n")[0]
+    assert "--dist loadfile" in recipe and "--no-loadscope-reorder" in recipe, recipe
