@@ -197,12 +197,15 @@ def _tp_of(section: str) -> tuple[str, str]:
     return kind, rest
 
 
-def _has_kernel_symbol(name: str) -> bool:
+def _has_kernel_symbol(name: str, kallsyms: str = "/proc/kallsyms") -> bool:
+    """The symbol is there *with its address*: without CAP_SYSLOG (the systemd unit's bounding set) kallsyms shows
+    every address as 0, libbpf resolves the object's weak ksym to 0, and a hook keyed on it never matches -- then
+    the fallback must run, as if the symbol were absent."""
+    needle = f" {name}".encode()
     try:
-        with open("/proc/kallsyms", "rb") as f:
-            needle = f" {name}".encode()
-            return any(line.rstrip().endswith(needle) for line in f)
-    except OSError:
+        with open(kallsyms, "rb") as f:
+            return any(line.rstrip().endswith(needle) and int(line.split(maxsplit=1)[0], 16) != 0 for line in f)
+    except (OSError, ValueError):
         return False
 
 
