@@ -250,11 +250,11 @@ def test_control_socket_outlives_running_out_of_file_descriptors(tmp_path: Path)
     assert srv.server is not None
     stat_fd = os.open(f"/proc/self/task/{srv.server._thread.native_id}/stat", os.O_RDONLY)
     try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 20, hard))
-        for _ in range(12):  # 12 client ends and the server's accepts: over the 20 left
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        # the client ends made first: out of fds, it is the server's accept that must fail, not the test's socket()
+        held = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(12)]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 6, hard))
+        for s in held:  # 12 connections against the 6 fds left for the server's accepts
             s.connect(str(path))
-            held.append(s)
         time.sleep(0.3)
         cpu = _thread_cpu_s(stat_fd)
         time.sleep(0.5)
