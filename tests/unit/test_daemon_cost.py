@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-import threading
 from typing import cast
 
 import pytest
@@ -17,6 +16,7 @@ from cachepilot.daemon.acting import Actor
 from cachepilot.daemon.counters import Counters
 from cachepilot.daemon.guard import Guard
 from cachepilot.daemon.intake import DELETE_BATCH_MIN, Intake
+from cachepilot.daemon.stopflag import StopFlag
 from cachepilot.daemon.volume import ManagedVolume, VolumeTable
 from cachepilot.daemon.volumes import Found
 from cachepilot.engine.engine import Engine
@@ -82,7 +82,7 @@ def test_a_polls_deletes_go_to_the_engine_in_runs_with_the_same_result_as_one_by
     feed_deletes = engine.feed_deletes
     engine.feed_deletes = lambda recs: (batches.append(len(recs)), feed_deletes(recs))[-1]  # type: ignore[method-assign]
     counters = Counters()
-    intake = Intake(engine, VolumeTable(), counters, Guard(counters), threading.Event(), lambda: None,
+    intake = Intake(engine, VolumeTable(), counters, Guard(counters), StopFlag(), lambda: None,
                     lambda action, now: None)
     intake.feed_all(events)
     assert batches == [n]  # the hotness delta ended the run; the two after it wait for the tick
@@ -103,7 +103,7 @@ def test_deletes_polled_between_ticks_go_to_the_engine_as_one_batch_at_the_tick(
     feed_deletes = engine.feed_deletes
     engine.feed_deletes = lambda recs: (batches.append(len(recs)), feed_deletes(recs))[-1]  # type: ignore[method-assign]
     counters = Counters()
-    intake = Intake(engine, VolumeTable(), counters, Guard(counters), threading.Event(), lambda: None,
+    intake = Intake(engine, VolumeTable(), counters, Guard(counters), StopFlag(), lambda: None,
                     lambda action, now: None)
     for ino in range(1, DELETE_BATCH_MIN + 1):  # one delete and its freed extent a poll
         intake.feed_all([Delete(FileKey(FS, ino, 1), 8192, 10 + ino), FreedExtent(FS, ino, 100 * ino, 2, False, 10, 5)])

@@ -5,7 +5,6 @@ never mistaken for bad input."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 from cachepilot.actions import Action
 from cachepilot.daemon.counters import Counters
 from cachepilot.daemon.guard import Guard
+from cachepilot.daemon.stopflag import StopFlag
 from cachepilot.daemon.volume import VolumeTable
 from cachepilot.engine.dispatch import UnknownEvent
 from cachepilot.engine.engine import Engine
@@ -38,7 +38,7 @@ APART_FROM_DELETES = frozenset({FreedExtent, JournalCommit, Barrier, SyncCalls, 
 
 class Intake:
     def __init__(self, engine: Engine, vols: VolumeTable, counters: Counters, guard: Guard,
-                 stop_event: threading.Event, probe: Callable[[], Any], act: Callable[[Action, int], None]) -> None:
+                 stop_event: StopFlag, probe: Callable[[], Any], act: Callable[[Action, int], None]) -> None:
         self.engine = engine
         self.vols = vols
         self.counters = counters

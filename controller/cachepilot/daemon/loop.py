@@ -8,9 +8,10 @@ A tick that overruns does not make the next ones bunch up: missed ticks are skip
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
+
+from cachepilot.daemon.stopflag import StopFlag
 
 MAX_WAIT_S = 0.2  # a stop request (signal) is seen within this long even if ``wait`` ignores it
 
@@ -28,7 +29,7 @@ class TickLoop:
             raise ValueError("tick must be > 0")
         self.tick_ns = int(tick_s * 1e9)
         self.on_tick = on_tick
-        self.stop_event = threading.Event()
+        self.stop_event = StopFlag()  # set from signal handlers: threading.Event can deadlock there
         self._wait = wait
         self.clock_ns = clock_ns
         self.ticks = 0
