@@ -36,7 +36,9 @@ def test_the_deb_installs_starts_acts_and_refuses_a_broken_reload(lab) -> None:
     assert v["start_rc"] == "0" and v["active"] == "active" and v["ready_metric"] == "1.0", r.explain()
     # the unprivileged user's file was promoted (before CAP_FOWNER: EPERM, "failed")
     assert v["hot_owner"] == "nobody"
-    assert v["promote"].split("|")[0].split() == ["done"], r.explain()
+    # (a promotion handed to a reader thread is recorded pending, then done)
+    statuses = set(v["promote"].split("|")[0].split())
+    assert "done" in statuses and statuses <= {"done", "pending"}, r.explain()
     assert float(v["promoted_bytes"]) >= 256 << 10, r.explain()
     assert float(v["discard_issued"]) >= 4 << 20, r.explain()
     # a refused reload fails `systemctl reload`; the daemon runs on; a good one succeeds
