@@ -215,14 +215,10 @@ def test_two_guest_rollout_and_every_panel_from_running_daemons(tmp_path: Path) 
 
         # 4. every panel query returns data from Prometheus, scraped from the running daemons
         assert not prom.alive(), prom.alive()
-        # The sizing advisor's two panels have no data here even with the advisor on: `cachepilot advise bcache0` on
-        # both guests said "0 sampled reads" after the whole rollout (2026-11-26). The unit's sandbox stops the
-        # attribution of direct reads to files: the same daemon and workload in a lab guest gave 1 sampled read under
-        # the packaged unit and 16 in the foreground (CAP_SYSLOG for kallsyms addresses alone did not bring them
-        # back); cause not pinned yet. They are drawn from the exporter's real output in tests/ops/test_dashboard.py;
-        # left out of the wait here (waiting for them cost the whole 90 s every run).
-        advisor = ("Advisor estimate error and origin reads at 2x/", "Estimated hit ratio by cache size/")
-        results, empty = wait_for_every_query(prom.base, 90, node=False, leave_out=advisor)  # no node_exporter
+        # every panel, the sizing advisor's two too: they were empty until the probe stopped trusting a kallsyms
+        # address of 0 (under the unit, without CAP_SYSLOG, iomap_dio_bio_end_io resolved to 0 and direct reads
+        # went unattributed: 1 sampled read under the unit against 16 in the foreground; 14 after the fix)
+        results, empty = wait_for_every_query(prom.base, 90, node=False)  # no node_exporter
         assert not empty, f"no data for: {empty}"
         # each guest's one volume is managed: no unmanaged series, the panel shows each host at 0
         assert api(prom.base, "query", query="cachepilot_volume_unmanaged")["result"] == []
