@@ -22,8 +22,11 @@ def test_demo_daemon_discards_promotes_switches_and_keeps_files(lab):
     assert r.int("origin_written_during_delete") < MIB, r.explain()
     assert r.int("discard_landed") >= 1 and r.int("discard_issued_bytes") >= 4 * MIB, r.explain()
     assert r.int("promote_done") >= 1, r.explain()
-    # the burst crossed the demo policy's exposure bound: write-through with that reason, then back to write-back
-    assert v["switched_writethrough"] == "yes" and v["back_writeback"] == "yes", r.explain()
-    assert "writethrough: exposure bound" in v["switch_reasons"], r.explain()
+    # the burst ran at the demo policy's exposure bound, and the bound held: a drain started as dirty data neared it,
+    # or (the burst outrunning the write-back) write-through with that reason; write-back again after either
+    assert v["drained_early"] == "yes" or v["switched_writethrough"] == "yes", r.explain()
+    if v["switched_writethrough"] == "yes":
+        assert "writethrough: exposure bound" in v["switch_reasons"], r.explain()
+    assert v["back_writeback"] == "yes", r.explain()
     assert r.int("files_bad") == 0 and r.int("status_rc") == 0, r.explain()
     assert v["exit"] == "0" and v["traceback"] == "no" and "[writeback]" in v["mode_after"], r.explain()

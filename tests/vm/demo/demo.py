@@ -205,12 +205,23 @@ def switch_done(target: str) -> bool:
                for x in decisions())
 
 
-switched = wait(lambda: switch_done("writethrough"), 30, 0.5)
-say(f"    daemon switched to write-through: {'yes' if switched else 'no'}; draining ...")
-back = switched and wait(lambda: switch_done("writeback") and "[writeback]" in mode(), 60, 0.5)
-say(f"    back in write-back: {'yes' if back else 'no'} (cache_mode {mode()}, dirty {dirty() / MIB:.1f} MiB)")
+def early_drain() -> bool:
+    """A drain started as dirty data neared the bound (engine/drains.py: before the byte bound forces write-through)."""
+    return any(x["kind"] == "drain" and "before the byte bound" in x["action"] for x in decisions())
+
+
+# The bound holds one of two ways: a drain started early enough (dirty data never reaches the bound), or, when the
+# burst outruns the write-back, write-through until a drain has emptied the cache, then write-back again.
+wait(lambda: switch_done("writethrough") or (early_drain() and dirty() < 40 * MIB // 2), 30, 0.5)
+switched = switch_done("writethrough")
+drained_early = early_drain()
+say(f"    daemon drained early: {'yes' if drained_early else 'no'}; switched to write-through: "
+    f"{'yes' if switched else 'no'} ...")
+back = not switched or wait(lambda: switch_done("writeback") and "[writeback]" in mode(), 60, 0.5)
+say(f"    write-back: {'yes' if back else 'no'} (cache_mode {mode()}, dirty {dirty() / MIB:.1f} MiB)")
 value("switched_writethrough", "yes" if switched else "no")
-value("back_writeback", "yes" if back else "no")
+value("drained_early", "yes" if drained_early else "no")
+value("back_writeback", "yes" if back and "[writeback]" in mode() else "no")
 
 # ---------------------------------------------------------------- what the daemon did
 os.sync()
