@@ -40,6 +40,15 @@ class SpentPromoter:
                        detail="this second's read time is spent")
 
 
+
+def _intake_counting_batches(engine: Engine, batches: list[int]) -> tuple[Intake, Counters]:
+    """An intake over ``engine`` (no probe, actions dropped) whose delete batches are recorded in ``batches``."""
+    feed_deletes = engine.feed_deletes
+    engine.feed_deletes = lambda recs: (batches.append(len(recs)), feed_deletes(recs))[-1]  # type: ignore[method-assign]
+    counters = Counters()
+    return Intake(engine, VolumeTable(), counters, Guard(counters), StopFlag(), lambda: None,
+                  lambda action, now: None), counters
+
 def test_a_deferred_promotion_that_waits_is_one_decision_and_one_log_line(caplog: pytest.LogCaptureFixture) -> None:
     files = SpentPromoter()
     v = ManagedVolume(Found(INFO), backend=cast(Backend, object()), files=files)  # managed
@@ -79,11 +88,7 @@ def test_a_polls_deletes_go_to_the_engine_in_runs_with_the_same_result_as_one_by
         one_by_one.feed(ev)  # type: ignore[arg-type]
     engine = _engine_with_files(n + 3)
     batches: list[int] = []
-    feed_deletes = engine.feed_deletes
-    engine.feed_deletes = lambda recs: (batches.append(len(recs)), feed_deletes(recs))[-1]  # type: ignore[method-assign]
-    counters = Counters()
-    intake = Intake(engine, VolumeTable(), counters, Guard(counters), StopFlag(), lambda: None,
-                    lambda action, now: None)
+    intake, counters = _intake_counting_batches(engine, batches)
     intake.feed_all(events)
     assert batches == [n]  # the hotness delta ended the run; the two after it wait for the tick
     assert counters["events.Delete"] == n
@@ -100,11 +105,7 @@ def test_deletes_polled_between_ticks_go_to_the_engine_as_one_batch_at_the_tick(
     times a second; held for the tick they are one batch (and nothing between ticks reads what they change)."""
     engine = _engine_with_files(DELETE_BATCH_MIN + 1)
     batches: list[int] = []
-    feed_deletes = engine.feed_deletes
-    engine.feed_deletes = lambda recs: (batches.append(len(recs)), feed_deletes(recs))[-1]  # type: ignore[method-assign]
-    counters = Counters()
-    intake = Intake(engine, VolumeTable(), counters, Guard(counters), StopFlag(), lambda: None,
-                    lambda action, now: None)
+    intake, counters = _intake_counting_batches(engine, batches)
     for ino in range(1, DELETE_BATCH_MIN + 1):  # one delete and its freed extent a poll
         intake.feed_all([Delete(FileKey(FS, ino, 1), 8192, 10 + ino), FreedExtent(FS, ino, 100 * ino, 2, False, 10, 5)])
     assert batches == [] and len(engine.hotness) == DELETE_BATCH_MIN + 1  # nothing deleted yet

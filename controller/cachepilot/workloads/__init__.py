@@ -28,6 +28,7 @@ import itertools
 import math
 import random
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from cachepilot.errors import UserError
@@ -109,12 +110,7 @@ def fileserver(iterations: int = 12000, nfiles: int = 1000, mean_size: int = 64 
         live.append(fid)
         ops.append((CREATE, fid, 0, 0, 0))
         ops.append((WRITE, fid, 0, sizes[fid], 0))
-        a = live[rng.randrange(len(live))]
-        n = max(4 * KiB, int(rng.expovariate(1 / append_size)) // 4096 * 4096)
-        ops.append((APPEND, a, sizes[a], n, 0))
-        sizes[a] += n
-        r = live[rng.randrange(len(live))]
-        ops.append((READ, r, 0, sizes[r], 0))
+        _append_then_read(rng, ops, sizes, live, append_size)
         i = rng.randrange(len(live))
         d = live[i]
         live[i] = live[-1]
@@ -123,6 +119,17 @@ def fileserver(iterations: int = 12000, nfiles: int = 1000, mean_size: int = 64 
     return Workload("fileserver-with-deletes", ops, op_interval_ns=int(op_interval_ms * 1e6), params=dict(
         iterations=iterations, nfiles=nfiles, mean_size=mean_size, append_size=append_size,
         op_interval_ms=op_interval_ms, seed=seed))
+
+
+def _append_then_read(rng: random.Random, ops: list[Op], sizes: dict[int, int], files: Sequence[int],
+                      append_size: int) -> None:
+    """Append to one of ``files`` (exponential size, whole blocks), then read one of them whole."""
+    a = files[rng.randrange(len(files))]
+    n = max(4 * KiB, int(rng.expovariate(1 / append_size)) // 4096 * 4096)
+    ops.append((APPEND, a, sizes[a], n, 0))
+    sizes[a] += n
+    r = files[rng.randrange(len(files))]
+    ops.append((READ, r, 0, sizes[r], 0))
 
 
 def fileserver_lifetimes(iterations: int = 8000, nfiles: int = 1000, mean_size: int = 64 * KiB,
@@ -155,12 +162,7 @@ def fileserver_lifetimes(iterations: int = 8000, nfiles: int = 1000, mean_size: 
             heapq.heappush(dies, (len(ops) + int(math.exp(rng.uniform(lo, hi)) * per_s), fid))
         else:
             long.append(fid)
-        a = long[rng.randrange(len(long))]
-        n = max(4 * KiB, int(rng.expovariate(1 / append_size)) // 4096 * 4096)
-        ops.append((APPEND, a, sizes[a], n, 0))
-        sizes[a] += n
-        r = long[rng.randrange(len(long))]
-        ops.append((READ, r, 0, sizes[r], 0))
+        _append_then_read(rng, ops, sizes, long, append_size)
         while dies and dies[0][0] <= len(ops):
             d = heapq.heappop(dies)[1]
             ops.append((DELETE, d, 0, sizes.pop(d), 0))
