@@ -4,11 +4,12 @@ Python runs a signal handler in the main thread between two bytecodes, possibly 
 ``threading.Event.wait`` holding the event's lock: a handler calling ``Event.set`` then waits for a lock its own
 thread holds, for ever (seen: a daemon that ignored SIGTERM for 14 minutes, its main thread in ``Event.set`` under
 ``Event.wait``). So the request is a plain attribute and a byte written to a pipe -- neither takes a lock -- and a
-wait is a ``select`` on the pipe (a byte once written stays, so every later wait returns at once).
+wait is a ``poll`` on the pipe (a byte once written stays, so every later wait returns at once).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import select
 import weakref
@@ -35,9 +36,11 @@ class StopFlag:
 
     def wait(self, timeout: float | None = None) -> bool:
         if not self._set:
+            poller = select.poll()  # not select(): a descriptor above 1023 would make it fail at once, a busy loop
+            poller.register(self._r, select.POLLIN)
             try:
-                select.select([self._r], [], [], timeout)
-            except (OSError, ValueError):  # closed at exit
+                poller.poll(None if timeout is None else max(0, math.ceil(timeout * 1000)))
+            except OSError:
                 pass
         return self._set
 
