@@ -51,6 +51,17 @@ def test_mix_rejects_nonsense() -> None:
     assert all(lt.LifetimeMix(short_share=0.0).draw(rnd) is None for _ in range(100))
 
 
+def test_surviving_share_bounds_what_an_age_bound_saves() -> None:
+    # only short files dying within 2 s: only the appends to the (initial) long-lived files outlive a 30 s bound,
+    # 16 KiB of every step's mean 128.5 + 16 KiB
+    only_short = lt.LifetimeMix(short_share=1.0, short_min_s=1.0, short_max_s=2.0)
+    assert lt.surviving_share(only_short, 40.0, 30.0, 10 << 20) == pytest.approx(16 / 144.5, abs=0.01)
+    # W1's mix: about a third of new bytes die within a 30 s bound, more within a longer one
+    w1 = lt.LifetimeMix(short_share=0.4, short_min_s=2.0, short_max_s=60.0)
+    at30, at60 = (lt.surviving_share(w1, 40.0, b, (256 << 20) // 3) for b in (30.0, 60.0))
+    assert 0.62 < at30 < 0.72 and at60 < at30 - 0.05
+
+
 def test_discard_outcomes_latency_never_and_reuse() -> None:
     deletes = [(10.0, [(100, 8)]), (20.0, [(200, 8)]), (30.0, [(300, 8)])]
     discards = [(9.0, 100, 8), (10.4, 96, 16), (25.0, 0, 50)]  # the first is before the delete: not counted
