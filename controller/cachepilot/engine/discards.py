@@ -16,9 +16,10 @@ DISCARD_GATHER_NS = 500_000_000
 
 def gather_due(c: VolumeCtl, now: int, *, prompted: bool = True) -> bool:
     """Whether a look at the volume's freed extents is due now. A commit-prompted one (``prompted``: only when a
-    commit came; ``discard_due`` stays set until the look) at most once per DISCARD_GATHER_NS, and counted as made.
-    The tick's own look (which hands out what the budget or a granule held back) is skipped within a window after a
-    commit-prompted one: that look took what was ready, and the next commit's look takes what came since."""
+    commit came; ``discard_due`` stays set until a look that the policy's interval lets through) at most once per
+    DISCARD_GATHER_NS, and counted as made. The tick's own look (which hands out what the budget or a granule held
+    back) is skipped within a window after a commit-prompted one: that look took what was ready, and the next
+    commit's look takes what came since."""
     recent = c.discard_look_ns is not None and 0 <= now - c.discard_look_ns < DISCARD_GATHER_NS
     if not prompted or recent or not c.discard_due:
         return not prompted and not recent
