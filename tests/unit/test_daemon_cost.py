@@ -10,7 +10,7 @@ from typing import cast
 
 import pytest
 
-from cachepilot.actions import PENDING, Outcome, Promote
+from cachepilot.actions import DONE, FAILED, PENDING, Outcome, Promote
 from cachepilot.backends.base import Backend
 from cachepilot.daemon.acting import Actor
 from cachepilot.daemon.counters import Counters
@@ -20,6 +20,7 @@ from cachepilot.daemon.stopflag import StopFlag
 from cachepilot.daemon.volume import ManagedVolume, VolumeTable
 from cachepilot.daemon.volumes import Found
 from cachepilot.engine.engine import Engine
+from cachepilot.errors import RetryLater
 from cachepilot.events import Delete, FileKey, FreedExtent, HotnessDelta, JournalCommit, kdev
 from cachepilot.models.freed import FreedExtentQueue
 from cachepilot.models.volume import VolumeInfo
@@ -65,6 +66,65 @@ def test_a_deferred_promotion_that_waits_is_one_decision_and_one_log_line(caplog
     assert len(actor.decisions) == 1 and counters["decisions.promote"] == 1
     assert len([r for r in caplog.records if "promote bcache0" in r.getMessage()]) == 1
     assert counters["deferred_waits"] == 5
+
+
+class ReaderThreadPromoter:
+    """The promoter with reader threads: the first call hands the file over (pending, nothing read yet), the next
+    while it is read waits on, the one after collects the read (done)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def run(self, action: Promote, dry_run: bool) -> Outcome:
+        self.calls += 1
+        if self.calls == 1:
+            return Outcome(action, PENDING, dry_run, deferred=action, actuated=True,
+                           detail="1 chunk(s) handed to a reader thread")
+        if self.calls == 2:
+            return Outcome(action, PENDING, dry_run, deferred=action, actuated=True,
+                           detail="being read by a reader thread")
+        return Outcome(action, DONE, dry_run, actuated=True, read_bytes=65536, reads=1)
+
+
+def test_a_promotion_read_by_a_reader_thread_is_counted_once_and_recorded_pending_then_done() -> None:
+    files = ReaderThreadPromoter()
+    v = ManagedVolume(Found(INFO), backend=cast(Backend, object()), files=files)
+    vols = VolumeTable()
+    vols.add(v)
+    counters = Counters()
+    actor = Actor(Engine(), vols, counters, lambda dev, why: None, lambda msg: None)
+    actor.execute(Promote("bcache0", FS, 12, 1, ((0, 65536),), "hot"), 0, dry_run=False)
+    for tick in range(1, 4):
+        actor.deferred(tick, dry_run=False)
+    assert files.calls == 3 and v.deferred == [] and v.promoted_bytes == 65536
+    assert [d["status"] for d in actor.decisions] == ["pending", "done"]  # the trail of both states
+    assert counters["decisions.promote"] == 1 and counters.group("decisions") == {"promote": 1}
+
+
+class BusyOncePromoter:
+    """A read that found the device busy (EAGAIN: retried later by the daemon), then done."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def run(self, action: Promote, dry_run: bool) -> Outcome:
+        self.calls += 1
+        if self.calls == 1:
+            return Outcome(action, FAILED, dry_run, error=RetryLater("promote ino 12: busy"), actuated=True)
+        return Outcome(action, DONE, dry_run, actuated=True, read_bytes=65536, reads=1)
+
+
+def test_a_retried_promotion_is_counted_once() -> None:
+    files = BusyOncePromoter()
+    v = ManagedVolume(Found(INFO), backend=cast(Backend, object()), files=files)
+    vols = VolumeTable()
+    vols.add(v)
+    counters = Counters()
+    actor = Actor(Engine(), vols, counters, lambda dev, why: None, lambda msg: None)
+    actor.execute(Promote("bcache0", FS, 12, 1, ((0, 65536),), "hot"), 0, dry_run=False)
+    actor.retry_due(10**12, dry_run=False)
+    assert files.calls == 2 and [d["status"] for d in actor.decisions] == ["failed", "done"]
+    assert counters["decisions.promote"] == 1 and counters["failed.retry"] == 1 and counters["retries"] == 1
 
 
 def _engine_with_files(n: int) -> Engine:

@@ -95,6 +95,23 @@ def test_delete_becomes_discard_after_commit_and_interval() -> None:
     assert "journal" in d[0].reason
 
 
+def test_a_commit_the_batch_interval_held_back_is_taken_by_the_first_look_after_it() -> None:
+    """With a batching interval, a commit whose look the interval blocked stays due: the daemon's first look once
+    the interval has passed (after any poll, no new commit needed) takes what it freed, not only a later tick's."""
+    e = engine()  # interval: 10 s
+    e.feed(FreedExtent(DEV, 5, 100, 10, False, 20 * NS, tid=7))
+    e.feed(JournalCommit(DEV, 7, 20 * NS))
+    [d] = e.discards(20 * NS)
+    assert d.ranges == ((100 * 4096, 10 * 4096),)
+    e.feed(FreedExtent(DEV, 6, 300, 4, False, 22 * NS, tid=8))
+    e.feed(JournalCommit(DEV, 8, 22 * NS))
+    assert not e.discards(22 * NS)  # within the interval
+    assert not e.discards(29 * NS)
+    [d] = e.discards(31 * NS)  # a poll past the interval, no commit since
+    assert isinstance(d, DiscardRanges) and d.ranges == ((300 * 4096, 4 * 4096),)
+    assert not e.discards(42 * NS)  # taken once
+
+
 def test_no_duplicate_discards_when_fs_discards_itself() -> None:
     vol = VolumeInfo(dev=DEV, name="bcache0", cache_bytes=1 << 30, fs_discard=True)
     e = engine(vol=vol)

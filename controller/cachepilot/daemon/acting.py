@@ -37,7 +37,9 @@ class Actor:
     def execute(self, action: Action, now: int, dry_run: bool, attempt: int = 0, *, again: bool = False) -> None:
         """Carry out ``action``; ``again``: it is one that pacing deferred, and one that waits on still (no read,
         no discard) is not a new decision -- said once, when first deferred, not on every tick it waits (a
-        re-warmed hot set waited tens of promotions a tick, a log line and a decision record each)."""
+        re-warmed hot set waited tens of promotions a tick, a log line and a decision record each). One that moved
+        on, or a retry (``attempt`` > 0), is recorded again (its trail: pending, then done) but counted once, when
+        first carried out."""
         v = self.vols.named(action.volume)
         if v is None or v.observe_only:
             self.counters.add("decisions", action.kind)
@@ -49,7 +51,8 @@ class Actor:
             v.settle(out, {})  # back on the volume's deferred list
             self.counters["deferred_waits"] += 1
             return
-        self.counters.add("decisions", action.kind)
+        if not again and attempt == 0:  # a deferred action's later outcome (a promotion read by a reader thread:
+            self.counters.add("decisions", action.kind)  # pending, then done) or a retry is recorded: one decision
         self._outcome(v, out, now, attempt)
 
     def _outcome(self, v: ManagedVolume, out: Outcome, now: int, attempt: int) -> None:

@@ -16,9 +16,10 @@ DISCARD_GATHER_NS = 500_000_000
 
 def gather_due(c: VolumeCtl, now: int, *, prompted: bool = True) -> bool:
     """Whether a look at the volume's freed extents is due now. A commit-prompted one (``prompted``: only when a
-    commit came; ``discard_due`` stays set until the look) at most once per DISCARD_GATHER_NS, and counted as made.
-    The tick's own look (which hands out what the budget or a granule held back) is skipped within a window after a
-    commit-prompted one: that look took what was ready, and the next commit's look takes what came since."""
+    commit came; ``discard_due`` stays set until a look that the policy's interval lets through) at most once per
+    DISCARD_GATHER_NS, and counted as made. The tick's own look (which hands out what the budget or a granule held
+    back) is skipped within a window after a commit-prompted one: that look took what was ready, and the next
+    commit's look takes what came since."""
     recent = c.discard_look_ns is not None and 0 <= now - c.discard_look_ns < DISCARD_GATHER_NS
     if not prompted or recent or not c.discard_due:
         return not prompted and not recent
@@ -29,15 +30,17 @@ def gather_due(c: VolumeCtl, now: int, *, prompted: bool = True) -> bool:
 def plan_discards(c: VolumeCtl, now: int, out: list[Action]) -> None:
     """Ready extents leave as one action (coalesced: extents that touch become one range), within a token
     bucket of ``max_rate`` bytes per second holding at most max(1 s, interval) of it. A policy ``interval``
-    above 0 batches: at most one look per interval (the old behaviour, for operators who want it)."""
-    c.discard_due = False
+    above 0 batches: at most one look per interval (the old behaviour, for operators who want it); a commit that
+    came within it stays due (``discard_due``), so that the first look after the interval takes what it freed."""
     d = c.policy.discard_on_delete
     if not d.enabled or c.info.fs_discard:
+        c.discard_due = False
         return
     if d.interval_s > 0:
         if now - c.last_discard_ns < d.interval_s * NS:
             return
         c.last_discard_ns = now
+    c.discard_due = False
     cap = d.max_rate * max(1.0, d.interval_s)
     if c.discard_tokens < 0:
         c.discard_tokens = cap
