@@ -132,16 +132,18 @@ static __always_inline bool bio_file(struct cp_config *c, struct bio *bio, u32 b
 		return kind == PAGE_FILE;
 	if (!fast && iomap_dio_file(bio, bdev, fsdev, id, fast))
 		return true;
-#ifndef CP_BCC
 	/* direct I/O whose bio does not name its file (a clone device-mapper made below a stacked filesystem; 6.1's
 	 * syscall marks): the pages belong to the user's buffer; use the file the task is doing direct I/O on (the
-	 * bcc build has no marks: its hooks are block I/O and the freed/delete/commit ones) */
+	 * bcc build has only the syscall marks: iomap's are in task storage, which needs BTF) */
 	struct cp_dio *d;
-	if (c->flags & CP_CFG_DIO_SYSCALLS) {
+#ifndef CP_BCC
+	if (!(c->flags & CP_CFG_DIO_SYSCALLS)) {
+		d = bpf_task_storage_get(&dio_store, bpf_get_current_task_btf(), 0, 0);
+	} else
+#endif
+	{
 		u32 tid = (u32)bpf_get_current_pid_tgid();
 		d = bpf_map_lookup_elem(&dio_task, &tid);
-	} else {
-		d = bpf_task_storage_get(&dio_store, bpf_get_current_task_btf(), 0, 0);
 	}
 	if (d && (d->dev == bdev || d->dev == fsdev) && d->ino) {
 		id->ino = d->ino;
@@ -150,7 +152,6 @@ static __always_inline bool bio_file(struct cp_config *c, struct bio *bio, u32 b
 		id->size = d->size;
 		return true;
 	}
-#endif
 	return false;
 }
 

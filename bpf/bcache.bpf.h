@@ -12,12 +12,14 @@
 
 #define CP_MAX_CACHE_DEVS 256
 
+#ifndef CP_BCC /* the bcc build names the map its loader creates from this definition */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, CP_MAX_CACHE_DEVS);
 	__type(key, u32);   /* the cache device's dev_t, kernel encoding */
 	__type(value, u64); /* allocation failures since the probe loaded */
 } alloc_fails SEC(".maps");
+#endif
 
 struct cp_bcache_alloc_fail_rec {
 	u64 common; /* struct trace_entry: type, flags, preempt_count, pid */
@@ -28,7 +30,7 @@ struct cp_bcache_alloc_fail_rec {
 };
 
 SEC("tracepoint/bcache/bcache_alloc_fail")
-int on_bcache_alloc_fail(struct cp_bcache_alloc_fail_rec *ctx)
+CP_TP_PROG(on_bcache_alloc_fail, struct cp_bcache_alloc_fail_rec)
 {
 	u32 dev = ctx->dev;
 	if (!watch_of(dev, CP_ROLE_LOWER))

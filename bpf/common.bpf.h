@@ -179,19 +179,4 @@ static __always_inline void submit_barrier(void *e, u64 len)
 	bpf_ringbuf_submit(e, crossed_quarter(&barrier_events, len) ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
 }
 
-static __always_inline struct file *fd_file(long fd)
-{
-	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
-	struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
-	struct file **fds;
-	struct file *f = NULL;
-
-	if (!fdt || fd < 0 || (unsigned long)fd >= BPF_CORE_READ(fdt, max_fds))
-		return NULL;
-	fds = BPF_CORE_READ(fdt, fd);
-	if (bpf_probe_read_kernel(&f, sizeof(f), &fds[fd]))
-		return NULL;
-	return f;
-}
-
 #endif /* CP_COMMON_BPF_H */

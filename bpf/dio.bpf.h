@@ -31,6 +31,7 @@ static __always_inline void dio_clear(void)
 		bpf_map_delete_elem(&dio_task, &tid);
 }
 
+#ifndef CP_BCC /* iomap's direct-I/O tracepoints (6.18): task storage, which needs BTF */
 /*
  * The task is about to do direct I/O on a file: bios it submits with pages that belong to no file (the user's buffer)
  * are that file's. The mark lives while the task submits that I/O: it ends when the I/O completes (synchronous) or is
@@ -83,7 +84,7 @@ int BPF_PROG(on_dio_queued, struct inode *inode, loff_t offset, u64 length)
 	dio_end(inode);
 	return 0;
 }
-
+#endif
 
 /* the mark lives from the syscall's entry to its exit: the bios of a direct read or write are submitted in between */
 static __always_inline int dio_syscall(long fd)

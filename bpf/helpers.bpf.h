@@ -7,6 +7,10 @@
 #ifndef CP_HELPERS_BPF_H
 #define CP_HELPERS_BPF_H
 
+/* a classic tracepoint's program over its record: bcc takes as a program only a function whose definition it sees in
+ * its main file or from a macro expansion, so the units' plain ones are spelled through this */
+#define CP_TP_PROG(name, record) int name(record *ctx)
+
 static __always_inline struct cp_config *cfg(void)
 {
 	u32 zero = 0;
@@ -150,6 +154,22 @@ static __always_inline bool inode_id_btf(struct inode *inode, struct file_id *id
 	id->gen = inode->i_generation;
 	id->size = inode->i_size;
 	return true;
+}
+
+/* the file behind a descriptor of the current task (a system call's argument) */
+static __always_inline struct file *fd_file(long fd)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
+	struct file **fds;
+	struct file *f = NULL;
+
+	if (!fdt || fd < 0 || (unsigned long)fd >= BPF_CORE_READ(fdt, max_fds))
+		return NULL;
+	fds = BPF_CORE_READ(fdt, fd);
+	if (bpf_probe_read_kernel(&f, sizeof(f), &fds[fd]))
+		return NULL;
+	return f;
 }
 
 #endif /* CP_HELPERS_BPF_H */

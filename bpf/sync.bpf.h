@@ -85,7 +85,7 @@ static __always_inline void claim_self(u64 nonce)
 }
 
 SEC("tracepoint/syscalls/sys_enter_sync_file_range")
-int sys_sync_file_range(struct trace_event_raw_sys_enter *ctx)
+CP_TP_PROG(sys_sync_file_range, struct trace_event_raw_sys_enter)
 {
 	if ((int)ctx->args[0] == CP_SELF_CLAIM_FD) {
 		claim_self(ctx->args[1]);
@@ -119,6 +119,27 @@ static __always_inline u32 implicit_sync_kind(struct file *file, int datasync)
 	return datasync ? CP_BAR_FDATASYNC : CP_BAR_FSYNC; /* io_uring, overlayfs, nfsd... */
 }
 
+/* this task's ext4 fsync in progress (created if asked): task storage, or in the bcc build (task storage needs BTF) an
+ * LRU hash by thread id with sync_pending's definition ("sync_task", created by its loader) */
+#ifdef CP_BCC
+static __always_inline struct cp_sync_pending *sync_task_get(bool create)
+{
+	u32 tid = (u32)bpf_get_current_pid_tgid();
+	struct cp_sync_pending *p = bpf_map_lookup_elem(&sync_task, &tid);
+	if (p || !create)
+		return p;
+	struct cp_sync_pending zero = {};
+	bpf_map_update_elem(&sync_task, &tid, &zero, BPF_NOEXIST);
+	return bpf_map_lookup_elem(&sync_task, &tid);
+}
+#else
+static __always_inline struct cp_sync_pending *sync_task_get(bool create)
+{
+	return bpf_task_storage_get(&sync_store, bpf_get_current_task_btf(), 0,
+				    create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+}
+#endif
+
 SEC("tp_btf/ext4_sync_file_enter")
 int BPF_PROG(on_ext4_sync_enter, struct file *file, int datasync)
 {
@@ -130,17 +151,16 @@ int BPF_PROG(on_ext4_sync_enter, struct file *file, int datasync)
 		if (bpf_map_lookup_elem(&sync_pending, &tid))
 			return 0; /* an fsync syscall's own: counted at its exit */
 	}
-	struct inode *inode = file->f_inode;
-	struct cp_watch *w = watch_of(inode->i_sb->s_dev, CP_ROLE_FS);
+	struct inode *inode = BTF_READ(file, f_inode);
+	struct cp_watch *w = watch_of(BTF_READ(inode, i_sb, s_dev), CP_ROLE_FS);
 	if (!w)
 		return 0;
-	struct cp_sync_pending *p = bpf_task_storage_get(&sync_store, bpf_get_current_task_btf(), 0,
-							 BPF_LOCAL_STORAGE_GET_F_CREATE);
+	struct cp_sync_pending *p = sync_task_get(true);
 	if (!p) {
 		count_drop(w->slot, CP_DROP_SYNC);
 		return 0;
 	}
-	p->ino = inode->i_ino;
+	p->ino = BTF_READ(inode, i_ino);
 	p->slot = w->slot;
 	p->kind = implicit_sync_kind(file, datasync) | CP_SYNC_FS_LEVEL;
 	return 0;
@@ -149,7 +169,7 @@ int BPF_PROG(on_ext4_sync_enter, struct file *file, int datasync)
 SEC("tp_btf/ext4_sync_file_exit")
 int BPF_PROG(on_ext4_sync_exit, struct inode *inode, int ret)
 {
-	struct cp_sync_pending *p = bpf_task_storage_get(&sync_store, bpf_get_current_task_btf(), 0, 0);
+	struct cp_sync_pending *p = sync_task_get(false);
 	if (!p || !(p->kind & CP_SYNC_FS_LEVEL))
 		return 0;
 	if (ret == 0)
@@ -164,7 +184,7 @@ int BPF_PROG(on_ext4_sync_fs, struct super_block *sb, int wait)
 {
 	if (!wait || is_self() || current_syscall() != NR_SYNC_)
 		return 0;
-	struct cp_watch *w = watch_of(sb->s_dev, CP_ROLE_FS);
+	struct cp_watch *w = watch_of(BTF_READ(sb, s_dev), CP_ROLE_FS);
 	if (w)
 		count_sync(w->slot, CP_BAR_SYNC, 0, (u32)(bpf_get_current_pid_tgid() >> 32));
 	return 0;

@@ -7,7 +7,7 @@ import ctypes as C
 import pytest
 
 from cachepilot import bpf_layout as L
-from cachepilot.probe import libbpf
+from cachepilot.probe import bccload, libbpf
 from cachepilot.probe.probe import CHECKOUT_OBJECT, HOOKS
 
 pytestmark = pytest.mark.bpf
@@ -52,6 +52,27 @@ def test_every_program_is_known(bpf_env: None) -> None:
     finally:
         h.bpf_object__close(obj)
     assert names == {hk.program for hk in HOOKS}
+
+
+def test_the_bcc_build_attaches_each_program_where_the_object_does(bpf_env: None) -> None:
+    """bccload.PROGRAMS names each program of the bcc build with the object's own tracepoint (tp_btf/X: raw tracepoint
+    X; tracepoint/C/N: classic C/N), and leaves out only what needs BTF (README "Kernels without BTF")."""
+    h = libbpf.lib()
+    obj = h.bpf_object__open_file(str(CHECKOUT_OBJECT).encode(), None)
+    assert obj
+    try:
+        sections = {}
+        p = h.bpf_object__next_program(obj, None)
+        while p:
+            kind, _, tp = h.bpf_program__section_name(p).decode().partition("/")
+            sections[h.bpf_program__name(p).decode()] = tp if kind in ("tp_btf", "tracepoint") else kind
+            p = h.bpf_object__next_program(obj, p)
+    finally:
+        h.bpf_object__close(obj)
+    assert {n: sections[n] for n in bccload.PROGRAMS} == bccload.PROGRAMS
+    assert set(sections) - set(bccload.PROGRAMS) == {
+        "on_bio_queue", "on_dio_begin", "on_dio_complete", "on_dio_queued", "on_xfs_extent_free",
+    }
 
 
 def test_decoding_never_raises_on_garbage() -> None:

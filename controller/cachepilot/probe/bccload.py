@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cachepilot.errors import UserError
-from cachepilot.probe import libbpf
+from cachepilot.probe import libbpf, perfattach
 from cachepilot.probe.capture import HEADERS_ENV, SYSTEM_PYTHON
 from cachepilot.safeio import read_capped
 
@@ -35,17 +35,29 @@ def bpf_source_dir(checkout: Path = CHECKOUT_BPF_DIR, packaged: Path = PACKAGED_
 
 
 COMPILER = Path(__file__).with_name("bcc_compile.py")
-# the programs of the bcc build and the raw tracepoint each attaches to
+_DIO_CALLS = ("read", "write", "pread64", "pwrite64", "readv", "writev", "preadv", "pwritev", "preadv2", "pwritev2")
+# the programs of the bcc build and the tracepoint each attaches to: a raw tracepoint (the CO-RE object's tp_btf), or
+# "category/name", a classic tracepoint (the object's tracepoint/category/name)
 PROGRAMS = {
     "on_bio_queue_compat": "block_bio_queue",
     "on_bio_split": "block_split",
     "on_ext4_free_blocks": "ext4_free_blocks",
     "on_ext4_evict": "ext4_evict_inode",
     "on_jbd2_end_commit": "jbd2_end_commit",
+    "on_ext4_sync_enter": "ext4_sync_file_enter",
+    "on_ext4_sync_exit": "ext4_sync_file_exit",
+    "on_ext4_sync_fs": "ext4_sync_fs",
+    **{f"sys_{p}{s}": f"syscalls/sys_{'exit' if p else 'enter'}_{s}"
+       for s in ("fsync", "fdatasync", "sync_file_range", "syncfs") for p in ("", "exit_")},
+    **{f"sys_dio_{p}{s}": f"syscalls/sys_{'exit' if p else 'enter'}_{s}" for s in _DIO_CALLS for p in ("", "exit_")},
+    "on_bcache_alloc_fail": "bcache/bcache_alloc_fail",
 }
 # the maps the source names by placeholder (CP_FD_<name> = PLACEHOLDER + index), in that order
 PLACED = ("watched", "volumes", "cp_config_map", "drops", "hot_slots", "hot_claimed", "events", "barrier_events",
-          "vol_drops", "cp_ksyms")
+          "vol_drops", "cp_ksyms", "sync_calls", "sync_pending", "sync_task", "dio_task", "alloc_fails")
+# maps of the bcc build only: name -> the CO-RE map whose definition it takes (task storage needs BTF: ext4's fsync in
+# progress is kept by thread id, as the syscall hooks keep theirs)
+TWINS = {"sync_task": "sync_pending"}
 PLACEHOLDER = 0x43500000
 # kernel functions the attribution compares a bio's completion with (cp_ksyms, by index)
 KSYMS = ("iomap_dio_bio_end_io", "bio_chain_endio")
@@ -54,11 +66,16 @@ COMPILE_TIMEOUT_S = 600
 CACHE_CAP = 4 << 20  # a cached compile is ~100 KiB of hex
 BPF_PSEUDO_MAP_FD = 1
 LD_IMM64 = 0x18
-BPF_PROG_TYPE_RAW_TRACEPOINT = 17
+BPF_PROG_TYPE_TRACEPOINT, BPF_PROG_TYPE_RAW_TRACEPOINT = 5, 17
 MAP_ARRAY, MAP_ARRAY_OF_MAPS, MAP_TASK_STORAGE = 2, 12, 29
 DEFAULT_CACHE = Path(os.environ.get("CACHEPILOT_BCC_CACHE", "/var/cache/cachepilot/bcc"))
-DIO_HOOK = "iomap (bcc: no direct-I/O marks)"
+DIO_HOOK = "syscalls"  # the bcc build's direct-I/O marks (iomap's keep theirs in task storage, which needs BTF)
 NOT_BUILT = "not in the bcc build (kernel without BTF)"
+
+
+def is_classic(program: str) -> bool:
+    """A classic tracepoint's program (CATEGORY/NAME), else a raw tracepoint's."""
+    return "/" in PROGRAMS[program]
 
 
 def cflags(bpf_dir: Path) -> list[str]:
@@ -150,6 +167,7 @@ def map_specs(h: C.CDLL, object_path: Path, names: Iterable[str]) -> dict[str, M
             if spec.type != MAP_TASK_STORAGE:
                 specs[name] = spec
         specs["cp_ksyms"] = MapSpec(MAP_ARRAY, 4, 8, len(KSYMS), 0)
+        specs.update({twin: specs[of] for twin, of in TWINS.items()})
         return specs
     finally:
         h.bpf_object__close(obj)
@@ -197,11 +215,12 @@ def kallsyms(names: Iterable[str], path: Path = KALLSYMS) -> dict[str, int]:
 
 @dataclass
 class BccPrograms:
-    """The maps, programs and attachments of the bcc path: close() releases them (detaching the programs)."""
+    """The maps, programs and attachments of the bcc path (Probe decides what to attach when, as for the CO-RE
+    object): close() releases them (detaching the programs)."""
 
     map_fds: dict[str, int] = field(default_factory=dict)
-    attached: list[str] = field(default_factory=list)
-    failed: dict[str, str] = field(default_factory=dict)
+    progs: dict[str, int] = field(default_factory=dict)  # loaded programs: name -> descriptor
+    failed: dict[str, str] = field(default_factory=dict)  # not loaded: name -> why
     from_cache: bool = False
     cache_dir: Path = DEFAULT_CACHE
     verifier_logs: dict[str, str] = field(default_factory=dict)  # programs the kernel refused: its verifier's log
@@ -230,38 +249,47 @@ class BccPrograms:
             h.bpf_map_update_elem(self.map_fds["cp_ksyms"], C.byref(C.c_uint32(i)), C.byref(addr), 0)
 
     def _load(self, h: C.CDLL, name: str, code: bytes) -> int:
+        kind = BPF_PROG_TYPE_TRACEPOINT if is_classic(name) else BPF_PROG_TYPE_RAW_TRACEPOINT
         insns = C.create_string_buffer(code, len(code))
-        fd = int(h.bpf_prog_load(BPF_PROG_TYPE_RAW_TRACEPOINT, name[:15].encode(), b"GPL", insns, len(code) // 8,
-                                 None))
+        fd = int(h.bpf_prog_load(kind, name[:15].encode(), b"GPL", insns, len(code) // 8, None))
         if fd >= 0:
             return fd
         log = C.create_string_buffer(1 << 22)
         opts = _ProgLoadOpts(sz=C.sizeof(_ProgLoadOpts), log_level=1, log_size=len(log),
                              log_buf=C.cast(log, C.c_char_p))
-        h.bpf_prog_load(BPF_PROG_TYPE_RAW_TRACEPOINT, name[:15].encode(), b"GPL", insns, len(code) // 8,
-                        C.byref(opts))
+        h.bpf_prog_load(kind, name[:15].encode(), b"GPL", insns, len(code) // 8, C.byref(opts))
         self.verifier_logs[name] = log.value.decode(errors="replace")
         last = next((ln for ln in reversed(self.verifier_logs[name].splitlines()) if ln.strip()), "")
         self.failed[name] = f"the kernel refused it: {libbpf.errno_str(fd)} ({last[:200]})"
         return -1
 
-    def load_and_attach(self, h: C.CDLL, code: dict[str, bytes], unavailable: set[str]) -> None:
+    def load(self, h: C.CDLL, code: dict[str, bytes], unavailable: set[str]) -> None:
+        """Load every program (the kernel's verifier); a refused one is in failed, with its log in verifier_logs."""
         by_placeholder = {PLACEHOLDER + i: self.map_fds[n] for i, n in enumerate(PLACED)}
-        for name, tracepoint in PROGRAMS.items():
+        for name in PROGRAMS:
             if name in unavailable:
                 self.failed[name] = "marked unavailable"
                 continue
             prog = self._load(h, name, patch(code[name], by_placeholder))
-            if prog < 0:
-                continue
-            self._fds.append(prog)
-            link = int(h.bpf_raw_tracepoint_open(tracepoint.encode(), prog))
+            if prog >= 0:
+                self._fds.append(prog)
+                self.progs[name] = prog
+
+    def attach(self, h: C.CDLL, name: str, tracefs: Path) -> str | None:
+        """Attach a loaded program to its tracepoint; None, or why not."""
+        tracepoint = PROGRAMS[name]
+        if is_classic(name):
+            try:
+                link = perfattach.attach(self.progs[name], tracefs, tracepoint)
+            except perfattach.AttachError as exc:
+                return str(exc)
+        else:
+            link = int(h.bpf_raw_tracepoint_open(tracepoint.encode(), self.progs[name]))
             if link < 0:
-                self.failed[name] = f"the kernel has no tracepoint {tracepoint} (nor a loaded module with it): " \
-                                    f"{libbpf.errno_str(link)}"
-                continue
-            self._fds.append(link)
-            self.attached.append(name)
+                return f"the kernel has no tracepoint {tracepoint} (nor a loaded module with it): " \
+                       f"{libbpf.errno_str(link)}"
+        self._fds.append(link)
+        return None
 
     def close(self) -> None:
         for fd in reversed(self._fds):  # links first: detaches the programs
@@ -273,13 +301,13 @@ class BccPrograms:
 def start(h: C.CDLL, headers: Path, release: str, cache_dir: Path, object_path: Path, maps: Iterable[str],
           sizes: dict[str, int], unavailable: set[str]) -> BccPrograms:
     """The compile (cached or fresh), the maps (sizes: max_entries overriding the object's), every program that
-    loads and attaches."""
+    loads (none attached yet)."""
     code, cached = compiled(headers, release, cache_dir)
     progs = BccPrograms(from_cache=cached, cache_dir=cache_dir)
     try:
         progs.create_maps(h, map_specs(h, object_path, maps), sizes)
         progs.fill_ksyms(h)
-        progs.load_and_attach(h, code, unavailable)
+        progs.load(h, code, unavailable)
     except BaseException:
         progs.close()
         raise

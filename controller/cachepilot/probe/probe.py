@@ -173,8 +173,9 @@ class AttachReport:
         return sorted({by_prog[p] for p in self.failed})
 
     def bcc(self, b: BccPrograms) -> None:
-        """What the bcc path attached: its build of the hooks (the others are the CO-RE object's only)."""
-        self.capture, self.dio_hook, self.attached, self.failed = b.describe(), bccload.DIO_HOOK, b.attached, b.failed
+        """The bcc path: its build of the hooks (the others are the CO-RE object's only), those the kernel refused."""
+        self.capture, self.dio_hook = b.describe(), bccload.DIO_HOOK
+        self.failed.update(b.failed)
         self.disabled.update(dict.fromkeys((hk.program for hk in HOOKS if hk.program not in bccload.PROGRAMS),
                                            bccload.NOT_BUILT))
 
@@ -219,6 +220,35 @@ def _mount_tracefs() -> str | None:
         err = C.get_errno()
         return f"tracefs is not mounted at {TRACEFS} and mounting it failed: {os.strerror(err)}"
     return None
+
+
+def deferrals(loaded: dict[str, int], dio_hook: str, ext4_sync: bool) -> dict[str, dict[str, int]]:
+    """The loaded programs that wait for a watch needing them, by trigger (Probe._deferred); ext4_sync: ext4's own
+    fsync hooks are there."""
+    deferred: dict[str, dict[str, int]] = {}
+    # iomap's direct-I/O bios name their file themselves (bi_private): the per-task marks are only needed for the
+    # clones device-mapper makes below a stacked filesystem, so their hooks (one run per read/write) wait for one
+    marks = DIO_IOMAP if dio_hook == "iomap" else DIO_SYSCALLS
+    if _has_kernel_symbol("iomap_dio_bio_end_io"):
+        deferred[STACKED] = {n: p for n, p in loaded.items() if n in marks}
+    # ext4's own fsync hooks count the fsync-family calls on ext4 (the kind from the system call); the syscall
+    # tracepoints, a run per fsync of every task (1.3 us here), are needed only for other filesystems
+    if ext4_sync:
+        deferred[NOT_EXT4] = {n: p for n, p in loaded.items() if n in FSYNC_SYSCALLS}
+    return deferred
+
+
+def _bcc_attachable(progs: dict[str, int], tracefs_problem: str | None, report: AttachReport) -> dict[str, int]:
+    """The bcc build's loaded programs that can attach here: without tracefs no classic tracepoint can (failed), a
+    module's absent tracepoint is the module not loaded (disabled, as the object's: _select_programs)."""
+    loaded = dict(progs)
+    for name in [n for n in loaded if bccload.is_classic(n)]:
+        tracepoint, module = bccload.PROGRAMS[name], MODULE_HOOKS.get(name)
+        if tracefs_problem or (module and not (TRACEFS / "events" / tracepoint).is_dir()):
+            why = tracefs_problem or f"{module} is not loaded: the kernel has no tracepoint {tracepoint}"
+            (report.failed if tracefs_problem else report.disabled)[name] = why
+            del loaded[name]
+    return loaded
 
 
 class _KernelFeatures:
@@ -426,12 +456,17 @@ class Probe:
         self._bind_maps({name: h.bpf_map__fd(self._map(name)) for name in MAPS}, dio_hook)
 
     def _open_bcc(self, unavailable: set[str]) -> None:
-        """The bcc path: the cached (or a fresh) compile, the same maps, its programs as raw tracepoints."""
+        """The bcc path: the cached (or a fresh) compile, the same maps, its programs attached as the object's are
+        (the same deferrals), tp_btf's as raw tracepoints, the classic ones through perf events."""
         assert self._capture.headers is not None  # capture.select gives bcc headers
         b = self._bcc = bccload.start(self._h, self._capture.headers, self.report.kernel, self.bcc_cache,
                                       self.object_path, MAPS, map_sizes(self.nslots, self.ringbuf_bytes), unavailable)
         self.report.bcc(b)
-        self._bind_maps(self._bcc.map_fds, "iomap")
+        self._bind_maps(b.map_fds, bccload.DIO_HOOK)
+        loaded = _bcc_attachable(b.progs, _mount_tracefs(), self.report)
+        ext4_sync = all(n in loaded and self._attach_one(n, loaded.pop(n)) for n in EXT4_SYNC)
+        self._deferred = deferrals(loaded, bccload.DIO_HOOK, ext4_sync)
+        self._attach_loaded(loaded)
 
     def _bind_maps(self, fds: dict[str, int], dio_hook: str) -> None:
         """User space over the loaded maps (either path's): configuration, hotness table, counters, watches."""
@@ -446,37 +481,37 @@ class Probe:
         self._counters = VolumeCounters(self._maps, self._slots)
         self._watches = WatchTable(self._config, self._counters, self._slots, self.mounts, self._attach_deferred)
 
-    def _defer(self, dio_hook: str) -> None:
-        """Set aside the loaded programs that wait for a watch needing them (Probe._deferred)."""
-        loaded = {n: p for n, p in self._progs.items() if self._h.bpf_program__autoload(p)}
-        # iomap's direct-I/O bios name their file themselves (bi_private): the per-task marks are only needed for the
-        # clones device-mapper makes below a stacked filesystem, so their hooks (one run per read/write) wait for one
-        marks = DIO_IOMAP if dio_hook == "iomap" else DIO_SYSCALLS
-        if _has_kernel_symbol("iomap_dio_bio_end_io"):
-            self._deferred[STACKED] = {n: p for n, p in loaded.items() if n in marks}
-        # ext4's own fsync hooks count the fsync-family calls on ext4 (the kind from the system call); the syscall
-        # tracepoints, a run per fsync of every task (1.3 us here), are needed only for other filesystems
-        if all(n in loaded for n in EXT4_SYNC):
-            self._deferred[NOT_EXT4] = {n: p for n, p in loaded.items() if n in FSYNC_SYSCALLS}
-
     def _attach(self, dio_hook: str) -> None:
-        h = self._h
-        self._defer(dio_hook)
+        loaded = {n: p for n, p in self._progs.items() if self._h.bpf_program__autoload(p)}
+        self._deferred = deferrals(loaded, dio_hook, all(n in loaded for n in EXT4_SYNC))
+        self._attach_loaded(loaded)
+
+    def _attach_loaded(self, loaded: dict[str, int]) -> None:
+        """Attach every loaded program but those deferred (either path's: libbpf's handles or bcc's descriptors)."""
         if not self._deferred.get(NOT_EXT4):
             self._sync_syscalls_on()
-        for name, prog in self._progs.items():
-            if not h.bpf_program__autoload(prog):
-                continue
+        for name, prog in loaded.items():
             trigger = next((t for t, progs in self._deferred.items() if name in progs), None)
             if trigger is not None:
                 self.report.disabled[name] = DEFERRED_UNTIL[trigger]
                 continue
-            link = h.bpf_program__attach(prog)
-            if not link:
-                self.report.failed[name] = f"attach failed: {libbpf.errno_str(C.get_errno())}"
-                continue
-            self._links.append(link)
-            self.report.attached.append(name)
+            self._attach_one(name, prog)
+
+    def _attach_one(self, name: str, prog: int) -> bool:
+        """Attach one program (the object's by libbpf, the bcc build's by its loader); reported either way."""
+        if self._bcc is not None:
+            why = self._bcc.attach(self._h, name, TRACEFS)
+        else:
+            link = self._h.bpf_program__attach(prog)
+            why = None if link else f"attach failed: {libbpf.errno_str(C.get_errno())}"
+            if link:
+                self._links.append(link)
+        if why:
+            self.report.failed[name] = why
+            return False
+        self.report.disabled.pop(name, None)
+        self.report.attached.append(name)
+        return True
 
     def _check_required(self) -> None:
         attached = {hk.feature for hk in HOOKS if hk.program in self.report.attached}
@@ -556,14 +591,8 @@ class Probe:
         if trigger == NOT_EXT4 and progs:
             self._sync_syscalls_on()
         for name, prog in list(progs.items()):
-            link = self._h.bpf_program__attach(prog)
-            if not link:
-                self.report.failed[name] = f"attach failed: {libbpf.errno_str(C.get_errno())}"
-                continue
-            del progs[name]
-            self.report.disabled.pop(name, None)
-            self._links.append(link)
-            self.report.attached.append(name)
+            if self._attach_one(name, prog):
+                del progs[name]
 
     # ---- discrete events ----
     def poll(self, timeout_ms: int = 0) -> list[Event]:
