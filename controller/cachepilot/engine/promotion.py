@@ -7,6 +7,7 @@ import numpy as np
 
 from cachepilot.actions import Action, Promote
 from cachepilot.engine.drains import drain_at_risk
+from cachepilot.engine.handoff import end_loan
 from cachepilot.engine.promoqueue import ADMITTED
 from cachepilot.engine.volumectl import NS, VolumeCtl
 from cachepilot.models.hotness import F_MEMBER, F_QUEUED, F_RESIDENT, HotnessTable
@@ -25,6 +26,7 @@ class Promoter:
             for slot in c.promo_queue.clear():
                 t.flags[slot] &= ~F_QUEUED
             return
+        end_loan(c, now)
         if c.latch is not None:
             return  # reading hot files into a failed cache helps nobody; the queue waits
         if drain_at_risk(c, now):
