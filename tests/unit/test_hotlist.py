@@ -309,3 +309,66 @@ def test_an_imported_list_larger_than_the_cache_is_cut_to_its_hottest_files_that
     got = imported_inos(e, files[:1000], 1) + imported_inos(e, files[1000:], 2)
     assert len(got) * (64 << 10) <= 64 << 20 and len(got) >= 900
     assert set(got) == {f[0] for f in files[:len(got)]}  # the hottest
+
+
+def test_importing_counts_the_imported_files_the_daemon_has_not_re_warmed_yet() -> None:
+    from cachepilot.daemon.volume import ManagedVolume
+    from cachepilot.daemon.volumes import Found
+
+    e = small_cache_engine()
+    v = ManagedVolume(Found(e.volume("v0").info), None, ctl=e.volume("v0"))
+    Imports().add("v0", [[10, 1, 9, 4096]])  # not applied yet: counted once the loop takes it (the CLI waits 2 ticks)
+    imp = Imports()
+    imp.add("v0", [[10 + i, 1, 100 - i, 4096] for i in range(5)])
+    imp.apply(e)
+    assert v.importing() == 5  # queued, with the credit that lets them out at the next tick
+    acts = [a for a in e.tick(1 * NS) if isinstance(a, Promote)]
+    v.deferred = [*acts[:3], Promote("v0", DEV, 99, 1, ((0, 4096),), "counter 5 > last evicted 0")]
+    assert v.importing() == 3  # being read (rounds, reader threads): deferred; the ordinary promotion is not counted
+
+
+def wait_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, statuses: list[dict], wait: str) -> int:  # type: ignore[type-arg]
+    from cachepilot.daemon import control
+
+    root = tmp_path / "mnt"
+    hl = exported(root)
+    f = tmp_path / "h.json"
+    f.write_text(hl.dumps())
+    seen = iter(statuses)
+
+    def fake_request(sock: object, req: dict) -> dict:  # type: ignore[type-arg]
+        if req["cmd"] == "hotlist_import":
+            return {"queued": len(req["files"])}
+        st = next(seen, statuses[-1])
+        return {"last_tick": {"ticks": st["ticks"]},
+                "volumes": [{"name": "v0", "mountpoint": str(root), **({"importing": st["left"]} if "left" in st
+                                                                        else {})}]}
+
+    monkeypatch.setattr(control, "request", fake_request)
+    monkeypatch.setattr("time.sleep", lambda s: None)
+    return main(["hotlist", "import", "--socket", str(tmp_path / "s"), "--wait", wait, "v0", str(f)])
+
+
+def test_import_wait_returns_once_the_daemon_has_re_warmed_the_list(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A handoff cuts the workload over once B is warm. 0 left in the snapshot read right after the requests is no
+    answer (the loop may not have taken them yet): the count holds two ticks on."""
+    statuses = [{"ticks": 0, "left": 0}, {"ticks": 7, "left": 0}, {"ticks": 8, "left": 4}, {"ticks": 9, "left": 1},
+                {"ticks": 10, "left": 0}]
+    assert wait_cli(tmp_path, monkeypatch, statuses, "60") == 0  # the first status: the import's mountpoint
+    out = capsys.readouterr().out
+    assert "re-warmed in" in out
+
+
+@pytest.mark.parametrize(("statuses", "wait", "rc", "said"), [
+    ([{"ticks": 3, "left": 2}], "0.001", 1, "2 file(s) still being re-warmed"),
+    ([{"ticks": 3}], "5", 2, "reports no re-warm progress"),  # a daemon from before --wait
+    ([{"ticks": 3, "left": 0}], "nan", 2, "--wait 'nan': must be a finite number"),
+    ([{"ticks": 3, "left": 0}], "-1", 2, "--wait '-1': must be a finite number"),
+])
+def test_import_wait_gives_up_at_its_limit_and_refuses_what_it_cannot_do(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        statuses: list[dict], wait: str, rc: int, said: str) -> None:  # type: ignore[type-arg]
+    assert wait_cli(tmp_path, monkeypatch, statuses, wait) == rc
+    err = capsys.readouterr().err
+    assert said in err and len(err.strip().splitlines()) == 1
