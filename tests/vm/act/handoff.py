@@ -132,6 +132,9 @@ def host_b(nfiles: int, cold: float, steady: float, hot: Path, k: str, wait: flo
     t_help = time.monotonic()  # the CLI's start-up alone (it was most of the import's 7-11 s in this guest)
     run(CLI, "hotlist", "import", "--help")
     say(f"{k}cli_start_s", f"{time.monotonic() - t_help:.2f}")
+    t_help = time.monotonic()  # what the CLI loaded at start before (4d5e390..): numpy, yaml, jsonschema, the models
+    run(sys.executable, "-c", "import numpy, yaml, jsonschema, cachepilot.actuators.promote, cachepilot.policy.loader")
+    say(f"{k}old_start_extra_s", f"{time.monotonic() - t_help:.2f}")
     t0, t0_wall = time.monotonic(), time.time()
     argv = [CLI, "hotlist", "import", "--socket", str(b.tmp / "ctl.sock"), name_b, str(hot)]
     imp = subprocess.run(argv + (["--wait", str(wait)] if wait else []), capture_output=True, text=True)
