@@ -22,11 +22,11 @@ class Promoter:
     def promote(self, c: VolumeCtl, now: int, out: list[Action]) -> None:
         promo = c.policy.promotion
         t = self.hotness
+        end_loan(c, now)
         if not promo.enabled:
             for slot in c.promo_queue.clear():
                 t.flags[slot] &= ~F_QUEUED
             return
-        end_loan(c, now)
         if c.latch is not None:
             return  # reading hot files into a failed cache helps nobody; the queue waits
         if drain_at_risk(c, now):
