@@ -328,7 +328,10 @@ def test_importing_counts_the_imported_files_the_daemon_has_not_re_warmed_yet() 
 
 
 def wait_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, statuses: list[dict], wait: str) -> int:  # type: ignore[type-arg]
+    from dataclasses import asdict
+
     from cachepilot.daemon import control
+    from cachepilot.daemon.status import TickStatus
 
     root = tmp_path / "mnt"
     hl = exported(root)
@@ -340,7 +343,7 @@ def wait_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, statuses: list[dic
         if req["cmd"] == "hotlist_import":
             return {"queued": len(req["files"])}
         st = next(seen, statuses[-1])
-        return {"last_tick": {"ticks": st["ticks"]},
+        return {"last_tick": asdict(TickStatus(0.0, 0.0, st["ticks"], 0)),  # the daemon's own shape
                 "volumes": [{"name": "v0", "mountpoint": str(root), **({"importing": st["left"]} if "left" in st
                                                                         else {})}]}
 

@@ -136,7 +136,7 @@ def _wait_rewarmed(sock: Path, name: str, seconds: float) -> int:
         if v is None or "importing" not in v:
             raise UserError(f"--wait: the daemon reports no re-warm progress for {name!r} (gone, or a daemon older"
                             f" than this command)")
-        ticks = int(st.get("last_tick", {}).get("ticks", 0))
+        ticks = int(st.get("last_tick", {}).get("n", 0))  # the daemon's tick count (status.TickStatus)
         first = ticks if first is None else first
         left = int(v["importing"])
         # a request may reach the loop a tick after the snapshot this read: two ticks on, the count includes it
