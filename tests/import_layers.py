@@ -30,7 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("policy", "records"),
     ("models", "mountinfo"),
     ("events", "actions", "capabilities", "safeio"),
-    ("errors", "units", "bpf_layout", "boundedserver", "__init__"),
+    ("errors", "units", "bpf_layout", "boundedserver", "handles", "__init__"),
 )
 LAYER = {unit: depth for depth, units in enumerate(LAYERS) for unit in units}
 MAX_CLASS_LINES = 400

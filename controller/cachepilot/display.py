@@ -11,7 +11,7 @@ from __future__ import annotations
 import errno
 import os
 
-from cachepilot.actuators.promote import open_by_handle  # the one open_by_handle_at (ext4 handles)
+from cachepilot.handles import open_by_handle  # the one open_by_handle_at (ext4 handles)
 
 
 def escape(text: str, *, backslash: bool = True) -> str:

@@ -115,7 +115,7 @@ def path_of(mount: str, ino: int, gen: int, gen_fn: GenFn = generation) -> FileI
     """The file (inode, generation) of the filesystem mounted at ``mount``, by path relative to it (one of its
     names, if it has several), checked by resolving that path back; None if it is gone or has no name there.
     Needs CAP_DAC_READ_SEARCH (open_by_handle_at)."""
-    from cachepilot.actuators.promote import open_by_handle
+    from cachepilot.handles import open_by_handle
 
     try:
         mfd = os.open(mount, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

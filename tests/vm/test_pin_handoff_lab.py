@@ -35,7 +35,13 @@ def test_an_exported_hot_list_re_warms_a_fresh_dm_cache_faster_than_its_own_miss
     assert "skipped: 0 unknown, 0 changed" in said, r.explain()
     assert r.int("imported_promotions") >= 100, r.explain()  # the daemon re-warmed them
     # ... quickly: reader threads, the list past the rate (8x it). Before, one read at a time on the loop at the
-    # policy's rate: the last imported read came 36 s into the workload; 6.9 s with them (24 s at 32 in flight).
-    assert float(r.values["imported_last_done_s"]) <= 15, r.explain()
+    # policy's rate: ~256 files (max_cache_fraction cut the list then) by 36 s into the workload, ~6 files a second;
+    # with them 6.9 s (24 s at 32 in flight). The whole list now (~870 files, two rounds each on dm-cache), with the
+    # workload competing for the guest's one vCPU: 21 files a second from the import's start (its last read 35 s
+    # into the workload).
+    assert r.int("exported_files") / float(r.values["imported_rewarm_s"]) >= 12, r.explain()
+    # `import --wait`: the workload cut over once B is warm (every file re-warmed before it starts)
+    assert r.int("wait_import_rc") == 0 and "re-warmed in" in r.values["wait_import_said"], r.explain()
+    assert float(r.values["wait_imported_last_done_s"]) <= 0, r.explain()
     # Recovery (stock_recovery_s vs import_recovery_s) is measured and reported in README, not asserted: the issue
     # asks 3x faster; measured so far it was not (README, "Warm handoff").

@@ -26,14 +26,12 @@ call, so every promotion moves on. The probe ignores the daemon's own I/O, so pr
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import logging
 import mmap
 import os
 import random
 import stat
-import struct
 import time
 from collections.abc import Callable
 
@@ -44,11 +42,11 @@ from cachepilot.actuators.readpool import ReadPool
 from cachepilot.capabilities import CAPABILITIES
 from cachepilot.errors import CachepilotError, DeviceGone, classify_errno
 from cachepilot.events import kdev_from_st_dev
+from cachepilot.handles import open_by_handle
 from cachepilot.models.volume import VolumeInfo
 
 log = logging.getLogger("cachepilot.actuators.promote")
 
-FILEID_INO32_GEN = 1
 MIN_CHUNK, MAX_CHUNK = 64 << 10, 256 << 10
 ROUND_GAP_NS = 1_200_000_000  # smq's hotspot tick is one second
 SLICE_WINDOW_NS = 1_000_000_000  # the daemon's tick
@@ -56,26 +54,6 @@ READ_SLICE_NS = 250_000_000  # of each window, the most the promoter reads for (
 # An imported hot list (a warm handoff) is read at this many times the rate, from its own bucket: the operator asked
 # for it, typically before the workload moves over; on bcache the alloc-fail back-off halves it too (allocpace).
 IMPORT_RATE_FACTOR = 8
-
-
-class _FileHandle(ctypes.Structure):
-    _fields_ = [("handle_bytes", ctypes.c_uint), ("handle_type", ctypes.c_int), ("f_handle", ctypes.c_ubyte * 8)]
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.open_by_handle_at.argtypes = [ctypes.c_int, ctypes.POINTER(_FileHandle), ctypes.c_int]
-_libc.open_by_handle_at.restype = ctypes.c_int
-
-
-def open_by_handle(mount_fd: int, ino: int, gen: int, flags: int) -> int:
-    """open_by_handle_at(2) with an ext4 FILEID_INO32_GEN handle; OSError (ESTALE: gone or replaced)."""
-    h = _FileHandle(8, FILEID_INO32_GEN)
-    h.f_handle[:] = list(struct.pack("<II", ino & 0xFFFFFFFF, gen & 0xFFFFFFFF))
-    fd = _libc.open_by_handle_at(mount_fd, ctypes.byref(h), flags)
-    if fd < 0:
-        code = ctypes.get_errno()
-        raise OSError(code, os.strerror(code))
-    return fd
 
 
 Chunk = tuple[int, int, int]  # (physical, logical, length)

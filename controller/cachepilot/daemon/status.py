@@ -89,6 +89,7 @@ class VolumeStatus:
     held_switches: int
     promotions_skipped: dict[str, int]  # promotions not made, by reason
     pins: dict[str, Any] | None  # pinned files and their residency (models/pins.py), None: no pins
+    importing: int  # files of an imported hot list not re-warmed yet (``hotlist import --wait``)
     metrics: VolumeMetrics | None = field(default=None, metadata={"json": False})  # None: not exported
 
     def to_json(self) -> dict[str, Any]:
@@ -218,7 +219,7 @@ def volume_status(v: ManagedVolume, c: VolumeCtl, now: int, engine: Engine) -> V
         promo_queue=len(c.promo_queue), believed_cached=len(c.cached),
         discard_pending_blocks=c.freed.pending_blocks, held_switches=c.held_switches,
         promotions_skipped=dict(c.promotions_skipped),
-        pins=c.pins.status(engine.hotness) if len(c.pins) or c.pins.note else None,
+        pins=c.pins.status(engine.hotness) if len(c.pins) or c.pins.note else None, importing=v.importing(),
         metrics=None if s is None or v.observe_only else _metrics(v, c, engine.now_ns))
 
 

@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from cachepilot.actions import Action, DiscardRanges, Drain, Promote
+from cachepilot.actions import IMPORTED, Action, DiscardRanges, Drain, Promote
 from cachepilot.backends.base import DONE, FAILED, PENDING, Backend, Outcome
 from cachepilot.daemon import volumes
 from cachepilot.engine.volumectl import VolumeCtl
@@ -106,6 +106,13 @@ class ManagedVolume:
             self.deferred = [a for a in deferred if isinstance(a, Promote)]
             return [a for a in deferred if not isinstance(a, Promote)]
         return deferred
+
+    def importing(self) -> int:
+        """Files of an imported hot list not re-warmed yet: in the promotion queue (while its credit lasts: it lets
+        them all out at the next tick) or being read (the rounds, the reader threads, the budget: deferred)."""
+        c = self.ctl
+        queued = len(c.promo_queue) if c is not None and c.import_credit else 0
+        return queued + sum(1 for a in self.deferred if isinstance(a, Promote) and IMPORTED in a.reason)
 
     def forget(self) -> None:
         """After a restore: nothing is in flight or to be retried any more."""

@@ -127,18 +127,13 @@ class Engine:
             c.cached.discard(slot)
         return c
 
-    @staticmethod
-    def _set_room(c: VolumeCtl) -> int:
-        """The believed-cached set's capacity: its share of the cache less what pinned files take."""
-        return max(0, int(c.info.cache_bytes * c.policy.promotion.max_cache_fraction) - c.pins.bytes)
-
     def set_pins(self, name: str, files: list[PinnedFile], note: str = "") -> None:
         """The files the volume's pin patterns resolved to (the daemon walks the mount; models/pins.py)."""
         c = self.volume(name)
         c.pins.assign(self.hotness, c.info.dev, files, c.policy.pin.refresh_s, note, self.now_ns)
         for slot in c.pins.slots.tolist():
             c.cached.discard(slot)  # a pinned file is no member: no admission or eviction decision touches it
-        c.cached.capacity_bytes = self._set_room(c)
+        c.cached.capacity_bytes = c.set_room()
 
     def import_hot(self, name: str, files: list[tuple[int, int, int, int]]) -> tuple[int, int]:
         """A warm handoff's hot list (ino, gen, score, size), hottest first: engine/handoff.py."""
@@ -166,7 +161,7 @@ class Engine:
         for dev, (vp, chosen) in resolved.items():
             c = self.vols[dev]
             c.policy, c.chosen_by = vp, chosen
-            c.cached.capacity_bytes = self._set_room(c)
+            c.cached.capacity_bytes = c.set_room()
             c.freed.granularity = self._granularity(c.info, vp)
             c.state.error_threshold = vp.health.error_threshold
 

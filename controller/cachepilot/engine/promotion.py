@@ -7,6 +7,7 @@ import numpy as np
 
 from cachepilot.actions import Action, Promote
 from cachepilot.engine.drains import drain_at_risk
+from cachepilot.engine.handoff import end_loan
 from cachepilot.engine.promoqueue import ADMITTED
 from cachepilot.engine.volumectl import NS, VolumeCtl
 from cachepilot.models.hotness import F_MEMBER, F_QUEUED, F_RESIDENT, HotnessTable
@@ -21,6 +22,7 @@ class Promoter:
     def promote(self, c: VolumeCtl, now: int, out: list[Action]) -> None:
         promo = c.policy.promotion
         t = self.hotness
+        end_loan(c, now)
         if not promo.enabled:
             for slot in c.promo_queue.clear():
                 t.flags[slot] &= ~F_QUEUED

@@ -60,6 +60,8 @@ class VolumeCtl:
     promo_queue: PromoQueue = field(default_factory=lambda: PromoQueue())
     tokens: float = 0.0
     import_credit: float = 0.0  # bytes of an imported hot list let out of the queue past the rate (handoff)
+    import_room: int = 0  # bytes the believed-cached set may hold past its share for an imported list (handoff)
+    import_last_ns: int = 0  # when the last request of an imported list arrived
     last_tick_ns: int | None = None
     last_switch_ns: int | None = None
     last_discard_ns: int = 0
@@ -97,3 +99,10 @@ class VolumeCtl:
     last_failure: str = ""  # the last action that failed, for humans
     pins: PinSet = field(default_factory=PinSet)  # pinned files (models/pins.py)
 
+
+    def set_room(self) -> int:
+        """The believed-cached set's capacity: its share of the cache (``max_cache_fraction``) less what pinned
+        files take, plus what an imported hot list still queued borrows (engine/handoff.py), never past the
+        cache less the pinned files."""
+        share = max(0, int(self.info.cache_bytes * self.policy.promotion.max_cache_fraction) - self.pins.bytes)
+        return max(share, min(self.info.cache_bytes - self.pins.bytes, share + self.import_room))
