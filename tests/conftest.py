@@ -25,9 +25,10 @@ def _own_host_lock(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
 # is left with one of them at the end while the other idles, and the many short files fill both tails. (xdist's own
 # reorder puts files with the most tests first: these, with one to three tests each, came last, after 80 others.)
 LONGEST_FIRST = (
+    "tests/vm/test_pin_handoff_lab.py",  # 6-7 min alone since host B runs twice (the import with --wait too)
     "tests/vm/test_fleet_lab.py",
     "tests/vm/test_bpf_lab.py",
-    "tests/vm/test_pin_handoff_lab.py",
+    "tests/vm/test_bcc_lab.py",  # 221 s alone: one compile, 32 host tests and the stacked one
     "tests/vm/test_daemon_crash_lab.py",
     "tests/vm/test_service_lab.py",
     "tests/vm/test_promote_lab.py",
