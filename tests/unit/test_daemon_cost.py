@@ -211,3 +211,19 @@ def test_a_polls_barriers_go_to_the_engine_as_one_run_and_a_bad_one_stops_only_i
     assert calls == [0, 0, 0]  # the barriers' run (resumed once past the bad one), then the commit's
     assert c.epochs.total_barriers == 5 and counters["events.Barrier"] == 6 and counters["events.bugs"] == 1
     assert counters["events.JournalCommit"] == 1 and c.freed.commits_seen == 1
+
+
+def test_a_snapshot_that_cannot_be_built_leaves_the_last_one_served(caplog: pytest.LogCaptureFixture) -> None:
+    from cachepilot.exporter import DaemonSnapshot, SnapshotBox
+
+    box = SnapshotBox()
+    good = DaemonSnapshot(timestamp=0.0, start_time=0.0, ready=True, dry_run=False, observe_only=False)
+    box.publish(good)
+
+    def broken() -> DaemonSnapshot:
+        raise ValueError("bad label")
+
+    for _ in range(3):
+        box.publish_lazy(broken)
+        assert box.latest() is good
+    assert len([r for r in caplog.records if "bad label" in r.getMessage()]) == 1
