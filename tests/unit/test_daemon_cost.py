@@ -1,5 +1,6 @@
 """The daemon's costs under load (issue 23 item 5): a deferred promotion that waits on is one decision, said once; a
-poll's many deletes are one batch, its barriers one run; a discard look that would find nothing again does no array work."""
+poll's many deletes are one batch, its barriers one run; a discard look that would find nothing again does no array
+work; the exporter's snapshot is built only when a scrape wants it."""
 
 from __future__ import annotations
 
@@ -206,7 +207,7 @@ def test_a_polls_barriers_go_to_the_engine_as_one_run_and_a_bad_one_stops_only_i
     counters = Counters()
     intake = Intake(engine, VolumeTable(), counters, Guard(counters), StopFlag(), lambda: None, lambda a, now: None)
     good = [Barrier(FS, BarrierKind.EMPTY_FLUSH, 0, 0, 4096, 10 + i) for i in range(5)]
-    bad = Barrier(FS, BarrierKind.EMPTY_FLUSH, 0, 0, -1, 20)  # negative epoch bytes: the epochs refuse it (a ValueError)
+    bad = Barrier(FS, BarrierKind.EMPTY_FLUSH, 0, 0, -1, 20)  # negative epoch bytes: refused (a ValueError)
     intake.feed_all([*good[:2], bad, *good[2:], JournalCommit(FS, 1, 30)])
     assert calls == [0, 0, 0]  # the barriers' run (resumed once past the bad one), then the commit's
     assert c.epochs.total_barriers == 5 and counters["events.Barrier"] == 6 and counters["events.bugs"] == 1
