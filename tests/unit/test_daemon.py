@@ -834,6 +834,32 @@ def test_one_snapshot_serves_the_socket_and_the_exporter(tmp_path: Path) -> None
     r.d.shutdown()
 
 
+def test_the_exporters_snapshot_is_built_by_the_scrape_that_wants_it(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a textfile, a tick hands the exporter how to build its snapshot; a scrape builds it once (a daemon
+    scraped every 15 s built 15 for nothing)."""
+    from prometheus_client import generate_latest
+
+    from cachepilot import exporter
+    from cachepilot.daemon import metrics as metrics_mod
+
+    r = Rig(tmp_path)
+    r.d.start()
+    r.tick(1)
+    built: list[int] = []
+    real = metrics_mod.exporter_snapshot
+    monkeypatch.setattr(metrics_mod, "exporter_snapshot", lambda *a: (built.append(1), real(*a))[-1])
+    m = metrics_mod.Metrics(exporter, "")
+    for _ in range(5):
+        m.publish(r.d.snapshot, 10**6, 0.0, lambda msg: None)
+    assert built == []
+    snap = m.box.latest()
+    assert snap is not None and snap.ticks == 1 and snap.tick_duration.count == 5 and len(built) == 1
+    assert m.box.latest() is snap and "cachepilot_ready 1.0" in generate_latest(m.registry).decode()
+    assert len(built) == 1  # built once, served twice
+    r.d.shutdown()
+
+
 def test_metric_labels_volume_is_the_dm_name_device_the_kernel_name(tmp_path: Path) -> None:
     from cachepilot.backends.host import Host
 

@@ -1,5 +1,6 @@
 """The daemon's costs under load (issue 23 item 5): a deferred promotion that waits on is one decision, said once; a
-poll's many deletes are one batch; a discard look that would find nothing again does no array work."""
+poll's many deletes are one batch, its barriers one run; a discard look that would find nothing again does no array
+work; the exporter's snapshot is built only when a scrape wants it."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from cachepilot.daemon.volume import ManagedVolume, VolumeTable
 from cachepilot.daemon.volumes import Found
 from cachepilot.engine.engine import Engine
 from cachepilot.errors import RetryLater
-from cachepilot.events import Delete, FileKey, FreedExtent, HotnessDelta, JournalCommit, kdev
+from cachepilot.events import Barrier, BarrierKind, Delete, FileKey, FreedExtent, HotnessDelta, JournalCommit, kdev
 from cachepilot.models.freed import FreedExtentQueue
 from cachepilot.models.volume import VolumeInfo
 
@@ -253,3 +254,37 @@ def _random_run(rng: random.Random, quiet: bool) -> list[object]:
 def test_the_quiet_take_gives_what_the_full_one_does() -> None:
     for seed in range(20):
         assert _random_run(random.Random(seed), True) == _random_run(random.Random(seed), False)  # noqa: S311 - reproducible sequences, not secrets
+
+
+def test_a_polls_barriers_go_to_the_engine_as_one_run_and_a_bad_one_stops_only_itself() -> None:
+    """A flush storm brings hundreds of barriers a poll: they go to the engine in one call, counted once, not
+    through the per-event layers each; a barrier the engine fails on is counted and the rest of the run goes on."""
+    engine = Engine()
+    c = engine.add_volume(INFO)
+    calls: list[int] = []
+    feed_each = engine.feed_each
+    engine.feed_each = lambda evs: (calls.append(0), feed_each(evs))[-1]  # type: ignore[method-assign]
+    counters = Counters()
+    intake = Intake(engine, VolumeTable(), counters, Guard(counters), StopFlag(), lambda: None, lambda a, now: None)
+    good = [Barrier(FS, BarrierKind.EMPTY_FLUSH, 0, 0, 4096, 10 + i) for i in range(5)]
+    bad = Barrier(FS, BarrierKind.EMPTY_FLUSH, 0, 0, -1, 20)  # negative epoch bytes: refused (a ValueError)
+    intake.feed_all([*good[:2], bad, *good[2:], JournalCommit(FS, 1, 30)])
+    assert calls == [0, 0, 0]  # the barriers' run (resumed once past the bad one), then the commit's
+    assert c.epochs.total_barriers == 5 and counters["events.Barrier"] == 6 and counters["events.bugs"] == 1
+    assert counters["events.JournalCommit"] == 1 and c.freed.commits_seen == 1
+
+
+def test_a_snapshot_that_cannot_be_built_leaves_the_last_one_served(caplog: pytest.LogCaptureFixture) -> None:
+    from cachepilot.exporter import DaemonSnapshot, SnapshotBox
+
+    box = SnapshotBox()
+    good = DaemonSnapshot(timestamp=0.0, start_time=0.0, ready=True, dry_run=False, observe_only=False)
+    box.publish(good)
+
+    def broken() -> DaemonSnapshot:
+        raise ValueError("bad label")
+
+    for _ in range(3):
+        box.publish_lazy(broken)
+        assert box.latest() is good
+    assert len([r for r in caplog.records if "bad label" in r.getMessage()]) == 1

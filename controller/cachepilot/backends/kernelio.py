@@ -35,7 +35,7 @@ class ErrorCounts(Counter[str]):
         return exc
 
 
-def read_attr(path: Path) -> str:
+def read_attr(path: Path | str) -> str:
     """One sysfs attribute, stripped; DeviceGone / RetryLater / KernelRejected on failure."""
     try:  # os-level: Path.read_text's text-file stack cost more than the read itself, ten times a tick
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)

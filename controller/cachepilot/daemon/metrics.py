@@ -1,5 +1,5 @@
 """The daemon's side of the Prometheus exporter (cachepilot.exporter, optional in a build): a snapshot box the loop
-publishes to every tick (the exporter's DaemonSnapshot, built from the one status snapshot), HTTP on
+publishes to every tick (the exporter's DaemonSnapshot, built from the one status snapshot when a scrape asks), HTTP on
 ``metrics.listen`` and/or the node_exporter textfile. A taken port is logged; the daemon runs on."""
 
 from __future__ import annotations
@@ -45,17 +45,27 @@ class Metrics:
         return m
 
     def publish(self, snap: Status, tick_ns: int, now_wall: float, once: Callable[[str], None]) -> None:
+        """The exporter's snapshot of ``snap``: built now for the textfile (written every tick), else built by the
+        first scrape that wants it (``snap`` and the frozen tick histogram do not change afterwards)."""
         if tick_ns:
             self.ticks.observe(tick_ns / NS)
-        left_out: list[str] = []
-        self.box.publish(exporter_snapshot(snap, self.ex, self.ticks.freeze(), now_wall, left_out))
-        for msg in left_out:
-            once(msg)
-        if self.textfile:
-            try:
-                self.ex.write_textfile(self.textfile, self.registry)
-            except OSError as exc:
-                once(f"metrics: textfile {self.textfile} not written: {exc.strerror}")
+        ticks = self.ticks.freeze()
+
+        def build() -> Any:
+            left_out: list[str] = []
+            built = exporter_snapshot(snap, self.ex, ticks, now_wall, left_out)
+            for msg in left_out:
+                once(msg)
+            return built
+
+        if not self.textfile:
+            self.box.publish_lazy(build)
+            return
+        self.box.publish(build())
+        try:
+            self.ex.write_textfile(self.textfile, self.registry)
+        except OSError as exc:
+            once(f"metrics: textfile {self.textfile} not written: {exc.strerror}")
 
     def close(self) -> None:
         if self.server is not None:

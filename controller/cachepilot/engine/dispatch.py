@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -58,6 +58,15 @@ class EventDispatch:
         if handler is None:
             raise UnknownEvent(f"not an event: {ev!r}")
         handler(ev)
+
+    def feed_each(self, evs: Iterator[Event]) -> None:
+        """feed() for each event, without a call per event from the caller (a poll brings hundreds)."""
+        handlers = self._handlers
+        for ev in evs:
+            handler = handlers.get(type(ev))
+            if handler is None:
+                raise UnknownEvent(f"not an event: {ev!r}")
+            handler(ev)
 
     def _feed_hotness(self, ev: HotnessDelta) -> None:
         self.feed_hotness_records([records.HOTNESS.to_record(ev)])  # one rule for every path: the vectorised update

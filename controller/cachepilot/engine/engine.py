@@ -27,7 +27,7 @@ go through dispatch); the engine owns the volumes and sequences the steps. One v
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -173,6 +173,10 @@ class Engine:
 
     def feed(self, ev: Event) -> None:
         self.events.feed(ev)
+
+    def feed_each(self, evs: Iterator[Event]) -> None:
+        """feed() for each event the iterator yields; one that raises leaves the rest in the iterator."""
+        self.events.feed_each(evs)
 
     def feed_hotness_records(self, records: list[tuple[int, ...]]) -> None:
         """HotnessDelta records as tuples in trace layout (see cachepilot.trace.format)."""

@@ -25,10 +25,13 @@ Conventions, so the metrics come out right without the collectors guessing:
 from __future__ import annotations
 
 import bisect
+import logging
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+log = logging.getLogger("cachepilot.exporter")
 
 # Tick durations: the engine's steady tick is ~30 ms, the goal ≤ 100 ms; a first tick can take seconds.
 TICK_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -214,16 +217,41 @@ class DaemonSnapshot:
 
 class SnapshotBox:
     """The hand-over point between the loop (``publish``) and scrapes (``latest``). One reference, replaced
-    whole: a reader gets either the old or the new snapshot, never a mix, and never waits on the loop."""
+    whole: a reader gets either the old or the new snapshot, never a mix, and never waits on the loop.
+
+    ``publish_lazy`` hands over how to build the snapshot instead (from the loop's immutable status): the first
+    scrape after it builds it, on the scrape's thread, and later ones reuse it. A daemon scraped every 15 s then
+    builds one snapshot in 15, not one a tick (issue 23 item 5: the daemon's CPU)."""
 
     def __init__(self) -> None:
         self._snapshot: DaemonSnapshot | None = None
+        self._build: Callable[[], DaemonSnapshot] | None = None
+        self._failed: set[str] = set()  # why builds failed (each said once)
         self._lock = threading.Lock()  # only guards the swap; held for nanoseconds
 
     def publish(self, snapshot: DaemonSnapshot) -> None:
         with self._lock:
-            self._snapshot = snapshot
+            self._snapshot, self._build = snapshot, None
+
+    def publish_lazy(self, build: Callable[[], DaemonSnapshot]) -> None:
+        """``build`` must read only what does not change after this call (it runs later, on another thread)."""
+        with self._lock:
+            self._build = build
 
     def latest(self) -> DaemonSnapshot | None:
         with self._lock:
-            return self._snapshot
+            snapshot, build = self._snapshot, self._build
+        if build is None:
+            return snapshot
+        try:
+            built: DaemonSnapshot | None = build()  # outside the lock: the loop's publish never waits for a build
+        except Exception as exc:  # noqa: BLE001 - a snapshot that cannot be built: scrapes keep the last good one
+            said = f"{type(exc).__name__}: {exc}"
+            if said not in self._failed:
+                self._failed.add(said)
+                log.error("metrics: snapshot not built, the last one is served: %s", said)
+            built = snapshot
+        with self._lock:
+            if self._build is build:  # not replaced meanwhile (else this reader still gets a whole snapshot)
+                self._snapshot, self._build = built, None
+        return built

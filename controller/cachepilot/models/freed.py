@@ -309,11 +309,16 @@ class FreedExtentQueue:
         # hand out the whole granules in order until the budget (whole granules of it) is spent
         avail = np.where(small, 0, whole - a)
         give = np.clip(max(budget, 0) // g * g - (np.cumsum(avail) - avail), 0, avail)
-        b = a + give
         given = give > 0
-        self.stats.handed_blocks += int(give.sum())
         # too small for too long: dropped and counted; the rest waits (a later neighbour may complete it)
         dropped = ~given & small & (now_ns - t > self.max_hold_ns)
+        self._quiet = None
+        if not given.any() and not dropped.any():  # nothing leaves: the ready set stays as it is, not rebuilt
+            drop_at = int(t[small].min()) + self.max_hold_ns if small.any() else 1 << 62
+            self._quiet = _Quiet(self._starts, g, self.max_hold_ns, drop_at, not avail.any())
+            return []
+        b = a + give
+        self.stats.handed_blocks += int(give.sum())
         self.stats.dropped_small_blocks += int((e - s)[dropped].sum())
         waits = ~given & ~dropped
         head = given & (s < a)  # the unaligned ends of what was handed out stay ready
@@ -323,10 +328,6 @@ class FreedExtentQueue:
         kt = np.concatenate([t[waits], t[head], t[tail]])
         order = np.argsort(ks, kind="stable")
         self._starts, self._ends, self._since = ks[order], ke[order], kt[order]
-        self._quiet = None
-        if not given.any() and not dropped.any():
-            drop_at = int(t[small].min()) + self.max_hold_ns if small.any() else 1 << 62
-            self._quiet = _Quiet(self._starts, g, self.max_hold_ns, drop_at, not avail.any())
         return list(zip(a[given].tolist(), give[given].tolist(), strict=True))
 
     def _still_quiet(self, now_ns: int, budget: int) -> bool:

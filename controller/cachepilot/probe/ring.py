@@ -42,8 +42,10 @@ class FixedRing:
         whole = np.frombuffer(self._data_mm, dtype=np.uint8)
         self._prod = whole[:8].view(np.uint64)
         self._data = whole[mmap.PAGESIZE:]  # 2 x size: the data pages and their second mapping
-        self._data32 = self._data.view(np.uint32)
-        self._payload = np.arange(self.dtype.itemsize, dtype=np.int64) + HDR_SIZE
+        # a record as one structured item (header, payload, padding): a batch is a view of the ring's memory
+        # (contiguous even when it wraps: the data pages are mapped twice), not a gather by computed offsets
+        self._rec_dtype = np.dtype({"names": ["len", "payload"], "formats": ["<u4", self.dtype],
+                                    "offsets": [0, HDR_SIZE], "itemsize": self.rec})
         self.left_over = False
 
     def take(self, limit: int) -> np.ndarray:
@@ -55,23 +57,23 @@ class FixedRing:
         self.left_over = n == limit and prod - cons > n * self.rec  # the limit left records for the next pass
         if n <= 0:
             return np.empty(0, dtype=self.dtype)
-        offs = (cons + np.arange(n, dtype=np.int64) * self.rec) & (self.size - 1)
-        hdr = self._data32[offs >> 2]
+        start = cons & (self.size - 1)
+        recs = self._data[start: start + n * self.rec].view(self._rec_dtype)
+        hdr = recs["len"]
         busy = np.flatnonzero(hdr & BUSY_BIT)
         if busy.size:
             n = int(busy[0])
-            offs, hdr = offs[:n], hdr[:n]
+            recs, hdr = recs[:n], hdr[:n]
         length = hdr & ~np.uint32(BUSY_BIT | DISCARD_BIT)
         if np.any(length != self.dtype.itemsize):
             bad = int(length[np.flatnonzero(length != self.dtype.itemsize)[0]])
             raise RingFormatError(f"a record of {bad} bytes in a ring of {self.dtype.itemsize}-byte records")
-        rows = self._data[offs[:, None] + self._payload].view(self.dtype).reshape(n)
-        rows = rows[(hdr & DISCARD_BIT) == 0]
+        rows = recs["payload"][(hdr & DISCARD_BIT) == 0]  # a copy: the kernel may reuse the space once consumed
         self._cons.value = cons + n * self.rec
         return rows
 
     def close(self) -> None:
         # the views must go before the maps they look into
-        del self._cons, self._prod, self._data, self._data32
+        del self._cons, self._prod, self._data
         self._cons_mm.close()
         self._data_mm.close()

@@ -219,10 +219,13 @@ def discard_metrics(load: Load, witness: DiscardWitness) -> dict:
 
 def daemon_metrics(daemon: Daemon, cpu0: float, secs: float, first: dict) -> dict:
     """first: the daemon's status counters when the window began (where its loop's time went in the window)."""
+    last = daemon.ask("status").get("counters") or {}
     res = {"daemon_cpu_pct": 100 * (daemon.cpu_s() - cpu0) / secs,
            "daemon_sys_pct": 100 * (daemon.sys_s() - daemon.sys0) / secs, "daemon_rss_mib": daemon.rss_max / MIB,
-           "daemon_ready_s": daemon.ready_s,
-           "stage_ms_per_tick": stage_ms(first, daemon.ask("status").get("counters") or {})}
+           "daemon_ready_s": daemon.ready_s, "stage_ms_per_tick": stage_ms(first, last),
+           # the probe's events a second by kind (what the daemon's per-event work scales with)
+           "events_per_s": {k.split(".", 1)[1]: round((n - first.get(k, 0)) / secs, 1) for k, n in last.items()
+                            if k.startswith("events.")}}
     dec = daemon.explain()
     res["decisions"] = {k: sum(1 for x in dec if x["kind"] == k) for k in {x["kind"] for x in dec}}
     res["decisions_tail"] = dec[-6:]
