@@ -59,11 +59,12 @@ class Admission:
         s = c.pins.exclude(s)  # pinned files are not sieved nor admitted: models/pins.py
         f = np.frombuffer(t.flags, dtype=np.uint8)[s]
         member = (f & F_MEMBER) != 0
+        size = np.frombuffer(t.size, dtype=np.int64)[s]
         c.touched_now += len(s) - int(member.sum())
+        c.touched_bytes_now += int(size[~member].sum())
         promo = c.policy.promotion
         if not promo.enabled:
             return
-        size = np.frombuffer(t.size, dtype=np.int64)[s]
         ok = t.sieve_mask(s, promo.sieve_size)
         c.cached.discard_many(s[member & ~ok])  # e.g. it grew past the sieve: invalidate
         keep = member & ok

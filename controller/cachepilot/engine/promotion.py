@@ -12,6 +12,12 @@ from cachepilot.engine.promoqueue import ADMITTED
 from cachepilot.engine.volumectl import NS, VolumeCtl
 from cachepilot.models.hotness import F_MEMBER, F_QUEUED, F_RESIDENT, HotnessTable
 
+# A scan: cold files touched more than SCAN_START times the usual rate (which must be at least SCAN_MIN_BASE files a
+# second to judge), over until under SCAN_END times it; it re-warms only past SCAN_POLLUTES of the cache in cold bytes.
+SCAN_MIN_BASE = 8.0
+SCAN_START, SCAN_END = 2.5, 1.5
+SCAN_POLLUTES = 0.25
+
 
 class Promoter:
     """Turns each volume's promotion queue into Promote actions and re-warms its believed-cached set."""
@@ -111,22 +117,31 @@ class Promoter:
         return n
 
     def scan_pollution(self, c: VolumeCtl, now: int) -> None:
-        """Two signals of a polluted cache: a scan (far more cold files -- outside the believed-cached set --
-        touched per tick than usual) and a falling hit ratio. A scan re-warms when it ends; a hit-ratio drop
-        re-warms at once (at most once a minute)."""
+        """Two signals of a polluted cache: a scan (cold files -- outside the believed-cached set -- touched far
+        faster than usual) and a falling hit ratio. A scan re-warms when it ends, if it touched enough cold bytes to
+        have displaced the hot set (SCAN_POLLUTES of the cache); a hit-ratio drop re-warms at once (at most once a
+        minute). Rates per second, not counts per tick: a tick that ran long (a stalled guest, a slow stage) covers
+        more of the workload's usual touches and is no scan."""
         n, c.touched_now = c.touched_now, 0
-        base = c.touched_baseline
-        if not c.scanning:
-            if base >= 8 and n > 2.5 * base:
-                c.scanning = True
-            else:
-                c.touched_baseline = n if base == 0 else 0.9 * base + 0.1 * n
-        elif n < 1.5 * base:
-            c.scanning = False
-            if c.policy.promotion.enabled:
-                c.last_rewarm_ns = now
-                self.rewarm(c, f"scan ended ({n} files/tick, usual {base:.0f}): re-warming the hot set")
+        nbytes, c.touched_bytes_now = c.touched_bytes_now, 0
+        last, c.scan_checked_ns = c.scan_checked_ns, now
+        if last == 0 or now <= last:
             return
+        rate, base = n * NS / (now - last), c.touched_baseline
+        if not c.scanning:
+            if base >= SCAN_MIN_BASE and rate > SCAN_START * base:
+                c.scanning, c.scan_bytes = True, nbytes
+            else:
+                c.touched_baseline = rate if base == 0 else 0.9 * base + 0.1 * rate
+        elif rate < SCAN_END * base:
+            c.scanning = False
+            if self._scan_polluted(c):
+                c.last_rewarm_ns = now
+                self.rewarm(c, f"scan ended ({rate:.0f} files/s, usual {base:.0f}; "
+                               f"{c.scan_bytes >> 20} MiB cold): re-warming the hot set")
+            return
+        else:
+            c.scan_bytes += nbytes
         drop = c.state.hit_trend()
         if not c.policy.promotion.enabled or c.scanning or drop >= -c.policy.health.scan_drop:
             return
@@ -134,6 +149,15 @@ class Promoter:
             return
         c.last_rewarm_ns = now
         self.rewarm(c, f"hit ratio fell by {-drop:.0%}: re-warming after pollution")
+
+    @staticmethod
+    def _scan_polluted(c: VolumeCtl) -> bool:
+        """Whether a scan that ended touched enough cold bytes to have pushed the hot set out: a scan smaller than
+        SCAN_POLLUTES of the cache leaves an LRU-like cache's recently used (hot) data in place, and re-reading the
+        whole believed-cached set after it costs reads and CPU for nothing (the kind's size unknown: any scan)."""
+        if not c.policy.promotion.enabled:
+            return False
+        return c.info.cache_bytes <= 0 or c.scan_bytes >= SCAN_POLLUTES * c.info.cache_bytes
 
     def replaced(self, c: VolumeCtl, cache_id: str, now: int) -> None:
         """A new cache device behind the volume starts empty: re-warm the believed-cached set at once, hottest

@@ -83,9 +83,12 @@ class VolumeCtl:
     meta_score: int = 0
     meta_bytes: int = 0
     held_switches: int = 0
-    touched_now: int = 0  # files outside the believed-cached set touched in the current tick
-    touched_baseline: float = 0.0  # EWMA of files touched per tick outside scans
+    touched_now: int = 0  # files outside the believed-cached set touched since the last scan check
+    touched_bytes_now: int = 0  # their bytes
+    touched_baseline: float = 0.0  # EWMA of such files touched per second outside scans
+    scan_checked_ns: int = 0  # when the scan check last ran (a tick's length varies: rates, not counts)
     scanning: bool = False
+    scan_bytes: int = 0  # cold bytes the scan under way touched
     caps: Capabilities = ANY_KIND
     latch: Latch | None = None
     drain: DrainInFlight | None = None
