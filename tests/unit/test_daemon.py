@@ -702,6 +702,30 @@ def test_file_actions_outcomes_are_recorded_and_logged(tmp_path: Path) -> None:
     r.d.shutdown()
 
 
+def test_a_tick_runs_deferred_file_actions_only_within_its_budget_and_acts_at_once_between_ticks(
+        tmp_path: Path) -> None:
+    """Issue 21 item 6: the soak's ticks over 1 s were mostly the deferred stage (every deferred action, every tick).
+    Each file action here costs 50 ms on the budget's clock: of 40 deferred, the tick runs what fits in half its
+    period and leaves the rest queued in order; between ticks a file action is carried out at once."""
+    r = Rig(tmp_path)
+    r.d.start()
+    extra = [0]
+    r.d.budget.clock_ns = lambda: time.monotonic_ns() + extra[0]
+    files = r.d.vols[DEV].files
+    run = files.run
+    files.run = lambda a, dry: (extra.__setitem__(0, extra[0] + 50_000_000), run(a, dry))[-1]
+    queued = [Promote("bcache0", DEV, 100 + i, 1, ((0, 4096),), "hot") for i in range(40)]
+    r.d.vols[DEV].deferred = list(queued)
+    r.tick(1)
+    ran = [a for a, _ in files.ran]
+    assert 1 <= len(ran) <= 10 and ran == queued[:len(ran)]
+    assert r.d.vols[DEV].deferred == queued[len(ran):] and r.d.counters["deferred_left"] == 40 - len(ran)
+    d = DiscardRanges("bcache0", DEV, ((0, 4096),), "freed")
+    r.d.execute(d, r.d.started_ns)  # between ticks: the budget is closed
+    assert files.ran[-1] == (d, False)
+    r.d.shutdown()
+
+
 def test_status_is_served_from_the_snapshot_fast(rig: Rig) -> None:
     rig.d.start()
     rig.tick(1)

@@ -1,6 +1,9 @@
 """Carrying out the engine's decisions on the managed volumes: each action once, its outcome recorded (the decision
 log that ``explain`` and the state file show) and told to the engine; a busy device retried with backoff (the engine
 hears only the final result); a device gone drops its volume; the backends' pending operations stepped each tick.
+File actions start only while the tick's budget lasts (ticktime.TickBudget): past it, one the engine decided or a
+retry brought back is recorded as postponed and waits on its volume's deferred list like one pacing deferred, and
+the deferred ones not reached stay queued, ahead of the rest, for the next tick. Control actions always run.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any
 from cachepilot.actions import Action, DiscardRanges, Promote
 from cachepilot.backends.base import FAILED, PENDING, Backend, Outcome
 from cachepilot.daemon.counters import Counters
+from cachepilot.daemon.ticktime import TickBudget
 from cachepilot.daemon.volume import ManagedVolume, VolumeTable
 from cachepilot.engine.engine import Engine
 from cachepilot.errors import CachepilotError, DeviceGone, RetryLater
@@ -22,31 +26,40 @@ log = logging.getLogger("cachepilot")
 
 MAX_RETRIES = 5
 DECISIONS_KEPT = 1000
+POSTPONED = "postponed: this tick's time for file actions is spent"
 
 
 class Actor:
     def __init__(self, engine: Engine, vols: VolumeTable, counters: Counters,
-                 drop: Callable[[int, str], None], once: Callable[[str], None]) -> None:
+                 drop: Callable[[int, str], None], once: Callable[[str], None],
+                 budget: TickBudget | None = None) -> None:
         self.engine = engine
         self.vols = vols
         self.counters = counters
         self.drop = drop  # the daemon's: a volume whose device is gone leaves every index
         self.once = once
         self.decisions: deque[dict[str, Any]] = deque(maxlen=DECISIONS_KEPT)
+        self.budget = budget or TickBudget()  # never opened: never spent
+        self._turn = 0  # which volume's deferred actions go first this tick
 
     def execute(self, action: Action, now: int, dry_run: bool, attempt: int = 0, *, again: bool = False) -> None:
         """Carry out ``action``; ``again``: it is one that pacing deferred, and one that waits on still (no read,
         no discard) is not a new decision -- said once, when first deferred, not on every tick it waits (a
         re-warmed hot set waited tens of promotions a tick, a log line and a decision record each). One that moved
         on, or a retry (``attempt`` > 0), is recorded again (its trail: pending, then done) but counted once, when
-        first carried out."""
+        first carried out. Past the tick's budget a file action not ``again`` is postponed: recorded, and deferred
+        whole (the deferred stage stops on its own)."""
         v = self.vols.named(action.volume)
         if v is None or v.observe_only:
             self.counters.add("decisions", action.kind)
             why = "volume gone" if v is None else "not carried out: observe-only volume"
             self.record(v, Outcome(action, FAILED, detail=why))
             return
-        out = v.run(action, dry_run)
+        if not again and isinstance(action, Promote | DiscardRanges) and self.budget.spent():
+            out = Outcome(action, PENDING, dry_run, deferred=action, detail=POSTPONED)
+            self.counters["postponed"] += 1
+        else:
+            out = v.run(action, dry_run)
         if again and waits_still(out):
             v.settle(out, {})  # back on the volume's deferred list
             self.counters["deferred_waits"] += 1
@@ -72,10 +85,23 @@ class Actor:
             self.drop(v.info.dev, f"device gone ({err})")  # (a filesystem gone under a file action: the rescan)
 
     def deferred(self, now: int, dry_run: bool) -> None:
-        """What pacing left last tick; promotions wait while the volume's drain is at risk."""
-        for v in list(self.vols.values()):
-            for action in v.take_deferred(self.engine.holds_promotions(v.info.name)):
-                self.execute(action, now, dry_run, again=True)
+        """What pacing left last tick, in order, until the tick's budget is spent; promotions wait while the volume's
+        drain is at risk. At least one action runs a tick, so pacing always moves on, and the volumes take turns at
+        going first; what was not reached goes back ahead of what this tick deferred again (each gets its turn)."""
+        vols = list(self.vols.values())
+        k = self._turn % len(vols) if vols else 0
+        self._turn += 1
+        ran = 0
+        for v in vols[k:] + vols[:k]:
+            if ran and self.budget.spent():
+                return
+            todo = deque(v.take_deferred(self.engine.holds_promotions(v.info.name)))
+            while todo and not (ran and self.budget.spent()):
+                self.execute(todo.popleft(), now, dry_run, again=True)
+                ran += 1
+            if todo:
+                self.counters["deferred_left"] += len(todo)
+                v.deferred[:0] = todo
 
     def retry_due(self, now: int, dry_run: bool) -> None:
         for v in list(self.vols.values()):

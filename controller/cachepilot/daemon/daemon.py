@@ -2,9 +2,10 @@
 
 Per tick (``Daemon.tick``): a pending SIGHUP reload; the probe's per-tick aggregates into the engine (discrete
 events are fed as they arrive, while the loop waits); a rescan for volumes that appeared or vanished; one sample of
-every backend; the engine's decisions carried out (``apply(action, dry_run)``, the actuators for promotions and
-discards); retries that are due; ``step`` of every backend's pending operations; then the snapshot that the control
-socket and the metrics exporter serve, the watchdog ping, and now and then the state file.
+every backend; the file actions pacing deferred; the engine's decisions carried out (``apply(action, dry_run)``, the
+actuators for promotions and discards; file actions only while the tick's budget lasts); retries that are due;
+``step`` of every backend's pending operations; then the snapshot that the control socket and the metrics exporter
+serve, the watchdog ping, and now and then the state file.
 
 Errors by class (cachepilot.errors): a configuration or policy error keeps the last good one; DeviceGone drops the
 volume (one log line, its pending actions cancelled); RetryLater retries with backoff, counted; KernelRejected is
@@ -41,7 +42,7 @@ from cachepilot.daemon.persist import Persistence
 from cachepilot.daemon.reloads import BackgroundParse, ReloadRequests, Verdict, keep_fixed
 from cachepilot.daemon.snapshot import hottest
 from cachepilot.daemon.state import StateFile
-from cachepilot.daemon.ticktime import StageTimes
+from cachepilot.daemon.ticktime import StageTimes, TickBudget
 from cachepilot.daemon.volume import VolumeTable
 from cachepilot.engine.engine import Engine
 from cachepilot.errors import FatalError, UserError
@@ -79,13 +80,15 @@ class Daemon:
         self.loop = TickLoop(config.tick_s, self.tick, wait=self._between_ticks)
         self.counters = Counters()
         self.times = StageTimes(self.counters)
+        self.budget = TickBudget()
         self.gc = GcPauses(self.counters)
         self.guard = Guard(self.counters)
         self.persist = Persistence(self.state, self.engine, self.counters, self.guard.once)
         epochs = bool(config.metrics_listen or config.metrics_textfile)
         self.adopter = Adopter(self.engine, self.vols, self.counters, self.guard, self.persist, discover=discover,
                                backend_factory=backend_factory, actuators_factory=actuators_factory, epochs=epochs)
-        self.actor = Actor(self.engine, self.vols, self.counters, self.adopter.drop, self.guard.once)
+        self.actor = Actor(self.engine, self.vols, self.counters, self.adopter.drop, self.guard.once,
+                           self.budget)
         self.decisions = self.actor.decisions
         self.intake = Intake(self.engine, self.vols, self.counters, self.guard, self.loop.stop_event,
                              lambda: self.adopter.probe, self.execute)
@@ -187,8 +190,12 @@ class Daemon:
         """One tick: the stages in order, each guarded (a failing stage is counted and the next one runs)."""
         t0 = time.monotonic_ns()
         self.times.begin()
-        for name, stage in self.stages:
-            self._stage(name, stage, now)
+        self.budget.open(t0, self.loop.tick_ns)
+        try:
+            for name, stage in self.stages:
+                self._stage(name, stage, now)
+        finally:
+            self.budget.close()
         self.counters["ticks"] += 1
         dur = time.monotonic_ns() - t0
         self.counters["tick_ns"] += dur
