@@ -87,13 +87,18 @@ class ReaderThreadPromoter:
         return Outcome(action, DONE, dry_run, actuated=True, read_bytes=65536, reads=1)
 
 
-def test_a_promotion_read_by_a_reader_thread_is_counted_once_and_recorded_pending_then_done() -> None:
-    files = ReaderThreadPromoter()
+def acting_on(files: object) -> tuple[ManagedVolume, Counters, Actor]:
+    """A volume whose file actions ``files`` carries out, its counters, and the actor that runs them."""
     v = ManagedVolume(Found(INFO), backend=cast(Backend, object()), files=files)
     vols = VolumeTable()
     vols.add(v)
     counters = Counters()
-    actor = Actor(Engine(), vols, counters, lambda dev, why: None, lambda msg: None)
+    return v, counters, Actor(Engine(), vols, counters, lambda dev, why: None, lambda msg: None)
+
+
+def test_a_promotion_read_by_a_reader_thread_is_counted_once_and_recorded_pending_then_done() -> None:
+    files = ReaderThreadPromoter()
+    v, counters, actor = acting_on(files)
     actor.execute(Promote("bcache0", FS, 12, 1, ((0, 65536),), "hot"), 0, dry_run=False)
     for tick in range(1, 4):
         actor.deferred(tick, dry_run=False)
@@ -117,11 +122,7 @@ class BusyOncePromoter:
 
 def test_a_retried_promotion_is_counted_once() -> None:
     files = BusyOncePromoter()
-    v = ManagedVolume(Found(INFO), backend=cast(Backend, object()), files=files)
-    vols = VolumeTable()
-    vols.add(v)
-    counters = Counters()
-    actor = Actor(Engine(), vols, counters, lambda dev, why: None, lambda msg: None)
+    v, counters, actor = acting_on(files)
     actor.execute(Promote("bcache0", FS, 12, 1, ((0, 65536),), "hot"), 0, dry_run=False)
     actor.retry_due(10**12, dry_run=False)
     assert files.calls == 2 and [d["status"] for d in actor.decisions] == ["failed", "done"]
