@@ -28,6 +28,18 @@ def run(*argv: str, check: bool = True, **kw) -> subprocess.CompletedProcess[str
 
 # In the lab guest (tests/vm/test_bpf_lab.py) the same tests run on the lab's cached volume instead of a loop device.
 LAB_CACHED_DEV = os.environ.get("LAB_CACHED_DEV", "")
+# The stacked layout test_stacking.py's stacked tests need, made in a lab guest (shell lines, for the lab tests
+# that run them there): the lab's filesystem unmounted, ext4 on dm-linear over the cached device, and the
+# LAB_STACK_* variables those tests read.
+STACK_LAYOUT = """\
+export DM_DISABLE_UDEV=1
+umount "$LAB_MOUNT"
+dmsetup create lab-stack --table "0 $(blockdev --getsz "$LAB_CACHED_DEV") linear $LAB_CACHED_DEV 0"
+mkfs.ext4 -q -F -E nodiscard,lazy_itable_init=0,lazy_journal_init=1 /dev/mapper/lab-stack
+mkdir -p /mnt/stack
+mount -t ext4 /dev/mapper/lab-stack /mnt/stack
+export LAB_STACK_UPPER=/dev/mapper/lab-stack LAB_STACK_LOWER="$LAB_CACHED_DEV" LAB_STACK_MOUNT=/mnt/stack
+"""
 LAB_MOUNT = os.environ.get("LAB_MOUNT", "")
 SLOW = 8.0 if LAB_CACHED_DEV else 1.0  # TCG guest: give the kernel more time to get I/O out
 

@@ -17,6 +17,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from bpf_support import STACK_LAYOUT
 
 pytestmark = pytest.mark.vm
 
@@ -48,14 +49,7 @@ rc=0
 {sys.executable} -m pytest -q -p no:cacheprovider -k '{DESELECT}' --junitxml="$LAB_OUT/junit.xml" \\
     {" ".join(MODULES)} || rc=$?
 # the stacked layout of test_bpf_lab.py's test_bpf_files_of_dm_linear_on_bcache, on the same guest
-export DM_DISABLE_UDEV=1
-umount "$LAB_MOUNT"
-dmsetup create lab-stack --table "0 $(blockdev --getsz "$LAB_CACHED_DEV") linear $LAB_CACHED_DEV 0"
-mkfs.ext4 -q -F -E nodiscard,lazy_itable_init=0,lazy_journal_init=1 /dev/mapper/lab-stack
-mkdir -p /mnt/stack
-mount -t ext4 /dev/mapper/lab-stack /mnt/stack
-export LAB_STACK_UPPER=/dev/mapper/lab-stack LAB_STACK_LOWER="$LAB_CACHED_DEV" LAB_STACK_MOUNT=/mnt/stack
-{sys.executable} -m pytest -q -p no:cacheprovider -k stacked --junitxml="$LAB_OUT/junit-stacked.xml" \\
+{STACK_LAYOUT}{sys.executable} -m pytest -q -p no:cacheprovider -k stacked --junitxml="$LAB_OUT/junit-stacked.xml" \\
     tests/bpf/test_stacking.py || rc=$?
 exit $rc
 """

@@ -13,6 +13,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from bpf_support import STACK_LAYOUT
 
 pytestmark = pytest.mark.vm
 
@@ -86,14 +87,7 @@ def test_bpf_exact_counts_on_cached_volume(lab, recipe: str) -> None:
 STACKED_GUEST = f"""
 set -e
 cd {ROOT}
-export DM_DISABLE_UDEV=1
-umount "$LAB_MOUNT"
-dmsetup create lab-stack --table "0 $(blockdev --getsz "$LAB_CACHED_DEV") linear $LAB_CACHED_DEV 0"
-mkfs.ext4 -q -F -E nodiscard,lazy_itable_init=0,lazy_journal_init=1 /dev/mapper/lab-stack
-mkdir -p /mnt/stack
-mount -t ext4 /dev/mapper/lab-stack /mnt/stack
-export LAB_STACK_UPPER=/dev/mapper/lab-stack LAB_STACK_LOWER="$LAB_CACHED_DEV" LAB_STACK_MOUNT=/mnt/stack
-exec {sys.executable} -m pytest -q -p no:cacheprovider -k stacked --junitxml="$LAB_OUT/junit.xml" \\
+{STACK_LAYOUT}exec {sys.executable} -m pytest -q -p no:cacheprovider -k stacked --junitxml="$LAB_OUT/junit.xml" \\
     tests/bpf/test_stacking.py
 """
 
