@@ -4,7 +4,8 @@ threads. The metrics endpoint and the control socket both run on it; what they s
 
 The bounds, each a constructor argument:
 - at most ``max_conns`` connections: new ones close the oldest still waiting for a request (a flood churns its own
-  connections; a client that sends its request as it connects is answered in the pass that accepts it);
+  connections; a client that sends its request as it connects is answered in the pass that accepts it, and each
+  connection is read once more just before the cap would close it);
 - the whole request within ``request_deadline_s`` of the connect — one deadline per request, not per ``recv``, so
   trickling does not extend it — and at most ``max_request`` bytes of it;
 - the answer taken by the client within ``reply_deadline_s``.
@@ -157,13 +158,17 @@ class BoundedServer:
                 self._watch(conn, selectors.EVENT_READ)
 
     def _evict(self) -> None:
-        excess = len(self._conns) - self.max_conns
-        if excess <= 0:
-            return
-        reading = [c for c in self._conns.values() if c.outbox is None]  # oldest first
-        answering = [c for c in self._conns.values() if c.outbox is not None]  # clients slow to read their answer
-        victims = reading[:excess] + answering[:max(0, excess - len(reading))]
-        for conn in victims:
+        """Down to the cap: the oldest connections still without a whole request go first, each read once more
+        before it goes (a client's request can land between its accept and now: it is answered, not dropped); then,
+        if still over, the oldest clients slow to read their answer."""
+        for conn in [c for c in self._conns.values() if c.outbox is None]:  # oldest first
+            if len(self._conns) <= self.max_conns:
+                return
+            self._read(conn)
+            if conn.sock in self._conns and conn.outbox is None:
+                self._drop(conn, "over the connection cap")
+        excess = max(0, len(self._conns) - self.max_conns)
+        for conn in [c for c in self._conns.values() if c.outbox is not None][:excess]:
             self._drop(conn, "over the connection cap")
 
     def _watch(self, conn: _Conn, events: int) -> None:

@@ -10,10 +10,12 @@ they come back in milliseconds however busy the loop is. The transport is a
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
 import struct
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -154,10 +156,42 @@ class ControlServer:
                 pass
 
 
+READ_ONLY = frozenset({"status", "top", "explain", "advise"})  # asking twice changes nothing
+RETRY_PAUSE_S = 0.01
+
+
 def request(path: Path, req: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
-    """Ask the daemon; UserError naming the problem if it does not answer."""
+    """Ask the daemon; UserError naming the problem if it does not answer. The server closes a connection unanswered
+    only before it has the whole request (over its connection cap, or too slow), so a read-only question whose
+    connection was closed without a byte of answer is asked again until ``timeout``; any other is reported."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            data = _exchange(path, req, max(deadline - time.monotonic(), 0.001))
+        except TimeoutError:
+            raise UserError(f"the daemon at {path} did not answer within {timeout:g} s") from None
+        except ConnectionError as exc:
+            if req.get("cmd") not in READ_ONLY or time.monotonic() + RETRY_PAUSE_S >= deadline:
+                raise UserError(f"the daemon at {path} closed the connection without answering ({exc.strerror})"
+                                ) from None
+            time.sleep(RETRY_PAUSE_S)
+            continue
+        break
+    try:
+        answer = json.loads(data)
+    except ValueError:
+        raise UserError(f"the daemon at {path} sent an unreadable answer") from None
+    if "error" in answer:
+        raise UserError(f"daemon: {answer['error']}")
+    return answer
+
+
+def _exchange(path: Path, req: dict[str, Any], timeout: float) -> bytes:
+    """One connection: the request sent, the whole answer read (ConnectionError if closed before its first byte,
+    TimeoutError past ``timeout``)."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     s.settimeout(timeout)
+    chunks: list[bytes] = []
     try:
         try:
             s.connect(str(path))
@@ -168,20 +202,14 @@ def request(path: Path, req: dict[str, Any], timeout: float = 5.0) -> dict[str, 
         except OSError as exc:
             raise UserError(f"cannot reach the daemon at {path}: {exc.strerror or exc}") from None  # too long: no errno
         s.sendall(json.dumps(req).encode() + b"\n")
-        chunks = []
-        while True:
-            chunk = s.recv(1 << 16)
-            if not chunk:
-                break
+        while chunk := s.recv(1 << 16):
             chunks.append(chunk)
-    except TimeoutError:
-        raise UserError(f"the daemon at {path} did not answer within {timeout:g} s") from None
+    except ConnectionError as exc:
+        if chunks:  # part of an answer: the request was taken, asking again could act twice
+            raise UserError(f"the daemon at {path} broke off its answer ({exc.strerror})") from None
+        raise
     finally:
         s.close()
-    try:
-        answer = json.loads(b"".join(chunks))
-    except ValueError:
-        raise UserError(f"the daemon at {path} sent an unreadable answer") from None
-    if "error" in answer:
-        raise UserError(f"daemon: {answer['error']}")
-    return answer
+    if not chunks:
+        raise ConnectionResetError(errno.ECONNRESET, "closed without an answer")
+    return b"".join(chunks)
