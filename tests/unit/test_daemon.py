@@ -626,6 +626,33 @@ def test_reconcile_puts_back_before_the_probe_loads_then_watches(tmp_path: Path)
     r.d.shutdown()
 
 
+def test_the_drain_sleep_is_held_before_the_probe_loads_and_the_daemon_is_ready(tmp_path: Path) -> None:
+    """bcache's write-back thread reads writeback_delay when a scan ends and sleeps that long, whatever is written
+    later. Held only at the first tick (a second or more after ready), a workload started at ready made it sleep the
+    stock 30 s and the first drain waited for that (W1 round 1: oldest dirty data 36.7 s, bound 30 s). One sample
+    and the hold come before the probe's slow load, so ready means the short sleep is in place."""
+    b = FakeBackend(VOL)
+    b.knobs["writeback_delay"] = "30"
+    seen: dict[str, object] = {}
+
+    class Probe(FakeProbe):
+        def __init__(self) -> None:
+            seen["delay_at_load"] = b.knobs["writeback_delay"]
+            super().__init__(seen, b)
+
+    r = Rig(tmp_path)
+    r.backends["bcache0"] = b
+    r.d.probe_factory = lambda n: Probe()
+    r.d.start()
+    assert seen["delay_at_load"] == "10" and b.knobs["writeback_delay"] == "10"  # max_age 60 s: a third of 30 s
+    d = [x for x in r.d.decisions if x["kind"] == "set_knob"]
+    assert len(d) == 1 and "exposure guarantee" in d[0]["reason"] and d[0]["status"] == "done"
+    assert r.d.engine.vols[DEV].drain_sleep_until_ns > 0  # drains planned before the old sleep ended allow for it
+    r.tick(1)
+    assert len([a for a, _ in b.applied if isinstance(a, SetKnob) and a.knob == "writeback_delay"]) == 1  # held
+    r.d.shutdown()
+
+
 class CountingProbe(FakeProbe):
     """Counts the table drains (each one is a swap of the kernel table's halves and an RCU grace period)."""
 

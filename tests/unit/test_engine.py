@@ -463,6 +463,38 @@ def test_a_drain_allows_for_a_write_back_sleep_begun_before_it_was_shortened() -
     assert len(d) == 1 and d[0].deadline_ns == (1 + 15) * NS
 
 
+def test_a_drain_that_waited_for_a_sleep_begun_before_it_was_shortened_does_not_time_the_next_ones() -> None:
+    """W1's round 1: the write-back thread went into the stock 30 s sleep before writeback_delay was lowered, so the
+    first drain (started at C + 15 s) wrote nothing back until that sleep ended. Its duration is mostly the sleep:
+    taken as the next drains' predicted duration, each would start right after the last one ended (lead =
+    max_age). Not measured: the next drain starts at max_age/2 after the cache read clean, as before any drain."""
+    from cachepilot.engine import Drain
+
+    vol = VolumeInfo(dev=DEV, name="bcache0", kind="bcache", cache_bytes=1 << 30)
+    e = engine(POLICY.replace("max_dirty: 1MiB, max_age: 60s", "max_dirty: 64MiB, max_age: 30s"), vol=vol)
+    knobs = {"sequential_cutoff": "4.0M", "writeback_delay": "30"}
+    sample(e, 1, knobs=knobs)
+    assert [a.value for a in e.tick(1 * NS) if isinstance(a, SetKnob)] == ["5"]
+    knobs["writeback_delay"] = "5"
+    started = None
+    for t in range(2, 32):  # 1 MiB/s, and nothing written back until the old sleep ends at 31 s
+        sample(e, t, dirty=(t - 1) << 20, knobs=knobs)
+        if [a for a in e.tick(t * NS) if isinstance(a, Drain)]:
+            started = t
+    assert started == 15
+    sample(e, 33, knobs=knobs)  # then written back at once: clean
+    e.tick(33 * NS)
+    assert e.vols[DEV].drain is None and e.vols[DEV].breaches == 0
+    assert not e.vols[DEV].drains_done  # the sleep is not the write-back rate
+    nxt = None
+    for t in range(34, 60):
+        sample(e, t, dirty=(t - 33) << 20, knobs=knobs)
+        if [a for a in e.tick(t * NS) if isinstance(a, Drain)]:
+            nxt = t
+            break
+    assert nxt == 33 + 14, nxt  # C + max_age/2 - a tick; measured, the 18 s would start it at once (34)
+
+
 def test_no_mode_request_while_a_drain_owns_the_mode() -> None:
     """A bcache drain closes in write-through and puts write-back back itself: a sample taken meanwhile must not
     make the engine ask for write-back (the backend would refuse it: another operation is in progress)."""

@@ -127,6 +127,7 @@ class Daemon:
         # (a drain's writeback_percent 0) is put back at once, not after the verifier has run.
         self.adopter.rescan(now, self.config.observe)
         self.persist.reconcile(list(self.vols.values()), now, self.execute)
+        self._before_ready(now)
         self._attach_probe()
         self.control.start()
         self.metrics = Metrics.attach(self.config)
@@ -140,6 +141,13 @@ class Daemon:
         self.gc.watch()
         self.notifier.ready(f"watching {what}")
         log.info("ready:%s watching %s; control socket %s", mode, what, self.config.socket)
+
+    def _before_ready(self, now: int) -> None:
+        """One sample, then the settings the exposure guarantee needs before any write it bounds (the engine's
+        ``before_ready``), ahead of the probe's load: a workload started once the daemon is ready finds them."""
+        if self.guard.call("sample", self.actor.sample, now):
+            for action in self.engine.before_ready(now):
+                self.execute(action, now)
 
     def run(self) -> None:
         self.loop.run()

@@ -43,7 +43,7 @@ class Drains:
             self._measured(c, d, st.clean_ns, now)
         elif now >= d.action.deadline_ns:
             c.drain = None
-            self._measured(c, d, now, now)  # at least this long: the next drains start earlier
+            self._measured(c, d, now, now, at_least=True)  # at least this long: the next drains start earlier
             self._set_breach(c, (
                 f"drain started at {d.start_ns / NS:.0f} s missed its deadline"
                 f" ({d.action.deadline_ns / NS:.0f} s; {st.dirty_bytes} bytes still dirty)"))
@@ -160,10 +160,20 @@ class Drains:
         # its deadline): the same breach goes on and the next tick drains again -- not a second breach
 
     @staticmethod
-    def _measured(c: VolumeCtl, d: DrainInFlight, done_ns: int, now: int) -> None:
+    def _measured(c: VolumeCtl, d: DrainInFlight, done_ns: int, now: int, at_least: bool = False) -> None:
         """Keep a completed drain's bytes and duration; a drain is seen done a tick after it started at the
-        earliest, so a tick is the least duration it is taken for (the resolution of the measurement)."""
-        c.drains_done.append((d.dirty_bytes, max(tick_ns(c, now), done_ns - d.start_ns)))
+        earliest, so a tick is the least duration it is taken for (the resolution of the measurement). Not a
+        completed one that started while the write-back thread may still have been in a sleep begun before it was
+        shortened (``drain_sleep_until_ns``): its duration may be mostly that sleep, and taken for the next drains'
+        predicted duration it would start each of them right after the last (W1's round 1: a drain every ~4 s
+        after the first). One that missed its deadline (``at_least``) is kept, timed from when that sleep had
+        ended at the latest."""
+        start = d.start_ns
+        if start < c.drain_sleep_until_ns:
+            if not at_least:
+                return
+            start = c.drain_sleep_until_ns
+        c.drains_done.append((d.dirty_bytes, max(tick_ns(c, now), done_ns - start)))
 
     def _set_breach(self, c: VolumeCtl, why: str) -> None:
         c.breach = why

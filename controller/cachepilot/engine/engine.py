@@ -355,6 +355,19 @@ class Engine:
         return out
 
     # ------------------------------------------------------------ drains
+    def before_ready(self, now_ns: int) -> list[Action]:
+        """What the exposure guarantee needs in place before the daemon says it is ready (after one sample of each
+        volume): the write-back thread's sleep held within the drain window. bcache's thread reads
+        writeback_delay when a scan of the dirty keys ends and sleeps that long whatever is written later; asked
+        only at the first tick (a tick after ready), the stock 30 s could be the sleep a workload started at
+        ready met, and the first drain waited for it (W1's 36.7 s round, README "Headline W1")."""
+        out: list[Action] = []
+        now = max(now_ns, self.now_ns)
+        for c in self.vols.values():
+            if c.state.samples:
+                self.knobs.drain_sleep(c, now, out)
+        return out
+
     def holds_promotions(self, name: str) -> bool:
         """Whether promotions on the volume wait (its drain is at risk), including those already under way."""
         c = self.by_name.get(name)

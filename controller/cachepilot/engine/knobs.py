@@ -20,14 +20,15 @@ class KnobPins:
         for knob, value in c.policy.knobs.items():
             if knob in kinds_knobs:  # else a defaults knob for another kind of cache
                 self.request(c, knob, value, f"pinned by policy ({c.chosen_by})", now, out)
-        self._drain_sleep(c, now, out)
+        self.drain_sleep(c, now, out)
 
-    def _drain_sleep(self, c: VolumeCtl, now: int, out: list[Action]) -> None:
+    def drain_sleep(self, c: VolumeCtl, now: int, out: list[Action]) -> None:
         """The exposure guarantee needs every drain to finish within max_age/2. Where the kind may sleep before a
         drain's write-back starts (bcache: writeback_delay, 30 s by default, longer than the default 15 s window),
         hold that sleep to at most a third of the window under the destructive model, unless the policy pins it.
         A sleep already begun keeps its old length: drains planned before it can have ended get a deadline that
-        allows for it (the guarantee holds from the first completed drain)."""
+        allows for it (the guarantee holds from the first completed drain). The daemon asks once more before it
+        says it is ready (:meth:`Engine.before_ready`), so that a workload started then meets the short sleep."""
         knob = c.caps.drain_sleep_knob
         if knob is None or knob in c.policy.knobs or self.exposure.failure_model(c, now)[0] != "destructive":
             return
