@@ -503,6 +503,19 @@ def test_dmcache_drain_runs_in_writethrough_from_its_start_then_loads_writeback_
     assert done.status == DONE and fake.live == CACHE_TABLE
 
 
+def test_dmcache_clean_switch_to_writethrough_and_back_keeps_smq(dmc):
+    """A clean volume's switch is one reload smq -> smq each way, never through the cleaner: smq's per-block levels
+    come back as hints only when the saved policy name matches (dm-cache-metadata.c, policy_unchanged), which a
+    cleaner in between breaks. The engine's write-through for read-mostly dm-cache volumes relies on this."""
+    b, fake = dmc
+    fake.dirty = 0
+    assert b.apply(SetWritePolicy("dm-2", "writethrough", "read-mostly")).status == DONE
+    reloads = [CacheTable.parse(c[3]) for c in fake.calls if c[0] == "reload"]
+    assert [(t.mode, t.policy) for t in reloads] == [("writethrough", "smq")]
+    assert b.apply(SetWritePolicy("dm-2", "writeback", "writes picked up")).status == DONE
+    assert fake.live == CACHE_TABLE and not any("cleaner" in c[3] for c in fake.calls if c[0] == "reload")
+
+
 def test_bcache_io_errors_decay_but_the_exported_count_never_goes_back(tmp_path: Path) -> None:
     d = bcache_tree(tmp_path)
     errors = d.parent.parent.parent / "fs" / "bcache" / "uuid" / "cache0" / "io_errors"
