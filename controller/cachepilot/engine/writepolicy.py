@@ -74,7 +74,7 @@ class WritePolicy:
         total = rb + wb
         window = f"{RECENT_IO_NS // NS} s"
         if total < MIN_RECENT_IO:
-            return (cur != WRITEBACK, f"{total >> 20} MiB moved in the last {window} (under {MIN_RECENT_IO >> 20}"
+            return (cur == WRITETHROUGH, f"{total >> 20} MiB moved in the last {window} (under {MIN_RECENT_IO >> 20}"
                     f" MiB): too little to tell, staying in {cur}")
         share, rate = wb / total, c.epochs.stats(now).barrier_rate
         seen = (f"{share:.1%} of the {total / (1 << 20):.0f} MiB moved in the last {window} were writes,"
