@@ -112,6 +112,15 @@ class Capabilities:
     # drain; with the origin idle, 155 were clean within 2 s. The engine holds promotions (reads that keep the
     # device busy) while such a drain is at risk.
     drain_needs_idle: bool = False
+    # Whether a drain swaps the cache's replacement policy out and back, and so costs the policy what it learnt:
+    # dm-cache drains with the cleaner policy (a table reload and back). smq's hotspot queue (which origin regions
+    # are hot, what drives its promotions) and its hit statistics live only in memory (__smq_create in
+    # drivers/md/dm-cache-policy-smq.c builds them empty for every table); its per-block levels survive a reload
+    # only as hints saved under the policy's name (write_hints at suspend, policy_unchanged at load in
+    # dm-cache-metadata.c): smq -> smq keeps them, smq -> cleaner -> smq finds "cleaner" and starts every cached
+    # block at a random level (smq_load_mapping). The engine keeps such a volume write-through while its writes
+    # are a trickle (engine/writepolicy.py), so that the destructive bound needs no drains there.
+    drain_replaces_policy: bool = False
     # Rounds of promotion reads the cache needs before it admits a block (actuators.promote; 0: it never caches
     # reads).
     promote_rounds: int = 1
@@ -144,7 +153,7 @@ CAPABILITIES: dict[str, Capabilities] = {
         {WRITEBACK: "writeback", WRITETHROUGH: "writethrough", BYPASS: "passthrough"},
         drain="table reload to writethrough with the cleaner policy until dirty is 0, then the previous table",
         destructive="write-back with a periodic drain; write-through before the byte bound",
-        drain_needs_idle=True,
+        drain_needs_idle=True, drain_replaces_policy=True,
         promote_rounds=2,  # smq promotes a block once its hotspot has been hit in two of its one-second ticks
     ),
     KIND_LVMCACHE: Capabilities(
@@ -152,7 +161,7 @@ CAPABILITIES: dict[str, Capabilities] = {
         {WRITEBACK: "writeback", WRITETHROUGH: "writethrough", BYPASS: "passthrough"},
         drain="lvchange --cachepolicy cleaner until dirty is 0, then lvchange back to the saved mode and policy",
         destructive="write-back with a periodic drain; write-through before the byte bound",
-        drain_needs_idle=True,
+        drain_needs_idle=True, drain_replaces_policy=True,
         promote_rounds=2,  # smq, as dm-cache
     ),
     KIND_WRITECACHE: Capabilities(

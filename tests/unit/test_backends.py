@@ -202,6 +202,7 @@ class FakeDm:
         self.fail: dict[str, str] = {}  # verb -> stderr
         self.core = {"migration_threshold": "2048"}
         self.used = 100
+        self.dirty_on_reload: int | None = None  # blocks a load dirties between a status read and a reload
 
     def __call__(self, args: Sequence[str], timeout: float) -> str:
         args = tuple(args)
@@ -214,6 +215,8 @@ class FakeDm:
             return self.live
         if verb == "reload":
             self.inactive = args[3]
+            if self.dirty_on_reload is not None:
+                self.dirty, self.dirty_on_reload = self.dirty_on_reload, None
             return ""
         if verb == "clear":
             self.inactive = None
@@ -501,6 +504,34 @@ def test_dmcache_drain_runs_in_writethrough_from_its_start_then_loads_writeback_
     fake.dirty = 0
     [done] = b.step(3 * S)
     assert done.status == DONE and fake.live == CACHE_TABLE
+
+
+def test_dmcache_clean_switch_to_writethrough_and_back_keeps_smq(dmc):
+    """A clean volume's switch is one reload smq -> smq each way, never through the cleaner: smq's per-block levels
+    come back as hints only when the saved policy name matches (dm-cache-metadata.c, policy_unchanged), which a
+    cleaner in between breaks. The engine's write-through for read-mostly dm-cache volumes relies on this."""
+    b, fake = dmc
+    fake.dirty = 0
+    assert b.apply(SetWritePolicy("dm-2", "writethrough", "read-mostly")).status == DONE
+    reloads = [CacheTable.parse(c[3]) for c in fake.calls if c[0] == "reload"]
+    assert [(t.mode, t.policy) for t in reloads] == [("writethrough", "smq")]
+    assert b.apply(SetWritePolicy("dm-2", "writeback", "writes picked up")).status == DONE
+    assert fake.live == CACHE_TABLE and not any("cleaner" in c[3] for c in fake.calls if c[0] == "reload")
+
+
+def test_dmcache_blocks_dirtied_during_a_clean_switch_are_drained_not_a_failure(dmc):
+    """The lab (W3, issue 23): the cache read clean, then 12 blocks were written in write-back before the reload to
+    writethrough took effect, and the switch failed ("writethrough with 12 dirty blocks after switching"). They are
+    drained with the cleaner like any others, and the switch ends in writethrough with the previous policy."""
+    b, fake = dmc
+    fake.dirty, fake.dirty_on_reload = 0, 12
+    out = b.apply(SetWritePolicy("dm-2", "writethrough", "read-mostly"))
+    assert out.status == PENDING, out.line()
+    assert (CacheTable.parse(fake.live).mode, CacheTable.parse(fake.live).policy) == ("writethrough", "cleaner")
+    fake.dirty = 0
+    [done] = b.step(1 * S)
+    assert done.status == DONE, done.line()
+    assert (CacheTable.parse(fake.live).mode, CacheTable.parse(fake.live).policy) == ("writethrough", "smq")
 
 
 def test_bcache_io_errors_decay_but_the_exported_count_never_goes_back(tmp_path: Path) -> None:

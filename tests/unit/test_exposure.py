@@ -3,8 +3,10 @@ early switch (bytes), breaches, dm-writecache's flush-only bound, and how action
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from cachepilot.engine import DiscardRanges, Drain, Engine, Outcome, SetWritePolicy
-from cachepilot.events import FreedExtent, JournalCommit, kdev
+from cachepilot.events import FileKey, FreedExtent, HotnessDelta, JournalCommit, kdev
 from cachepilot.models.volume import VolumeInfo, VolumeSample
 from cachepilot.policy import parse_policy
 
@@ -383,3 +385,72 @@ def test_a_clean_volume_is_not_drained_even_after_a_long_tick() -> None:
     sample(e, 72, "writeback", dirty=4 * KIB)  # dirty again: the guarantee still holds from the last clean sample
     sample(e, 90, "writeback", dirty=4 * KIB)
     assert drains(e.tick(90 * NS)), "dirty data older than max_age/2 is drained"
+
+
+# ---------------------------------------------------------------- a trickle of writes on dm-cache: write-through
+def _io(e: Engine, t: int, read: int, write: int) -> None:
+    """What the probe reports of the volume's files in one second: ``read`` and ``write`` bytes."""
+    e.feed(HotnessDelta(FileKey(DEV, 1000 + t, 1), 1, 1 if write else 0, read, write, t * NS, size=128 * KIB))
+
+
+def _zipf_readers(kind: str, seconds: int, write_of: Callable[[int], int] = lambda t: 4 * KIB,
+                  start_mode: str = "writeback") -> tuple[list[tuple[int, SetWritePolicy | Drain]], str]:
+    """W3's shape: 16 MiB/s of buffered reads, a few KiB/s of small writes (ext4's atime and journal) that dirty
+    the cache while it is in write-back. The fake cache takes the engine's switches and drains."""
+    e = engine(DESTRUCTIVE, kind=kind)
+    mode, dirty, seen = start_mode, 0, []
+    for t in range(seconds):
+        _io(e, t, 16 * MIB, write_of(t))
+        if mode == "writeback" and t > 0:  # the run starts clean
+            dirty += write_of(t)
+        sample(e, t, mode, dirty=dirty)
+        for a in e.tick(t * NS):
+            if isinstance(a, SetWritePolicy):
+                seen.append((t, a))
+                mode, dirty = a.mode, 0  # dm-cache drains (the cleaner) before it reports the switch done
+                e.outcome(Outcome(a, "done"))
+            elif isinstance(a, Drain):
+                seen.append((t, a))
+                dirty = 0
+                e.outcome(Outcome(a, "done"))
+    return seen, mode
+
+
+def test_a_read_mostly_dm_cache_volume_runs_write_through_instead_of_being_drained() -> None:
+    """W3 (issue 23): under the destructive default a read-mostly dm-cache volume got ~1.3 MiB dirty from a trickle
+    of small writes and was drained, and on dm-cache a drain is a reload to the cleaner policy and back, which loses
+    smq's hotspot queue and per-block levels. Write-through instead: one switch (its own drain of what is dirty),
+    then nothing dirty and no drain at all; the reason says why, for `explain`."""
+    seen, mode = _zipf_readers("dm-cache", 600)
+    assert mode == "writethrough"
+    assert [type(a).__name__ for _, a in seen] == ["SetWritePolicy"], [(t, a.reason) for t, a in seen]
+    t, a = seen[0]
+    assert t <= 2 and "read-mostly" in a.reason and "cleaner" in a.reason and "hotspot" in a.reason, a.reason
+
+
+def test_write_back_again_once_writes_pick_up_with_hysteresis() -> None:
+    """Between the marks (10-20% of the bytes written) a write-through volume stays; at 30% it goes back to
+    write-back, after the hysteresis interval, and says why."""
+    def share(pct: int, after: int) -> Callable[[int], int]:
+        return lambda t: 16 * MIB * pct // (100 - pct) if t >= after else 4 * KIB
+
+    seen, mode = _zipf_readers("dm-cache", 400, share(15, 100))
+    assert mode == "writethrough" and len(seen) == 1, [(t, a.reason) for t, a in seen]
+    seen, mode = _zipf_readers("dm-cache", 400, share(30, 100))
+    back = [(t, a) for t, a in seen if isinstance(a, SetWritePolicy) and a.mode == "writeback"]
+    assert back and back[0][0] >= 100 and "writes picked up" in back[0][1].reason, [(t, a.reason) for t, a in seen]
+
+
+def test_a_trickle_on_bcache_is_still_write_back_with_periodic_drains() -> None:
+    """bcache's drain (writeback_percent 0) replaces no policy: the destructive default keeps write-back there."""
+    seen, mode = _zipf_readers("bcache", 120)
+    assert mode == "writeback" and seen and all(isinstance(a, Drain) for _, a in seen)
+
+
+def test_too_little_io_to_tell_changes_no_mode() -> None:
+    """Under MIN_RECENT_IO bytes in the window the rule says nothing: an idle dm-cache volume stays as it is."""
+    for start in ("writeback", "writethrough"):
+        e = engine(DESTRUCTIVE, kind="dm-cache")
+        for t in range(60):
+            sample(e, t, start)
+            assert not switches(e.tick(t * NS)), start

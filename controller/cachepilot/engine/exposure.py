@@ -7,6 +7,20 @@ from cachepilot.engine.volumectl import NS, VolumeCtl
 from cachepilot.models.hotness import HotnessTable
 from cachepilot.models.volume import WRITETHROUGH
 
+READ_MOSTLY_WRITE_SHARE = 0.1  # a volume is read-mostly below this share of written bytes ...
+READ_MOSTLY_BARRIERS = 1.0  # ... and this many journal commits/flush epochs per second
+LEAVE_FACTOR = 2.0  # hysteresis: it stops being read-mostly only at twice both marks
+RECENT_IO_NS = 120 * NS  # the window of the recent write share
+MIN_RECENT_IO = 16 << 20  # bytes a window must see before it says anything about the volume
+
+
+def read_mostly(write_share: float, barrier_rate: float, leaving: bool = False) -> bool:
+    """Whether a volume's I/O is read-mostly: few of its bytes are writes and it seldom asks for durability. With
+    ``leaving`` (it is being treated as read-mostly now) the marks are LEAVE_FACTOR higher, so a volume near them
+    does not flap."""
+    k = LEAVE_FACTOR if leaving else 1.0
+    return write_share < k * READ_MOSTLY_WRITE_SHARE and barrier_rate < k * READ_MOSTLY_BARRIERS
+
 
 def tick_ns(c: VolumeCtl, now: int) -> int:
     """The tick length, as last observed (1 s before the second tick)."""
@@ -28,9 +42,20 @@ class Exposure:
         total = rb + wb
         wfrac = wb / total if total else 0.0
         rate = c.epochs.stats(now).barrier_rate
-        if wfrac < 0.1 and rate < 1.0 and WRITETHROUGH in c.caps.modes:
+        if read_mostly(wfrac, rate) and WRITETHROUGH in c.caps.modes:
             return "read-mostly", f"auto: read-mostly ({wfrac:.0%} writes, {rate:.1f} barriers/s)"
         return "destructive", "auto: destructive"
+
+    def recent_io(self, c: VolumeCtl, now: int) -> tuple[int, int]:
+        """(read bytes, write bytes) the volume's files saw over about the last RECENT_IO_NS (the probe's counts;
+        once a tick: each call records a mark)."""
+        rb, wb = self.hotness.dev_bytes.get(c.info.dev, (0, 0))
+        marks = c.io_marks
+        marks.append((now, rb, wb))
+        while len(marks) > 2 and marks[1][0] <= now - RECENT_IO_NS:
+            marks.popleft()
+        _, rb0, wb0 = marks[0]
+        return rb - rb0, wb - wb0
 
     def projected_dirty(self, c: VolumeCtl, now: int) -> tuple[int, float]:
         """Dirty bytes the next sample may show: the last one plus the peak growth rate over the time from that

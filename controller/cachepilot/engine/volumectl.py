@@ -101,6 +101,8 @@ class VolumeCtl:
     breaches: int = 0
     last_failure: str = ""  # the last action that failed, for humans
     pins: PinSet = field(default_factory=PinSet)  # pinned files (models/pins.py)
+    # (tick time, read bytes, write bytes so far) for the recent write share (Exposure.recent_io), oldest first
+    io_marks: deque[tuple[int, int, int]] = field(default_factory=deque)
 
 
     def set_room(self) -> int:

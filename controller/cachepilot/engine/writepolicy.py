@@ -1,11 +1,20 @@
 """The write-policy decision: the failure latch first, then the failure model and the exposure bound, with
-hysteresis; a drain in flight keeps the mode it found."""
+hysteresis; a drain in flight keeps the mode it found. Under the destructive model, a volume whose drains replace
+the cache's policy (dm-cache) and whose writes are a trickle runs write-through: nothing to drain."""
 
 from __future__ import annotations
 
 from cachepilot.actions import Action, SetWritePolicy
 from cachepilot.engine.drains import drain_putting_back
-from cachepilot.engine.exposure import Exposure
+from cachepilot.engine.exposure import (
+    LEAVE_FACTOR,
+    MIN_RECENT_IO,
+    READ_MOSTLY_BARRIERS,
+    READ_MOSTLY_WRITE_SHARE,
+    RECENT_IO_NS,
+    Exposure,
+    read_mostly,
+)
 from cachepilot.engine.volumectl import NS, REQUEST_RETRY_NS, VolumeCtl, normalise_mode
 from cachepilot.models.volume import BYPASS, WRITEBACK, WRITETHROUGH
 
@@ -16,7 +25,7 @@ class WritePolicy:
     def __init__(self, exposure: Exposure) -> None:
         self.exposure = exposure
 
-    def _target_mode(self, c: VolumeCtl, now: int) -> tuple[str, str, bool]:
+    def _target_mode(self, c: VolumeCtl, now: int, io: tuple[int, int]) -> tuple[str, str, bool]:
         """(mode, reason, forced): forced switches ignore the hysteresis interval."""
         st = c.state
         cur = normalise_mode(st.mode)
@@ -42,16 +51,49 @@ class WritePolicy:
                     f"exposure bound: {st.dirty_bytes} dirty bytes growing {rate:.0f} B/s may reach {projected}"
                     f" by the next sample (bound {ex.max_dirty} bytes)"), True
             return WRITETHROUGH, "holding write-through: write-back could cross the byte bound", False
+        trickle = self._trickle(c, now, cur, io)
+        if trickle is not None and trickle[0]:
+            return WRITETHROUGH, f"{why}: {trickle[1]}", False
         if cur != WRITEBACK and st.dirty_bytes > c.policy.hysteresis.resume_below * ex.max_dirty:
             return WRITETHROUGH, "waiting for dirty data to drain below the resume mark", False
+        if trickle is not None and cur != WRITEBACK:
+            why = f"{why}: {trickle[1]}"
         return WRITEBACK, f"{why}: within exposure bound", False
+
+    @staticmethod
+    def _trickle(c: VolumeCtl, now: int, cur: str, io: tuple[int, int]) -> tuple[bool, str] | None:
+        """Whether a destructive volume on a kind whose drains replace the cache's policy should stay out of
+        write-back because its writes are a trickle (True, why), or go back to it (False, why); None: not such a
+        kind. Write-back would gain such a volume nothing (its few writes still have to be drained within
+        max_age), while each drain costs the cache what its policy learnt (Capabilities.drain_replaces_policy).
+        Read-mostly (engine.exposure.read_mostly) over the last RECENT_IO_NS of the probe's counts, with
+        hysteresis; a window with fewer than MIN_RECENT_IO bytes changes nothing."""
+        if not c.caps.drain_replaces_policy or WRITETHROUGH not in c.caps.modes:
+            return None
+        rb, wb = io
+        total = rb + wb
+        window = f"{RECENT_IO_NS // NS} s"
+        if total < MIN_RECENT_IO:
+            return (cur == WRITETHROUGH, f"{total >> 20} MiB moved in the last {window} (under {MIN_RECENT_IO >> 20}"
+                    f" MiB): too little to tell, staying in {cur}")
+        share, rate = wb / total, c.epochs.stats(now).barrier_rate
+        seen = (f"{share:.1%} of the {total / (1 << 20):.0f} MiB moved in the last {window} were writes,"
+                f" {rate:.1f} barriers/s")
+        back = f"{LEAVE_FACTOR * READ_MOSTLY_WRITE_SHARE:.0%} writes or {LEAVE_FACTOR * READ_MOSTLY_BARRIERS:g}/s"
+        if not read_mostly(share, rate, leaving=cur != WRITEBACK):
+            return False, f"writes picked up ({seen}; the mark is {back} barriers)"
+        if cur == WRITEBACK and (c.drain is not None or drain_putting_back(c, now)):
+            return None  # the drain puts back the mode it found first
+        return True, (f"read-mostly ({seen}): write-through, so no dirty data needs a drain -- on {c.info.kind}"
+                      f" each drain reloads the table with the cleaner policy and back, which loses smq's hotspot"
+                      f" statistics and per-block levels; write-back again from {back} barriers")
 
     def decide(self, c: VolumeCtl, now: int, out: list[Action]) -> None:
         st = c.state
         if st.samples == 0:
             return  # never act on a volume whose state we have not read
         cur = normalise_mode(st.mode)
-        target, reason, forced = self._target_mode(c, now)
+        target, reason, forced = self._target_mode(c, now, self.exposure.recent_io(c, now))
         if target == WRITEBACK and (c.drain is not None or drain_putting_back(c, now)):
             return  # a drain puts back the mode it found (bcache closes a drain in write-through)
         if target == BYPASS and st.dirty_bytes > 0:  # the invariant, whatever the rules above say
