@@ -395,7 +395,7 @@ def test_daemon_adopts_samples_decides_and_acts(rig: Rig) -> None:
     rig.tick(1)
     assert [(a.mode, dry) for a, dry in b.applied if isinstance(a, SetWritePolicy)] == [("writethrough", False)]
     assert b.mode == "writethrough"
-    d = rig.d.decisions[-1]
+    d = list(rig.d.decisions)[-1]
     assert d["status"] == "done" and d["writes"][0]["readback"] == "writethrough" and "exposure bound" in d["reason"]
     v = rig.d.answer({"cmd": "status"})["volumes"][0]
     assert (v["mode"], v["target_mode"], v["dirty_bytes"]) == ("writeback", "writethrough", 8 << 20)  # as last read
@@ -412,7 +412,7 @@ def test_dry_run_goes_through_apply_and_changes_nothing(tmp_path: Path) -> None:
     b.dirty = 8 << 20
     r.tick(1)
     assert [(a.mode, dry) for a, dry in b.applied if isinstance(a, SetWritePolicy)] == [("writethrough", True)]
-    assert b.mode == "writeback" and r.d.decisions[-1]["dry_run"] is True
+    assert b.mode == "writeback" and list(r.d.decisions)[-1]["dry_run"] is True
     r.d.engine.feed(HotnessDelta(FileKey(DEV, 9, 1), 64, 0, 4096, 0, 1, size=16384))
     r.tick(2)
     files = r.d.vols[DEV].files.ran
@@ -472,7 +472,7 @@ def test_observe_only_volume_is_never_acted_on(tmp_path: Path) -> None:
     r.d.start()
     assert r.d.snapshot is not None and r.d.snapshot.observe_only is True and r.backends == {}
     r.d.execute(SetKnob("loop0", "x", "1", "test"), r.d.started_ns)
-    assert r.d.decisions[-1]["detail"] == "not carried out: observe-only volume"
+    assert list(r.d.decisions)[-1]["detail"] == "not carried out: observe-only volume"
     r.d.shutdown()
 
 

@@ -6,6 +6,7 @@ from collections import Counter
 from pathlib import Path
 
 from cachepilot.actions import DiscardRanges, Promote, SetKnob
+from cachepilot.daemon.decisionlog import DecisionLog
 from cachepilot.daemon.persist import Persistence
 from cachepilot.daemon.state import StateFile
 from cachepilot.daemon.volume import ManagedVolume, VolumeTable
@@ -59,9 +60,9 @@ def test_persistence_restores_a_latch_and_rewarms_through_engine_methods(tmp_pat
                                 "latch": {"reason": "cache device failed", "cache_id": "c-1"}}},
            "decisions": [{"action": "x"}], "counters": {"ticks": 3}}
     assert sf.write(doc)
-    decisions: list[dict[str, object]] = []
+    decisions = DecisionLog(10)
     p.read(decisions)
-    assert decisions == [{"action": "x"}] and p.previous_counters == {"ticks": 3}
+    assert list(decisions) == [{"action": "x"}] and p.previous_counters == {"ticks": 3}
     p.adopted(v, 7)
     latch = engine.latch_of(FS)
     assert latch is not None and latch.reason == "cache device failed (kept from the state file)"

@@ -17,6 +17,7 @@ from typing import Any
 from cachepilot.actions import Action, DiscardRanges, Promote
 from cachepilot.backends.base import FAILED, PENDING, Backend, Outcome
 from cachepilot.daemon.counters import Counters
+from cachepilot.daemon.decisionlog import DecisionLog
 from cachepilot.daemon.ticktime import TickBudget
 from cachepilot.daemon.volume import ManagedVolume, VolumeTable
 from cachepilot.engine.engine import Engine
@@ -38,7 +39,7 @@ class Actor:
         self.counters = counters
         self.drop = drop  # the daemon's: a volume whose device is gone leaves every index
         self.once = once
-        self.decisions: deque[dict[str, Any]] = deque(maxlen=DECISIONS_KEPT)
+        self.decisions = DecisionLog(DECISIONS_KEPT)
         self.budget = budget or TickBudget()  # never opened: never spent
         self._turn = 0  # which volume's deferred actions go first this tick
 

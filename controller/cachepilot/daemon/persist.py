@@ -16,6 +16,7 @@ from typing import Any
 
 from cachepilot.actions import Action, SetKnob
 from cachepilot.capabilities import KNOBS
+from cachepilot.daemon.decisionlog import DecisionLog
 from cachepilot.daemon.snapshot import hottest
 from cachepilot.daemon.state import MAX_DECISIONS, MAX_HOT, StateFile
 from cachepilot.daemon.volume import ManagedVolume, devname
@@ -35,7 +36,7 @@ class Persistence:
         self.saved: dict[str, Any] = {}
         self.previous_counters: dict[str, int] = {}  # the last run's, from the state file
 
-    def read(self, decisions: list[dict[str, Any]] | Any) -> None:
+    def read(self, decisions: DecisionLog) -> None:
         """Read the state file (a missing or corrupt one: start fresh, said once); its decisions go to
         ``decisions``."""
         doc, why = self.state.read()
@@ -162,7 +163,7 @@ class Persistence:
         got.update(self.engine.steered_knobs(v.info.dev))
         return {k: [b, o] for k, (b, o) in sorted(got.items())}
 
-    def doc(self, vols: Iterable[ManagedVolume], decisions: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    def doc(self, vols: Iterable[ManagedVolume], decisions: DecisionLog) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for v in vols:
             info = v.info
@@ -179,10 +180,10 @@ class Persistence:
         return {
             "written": time.time(), "pid": os.getpid(), "volumes": out,
             "counters": {k: int(n) for k, n in self.counters.items()},
-            "decisions": list(decisions)[-MAX_DECISIONS:],
+            "decisions": decisions.last(MAX_DECISIONS // 2),
         }
 
-    def save(self, vols: Iterable[ManagedVolume], decisions: Iterable[dict[str, Any]]) -> None:
+    def save(self, vols: Iterable[ManagedVolume], decisions: DecisionLog) -> None:
         ok = self.state.write(self.doc(vols, decisions))
         self.counters["state_writes" if ok else "state_writes_failed"] += 1
         if not ok:
