@@ -545,3 +545,15 @@ def test_bcache_io_errors_decay_but_the_exported_count_never_goes_back(tmp_path:
         st.update(sample_volume(info, host=Host(sysfs=tmp_path), now_ns=ts + 1))
         risen.append(st.io_errors_risen)
     assert risen == [0, 3, 3, 3, 4]
+
+
+def test_bcache_steering_sequential_cutoff_does_not_wait_for_a_drain(bc):
+    # W1: the engine's sequential_cutoff steering was refused ("another operation is in progress") for the whole of
+    # each drain and retried tick after tick; the knob is one no drain or switch writes.
+    b, d = bc
+    assert b.apply(Drain("bcache0", 10 * S, "age bound")).status == PENDING
+    out = b.apply(SetKnob("bcache0", "sequential_cutoff", "32MiB", "small-file creates"))
+    assert out.status == DONE and (d / "sequential_cutoff").read_text().strip() == str(32 << 20)
+    refused = b.apply(SetKnob("bcache0", "writeback_percent", "20", "lifetime hold"))  # the drain's own knob waits
+    assert refused.status == FAILED and isinstance(refused.error, RetryLater)
+    assert (d / "writeback_percent").read_text().strip() == "0" and b.pending()

@@ -53,6 +53,10 @@ def size_matches(readback: str, wanted: str) -> bool:
 
 class BcacheBackend(OperationBackend):
     kind = NAME
+    # a drain writes writeback_running, _delay and _percent (and cache_mode for its last stretch), a switch
+    # cache_mode: none of these
+    knobs_beside_operations = frozenset({"sequential_cutoff", "readahead", "congested_read_threshold_us",
+                                         "congested_write_threshold_us"})
 
     @property
     def dir(self) -> Path:

@@ -108,6 +108,9 @@ class OperationBackend(Backend):
     the finished Outcome or an Operation) and :meth:`_advance` (True when the operation is complete)."""
 
     default_timeout_s = 600.0  # how long a mode switch may spend draining before it is reported as failed
+    # Knobs no operation of the kind writes or puts back, each its own attribute (no table reload): set while a
+    # drain or switch is in flight instead of waiting for it (a drain can last most of a max_age/2 window).
+    knobs_beside_operations: frozenset[str] = frozenset()
     max_backoff_ns = 30_000_000_000
 
     def __init__(self, info: VolumeInfo, *, host: Host | None = None,
@@ -125,7 +128,8 @@ class OperationBackend(Backend):
         if action.volume not in (self.info.name, self.volume_label):
             return self._failed(action, dry_run, [], KernelRejected(
                 f"{action.kind} for volume {action.volume!r} sent to the backend of {self.info.name}"))
-        if any(op.action.volume == action.volume and not op.dry_run for op in self._ops) and not dry_run:
+        if any(op.action.volume == action.volume and not op.dry_run for op in self._ops) and not dry_run and \
+                not (isinstance(action, SetKnob) and action.knob in self.knobs_beside_operations):
             return self._failed(action, dry_run, [], RetryLater(
                 f"{self.info.name}: another operation is in progress ({self._ops[0].action.line()})"))
         deadline = action.deadline_ns if isinstance(action, Drain) else \
