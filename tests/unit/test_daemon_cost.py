@@ -289,3 +289,46 @@ def test_a_snapshot_that_cannot_be_built_leaves_the_last_one_served(caplog: pyte
         box.publish_lazy(broken)
         assert box.latest() is good
     assert len([r for r in caplog.records if "bad label" in r.getMessage()]) == 1
+
+
+class WakingProbe:
+    """A probe whose polls wait for a wakeup as long as ``waits`` says (then return at once), each bringing one
+    extent freed by a transaction and that transaction's commit."""
+
+    def __init__(self, waits: list[float]) -> None:
+        self.waits = waits
+        self.polls = 0
+
+    def poll(self, timeout_ms: int) -> list[object]:
+        import time
+
+        time.sleep(self.waits[self.polls % len(self.waits)])
+        self.polls += 1
+        now = time.monotonic_ns()
+        return [FreedExtent(FS, 1, 1024 * self.polls, 16, False, now - 1, self.polls),
+                JournalCommit(FS, self.polls, now)]
+
+
+def test_a_poll_that_waited_for_a_wakeup_does_not_hold_the_next_polls_discard_back() -> None:
+    """The rings are read at most every MIN_POLL_GAP_NS, the discard gather's pace (a poll in between could send no
+    discard). Each poll's discard look is dated when the poll began: a poll that waited 0.3 s for a wakeup followed
+    by one that returned at once are still a gather window apart, and each commit's extents leave after its own poll
+    (dated at the return, the second look came 0.2 s after the first and waited for the third poll)."""
+    import time
+
+    from cachepilot.daemon.intake import MIN_POLL_GAP_NS
+    from cachepilot.engine.discards import DISCARD_GATHER_NS
+
+    assert MIN_POLL_GAP_NS >= DISCARD_GATHER_NS
+    engine = Engine()
+    engine.add_volume(INFO)
+    probe = WakingProbe([0.3, 0.0])
+    counters = Counters()
+    sent: list[int] = []
+    intake = Intake(engine, VolumeTable(), counters, Guard(counters), StopFlag(), lambda: probe,
+                    lambda a, now: sent.append(probe.polls))
+    t0 = time.monotonic()
+    while probe.polls < 3:
+        intake.wait(0.6)
+    assert sent == [1, 2, 3]  # one FITRIM action per poll, each right after it
+    assert time.monotonic() - t0 >= 2 * MIN_POLL_GAP_NS / 1e9  # the three polls a gap apart

@@ -120,6 +120,33 @@ def test_budget_defers_the_rest(fs):
     assert r.status == DONE and total == 2 * MIB
 
 
+def test_a_promotion_waiting_on_a_spent_budget_is_not_opened_again(fs):
+    """While the bucket holds less than a smallest chunk, a deferred promotion waits without an open and a FIEMAP
+    (before: both on every turn, only to read nothing; hundreds of queued promotions a tick in the lab's headline
+    fileserver, issue 23 item 5); once the bucket has refilled it is opened and read as before."""
+    from cachepilot.handles import open_by_handle
+
+    info, d = fs
+    ino, gen = make_file(d / "f", [(0, 2 * MIB)])
+    clock = Clock()
+    opened: list[int] = []
+
+    def opener(mfd: int, i: int, g: int, flags: int) -> int:
+        opened.append(i)
+        return open_by_handle(mfd, i, g, flags)
+
+    p = Promoter(info, rate=MIB, clock=clock, opener=opener)
+    r = p.run(action(info, ino, gen, [(0, 2 * MIB)]))
+    assert r.status == PENDING and 0 < r.read_bytes <= MIB and r.deferred is not None and len(opened) == 1
+    rest = r.deferred
+    for _ in range(10):  # the same second: the bucket is spent
+        r = p.run(rest)
+        assert len(opened) == 1 and r.status == PENDING and r.reads == 0 and r.deferred == rest
+    clock.t += 1_000_000_000  # refilled: opened and read again
+    r = p.run(rest)
+    assert r.read_bytes > 0 and len(opened) == 2
+
+
 def test_bcache_burst_never_outruns_the_allocators_ready_buckets(fs):
     # bcache keeps about 1/1024 of the cache in ready buckets and drops a read-miss insert that finds none
     # (bcache_alloc_fail): a 256 MiB cache gets reads of at most 256 KiB at once, however high the rate.

@@ -104,6 +104,9 @@ class Promoter:
                            detail="this second's read time is spent")
         if background and self.pool is not None and self.pool.full():
             return _waits(action, f"{self.pool.limit} files wait for the reader threads")
+        if not self._holds_a_chunk(action):  # before the open and FIEMAP, which would only find the same
+            return Outcome(action, PENDING, dry_run, deferred=action, actuated=True,
+                           detail="the promotion budget is spent")
         try:
             fd = self._open(action)
         except _Skip as s:
@@ -285,6 +288,18 @@ class Promoter:
             return max(MAX_CHUNK, self._fixed_burst), max(MAX_CHUNK, self._fixed_burst * IMPORT_RATE_FACTOR)
         return (max(MAX_CHUNK, default_burst(self.info, self.rate)),
                 max(MAX_CHUNK, default_burst(self.info, self.rate * IMPORT_RATE_FACTOR)))
+
+    def _holds_a_chunk(self, action: Promote) -> bool:
+        """Whether the action's bucket holds the largest chunk its first read could be (MAX_CHUNK, or all it has
+        left in whole blocks if less): then every open reads at least a chunk. A promotion waiting on the budget
+        (spent, or emptied by bcache's alloc failures) was opened and mapped (FIEMAP) on every turn only to read
+        nothing: hundreds of queued promotions a tick in the lab's headline fileserver (issue 23 item 5). The bytes
+        read a second stay the rate's: the bucket fills meanwhile (the burst is at least MAX_CHUNK)."""
+        self._refill()
+        bs = self.info.fs_block_size
+        left = sum(-(-(off + n) // bs) * bs - off // bs * bs for off, n in action.ranges)
+        tokens = self._import_tokens if IMPORTED in action.reason else self._tokens
+        return tokens >= min(MAX_CHUNK, left)
 
     def _spend(self, imported: bool, n: int) -> bool:
         """Take ``n`` bytes from the bucket of the action's kind if it holds them."""

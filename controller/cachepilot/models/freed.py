@@ -189,8 +189,10 @@ class FreedExtentQueue:
     def _make_ready(self, rows: np.ndarray, ready: np.ndarray, since: int | np.ndarray) -> None:
         moved = rows[ready]
         if len(moved):
-            self._incoming.append(np.column_stack([moved[:, 1], moved[:, 2],
-                                                   np.broadcast_to(since, (len(moved),))]))
+            inc = np.empty((len(moved), 3), dtype=np.int64)  # rows (start, end, since)
+            inc[:, :2] = moved[:, 1:3]
+            inc[:, 2] = since
+            self._incoming.append(inc)
         self._set_pending(rows[~ready])
 
     def _release_unjournalled(self, now_ns: int) -> None:
@@ -234,12 +236,12 @@ class FreedExtentQueue:
         s = np.concatenate([self._starts, inc[:, 0]])
         e = np.concatenate([self._ends, inc[:, 1]])
         t = np.concatenate([self._since, inc[:, 2]])
-        order = np.argsort(s, kind="stable")
+        order = s.argsort(kind="stable")
         s, e, t = s[order], e[order], t[order]
         reach = np.maximum.accumulate(e)  # the furthest end so far: an interval starting beyond it is a new one
         first = np.ones(len(s), dtype=bool)
         first[1:] = s[1:] > reach[:-1]
-        at = np.flatnonzero(first)
+        at = first.nonzero()[0]
         self._starts = s[at]
         self._ends = np.maximum.reduceat(e, at)
         self._since = np.minimum.reduceat(t, at)
@@ -308,7 +310,7 @@ class FreedExtentQueue:
         small = whole - a < g
         # hand out the whole granules in order until the budget (whole granules of it) is spent
         avail = np.where(small, 0, whole - a)
-        give = np.clip(max(budget, 0) // g * g - (np.cumsum(avail) - avail), 0, avail)
+        give = np.minimum(np.maximum(max(budget, 0) // g * g - (avail.cumsum() - avail), 0), avail)
         given = give > 0
         # too small for too long: dropped and counted; the rest waits (a later neighbour may complete it)
         dropped = ~given & small & (now_ns - t > self.max_hold_ns)
@@ -326,7 +328,7 @@ class FreedExtentQueue:
         ks = np.concatenate([s[waits], s[head], b[tail]])
         ke = np.concatenate([e[waits], a[head], e[tail]])
         kt = np.concatenate([t[waits], t[head], t[tail]])
-        order = np.argsort(ks, kind="stable")
+        order = ks.argsort(kind="stable")
         self._starts, self._ends, self._since = ks[order], ke[order], kt[order]
         return list(zip(a[given].tolist(), give[given].tolist(), strict=True))
 

@@ -217,7 +217,7 @@ class HotnessTable(SlotArrays):
             slots = slots[keep]
             if len(rec) == 0:
                 return skipped
-        order = np.argsort(slots, kind="stable")
+        order = slots.argsort(kind="stable")
         ss = slots[order]
         dup = np.empty(len(ss), dtype=bool)
         dup[0] = False
@@ -246,7 +246,7 @@ class HotnessTable(SlotArrays):
         e = self.epoch
         old = slots[stamp[slots] != e]
         if len(old):
-            sh = (e - stamp[old].astype(i64)).clip(0, 63).astype(np.uint64)
+            sh = np.minimum(np.maximum(e - stamp[old].astype(i64), 0), 63).astype(np.uint64)
             rsa[old] = (rsa[old].astype(np.uint64) >> sh).astype(u32)
             wsa[old] = (wsa[old].astype(np.uint64) >> sh).astype(u32)
             stamp[old] = e

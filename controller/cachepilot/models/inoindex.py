@@ -35,7 +35,7 @@ def _search(keys: np.ndarray, sq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if len(keys) == 0:
         return np.zeros(len(sq), dtype=np.int64), np.zeros(len(sq), dtype=bool)
     pos = keys.searchsorted(sq)
-    pos.clip(0, len(keys) - 1, out=pos)
+    np.minimum(pos, len(keys) - 1, out=pos)  # searchsorted gives 0..len: only the end to clip
     return pos, keys[pos] == sq
 
 
@@ -122,7 +122,7 @@ class InoIndex:
     def update_arrays(self, inos: np.ndarray, slots: np.ndarray) -> None:
         """update() for distinct inode numbers (u64) and their slots as arrays."""
         slots = slots.astype(np.int32)
-        order = np.argsort(inos, kind="stable")
+        order = inos.argsort(kind="stable")
         inos, slots = inos[order], slots[order]
         # a tombstone of an earlier file with the same inode number in the young run is revived in place (a run
         # holds a key once); one in the main run stays until the next merge (searching the main run per batch
@@ -157,7 +157,7 @@ class InoIndex:
 
     def lookup_many(self, inos: np.ndarray) -> np.ndarray:
         """Slots for an array of inode numbers (u64); -1 where unknown."""
-        order = np.argsort(inos, kind="stable")
+        order = inos.argsort(kind="stable")
         sq = inos[order]
         found_sorted = np.full(len(inos), -1, dtype=np.int64)
         for keys, vals in self._runs():
@@ -186,7 +186,7 @@ class InoIndex:
         rv = np.fromiter(self.recent.values(), dtype=np.int32, count=len(self.recent))
         keys = np.concatenate([self.keys[live], self.ykeys[ylive], rk])
         vals = np.concatenate([self.vals[live], self.yvals[ylive], rv])
-        order = np.argsort(keys, kind="stable")
+        order = keys.argsort(kind="stable")
         self.keys = keys[order]
         self.vals = vals[order]
         self.ykeys, self.yvals = _NO_KEYS, _NO_VALS
