@@ -60,7 +60,9 @@ class WritecacheTable:
         return next((v for k, v in self.options if k == key), None)
 
     def with_(self, key: str, value: str) -> WritecacheTable:
-        opts = [(k, v) for k, v in self.options if k != key] + [(key, value)]
+        """The table with ``key`` set to ``value``; "" takes the argument out (the kernel's default again: what a
+        knob found unset is put back to)."""
+        opts = [(k, v) for k, v in self.options if k != key] + ([(key, value)] if value else [])
         return WritecacheTable(self.head, tuple(opts))
 
     def line(self) -> str:
@@ -165,21 +167,32 @@ def sample(host: Host, info: VolumeInfo, now: int) -> VolumeSample:
     except StatusParseError as exc:
         raise UserError(f"dmsetup status {dm_name}: {exc}") from None
     block = info.cache_bytes // w.total_blocks if w.total_blocks else 4096
+    written = w.stats[2] * block if len(w.stats) >= 3 else None  # blocks written to the target (5.15+)
     hits = w.stats[1] + w.stats[3] + w.stats[4] if len(w.stats) >= 5 else 0  # read hits + write hits
     total = w.stats[0] + w.stats[2] if len(w.stats) >= 3 else 0  # read blocks + write blocks
     return VolumeSample(
         dev=info.dev, ts_ns=now, mode="writeback", dirty_bytes=w.used_blocks * block, hits=hits,
         misses=max(0, total - hits), io_errors=w.error, failed=w.error != 0, cache_id=cache_id,
-        knobs={"high_watermark": _high_watermark(table)},
+        knobs=_knobs(table), written_bytes=written,
     )
 
 
-def _high_watermark(table: str) -> str:
-    """The table's high_watermark, or the kernel's default (DEFAULT_HIGH_WATERMARK 50 in dm-writecache.c)."""
+# What writecache_ctr uses for a watermark the table does not set (HIGH_WATERMARK, LOW_WATERMARK in dm-writecache.c);
+# max_age unset is no age bound, so it is reported only when set.
+_DEFAULTS = {"high_watermark": "50", "low_watermark": "45"}
+
+
+def _knobs(table: str) -> dict[str, str]:
+    """The watermarks (the kernel's defaults where unset) and max_age (ms) when the table sets it."""
     try:
-        return WritecacheTable.parse(table).get("high_watermark") or "50"
+        t = WritecacheTable.parse(table)
     except KernelRejected:
-        return "50"
+        return dict(_DEFAULTS)
+    out = {k: t.get(k) or d for k, d in _DEFAULTS.items()}
+    age = t.get("max_age")
+    if age:
+        out["max_age"] = age
+    return out
 
 
 def _option(name: str) -> KnobDef:

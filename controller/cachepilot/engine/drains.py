@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from cachepilot.actions import Action, Drain
 from cachepilot.engine.exposure import Exposure, tick_ns
+from cachepilot.engine.nativebound import NativeBound
 from cachepilot.engine.volumectl import NS, DrainInFlight, VolumeCtl, normalise_mode
 from cachepilot.models.volume import WRITEBACK, WRITETHROUGH
 
@@ -28,8 +29,9 @@ def drain_putting_back(c: VolumeCtl, now: int) -> bool:
 class Drains:
     """Plans each volume's drains and tracks the one in flight."""
 
-    def __init__(self, exposure: Exposure) -> None:
+    def __init__(self, exposure: Exposure, native: NativeBound | None = None) -> None:
         self.exposure = exposure
+        self.native = native if native is not None else NativeBound()
 
     def track(self, c: VolumeCtl, now: int) -> None:
         """A drain is done once a sample taken after it started shows no dirty data (or the backend said so);
@@ -110,6 +112,10 @@ class Drains:
         fm, _ = self.exposure.failure_model(c, now)
         if fm == "recoverable" or (dirty == 0 and normalise_mode(st.mode) != WRITEBACK):
             return None
+        if self.native.holds(c):
+            # the kernel keeps the bound (engine.nativebound): no periodic drain, a flush only on a measured breach
+            breach = self.native.breach(c)
+            return (f"{breach}: flushing {dirty} dirty bytes", half) if breach else None
         ex = c.policy.exposure
         if WRITETHROUGH not in c.caps.modes:
             projected, rate = self.exposure.projected_dirty(c, now)
