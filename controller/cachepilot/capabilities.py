@@ -130,6 +130,11 @@ class Capabilities:
     # every block first written 15/16 of it ago (writecache_writeback, re-queued every max_age/16 by
     # writecache_max_age_timer) and its high/low_watermark write back above a fill level; both are table arguments.
     native_bound: bool = False
+    # Whether a completed drain means "every block dirty when it started is clean", not "the cache read clean":
+    # dm-writecache's flush message returns once writecache_writeback, under writeback_all, has walked the whole
+    # tree and waited for every write-back (process_flush_mesg); blocks written meanwhile may be dirty again. The
+    # engine then moves the clean point to the drain's start, and a drain under a steady load ends.
+    drain_done_as_of_start: bool = False
     device_prefix: str = "dm-"  # how the kernel names its devices (what a policy's device glob can match)
     # Whether the kernel reports the cache device's I/O errors (bcache: cache0/io_errors, a decaying count;
     # dm-writecache: its status's error field). dm-cache keeps none: its status only turns to Fail.
@@ -175,7 +180,7 @@ CAPABILITIES: dict[str, Capabilities] = {
         drain="the flush message (returns when every block is written back)",
         destructive="write-back only: the bound is kept by flushing, never by a mode switch",
         promote_rounds=0,  # dm-writecache never caches reads
-        error_counts=True, native_bound=True,
+        error_counts=True, native_bound=True, drain_done_as_of_start=True,
     ),
 }
 KNOB_TYPES = ("int", "size")

@@ -354,6 +354,22 @@ def test_writecache_drain_is_the_flush_message(wc):
     assert ("message", "lab-cached", "0", "flush") in fake.calls
 
 
+def test_writecache_flush_is_done_when_the_message_returns_though_new_writes_came(tmp_path):
+    class Busy(FakeDm):  # a steady load: blocks written while the flush ran are cached again
+        def __call__(self, args: Sequence[str], timeout: float) -> str:
+            out = super().__call__(args, timeout)
+            if args[0] == "message" and args[3] == "flush":
+                self.used = 7
+            return out
+
+    dm_tree(tmp_path)
+    fake = Busy(WC_TABLE)
+    b = open_backend(VolumeInfo(dev=2, name="dm-2", kind="dm-writecache"), host=Host(sysfs=tmp_path, dm=fake))
+    out = b.apply(Drain("dm-2", 10 * S, "x"))
+    assert out.status == DONE and "7 written since" in out.detail and b.pending() == []
+    assert [c for c in fake.calls if c[0] == "message"] == [("message", "lab-cached", "0", "flush")]  # once
+
+
 def test_writecache_watermark_by_reload_and_no_writethrough(wc):
     b, fake = wc
     assert b.apply(SetKnob("dm-2", "low_watermark", "10", "x")).status == DONE

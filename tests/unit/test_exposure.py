@@ -225,6 +225,16 @@ def test_dm_writecache_keeps_the_bound_by_flushing_never_by_mode() -> None:
     assert ds and "no write-through: flushing" in ds[0].reason
 
 
+def test_dm_writecache_flush_done_moves_the_clean_point_to_its_start_not_to_now() -> None:
+    e = engine(DESTRUCTIVE, kind="dm-writecache")
+    sample(e, 0, "writeback", dirty=4096)
+    d = drains(e.tick(0))[0]
+    sample(e, 3, "writeback", dirty=8192)  # written while the flush ran: dirty since after 0 s, not after 3 s
+    e.tick(3 * NS)
+    e.outcome(Outcome(d, "done"))
+    assert e.vols[DEV].state.clean_ns == 0 and e.vols[DEV].drain is None
+
+
 # ---------------------------------------------------------------- outcomes
 def test_drain_outcome_moves_the_clean_point_and_failure_breaches() -> None:
     e = engine(DESTRUCTIVE)

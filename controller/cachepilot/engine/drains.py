@@ -157,8 +157,9 @@ class Drains:
         if ok:
             self._measured(c, d, now, now)
             # A backend reports a drain done when it reads the cache clean, which it does after this tick began:
-            # every byte dirty now was written after the tick's time.
-            c.state.cleaned(max(d.start_ns, now))
+            # every byte dirty now was written after the tick's time; or (drain_done_as_of_start) once every byte
+            # dirty at the drain's start is written back.
+            c.state.cleaned(d.start_ns if c.caps.drain_done_as_of_start else max(d.start_ns, now))
             c.breach = None  # the bound holds again (write-back resumes after the hysteresis interval)
         elif c.breach is None:
             self._set_breach(c, f"drain started at {d.start_ns / NS:.0f} s failed: {detail or 'no reason given'}")
