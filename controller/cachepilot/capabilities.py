@@ -86,6 +86,7 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     _k("high_watermark", W, "int", 0, 100, "percent", "start writing back above this fill level"),
     _k("low_watermark", W, "int", 0, 100, "percent", "stop writing back below this fill level"),
     _k("max_age", W, "int", 1, 86_400_000, "ms", "write back every block first written longer ago than this"),
+    _k("pause_writeback", W, "int", 0, 60_000, "ms", "write-back waits until no write went to the origin this long"),
     _k("writeback_jobs", W, "int", 1, UINT_MAX, "jobs", "cap on concurrent write-back jobs"),
     _k("autocommit_blocks", W, "int", 1, UINT_MAX, "blocks", "commit after this many written blocks"),
     _k("autocommit_time", W, "int", 1, UINT_MAX, "ms", "commit after this long"),

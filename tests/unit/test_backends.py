@@ -432,15 +432,18 @@ def test_backend_sets_max_age_by_reload_and_puts_back_an_unset_one(tmp_path):
     fake = FakeDm(WC_TABLE)
     b = open_backend(VolumeInfo(dev=2, name="dm-2", kind="dm-writecache"), host=Host(sysfs=tmp_path, dm=fake))
     assert "max_age" not in b.sample(S).knobs
-    for knob, value in (("max_age", "30000"), ("low_watermark", "13"), ("high_watermark", "18")):
+    for knob, value in (("max_age", "30000"), ("low_watermark", "13"), ("high_watermark", "18"),
+                        ("pause_writeback", "0")):
         assert b.apply(SetKnob("dm-2", knob, value, "delegated", True)).status == DONE
     live = WritecacheTable.parse(fake.live)
     assert live.get("max_age") == "30000" and live.line() == fake.live
-    assert b.sample(S).knobs == {"high_watermark": "18", "low_watermark": "13", "max_age": "30000"}
+    assert b.sample(S).knobs == {"high_watermark": "18", "low_watermark": "13", "max_age": "30000",
+                                 "pause_writeback": "0"}
     outs = b.restore()
     assert all(o.status == DONE for o in outs), outs
     t = WritecacheTable.parse(fake.live)
     assert t.get("max_age") is None and "max_age" not in fake.live  # taken out again: the kernel's default
+    assert "pause_writeback" not in fake.live
     assert (t.get("high_watermark"), t.get("low_watermark")) == ("50", "45")
 
 

@@ -20,7 +20,7 @@ defaults:
   exposure: {max_dirty: 64MiB, max_age: 30s}
 """
 STOCK = {"high_watermark": "50", "low_watermark": "45"}
-HELD = {"high_watermark": "18", "low_watermark": "13", "max_age": "30000"}
+HELD = {"high_watermark": "18", "low_watermark": "13", "max_age": "30000", "pause_writeback": "0"}
 WC = VolumeInfo(dev=DEV, name="dm-2", kind="dm-writecache", cache_bytes=256 * MIB)
 
 
@@ -39,10 +39,26 @@ def test_destructive_writecache_asks_for_max_age_and_watermarks_low_first() -> N
     e = Engine(parse_policy(DESTRUCTIVE, "t.yaml"), [WC])
     asks = [a for a in run(e, 2, STOCK) if isinstance(a, SetKnob)]
     assert [(a.knob, a.value) for a in asks] == [("low_watermark", "13"), ("high_watermark", "18"),
-                                                 ("max_age", "30000")]
+                                                 ("max_age", "30000"), ("pause_writeback", "0")]
     assert all(a.put_back_on_exit for a in asks)
     assert "delegated to the kernel" in asks[2].reason and "15/16" in asks[2].reason
-    assert "75% of it" in asks[1].reason
+    assert "75% of it" in asks[1].reason and "writecache_map_flush" in asks[3].reason
+
+
+def test_the_table_without_pause_writeback_0_does_not_keep_the_bound() -> None:
+    e = Engine(parse_policy(DESTRUCTIVE, "t.yaml"), [WC])
+    paused = {k: v for k, v in HELD.items() if k != "pause_writeback"}  # fsync flushes would hold write-back off
+    assert [a for a in run(e, 120, paused) if isinstance(a, Drain)]
+
+
+def test_the_drain_of_data_of_unknown_age_waits_two_ticks_for_the_reloads() -> None:
+    e = Engine(parse_policy(DESTRUCTIVE, "t.yaml"), [WC])
+    first = run(e, 1, STOCK)  # never seen clean: dirty data of unknown age
+    assert [a for a in first if isinstance(a, SetKnob)] and not [a for a in first if isinstance(a, Drain)]
+    assert not [a for a in run(e, 3, HELD, start=1) if isinstance(a, Drain)]  # the table holds: none at all
+    e2 = Engine(parse_policy(DESTRUCTIVE, "t.yaml"), [WC])
+    later = run(e2, 4, STOCK)  # the reloads were refused: the drain comes, two ticks late
+    assert [a for a in later if isinstance(a, Drain)] and "unknown age" in str(later)
 
 
 def test_a_pinned_knob_is_not_delegated_and_recoverable_asks_nothing() -> None:
@@ -86,4 +102,4 @@ def test_written_marks_restart_with_the_counter_and_stay_bounded() -> None:
 
 
 def test_wanted_leaves_the_watermarks_for_a_bound_above_half_the_cache() -> None:
-    assert [x.knob for x in wanted(30.0, 200 * MIB, 256 * MIB)] == ["max_age"]
+    assert [x.knob for x in wanted(30.0, 200 * MIB, 256 * MIB)] == ["max_age", "pause_writeback"]

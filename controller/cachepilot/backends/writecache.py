@@ -181,20 +181,20 @@ def sample(host: Host, info: VolumeInfo, now: int) -> VolumeSample:
 
 
 # What writecache_ctr uses for a watermark the table does not set (HIGH_WATERMARK, LOW_WATERMARK in dm-writecache.c);
-# max_age unset is no age bound, so it is reported only when set.
+# max_age (unset: no age bound) and pause_writeback (unset: PAUSE_WRITEBACK, 3 s in SSD mode) are reported only
+# when set.
 _DEFAULTS = {"high_watermark": "50", "low_watermark": "45"}
+_WHEN_SET = ("max_age", "pause_writeback")
 
 
 def _knobs(table: str) -> dict[str, str]:
-    """The watermarks (the kernel's defaults where unset) and max_age (ms) when the table sets it."""
+    """The watermarks (the kernel's defaults where unset), max_age and pause_writeback (ms) when the table sets them."""
     try:
         t = WritecacheTable.parse(table)
     except KernelRejected:
         return dict(_DEFAULTS)
     out = {k: t.get(k) or d for k, d in _DEFAULTS.items()}
-    age = t.get("max_age")
-    if age:
-        out["max_age"] = age
+    out.update((k, v) for k in _WHEN_SET if (v := t.get(k)))
     return out
 
 

@@ -116,6 +116,8 @@ class Drains:
             # the kernel keeps the bound (engine.nativebound): no periodic drain, a flush only on a measured breach
             breach = self.native.breach(c)
             return (f"{breach}: flushing {dirty} dirty bytes", half) if breach else None
+        if self.native.pending(c, now):
+            return None  # the reloads that delegate the bound are under way (NativeBound.pending)
         ex = c.policy.exposure
         if WRITETHROUGH not in c.caps.modes:
             projected, rate = self.exposure.projected_dirty(c, now)

@@ -12,13 +12,17 @@ on dm-writecache a ``flush`` message, which writes back young data that would ha
 - ``high_watermark``/``low_watermark`` (percent of the blocks in use, every one of which is dirty: a block written
   back is freed, ``__writecache_endio_ssd``): write-back starts above high (``writecache_verify_watermark``) and
   goes on, oldest first, until below low.
-- both wait until the origin has had no write sent around the cache for ``pause_writeback`` (3 s by default, SSD
-  mode) -- writes go around only when no block is free -- except under ``flush`` or ``cleaner``.
+- both wait until the origin has had no write for ``pause_writeback`` (3 s by default, SSD mode; idle time of the
+  writes ``writecache_map`` sends to the origin), except under ``flush`` or ``cleaner``. Writes go there when no
+  block is free, and so does the second flush bio of every REQ_PREFLUSH (``writecache_map_flush``: an empty
+  REQ_OP_WRITE): under an fsync-heavy load the origin never idles and neither bound writes anything back (lab,
+  W4: the cache filled to 255 MiB with max_age 30 s, nothing written back in the first 23 s). So the rule also
+  asks for ``pause_writeback`` 0: write-back then competes with the foreground's origin I/O, as a drain does.
 - a table reload keeps the cache: the old table's suspend commits (``writecache_suspend``), the new one's resume
   reads the committed entries back (``writecache_resume``), but gives each of them the resume time as its age.
 - a discard frees the dirty entries it covers (``writecache_discard``): deleted files are still not written back.
 
-So the rule asks once, when it adopts the volume, for max_age = the policy's age bound and for watermarks that
+So the rule asks once, when it adopts the volume, for max_age = the policy's age bound, pause_writeback 0, and watermarks that
 keep the dirty data at HEADROOM of max_dirty (each a table reload, put back when the daemon stops), and from then
 on plans no periodic drain: the kernel writes back oldest first, young data keeps its chance to die. A drain
 (the flush) comes only on a measured breach: dirty bytes over max_dirty, or more dirty bytes than were written
@@ -33,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cachepilot.capabilities import KNOBS
+from cachepilot.engine.exposure import tick_ns
 from cachepilot.engine.volumectl import NS, VolumeCtl
 from cachepilot.errors import UserError
 
@@ -57,7 +62,11 @@ def wanted(max_age_s: float, max_dirty: int, cache_bytes: int) -> list[Want]:
     out = [Want("max_age", age_ms, (
         f"exposure bound delegated to the kernel: max_age {age_ms} ms writes back, oldest first, every block first"
         f" written 15/16 of it ago (checked every max_age/16) instead of a flush of every block each"
-        f" {max_age_s / 2:g} s; a flush only on a measured breach"))]
+        f" {max_age_s / 2:g} s; a flush only on a measured breach")),
+        Want("pause_writeback", 0, (
+            "exposure bound delegated to the kernel: its write-back (max_age and watermarks) otherwise waits until"
+            " the origin has had no write for 3 s, and every fsync's flush goes to the origin as a write"
+            " (writecache_map_flush): under a syncing load it would never run"))]
     if cache_bytes <= 0:
         return out
     high = min(STOCK_HIGH, int(100 * HEADROOM * max_dirty // cache_bytes))
@@ -112,6 +121,17 @@ class NativeBound:
         for want in wanted(ex.max_age_s, ex.max_dirty, c.info.cache_bytes):
             if want.knob not in c.policy.knobs:
                 request(want.knob, str(want.value), want.reason)
+
+    @staticmethod
+    def pending(c: VolumeCtl, now: int) -> bool:
+        """The table arguments were asked for within the last two ticks: their reloads and the sample reading
+        them back are under way. The drain of dirty data of unknown age waits for them (a reload restarts every
+        entry's age, ``writecache_resume``, so max_age then writes it all back), two ticks at most: a refused
+        reload leaves the drains as they were."""
+        req = c.requested_knobs.get("max_age")
+        ours = str(max(1, round(c.policy.exposure.max_age_s * 1000)))
+        return (c.caps.native_bound and req is not None and req[0] == ours
+                and now - req[1] <= 2 * tick_ns(c, now))
 
     @staticmethod
     def holds(c: VolumeCtl) -> bool:
