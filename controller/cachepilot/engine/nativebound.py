@@ -22,9 +22,9 @@ on dm-writecache a ``flush`` message, which writes back young data that would ha
   reads the committed entries back (``writecache_resume``), but gives each of them the resume time as its age.
 - a discard frees the dirty entries it covers (``writecache_discard``): deleted files are still not written back.
 
-So the rule asks once, when it adopts the volume, for max_age = the policy's age bound, pause_writeback 0, and watermarks that
-keep the dirty data at HEADROOM of max_dirty (each a table reload, put back when the daemon stops), and from then
-on plans no periodic drain: the kernel writes back oldest first, young data keeps its chance to die. A drain
+So the rule asks once, when it adopts the volume, for max_age = the policy's age bound, pause_writeback 0 and
+watermarks that keep the dirty data at HEADROOM of max_dirty (each a table reload, put back when the daemon stops),
+and from then on plans no periodic drain: the kernel writes back oldest first, young data keeps its chance to die. A drain
 (the flush) comes only on a measured breach: dirty bytes over max_dirty, or more dirty bytes than were written
 to the volume within the last max_age (those bytes are provably older than the bound). The witness is one-sided:
 a dirty total below what was written says nothing about the oldest block's age.
