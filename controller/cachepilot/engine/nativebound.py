@@ -24,8 +24,8 @@ on dm-writecache a ``flush`` message, which writes back young data that would ha
 
 So the rule asks once, when it adopts the volume, for max_age = the policy's age bound, pause_writeback 0 and
 watermarks that keep the dirty data at HEADROOM of max_dirty (each a table reload, put back when the daemon stops),
-and from then on plans no periodic drain: the kernel writes back oldest first, young data keeps its chance to die. A drain
-(the flush) comes only on a measured breach: dirty bytes over max_dirty, or more dirty bytes than were written
+and from then on plans no periodic drain: the kernel writes back oldest first, young data keeps its chance to die.
+A drain (the flush) comes only on a measured breach: dirty bytes over max_dirty, or more dirty bytes than were written
 to the volume within the last max_age (those bytes are provably older than the bound). The witness is one-sided:
 a dirty total below what was written says nothing about the oldest block's age.
 """
