@@ -16,7 +16,7 @@ on dm-writecache a ``flush`` message, which writes back young data that would ha
   writes ``writecache_map`` sends to the origin), except under ``flush`` or ``cleaner``. Writes go there when no
   block is free, and so does the second flush bio of every REQ_PREFLUSH (``writecache_map_flush``: an empty
   REQ_OP_WRITE): under an fsync-heavy load the origin never idles and neither bound writes anything back (lab,
-  W4: the cache filled to 255 MiB with max_age 30 s, nothing written back in the first 23 s). So the rule also
+  W4: stock passed its 50% watermark at ~10 s and wrote nothing back until full at ~22 s). So the rule also
   asks for ``pause_writeback`` 0: write-back then competes with the foreground's origin I/O, as a drain does.
 - a table reload keeps the cache: the old table's suspend commits (``writecache_suspend``), the new one's resume
   reads the committed entries back (``writecache_resume``), but gives each of them the resume time as its age.
