@@ -85,6 +85,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     _k("migration_threshold", D, "int", 1, UINT_MAX, "sectors", "cap on in-flight promotion/demotion I/O"),
     _k("high_watermark", W, "int", 0, 100, "percent", "start writing back above this fill level"),
     _k("low_watermark", W, "int", 0, 100, "percent", "stop writing back below this fill level"),
+    _k("max_age", W, "int", 1, 86_400_000, "ms", "write back every block first written longer ago than this"),
+    _k("pause_writeback", W, "int", 0, 60_000, "ms", "write-back waits until no write went to the origin this long"),
     _k("writeback_jobs", W, "int", 1, UINT_MAX, "jobs", "cap on concurrent write-back jobs"),
     _k("autocommit_blocks", W, "int", 1, UINT_MAX, "blocks", "commit after this many written blocks"),
     _k("autocommit_time", W, "int", 1, UINT_MAX, "ms", "commit after this long"),
@@ -124,6 +126,16 @@ class Capabilities:
     # Rounds of promotion reads the cache needs before it admits a block (actuators.promote; 0: it never caches
     # reads).
     promote_rounds: int = 1
+    # Whether the kernel can hold the exposure bound itself, so that the destructive model delegates it instead of
+    # draining everything every max_age/2 (engine.nativebound): dm-writecache's max_age writes back, oldest first,
+    # every block first written 15/16 of it ago (writecache_writeback, re-queued every max_age/16 by
+    # writecache_max_age_timer) and its high/low_watermark write back above a fill level; both are table arguments.
+    native_bound: bool = False
+    # Whether a completed drain means "every block dirty when it started is clean", not "the cache read clean":
+    # dm-writecache's flush message returns once writecache_writeback, under writeback_all, has walked the whole
+    # tree and waited for every write-back (process_flush_mesg); blocks written meanwhile may be dirty again. The
+    # engine then moves the clean point to the drain's start, and a drain under a steady load ends.
+    drain_done_as_of_start: bool = False
     device_prefix: str = "dm-"  # how the kernel names its devices (what a policy's device glob can match)
     # Whether the kernel reports the cache device's I/O errors (bcache: cache0/io_errors, a decaying count;
     # dm-writecache: its status's error field). dm-cache keeps none: its status only turns to Fail.
@@ -169,7 +181,7 @@ CAPABILITIES: dict[str, Capabilities] = {
         drain="the flush message (returns when every block is written back)",
         destructive="write-back only: the bound is kept by flushing, never by a mode switch",
         promote_rounds=0,  # dm-writecache never caches reads
-        error_counts=True,
+        error_counts=True, native_bound=True, drain_done_as_of_start=True,
     ),
 }
 KNOB_TYPES = ("int", "size")

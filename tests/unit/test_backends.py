@@ -354,6 +354,22 @@ def test_writecache_drain_is_the_flush_message(wc):
     assert ("message", "lab-cached", "0", "flush") in fake.calls
 
 
+def test_writecache_flush_is_done_when_the_message_returns_though_new_writes_came(tmp_path):
+    class Busy(FakeDm):  # a steady load: blocks written while the flush ran are cached again
+        def __call__(self, args: Sequence[str], timeout: float) -> str:
+            out = super().__call__(args, timeout)
+            if args[0] == "message" and args[3] == "flush":
+                self.used = 7
+            return out
+
+    dm_tree(tmp_path)
+    fake = Busy(WC_TABLE)
+    b = open_backend(VolumeInfo(dev=2, name="dm-2", kind="dm-writecache"), host=Host(sysfs=tmp_path, dm=fake))
+    out = b.apply(Drain("dm-2", 10 * S, "x"))
+    assert out.status == DONE and "7 written since" in out.detail and b.pending() == []
+    assert [c for c in fake.calls if c[0] == "message"] == [("message", "lab-cached", "0", "flush")]  # once
+
+
 def test_writecache_watermark_by_reload_and_no_writethrough(wc):
     b, fake = wc
     assert b.apply(SetKnob("dm-2", "low_watermark", "10", "x")).status == DONE
@@ -403,11 +419,45 @@ def test_writecache_sample_reports_and_restore_puts_back_the_high_watermark(tmp_
     dm_tree(tmp_path)
     fake = FakeDm(WC_TABLE)
     b = open_backend(VolumeInfo(dev=2, name="dm-2", kind="dm-writecache"), host=Host(sysfs=tmp_path, dm=fake))
-    assert b.sample(S).knobs == {"high_watermark": "50"}
+    assert b.sample(S).knobs == {"high_watermark": "50", "low_watermark": "45"}
     assert b.apply(SetKnob("dm-2", "high_watermark", "80", "hold", True)).status == DONE
-    assert b.sample(S).knobs == {"high_watermark": "80"}
+    assert b.sample(S).knobs == {"high_watermark": "80", "low_watermark": "45"}
     [out] = b.restore()
     assert out.status == DONE and WritecacheTable.parse(fake.live).get("high_watermark") == "50"
+
+
+# ------------------------------------------------------------------ dm-writecache's max_age (engine.nativebound)
+def test_backend_sets_max_age_by_reload_and_puts_back_an_unset_one(tmp_path):
+    dm_tree(tmp_path)
+    fake = FakeDm(WC_TABLE)
+    b = open_backend(VolumeInfo(dev=2, name="dm-2", kind="dm-writecache"), host=Host(sysfs=tmp_path, dm=fake))
+    assert "max_age" not in b.sample(S).knobs
+    for knob, value in (("max_age", "30000"), ("low_watermark", "13"), ("high_watermark", "18"),
+                        ("pause_writeback", "0")):
+        assert b.apply(SetKnob("dm-2", knob, value, "delegated", True)).status == DONE
+    live = WritecacheTable.parse(fake.live)
+    assert live.get("max_age") == "30000" and live.line() == fake.live
+    assert b.sample(S).knobs == {"high_watermark": "18", "low_watermark": "13", "max_age": "30000",
+                                 "pause_writeback": "0"}
+    outs = b.restore()
+    assert all(o.status == DONE for o in outs), outs
+    t = WritecacheTable.parse(fake.live)
+    assert t.get("max_age") is None and "max_age" not in fake.live  # taken out again: the kernel's default
+    assert "pause_writeback" not in fake.live
+    assert (t.get("high_watermark"), t.get("low_watermark")) == ("50", "45")
+
+
+def test_sample_reports_the_bytes_written_from_the_status_statistics(tmp_path):
+    class Stats(FakeDm):
+        def __call__(self, args: Sequence[str], timeout: float) -> str:
+            if args[0] == "status":
+                return "0 2097152 writecache 0 1000 900 0 10 5 77 1 2 0 3 0 4 0"
+            return super().__call__(args, timeout)
+
+    dm_tree(tmp_path)
+    b = open_backend(VolumeInfo(dev=2, name="dm-2", kind="dm-writecache", cache_bytes=1000 * 4096),
+                     host=Host(sysfs=tmp_path, dm=Stats(WC_TABLE)))
+    assert b.sample(S).written_bytes == 77 * 4096
 
 
 # ------------------------------------------------------------------ classification

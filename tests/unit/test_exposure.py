@@ -212,7 +212,7 @@ def test_byte_bound_switches_before_it_is_crossed() -> None:
 
 
 def test_dm_writecache_keeps_the_bound_by_flushing_never_by_mode() -> None:
-    e = engine(DESTRUCTIVE.replace("64MiB", "8MiB"), kind="dm-writecache")
+    e = engine(UNDELEGATED.replace("64MiB", "8MiB"), kind="dm-writecache")
     acts_all = []
     for t in range(0, 12):  # 1 MiB/s of new dirty data against an 8 MiB bound
         sample(e, t, "writeback", dirty=t * MIB)
@@ -223,6 +223,20 @@ def test_dm_writecache_keeps_the_bound_by_flushing_never_by_mode() -> None:
     assert not switches(acts_all)  # dm-writecache has no write-through
     ds = drains(acts_all)
     assert ds and "no write-through: flushing" in ds[0].reason
+
+
+# an operator's own max_age above the bound: not delegated to the kernel (engine.nativebound), the daemon flushes
+UNDELEGATED = DESTRUCTIVE + "  knobs: {max_age: 60000}\n"
+
+
+def test_dm_writecache_flush_done_moves_the_clean_point_to_its_start_not_to_now() -> None:
+    e = engine(UNDELEGATED, kind="dm-writecache")
+    sample(e, 0, "writeback", dirty=4096)
+    d = drains(e.tick(0))[0]
+    sample(e, 3, "writeback", dirty=8192)  # written while the flush ran: dirty since after 0 s, not after 3 s
+    e.tick(3 * NS)
+    e.outcome(Outcome(d, "done"))
+    assert e.vols[DEV].state.clean_ns == 0 and e.vols[DEV].drain is None
 
 
 # ---------------------------------------------------------------- outcomes
@@ -258,7 +272,7 @@ def test_failed_discard_is_requeued_with_bounded_retries() -> None:
 
 
 def test_dm_writecache_breach_is_a_flush_and_ends_when_one_completes() -> None:
-    e = engine(DESTRUCTIVE, kind="dm-writecache")
+    e = engine(UNDELEGATED, kind="dm-writecache")
     sample(e, 0, "writeback", dirty=4096)
     d = drains(e.tick(0))[0]
     sample(e, 16, "writeback", dirty=4096)  # past the deadline (15 s): breach

@@ -3,9 +3,11 @@
 What the kernel does (drivers/md/dm-writecache.c, 6.1): the target is write-back only (reads of blocks not in
 the cache go to the origin; nothing is promoted on read), so the only mode is writeback. Messages are ``flush``
 (commit, write every block back, and return when done — the drain), ``flush_on_suspend`` and ``cleaner``
-(irreversible until the next reload). Watermarks, ``writeback_jobs`` and ``autocommit_*`` are optional table
-arguments: they change by a table reload (``reload`` + ``suspend`` + ``resume``) and read back from
-``dmsetup table``, which prints the ones that were set.
+(irreversible until the next reload). ``max_age``, watermarks, ``writeback_jobs`` and ``autocommit_*`` are optional
+table arguments: they change by a table reload (``reload`` + ``suspend`` + ``resume``; the cache's committed
+entries survive it, ``writecache_resume``) and read back from ``dmsetup table``, which prints the ones that were set.
+Under the destructive model the engine delegates the exposure bound to ``max_age`` and the watermarks
+(engine.nativebound).
 """
 
 from __future__ import annotations
@@ -60,7 +62,9 @@ class WritecacheTable:
         return next((v for k, v in self.options if k == key), None)
 
     def with_(self, key: str, value: str) -> WritecacheTable:
-        opts = [(k, v) for k, v in self.options if k != key] + [(key, value)]
+        """The table with ``key`` set to ``value``; "" takes the argument out (the kernel's default again: what a
+        knob found unset is put back to)."""
+        opts = [(k, v) for k, v in self.options if k != key] + ([(key, value)] if value else [])
         return WritecacheTable(self.head, tuple(opts))
 
     def line(self) -> str:
@@ -114,7 +118,7 @@ class WritecacheBackend(OperationBackend):
         return self._flush(op, a.reason)
 
     def _flush(self, op: Operation, reason: str) -> bool:
-        """The flush message returns once every block is written back; used blocks must then read 0."""
+        """The flush message returns once every block dirty when it was sent is written back."""
         name = self.dm_name
         before = self.status().used_blocks
         target = f"{name} message 0 flush"
@@ -126,10 +130,11 @@ class WritecacheBackend(OperationBackend):
         op.writes.append(Write(target, f"{before} used blocks", "flush", f"{after.used_blocks} used blocks"))
         if after.error:
             raise KernelRejected(f"{name}: the cache reports error {after.error} after flush")
-        op.phase = f"flushed {before} blocks: {reason}"
-        # Writes that arrived during the flush may already be cached again: that is new data, not a failure,
-        # but the drain is complete only when the status read after the flush showed nothing left.
-        return after.used_blocks == 0
+        op.phase = f"flushed {before} blocks ({after.used_blocks} written since): {reason}"
+        # The message returns once every block dirty when it was sent is written back (process_flush_mesg waits
+        # for writecache_writeback under writeback_all): the drain is complete. Blocks written meanwhile are new
+        # data (Capabilities.drain_done_as_of_start); flushing again until a steady load pauses would never end.
+        return True
 
     def _advance(self, op: Operation, now_ns: int) -> bool:
         assert isinstance(op.action, Drain)
@@ -165,21 +170,32 @@ def sample(host: Host, info: VolumeInfo, now: int) -> VolumeSample:
     except StatusParseError as exc:
         raise UserError(f"dmsetup status {dm_name}: {exc}") from None
     block = info.cache_bytes // w.total_blocks if w.total_blocks else 4096
+    written = w.stats[2] * block if len(w.stats) >= 3 else None  # blocks written to the target (5.15+)
     hits = w.stats[1] + w.stats[3] + w.stats[4] if len(w.stats) >= 5 else 0  # read hits + write hits
     total = w.stats[0] + w.stats[2] if len(w.stats) >= 3 else 0  # read blocks + write blocks
     return VolumeSample(
         dev=info.dev, ts_ns=now, mode="writeback", dirty_bytes=w.used_blocks * block, hits=hits,
         misses=max(0, total - hits), io_errors=w.error, failed=w.error != 0, cache_id=cache_id,
-        knobs={"high_watermark": _high_watermark(table)},
+        knobs=_knobs(table), written_bytes=written,
     )
 
 
-def _high_watermark(table: str) -> str:
-    """The table's high_watermark, or the kernel's default (DEFAULT_HIGH_WATERMARK 50 in dm-writecache.c)."""
+# What writecache_ctr uses for a watermark the table does not set (HIGH_WATERMARK, LOW_WATERMARK in dm-writecache.c);
+# max_age (unset: no age bound) and pause_writeback (unset: PAUSE_WRITEBACK, 3 s in SSD mode) are reported only
+# when set.
+_DEFAULTS = {"high_watermark": "50", "low_watermark": "45"}
+_WHEN_SET = ("max_age", "pause_writeback")
+
+
+def _knobs(table: str) -> dict[str, str]:
+    """The watermarks (the kernel's defaults where unset), max_age and pause_writeback (ms) when the table sets them."""
     try:
-        return WritecacheTable.parse(table).get("high_watermark") or "50"
+        t = WritecacheTable.parse(table)
     except KernelRejected:
-        return "50"
+        return dict(_DEFAULTS)
+    out = {k: t.get(k) or d for k, d in _DEFAULTS.items()}
+    out.update((k, v) for k in _WHEN_SET if (v := t.get(k)))
+    return out
 
 
 def _option(name: str) -> KnobDef:

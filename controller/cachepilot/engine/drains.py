@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from cachepilot.actions import Action, Drain
 from cachepilot.engine.exposure import Exposure, tick_ns
+from cachepilot.engine.nativebound import NativeBound
 from cachepilot.engine.volumectl import NS, DrainInFlight, VolumeCtl, normalise_mode
 from cachepilot.models.volume import WRITEBACK, WRITETHROUGH
 
@@ -28,8 +29,9 @@ def drain_putting_back(c: VolumeCtl, now: int) -> bool:
 class Drains:
     """Plans each volume's drains and tracks the one in flight."""
 
-    def __init__(self, exposure: Exposure) -> None:
+    def __init__(self, exposure: Exposure, native: NativeBound | None = None) -> None:
         self.exposure = exposure
+        self.native = native if native is not None else NativeBound()
 
     def track(self, c: VolumeCtl, now: int) -> None:
         """A drain is done once a sample taken after it started shows no dirty data (or the backend said so);
@@ -110,6 +112,12 @@ class Drains:
         fm, _ = self.exposure.failure_model(c, now)
         if fm == "recoverable" or (dirty == 0 and normalise_mode(st.mode) != WRITEBACK):
             return None
+        if self.native.holds(c):
+            # the kernel keeps the bound (engine.nativebound): no periodic drain, a flush only on a measured breach
+            breach = self.native.breach(c)
+            return (f"{breach}: flushing {dirty} dirty bytes", half) if breach else None
+        if self.native.pending(c, now):
+            return None  # the reloads that delegate the bound are under way (NativeBound.pending)
         ex = c.policy.exposure
         if WRITETHROUGH not in c.caps.modes:
             projected, rate = self.exposure.projected_dirty(c, now)
@@ -151,8 +159,9 @@ class Drains:
         if ok:
             self._measured(c, d, now, now)
             # A backend reports a drain done when it reads the cache clean, which it does after this tick began:
-            # every byte dirty now was written after the tick's time.
-            c.state.cleaned(max(d.start_ns, now))
+            # every byte dirty now was written after the tick's time; or (drain_done_as_of_start) once every byte
+            # dirty at the drain's start is written back.
+            c.state.cleaned(d.start_ns if c.caps.drain_done_as_of_start else max(d.start_ns, now))
             c.breach = None  # the bound holds again (write-back resumes after the hysteresis interval)
         elif c.breach is None:
             self._set_breach(c, f"drain started at {d.start_ns / NS:.0f} s failed: {detail or 'no reason given'}")

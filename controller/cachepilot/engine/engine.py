@@ -14,7 +14,9 @@ samples), never to the number of tracked files:
 5. the write policy follows the failure latch first (a failed or degraded cache stays out of write-back until
    its cache device is replaced or an operator clears it), then the failure model, with hysteresis;
 6. destructive volumes drain: dirty data is driven to zero at least once per ``exposure.max_age``
-   (see :meth:`Drains.plan` for the guarantee); a drain that misses its deadline is a breach;
+   (see :meth:`Drains.plan` for the guarantee); a drain that misses its deadline is a breach. Where the kernel
+   can keep the bound itself (dm-writecache's max_age and watermarks) it is delegated to it and a drain comes
+   only on a measured breach (:mod:`cachepilot.engine.nativebound`);
 7. pinned knobs are set when the backend reports a different value (only knobs the cache kind has).
 
 How each action ended comes back through :meth:`Engine.outcome`: drains complete or breach, failed discards
@@ -39,6 +41,7 @@ from cachepilot.engine.drains import Drains, drain_at_risk
 from cachepilot.engine.exposure import Exposure
 from cachepilot.engine.knobs import KnobPins
 from cachepilot.engine.lifetime import Lifetimes
+from cachepilot.engine.nativebound import NativeBound
 from cachepilot.engine.promotion import Promoter
 from cachepilot.engine.seqcutoff import KNOB as SEQ_KNOB
 from cachepilot.engine.seqcutoff import SequentialSteering
@@ -74,7 +77,8 @@ class Engine:
         self.promoter = Promoter(self.hotness)
         exposure = Exposure(self.hotness)
         self.writes = WritePolicy(exposure)
-        self.drains = Drains(exposure)
+        self.native = NativeBound()  # the exposure bound delegated to the kernel where it can keep it
+        self.drains = Drains(exposure, self.native)
         self.knobs = KnobPins(exposure)
         self.seq = SequentialSteering()  # bcache's sequential_cutoff, by what the bypassed runs are made of
         self.events.hotness_readers.append(self.seq.written)
@@ -207,7 +211,7 @@ class Engine:
         st = c.state
         grew = st.update(VolumeSample(
             s.dev, s.ts_ns, normalise_mode(s.mode), s.dirty_bytes, s.hits, s.misses, s.io_errors, s.failed,
-            s.knobs, s.cache_id, in_use_percent=s.in_use_percent,
+            s.knobs, s.cache_id, in_use_percent=s.in_use_percent, written_bytes=s.written_bytes,
         ))
         c.epochs.note_dirty(grew)
         c.pins.sampled(s.misses, s.bypasses, s.ts_ns)
@@ -310,6 +314,7 @@ class Engine:
             self.knobs.pin(c, now, out)
             self._steer(c, now, out)
             self._lifetime_hold(c, now, out)
+            self._native_bound(c, now, out)
             self.drains.plan(c, now, out)
             c.last_tick_ns = now
         return out
@@ -327,6 +332,13 @@ class Engine:
                   and self.knobs.exposure.failure_model(c, now)[0] == "recoverable")
         self.lifetimes.steer(c.info, vp, st, self.hotness.dev_bytes.get(c.info.dev, (0, 0))[1], now, active,
                              lambda k, v, why: self.knobs.request(c, k, v, why, now, out, put_back=True))
+
+    def _native_bound(self, c: VolumeCtl, now: int, out: list[Action]) -> None:
+        """Destructive volumes of a kind that can keep the exposure bound itself get the table arguments for it
+        (engine.nativebound), put back on exit; not while latched."""
+        destructive = c.latch is None and self.knobs.exposure.failure_model(c, now)[0] == "destructive"
+        self.native.steer(c, destructive,
+                          lambda k, v, why: self.knobs.request(c, k, v, why, now, out, put_back=True))
 
     def steered_knobs(self, dev: int) -> dict[str, tuple[str, str]]:
         """The knobs the engine itself steered and would put back at stop (knob -> (found at start, ours))."""

@@ -63,6 +63,9 @@ class VolumeSample:
     # bcache: the cache set's in-use share at its last GC (dirty and metadata buckets, buckets allocated since),
     # 100 - cache_available_percent; what its write cutoffs compare (engine.lifetime). None: not known
     in_use_percent: int | None = None
+    # cumulative bytes written to the cache target (dm-writecache's write statistic; restarts at a table reload).
+    # None: not known
+    written_bytes: int | None = None
 
 
 class VolumeState:
@@ -77,6 +80,7 @@ class VolumeState:
         self.failed = False
         self.knobs: dict[str, str] = {}
         self.in_use_percent: int | None = None
+        self.written_bytes: int | None = None
         self.cache_id = info.cache_id
         self.error_threshold = error_threshold
         self._hist: deque[tuple[int, int, int, int]] = deque(maxlen=window)  # ts, hits, misses, errors
@@ -111,6 +115,7 @@ class VolumeState:
         self.failed = s.failed
         self.knobs = dict(s.knobs)
         self.in_use_percent = s.in_use_percent
+        self.written_bytes = s.written_bytes
         self.last_ts = s.ts_ns
         self.samples += 1
         return max(0, grew)

@@ -4,7 +4,8 @@ configuration: dm-writecache's own age bound against cachepilot keeping the same
 usage: wcfiles.py CONFIG SECONDS [--warmup S] [--threads N] [--seed N]
 CONFIG: max-age (the table reloaded with `max_age` AGE_S * 1000 ms: dm-writecache writes back every block older than
 that) | cp-default (the stock table, no max_age, + the daemon under the shipped default policy: destructive,
-exposure <= 64 MiB / 30 s, discards of deleted files' extents after the journal commit that freed them).
+exposure <= 64 MiB / 30 s, discards of deleted files' extents after the journal commit that freed them) | cp-age (the
+same without the byte bound: max_dirty 1 GiB; run by hand, not by the benchmark).
 
 Each of N threads (default 4) loops: create a file of 64-192 KiB, write it and fsync it (its data and the journal
 commit reach the cache device); append 16 KiB to a live file; read another live file whole (page cache dropped
@@ -20,6 +21,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
@@ -170,6 +172,20 @@ def arg(name: str, default: float) -> float:
     return float(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
 
 
+def policy(config: str) -> Path:
+    """The shipped default; for cp-age a copy without its byte bound (max_dirty 1 GiB, more than the cache): the
+    age bound alone, as stock max_age has it."""
+    base = ROOT / "policies" / "default.yaml"
+    if config != "cp-age":
+        return base
+    text = base.read_text()
+    if "max_dirty: 64MiB" not in text:
+        raise SystemExit("policies/default.yaml: max_dirty 64MiB not found")
+    out = Path(tempfile.mkdtemp(prefix="wc-policy-")) / "age-only.yaml"
+    out.write_text(text.replace("max_dirty: 64MiB", "max_dirty: 1GiB", 1))
+    return out
+
+
 def main() -> None:
     config, seconds = sys.argv[1], float(sys.argv[2])
     warmup, nthreads, seed = arg("--warmup", 0.0), int(arg("--threads", 4)), int(arg("--seed", 1))
@@ -181,7 +197,7 @@ def main() -> None:
     root = MNT / "fs"
     root.mkdir()
     files = Files(root, random.Random(seed))  # noqa: S311
-    daemon = Daemon([ROOT / "policies" / "default.yaml"]) if config.startswith("cp-") else None
+    daemon = Daemon([policy(config)]) if config.startswith("cp-") else None
     exposure = Exposure()
     sampler = Sampler(exposure)
     sampler.start()
