@@ -102,6 +102,17 @@ def test_dm_cache_is_not_gated() -> None:
     assert slot is not None and not e.hotness.flags[slot] & F_RESIDENT
 
 
+def test_dm_writecache_is_never_promoted_to() -> None:
+    """dm-writecache caches writes only (promote_rounds 0): no promotion is decided there, where each was a decision
+    record, a log line and a skip (W4: hundreds a run)."""
+    e = engine("dm-writecache")
+    sample(e, 0, bypasses=None)
+    for ino in range(1, 6):
+        read(e, ino)
+    assert promoted(e, 1) == [] and promoted(e, 2) == []
+    assert not len(e.vols[DEV].promo_queue)
+
+
 def test_only_uncached_false_promotes_every_admitted_file() -> None:
     e = Engine(parse_policy(POLICY.replace("sieve_size: 1MiB}", "sieve_size: 1MiB, only_uncached: false}"), "t.yaml"),
                [VolumeInfo(dev=DEV, name="v0", kind="bcache", cache_bytes=1 << 30)])

@@ -63,7 +63,7 @@ class Admission:
         c.touched_now += len(s) - int(member.sum())
         c.touched_bytes_now += int(size[~member].sum())
         promo = c.policy.promotion
-        if not promo.enabled:
+        if not c.promotes:
             return
         ok = t.sieve_mask(s, promo.sieve_size)
         c.cached.discard_many(s[member & ~ok])  # e.g. it grew past the sieve: invalidate

@@ -47,7 +47,7 @@ def queue_imported(e: Engine, name: str, files: Sequence[tuple[int, int, int, in
         t.flags[slot] |= F_READ
         slots.append(slot)
     arr = c.pins.exclude(np.unique(np.array(slots, dtype=np.int64)))
-    if not len(arr) or not c.policy.promotion.enabled:
+    if not len(arr) or not c.promotes:
         return 0, len(arr)
     ok = arr[t.sieve_mask(arr, c.policy.promotion.sieve_size)]
     flags = np.frombuffer(t.flags, dtype=np.uint8)

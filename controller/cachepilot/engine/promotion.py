@@ -29,7 +29,7 @@ class Promoter:
         promo = c.policy.promotion
         t = self.hotness
         end_loan(c, now)
-        if not promo.enabled:
+        if not c.promotes:
             for slot in c.promo_queue.clear():
                 t.flags[slot] &= ~F_QUEUED
             return
@@ -143,7 +143,7 @@ class Promoter:
         else:
             c.scan_bytes += nbytes
         drop = c.state.hit_trend()
-        if not c.policy.promotion.enabled or c.scanning or drop >= -c.policy.health.scan_drop:
+        if not c.promotes or c.scanning or drop >= -c.policy.health.scan_drop:
             return
         if c.last_rewarm_ns is not None and now - c.last_rewarm_ns < 60 * NS:
             return
@@ -155,7 +155,7 @@ class Promoter:
         """Whether a scan that ended touched enough cold bytes to have pushed the hot set out: a scan smaller than
         SCAN_POLLUTES of the cache leaves an LRU-like cache's recently used (hot) data in place, and re-reading the
         whole believed-cached set after it costs reads and CPU for nothing (the kind's size unknown: any scan)."""
-        if not c.policy.promotion.enabled:
+        if not c.promotes:
             return False
         return c.info.cache_bytes <= 0 or c.scan_bytes >= SCAN_POLLUTES * c.info.cache_bytes
 
@@ -171,7 +171,7 @@ class Promoter:
         old, c.cache_seen = c.cache_seen, cache_id
         if old and old != cache_id:
             self._forget_resident(c)
-        if old and old != cache_id and c.policy.promotion.enabled:
+        if old and old != cache_id and c.promotes:
             c.last_rewarm_ns = now
             self.rewarm(c, f"cache device replaced ({old[:8]} -> {cache_id[:8]}): re-warming the hot set")
 

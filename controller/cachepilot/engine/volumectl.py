@@ -104,6 +104,11 @@ class VolumeCtl:
     # (tick time, read bytes, write bytes so far) for the recent write share (Exposure.recent_io), oldest first
     io_marks: deque[tuple[int, int, int]] = field(default_factory=deque)
 
+    @property
+    def promotes(self) -> bool:
+        """Whether promotion runs here: the policy enables it and the kind caches reads (dm-writecache never does:
+        each promotion there was a decision, a log line and a skip for nothing, hundreds a run in W4)."""
+        return self.policy.promotion.enabled and self.caps.promote_rounds > 0
 
     def set_room(self) -> int:
         """The believed-cached set's capacity: its share of the cache (``max_cache_fraction``) less what pinned
