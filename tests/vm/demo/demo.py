@@ -217,7 +217,9 @@ switched = switch_done("writethrough")
 drained_early = early_drain()
 say(f"    daemon drained early: {'yes' if drained_early else 'no'}; switched to write-through: "
     f"{'yes' if switched else 'no'} ...")
-back = not switched or wait(lambda: switch_done("writeback") and "[writeback]" in mode(), 60, 0.5)
+# a drain closes in write-through for its last stretch (no new dirty data while the tail is written back) and puts
+# the mode it found back when the cache reads clean: without a switch, wait for that too
+back = wait(lambda: (switch_done("writeback") or not switched) and "[writeback]" in mode(), 60, 0.5)
 say(f"    write-back: {'yes' if back else 'no'} (cache_mode {mode()}, dirty {dirty() / MIB:.1f} MiB)")
 value("switched_writethrough", "yes" if switched else "no")
 value("drained_early", "yes" if drained_early else "no")
