@@ -33,11 +33,11 @@ a dirty total below what was written says nothing about the oldest block's age.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cachepilot.capabilities import KNOBS
 from cachepilot.engine.exposure import tick_ns
+from cachepilot.engine.lifetime import Hold, Request
 from cachepilot.engine.volumectl import NS, VolumeCtl
 from cachepilot.errors import UserError
 
@@ -45,25 +45,15 @@ HEADROOM = 0.75  # the watermark keeps dirty data at this share of max_dirty: wr
 GAP = 5  # percent points between high and low watermark (the kernel's own defaults are 50 and 45)
 STOCK_HIGH = 50  # HIGH_WATERMARK in dm-writecache.c: a max_dirty above it asks for no watermark change
 
-Request = Callable[[str, str, str], None]  # (knob, value, reason): the engine's knob request, put back on exit
-
-
-@dataclass(frozen=True, slots=True)
-class Want:
-    knob: str
-    value: int
-    reason: str
-
-
-def wanted(max_age_s: float, max_dirty: int, cache_bytes: int) -> list[Want]:
+def wanted(max_age_s: float, max_dirty: int, cache_bytes: int) -> list[Hold]:
     """The table arguments that make the kernel keep the bound, in an order each reload accepts (the kernel refuses
     a high watermark below the low one: low goes first)."""
     age_ms = max(1, round(max_age_s * 1000))
-    out = [Want("max_age", age_ms, (
+    out = [Hold("max_age", age_ms, (
         f"exposure bound delegated to the kernel: max_age {age_ms} ms writes back, oldest first, every block first"
         f" written 15/16 of it ago (checked every max_age/16) instead of a flush of every block each"
         f" {max_age_s / 2:g} s; a flush only on a measured breach")),
-        Want("pause_writeback", 0, (
+        Hold("pause_writeback", 0, (
             "exposure bound delegated to the kernel: its write-back (max_age and watermarks) otherwise waits until"
             " the origin has had no write for 3 s, and every fsync's flush goes to the origin as a write"
             " (writecache_map_flush): under a syncing load it would never run"))]
@@ -75,7 +65,7 @@ def wanted(max_age_s: float, max_dirty: int, cache_bytes: int) -> list[Want]:
         why = (f"exposure bound delegated to the kernel: max_dirty {max_dirty >> 20} MiB is"
                f" {100 * max_dirty / cache_bytes:.1f}% of the cache; write-back from {high}% to {low}% in use"
                f" ({HEADROOM:.0%} of it) so the dirty data stays below the bound")
-        out = [Want("low_watermark", low, why), Want("high_watermark", high, why), *out]
+        out = [Hold("low_watermark", low, why), Hold("high_watermark", high, why), *out]
     return out
 
 
