@@ -21,6 +21,7 @@ import pytest
 from cachepilot.cli import build_parser
 from cachepilot.commands import explain, status, top
 from cachepilot.commands.probe import device_node
+from cachepilot.daemon.lock import HOST_LOCK_ENV
 from cachepilot.display import escape, path_of
 from cachepilot.sim.report import WORKLOADS
 
@@ -52,8 +53,10 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     cfg = d / "c.yaml"
     cfg.write_text(f"version: 1\npolicies: [p.yaml]\nstate_dir: st\nsocket: ctl.sock\nmetrics: {{listen: ''}}\n"
                    f"observe: [{json.dumps(str(d))}]\n")
+    # a host lock of its own: the suite's autouse fixture that moves it is function-scoped, set up after this one
+    env = {**os.environ, HOST_LOCK_ENV: str(d / "host.lock")}
     p = subprocess.Popen([CLI, "run", "--config", str(cfg), "--no-probe", "--dry-run"], stderr=subprocess.PIPE,
-                         text=True)
+                         text=True, env=env)
     deadline = time.monotonic() + 60
     while cli("status", "--config", str(cfg)).returncode != 0:
         assert p.poll() is None, p.communicate()[1]
