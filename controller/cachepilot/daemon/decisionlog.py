@@ -16,7 +16,6 @@ FILE_KINDS = frozenset({"promote", "discard"})
 
 class DecisionLog:
     def __init__(self, keep: int) -> None:
-        self.keep = keep
         self._files: deque[tuple[int, dict[str, Any]]] = deque(maxlen=keep)
         self._other: deque[tuple[int, dict[str, Any]]] = deque(maxlen=keep)
         self._seq = 0

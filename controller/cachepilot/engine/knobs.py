@@ -59,6 +59,16 @@ class KnobPins:
         c.requested_knobs[knob] = (value, now)
 
 
+def knob_value(knob: str, have: str | None) -> int | None:
+    """A knob's reading as its typed value; None when unread or unparsable."""
+    if have is None:
+        return None
+    try:
+        return KNOBS[knob].parse(have)
+    except UserError:
+        return None
+
+
 def same_knob_value(knob: str, have: str | None, want: str) -> bool:
     """Compare as the knob's typed value ("4.0M" from bcache's sysfs equals "4MiB" and 4194304)."""
     if have is None:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cachepilot.capabilities import KIND_BCACHE, KIND_WRITECACHE, KNOBS
-from cachepilot.errors import UserError
+from cachepilot.engine.knobs import knob_value
 from cachepilot.models.hotness import HotnessTable
 from cachepilot.models.volume import VolumeInfo, VolumeState
 from cachepilot.policy.model import LifetimeHold, VolumePolicy
@@ -185,7 +185,7 @@ class Lifetimes:
         knobs = st.knobs
         knob = STOCK.get(info.kind, ("",))[0]
         if lt.found is None and knobs.get(knob) is not None:
-            lt.found = _value(knob, knobs[knob])
+            lt.found = knob_value(knob, knobs[knob])
         pol = vp.lifetime_hold
         h = hold_for(info.kind, info.cache_bytes, lt, pol, _overhead(st, info.cache_bytes)) if active else None
         if h is None or h.knob in vp.knobs:
@@ -204,13 +204,6 @@ def _overhead(st: VolumeState, cache_bytes: int) -> int:
     return max(0, st.in_use_percent - st.dirty_bytes * 100 // cache_bytes)
 
 
-def _value(knob: str, have: str) -> int | None:
-    try:
-        return KNOBS[knob].parse(have)
-    except UserError:
-        return None
-
-
 def _near(knob: str, have: str, want: int) -> bool:
-    v = _value(knob, have)
+    v = knob_value(knob, have)
     return v is not None and abs(v - want) < MIN_STEP

@@ -35,11 +35,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from cachepilot.capabilities import KNOBS
 from cachepilot.engine.exposure import tick_ns
+from cachepilot.engine.knobs import knob_value
 from cachepilot.engine.lifetime import Hold, Request
 from cachepilot.engine.volumectl import NS, VolumeCtl
-from cachepilot.errors import UserError
 
 HEADROOM = 0.75  # the watermark keeps dirty data at this share of max_dirty: write-back lags a pass behind it
 GAP = 5  # percent points between high and low watermark (the kernel's own defaults are 50 and 45)
@@ -133,7 +132,7 @@ class NativeBound:
         for want in wanted(ex.max_age_s, ex.max_dirty, c.info.cache_bytes):
             if want.knob == "low_watermark":
                 continue
-            have = _value(want.knob, knobs.get(want.knob))
+            have = knob_value(want.knob, knobs.get(want.knob))
             if have is None or have > want.value:
                 return False
         return True
@@ -150,13 +149,4 @@ class NativeBound:
         if recent is not None and st.dirty_bytes > recent:
             return (f"delegated bound breached: {st.dirty_bytes} dirty bytes but only {recent} written in the last"
                     f" {ex.max_age_s:g} s, so {st.dirty_bytes - recent} are older than max_age")
-        return None
-
-
-def _value(knob: str, have: str | None) -> int | None:
-    if have is None:
-        return None
-    try:
-        return KNOBS[knob].parse(have)
-    except UserError:
         return None
