@@ -49,13 +49,10 @@ class Exposure:
     def recent_io(self, c: VolumeCtl, now: int) -> tuple[int, int]:
         """(read bytes, write bytes) the volume's files saw over about the last RECENT_IO_NS (the probe's counts;
         once a tick: each call records a mark)."""
-        rb, wb = self.hotness.dev_bytes.get(c.info.dev, (0, 0))
-        marks = c.io_marks
-        marks.append((now, rb, wb))
-        while len(marks) > 2 and marks[1][0] <= now - RECENT_IO_NS:
-            marks.popleft()
-        _, rb0, wb0 = marks[0]
-        return rb - rb0, wb - wb0
+        counts = tuple(self.hotness.dev_bytes.get(c.info.dev, (0, 0)))  # a copy: the table's list keeps growing
+        c.recent_io.note(now, counts, RECENT_IO_NS)
+        rb, wb = c.recent_io.growth()
+        return rb, wb
 
     def projected_dirty(self, c: VolumeCtl, now: int) -> tuple[int, float]:
         """Dirty bytes the next sample may show: the last one plus the peak growth rate over the time from that

@@ -33,12 +33,12 @@ a dirty total below what was written says nothing about the oldest block's age.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 
 from cachepilot.engine.exposure import tick_ns
 from cachepilot.engine.knobs import knob_value
 from cachepilot.engine.lifetime import Hold, Request
 from cachepilot.engine.volumectl import NS, VolumeCtl
+from cachepilot.models.counterwindow import CounterWindow
 
 HEADROOM = 0.75  # the watermark keeps dirty data at this share of max_dirty: write-back lags a pass behind it
 GAP = 5  # percent points between high and low watermark (the kernel's own defaults are 50 and 45)
@@ -68,29 +68,26 @@ def wanted(max_age_s: float, max_dirty: int, cache_bytes: int) -> list[Hold]:
     return out
 
 
-@dataclass
 class _Written:
-    """(sample time, cumulative bytes written to the target) over about the last max_age: bounded by the samples
-    in that time."""
-    marks: deque[tuple[int, int]] = field(default_factory=deque)
+    """Bytes written to the target over about the last max_age (its one counter, from the samples)."""
+
+    def __init__(self) -> None:
+        self.window = CounterWindow()
+
+    @property
+    def marks(self) -> deque[tuple[int, tuple[int, ...]]]:
+        return self.window.marks
 
     def note(self, ts: int, total: int | None, keep_ns: int) -> None:
         if total is None:
-            self.marks.clear()
-            return
-        if self.marks and (total < self.marks[-1][1] or ts < self.marks[-1][0]):
-            self.marks.clear()  # the counter restarted (a table reload): the old marks say nothing now
-        if not self.marks or ts > self.marks[-1][0]:
-            self.marks.append((ts, total))
-        while len(self.marks) > 2 and self.marks[1][0] <= ts - keep_ns:
-            self.marks.popleft()
+            self.window.clear()
+        else:
+            self.window.note(ts, (total,), keep_ns)
 
     def since(self, ts: int, age_ns: int) -> int | None:
         """Bytes written from ``age_ns`` before ``ts`` on, at most (the oldest mark kept is the newest one that
-        old, see :meth:`note`); None: no mark is that old yet."""
-        if not self.marks or self.marks[0][0] > ts - age_ns:
-            return None
-        return self.marks[-1][1] - self.marks[0][1]
+        old); None: no mark is that old yet."""
+        return self.window.growth()[0] if self.window.spans(ts, age_ns) else None
 
 
 class NativeBound:

@@ -9,6 +9,7 @@ from cachepilot.actions import Drain
 from cachepilot.capabilities import CAPABILITIES, Capabilities
 from cachepilot.engine.promoqueue import PromoQueue
 from cachepilot.models.admission import CachedSet
+from cachepilot.models.counterwindow import CounterWindow
 from cachepilot.models.epochs import EpochTracker
 from cachepilot.models.freed import FreedExtentQueue
 from cachepilot.models.pins import PinSet
@@ -101,8 +102,8 @@ class VolumeCtl:
     breaches: int = 0
     last_failure: str = ""  # the last action that failed, for humans
     pins: PinSet = field(default_factory=PinSet)  # pinned files (models/pins.py)
-    # (tick time, read bytes, write bytes so far) for the recent write share (Exposure.recent_io), oldest first
-    io_marks: deque[tuple[int, int, int]] = field(default_factory=deque)
+    # the volume's read and write bytes so far, over the recent write share's window (Exposure.recent_io)
+    recent_io: CounterWindow = field(default_factory=CounterWindow)
 
     @property
     def promotes(self) -> bool:
