@@ -70,6 +70,9 @@ def test_discard_outcomes_latency_never_and_reuse() -> None:
     assert o.latencies == [pytest.approx(0.4)]
     assert (o.never, o.reused_first) == (2, 1)
     assert lt.reach_share(o) == pytest.approx(0.5)  # 1 reached of 2 eligible (one was reused first)
+    # a discard after the blocks were taken again is the new file's: it reaches the reused delete no more
+    late = lt.discard_outcomes(deletes, [*discards, (40.0, 300, 16)], created)
+    assert late.latencies == o.latencies and (late.never, late.reused_first) == (2, 1)
     assert math.isnan(lt.reach_share(lt.Outcomes([], 0, 0)))
 
 

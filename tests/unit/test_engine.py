@@ -555,3 +555,24 @@ def test_discards_at_the_commit_stay_within_the_budget() -> None:
             window = sum(n for t, n in given if t0 <= t < t1)
             assert window <= 64 * 1024 * (t1 - t0) + 64 * 1024, (t0, t1, window)
     assert given[0][0] < 0.2  # the first commit's extents went at once
+
+
+SHIPPED_DISCARD = POLICY.replace("{enabled: true, interval: 10s, min_extent: 4KiB}", "{enabled: true}")
+
+
+@pytest.mark.parametrize(("unit", "ranges"), [
+    (512, ((100 * 4096, 3 * 4096), (110 * 4096, 30 * 4096))),  # bcache: every whole filesystem block
+    (64 * 1024, ((112 * 4096, 16 * 4096),)),  # dm-cache's 64 KiB discard block: whole, aligned blocks only
+])
+def test_discards_go_in_the_caches_own_unit_by_default(unit: int, ranges: tuple[tuple[int, int], ...]) -> None:
+    """The shipped default (min_extent 0) cuts discards to the cache's discard unit, not a fixed 64 KiB: bcache
+    drops a discard's dirty sectors exactly, so a 12 KiB free (a small file) is discarded at once; on dm-cache a
+    discard short of a whole discard block sets no bit and saves nothing, so only whole, aligned blocks go."""
+    e = engine(SHIPPED_DISCARD, VolumeInfo(dev=DEV, name="v0", cache_bytes=1 << 30, discard_unit=unit))
+    assert e.vols[DEV].policy.discard_on_delete.min_extent == 0
+    e.tick(1 * NS)
+    e.feed(FreedExtent(DEV, 5, 100, 3, False, int(1.2 * NS), tid=7))  # 12 KiB
+    e.feed(FreedExtent(DEV, 6, 110, 30, False, int(1.2 * NS), tid=7))  # 120 KiB: one whole 64 KiB block, 112..127
+    e.feed(JournalCommit(DEV, 7, int(1.5 * NS)))
+    [d] = e.discards(int(1.5 * NS))
+    assert isinstance(d, DiscardRanges) and d.ranges == ranges

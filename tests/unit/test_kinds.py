@@ -191,6 +191,20 @@ def test_discovery_asks_the_table_on_a_fixture_host(tmp_path: Path) -> None:
     assert by_name["dm-2"].label == "lab-cached"
     assert (wc.kind, wc.mountpoint, wc.cache_bytes, wc.cache_id) == ("dm-writecache", "", 65536 * 4096, "254:5")
     assert tools.calls.count(("table",)) == 1  # one listing covers every dm device
+    # the smallest discard that spares a write-back: a sector, dm-cache's discard block (1 GiB origin / 2**14 ->
+    # its 64 KiB cache block), dm-writecache's block
+    assert (bc.discard_unit, dmc.discard_unit, wc.discard_unit) == (512, 64 * 1024, 4096)
+
+
+def test_dm_cache_discard_block_follows_the_kernel() -> None:
+    """calculate_discard_block_size: the cache block, doubled until the origin has at most 2**14 of them."""
+    from cachepilot.backends.dmcache import discard_block_bytes
+
+    line = "0 {} cache 254:3 254:4 254:1 {} 1 writeback smq 0"
+    assert discard_block_bytes(line.format(2097152, 128).split()) == 64 * 1024  # the lab: 1 GiB, 64 KiB blocks
+    assert discard_block_bytes(line.format(8 << 30, 128).split()) == 256 << 20  # 4 TiB origin: 256 MiB
+    assert discard_block_bytes(line.format(4194304, 512).split()) == 256 * 1024  # 2 GiB, 256 KiB blocks: as is
+    assert discard_block_bytes(["0", "8", "linear"]) == 512
 
 
 def test_describe_names_a_device_no_kind_takes(tmp_path: Path) -> None:

@@ -140,7 +140,8 @@ def test_a_cut_trace_reads_up_to_its_last_complete_block(tmp_path: Path) -> None
 
 def test_corrupt_byte_is_caught_by_crc(tmp_path: Path) -> None:
     data = bytearray(_trace(tmp_path))
-    off = HEADER.size + BLOCK.size + 200  # inside a payload
+    start, end = _block_ends(bytes(data))[1]
+    off = (start + BLOCK.size + end) // 2  # inside the first event block's payload (the meta block's length varies)
     data[off] ^= 0xFF
     msg = _err(tmp_path, bytes(data))
     assert "CRC" in msg or "offset" in msg

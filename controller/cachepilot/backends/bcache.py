@@ -177,7 +177,8 @@ def describe(host: Host, dev: BlockDev) -> Described:
     if not cset.exists():
         return Described(0, _cache_id(sysfs))  # detached: no cache
     cache_dev = (cset / "cache0").resolve().parent  # .../block/<cache device>/bcache -> the device
-    return Described(int(read_attr(cache_dev / "size")) * 512, _cache_id(sysfs))
+    # discard_unit: a sector (bch_data_invalidate covers the discard's sectors exactly)
+    return Described(int(read_attr(cache_dev / "size")) * 512, _cache_id(sysfs), 512)
 
 
 SAMPLED_KNOBS = ("sequential_cutoff", "writeback_percent", "writeback_delay")

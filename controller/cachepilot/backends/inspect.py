@@ -63,6 +63,7 @@ def describe(host: Host, name: str, dev: int) -> VolumeInfo:
         fs_block_size=host.fs_block_size(mountpoint),
         fs_discard=fs_discard,
         cache_id=cache.cache_id,
+        discard_unit=cache.discard_unit,
     )
 
 

@@ -42,6 +42,9 @@ class Described:
 
     cache_bytes: int
     cache_id: str  # changes when the cache device is replaced (ends a failure latch)
+    # The smallest discard (bytes) that changes what the cache writes back; a smaller one is lost on it
+    # (VolumeInfo.discard_unit).
+    discard_unit: int = 512
 
 
 @dataclass(frozen=True)

@@ -157,7 +157,7 @@ def describe(host: Host, dev: BlockDev) -> Described:
     t = dev.dm_table
     block = int(t[6]) if len(t) > 6 and t[6].isdigit() else 4096
     total = parse_dm_writecache_status(host.dm(("status", dev.dm_name), 10.0)).total_blocks
-    return Described(total * block, cache_device(t))
+    return Described(total * block, cache_device(t), block)  # writecache_discard frees whole blocks only
 
 
 def sample(host: Host, info: VolumeInfo, now: int) -> VolumeSample:

@@ -147,7 +147,10 @@ class Engine:
 
     @staticmethod
     def _granularity(info: VolumeInfo, vp: VolumePolicy) -> int:
-        return max(1, vp.discard_on_delete.min_extent // max(1, info.fs_block_size))
+        """Discards go in whole multiples of the largest of the filesystem block, the cache's discard unit (a smaller
+        discard is lost on the cache: dm-cache's discard block) and the policy's min_extent, in filesystem blocks."""
+        bs = max(1, info.fs_block_size)
+        return max(1, -(-max(info.discard_unit, vp.discard_on_delete.min_extent) // bs))
 
     def volume(self, name: str) -> VolumeCtl:
         try:

@@ -41,6 +41,9 @@ class VolumeInfo:
     cache_bytes: int = 0
     fs_block_size: int = 4096
     fs_discard: bool = False  # filesystem mounted with -o discard: do not duplicate
+    # The smallest discard (bytes) that changes what the cache writes back: bcache a sector, dm-writecache its block,
+    # dm-cache its discard block (backends.dmcache.discard_block_bytes). 0: not known.
+    discard_unit: int = 0
     cache_id: str = ""
     """Identity of the cache device: bcache cache-set UUID, dm-cache / dm-writecache cache device dev_t
     ("major:minor"); "" = unknown. A new identity means the cache device was replaced (clears a failure latch)."""

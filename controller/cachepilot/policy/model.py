@@ -43,7 +43,9 @@ class Promotion:
 class DiscardOnDelete:
     enabled: bool = True
     interval_s: float = 0.0  # 0: each commit's freed extents go at once; > 0: batched, one look per interval
-    min_extent: int = 64 * 1024
+    # 0: the cache's own discard unit (VolumeInfo.discard_unit) and at least one filesystem block; a size: at least
+    # that much as well
+    min_extent: int = 0
     max_rate: int = 256 * MiB  # bytes per second
 
 

@@ -63,7 +63,8 @@ def _settings(knobs: list[str]) -> dict[str, Any]:
         {
             "enabled": {"type": "boolean"},
             "interval": {"$ref": "#/$defs/duration"},
-            "min_extent": {"$ref": "#/$defs/size"},
+            "min_extent": {"$ref": "#/$defs/size", "description": "discards go in multiples of at least this; 0: the "
+                           "cache's own discard unit (and one filesystem block)"},
             "max_rate": {"$ref": "#/$defs/size", "description": "bytes per second trimmed at most"},
         }
     ),

@@ -66,19 +66,20 @@ class ExtentIndex:
 
 def discard_outcomes(deletes: Sequence[tuple[float, Extents]], discards: Sequence[tuple[float, int, int]],
                      created: Sequence[tuple[float, Extents]]) -> Outcomes:
-    """Per delete: the first discard bio (time, sector, sectors) at or after it overlapping its extents; a delete no
-    discard reached counts as reused first when a file created after the delete took one of its blocks."""
+    """Per delete: the first discard bio (time, sector, sectors) at or after it overlapping its extents, unless a
+    file created after the delete took one of its blocks first: that discard was the new file's, not this delete's.
+    A delete no discard reached before such a reuse counts as never reached, and as reused first when one came."""
     disc = ExtentIndex([(d, [(s, n)]) for d, s, n in discards])
     index = ExtentIndex(created)
     out = Outcomes([], 0, 0)
     for t, ext in deletes:
         hit = disc.first_after(ext, t - 1e-9)
-        if hit is not None:
+        reuse = index.first_after(ext, t)
+        if hit is not None and (reuse is None or hit <= reuse):
             out.latencies.append(hit - t)
             continue
         out.never += 1
-        if index.first_after(ext, t) is not None:
-            out.reused_first += 1
+        out.reused_first += reuse is not None
     return out
 
 
