@@ -24,13 +24,14 @@ APT_PACKAGES := clang llvm libbpf-dev libbpf1 bpftool make gcc \
 	python3-bpfcc
 
 .PHONY: help deps deps-system deps-python deps-lab bpf lint test test-unit test-bpf test-vm test-ops \
-	demo bench soak lab-shell package clean distclean
+	demo bench bench-all soak lab-shell package clean distclean
 
 help:
 	@echo "make deps       install system packages, the virtualenv, the lab kernel and initramfs"
 	@echo "make demo       boot the lab and show cachepilot on a real cached volume"
 	@echo "make test       lint + every test level (unit, bpf, vm, ops)"
 	@echo "make bench      benchmarks (not part of make test)"
+	@echo "make bench-all  make bench, then the W2-W4 headline benchmarks (~100 min)"
 	@echo "make soak       the daemon for SOAK_MINUTES (30) in the lab under load and disruptions (not in bench)"
 	@echo "make lab-shell  an interactive shell in the lab guest"
 	@echo "make package    dist/: a wheel with the BPF object inside, and cachepilot_<version>_amd64.deb"
@@ -92,12 +93,18 @@ demo: deps-python bpf
 # guests at a time on a 2-core machine (BENCH_JOBS=1: one at a time). BENCH_QUICK=1: the development variant (one
 # round, 10 s warm-up, 40 s windows): it checks that the set runs and proves nothing. The other lab benchmarks
 # (scan, warm restart, the earlier fileserver shapes) run by hand: tests/bench/bench_lab_*.py.
+# make bench-all = make bench, then W2-W4 (varmail, Zipf readers on dm-cache, dm-writecache): ~100 min here.
 BENCH_QUICK ?=
 BENCH_HOST     := $(filter-out tests/bench/bench_lab% tests/bench/bench_probe.py,$(wildcard tests/bench/bench_*.py))
 BENCH_HEADLINE := $(sort $(wildcard tests/bench/bench_lab_headline_*.py))
+BENCH_REST     := tests/bench/bench_lab_varmail.py tests/bench/bench_lab_zipf.py tests/bench/bench_lab_writecache.py
 bench: deps-python bpf
 	@set -e; for b in $(BENCH_HOST); do echo "== $$b"; $(PY) $$b; done; \
 	for b in $(BENCH_HEADLINE); do echo "== $$b"; $(PY) $$b $(if $(BENCH_QUICK),--quick); done; \
+	$(PY) tests/bench/summary.py
+
+bench-all: bench
+	@set -e; for b in $(BENCH_REST); do echo "== $$b"; $(PY) $$b $(if $(BENCH_QUICK),--quick); done; \
 	$(PY) tests/bench/summary.py
 
 # The soak takes the lab for SOAK_MINUTES plus ~10 min of set-up: one guest, under the lab lock.

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from labbench import OUT_ROOT, cell, md_table  # noqa: E402
 
 # the lab benchmarks' result names (the headline ones are found by their "goals", see goal_rows)
-LAB = ("headline_fileserver", "fileserver", "scan", "warm", "varmail")
+LAB = ("headline_fileserver", "fileserver", "scan", "warm", "varmail", "zipf", "writecache")
 
 
 def newest(name: str) -> list[tuple[Path, dict]]:
