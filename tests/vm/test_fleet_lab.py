@@ -62,7 +62,9 @@ class Guest:
         self.runner = subprocess.Popen(
             [sys.executable, str(LAB), "run", "--recipe", "bcache", "--init", "systemd",
              "--ssh-port", str(self.ssh_port), "--ssh-key", f"{key}.pub", "--forward", f"{self.metrics_port}:9854",
-             "--timeout", "600", "--", "tests/vm/fleet/workload.sh"],
+             # the guests' lifetime outlasts the test's own bounded steps (boot 240 s, playbooks, Prometheus): at
+             # 600 s a loaded host's run (625 s in all) lost g2 to its time-out in the middle of a playbook
+             "--timeout", "1800", "--", "tests/vm/fleet/workload.sh"],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def ssh(self, command: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
