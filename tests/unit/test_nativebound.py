@@ -16,7 +16,10 @@ from cachepilot.engine.nativebound import _Written, wanted
 from cachepilot.events import kdev
 from cachepilot.models.volume import VolumeInfo, VolumeSample
 from cachepilot.policy import parse_policy
+from cachepilot.backends.base import Backend
+from cachepilot.daemon.volumes import Found
 from tests.unit.test_backends import WC_TABLE, FakeDm, dm_tree
+from tests.unit.test_daemon import Rig, write
 
 NS = 1_000_000_000
 MIB = 1 << 20
@@ -199,3 +202,49 @@ def test_restore_on_exit_is_one_reload_and_leaves_what_someone_else_changed(tmp_
     live = WritecacheTable.parse(fake.live)
     assert (live.get("max_age"), live.get("pause_writeback"), live.get("high_watermark")) == ("9000", None, "50")
     assert split(out.writes[0].readback) == {"low_watermark": "45", "high_watermark": "50", "pause_writeback": ""}
+
+
+# ------------------------------------------------------------------ the daemon: a SIGHUP reload changes the model
+WCV = VolumeInfo(dev=DEV, name="dm-2", kind="dm-writecache", fs_uuid="u-1", mountpoint="/mnt/x", cache_bytes=256 * MIB)
+
+
+class WcRig(Rig):
+    """The daemon on the real dm-writecache backend over the fake dmsetup."""
+
+    def __init__(self, tmp: Path, policy: str) -> None:
+        dm_tree(tmp)
+        self.fake = FakeDm(WC_TABLE)
+        self.wc: Backend | None = None
+        super().__init__(tmp, policy)
+        self.found = [Found(WCV)]
+
+    def backend(self, info: VolumeInfo) -> Backend:  # type: ignore[override]
+        if self.wc is None:
+            self.wc = open_backend(info, host=Host(sysfs=self.tmp, dm=self.fake))
+        return self.wc
+
+
+def test_the_daemon_puts_the_delegated_arguments_back_on_a_reload_and_says_so(tmp_path: Path) -> None:
+    r = WcRig(tmp_path, DESTRUCTIVE)
+    r.d.start()
+    try:
+        for t in range(1, 4):
+            r.tick(t)
+        assert [c[0] for c in r.fake.calls].count("reload") == 1
+        [ask] = [d for d in r.d.decisions if d["action"].startswith("set_knob dm-2 low_watermark=13")]
+        assert ask["status"] == "done" and "delegated to the kernel" in ask["reason"]
+        assert ask["writes"][0]["readback"] == "low_watermark=13 high_watermark=18 max_age=30000 pause_writeback=0"
+        write(tmp_path / "p.yaml", DESTRUCTIVE.replace("destructive", "recoverable"))
+        r.d.request_reload()
+        n = len(r.fake.calls)
+        for t in range(4, 7):
+            r.tick(t)
+        assert [c[0] for c in r.fake.calls[n:]].count("reload") == 1
+        [back] = [d for d in r.d.decisions if " put back " in d["action"]]
+        assert back["status"] == "done" and "failure model recoverable" in back["reason"]
+        assert "high_watermark=50" in back["writes"][0]["readback"]
+        shown = r.d.answer({"cmd": "explain", "volume": "dm-2"})["decisions"]  # the snapshot of the last tick
+        assert any(d["action"] == back["action"] for d in shown) and "max_age" not in r.fake.live
+    finally:
+        r.d.shutdown()
+    assert "max_age" not in r.fake.live and [c[0] for c in r.fake.calls[n:]].count("reload") == 1  # nothing left
