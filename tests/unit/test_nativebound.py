@@ -8,16 +8,16 @@ from pathlib import Path
 
 from cachepilot.actions import DONE, Drain, PutBackKnobs, SetKnob, SetKnobs
 from cachepilot.backends import open_backend
+from cachepilot.backends.base import Backend
 from cachepilot.backends.host import Host
 from cachepilot.backends.operation import split
 from cachepilot.backends.writecache import WritecacheTable
+from cachepilot.daemon.volumes import Found
 from cachepilot.engine import Engine
 from cachepilot.engine.nativebound import _Written, wanted
 from cachepilot.events import kdev
 from cachepilot.models.volume import VolumeInfo, VolumeSample
 from cachepilot.policy import parse_policy
-from cachepilot.backends.base import Backend
-from cachepilot.daemon.volumes import Found
 from tests.unit.test_backends import WC_TABLE, FakeDm, dm_tree
 from tests.unit.test_daemon import Rig, write
 
@@ -211,9 +211,10 @@ WCV = VolumeInfo(dev=DEV, name="dm-2", kind="dm-writecache", fs_uuid="u-1", moun
 class WcRig(Rig):
     """The daemon on the real dm-writecache backend over the fake dmsetup."""
 
-    def __init__(self, tmp: Path, policy: str) -> None:
-        dm_tree(tmp)
-        self.fake = FakeDm(WC_TABLE)
+    def __init__(self, tmp: Path, policy: str, fake: FakeDm | None = None) -> None:
+        if fake is None:
+            dm_tree(tmp)
+        self.fake = fake or FakeDm(WC_TABLE)
         self.wc: Backend | None = None
         super().__init__(tmp, policy)
         self.found = [Found(WCV)]
@@ -248,3 +249,28 @@ def test_the_daemon_puts_the_delegated_arguments_back_on_a_reload_and_says_so(tm
     finally:
         r.d.shutdown()
     assert "max_age" not in r.fake.live and [c[0] for c in r.fake.calls[n:]].count("reload") == 1  # nothing left
+
+
+def test_after_a_kill_the_next_start_puts_the_delegated_arguments_back_in_one_reload(tmp_path: Path) -> None:
+    """A SIGKILL leaves the table as the bound had it; the state file keeps what was found (max_age and
+    pause_writeback unset), and the next start puts all four back in one reload, the unset ones taken out."""
+    r = WcRig(tmp_path, DESTRUCTIVE)
+    r.d.start()
+    for t in range(1, 3):
+        r.tick(t)
+    r.d._save_state()
+    r.d.control.stop()
+    r.d.lock.release()  # killed: no restore()
+    assert "max_age 30000" in r.fake.live
+    r2 = WcRig(tmp_path, DESTRUCTIVE.replace("destructive", "recoverable"), r.fake)
+    n = len(r.fake.calls)
+    r2.d.start()
+    try:
+        assert [c[0] for c in r.fake.calls[n:]].count("reload") == 1
+        live = WritecacheTable.parse(r.fake.live)
+        assert {k: live.get(k) for k in HELD} == {"high_watermark": "50", "low_watermark": "45", "max_age": None,
+                                                  "pause_writeback": None}
+        [d] = [d for d in r2.d.decisions if "unclean stop" in d["reason"]]
+        assert d["status"] == "done" and "max_age 30000" in d["reason"]
+    finally:
+        r2.d.shutdown()

@@ -264,7 +264,9 @@ class OperationBackend(Backend):
         for knob, value in _knob_values(a):
             if knob not in k.settings:
                 raise KernelRejected(f"{self.kind} has no knob {knob!r}")
-            values[knob] = str(k.caps.knobs()[knob].parse(value))
+            # "": unset, the kind's default (a value found unset, put back after an unclean stop: dm-writecache's
+            # max_age taken out of the table again); else the value as the knob's type and range allow
+            values[knob] = value and str(k.caps.knobs()[knob].parse(value))
         if len(values) > 1 and k.group is not None:
             w = op.put(k.group(self, tuple(values)), joined(values), a.reason)
             before = split(w.before)
