@@ -334,7 +334,7 @@ def _knob_values(a: SetKnob | SetKnobs) -> tuple[tuple[str, str], ...]:
 
 
 def _knobs_of(a: ControlAction) -> tuple[str, ...]:
-    """The knobs a control action writes (none: a mode switch or a drain, which write what they need)."""
+    """The knobs a control action writes; a mode switch or a drain: ("",), none a knob set beside an operation."""
     if isinstance(a, SetKnob | SetKnobs):
         return tuple(k for k, _ in _knob_values(a))
     return a.knobs if isinstance(a, PutBackKnobs) else ("",)
