@@ -274,3 +274,12 @@ def test_after_a_kill_the_next_start_puts_the_delegated_arguments_back_in_one_re
         assert d["status"] == "done" and "max_age 30000" in d["reason"]
     finally:
         r2.d.shutdown()
+
+
+def test_a_volume_dropped_and_adopted_again_has_nothing_to_put_back() -> None:
+    e = Engine(parse_policy(DESTRUCTIVE, "t.yaml"), [WC])
+    run(e, 2, HELD)
+    e.remove_volume(DEV)
+    e.set_policy(parse_policy(DESTRUCTIVE.replace("destructive", "recoverable"), "t.yaml"))
+    e.add_volume(WC)
+    assert not [a for a in run(e, 2, HELD, start=2) if isinstance(a, PutBackKnobs)]

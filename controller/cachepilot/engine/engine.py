@@ -122,6 +122,7 @@ class Engine:
             return None
         self.by_name.pop(c.info.name, None)
         self.seq.forget(dev)
+        self.native.forget(dev)
         if self.sizing is not None:
             self.sizing.forget(self.vols)
         flags = self.hotness.flags

@@ -107,6 +107,11 @@ class NativeBound:
         self.written: dict[int, _Written] = {}
         self.asked: dict[int, set[str]] = {}  # the table arguments asked for since the bound was last put back
 
+    def forget(self, dev: int) -> None:
+        """A volume gone: its backend put back what it steered (restore) and a new one starts afresh."""
+        self.written.pop(dev, None)
+        self.asked.pop(dev, None)
+
     def steer(self, c: VolumeCtl, model: tuple[str, str], latched: bool, request: RequestMany,
               put_back: PutBack) -> None:
         """One tick: note the volume's written bytes; under the destructive model ask for the table arguments
