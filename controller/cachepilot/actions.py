@@ -82,6 +82,42 @@ class SetKnob:
 
 
 @dataclass(frozen=True, slots=True)
+class SetKnobs:
+    """Several knobs of one volume changed together, in one write where the kind has one (dm-writecache: one table
+    reload, where a knob at a time was a reload, a suspend and a resume each). A decision of the ``set_knob`` kind."""
+
+    volume: str
+    values: tuple[tuple[str, str], ...]  # (knob, value)
+    reason: str
+    put_back_on_exit: bool = False  # as SetKnob's
+
+    @property
+    def kind(self) -> str:
+        return "set_knob"
+
+    def line(self) -> str:
+        return f"set_knob {self.volume} {' '.join(f'{k}={v}' for k, v in self.values)}: {self.reason}"
+
+
+@dataclass(frozen=True, slots=True)
+class PutBackKnobs:
+    """Knobs the engine steered (``put_back_on_exit``) back to the values the backend found before it first steered
+    them, now rather than at exit (a rule that no longer applies), together as SetKnobs; one that reads otherwise
+    than it was left is someone else's and stays."""
+
+    volume: str
+    knobs: tuple[str, ...]
+    reason: str
+
+    @property
+    def kind(self) -> str:
+        return "set_knob"
+
+    def line(self) -> str:
+        return f"set_knob {self.volume} put back {','.join(self.knobs)}: {self.reason}"
+
+
+@dataclass(frozen=True, slots=True)
 class Drain:
     """Drive the volume's dirty data to zero by ``deadline_ns`` (CLOCK_MONOTONIC), then restore the previous
     settings: bcache ``writeback_percent`` 0 until ``dirty_data`` is 0, dm-cache the ``cleaner`` policy until dirty
@@ -100,9 +136,9 @@ class Drain:
         return f"drain {self.volume} deadline={self.deadline_ns}: {self.reason}"
 
 
-Action = Promote | DiscardRanges | SetWritePolicy | SetKnob | Drain
+Action = Promote | DiscardRanges | SetWritePolicy | SetKnob | SetKnobs | PutBackKnobs | Drain
 
-ControlAction = SetWritePolicy | SetKnob | Drain
+ControlAction = SetWritePolicy | SetKnob | SetKnobs | PutBackKnobs | Drain
 FileAction = Promote | DiscardRanges
 
 

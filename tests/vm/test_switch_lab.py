@@ -22,6 +22,14 @@ def test_switch_drains_dirty_data_and_keeps_it(lab, recipe):
     if recipe == "writecache":
         assert v["writethrough_status"] == "failed" and "write-back only" in v["writethrough_line"]
         assert "high_watermark 90" in v["table"] and "low_watermark 80" in v["table"], v["table"]
+        # the delegated bound (engine.nativebound): its four table arguments in one reload, read back, and put
+        # back in one when a policy reload makes the model recoverable (it was a reload per argument each way)
+        assert r.int("delegate_reloads") == 1 and r.int("putback_reloads") == 1, r.explain()
+        for arg in ("max_age 30000", "pause_writeback 0", "high_watermark ", "low_watermark "):
+            assert arg in v["delegate_table"], v["delegate_table"]
+        assert "=> done" in v["delegate_lines"] and "max_age=30000" in v["delegate_lines"], v["delegate_lines"]
+        assert "put back" in v["putback_lines"] and "=> done" in v["putback_lines"], v["putback_lines"]
+        assert sorted(v["putback_table"].split()) == sorted(v["delegate_table_before"].split()), v["putback_table"]
     else:
         assert v["mode_after"] == "writethrough", r.explain()
         assert v["bypass_status"] == "done" and v["mode_bypass"] in ("none", "passthrough"), r.explain()

@@ -56,6 +56,9 @@ class Kind:
     sample: Callable[[Host, VolumeInfo, int], VolumeSample]
     knobs: tuple[KnobDef, ...] = ()
     precedence: int = 0  # detect is asked in descending precedence (a more specific kind before a general one)
+    # one get/set pair for several of its knobs at once (backend, knobs) -> Setting (operation.grouped), where
+    # changing them one by one costs more than once (dm-writecache: a table reload suspends the device each time)
+    group: Callable[[Any, tuple[str, ...]], Setting] | None = None
     caps: Capabilities = field(init=False)  # the declarative half (cachepilot.capabilities)
     settings: dict[str, Callable[[Any], Setting]] = field(init=False, repr=False)
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 import abc
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from cachepilot.actions import Drain, SetKnob
+from cachepilot.actions import Drain, PutBackKnobs, SetKnob, SetKnobs
 from cachepilot.backends.base import DONE, FAILED, PENDING, SKIPPED, Backend, ControlAction, Outcome, Write
 from cachepilot.backends.host import Host
 from cachepilot.backends.kernelio import ErrorCounts
@@ -41,6 +41,26 @@ class Setting:
     get: Callable[[], str]
     put: Callable[[str], None]
     matches: Callable[[str, str], bool] = _same
+
+
+def joined(values: Mapping[str, str]) -> str:
+    """Several knobs' values as one Setting value: ``knob=value`` words ("" after the = : unset)."""
+    return " ".join(f"{k}={v}" for k, v in values.items())
+
+
+def split(value: str) -> dict[str, str]:
+    """:func:`joined`'s words back as knob -> value."""
+    out: dict[str, str] = {}
+    for word in value.split():
+        knob, _, v = word.partition("=")
+        out[knob] = v
+    return out
+
+
+def grouped(target: str, get: Callable[[], dict[str, str]], put: Callable[[dict[str, str]], None]) -> Setting:
+    """Several knobs as one Setting, changed by one write (its value: :func:`joined`); read back and compared
+    knob by knob, so :func:`put_setting` logs, checks and reports them as one change."""
+    return Setting(target, lambda: joined(get()), lambda v: put(split(v)), lambda a, b: split(a) == split(b))
 
 
 def put_setting(s: Setting, value: str, reason: str, *, dry_run: bool) -> Write:
@@ -129,14 +149,16 @@ class OperationBackend(Backend):
             return self._failed(action, dry_run, [], KernelRejected(
                 f"{action.kind} for volume {action.volume!r} sent to the backend of {self.info.name}"))
         if any(op.action.volume == action.volume and not op.dry_run for op in self._ops) and not dry_run and \
-                not (isinstance(action, SetKnob) and action.knob in self.knobs_beside_operations):
+                not set(_knobs_of(action)) <= self.knobs_beside_operations:
             return self._failed(action, dry_run, [], RetryLater(
                 f"{self.info.name}: another operation is in progress ({self._ops[0].action.line()})"))
         deadline = action.deadline_ns if isinstance(action, Drain) else \
             self.clock() + int(self.default_timeout_s * 1e9)
+        if isinstance(action, PutBackKnobs):
+            return self._put_back_now(action, dry_run)
         op = Operation(action, deadline, phase="start", dry_run=dry_run)
         try:
-            if self._set_knob(op) if isinstance(action, SetKnob) else self._start(op):
+            if self._set_knobs(op) if isinstance(action, SetKnob | SetKnobs) else self._start(op):
                 return self._finish(op)
         except CachepilotError as exc:
             return self._abandon(op, exc)
@@ -177,17 +199,46 @@ class OperationBackend(Backend):
     def restore(self) -> list[Outcome]:
         out = [self._abandon(op, None) for op in self._ops]
         self._ops.clear()
-        for knob, (s, before, ours) in sorted(self._on_exit.items()):
-            out.append(self._put_back_knob(knob, s, before, ours))
-        self._on_exit.clear()
+        out += self._put_back_steered(sorted(self._on_exit), "put back on exit")
         return out
+
+    def _put_back_now(self, action: PutBackKnobs, dry_run: bool) -> Outcome:
+        """A PutBackKnobs: what :meth:`restore` does at exit, for these knobs, now; one outcome for the action."""
+        if dry_run or not any(k in self._on_exit for k in action.knobs):
+            return Outcome(action, SKIPPED, dry_run, detail="none of them steered by this run: nothing to put back")
+        outs = self._put_back_steered(action.knobs, action.reason)
+        failed = next((o for o in outs if o.status == FAILED), None)
+        status = FAILED if failed else DONE if any(o.status == DONE for o in outs) else SKIPPED
+        return Outcome(action, status, False, tuple(w for o in outs for w in o.writes),
+                       error=failed.error if failed else None, detail="; ".join(o.detail for o in outs if o.detail))
+
+    def _put_back_steered(self, knobs: Iterable[str], why: str) -> list[Outcome]:
+        """Steered knobs back to the values found before the engine steered them, each if it still reads as we
+        left it; together in one write where the kind has one (kinds.Kind.group), else one by one."""
+        from cachepilot.backends import kinds
+
+        steered = {k: self._on_exit.pop(k) for k in knobs if k in self._on_exit}
+        group = kinds.kind(self.kind).group
+        if group is None or len(steered) < 2:
+            return [self._put_back_knob(k, s, before, ours, why) for k, (s, before, ours) in steered.items()]
+        ours = joined({k: mine for k, (_, _, mine) in steered.items()})
+        a = PutBackKnobs(self.info.name, tuple(steered), f"{why} (steered to {ours})")
+        try:
+            now = split(group(self, tuple(steered)).get())
+            back = {k: before for k, (s, before, mine) in steered.items() if s.matches(now.get(k, ""), mine)}
+            w = put_setting(group(self, tuple(back)), joined(back), a.reason, dry_run=False) if back else None
+        except CachepilotError as exc:
+            return [self._failed(a, False, [], exc)]
+        theirs = [f"{k} (reads {now.get(k) or 'unset'})" for k in steered if k not in back]
+        detail = f"changed since by someone else, left alone: {', '.join(theirs)}" if theirs else ""
+        return [Outcome(a, DONE if w else SKIPPED, False, (w,) if w else (), detail=detail)]
 
     def steered_knobs(self) -> dict[str, tuple[str, str]]:
         return {knob: (before, ours) for knob, (_, before, ours) in self._on_exit.items()}
 
-    def _put_back_knob(self, knob: str, s: Setting, before: str, ours: str) -> Outcome:
+    def _put_back_knob(self, knob: str, s: Setting, before: str, ours: str, why: str) -> Outcome:
         """A steered knob back to the value found before the engine steered it, if it still reads as we left it."""
-        a = SetKnob(self.info.name, knob, before, f"put back on exit (steered to {ours})")
+        a = SetKnob(self.info.name, knob, before, f"{why} (steered to {ours})")
         try:
             now = s.get()
             if not s.matches(now, ours):
@@ -201,23 +252,32 @@ class OperationBackend(Backend):
     def dmsetup(self, args: Sequence[str], timeout: float = 10.0) -> str:
         return self.host.dm(args, timeout)
 
-    def _set_knob(self, op: Operation) -> bool:
-        """The one set-knob path: the kind's declared get/set pair, the value parsed and ranged first."""
+    def _set_knobs(self, op: Operation) -> bool:
+        """The one set-knob path (SetKnob, SetKnobs): the kind's declared get/set pair, each value parsed and ranged
+        first; several knobs in one write where the kind has one (kinds.Kind.group: one dm-writecache reload)."""
         from cachepilot.backends import kinds  # the table imports every backend module
 
         a = op.action
-        assert isinstance(a, SetKnob)
+        assert isinstance(a, SetKnob | SetKnobs)
         k = kinds.kind(self.kind)
-        setting = k.settings.get(a.knob)
-        if setting is None:
-            raise KernelRejected(f"{self.kind} has no knob {a.knob!r}")
-        s = setting(self)
-        value = str(k.caps.knobs()[a.knob].parse(a.value))
-        w = op.put(s, value, a.reason)
-        if not a.put_back_on_exit:
-            self._on_exit.pop(a.knob, None)  # set for its own sake now: the value it had is not ours to restore
-        elif not op.dry_run:
-            self._on_exit[a.knob] = (s, self._on_exit.get(a.knob, (s, w.before, ""))[1], value)
+        values: dict[str, str] = {}
+        for knob, value in _knob_values(a):
+            if knob not in k.settings:
+                raise KernelRejected(f"{self.kind} has no knob {knob!r}")
+            # "": unset, the kind's default (a value found unset, put back after an unclean stop: dm-writecache's
+            # max_age taken out of the table again); else the value as the knob's type and range allow
+            values[knob] = value and str(k.caps.knobs()[knob].parse(value))
+        if len(values) > 1 and k.group is not None:
+            w = op.put(k.group(self, tuple(values)), joined(values), a.reason)
+            before = split(w.before)
+        else:
+            before = {knob: op.put(k.settings[knob](self), value, a.reason).before for knob, value in values.items()}
+        for knob, value in values.items():
+            if not a.put_back_on_exit:
+                self._on_exit.pop(knob, None)  # set for its own sake now: the value it had is not ours to restore
+            elif not op.dry_run:
+                s = k.settings[knob](self)
+                self._on_exit[knob] = (s, self._on_exit.get(knob, (s, before.get(knob, ""), ""))[1], value)
         return True
 
     @property
@@ -267,3 +327,14 @@ class OperationBackend(Backend):
     @abc.abstractmethod
     def _advance(self, op: Operation, now_ns: int) -> bool:
         """One tick of a pending operation; True when complete. Raise to fail (RetryLater: try again later)."""
+
+
+def _knob_values(a: SetKnob | SetKnobs) -> tuple[tuple[str, str], ...]:
+    return ((a.knob, a.value),) if isinstance(a, SetKnob) else a.values
+
+
+def _knobs_of(a: ControlAction) -> tuple[str, ...]:
+    """The knobs a control action writes; a mode switch or a drain: ("",), none a knob set beside an operation."""
+    if isinstance(a, SetKnob | SetKnobs):
+        return tuple(k for k, _ in _knob_values(a))
+    return a.knobs if isinstance(a, PutBackKnobs) else ("",)

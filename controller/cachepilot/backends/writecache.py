@@ -5,7 +5,8 @@ the cache go to the origin; nothing is promoted on read), so the only mode is wr
 (commit, write every block back, and return when done — the drain), ``flush_on_suspend`` and ``cleaner``
 (irreversible until the next reload). ``max_age``, watermarks, ``writeback_jobs`` and ``autocommit_*`` are optional
 table arguments: they change by a table reload (``reload`` + ``suspend`` + ``resume``; the cache's committed
-entries survive it, ``writecache_resume``) and read back from ``dmsetup table``, which prints the ones that were set.
+entries survive it, ``writecache_resume``), several of them in one (``Kind.group``), and read back from
+``dmsetup table``, which prints the ones that were set.
 Under the destructive model the engine delegates the exposure bound to ``max_age`` and the watermarks
 (engine.nativebound).
 """
@@ -19,7 +20,7 @@ from cachepilot.backends.base import Write
 from cachepilot.backends.dmstatus import DmWritecacheStatus, StatusParseError, parse_dm_writecache_status
 from cachepilot.backends.host import BlockDev, Host
 from cachepilot.backends.kinds import Described, Kind, KnobDef
-from cachepilot.backends.operation import Operation, OperationBackend, Setting
+from cachepilot.backends.operation import Operation, OperationBackend, Setting, grouped
 from cachepilot.capabilities import KIND_WRITECACHE, WRITEBACK, capabilities
 from cachepilot.errors import KernelRejected, UserError
 from cachepilot.models.volume import VolumeInfo, VolumeSample
@@ -93,19 +94,32 @@ class WritecacheBackend(OperationBackend):
         return WritecacheTable.parse(self.dmsetup(("table", self.dm_name)))
 
     def option_setting(self, key: str) -> Setting:
+        return Setting(f"{self.dm_name} {key}", lambda: self.table().get(key) or "",
+                       lambda value: self._reload({key: value}))
+
+    def options_setting(self, keys: tuple[str, ...]) -> Setting:
+        """Several optional arguments changed by one reload (a reload per argument suspended the device each time:
+        four for the delegated bound, 8.5-11.5 s a tick in the TCG lab); read back from the table, each compared."""
+        def get() -> dict[str, str]:
+            t = self.table()
+            return {k: t.get(k) or "" for k in keys}
+
+        return grouped(f"{self.dm_name} {','.join(keys)}", get, self._reload)
+
+    def _reload(self, values: dict[str, str]) -> None:
+        """The live table with ``values`` set ("" takes an argument out), loaded in one reload, suspend and resume;
+        the kernel checks the table as a whole (a high watermark below the low one is refused, whatever the order)."""
         name = self.dm_name
-
-        def put(value: str) -> None:
-            old = self.table()
-            self.dmsetup(("reload", name, "--table", old.with_(key, value).line()))
-            try:
-                self.dmsetup(("suspend", name), 60.0)
-            except Exception:
-                self.dmsetup(("clear", name))  # the old table stays live
-                raise
-            self.dmsetup(("resume", name), 60.0)
-
-        return Setting(f"{name} {key}", lambda: self.table().get(key) or "", put)
+        new = self.table()
+        for key, value in values.items():
+            new = new.with_(key, value)
+        self.dmsetup(("reload", name, "--table", new.line()))
+        try:
+            self.dmsetup(("suspend", name), 60.0)
+        except Exception:
+            self.dmsetup(("clear", name))  # the old table stays live
+            raise
+        self.dmsetup(("resume", name), 60.0)
 
     def _start(self, op: Operation) -> bool:
         a = op.action
@@ -205,4 +219,5 @@ def _option(name: str) -> KnobDef:
 
 # Modes, drain and knobs with their ranges: cachepilot.capabilities; every knob is an optional table argument.
 KIND = Kind(NAME, WritecacheBackend, detect, describe, sample,
-            knobs=tuple(_option(n) for n in capabilities(NAME).knobs()))
+            knobs=tuple(_option(n) for n in capabilities(NAME).knobs()),
+            group=lambda b, keys: b.options_setting(keys))

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from cachepilot.actions import Action, SetKnob
+from cachepilot.actions import Action, SetKnob, SetKnobs
 from cachepilot.capabilities import KNOBS
 from cachepilot.daemon.decisionlog import DecisionLog
 from cachepilot.daemon.snapshot import hottest
@@ -141,10 +141,11 @@ class Persistence:
     def _put_back_steered(v: ManagedVolume, steered: Any, knobs: dict[str, str], now: int,
                           execute: Callable[[Action, int], None]) -> int:
         """Knobs the last run steered and could not put back (it was killed): back to the value it found, if the
-        knob still reads as it left it (else someone has set it since: theirs to keep). How many were put back."""
+        knob still reads as it left it (else someone has set it since: theirs to keep), together (one dm-writecache
+        reload for the delegated bound's four table arguments). How many were put back."""
         if not isinstance(steered, dict):
             return 0
-        n = 0
+        back: list[tuple[str, str, str]] = []
         for knob, pair in sorted(steered.items()):
             if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
                 continue
@@ -152,10 +153,15 @@ class Persistence:
             if knob not in KNOBS or knob not in knobs or not same_knob_value(knob, knobs[knob], ours) or \
                     same_knob_value(knob, knobs[knob], before):
                 continue
-            execute(SetKnob(v.info.name, knob, before,
-                            f"put back after an unclean stop: the last run steered it to {ours}"), now)
-            n += 1
-        return n
+            back.append((knob, before, ours))
+        why = "put back after an unclean stop: the last run steered"
+        if len(back) == 1:
+            knob, before, ours = back[0]
+            execute(SetKnob(v.info.name, knob, before, f"{why} it to {ours}"), now)
+        elif back:
+            execute(SetKnobs(v.info.name, tuple((k, b) for k, b, _ in back),
+                             f"{why} them to {', '.join(f'{k} {o}' for k, _, o in back)}"), now)
+        return len(back)
 
     def steered(self, v: ManagedVolume) -> dict[str, list[str]]:
         """What this run would put back at stop, as the state file keeps it (knob -> [found, ours])."""

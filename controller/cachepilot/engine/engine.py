@@ -33,7 +33,7 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from cachepilot.actions import DONE, FAILED, Action, DiscardRanges, Drain, Outcome, SetKnob
+from cachepilot.actions import DONE, FAILED, Action, DiscardRanges, Drain, Outcome, PutBackKnobs, SetKnob
 from cachepilot.engine.admission import Admission
 from cachepilot.engine.discards import gather_due, plan_discards, requeue_failed
 from cachepilot.engine.dispatch import EventDispatch
@@ -122,6 +122,7 @@ class Engine:
             return None
         self.by_name.pop(c.info.name, None)
         self.seq.forget(dev)
+        self.native.forget(dev)
         if self.sizing is not None:
             self.sizing.forget(self.vols)
         flags = self.hotness.flags
@@ -316,8 +317,8 @@ class Engine:
             self.writes.decide(c, now, out)
             self.knobs.pin(c, now, out)
             self._steer(c, now, out)
+            self._native_bound(c, now, out)  # first: its put-back on a model change precedes the hold's request
             self._lifetime_hold(c, now, out)
-            self._native_bound(c, now, out)
             self.drains.plan(c, now, out)
             c.last_tick_ns = now
         return out
@@ -338,10 +339,10 @@ class Engine:
 
     def _native_bound(self, c: VolumeCtl, now: int, out: list[Action]) -> None:
         """Destructive volumes of a kind that can keep the exposure bound itself get the table arguments for it
-        (engine.nativebound), put back on exit; not while latched."""
-        destructive = c.latch is None and self.knobs.exposure.failure_model(c, now)[0] == "destructive"
-        self.native.steer(c, destructive,
-                          lambda k, v, why: self.knobs.request(c, k, v, why, now, out, put_back=True))
+        (engine.nativebound), together, put back on exit or when the model changes; not while latched."""
+        self.native.steer(c, self.knobs.exposure.failure_model(c, now), c.latch is not None,
+                          lambda wants: self.knobs.request_many(c, wants, now, out, put_back=True),
+                          lambda knobs, why: out.append(PutBackKnobs(c.info.name, knobs, why)))
 
     def steered_knobs(self, dev: int) -> dict[str, tuple[str, str]]:
         """The knobs the engine itself steered and would put back at stop (knob -> (found at start, ours))."""

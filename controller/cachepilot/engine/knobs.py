@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cachepilot.actions import Action, SetKnob
+from cachepilot.actions import Action, SetKnob, SetKnobs
 from cachepilot.capabilities import KNOBS
 from cachepilot.engine.exposure import Exposure
 from cachepilot.engine.volumectl import ANY_KIND, NS, REQUEST_RETRY_NS, VolumeCtl
@@ -48,15 +48,34 @@ class KnobPins:
 
     def request(self, c: VolumeCtl, knob: str, value: str, why: str, now: int, out: list[Action],
                 put_back: bool = False) -> None:
-        if same_knob_value(knob, c.state.knobs.get(knob), value):
-            c.requested_knobs.pop(knob, None)
+        self.request_many(c, [(knob, value, why)], now, out, put_back)
+
+    def request_many(self, c: VolumeCtl, wants: list[tuple[str, str, str]], now: int, out: list[Action],
+                     put_back: bool = False) -> None:
+        """Ask for (knob, value, why) each, the ones not already read back nor asked within REQUEST_RETRY_NS, together:
+        one SetKnobs (one write where the kind has one, e.g. a dm-writecache reload) when there are several."""
+        todo = [(k, v, why) for k, v, why in wants if _due(c, k, v, now)]
+        if not todo:
             return
-        req = c.requested_knobs.get(knob)
-        if req is not None and req[0] == value and now - req[1] < REQUEST_RETRY_NS:
-            return
-        was = c.state.knobs.get(knob, "unknown")
-        out.append(SetKnob(c.info.name, knob, value, f"{why}; was {was}", put_back))
-        c.requested_knobs[knob] = (value, now)
+        if len(todo) == 1:
+            knob, value, why = todo[0]
+            out.append(SetKnob(c.info.name, knob, value, f"{why}; was {c.state.knobs.get(knob, 'unknown')}",
+                               put_back))
+        else:
+            whys = "; ".join(dict.fromkeys(why for _, _, why in todo))  # each reason once, in order
+            was = ", ".join(f"{k} {c.state.knobs.get(k, 'unknown')}" for k, _, _ in todo)
+            out.append(SetKnobs(c.info.name, tuple((k, v) for k, v, _ in todo), f"{whys}; was {was}", put_back))
+        for k, v, _ in todo:
+            c.requested_knobs[k] = (v, now)
+
+
+def _due(c: VolumeCtl, knob: str, value: str, now: int) -> bool:
+    """Whether to ask for ``value``: the last sample reads otherwise, and it was not asked within REQUEST_RETRY_NS."""
+    if same_knob_value(knob, c.state.knobs.get(knob), value):
+        c.requested_knobs.pop(knob, None)
+        return False
+    req = c.requested_knobs.get(knob)
+    return not (req is not None and req[0] == value and now - req[1] < REQUEST_RETRY_NS)
 
 
 def knob_value(knob: str, have: str | None) -> int | None:

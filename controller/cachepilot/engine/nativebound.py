@@ -23,8 +23,10 @@ on dm-writecache a ``flush`` message, which writes back young data that would ha
 - a discard frees the dirty entries it covers (``writecache_discard``): deleted files are still not written back.
 
 So the rule asks once, when it adopts the volume, for max_age = the policy's age bound, pause_writeback 0 and
-watermarks that keep the dirty data at HEADROOM of max_dirty (each a table reload, put back when the daemon stops),
-and from then on plans no periodic drain: the kernel writes back oldest first, young data keeps its chance to die.
+watermarks that keep the dirty data at HEADROOM of max_dirty, all in one table reload (each reload suspends the
+device; one per argument made a tick of 8.5-11.5 s in the TCG lab), put back when the daemon stops or, in one reload
+too, as soon as the volume's failure model is no longer destructive (a policy reload), and from then on plans no
+periodic drain: the kernel writes back oldest first, young data keeps its chance to die.
 A drain (the flush) comes only on a measured breach: dirty bytes over max_dirty, or more dirty bytes than were written
 to the volume within the last max_age (those bytes are provably older than the bound). The witness is one-sided:
 a dirty total below what was written says nothing about the oldest block's age.
@@ -33,16 +35,20 @@ a dirty total below what was written says nothing about the oldest block's age.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 from cachepilot.engine.exposure import tick_ns
 from cachepilot.engine.knobs import knob_value
-from cachepilot.engine.lifetime import Hold, Request
+from cachepilot.engine.lifetime import Hold
 from cachepilot.engine.volumectl import NS, VolumeCtl
 from cachepilot.models.counterwindow import CounterWindow
 
 HEADROOM = 0.75  # the watermark keeps dirty data at this share of max_dirty: write-back lags a pass behind it
 GAP = 5  # percent points between high and low watermark (the kernel's own defaults are 50 and 45)
 STOCK_HIGH = 50  # HIGH_WATERMARK in dm-writecache.c: a max_dirty above it asks for no watermark change
+
+ORDER = ("low_watermark", "high_watermark", "max_age", "pause_writeback")  # every argument wanted() may ask for
+
 
 def wanted(max_age_s: float, max_dirty: int, cache_bytes: int) -> list[Hold]:
     """The table arguments that make the kernel keep the bound, in an order each reload accepts (the kernel refuses
@@ -90,23 +96,46 @@ class _Written:
         return self.window.growth()[0] if self.window.spans(ts, age_ns) else None
 
 
+RequestMany = Callable[[list[tuple[str, str, str]]], None]  # (knob, value, why) each: asked together, put back on exit
+PutBack = Callable[[tuple[str, ...], str], None]  # steered knobs back as found, and why
+
+
 class NativeBound:
     """Each volume's delegated bound: the knob requests, whether the table holds them, and the breach witness."""
 
     def __init__(self) -> None:
         self.written: dict[int, _Written] = {}
+        self.asked: dict[int, set[str]] = {}  # the table arguments asked for since the bound was last put back
 
-    def steer(self, c: VolumeCtl, destructive: bool, request: Request) -> None:
+    def forget(self, dev: int) -> None:
+        """A volume gone: its backend put back what it steered (restore) and a new one starts afresh."""
+        self.written.pop(dev, None)
+        self.asked.pop(dev, None)
+
+    def steer(self, c: VolumeCtl, model: tuple[str, str], latched: bool, request: RequestMany,
+              put_back: PutBack) -> None:
         """One tick: note the volume's written bytes; under the destructive model ask for the table arguments
-        (:func:`wanted`) the policy does not pin."""
+        (:func:`wanted`) the policy does not pin, together; under another (a policy reload changed the model, or the
+        volume now falls under a rule that has another) put back those asked for, together. Latched: neither."""
         st, ex = c.state, c.policy.exposure
         w = self.written.setdefault(c.info.dev, _Written())
         w.note(st.last_ts, st.written_bytes, int(ex.max_age_s * NS))
-        if not (destructive and c.caps.native_bound and st.samples > 0):
+        if latched or not (c.caps.native_bound and st.samples > 0):
             return
-        for want in wanted(ex.max_age_s, ex.max_dirty, c.info.cache_bytes):
-            if want.knob not in c.policy.knobs:
-                request(want.knob, str(want.value), want.reason)
+        asked = self.asked.setdefault(c.info.dev, set())
+        asked -= set(c.policy.knobs)  # pinned now: the operator's, not ours to put back
+        if model[0] == "destructive":
+            wants = [(h.knob, str(h.value), h.reason) for h in wanted(ex.max_age_s, ex.max_dirty, c.info.cache_bytes)
+                     if h.knob not in c.policy.knobs]
+            asked.update(k for k, _, _ in wants)
+            request(wants)
+        elif asked:
+            knobs = tuple(k for k in ORDER if k in asked)
+            for k in knobs:
+                c.requested_knobs.pop(k, None)  # asked again at once should the model come back
+            asked.clear()
+            put_back(knobs, (f"{model[1]}, not destructive: the exposure bound is no longer delegated to the kernel;"
+                             f" the table arguments that kept it go back to the values found, in one reload"))
 
     @staticmethod
     def pending(c: VolumeCtl, now: int) -> bool:

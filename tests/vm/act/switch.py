@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from labkit import drive, drop_caches, intact, run, say, volume, write_files
 
 from cachepilot.actions import Drain, SetKnob, SetWritePolicy
+from cachepilot.engine import Engine
+from cachepilot.policy import parse_policy
 
 MIB = 1 << 20
 recipe = os.environ["LAB_RECIPE"]
@@ -29,6 +32,41 @@ def report(tag: str, action) -> None:
 def dirty() -> int:
     return b.sample(time.monotonic_ns()).dirty_bytes
 
+
+def delegate() -> None:
+    """The bound delegated to dm-writecache (engine.nativebound), engine and backend as the daemon runs them: the
+    table arguments in one reload at adoption, put back in one when a policy reload makes the model recoverable."""
+    reloads: list[str] = []
+    dm = b.host.dm
+
+    def counted(args, timeout):
+        if args[0] == "reload":
+            reloads.append(args[-1])
+        return dm(args, timeout)
+
+    def tick(e: Engine) -> list[str]:
+        s = b.sample(time.monotonic_ns())
+        e.sample(s)
+        return [drive(b, a)[0].line() for a in e.tick(s.ts_ns + 1) if not isinstance(a, Drain)]
+
+    b.host = replace(b.host, dm=counted)
+    say("delegate_table_before", run("dmsetup", "table", os.environ["LAB_DM_NAME"]))
+    e = Engine(parse_policy(POLICY, "lab.yaml"), [b.info])
+    t0 = time.monotonic()
+    say("delegate_lines", " | ".join(tick(e)))
+    say("delegate_seconds", f"{time.monotonic() - t0:.2f}")
+    say("delegate_reloads", len(reloads))
+    say("delegate_table", run("dmsetup", "table", os.environ["LAB_DM_NAME"]))
+    e.set_policy(parse_policy(POLICY.replace("destructive", "recoverable"), "lab.yaml"))
+    t0 = time.monotonic()
+    say("putback_lines", " | ".join(tick(e)))
+    say("putback_seconds", f"{time.monotonic() - t0:.2f}")
+    say("putback_reloads", len(reloads) - 1)
+    say("putback_table", run("dmsetup", "table", os.environ["LAB_DM_NAME"]))
+    b.host = replace(b.host, dm=dm)
+
+
+POLICY = "version: 1\ndefaults:\n  failure_model: destructive\n  exposure: {max_dirty: 8MiB, max_age: 30s}\n"
 
 if recipe == "bcache":
     report("writeback", SetWritePolicy(name, "writeback", "lab: make data dirty"))
@@ -53,6 +91,7 @@ elif recipe == "dmcache":
     say("table_after_drain", run("dmsetup", "table", os.environ["LAB_DM_NAME"]))
     sums = write_files(mnt, "f", 4, 4 * MIB, seed=3)
 else:
+    delegate()
     report("high_wm", SetKnob(name, "high_watermark", "90", "lab: let dirty data sit"))
     report("low_wm", SetKnob(name, "low_watermark", "80", "lab: let dirty data sit"))
     say("table", run("dmsetup", "table", os.environ["LAB_DM_NAME"]))
