@@ -22,10 +22,10 @@ from cachepilot.events import Barrier, Delete, Discard, Drops, FreedExtent, Jour
 
 # The daemon takes the probe's rings at most this often. It decides once a tick; reading the rings as every kernel
 # wakeup allowed (one per 20 ms under a commit storm, ~50 a second) cost the daemon more than the events themselves
-# (measured in the lab's varmail run). The rings hold seconds of records even at a flush storm's rate. Four looks a
-# second, not ten: each look costs the ring reads and the discard look after it whatever it brings (the headline
+# (measured in the lab's varmail run). The rings hold seconds of records even at a flush storm's rate. Few looks
+# a second: each look costs the ring reads and the discard look after it whatever it brings (the headline
 # fileserver's between-ticks stage, issue 23 item 5); a freed extent's discard waits at most this much longer.
-# Two a second, the discard gather's pace: a look sooner than DISCARD_GATHER_NS after the last one sends no discard
+# The discard gather's pace (one a second): a look sooner than DISCARD_GATHER_NS after the last one sends no discard
 # (gather_due), so a poll between two gathers only read the rings early. Measured on the headline fileserver with
 # py-spy: the ring reads were a tenth of the daemon's samples at four a second.
 MIN_POLL_GAP_NS = DISCARD_GATHER_NS
