@@ -785,6 +785,28 @@ def test_explain_keeps_a_vanished_volumes_decisions_and_clear_latch_says_if_one_
     assert rig.d.answer({"cmd": "explain", "volume": "bcache0"})["decisions"]
 
 
+def test_publishing_does_not_merge_the_decision_log(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The snapshot published every tick keeps the decision log as two copies; they are merged into order only when
+    explain (or a JSON dump) reads them: a full log (2 x 1 000 entries) merged every tick cost the publish stage
+    milliseconds a tick under TCG (issue 23 item 5)."""
+    import heapq
+
+    from cachepilot.daemon import decisionlog
+
+    rig.d.start()
+    for i in range(300):  # a discard storm, and one control decision among them
+        rig.d.decisions.append({"ts": float(i), "volume": "bcache0", "kind": "discard" if i != 150 else "drain"})
+    merges = []
+    real = heapq.merge
+    monkeypatch.setattr(decisionlog.heapq, "merge", lambda *a, **k: (merges.append(1), real(*a, **k))[1])
+    for t in range(1, 4):
+        rig.tick(t)
+    assert merges == []  # one a tick before
+    got = rig.d.answer({"cmd": "explain", "volume": "bcache0", "since": 100})["decisions"]
+    assert [d["ts"] for d in got[:60]] == [float(i) for i in range(100, 160)] and got[50]["kind"] == "drain"
+    assert len(merges) == 1
+
+
 def test_sigterm_path_restores_every_backend(rig: Rig) -> None:
     rig.d.start()
     b = rig.backends["bcache0"]
