@@ -1197,7 +1197,7 @@ def test_a_failing_stage_is_counted_and_the_tick_goes_on(tmp_path: Path, caplog:
     r.d.start()
     calls = []
 
-    def broken(now: int) -> list[object]:
+    def broken(now: int, **_: object) -> list[object]:
         calls.append(now)
         raise TypeError("unsupported operand type(s)")
 
@@ -1214,7 +1214,7 @@ def test_a_failing_stage_is_counted_and_the_tick_goes_on(tmp_path: Path, caplog:
     snap = r.d.snapshot
     assert snap is not None and snap.last_tick.n == 2  # still published
 
-    def refused(now: int) -> None:
+    def refused(now: int, **_: object) -> None:
         raise KernelRejected("bcache0: cache_mode: Invalid argument")
 
     r.d.engine.tick = refused  # type: ignore[method-assign]
