@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import ctypes as C
 import mmap
+import struct
 
 import numpy as np
 
 HDR_SIZE = 8
 BUSY_BIT = 1 << 31
 DISCARD_BIT = 1 << 30
+_LEN_MASK = ~(BUSY_BIT | DISCARD_BIT)
+_HDR = struct.Struct("<I")  # a record header's length word
 
 
 class RingFormatError(RuntimeError):
@@ -63,15 +66,15 @@ class RawRing(_RingMaps):
         """Up to `limit` committed records, oldest first, consumed."""
         cons = int(self._cons.value)
         prod = int(self._prod[0])
-        data, mask = self._data_mm, self.size - 1
+        data, mask, header = self._data_mm, self.size - 1, _HDR.unpack_from
         base = mmap.PAGESIZE  # the data's first byte in the second map
         out: list[bytes] = []
         while cons < prod and len(out) < limit:
             at = base + (cons & mask)
-            hdr = int.from_bytes(data[at: at + 4], "little")
+            hdr = header(data, at)[0]
             if hdr & BUSY_BIT:
                 break
-            n = hdr & ~(BUSY_BIT | DISCARD_BIT)
+            n = hdr & _LEN_MASK
             if not hdr & DISCARD_BIT:
                 out.append(data[at + HDR_SIZE: at + HDR_SIZE + n])  # a copy (mmap slices are bytes)
             cons += (n + HDR_SIZE + 7) & ~7
