@@ -9,6 +9,7 @@ import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -109,3 +110,48 @@ def test_a_daemon_that_never_answers_is_reported_within_the_timeout(sock: Path) 
     OneShot(sock, bad=10 ** 6)
     with pytest.raises(UserError, match="closed the connection without answering"):
         request(sock, {"cmd": "status"}, timeout=0.3)
+
+
+class CountingSelector:
+    """The server's selector, counting the waits that ended with nothing ready (wakeups for nothing)."""
+
+    def __init__(self, sel: Any) -> None:
+        self.sel = sel
+        self.empty = 0
+
+    def select(self, timeout: float | None = None) -> Any:
+        got = self.sel.select(timeout)
+        self.empty += not got
+        return got
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sel, name)
+
+
+def test_an_idle_server_sleeps_until_a_client_comes(tmp_path: Path) -> None:
+    """With no connection, no paused listener and nothing to report, the loop waits for a connect (or close) rather
+    than waking every SWEEP_S for a sweep with nothing to do (ten wakeups a second; issue 23 item 5), and still
+    answers at once and sweeps while a connection is open."""
+    import time
+
+    from cachepilot.boundedserver import SWEEP_S
+
+    path = tmp_path / "s"
+    server = BoundedServer(unix_listener(path), Echo(), name="t", max_conns=2, request_deadline_s=1.0,
+                           reply_deadline_s=1.0, max_request=64)
+    counting = CountingSelector(server._sel)
+    server._sel = counting
+    server.start()
+    try:
+        time.sleep(5 * SWEEP_S)
+        assert counting.empty == 0  # 4 or 5 before
+        c = connect(path)
+        c.sendall(b"status\n")
+        assert c.recv(64) == b'{"ok":1}\n'
+        slow = connect(path)  # a client that never asks: its deadline still holds
+        time.sleep(1.0 + 3 * SWEEP_S)
+        assert server.closed["request not complete in time"] == 1
+        c.close()
+        slow.close()
+    finally:
+        server.close()

@@ -1,6 +1,7 @@
 """The bulk ring reader (cachepilot.probe.ring) on a memfd laid out as the kernel lays out a BPF ring buffer: consumer
 page, producer page, the data pages twice in a row. Wrap-around, a record still being written, discarded records and
-the limit; the same reader runs on the real barrier ring in tests/bpf (test_barriers, test_storm, test_exactness)."""
+the limit; the same readers run on the real rings in tests/bpf (test_barriers, test_storm, test_exactness: the barrier
+ring; every test that polls events: the event ring)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from cachepilot.probe.ring import BUSY_BIT, DISCARD_BIT, FixedRing, RingFormatError
+from cachepilot.probe.ring import BUSY_BIT, DISCARD_BIT, FixedRing, RawRing, RingFormatError
 
 PAGE = mmap.PAGESIZE
 SIZE = PAGE  # one data page: a 24-byte record wraps after 128 records
@@ -38,6 +39,14 @@ class FakeRing:
             self.content[(off + t) % SIZE] = byte
         for base in (2 * PAGE, 2 * PAGE + SIZE):  # the kernel maps the data pages twice in a row
             self.mm[base: base + SIZE] = bytes(self.content)
+
+    def write_raw(self, payload: bytes, flags: int = 0) -> int:
+        """A record of any size (the event ring's); returns where its header is."""
+        off = self.prod & (SIZE - 1)
+        self._put(off, struct.pack("<II", len(payload) | flags, 0) + payload)
+        self.prod += (len(payload) + 8 + 7) & ~7
+        struct.pack_into("<Q", self.mm, PAGE, self.prod)
+        return off
 
     def write(self, a: int, *, length: int = DT.itemsize, flags: int = 0) -> None:
         off = self.prod & (SIZE - 1)
@@ -130,3 +139,43 @@ def test_left_over_says_whether_the_limit_left_records(ring: tuple[FakeRing, Fix
     k.write(6)
     r.take(3)
     assert not r.left_over
+
+
+@pytest.fixture
+def raw_ring() -> Iterator[tuple[FakeRing, RawRing]]:
+    k = FakeRing()
+    r = RawRing(k.fd, SIZE)
+    yield k, r
+    r.close()
+    k.close()
+
+
+def payload(i: int) -> bytes:
+    return bytes([i & 0xFF]) * (1 + i % 61)  # 1..61 bytes: headers land on every 8-byte offset of the page
+
+
+def test_raw_records_of_any_size_come_whole_in_order_across_the_wrap(raw_ring: tuple[FakeRing, RawRing]) -> None:
+    k, r = raw_ring
+    seen: list[bytes] = []
+    want: list[bytes] = []
+    i = 0
+    for _ in range(20):  # ~600 records through a one-page ring: it wraps many times, records across its end
+        for _ in range(30):
+            i += 1
+            k.write_raw(payload(i))
+            want.append(payload(i))
+        seen += r.take(1000)
+    assert seen == want and k.cons() == k.prod
+
+
+def test_raw_ring_stops_at_a_busy_record_skips_discarded_ones_and_keeps_the_limit(
+        raw_ring: tuple[FakeRing, RawRing]) -> None:
+    k, r = raw_ring
+    k.write_raw(b"one")
+    k.write_raw(b"gone", flags=DISCARD_BIT)
+    busy = k.write_raw(b"three!", flags=BUSY_BIT)
+    k.write_raw(b"four")
+    assert r.take(100) == [b"one"] and k.cons() == 32  # the busy one and what follows it wait
+    k._put(busy, struct.pack("<I", 6))  # committed: the kernel clears the busy bit
+    assert r.take(1) == [b"three!"] and r.left_over
+    assert r.take(100) == [b"four"] and not r.left_over and k.cons() == k.prod

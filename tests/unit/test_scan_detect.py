@@ -37,13 +37,13 @@ class Run:
         self.e.promoter.rewarm = spy  # type: ignore[method-assign]
         self.ino, self.t = 0, 0.0
 
-    def tick(self, files: int, seconds: float = 1.0) -> None:
-        """``files`` new (cold) files read over the next ``seconds``, then a tick."""
+    def tick(self, files: int, seconds: float = 1.0, fresh: bool = True) -> None:
+        """``files`` new (cold) files read over the next ``seconds``, then a tick (``fresh``: its hot_fresh)."""
         for _ in range(files):
             self.ino += 1
             self.e.feed(HotnessDelta(FileKey(DEV, self.ino, 1), 64, 0, SIZE, 0, 1, size=SIZE))
         self.t += seconds
-        self.e.tick(int(self.t * NS))
+        self.e.tick(int(self.t * NS), hot_fresh=fresh)
 
     def usual(self, ticks: int = 30) -> None:
         for _ in range(ticks):
@@ -74,3 +74,22 @@ def test_a_scan_past_a_quarter_of_the_cache_rewarms_at_its_end() -> None:
     assert r.rewarms == [] and r.e.vols[DEV].scanning
     r.usual(2)
     assert len(r.rewarms) == 1 and r.rewarms[0].startswith("scan ended") and "MiB cold" in r.rewarms[0]
+
+
+def test_hotness_taken_every_other_tick_is_judged_over_the_whole_take() -> None:
+    """The daemon takes the probe's hotness every other second (intake.HOTNESS_EVERY_NS); the tick between says
+    hot_fresh=False and the detector waits for the next take: a rate over half the span would read the usual load as
+    a burst and then as nothing, ending a scan after its first take (37 MiB cold: no re-warm)."""
+    r = Run()
+
+    def span(files: int) -> None:  # two seconds' touches, taken at the second tick
+        r.tick(0, fresh=False)
+        r.tick(files)
+
+    for _ in range(15):
+        span(20)
+    for _ in range(3):
+        span(300)  # 37.5 MiB a take, 112 MiB cold in all: 44% of the cache
+    assert r.rewarms == [] and r.e.vols[DEV].scanning
+    span(20)
+    assert len(r.rewarms) == 1 and r.rewarms[0].startswith("scan ended")

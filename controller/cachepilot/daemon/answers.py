@@ -29,7 +29,7 @@ def answer(snap: Status | None, req: dict[str, Any], clear_requests: list[str],
     if cmd == "top":
         return _top(snap, vols, req)
     if cmd == "explain":
-        return _explain(snap.decisions if snap is not None else [], vols, req)
+        return _explain(list(snap.decisions) if snap is not None else [], vols, req)
     if cmd == "advise":
         return _advise(snap, vols, req)
     if cmd == "clear_latch":

@@ -239,7 +239,7 @@ class Daemon:
         ]
 
     def _decide(self, now: int) -> None:
-        for action in self.engine.tick(now):
+        for action in self.engine.tick(now, hot_fresh=self.intake.hot_fresh):
             self.execute(action, now)
 
     def _reload_if_asked(self, now: int) -> None:

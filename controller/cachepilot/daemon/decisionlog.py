@@ -9,9 +9,31 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 FILE_KINDS = frozenset({"promote", "discard"})
+Entry = tuple[int, dict[str, Any]]
+
+
+def _merged(*queues: Iterator[Entry] | tuple[Entry, ...]) -> Iterator[dict[str, Any]]:
+    return (d for _, d in heapq.merge(*queues, key=lambda e: e[0]))
+
+
+@dataclass(frozen=True)
+class DecisionView:
+    """The log as it was at one moment, for the published snapshot: two tuple copies (C-speed), merged into order
+    only when read (`explain`). The snapshot is built every tick and read rarely; merging up to 2 x DECISIONS_KEPT
+    entries each tick cost the publish stage milliseconds a tick on the lab's TCG guest (issue 23 item 5)."""
+
+    files: tuple[Entry, ...] = ()
+    other: tuple[Entry, ...] = ()
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return _merged(self.files, self.other)
+
+    def __len__(self) -> int:
+        return len(self.files) + len(self.other)
 
 
 class DecisionLog:
@@ -25,7 +47,10 @@ class DecisionLog:
         (self._files if d.get("kind") in FILE_KINDS else self._other).append((self._seq, d))
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        return (d for _, d in heapq.merge(self._files, self._other, key=lambda e: e[0]))
+        return _merged(iter(self._files), iter(self._other))
+
+    def view(self) -> DecisionView:
+        return DecisionView(tuple(self._files), tuple(self._other))
 
     def __len__(self) -> int:
         return len(self._files) + len(self._other)

@@ -22,10 +22,10 @@ from cachepilot.events import Barrier, Delete, Discard, Drops, FreedExtent, Jour
 
 # The daemon takes the probe's rings at most this often. It decides once a tick; reading the rings as every kernel
 # wakeup allowed (one per 20 ms under a commit storm, ~50 a second) cost the daemon more than the events themselves
-# (measured in the lab's varmail run). The rings hold seconds of records even at a flush storm's rate. Four looks a
-# second, not ten: each look costs the ring reads and the discard look after it whatever it brings (the headline
+# (measured in the lab's varmail run). The rings hold seconds of records even at a flush storm's rate. Few looks
+# a second: each look costs the ring reads and the discard look after it whatever it brings (the headline
 # fileserver's between-ticks stage, issue 23 item 5); a freed extent's discard waits at most this much longer.
-# Two a second, the discard gather's pace: a look sooner than DISCARD_GATHER_NS after the last one sends no discard
+# The discard gather's pace (one a second): a look sooner than DISCARD_GATHER_NS after the last one sends no discard
 # (gather_due), so a poll between two gathers only read the rings early. Measured on the headline fileserver with
 # py-spy: the ring reads were a tenth of the daemon's samples at four a second.
 MIN_POLL_GAP_NS = DISCARD_GATHER_NS
@@ -36,6 +36,14 @@ MIN_POLL_GAP_NS = DISCARD_GATHER_NS
 # it saves below ~5 (measured on this host: 1 a batch 60 us a delete against 16 one by one; 20 a batch 6.4 against
 # 13). The headline fileserver brings ~1 delete a poll, ~10 a tick; a tree removal, thousands.
 DELETE_BATCH_MIN = 6
+# The probe's hotness table is taken at most this often, not every tick: each take is a swap of the kernel table's
+# halves (an RCU grace period) and an array pass into the engine's table, and with it go admission and the scan
+# detector's rates (Engine.tick's ``hot_fresh``); a file touched twice in the period is one record. Hotness feeds
+# promotion, which acts over seconds; the headline fileserver's daemon spent about a sixth of its CPU on the take,
+# its apply and admission at one a second (issue 23 item 5). A tick's lateness must not skip a take: a tick up to
+# HOTNESS_EARLY_NS early takes it.
+HOTNESS_EVERY_NS = 2_000_000_000
+HOTNESS_EARLY_NS = HOTNESS_EVERY_NS // 4
 DELETES_HELD_MAX = 16384  # held beyond this, they go at once
 APART_FROM_DELETES = frozenset({FreedExtent, JournalCommit, Barrier, SyncCalls, MetadataDelta, Discard, Drops})
 
@@ -53,6 +61,8 @@ class Intake:
         self.drops: Drops | None = None  # the probe's last drop counts
         self._next_poll = 0  # time.monotonic_ns() of the earliest next look at the rings (MIN_POLL_GAP_NS)
         self._deletes: list[Delete] = []  # polled, for the engine at the next tick (or before a kind they touch)
+        self._next_hot = 0  # the loop's clock at which the hotness table is next taken (HOTNESS_EVERY_NS)
+        self.hot_fresh = True  # whether this tick's drain took the hotness table (or there is no probe to take)
 
     def wait(self, seconds: float) -> None:
         """The loop's wait between ticks: on the probe's rings (feeding what comes), or on the stop event."""
@@ -150,16 +160,19 @@ class Intake:
         return False
 
     def drain(self, now: int) -> None:
-        """The tick's stage: the deletes polled since the last tick, then the probe's per-tick tables (one swap a
-        tick)."""
+        """The tick's stage: the deletes polled since the last tick, the probe's hotness table when due
+        (HOTNESS_EVERY_NS; ``hot_fresh`` says so), then its per-tick aggregates."""
         self.flush_deletes()
         probe = self.probe()
+        self.hot_fresh = probe is None or now >= self._next_hot
         if probe is None:
             return
-        arr = probe.drain_hotness_array()
-        if len(arr):
-            self.counters.add("events", "HotnessDelta", len(arr))
-            self.engine.feed_hotness_array(arr)
+        if self.hot_fresh:
+            self._next_hot = now + HOTNESS_EVERY_NS - HOTNESS_EARLY_NS
+            arr = probe.drain_hotness_array()
+            if len(arr):
+                self.counters.add("events", "HotnessDelta", len(arr))
+                self.engine.feed_hotness_array(arr)
         for ev in probe.drain_aggregates():  # metadata deltas, durability calls, drops
             if isinstance(ev, Drops):
                 self.drops = ev

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from cachepilot import __version__, records
 from cachepilot.capabilities import ERROR_COUNTS, KIND_BCACHE
 from cachepilot.daemon import actuation, ticktime
+from cachepilot.daemon.decisionlog import DecisionView
 from cachepilot.daemon.volume import ManagedVolume, devname
 from cachepilot.engine.engine import Engine
 from cachepilot.engine.volumectl import VolumeCtl, normalise_mode
@@ -172,7 +173,7 @@ class Status:
     volumes: tuple[VolumeStatus, ...]
     unmanaged: tuple[UnmanagedStatus, ...]
     top: dict[str, list[dict[str, int]]]
-    decisions: list[dict[str, Any]]
+    decisions: DecisionView  # merged into a list when read (explain, to_json)
     # for the exporter only
     ready: bool = field(default=False, metadata={"json": False})
     has_drops: bool = field(default=False, metadata={"json": False})
@@ -191,6 +192,8 @@ class Status:
                 out[f.name] = [v.to_json() for v in value]
             elif f.name == "unmanaged":
                 out[f.name] = [asdict(u) for u in value]
+            elif f.name == "decisions":
+                out[f.name] = list(value)
             elif hasattr(value, "__dataclass_fields__"):
                 out[f.name] = asdict(value)
             else:
@@ -326,7 +329,7 @@ def build(d: Daemon, vols: tuple[VolumeStatus, ...], now: int, tick_ns: int) -> 
         state_file=StateFileStatus(str(state.path), state.writes, state.failed_writes, state.last_error),
         volumes=vols, unmanaged=tuple(UnmanagedStatus(label, device, reason)
                                       for device, (label, reason) in sorted(d.adopter.unmanaged.items())),
-        top=d.top, decisions=list(d.decisions), ready=d.ready, has_drops=drops is not None,
+        top=d.top, decisions=d.decisions.view(), ready=d.ready, has_drops=drops is not None,
         counts=Counts(c.group("events"), c.group("decisions"), c.group("failed"), c["reloads"], c["reloads_failed"],
                       c.group(ticktime.WALL), c.group(ticktime.CPU)),
         bpf_object=d.bpf_object, capture=d.capture, curves=d.curves)

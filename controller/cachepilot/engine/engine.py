@@ -299,16 +299,21 @@ class Engine:
         return self.promoter.rewarm(c, reason)
 
     # ------------------------------------------------------------ the tick
-    def tick(self, now_ns: int) -> list[Action]:
+    def tick(self, now_ns: int, *, hot_fresh: bool = True) -> list[Action]:
+        """The decisions of a tick. ``hot_fresh`` False: no hotness came since the last tick (the daemon takes the
+        probe's table every few ticks): admission and the scan detector wait for the tick that brings it, so the
+        detector's rates span whole takes (a tick without one would read as a rate of nothing)."""
         if now_ns > self.now_ns:
             self.now_ns = now_ns
         now = self.now_ns
         t = self.hotness
         t.advance(now)
         out: list[Action] = []
-        self.admission.admit(t, now)
+        if hot_fresh:
+            self.admission.admit(t, now)
         for c in self.vols.values():
-            self.promoter.scan_pollution(c, now)
+            if hot_fresh:
+                self.promoter.scan_pollution(c, now)
             self.admission.bypass_gate(c, now)
             self.promoter.promote(c, now, out)
             if gather_due(c, now, prompted=False):

@@ -17,7 +17,6 @@ BTF_KIND_STRUCT = 4
 BTF_KIND_TYPEDEF = 8
 BTF_KIND_FUNC = 12
 
-RINGBUF_SAMPLE_FN = C.CFUNCTYPE(C.c_int, C.c_void_p, C.c_void_p, C.c_size_t)
 PRINT_FN = C.CFUNCTYPE(C.c_int, C.c_int, C.c_char_p, C.c_void_p)
 
 
@@ -84,12 +83,7 @@ def lib() -> C.CDLL:
         _fn(handle, "bpf_map_lookup_elem", i, i, vp, vp)
         _fn(handle, "bpf_map_update_elem", i, i, vp, vp, C.c_uint64)
         _fn(handle, "bpf_map_delete_elem", i, i, vp)
-        _fn(handle, "ring_buffer__new", vp, i, RINGBUF_SAMPLE_FN, vp, vp)
-        _fn(handle, "ring_buffer__add", i, vp, i, RINGBUF_SAMPLE_FN, vp)
-        _fn(handle, "ring_buffer__poll", i, vp, i)
         _fn(handle, "libbpf_num_possible_cpus", i)
-        _fn(handle, "ring_buffer__consume", i, vp)
-        _fn(handle, "ring_buffer__free", None, vp)
         _fn(handle, "btf__parse", vp, cp, vp)
         _fn(handle, "btf__load_vmlinux_btf", vp)
         _fn(handle, "btf__parse_split", vp, cp, vp)

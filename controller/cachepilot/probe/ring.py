@@ -1,4 +1,5 @@
-"""A BPF ring buffer of fixed-size records, read in bulk from its memory map (numpy) instead of one callback each.
+"""BPF ring buffers read from their memory map instead of one libbpf callback a record: fixed-size records in bulk
+(numpy), records of any size in one Python pass (RawRing).
 
 The block-barrier ring carries one record per flush the volume sees; a write + fsync loop makes tens of thousands a
 second. libbpf's consumer calls back into Python once per record (ctypes trampoline, a bytes copy, a ctypes struct):
@@ -15,26 +16,29 @@ from __future__ import annotations
 
 import ctypes as C
 import mmap
+import struct
 
 import numpy as np
 
 HDR_SIZE = 8
 BUSY_BIT = 1 << 31
 DISCARD_BIT = 1 << 30
+_LEN_MASK = ~(BUSY_BIT | DISCARD_BIT)
+_HDR = struct.Struct("<I")  # a record header's length word
 
 
 class RingFormatError(RuntimeError):
     """A record of another size than the ring's: not this reader's ring."""
 
 
-class FixedRing:
-    """Consumer of a BPF_MAP_TYPE_RINGBUF map whose records all have `dtype`'s size."""
+class _RingMaps:
+    """A BPF_MAP_TYPE_RINGBUF map's memory: the consumer position (ours to write), the producer position and the
+    data pages (twice in a row)."""
 
-    def __init__(self, map_fd: int, size: int, dtype: np.dtype) -> None:
+    def __init__(self, map_fd: int, size: int) -> None:
         if size <= 0 or size & (size - 1) or size % mmap.PAGESIZE:
             raise ValueError(f"ring size {size} is not a power of two multiple of the page size")
-        self.size, self.dtype = size, np.dtype(dtype)
-        self.rec = (self.dtype.itemsize + HDR_SIZE + 7) & ~7
+        self.size = size
         self._cons_mm = mmap.mmap(map_fd, mmap.PAGESIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)
         self._data_mm = mmap.mmap(map_fd, mmap.PAGESIZE + 2 * size, mmap.MAP_SHARED, mmap.PROT_READ,
                                   offset=mmap.PAGESIZE)
@@ -42,11 +46,54 @@ class FixedRing:
         whole = np.frombuffer(self._data_mm, dtype=np.uint8)
         self._prod = whole[:8].view(np.uint64)
         self._data = whole[mmap.PAGESIZE:]  # 2 x size: the data pages and their second mapping
+        self.left_over = False
+
+    def close(self) -> None:
+        # the views must go before the maps they look into
+        del self._cons, self._prod, self._data
+        self._cons_mm.close()
+        self._data_mm.close()
+
+
+class RawRing(_RingMaps):
+    """Consumer of a ring whose records differ in size (the event ring): each record's bytes, read from the ring's
+    memory in one Python pass. libbpf's consumer called back into Python once per record (a ctypes trampoline and a
+    pointer copy each): under the lab's TCG vCPU the callbacks were most of the ring read's cost (issue 23 item 5).
+    Same rules as libbpf's ring_buffer__consume: a record still being written (BUSY) ends the pass, a discarded one
+    is skipped, the consumer position moves past what was read."""
+
+    def take(self, limit: int) -> list[bytes]:
+        """Up to `limit` committed records, oldest first, consumed."""
+        cons = int(self._cons.value)
+        prod = int(self._prod[0])
+        data, mask, header = self._data_mm, self.size - 1, _HDR.unpack_from
+        base = mmap.PAGESIZE  # the data's first byte in the second map
+        out: list[bytes] = []
+        while cons < prod and len(out) < limit:
+            at = base + (cons & mask)
+            hdr = header(data, at)[0]
+            if hdr & BUSY_BIT:
+                break
+            n = hdr & _LEN_MASK
+            if not hdr & DISCARD_BIT:
+                out.append(data[at + HDR_SIZE: at + HDR_SIZE + n])  # a copy (mmap slices are bytes)
+            cons += (n + HDR_SIZE + 7) & ~7
+        self.left_over = len(out) >= limit and cons < prod
+        self._cons.value = cons
+        return out
+
+
+class FixedRing(_RingMaps):
+    """Consumer of a BPF_MAP_TYPE_RINGBUF map whose records all have `dtype`'s size."""
+
+    def __init__(self, map_fd: int, size: int, dtype: np.dtype) -> None:
+        super().__init__(map_fd, size)
+        self.dtype = np.dtype(dtype)
+        self.rec = (self.dtype.itemsize + HDR_SIZE + 7) & ~7
         # a record as one structured item (header, payload, padding): a batch is a view of the ring's memory
         # (contiguous even when it wraps: the data pages are mapped twice), not a gather by computed offsets
         self._rec_dtype = np.dtype({"names": ["len", "payload"], "formats": ["<u4", self.dtype],
                                     "offsets": [0, HDR_SIZE], "itemsize": self.rec})
-        self.left_over = False
 
     def take(self, limit: int) -> np.ndarray:
         """Up to `limit` committed records, oldest first (a record still being written ends the batch); they are
@@ -71,9 +118,3 @@ class FixedRing:
         rows = recs["payload"][(hdr & DISCARD_BIT) == 0]  # a copy: the kernel may reuse the space once consumed
         self._cons.value = cons + n * self.rec
         return rows
-
-    def close(self) -> None:
-        # the views must go before the maps they look into
-        del self._cons, self._prod, self._data
-        self._cons_mm.close()
-        self._data_mm.close()
