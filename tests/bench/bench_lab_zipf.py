@@ -87,6 +87,11 @@ def main() -> None:
     dmn = [r for r in rows["cp-default"] if "error" not in r]
     md += (f"\n\nDaemon RSS {cell(values(dmn, 'daemon_rss_mib'))} MiB; decisions (round 1): "
            f"{dmn[0].get('decisions') if dmn else '-'}.")
+    for c, rs in rows.items():
+        shares = [r["cached_share_by_rank"] for r in rs if "cached_share_by_rank" in r]
+        if shares:
+            md += f"\n\nHeld whole by the cache at the end, by popularity rank ({CONFIGS[c]}): " + ", ".join(
+                f"ranks {band}: {cell([s[band] for s in shares], '{:.2f}')}" for band in shares[0])
     md += "\n\nReproduce one row (cachepilot, round 1):\n\n```sh\n" + repro(
         spec, [a.format(c="cp-default") for a in cmd] + ["--seed", "1"]) + "\n```\n"
     series = {CONFIGS[c]: [(p["t"], p["hit_ratio"]) for p in rows[c][0].get("timeline", [])]

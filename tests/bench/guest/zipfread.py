@@ -39,6 +39,7 @@ from common import (  # noqa: E402
     percentile,
     read_whole,
     settle_clean,
+    timed_read_ms,
     write_result,
 )
 from zipfgen import Zipf  # noqa: E402
@@ -103,6 +104,27 @@ def timeline(lat: list[tuple[float, float]], start: float, read_ms: float, step:
         buckets.setdefault(int((t - start) // step), []).append(x)
     return [{"t": (k + 1) * step, "hit_ratio": sum(1 for x in xs if x < read_ms) / len(xs), "reads": len(xs)}
             for k, xs in sorted(buckets.items())]
+
+
+# Rank bands whose residency is measured after the window: the daemon's believed-cached set on the shipped default
+# (max_cache_fraction 0.25 of 256 MiB: the 512 hottest files), then the rest of what an ideal cache would hold.
+BANDS = ((0, 512), (512, 2048))
+
+
+def cached_shares(files: list[Path]) -> dict[str, float]:
+    """Per rank band, the share of files the cache holds whole at the end: one O_DIRECT read of each, in rank order,
+    faster than the origin's read delay (hottest first, so a read cannot have been preceded by one that promoted
+    the file; smq needs hotspot hits in two ticks to promote, so one read changes no later file's answer). Shows
+    whether the stock policy keeps the hot files by itself, i.e. what promotion reads could add."""
+    import mmap
+
+    buf = mmap.mmap(-1, FILE_KIB * 1024)
+    read_ms = arg("--origin-read-ms", 4.0)
+    try:
+        return {f"{lo}-{hi}": sum(1 for p in files[lo:hi] if timed_read_ms(p, buf) < read_ms) / (hi - lo)
+                for lo, hi in BANDS}
+    finally:
+        buf.close()
 
 
 METRICS = "127.0.0.1:9477"  # the daemon's exporter, inside the guest only (no network leaves it)
@@ -174,6 +196,7 @@ def main() -> None:
         dec = daemon.explain()
         res["decisions"] = {k: sum(1 for x in dec if x["kind"] == k) for k in {x["kind"] for x in dec}}
         res["daemon_exit"] = daemon.stop(keep_log="zipfread")
+    res["cached_share_by_rank"] = cached_shares(files)  # after the daemon stopped: nothing promotes meanwhile
     write_result("zipfread", res)
     log(f"{config}: {res['ops_s']:.1f} reads/s, hit ratio {res['hit_ratio']}, p99 {res['read_p99_ms']:.1f} ms")
 
