@@ -2,7 +2,8 @@
 one configuration.
 
 usage: zipfread.py CONFIG SECONDS [--warmup S] [--origin-read-ms MS] [--threads N] [--seed N]
-CONFIG: smq (stock dm-cache, smq) | cp-default (the same + the daemon under the shipped default policy).
+CONFIG: smq (stock dm-cache, smq) | cp-default (the same + the daemon under the shipped default policy) |
+cp-promote (the shipped default with promotion.only_uncached false: admitted files promoted on dm-cache too).
 
 The file set: NFILES files of FILE_KIB each (3x the cache), written once, synced, the cache settled to 0 dirty and
 the page cache dropped. N threads (default 4) then loop: draw a file's popularity rank from Zipf(EXPONENT) (the
@@ -145,6 +146,20 @@ def promoted_bytes() -> int | None:
                    if line.startswith("cachepilot_volume_promoted_bytes_total")))
 
 
+def policy(config: str) -> Path:
+    """The shipped default policy; for cp-promote with only_uncached false (admitted files promoted on dm-cache,
+    as before smq was left to promote them itself: the comparison that shows what the promotion reads cost)."""
+    shipped = ROOT / "policies" / "default.yaml"
+    if config != "cp-promote":
+        return shipped
+    text = shipped.read_text()
+    if "only_uncached: true" not in text:
+        raise SystemExit("policies/default.yaml has no 'only_uncached: true' to turn off")
+    p = Path("/tmp/zipf-promote.yaml")
+    p.write_text(text.replace("only_uncached: true", "only_uncached: false", 1))
+    return p
+
+
 def main() -> None:
     config, seconds = sys.argv[1], float(sys.argv[2])
     warmup, read_ms = arg("--warmup", 0.0), arg("--origin-read-ms", 4.0)
@@ -155,7 +170,7 @@ def main() -> None:
     settle_clean()
     drop_caches()
     subprocess.run(["ip", "link", "set", "lo", "up"], check=False)  # the exporter listens on loopback
-    daemon = Daemon([ROOT / "policies" / "default.yaml"], metrics_listen=METRICS) if config.startswith("cp-") else None
+    daemon = Daemon([policy(config)], metrics_listen=METRICS) if config.startswith("cp-") else None
     pick, lock, every = Zipf(NFILES, EXPONENT, rnd), threading.Lock(), []  # type: ignore[var-annotated]
     start = time.monotonic()
     t0 = start + warmup
