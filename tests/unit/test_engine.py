@@ -62,7 +62,8 @@ def test_promotions_wait_while_a_dm_cache_drain_is_at_risk() -> None:
     """dm-cache writes back recently written blocks only once the origin has idled for a second; past half a
     drain's window the promotion reads (which keep it busy) wait, and go on once the drain is done."""
     vol = VolumeInfo(dev=DEV, name="dmc0", kind="dm-cache", cache_bytes=1 << 30)
-    e = engine(POLICY.replace("rate: 64KiB", "rate: 1MiB"), vol)
+    # only_uncached false: admitted files are promoted on dm-cache too (by default they are left to smq)
+    e = engine(POLICY.replace("rate: 64KiB", "rate: 1MiB").replace("1MiB}", "1MiB, only_uncached: false}"), vol)
     sample(e, 0, dirty=4096)
     [drain] = [a for a in e.tick(0) if isinstance(a, Drain)]  # dirty data of unknown age
     for ino in range(1, 11):

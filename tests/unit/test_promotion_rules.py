@@ -4,7 +4,7 @@ while it was bypassing reads -- and never a file already resident in the cache s
 from __future__ import annotations
 
 from cachepilot.engine import Engine, Promote
-from cachepilot.engine.admission import BYPASSED_LATER, SKIP_INSERTED, SKIP_RESIDENT
+from cachepilot.engine.admission import BYPASSED_LATER, LEFT_TO_POLICY, SKIP_INSERTED, SKIP_RESIDENT
 from cachepilot.events import FileKey, HotnessDelta, kdev
 from cachepilot.models.hotness import F_RESIDENT
 from cachepilot.models.volume import VolumeInfo, VolumeSample
@@ -92,14 +92,39 @@ def test_a_resident_file_is_not_promoted_again_until_written_or_the_cache_change
     assert e.hotness.flags[slot] & F_RESIDENT  # promoted into the new one
 
 
-def test_dm_cache_is_not_gated() -> None:
-    """smq promotes only on repeated hotspot hits: a read miss is not an insert there."""
+def test_dm_cache_leaves_admitted_files_to_smq() -> None:
+    """smq promotes hot blocks from the workload's own read misses: a promotion read of a file the workload keeps
+    reading repeats that at the cost of origin reads (the lab's W3). The file is admitted (a member, for re-warms
+    and exports) but not read, and the skip is counted by reason."""
+    for kind in ("dm-cache", "lvmcache"):
+        e = engine(kind)
+        sample(e, 0, bypasses=None)
+        read(e, 1)
+        assert promoted(e, 1) == [] and promoted(e, 2) == []
+        c = e.vols[DEV]
+        slot = e.hotness.lookup(DEV, 1, 1)
+        assert slot is not None and slot in c.cached and not e.hotness.flags[slot] & F_RESIDENT
+        assert c.promotions_skipped == {LEFT_TO_POLICY: 1} and not len(c.promo_queue)
+
+
+def test_dm_cache_still_rewarms_what_a_replaced_cache_lost() -> None:
+    """A new cache device holds none of the set: its members are read at once, not left to smq's misses."""
     e = engine("dm-cache")
     sample(e, 0, bypasses=None)
     read(e, 1)
-    assert [p.ino for p in promoted(e, 1)] == [1]
-    slot = e.hotness.lookup(DEV, 1, 1)
-    assert slot is not None and not e.hotness.flags[slot] & F_RESIDENT
+    assert promoted(e, 1) == []
+    sample(e, 2, bypasses=None, cache_id="cset-b")
+    [p] = promoted(e, 2)
+    assert p.ino == 1 and "cache device replaced" in p.reason
+
+
+def test_dm_cache_with_only_uncached_false_promotes_every_admitted_file() -> None:
+    e = Engine(parse_policy(POLICY.replace("sieve_size: 1MiB}", "sieve_size: 1MiB, only_uncached: false}"), "t.yaml"),
+               [VolumeInfo(dev=DEV, name="v0", kind="dm-cache", cache_bytes=1 << 30)])
+    sample(e, 0, bypasses=None)
+    read(e, 1)
+    [p] = promoted(e, 1)
+    assert p.ino == 1 and p.reason.startswith("counter")
 
 
 def test_dm_writecache_is_never_promoted_to() -> None:

@@ -17,6 +17,7 @@ MAX_BYPASS_WAIT = 1 << 16  # admitted files waiting on the bypass rule (beyond: 
 SKIP_RESIDENT = "resident: promoted (or inserted by the cache) since the cache last changed, not written since"
 SKIP_INSERTED = "inserted by the cache itself: no read bypassed within 30 s of its admission"
 BYPASSED_LATER = "admitted, and the cache bypassed reads within 30 s of its admission (it did not keep them)"
+LEFT_TO_POLICY = "left to the cache's policy: it promotes hot blocks from the workload's own read misses"
 
 
 class Admission:
@@ -75,6 +76,9 @@ class Admission:
         if len(admitted):
             flags = np.frombuffer(t.flags, dtype=np.uint8)
             fresh = admitted[(flags[admitted] & F_QUEUED) == 0]
+            if c.caps.promotes_own_misses and promo.only_uncached:
+                self._skipped(c, LEFT_TO_POLICY, len(fresh))  # members still: re-warms and exports see them
+                return
             if c.caps.inserts_read_misses and promo.only_uncached:
                 fresh = self._gate_inserted(c, fresh, flags, now)
             flags[fresh] |= F_QUEUED

@@ -35,7 +35,8 @@ class Promotion:
     sieve_size: int = 1 * MiB
     refresh_interval_s: float = 0.0  # 0 = never re-read the believed-cached set
     # on a cache that inserts its own read misses (bcache): promote only while it bypasses reads, never a file
-    # already resident (false: every admitted file, e.g. where the allocator drops read-miss inserts)
+    # already resident (false: every admitted file, e.g. where the allocator drops read-miss inserts); on dm-cache,
+    # whose smq promotes from the workload's own misses, no admitted file (false: every one)
     only_uncached: bool = True
 
 

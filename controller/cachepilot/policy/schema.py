@@ -55,7 +55,8 @@ def _settings(knobs: list[str]) -> dict[str, Any]:
             },
             "only_uncached": {
                 "type": "boolean",
-                "description": "bcache: promote only while the cache bypasses reads, never a resident file",
+                "description": "bcache: promote only while the cache bypasses reads, never a resident file; "
+                "dm-cache: leave admitted files to smq",
             },
         }
     ),

@@ -2,7 +2,8 @@
 one configuration.
 
 usage: zipfread.py CONFIG SECONDS [--warmup S] [--origin-read-ms MS] [--threads N] [--seed N]
-CONFIG: smq (stock dm-cache, smq) | cp-default (the same + the daemon under the shipped default policy).
+CONFIG: smq (stock dm-cache, smq) | cp-default (the same + the daemon under the shipped default policy) |
+cp-promote (the shipped default with promotion.only_uncached false: admitted files promoted on dm-cache too).
 
 The file set: NFILES files of FILE_KIB each (3x the cache), written once, synced, the cache settled to 0 dirty and
 the page cache dropped. N threads (default 4) then loop: draw a file's popularity rank from Zipf(EXPONENT) (the
@@ -39,6 +40,7 @@ from common import (  # noqa: E402
     percentile,
     read_whole,
     settle_clean,
+    timed_read_ms,
     write_result,
 )
 from zipfgen import Zipf  # noqa: E402
@@ -105,6 +107,27 @@ def timeline(lat: list[tuple[float, float]], start: float, read_ms: float, step:
             for k, xs in sorted(buckets.items())]
 
 
+# Rank bands whose residency is measured after the window: the daemon's believed-cached set on the shipped default
+# (max_cache_fraction 0.25 of 256 MiB: the 512 hottest files), then the rest of what an ideal cache would hold.
+BANDS = ((0, 512), (512, 2048))
+
+
+def cached_shares(files: list[Path]) -> dict[str, float]:
+    """Per rank band, the share of files the cache holds whole at the end: one O_DIRECT read of each, in rank order,
+    faster than the origin's read delay (hottest first, so a read cannot have been preceded by one that promoted
+    the file; smq needs hotspot hits in two ticks to promote, so one read changes no later file's answer). Shows
+    whether the stock policy keeps the hot files by itself, i.e. what promotion reads could add."""
+    import mmap
+
+    buf = mmap.mmap(-1, FILE_KIB * 1024)
+    read_ms = arg("--origin-read-ms", 4.0)
+    try:
+        return {f"{lo}-{hi}": sum(1 for p in files[lo:hi] if timed_read_ms(p, buf) < read_ms) / (hi - lo)
+                for lo, hi in BANDS}
+    finally:
+        buf.close()
+
+
 METRICS = "127.0.0.1:9477"  # the daemon's exporter, inside the guest only (no network leaves it)
 
 
@@ -123,6 +146,20 @@ def promoted_bytes() -> int | None:
                    if line.startswith("cachepilot_volume_promoted_bytes_total")))
 
 
+def policy(config: str) -> Path:
+    """The shipped default policy; for cp-promote with only_uncached false (admitted files promoted on dm-cache,
+    as before smq was left to promote them itself: the comparison that shows what the promotion reads cost)."""
+    shipped = ROOT / "policies" / "default.yaml"
+    if config != "cp-promote":
+        return shipped
+    text = shipped.read_text()
+    if "only_uncached: true" not in text:
+        raise SystemExit("policies/default.yaml has no 'only_uncached: true' to turn off")
+    p = Path("/tmp/zipf-promote.yaml")
+    p.write_text(text.replace("only_uncached: true", "only_uncached: false", 1))
+    return p
+
+
 def main() -> None:
     config, seconds = sys.argv[1], float(sys.argv[2])
     warmup, read_ms = arg("--warmup", 0.0), arg("--origin-read-ms", 4.0)
@@ -133,7 +170,7 @@ def main() -> None:
     settle_clean()
     drop_caches()
     subprocess.run(["ip", "link", "set", "lo", "up"], check=False)  # the exporter listens on loopback
-    daemon = Daemon([ROOT / "policies" / "default.yaml"], metrics_listen=METRICS) if config.startswith("cp-") else None
+    daemon = Daemon([policy(config)], metrics_listen=METRICS) if config.startswith("cp-") else None
     pick, lock, every = Zipf(NFILES, EXPONENT, rnd), threading.Lock(), []  # type: ignore[var-annotated]
     start = time.monotonic()
     t0 = start + warmup
@@ -174,6 +211,7 @@ def main() -> None:
         dec = daemon.explain()
         res["decisions"] = {k: sum(1 for x in dec if x["kind"] == k) for k in {x["kind"] for x in dec}}
         res["daemon_exit"] = daemon.stop(keep_log="zipfread")
+    res["cached_share_by_rank"] = cached_shares(files)  # after the daemon stopped: nothing promotes meanwhile
     write_result("zipfread", res)
     log(f"{config}: {res['ops_s']:.1f} reads/s, hit ratio {res['hit_ratio']}, p99 {res['read_p99_ms']:.1f} ms")
 
