@@ -30,6 +30,17 @@ sys.path.insert(0, str(ROOT / "tests" / "vm"))  # the guest scripts' shared help
 from guestkit import wait  # noqa: E402,F401  (re-exported to the benchmarks)
 
 
+def shipped_variant(old: str, new: str) -> Path:
+    """A copy of the shipped policies/default.yaml with one setting changed (a benchmark's variant of the default,
+    named by what it changes); exits naming the setting when the shipped file no longer has ``old``."""
+    text = (ROOT / "policies" / "default.yaml").read_text()
+    if old not in text:
+        raise SystemExit(f"policies/default.yaml has no {old!r} to change")
+    out = Path(tempfile.mkdtemp(prefix="cp-policy-")) / "variant.yaml"
+    out.write_text(text.replace(old, new, 1))
+    return out
+
+
 def log(msg: str) -> None:
     print(f"[guest {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 

@@ -21,7 +21,6 @@ import os
 import random
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import deque
@@ -39,6 +38,7 @@ from common import (  # noqa: E402
     origin_written,
     percentile,
     read_whole,
+    shipped_variant,
     wait,
     write_result,
 )
@@ -175,15 +175,9 @@ def arg(name: str, default: float) -> float:
 def policy(config: str) -> Path:
     """The shipped default; for cp-age a copy without its byte bound (max_dirty 1 GiB, more than the cache): the
     age bound alone, as stock max_age has it."""
-    base = ROOT / "policies" / "default.yaml"
     if config != "cp-age":
-        return base
-    text = base.read_text()
-    if "max_dirty: 64MiB" not in text:
-        raise SystemExit("policies/default.yaml: max_dirty 64MiB not found")
-    out = Path(tempfile.mkdtemp(prefix="wc-policy-")) / "age-only.yaml"
-    out.write_text(text.replace("max_dirty: 64MiB", "max_dirty: 1GiB", 1))
-    return out
+        return ROOT / "policies" / "default.yaml"
+    return shipped_variant("max_dirty: 64MiB", "max_dirty: 1GiB")
 
 
 def main() -> None:

@@ -40,6 +40,7 @@ from common import (  # noqa: E402
     percentile,
     read_whole,
     settle_clean,
+    shipped_variant,
     timed_read_ms,
     write_result,
 )
@@ -149,15 +150,9 @@ def promoted_bytes() -> int | None:
 def policy(config: str) -> Path:
     """The shipped default policy; for cp-promote with only_uncached false (admitted files promoted on dm-cache,
     as before smq was left to promote them itself: the comparison that shows what the promotion reads cost)."""
-    shipped = ROOT / "policies" / "default.yaml"
     if config != "cp-promote":
-        return shipped
-    text = shipped.read_text()
-    if "only_uncached: true" not in text:
-        raise SystemExit("policies/default.yaml has no 'only_uncached: true' to turn off")
-    p = Path("/tmp/zipf-promote.yaml")
-    p.write_text(text.replace("only_uncached: true", "only_uncached: false", 1))
-    return p
+        return ROOT / "policies" / "default.yaml"
+    return shipped_variant("only_uncached: true", "only_uncached: false")
 
 
 def main() -> None:
