@@ -144,7 +144,7 @@ class Capabilities:
     # (check_should_bypass in drivers/md/bcache/request.c bypasses readahead only when cache_readahead_policy is
     # not "all", and "all" is the default; lab 6.1: 2 056 of 2 087 readahead bios hit). A promotion there adds only
     # what it bypassed (sequential runs, congestion), which its read bypass counters show. dm-cache's smq
-    # promotes only on repeated hotspot hits: it is not gated.
+    # promotes only on repeated hotspot hits: not this rule, but promotes_own_misses below.
     inserts_read_misses: bool = False
     # Whether the kind's replacement policy promotes hot blocks from the workload's own read misses, so that a
     # promotion read of a file the workload keeps reading only repeats what the policy does anyway, at a cost:
