@@ -474,8 +474,76 @@ def test_wrong_volume_and_busy_volume(bc):
     b, _ = bc
     assert b.apply(Drain("bcache9", S, "x")).status == FAILED
     b.apply(Drain("bcache0", 10 * S, "x"))
-    out = b.apply(SetWritePolicy("bcache0", "writethrough", "x"))
+    out = b.apply(SetWritePolicy("bcache0", "bypass", "x"))  # neither rides on a drain nor folds into one
     assert out.status == FAILED and isinstance(out.error, RetryLater)
+
+
+# ------------------------------------------------------------------ a drain and a switch never collide (issue 31)
+def test_bcache_writethrough_asked_during_a_drain_is_folded_into_it(bc):
+    """W1's sync-heavy outside workload: the exposure rule asked for write-through while a drain ran; the switch
+    was refused ("another operation is in progress") and the drain failed. Now the switch rides on the drain:
+    write-through at once, the drain goes on, and its end leaves write-through (the drain's write-back settings
+    are put back, the mode is not)."""
+    b, d = bc
+    drain = Drain("bcache0", 100 * S, "age bound")
+    b.apply(drain)
+    out = b.apply(SetWritePolicy("bcache0", "writethrough", "exposure bound"))
+    assert out.status == PENDING and "rides on the drain" in out.detail
+    assert "[writethrough]" in (d / "cache_mode").read_text()  # no new dirty data from now on
+    assert set(b.pending()) == {drain, out.action}
+    assert b.step(1 * S) == []
+    (d / "dirty_data").write_text("0\n")
+    (d / "state").write_text("clean\n")
+    done = b.step(2 * S)
+    assert [(o.action.kind, o.status) for o in done] == [("drain", DONE), ("set_write_policy", DONE)]
+    assert "[writethrough]" in (d / "cache_mode").read_text()
+    assert (d / "writeback_percent").read_text().strip() == "10"  # the drain's own settings are put back
+    assert b.pending() == []
+
+
+def test_bcache_writethrough_folded_into_a_drain_in_its_last_stretch_stays(bc):
+    """A drain in its write-through tail saved write-back to put back; a switch folded into it drops that."""
+    b, d = bc
+    b.apply(Drain("bcache0", 100 * S, "age bound"))
+    b.step(1 * S)
+    (d / "dirty_data").write_text("96.0k\n")
+    b.step(2 * S)  # closing: write-through for the tail, write-back saved
+    assert "[writethrough]" in (d / "cache_mode").read_text()
+    assert b.apply(SetWritePolicy("bcache0", "writethrough", "exposure bound")).status == PENDING
+    (d / "dirty_data").write_text("0\n")
+    (d / "state").write_text("clean\n")
+    assert [o.status for o in b.step(3 * S)] == [DONE, DONE]
+    assert "[writethrough]" in (d / "cache_mode").read_text()
+
+
+def test_a_drain_asked_during_a_writethrough_switch_rides_on_it(bc):
+    """The switch drains to clean anyway: the drain asked for meanwhile (the age bound) ends with it."""
+    b, d = bc
+    sw = b.apply(SetWritePolicy("bcache0", "writethrough", "exposure bound"))
+    assert sw.status == PENDING
+    out = b.apply(Drain("bcache0", 50 * S, "age bound"))
+    assert out.status == PENDING and "rides on the set_write_policy" in out.detail
+    (d / "dirty_data").write_text("0\n")
+    (d / "state").write_text("clean\n")
+    assert [(o.action.kind, o.status) for o in b.step(1 * S)] == [("set_write_policy", DONE), ("drain", DONE)]
+
+
+def test_a_riding_drain_keeps_its_own_deadline(bc):
+    b, d = bc
+    b.apply(SetWritePolicy("bcache0", "writethrough", "exposure bound"))
+    b.apply(Drain("bcache0", 5 * S, "age bound"))
+    [late] = b.step(6 * S)
+    assert late.action.kind == "drain" and late.status == FAILED and "deadline" in str(late.error)
+    assert [a.kind for a in b.pending()] == ["set_write_policy"]  # the switch goes on
+
+
+def test_riders_fail_with_the_operation_they_rode_on(bc):
+    b, d = bc
+    b.apply(Drain("bcache0", 5 * S, "age bound"))
+    b.apply(SetWritePolicy("bcache0", "writethrough", "exposure bound"))
+    out = b.step(6 * S)
+    assert [(o.action.kind, o.status) for o in out] == [("drain", FAILED), ("set_write_policy", FAILED)]
+    assert b.pending() == []
 
 
 # ------------------------------------------------------------------ cache identity (ends a failure latch)

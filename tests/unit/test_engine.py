@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -123,19 +125,58 @@ def test_no_duplicate_discards_when_fs_discards_itself() -> None:
     assert not [a for a in e.tick(30 * NS) if isinstance(a, DiscardRanges)]
 
 
+def _writes(e: Engine, t: int, nbytes: int) -> None:
+    """``nbytes`` written below the page cache by a file of the volume (the probe's per-file counts)."""
+    e.feed(HotnessDelta(FileKey(DEV, 7, 1), 0, 64, 0, nbytes, t * NS, size=1 << 30))
+
+
 def test_exposure_bound_and_hysteresis() -> None:
+    """The byte bound forces write-through at once; write-back comes back as soon as write-back at full rate can
+    keep the bound -- dirty data below the resume mark and the writes slower than the write-back rate measured in
+    the stretch -- not after min_switch_interval (300 s here; issue 31: a sync-heavy run sat at write-through's
+    speed for the rest of the run)."""
     e = engine()
     sample(e, 1, "writethrough", dirty=0)
     assert modes(e.tick(1 * NS)) == ["writeback"]
+    _writes(e, 2, 2 << 20)
     sample(e, 2, "writeback", dirty=2 << 20)  # over the 1 MiB bound: forced, despite hysteresis
     acts = e.tick(2 * NS)
     assert modes(acts) == ["writethrough"] and "exposure" in acts[-1].reason
-    for t in range(3, 14):  # drained below the resume mark (and no growth for a while), but within 5 min
-        sample(e, t, "writethrough", dirty=100)
-        assert modes(e.tick(t * NS)) == []
-    assert e.vols[DEV].held_switches >= 1
-    sample(e, 400, "writethrough", dirty=0)
-    assert modes(e.tick(400 * NS)) == ["writeback"]
+    # the stretch drains 2 MiB in 2 s (1 MiB/s) while the writes go on at 2 MiB/s: write-back could not keep up
+    for t, dirty in ((3, 1 << 20), (4, 100), (5, 0), (6, 0)):
+        _writes(e, t, 2 << 20)
+        sample(e, t, "writethrough", dirty=dirty)
+        acts = e.tick(t * NS)
+        assert modes(acts) == [], t
+    # the writes slow to a trickle (a 10 s window): write-back again within seconds, not minutes
+    back = None
+    for t in range(7, 30):
+        _writes(e, t, 16 << 10)
+        sample(e, t, "writethrough", dirty=0)
+        got = modes(e.tick(t * NS))
+        if got:
+            back = t
+            assert got == ["writeback"]
+            break
+    assert back is not None and back < 20, back
+
+
+def test_write_through_stays_while_writes_outrun_write_back() -> None:
+    e = engine()
+    sample(e, 1, "writeback", dirty=0)
+    e.tick(1 * NS)
+    _writes(e, 2, 2 << 20)
+    sample(e, 2, "writeback", dirty=2 << 20)
+    assert modes(e.tick(2 * NS)) == ["writethrough"]
+    for t in range(3, 60):
+        _writes(e, t, 4 << 20)  # 4 MiB/s of writes; the stretch drained 2 MiB in about a second
+        sample(e, t, "writethrough", dirty=0)
+        acts = e.tick(t * NS)
+        assert modes(acts) == [], t
+    c = e.vols[DEV]
+    assert c.bound_wt is not None and e.writes._resume(c, 60 * NS)[0] == "writethrough"
+    why = e.writes._resume(c, 60 * NS)[1]
+    assert re.search(r"writes [34]\.\d\d MiB/s against a measured write-back rate of [12]\.\d\d MiB/s", why), why
 
 
 def test_health_override_sequence() -> None:

@@ -468,3 +468,24 @@ def test_too_little_io_to_tell_changes_no_mode() -> None:
         for t in range(60):
             sample(e, t, start)
             assert not switches(e.tick(t * NS)), start
+
+
+def test_after_a_breach_write_back_resumes_by_hysteresis_not_after_min_switch_interval() -> None:
+    """A breach forces write-through; once its drain reads the cache clean and the writes are slow, write-back
+    comes back within seconds, even with min_switch_interval at 5 min (issue 31)."""
+    e = engine(DESTRUCTIVE.replace("min_switch_interval: 60s", "min_switch_interval: 300s"))
+    cache = FakeCache(e, drains_work=False)
+    _, seen = _run(e, cache, 45)
+    breach = next(t for t, a in seen if isinstance(a, SetWritePolicy) and "exposure breach" in a.reason)
+    assert cache.mode == "writethrough" and e.vols[DEV].bound_wt is not None
+    cache.drains_work = True
+    back = None
+    for t in range(45, 120):
+        cache.step()
+        sample(e, t, cache.mode, dirty=4 * KIB * len(cache.dirty))
+        acts = e.tick(t * NS)
+        cache.apply(acts)
+        if any(isinstance(a, SetWritePolicy) and a.mode == "writeback" for a in acts):
+            back = t
+            break
+    assert back is not None and back - breach < 60, (breach, back)

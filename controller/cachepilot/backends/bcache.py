@@ -129,6 +129,17 @@ class BcacheBackend(OperationBackend):
         op.save(self._attr("writeback_percent"), "0", f"drain: {reason}")
         return False
 
+    def _fold_writethrough(self, op: Operation, reason: str) -> bool:
+        """A write-through switch asked for during a drain: cache_mode writethrough now (no new dirty data), and
+        not put back when the drain ends -- the drain's own write-back settings are. The drain goes on at its
+        full rate; one operation, so the switch never collides with it."""
+        mode = self.mode_setting()
+        op.saved = [(s, before) for s, before in op.saved if s.target != mode.target]
+        op.put(mode, "writethrough", f"{reason} (folded into the drain in flight)")
+        op.phase = "closing"
+        op.data["end_mode"] = "writethrough"
+        return True
+
     def _advance(self, op: Operation, now_ns: int) -> bool:
         if not self.clean():
             if op.phase == "draining" and isinstance(op.action, Drain) and \
@@ -140,6 +151,8 @@ class BcacheBackend(OperationBackend):
         op.phase = "clean"
         if isinstance(op.action, SetWritePolicy):
             return self._finish_switch(op)
+        if op.data.get("end_mode") and not op.dry_run and self.mode_setting().get() != op.data["end_mode"]:
+            raise KernelRejected(f"{self.info.name}: not {op.data['end_mode']} after the drain it was folded into")
         return True
 
     def _finish_switch(self, op: Operation) -> bool:

@@ -16,10 +16,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from cachepilot.actions import Drain, PutBackKnobs, SetKnob, SetKnobs
+from cachepilot.actions import Drain, PutBackKnobs, SetKnob, SetKnobs, SetWritePolicy
 from cachepilot.backends.base import DONE, FAILED, PENDING, SKIPPED, Backend, ControlAction, Outcome, Write
 from cachepilot.backends.host import Host
 from cachepilot.backends.kernelio import ErrorCounts
+from cachepilot.capabilities import WRITEBACK, WRITETHROUGH
 from cachepilot.errors import CachepilotError, KernelRejected, RetryLater
 from cachepilot.models.volume import VolumeInfo
 
@@ -97,6 +98,9 @@ class Operation:
     retry_at_ns: int = 0
     retries: int = 0
     data: dict[str, str] = field(default_factory=dict)
+    # actions that arrived while this one was in flight and end with it (OperationBackend._ride): a drain asked
+    # for during a switch that drains anyway, a write-through switch folded into a drain
+    riders: list[ControlAction] = field(default_factory=list)
 
     def save(self, s: Setting, value: str, reason: str) -> Write:
         """Write ``value`` now, remembering the old value to put back when the operation ends."""
@@ -148,10 +152,9 @@ class OperationBackend(Backend):
         if action.volume not in (self.info.name, self.volume_label):
             return self._failed(action, dry_run, [], KernelRejected(
                 f"{action.kind} for volume {action.volume!r} sent to the backend of {self.info.name}"))
-        if any(op.action.volume == action.volume and not op.dry_run for op in self._ops) and not dry_run and \
-                not set(_knobs_of(action)) <= self.knobs_beside_operations:
-            return self._failed(action, dry_run, [], RetryLater(
-                f"{self.info.name}: another operation is in progress ({self._ops[0].action.line()})"))
+        busy = next((op for op in self._ops if op.action.volume == action.volume and not op.dry_run), None)
+        if busy is not None and not dry_run and not set(_knobs_of(action)) <= self.knobs_beside_operations:
+            return self._ride(busy, action)
         deadline = action.deadline_ns if isinstance(action, Drain) else \
             self.clock() + int(self.default_timeout_s * 1e9)
         if isinstance(action, PutBackKnobs):
@@ -167,9 +170,59 @@ class OperationBackend(Backend):
         self._ops.append(op)
         return Outcome(action, PENDING, False, tuple(op.writes), detail=op.phase)
 
+    def _ride(self, op: Operation, action: ControlAction) -> Outcome:
+        """An action asked for while ``op`` is in flight. A drain and a mode switch never collide: a drain asked
+        for while a switch away from write-back drains anyway (or while another drain runs) ends with it; a
+        write-through switch asked for during a drain is folded into it where the kind can (:meth:`_fold_writethrough`:
+        write-through now, the drain goes on, its end leaves write-through). Anything else waits (RetryLater)."""
+        rides = isinstance(action, Drain) and (
+            isinstance(op.action, Drain)
+            or (isinstance(op.action, SetWritePolicy) and op.action.mode != WRITEBACK))
+        if not rides and isinstance(action, SetWritePolicy) and isinstance(op.action, Drain) \
+                and action.mode == WRITETHROUGH and not any(isinstance(r, SetWritePolicy) for r in op.riders):
+            try:
+                rides = self._fold_writethrough(op, action.reason)
+            except CachepilotError as exc:
+                return self._failed(action, False, [], exc)
+        if not rides:
+            return self._failed(action, False, [], RetryLater(
+                f"{self.info.name}: another operation is in progress ({op.action.line()})"))
+        op.riders.append(action)
+        detail = f"rides on the {op.action.kind} in flight ({op.phase}): ends when it ends"
+        log.info("%s: %s %s", self.info.name, action.line(), detail)
+        return Outcome(action, PENDING, False, (), detail=detail)
+
+    def _fold_writethrough(self, op: Operation, reason: str) -> bool:
+        """Fold a write-through switch into the drain ``op`` in flight: write-through now, and the drain's end must
+        leave it so. False: the kind cannot (the switch waits for the drain)."""
+        return False
+
+    def _riders_ended(self, op: Operation, done: Outcome) -> list[Outcome]:
+        """The outcomes of the actions that rode on ``op``, which ended with ``done``."""
+        out = []
+        for r in op.riders:
+            how = f"ended with the {op.action.kind} it rode on: {done.detail}"
+            if done.status == DONE:
+                out.append(Outcome(r, DONE, False, (), detail=how))
+            else:
+                out.append(self._failed(r, False, [], done.error or RetryLater(how), how))
+        op.riders.clear()
+        return out
+
+    def _late_riders(self, op: Operation, now_ns: int) -> list[Outcome]:
+        """A drain that rides on an operation still has its own deadline: past it, it fails (a breach) while the
+        operation goes on."""
+        late = [r for r in op.riders if isinstance(r, Drain) and now_ns > r.deadline_ns]
+        for r in late:
+            op.riders.remove(r)
+        return [self._failed(r, False, [], RetryLater(
+            f"{self.info.name}: drain missed its deadline riding on the {op.action.kind} in flight ({op.phase})"))
+            for r in late]
+
     def step(self, now_ns: int) -> list[Outcome]:
         out: list[Outcome] = []
         for op in list(self._ops):
+            out += self._late_riders(op, now_ns)
             if now_ns < op.retry_at_ns:
                 continue
             try:
@@ -182,22 +235,25 @@ class OperationBackend(Backend):
                 finished = False
             except CachepilotError as exc:
                 self._ops.remove(op)
-                out.append(self._abandon(op, exc))
+                out += self._ended(op, self._abandon(op, exc))
                 continue
             if finished:
                 self._ops.remove(op)
-                out.append(self._finish(op))
+                out += self._ended(op, self._finish(op))
             elif now_ns > op.deadline_ns:
                 self._ops.remove(op)
-                out.append(self._abandon(op, RetryLater(
+                out += self._ended(op, self._abandon(op, RetryLater(
                     f"{self.info.name}: {op.action.kind} missed its deadline in phase {op.phase}")))
         return out
 
+    def _ended(self, op: Operation, done: Outcome) -> list[Outcome]:
+        return [done, *self._riders_ended(op, done)]
+
     def pending(self) -> list[ControlAction]:
-        return [op.action for op in self._ops]
+        return [a for op in self._ops for a in (op.action, *op.riders)]
 
     def restore(self) -> list[Outcome]:
-        out = [self._abandon(op, None) for op in self._ops]
+        out = [o for op in self._ops for o in self._ended(op, self._abandon(op, None))]
         self._ops.clear()
         out += self._put_back_steered(sorted(self._on_exit), "put back on exit")
         return out

@@ -11,6 +11,7 @@ READ_MOSTLY_WRITE_SHARE = 0.1  # a volume is read-mostly below this share of wri
 READ_MOSTLY_BARRIERS = 1.0  # ... and this many journal commits/flush epochs per second
 LEAVE_FACTOR = 2.0  # hysteresis: it stops being read-mostly only at twice both marks
 RECENT_IO_NS = 120 * NS  # the window of the recent write share
+WRITE_RATE_NS = 10 * NS  # the window of the write rate that decides whether write-back can keep the bound
 MIN_RECENT_IO = 16 << 20  # bytes a window must see before it says anything about the volume
 
 
@@ -53,6 +54,33 @@ class Exposure:
         c.recent_io.note(now, counts, RECENT_IO_NS)
         rb, wb = c.recent_io.growth()
         return rb, wb
+
+    def write_rate(self, c: VolumeCtl, now: int) -> float:
+        """Bytes/s the volume's files wrote below the page cache over about the last WRITE_RATE_NS (the probe's
+        counts; once a tick): what lands in the cache as new dirty data in write-back."""
+        c.write_io.note(now, (self.hotness.dev_bytes.get(c.info.dev, (0, 0))[1],), WRITE_RATE_NS)
+        if len(c.write_io.marks) < 2:
+            return 0.0
+        span = c.write_io.marks[-1][0] - c.write_io.marks[0][0]
+        return c.write_io.growth()[0] * NS / span if span > 0 else 0.0
+
+    @staticmethod
+    def writeback_rate(c: VolumeCtl, now: int) -> float:
+        """Bytes/s the volume writes back at full rate, as measured: the last drains (their bytes over their
+        durations) or, in a write-through stretch the bound forced, how fast dirty data fell since it began (a
+        switch to write-through drains at full rate); the larger. 0: not measured yet."""
+        done = c.drains_done
+        drains = sum(b for b, _ in done) * NS / max(1, sum(t for _, t in done)) if done else 0.0
+        fell = 0.0
+        b = c.bound_wt
+        if b is not None:
+            st = c.state
+            if b.clean_ns is None and st.dirty_bytes == 0 and st.last_ts >= b.since_ns:
+                b.clean_ns = st.last_ts
+            until = b.clean_ns if b.clean_ns is not None else now
+            gone = b.dirty_bytes if b.clean_ns is not None else max(0, b.dirty_bytes - st.dirty_bytes)
+            fell = gone * NS / max(tick_ns(c, now), until - b.since_ns)
+        return max(drains, fell)
 
     def projected_dirty(self, c: VolumeCtl, now: int) -> tuple[int, float]:
         """Dirty bytes the next sample may show: the last one plus the peak growth rate over the time from that

@@ -49,6 +49,15 @@ class DrainInFlight:
     dirty_bytes: int = 0  # dirty when it started: with its duration, the volume's write-back rate
 
 
+@dataclass(slots=True)
+class BoundStretch:
+    """A write-through stretch the exposure bound forced: how fast it drained is the volume's write-back rate."""
+
+    since_ns: int
+    dirty_bytes: int  # dirty when it began
+    clean_ns: int | None = None  # the first sample in it that read clean
+
+
 @dataclass
 class VolumeCtl:
     info: VolumeInfo
@@ -104,6 +113,11 @@ class VolumeCtl:
     pins: PinSet = field(default_factory=PinSet)  # pinned files (models/pins.py)
     # the volume's read and write bytes so far, over the recent write share's window (Exposure.recent_io)
     recent_io: CounterWindow = field(default_factory=CounterWindow)
+    # the volume's write bytes so far over a short window: the write rate write-back must outpace (Exposure.write_rate)
+    write_io: CounterWindow = field(default_factory=CounterWindow)
+    # write-through because the exposure bound forced it; write-back again once write-back at full rate can keep
+    # the bound (WritePolicy._resume), not after a timer
+    bound_wt: BoundStretch | None = None
 
     @property
     def promotes(self) -> bool:

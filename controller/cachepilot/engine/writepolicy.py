@@ -15,8 +15,13 @@ from cachepilot.engine.exposure import (
     Exposure,
     read_mostly,
 )
-from cachepilot.engine.volumectl import NS, REQUEST_RETRY_NS, VolumeCtl, normalise_mode
+from cachepilot.engine.volumectl import NS, REQUEST_RETRY_NS, BoundStretch, VolumeCtl, normalise_mode
 from cachepilot.models.volume import BYPASS, WRITEBACK, WRITETHROUGH
+
+MIB = 1 << 20
+BOUND_REASON = "exposure bound"
+BREACH_REASON = "exposure breach"
+RESUME_RATE_SHARE = 0.8  # write-back again once the volume writes at most this share of its write-back rate
 
 
 class WritePolicy:
@@ -43,12 +48,14 @@ class WritePolicy:
             return WRITEBACK, f"{why}: write-back is safe", False
         ex = c.policy.exposure
         if c.breach is not None:
-            return WRITETHROUGH, f"exposure breach: {c.breach}", True
+            return WRITETHROUGH, f"{BREACH_REASON}: {c.breach}", True
+        if c.bound_wt is not None and cur != WRITEBACK:
+            return self._resume(c, now)
         projected, rate = self.exposure.projected_dirty(c, now)
         if projected > ex.max_dirty:
             if cur == WRITEBACK:
                 return WRITETHROUGH, (
-                    f"exposure bound: {st.dirty_bytes} dirty bytes growing {rate:.0f} B/s may reach {projected}"
+                    f"{BOUND_REASON}: {st.dirty_bytes} dirty bytes growing {rate:.0f} B/s may reach {projected}"
                     f" by the next sample (bound {ex.max_dirty} bytes)"), True
             return WRITETHROUGH, "holding write-through: write-back could cross the byte bound", False
         trickle = self._trickle(c, now, cur, io)
@@ -59,6 +66,25 @@ class WritePolicy:
         if trickle is not None and cur != WRITEBACK:
             why = f"{why}: {trickle[1]}"
         return WRITEBACK, f"{why}: within exposure bound", False
+
+    def _resume(self, c: VolumeCtl, now: int) -> tuple[str, str, bool]:
+        """A write-through stretch the byte bound forced ends as soon as write-back can keep the bound again --
+        hysteresis on dirty data and on rate, not a timer of minutes (issue 31: with a 5 min hold a sync-heavy
+        run spent most of its time at write-through's speed): dirty data down to the resume mark, and the volume's
+        writes no faster than RESUME_RATE_SHARE of the write-back rate measured at full rate (its drains, or how
+        fast this stretch drained), so write-back outruns them; unmeasured, no faster than fills max_dirty in
+        max_age. Not held by min_switch_interval: both marks are the hysteresis."""
+        st, ex = c.state, c.policy.exposure
+        mark = int(c.policy.hysteresis.resume_below * ex.max_dirty)
+        w, r = self.exposure.write_rate(c, now), self.exposure.writeback_rate(c, now)
+        cap = RESUME_RATE_SHARE * r if r > 0 else ex.max_dirty / max(ex.max_age_s, 1e-9)
+        against = f"a measured write-back rate of {r / MIB:.2f} MiB/s" if r > 0 else "no measured write-back rate"
+        seen = f"{st.dirty_bytes} dirty bytes (resume mark {mark}), writes {w / MIB:.2f} MiB/s against {against}"
+        if st.dirty_bytes > mark or w > cap:
+            limit = f"{RESUME_RATE_SHARE:.0%} of it" if r > 0 else f"max_dirty per max_age, {cap / MIB:.2f} MiB/s"
+            why = f"holding write-through the bound forced: {seen}; write-back again below {limit}"
+            return WRITETHROUGH, why, False
+        return WRITEBACK, f"write-back can keep the bound again: {seen}", True
 
     @staticmethod
     def _trickle(c: VolumeCtl, now: int, cur: str, io: tuple[int, int]) -> tuple[bool, str] | None:
@@ -93,6 +119,9 @@ class WritePolicy:
         if st.samples == 0:
             return  # never act on a volume whose state we have not read
         cur = normalise_mode(st.mode)
+        self.exposure.write_rate(c, now)  # a mark every tick, so the window is there when a stretch needs it
+        if cur == WRITEBACK:
+            c.bound_wt = None
         target, reason, forced = self._target_mode(c, now, self.exposure.recent_io(c, now))
         if target == WRITEBACK and (c.drain is not None or drain_putting_back(c, now)):
             return  # a drain puts back the mode it found (bcache closes a drain in write-through)
@@ -112,3 +141,5 @@ class WritePolicy:
         out.append(SetWritePolicy(c.info.name, target, reason))
         c.requested_mode = (target, now)
         c.last_switch_ns = now
+        if target == WRITETHROUGH and cur == WRITEBACK and reason.startswith((BOUND_REASON, BREACH_REASON)):
+            c.bound_wt = BoundStretch(now, st.dirty_bytes)
