@@ -14,6 +14,10 @@ from labbench import LabSpec
 
 ORIGIN_MB, CACHE_MB = 2048, 256
 READ_MS, WRITE_MS, FLUSH_MS, IOPS = 8, 4, 1, 150
+# Issue 31: the disk also pays transfer time. A 7200 rpm disk streams ~150 MB/s; at that rate the ~6.7 ms of one
+# random operation (1 s / 150) moves ~1 MiB, so a request counts as one operation per MiB it carries
+# (throttling.iops-size) besides the byte budget: a merged 4 MiB drain burst costs four seeks' worth, not one.
+BPS, IOPS_SIZE = 150_000_000, 1 << 20
 
 
 @dataclass(frozen=True)
@@ -31,12 +35,13 @@ QUICK = Timing(warmup=10, window=30)  # development only: one round, a short win
 def spec(recipe: str, mode: str = "writeback", timeout: int = 900) -> LabSpec:
     return LabSpec(recipe=recipe, mode=mode, origin_delay_ms=READ_MS, origin_size_mb=ORIGIN_MB,
                    cache_size_mb=CACHE_MB, timeout=timeout, read_delay_ms=READ_MS, write_delay_ms=WRITE_MS,
-                   flush_delay_ms=FLUSH_MS, origin_iops=IOPS)
+                   flush_delay_ms=FLUSH_MS, origin_iops=IOPS, origin_bps=BPS, origin_iops_size=IOPS_SIZE)
 
 
 def geometry() -> str:
     return (f"origin {ORIGIN_MB} MiB (sparse) behind dm-delay read {READ_MS} ms, write {WRITE_MS} ms, flush "
-            f"{FLUSH_MS} ms and qemu's throttle at {IOPS} IOPS; cache {CACHE_MB} MiB")
+            f"{FLUSH_MS} ms and qemu's throttle at {IOPS} IOPS and {BPS / 1e6:g} MB/s, a request counting once per"
+            f" {IOPS_SIZE >> 20} MiB; cache {CACHE_MB} MiB")
 
 
 def pair_deltas(a: Sequence[dict], b: Sequence[dict], key: str) -> list[float]:

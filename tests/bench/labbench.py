@@ -38,14 +38,17 @@ class LabSpec:
     write_delay_ms: int | None = None
     flush_delay_ms: int | None = None
     origin_iops: int = 0
+    origin_bps: int = 0  # qemu's byte budget for the origin (0: none)
+    origin_iops_size: int = 0  # a request of N bytes counts as N / this many operations against origin_iops
     env: tuple[str, ...] = ()  # extra NAME=VALUE for the guest's command
 
     def argv(self, out: Path, cmd: Sequence[str]) -> list[str]:
         split = [arg for cls, v in (("read", self.read_delay_ms), ("write", self.write_delay_ms),
                                     ("flush", self.flush_delay_ms)) if v is not None
                  for arg in (f"--origin-{cls}-delay-ms", str(v))]
-        if self.origin_iops:
-            split += ["--origin-iops", str(self.origin_iops)]
+        for flag, v in (("--origin-iops", self.origin_iops), ("--origin-bps", self.origin_bps),
+                        ("--origin-iops-size", self.origin_iops_size)):
+            split += [flag, str(v)] if v else []
         return [str(LAB.relative_to(ROOT)), "run", "--recipe", self.recipe, "--mode", self.mode,
                 "--origin-delay-ms", str(self.origin_delay_ms), *split, "--origin-size-mb", str(self.origin_size_mb),
                 "--cache-size-mb", str(self.cache_size_mb), "--timeout", str(self.timeout), "--out", str(out),
@@ -245,7 +248,10 @@ def origin_text(spec: LabSpec) -> str:
     else:
         r, w, f = (d if v is None else v for v in (spec.read_delay_ms, spec.write_delay_ms, spec.flush_delay_ms))
         text = f"dm-delay read {r} / write {w} / flush {f} ms"
-    return text + (f", {spec.origin_iops} IOPS (qemu throttling)" if spec.origin_iops else "")
+    budget = [f"{spec.origin_iops} IOPS"] if spec.origin_iops else []
+    budget += [f"{spec.origin_bps / 1e6:g} MB/s"] if spec.origin_bps else []
+    budget += [f"a request counts once per {spec.origin_iops_size >> 10} KiB"] if spec.origin_iops_size else []
+    return text + (f", {', '.join(budget)} (qemu throttling)" if budget else "")
 
 
 def load_text() -> str:

@@ -104,3 +104,95 @@ def test_origin_text() -> None:
     spec = lb.LabSpec(origin_delay_ms=8, read_delay_ms=8, write_delay_ms=4, flush_delay_ms=1, origin_iops=150)
     assert lb.origin_text(spec) == "dm-delay read 8 / write 4 / flush 1 ms, 150 IOPS (qemu throttling)"
     assert lb.origin_text(lb.LabSpec()) == "dm-delay 5 ms"
+
+
+def test_the_origin_charges_per_byte_too() -> None:
+    """Issue 31: an IOPS budget alone charges a merged 1 MiB drain burst like one 4 KiB write; the lab's flags carry
+    qemu's byte budget and iops-size as well, and the text says so."""
+    spec = lb.LabSpec(origin_iops=150, origin_bps=150_000_000, origin_iops_size=1 << 20)
+    argv = spec.argv(Path("/tmp/x"), ["g.py"])
+    assert argv[argv.index("--origin-bps") + 1] == "150000000"
+    assert argv[argv.index("--origin-iops-size") + 1] == str(1 << 20)
+    assert lb.origin_text(spec) == (
+        "dm-delay 5 ms, 150 IOPS, 150 MB/s, a request counts once per 1024 KiB (qemu throttling)")
+    import argparse
+    import importlib
+    import importlib.machinery
+
+    loader = importlib.machinery.SourceFileLoader("labrunner", str(lb.LAB))
+    mod = importlib.util.module_from_spec(importlib.util.spec_from_loader("labrunner", loader))
+    loader.exec_module(mod)
+    ns = argparse.Namespace(origin_iops=150, origin_bps=150_000_000, origin_iops_size=1 << 20)
+    assert mod.origin_throttle(ns) == (
+        ",throttling.iops-total=150,throttling.bps-total=150000000,throttling.iops-size=1048576")
+    sys.path.insert(0, str(BENCH))
+    hl = importlib.import_module("headline")
+    s = hl.spec("bcache")
+    assert (s.origin_iops, s.origin_bps, s.origin_iops_size) == (150, 150_000_000, 1 << 20)
+
+
+def test_wall_clock_mix_matches_the_quoted_figures_and_is_drawn_in_seconds() -> None:
+    """Issue 31: lifetimes drawn at birth in seconds; the default mix gives the quoted 20% under 30 s and 50% within
+    5 minutes, whatever the loop's speed (nothing in it depends on how fast files are made)."""
+    mix = lt.WallClockMix()
+    assert abs(mix.share_within(30.0) - 0.2) < 1e-9 and abs(mix.share_within(300.0) - 0.5) < 1e-9
+    rnd = random.Random(7)  # noqa: S311 - a reproducible draw, not a secret
+    draws = [mix.draw(rnd) for _ in range(20000)]
+    assert abs(sum(1 for d in draws if d < 30) / len(draws) - 0.2) < 0.02
+    assert abs(sum(1 for d in draws if d < 300) / len(draws) - 0.5) < 0.02
+    assert min(draws) >= 2.0 and max(draws) <= 3600.0
+    with pytest.raises(ValueError):
+        lt.WallClockMix(classes=((0.5, 2.0, 30.0),))
+    with pytest.raises(ValueError):
+        lt.WallClockMix(overwrite_share=1.5)
+
+
+sg = _load("bench_stockgrid", BENCH / "stockgrid.py")
+
+
+def test_the_stock_grid_is_the_issues_grid_and_best_is_judged_by_the_bound() -> None:
+    """Issue 31 item 1: writeback_percent {0, 10, 40} x writeback_delay {5, 10, 30} x -o discard {off, on}; the
+    best point within the bound is the fastest whose every run kept the witness within 64 MiB / 30 s."""
+    g = sg.grid()
+    assert len(g) == 18 and len(set(g)) == 18 and "stock:wp=0,wd=10,discard=1" in g
+    rows = {
+        "stock:wp=0,wd=10,discard=1": [{"ops_s": 90, "exposure_max_dirty_mib": 40, "exposure_oldest_dirty_s": 20},
+                                       {"ops_s": 100, "exposure_max_dirty_mib": 50, "exposure_oldest_dirty_s": 25}],
+        "stock:wp=40,wd=30,discard=1": [{"ops_s": 150, "exposure_max_dirty_mib": 90, "exposure_oldest_dirty_s": 80}],
+        "stock:wp=10,wd=5,discard=0": [{"ops_s": 120, "exposure_max_dirty_mib": 30, "exposure_oldest_dirty_s": 10},
+                                       {"ops_s": 130, "exposure_max_dirty_mib": 70, "exposure_oldest_dirty_s": 10}],
+        "stock:wp=0,wd=5,discard=0": [{"error": "rc=1"}],
+    }
+    found = sg.best(rows)
+    assert found["best_overall"] == "stock:wp=40,wd=30,discard=1"
+    assert found["best_bounded"] == "stock:wp=0,wd=10,discard=1" and found["best_bounded_ops_s"] == 95
+
+
+def test_the_grid_result_is_required_and_checked(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="no stock grid result"):
+        sg.load(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"best_bounded": "wb", "best_overall": "stock:wp=0,wd=5,discard=0"}')
+    with pytest.raises(SystemExit, match="best_bounded missing or not a stock configuration"):
+        sg.load(bad)
+
+
+def test_w1_rounds_draw_their_seeds_and_shuffle_their_order() -> None:
+    """Issue 31 item 5: seeds drawn per run (not the development seeds 1, 2, 3), the order shuffled per round, the
+    CPU-tax control last; a guest's stock configuration names parse to the knobs it sets."""
+    sys.path.insert(0, str(BENCH))
+    w1 = _load("bench_w1", BENCH / "bench_lab_headline_fileserver.py")
+    seeds = w1.draw_seeds(5)
+    assert len(set(seeds)) == 5 and not set(seeds) <= {1, 2, 3, 4, 5}
+    configs = ["cp-destructive", "wt", "wb", "best-bounded", "best-overall", "cpu-tax"]
+    orders = {tuple(w1.round_order(configs, s)) for s in range(40)}
+    assert len(orders) > 10 and all(o[-1] == "cpu-tax" and sorted(o) == sorted(configs) for o in orders)
+
+
+def test_guest_stock_configuration_names() -> None:
+    sys.path.insert(0, str(BENCH / "guest"))
+    knobs = _load("bench_guest_w1", BENCH / "guest" / "headline_fileserver.py").stock_knobs
+    assert knobs("stock:wp=0,wd=10,discard=1") == {"wp": 0, "wd": 10, "discard": 1}
+    assert knobs("tuned") == {"wp": 40, "discard": 1} and knobs("wb") == {}
+    with pytest.raises(SystemExit, match="bad stock configuration"):
+        knobs("stock:wp=0;rm")

@@ -407,6 +407,10 @@ class DirtyAge:
         self.max_bytes = 0
         self.max_age_s = 0.0
 
+    def restart(self) -> None:
+        """A new phase: maxima from now on (the time since clean goes on: data dirty before it is no younger)."""
+        self.max_bytes, self.max_age_s = 0, time.monotonic() - self.t_clean
+
     def see(self, dirty: int) -> None:
         now = time.monotonic()
         if dirty == 0:
