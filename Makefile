@@ -18,20 +18,20 @@ BASE_PY   ?= $(shell command -v python3.11 || command -v python3)
 # Debian packages the project needs on the host (and, through the shared root, in the lab guest).
 APT_PACKAGES := clang llvm libbpf-dev libbpf1 bpftool make gcc \
 	qemu-system-x86 qemu-utils busybox-static cpio zstd xz-utils kmod \
-	bcache-tools dmsetup lvm2 thin-provisioning-tools e2fsprogs xfsprogs util-linux fio \
+	bcache-tools dmsetup lvm2 thin-provisioning-tools e2fsprogs xfsprogs util-linux fio dbench \
 	prometheus prometheus-node-exporter ansible ansible-lint yamllint systemd procps file openssh-server \
 	python3-yaml python3-jsonschema python3-prometheus-client python3-numpy python3-zstandard python3-rich \
 	python3-bpfcc
 
 .PHONY: help deps deps-system deps-python deps-lab bpf lint test test-unit test-bpf test-vm test-ops \
-	demo bench bench-all soak lab-shell package clean distclean
+	demo bench bench-all bench-grid soak lab-shell package clean distclean
 
 help:
 	@echo "make deps       install system packages, the virtualenv, the lab kernel and initramfs"
 	@echo "make demo       boot the lab and show cachepilot on a real cached volume"
 	@echo "make test       lint + every test level (unit, bpf, vm, ops)"
 	@echo "make bench      benchmarks (not part of make test)"
-	@echo "make bench-all  make bench, then the W2-W4 headline benchmarks (~100 min)"
+	@echo "make bench-all  the stock grid search, make bench, the other outside workloads, W2-W4"
 	@echo "make soak       the daemon for SOAK_MINUTES (30) in the lab under load and disruptions (not in bench)"
 	@echo "make lab-shell  an interactive shell in the lab guest"
 	@echo "make package    dist/: a wheel with the BPF object inside, and cachepilot_<version>_amd64.deb"
@@ -88,12 +88,13 @@ test-ops: deps-python
 demo: deps-python bpf
 	tests/vm/demo.sh
 
-# make bench = the host micro-benchmarks (a few minutes; bench_probe.py, ~3 min, runs on its own) and the headline
-# set, every tests/bench/bench_lab_headline_*.py (issue 23: W1 fileserver, W2-W4), then summary.py. The lab runs two
-# guests at a time on a 2-core machine (BENCH_JOBS=1: one at a time). BENCH_QUICK=1: the development variant (one
-# round, 10 s warm-up, 40 s windows): it checks that the set runs and proves nothing. The other lab benchmarks
-# (scan, warm restart, the earlier fileserver shapes) run by hand: tests/bench/bench_lab_*.py.
-# make bench-all = make bench, then W2-W4 (varmail, Zipf readers on dm-cache, dm-writecache): ~100 min here.
+# make bench = the host micro-benchmarks (a few minutes; bench_probe.py, ~3 min, runs on its own), the headline W1
+# (issue 31: 5 rounds of cachepilot, write-through, write-back and the best stock configurations the grid found in
+# tests/bench/results/stock_grid_bcache.json) and one outside workload (Debian's dbench, fsync after every write),
+# then summary.py. The lab runs two guests at a time on a 2-core machine (BENCH_JOBS=1: one at a time).
+# BENCH_QUICK=1: the development variant (one round, short windows): it checks that the set runs and proves nothing.
+# make bench-all = the stock grid search first (it rewrites the grid's result), make bench, then the other outside
+# workloads and W2-W4 (varmail, Zipf readers on dm-cache, dm-writecache).
 BENCH_QUICK ?=
 BENCH_HOST     := $(filter-out tests/bench/bench_lab% tests/bench/bench_probe.py,$(wildcard tests/bench/bench_*.py))
 BENCH_HEADLINE := $(sort $(wildcard tests/bench/bench_lab_headline_*.py))
@@ -101,10 +102,16 @@ BENCH_REST     := tests/bench/bench_lab_varmail.py tests/bench/bench_lab_zipf.py
 bench: deps-python bpf
 	@set -e; for b in $(BENCH_HOST); do echo "== $$b"; $(PY) $$b; done; \
 	for b in $(BENCH_HEADLINE); do echo "== $$b"; $(PY) $$b $(if $(BENCH_QUICK),--quick); done; \
+	echo "== tests/bench/bench_lab_outside.py"; $(PY) tests/bench/bench_lab_outside.py --tools dbench-fsync \
+		$(if $(BENCH_QUICK),--quick); \
 	$(PY) tests/bench/summary.py
 
-bench-all: bench
-	@set -e; for b in $(BENCH_REST); do echo "== $$b"; $(PY) $$b $(if $(BENCH_QUICK),--quick); done; \
+bench-grid: deps-python bpf
+	$(PY) tests/bench/bench_lab_stock_grid.py --write $(if $(BENCH_QUICK),--quick)
+
+bench-all: bench-grid bench
+	@set -e; $(PY) tests/bench/bench_lab_outside.py --tools dbench,fio-fileset,fio-db $(if $(BENCH_QUICK),--quick); \
+	for b in $(BENCH_REST); do echo "== $$b"; $(PY) $$b $(if $(BENCH_QUICK),--quick); done; \
 	$(PY) tests/bench/summary.py
 
 # The soak takes the lab for SOAK_MINUTES plus ~10 min of set-up: one guest, under the lab lock.
