@@ -128,8 +128,11 @@ if not wait(lambda: sock.exists() and "ready" in (tmp / "daemon.log").read_text(
     sys.exit(1)
 say("daemon ready (eBPF probe attached, volume adopted)")
 pinned = wait(lambda: (sysfs / "writeback_percent").read_text().strip() == "40"
-              and parse_bcache_size((sysfs / "sequential_cutoff").read_text()) == 0, 90)
-say(f"demo policy's knobs pinned and read back: writeback_percent=40 sequential_cutoff=0 ({'yes' if pinned else 'NO'})")
+              and parse_bcache_size((sysfs / "sequential_cutoff").read_text()) == 0
+              and all((sysfs / "cache" / f"congested_{rw}_threshold_us").read_text().strip() == "0"
+                      for rw in ("read", "write")), 90)
+say(f"demo policy's knobs pinned and read back: writeback_percent=40 sequential_cutoff=0, congestion bypass off"
+    f" ({'yes' if pinned else 'NO'})")
 value("knobs_pinned", "yes" if pinned else "no")
 
 s0, w0, m0 = stats(), origin_sectors(), mode()
