@@ -15,6 +15,7 @@ and its mode switches. Result: $LAB_OUT/outside.json."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -69,12 +70,25 @@ def fio(job: str, warmup: float, window: float, where: Path, seed: int) -> dict:
     return {"throughput_mb_s": bw / 1e6, "iops": iops, "clat_p99_ms": p99 / 1e6, "fsync_p99_ms": sync / 1e6}
 
 
-def run_tool(tool: str, warmup: float, window: float, seed: int) -> dict:
+FIO_JOBS = {"fio-fileset": "fileset.fio", "fio-db": "dbrandwrite.fio"}
+
+
+def prepare(tool: str) -> Path:
+    """The tool's directory; fio's files laid out before anything is measured (the database job's 2 x 256 MiB
+    tables would otherwise be most of a short window's origin writes), then synced."""
     where = MNT / "outside"
     where.mkdir()
+    if tool in FIO_JOBS:
+        subprocess.run(["fio", str(FIO / FIO_JOBS[tool]), f"--directory={where}", "--create_only=1",
+                        "--output-format=terse"], capture_output=True, check=True, timeout=1800)
+        os.sync()
+    return where
+
+
+def run_tool(tool: str, where: Path, warmup: float, window: float, seed: int) -> dict:
     if tool.startswith("dbench"):
         return dbench(tool == "dbench-fsync", warmup, window, where)
-    return fio({"fio-fileset": "fileset.fio", "fio-db": "dbrandwrite.fio"}[tool], warmup, window, where, seed)
+    return fio(FIO_JOBS[tool], warmup, window, where, seed)
 
 
 def main() -> None:
@@ -85,6 +99,7 @@ def main() -> None:
         raise SystemExit(f"unknown configuration {config!r}")
     seed = int(sys.argv[sys.argv.index("--seed") + 1]) if "--seed" in sys.argv else 1
     set_cache_mode("writethrough")
+    where = prepare(tool)  # written through, before the configuration: every row starts from the same clean files
     daemon, _ = configure(config, 0.0)
     drop_caches()
     age = DirtyAge()
@@ -101,7 +116,7 @@ def main() -> None:
     t0, w0, busy0 = time.monotonic(), origin_written(), origin_io_ticks_ms()
     cpu0 = daemon.cpu_s() if daemon else 0.0
     res = {"tool": tool, "config": config, "seed": seed, "warmup_s": warmup, "window_s": window,
-           **run_tool(tool, warmup, window, seed)}
+           **run_tool(tool, where, warmup, window, seed)}
     secs = time.monotonic() - t0
     res.update({"run_s": secs, "origin_busy_pct": 100 * (origin_io_ticks_ms() - busy0) / 1e3 / secs,
                 "origin_written_mib": (origin_written() - w0) / MIB, "dirty_end_mib": dirty_bytes() / MIB,
