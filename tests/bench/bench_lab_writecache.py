@@ -30,8 +30,9 @@ from labbench import (  # noqa: E402
     values,
 )
 
-CONFIGS = {"max-age": "stock dm-writecache, max_age 30 s", "cp-default": "stock dm-writecache + cachepilot, "
-           "shipped default (30 s, 64 MiB)"}
+CONFIGS = {"max-age": "stock dm-writecache, max_age 30 s",
+           "max-age-best": "stock dm-writecache, max_age 30 s, pause_writeback 0, ext4 -o discard",
+           "cp-default": "stock dm-writecache + cachepilot, shipped default (30 s, 64 MiB)"}
 
 
 def summary(rows: dict[str, list[dict]], reps: int) -> list[list[str]]:
@@ -50,7 +51,11 @@ def goals(rows: dict[str, list[dict]]) -> str:
     ops = pair_ratios(cp, ma, "ops_s")
     org = pair_ratios(cp, ma, "origin_written_mib")
     per = pair_ratios(cp, ma, "origin_mib_per_kop")
-    return (f"Goals, pair by pair within a round, against max_age: ops/s {cell(ops, '{:.2f}')}× (≥ 1.0×) — "
+    best = pair_ratios(cp, rows.get("max-age-best", []), "ops_s")
+    return (f"Goals, pair by pair within a round: against the best stock table arguments at the same age bound"
+            f" (issue 31) ops/s {cell(best, '{:.2f}')}× (≥ 1.0×) —"
+            f" {headline.verdict(best, bool(best) and med(best) >= 1.0)};"
+            f" against max_age alone: ops/s {cell(ops, '{:.2f}')}× (≥ 1.0×) — "
             f"{headline.verdict(ops, bool(ops) and med(ops) >= 1.0)}; origin bytes in the window "
             f"{cell(org, '{:.2f}')}× (≤ 0.8×) — {headline.verdict(org, bool(org) and med(org) <= 0.8)}; per op "
             f"{cell(per, '{:.2f}')}×.")
