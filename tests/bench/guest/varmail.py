@@ -152,6 +152,12 @@ def main() -> None:
         p.write_bytes(rnd.randbytes(rnd.randrange(4, 29) * 1024))
         fs.add(p)
     os.sync()
+    if RECIPE == "bcache":
+        # issue 31: no congestion bypass, in every configuration, as in W1 (the TCG-emulated cache device answers
+        # over bcache's 2 ms / 20 ms thresholds; a real SSD does not)
+        cset = Path(os.environ["LAB_BCACHE_CSET"])
+        for knob in ("congested_read_threshold_us", "congested_write_threshold_us"):
+            (cset / knob).write_text("0")
     settle_clean()
     if config != "writethrough":
         set_cache_mode("writeback")
