@@ -675,3 +675,13 @@ def test_bcache_steering_sequential_cutoff_does_not_wait_for_a_drain(bc):
     refused = b.apply(SetKnob("bcache0", "writeback_percent", "20", "lifetime hold"))  # the drain's own knob waits
     assert refused.status == FAILED and isinstance(refused.error, RetryLater)
     assert (d / "writeback_percent").read_text().strip() == "0" and b.pending()
+
+
+def test_riders_are_abandoned_with_their_operation_at_restore_without_an_error(bc):
+    b, d = bc
+    b.apply(Drain("bcache0", 50 * S, "age bound"))
+    b.apply(SetWritePolicy("bcache0", "writethrough", "exposure bound"))
+    out = b.restore()
+    assert [(o.action.kind, o.status, o.error) for o in out] == [("drain", FAILED, None),
+                                                                 ("set_write_policy", FAILED, None)]
+    assert b.errors["retry"] == 0 and b.pending() == []

@@ -204,8 +204,8 @@ class OperationBackend(Backend):
             how = f"ended with the {op.action.kind} it rode on: {done.detail}"
             if done.status == DONE:
                 out.append(Outcome(r, DONE, False, (), detail=how))
-            else:
-                out.append(self._failed(r, False, [], done.error or RetryLater(how), how))
+            else:  # abandoned by restore (no error): not an error of the rider's either
+                out.append(self._failed(r, False, [], done.error, how))
         op.riders.clear()
         return out
 
