@@ -123,6 +123,14 @@ class Capabilities:
     # block at a random level (smq_load_mapping). The engine keeps such a volume write-through while its writes
     # are a trickle (engine/writepolicy.py), so that the destructive bound needs no drains there.
     drain_replaces_policy: bool = False
+    # The knob that sets a floor under the kind's own write-back rate, in sectors/s, for pacing (engine/pacing.py).
+    # bcache: with writeback_percent > 0, read_dirty() sleeps bch_next_delay() between batches at a rate the PI
+    # controller keeps at or above writeback_rate_minimum (__update_writeback_rate; below its dirty target the rate
+    # *is* the minimum, 8 sectors/s by default: dirty data sits until a drain). A drain (writeback_percent 0) has
+    # no rate limit -- writeback_delay() returns 0 -- and up to 64 write-backs in flight (dc->in_flight) at idle
+    # priority, so the fsyncs during it queue behind a burst (W1: fsync p99 1.98x write-through's). Written back
+    # at the write rate between drains, the dirty data a drain finds stays small (drivers/md/bcache/writeback.c).
+    pace_knob: str | None = None
     # Rounds of promotion reads the cache needs before it admits a block (actuators.promote; 0: it never caches
     # reads).
     promote_rounds: int = 1
@@ -166,7 +174,7 @@ CAPABILITIES: dict[str, Capabilities] = {
         {WRITEBACK: "writeback", WRITETHROUGH: "writethrough", BYPASS: "none"},
         drain="writeback_percent 0 until dirty_data is 0, then restore",
         destructive="write-back with a periodic drain; write-through before the byte bound",
-        drain_sleep_knob="writeback_delay",
+        drain_sleep_knob="writeback_delay", pace_knob="writeback_rate_minimum",
         promote_rounds=1, device_prefix="bcache", error_counts=True, inserts_read_misses=True,
     ),
     KIND_DMCACHE: Capabilities(

@@ -56,7 +56,7 @@ class BcacheBackend(OperationBackend):
     # a drain writes writeback_running, _delay and _percent (and cache_mode for its last stretch), a switch
     # cache_mode: none of these
     knobs_beside_operations = frozenset({"sequential_cutoff", "readahead", "congested_read_threshold_us",
-                                         "congested_write_threshold_us"})
+                                         "congested_write_threshold_us", "writeback_rate_minimum"})
 
     @property
     def dir(self) -> Path:

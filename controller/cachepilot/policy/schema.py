@@ -34,7 +34,9 @@ def _obj(props: dict[str, Any], **extra: Any) -> dict[str, Any]:
 def _settings(knobs: list[str]) -> dict[str, Any]:
     return {
     "failure_model": {"enum": ["recoverable", "destructive", "auto"]},
-    "exposure": _obj({"max_dirty": {"$ref": "#/$defs/size"}, "max_age": {"$ref": "#/$defs/duration"}}),
+    "exposure": _obj({"max_dirty": {"$ref": "#/$defs/size"}, "max_age": {"$ref": "#/$defs/duration"},
+                      "pace": {"type": "boolean",
+                               "description": "between drains, write back at about the volume's write rate"}}),
     "lifetime_hold": _obj(
         {
             "enabled": {"type": "boolean", "description": "recoverable: hold new data dirty while it is likely to die"},

@@ -4,7 +4,8 @@ usage: headline_fileserver.py CONFIG WARMUP_S WINDOW_S [--seed N] [--cpu-tax-pct
 CONFIG: wt (stock write-through) | wb (stock write-back, defaults) | discard (wb + ext4 -o discard) | tuned (discard +
 writeback_percent 40) | stock:wp=P,wd=D,discard=0|1 (stock write-back with writeback_percent P, writeback_delay D,
 ext4 -o discard or not: the grid's points) | cp-destructive (the daemon, shipped default policy) | cp-recoverable
-(the same with failure_model: recoverable) | cpu-tax (wb + a busy loop taking P % of the vCPU).
+(the same with failure_model: recoverable) | cp-paced (the shipped default with exposure.pace: true) | cpu-tax (wb +
+a busy loop taking P % of the vCPU).
 
 The initial live file set (a third of the cache, files of 64-192 KiB) is written in writethrough, the cache goes to
 the configuration's mode and settles (dirty 0, clean), then the loop runs WARMUP_S (not measured) and WINDOW_S
@@ -50,12 +51,13 @@ from common import (  # noqa: E402
     percentile,
     set_cache_mode,
     settle_clean,
+    shipped_variant,
     write_result,
 )
 from lifetimes import WallClockMix, discard_outcomes, oldest_dirty_age, reach_share  # noqa: E402
 from soak import profile  # noqa: E402 - with $SOAK_PYSPY: a py-spy profile of the daemon over the window
 
-CONFIGS = ("wt", "wb", "discard", "tuned", "cp-destructive", "cp-recoverable", "cpu-tax")
+CONFIGS = ("wt", "wb", "discard", "tuned", "cp-destructive", "cp-recoverable", "cp-paced", "cpu-tax")
 MIX = WallClockMix()  # README: W1, the lifetime mix
 APPEND = 16 * 1024
 LIVE_CAP = 1 << 30  # a safety cap on the live set (the 2 GiB origin); deaths by it are counted (capped_deaths)
@@ -253,7 +255,8 @@ def configure(config: str, tax_pct: float) -> tuple[Daemon | None, CpuTax | None
         if key in knobs:
             (BCACHE / knob).write_text(str(knobs[key]))
     if config.startswith("cp-"):
-        pol = ROOT / "policies" / "default.yaml" if config == "cp-destructive" else recoverable_policy()
+        pol = {"cp-destructive": lambda: ROOT / "policies" / "default.yaml", "cp-recoverable": recoverable_policy,
+               "cp-paced": lambda: shipped_variant("max_age: 30s", "max_age: 30s\n    pace: true")}[config]()
         return Daemon([pol]), None
     return None, (CpuTax(tax_pct) if config == "cpu-tax" else None)
 
