@@ -82,7 +82,7 @@ from cachepilot.events import (
 from cachepilot.models.epochs import BLOCK_BARRIERS
 from cachepilot.models.hotness import HOT_DTYPE
 from cachepilot.models.volume import VolumeInfo, VolumeSample
-from cachepilot.safeio import open_input
+from cachepilot.safeio import open_input, open_stream
 
 MAGIC = b"CPTRACE\x00"
 VERSION = 2
@@ -172,10 +172,8 @@ class TraceWriter:
         self._own = not hasattr(path, "write")
         self.name = str(path) if self._own else str(getattr(path, "name", "trace"))
         self.failed = False  # a write failed (a full disk): close() writes no END block
-        try:
-            self.f: BinaryIO = open(path, "wb") if self._own else path  # type: ignore[arg-type,assignment]  # noqa: SIM115
-        except OSError as exc:
-            raise UserError(f"{path}: cannot write trace: {exc.strerror or exc}") from None
+        # a path: created through safeio's one output path (a planted link is refused, never followed)
+        self.f: BinaryIO = open_stream(path, "trace") if self._own else path  # type: ignore[arg-type,assignment]
         self.compress = compress
         self._zstd = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True)
         self.total = 0
