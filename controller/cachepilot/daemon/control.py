@@ -158,18 +158,38 @@ class ControlServer:
 
 READ_ONLY = frozenset({"status", "top", "explain", "advise"})  # asking twice changes nothing
 RETRY_PAUSE_S = 0.01
+MAX_BACKOFF_S = 0.2
+# A connect refused for now: the listener's queue is full under a connect flood (EAGAIN on a unix socket) or the
+# daemon is between its unlink and listen (ECONNREFUSED). Nothing was sent, so any command may try again.
+NOT_YET = frozenset({errno.EAGAIN, errno.ECONNREFUSED})
+
+
+class _NotConnected(Exception):
+    def __init__(self, err: OSError) -> None:
+        super().__init__(err.strerror)
+        self.err = err
 
 
 def request(path: Path, req: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
-    """Ask the daemon; UserError naming the problem if it does not answer. The server closes a connection unanswered
-    only before it has the whole request (over its connection cap, or too slow), so a read-only question whose
-    connection was closed without a byte of answer is asked again until ``timeout``; any other is reported."""
+    """Ask the daemon; UserError naming the problem if it does not answer. A connect refused for now (``NOT_YET``)
+    is tried again with a short backoff until ``timeout``, whatever the command (nothing was sent). The server closes
+    a connection unanswered only before it has the whole request (over its connection cap, or too slow), so a
+    read-only question whose connection was closed without a byte of answer is asked again until ``timeout``; any
+    other is reported."""
     deadline = time.monotonic() + timeout
+    pause = RETRY_PAUSE_S
     while True:
         try:
             data = _exchange(path, req, max(deadline - time.monotonic(), 0.001))
         except TimeoutError:
             raise UserError(f"the daemon at {path} did not answer within {timeout:g} s") from None
+        except _NotConnected as exc:
+            if time.monotonic() + pause >= deadline:
+                raise UserError(f"cannot reach the daemon at {path}: {exc.err.strerror} (still after "
+                                f"{timeout:g} s)") from None
+            time.sleep(pause)
+            pause = min(pause * 2, MAX_BACKOFF_S)
+            continue
         except ConnectionError as exc:
             if req.get("cmd") not in READ_ONLY or time.monotonic() + RETRY_PAUSE_S >= deadline:
                 raise UserError(f"the daemon at {path} closed the connection without answering ({exc.strerror})"
@@ -181,6 +201,8 @@ def request(path: Path, req: dict[str, Any], timeout: float = 5.0) -> dict[str, 
         answer = json.loads(data)
     except ValueError:
         raise UserError(f"the daemon at {path} sent an unreadable answer") from None
+    if not isinstance(answer, dict):
+        raise UserError(f"the daemon at {path} sent an unreadable answer (not an object)")
     if "error" in answer:
         raise UserError(f"daemon: {answer['error']}")
     return answer
@@ -200,6 +222,8 @@ def _exchange(path: Path, req: dict[str, Any], timeout: float) -> bytes:
         except PermissionError:
             raise UserError(f"{path}: permission denied (the control socket is root only)") from None
         except OSError as exc:
+            if exc.errno in NOT_YET:
+                raise _NotConnected(exc) from None
             raise UserError(f"cannot reach the daemon at {path}: {exc.strerror or exc}") from None  # too long: no errno
         s.sendall(json.dumps(req).encode() + b"\n")
         while chunk := s.recv(1 << 16):
