@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -95,6 +96,18 @@ def read_capped(path: str | Path, what: str, cap: int, *, follow: bool = True) -
     if len(data) > cap:  # grew after the fstat
         raise UserError(f"{path}: {what} larger than {human(cap)}")
     return data
+
+
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+
+
+def json_items(raw: bytes) -> int:
+    """How many items a JSON text's arrays and objects hold in all (commas outside strings, plus one), counted
+    without building anything: ``json.loads`` of 32 MiB of ``{},`` builds 11 million objects (870 MB) before
+    anyone can count them. Two passes at C speed (a copy with strings emptied, then ``count``)."""
+    if raw.count(b",") == 0:
+        return 1
+    return _JSON_STRING.sub(b'""', raw).count(b",") + 1
 
 
 def read_text(path: str | Path, what: str, cap: int) -> str:

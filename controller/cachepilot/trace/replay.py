@@ -55,6 +55,10 @@ class ReplayResult:
     stream: bool = False  # read from a pipe (it cannot be read again)
 
 
+MAX_UNKNOWN_DEVS = 1024
+OTHER_DEVS = "other devices"
+
+
 def unknown_volumes_warning(res: ReplayResult) -> str | None:
     """One line about events of volumes the meta block does not name (replay ignores them), or None."""
     if not res.unknown_volumes:
@@ -106,10 +110,19 @@ class _Replayer:
 
     def hot(self, recs: Any) -> None:
         devs = recs["dev"]
-        odd = devs[~np.isin(devs, self.known_devs)]  # a sort of the block, not a Python loop
-        if len(odd):
-            self.unknown.update(odd.tolist())
+        known = np.isin(devs, self.known_devs)  # a sort of the block, not a Python loop
+        if not known.all():
+            odd, counts = np.unique(devs[~known], return_counts=True)
+            self._unknown(zip(odd.tolist(), counts.tolist(), strict=True))
+            recs = recs[known]  # the engine groups a block by device (a pass per device): only ours reach it
         self.engine.feed_hotness_array(recs)
+
+    def _unknown(self, counts: Any) -> None:
+        """Count events of devices the meta block does not name: at most MAX_UNKNOWN_DEVS by name, the rest
+        together (a block of a million distinct devices was a million keys, and quadratic in the engine)."""
+        for dev, n in counts:
+            key = dev if dev in self.unknown or len(self.unknown) < MAX_UNKNOWN_DEVS else OTHER_DEVS
+            self.unknown[key] += n
 
     def ticks(self, recs: Any) -> None:
         for (ts,) in recs:
@@ -121,7 +134,7 @@ class _Replayer:
     def samples(self, off: int, recs: Any) -> None:
         for r in recs:
             if r.get("dev") not in self.known:
-                self.unknown[r.get("dev")] += 1
+                self._unknown(((r.get("dev"), 1),))
             try:
                 self.engine.sample(volume_sample(r))
             except (TypeError, ValueError) as exc:
@@ -129,7 +142,7 @@ class _Replayer:
 
     def events(self, off: int, t: int, recs: Any) -> None:
         if t != T_DROPS:
-            self.unknown.update(r[0] for r in recs if r[0] not in self.known)
+            self._unknown(Counter(r[0] for r in recs if r[0] not in self.known).items())
         make, feed = MAKERS[t], self.engine.feed
         try:
             if t == T_DELETE:
