@@ -146,3 +146,35 @@ def test_malformed_requests_get_one_line_not_an_internal_error(server: Path, req
 def test_nan_from_a_raw_request_is_refused(server: Path) -> None:
     err = _raw(server, b'{"cmd": "explain", "since": NaN}')["error"]
     assert "since: a number" in err, err
+
+
+# ------------------------------------------------------------------ a reload waited for does not stop status
+def test_status_is_answered_while_a_reload_waits_for_the_loop(tmp_path: Path) -> None:
+    """The loop takes its time over a reload (a large policy parsed, pins walked): the server's thread used to wait
+    with it, and `status` waited behind (up to 30 s); now the reload's answer is worked out on a thread of its own."""
+    path = tmp_path / "ctl.sock"
+    applied = threading.Event()
+
+    def slow_reload() -> Verdict:
+        applied.wait(3.0)
+        return Verdict(True, "reloaded")
+
+    s = ControlServer(path, lambda req: answer(None, req, [], slow_reload))
+    s.start()
+    try:
+        out: list[dict[str, Any]] = []
+        t = threading.Thread(target=lambda: out.append(request(path, {"cmd": "reload"}, timeout=5)))
+        t.start()
+        time.sleep(0.2)  # the reload is waiting
+        took = []
+        for _ in range(5):
+            t0 = time.monotonic()
+            assert request(path, {"cmd": "status"}, timeout=2) == {}
+            took.append(time.monotonic() - t0)
+        assert max(took) < 0.5, took
+        assert t.is_alive()  # still waiting: the answers above did not wait for it
+        applied.set()
+        t.join(3)
+        assert out == [{"reloaded": True, "message": "reloaded"}]
+    finally:
+        s.stop()

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cachepilot.boundedserver import BoundedServer, Dialogue
+from cachepilot.boundedserver import BoundedServer, Dialogue, Later
 from cachepilot.errors import FatalError, UserError
 
 DEFAULT_SOCKET = "/run/cachepilot/control.sock"
@@ -29,6 +29,7 @@ MAX_DEPTH = 32  # requests are flat objects; json's parser recurses, so depth is
 CLIENT_TIMEOUT_S = 1.0  # for the whole request, however it trickles in
 REPLY_TIMEOUT_S = 5.0
 MAX_CLIENTS = 64
+WAITING = frozenset({"reload"})  # answered once the daemon's loop has acted: worked out off the server's thread
 
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -71,21 +72,29 @@ class _Requests(Dialogue):
         self.server.refused += 1
         return _line({"error": "permission denied: root only"})
 
-    def reply(self, data: bytes, eof: bool) -> bytes | None:
+    def reply(self, data: bytes, eof: bool) -> bytes | Later | None:
         line, newline, _ = data.partition(b"\n")
         if not (newline or eof):
             return None
         if not line.strip():
             return b""  # a connect-and-close (e.g. a liveness check)
-        return _line(self._answer(line))
-
-    def _answer(self, line: bytes) -> dict[str, Any]:
         if nesting_depth(line) > MAX_DEPTH:
-            return {"error": f"bad request: nested deeper than {MAX_DEPTH}"}
+            return _line({"error": f"bad request: nested deeper than {MAX_DEPTH}"})
         try:
             req = json.loads(line)
             if not isinstance(req, dict):
                 raise ValueError("not an object")
+        except ValueError as exc:
+            return _line({"error": f"bad request: {exc}"})
+        if isinstance(req.get("cmd"), str) and req["cmd"] in WAITING:  # off the server's thread: status is answered meanwhile
+            return Later(lambda: _line(self._answer(req)))
+        return _line(self._answer(req))
+
+    def busy(self) -> bytes:
+        return _line({"error": "busy: other reloads are being waited for; try again"})
+
+    def _answer(self, req: dict[str, Any]) -> dict[str, Any]:
+        try:
             return self.server.handler(req)
         except (ValueError, UserError) as exc:
             return {"error": f"bad request: {exc}"}
