@@ -123,3 +123,21 @@ def test_a_hotness_block_of_distinct_unknown_devices_replays_in_linear_time(tmp_
     warning = [x for x in r.stderr.splitlines() if "events of volumes missing" in x]
     assert len(warning) == 1 and f"{n} events" in warning[0] and len(warning[0]) < 400, warning
     assert took < 15
+
+
+def test_blocks_of_new_inodes_stop_at_the_replay_files_cap(tmp_path: Path) -> None:
+    """Each hotness block may name 2^20 files never seen before: the replayed engine's table grew by ~120 B a file
+    without bound (3 blocks: 570 MB, beyond the ceiling); now one line once it tracks more than 2^19."""
+    f = tmp_path / "inos.cptrace"
+    v = sim_volume(1024)
+    w = TraceWriter(f, [v])
+    n = 1 << 20
+    for b in range(3):
+        arr = np.zeros(n, dtype=HOT_DTYPE)
+        arr["dev"], arr["ino"], arr["gen"], arr["rs"] = v.dev, np.arange(n) + b * n + 100, 1, 64
+        frame = zstandard.ZstdCompressor(level=1, write_content_size=True).compress(arr.tobytes())
+        w.f.write(BLOCK.pack(T_HOT, ZSTD, 0, n, len(frame), zlib.crc32(frame)) + frame)
+    w.f.close()
+    r, took = limited("replay", str(f), cpu_s=20)
+    refused(r, "inos.cptrace: offset", "more than 524288 distinct files tracked at once")
+    assert took < 15

@@ -56,6 +56,9 @@ class ReplayResult:
 
 
 MAX_UNKNOWN_DEVS = 1024
+# Files the replayed engine tracks at once (its hotness table, ~120 B a file). Checked after each hotness block,
+# so at most this plus one block's 2^20: 1.5 M files, ~400 MB, within the unit's 512 MiB.
+MAX_REPLAY_FILES = 1 << 19
 OTHER_DEVS = "other devices"
 
 
@@ -100,7 +103,7 @@ class _Replayer:
 
     def block(self, off: int, t: int, recs: Any) -> None:
         if t == T_HOT:
-            self.hot(recs)
+            self.hot(off, recs)
         elif t == T_TICK:
             self.ticks(recs)
         elif t == T_SAMPLE:
@@ -108,7 +111,7 @@ class _Replayer:
         elif t != T_META:
             self.events(off, t, recs)
 
-    def hot(self, recs: Any) -> None:
+    def hot(self, off: int, recs: Any) -> None:
         devs = recs["dev"]
         known = np.isin(devs, self.known_devs)  # a sort of the block, not a Python loop
         if not known.all():
@@ -116,6 +119,9 @@ class _Replayer:
             self._unknown(zip(odd.tolist(), counts.tolist(), strict=True))
             recs = recs[known]  # the engine groups a block by device (a pass per device): only ours reach it
         self.engine.feed_hotness_array(recs)
+        if len(self.engine.hotness) > MAX_REPLAY_FILES:  # ~120 B each: 4 blocks of new files took 690 MB
+            raise UserError(f"{self.path}: offset {off}: more than {MAX_REPLAY_FILES} distinct files tracked at once "
+                            "(replay's cap; a block adds at most 2^20)")
 
     def _unknown(self, counts: Any) -> None:
         """Count events of devices the meta block does not name: at most MAX_UNKNOWN_DEVS by name, the rest
