@@ -141,15 +141,11 @@ def _check_dir(dfd: int, where: str, what: str) -> bool:
 
 def output_dir(path: str | Path, what: str) -> tuple[int, str, bool]:
     """(directory descriptor, file name, sticky-and-shared) for an output at ``path``, the directory checked on its
-    descriptor; UnsafeOutput (one line) if another user could redirect the file, UserError if it cannot be opened."""
+    descriptor; UnsafeOutput (one line) if another user could redirect the file, OSError if it cannot be opened."""
     p = Path(path)
     if not p.name or p.name in (".", ".."):
         raise UserError(f"{path}: cannot write {what}: not a file name")
-    try:
-        dfd = os.open(p.parent, DIR_FLAGS)
-    except OSError as exc:
-        raise UserError(f"{path}: cannot write {what}: no usable directory {p.parent} ({exc.strerror or exc})"
-                        ) from None
+    dfd = os.open(p.parent, DIR_FLAGS)  # OSError: the callers say it their way (one line, or a failed write)
     try:
         return dfd, p.name, _check_dir(dfd, str(path), what)
     except BaseException:
@@ -174,9 +170,18 @@ def _old(dfd: int, name: str, where: str, what: str, shared: bool, stream: bool 
     return kind
 
 
+def _user_output_dir(path: str | Path, what: str) -> tuple[int, str, bool]:
+    """:func:`output_dir` for a path the user named: a directory that cannot be opened is one line too."""
+    try:
+        return output_dir(path, what)
+    except OSError as exc:
+        raise UserError(f"{path}: cannot write {what}: no usable directory {Path(path).parent} "
+                        f"({exc.strerror or exc})") from None
+
+
 def check_output(path: str | Path, what: str, *, stream: bool = False) -> None:
     """UserError (one line) now if ``path`` could not be written safely (before minutes of work that would feed it)."""
-    dfd, name, shared = output_dir(path, what)
+    dfd, name, shared = _user_output_dir(path, what)
     try:
         _old(dfd, name, str(path), what, shared, stream)
     finally:
@@ -209,7 +214,7 @@ def open_stream(path: str | Path, what: str, mode: int = 0o644) -> BinaryIO:
     """An output written as it goes (a trace: a killed writer leaves what it wrote at ``path``): an old file of ours
     there is removed and a new one created in its place (a named device or FIFO is written in place). UserError
     (one line) if that is not safe or fails."""
-    dfd, name, shared = output_dir(path, what)
+    dfd, name, shared = _user_output_dir(path, what)
     try:
         kind = _old(dfd, name, str(path), what, shared, stream=True)
         if kind is not None and not stat.S_ISREG(kind):
