@@ -178,3 +178,33 @@ def test_status_is_answered_while_a_reload_waits_for_the_loop(tmp_path: Path) ->
         assert out == [{"reloaded": True, "message": "reloaded"}]
     finally:
         s.stop()
+
+
+def test_a_fifth_reload_waited_for_at_once_is_told_busy(tmp_path: Path) -> None:
+    """At most MAX_LATER answers are worked out on threads at once: a flood of reloads cannot make threads."""
+    from cachepilot.boundedserver import MAX_LATER
+
+    path = tmp_path / "ctl.sock"
+    release = threading.Event()
+
+    def held() -> Verdict:
+        release.wait(5.0)
+        return Verdict(True, "reloaded")
+
+    s = ControlServer(path, lambda req: answer(None, req, [], held))
+    s.start()
+    try:
+        waiting = [threading.Thread(target=request, args=(path, {"cmd": "reload"}, 6)) for _ in range(MAX_LATER)]
+        for t in waiting:
+            t.start()
+        time.sleep(0.3)
+        before = threading.active_count()
+        with pytest.raises(UserError, match="busy: other reloads are being waited for"):
+            request(path, {"cmd": "reload"}, timeout=2)
+        assert threading.active_count() == before
+        release.set()
+        for t in waiting:
+            t.join(3)
+    finally:
+        release.set()
+        s.stop()
