@@ -86,7 +86,7 @@ class _Requests(Dialogue):
                 raise ValueError("not an object")
         except ValueError as exc:
             return _line({"error": f"bad request: {exc}"})
-        if isinstance(req.get("cmd"), str) and req["cmd"] in WAITING:  # off the server's thread: status is answered meanwhile
+        if isinstance(req.get("cmd"), str) and req["cmd"] in WAITING:  # off the server's thread: status answers
             return Later(lambda: _line(self._answer(req)))
         return _line(self._answer(req))
 
