@@ -50,12 +50,21 @@ def human(n: int) -> str:
     return f"{n >> 20} MiB" if n >= 1 << 20 and not n % (1 << 20) else f"{n >> 10} KiB"
 
 
+def _refuse_kind(path: str | Path, what: str, mode: int, stream: bool) -> None:
+    if not stat.S_ISREG(mode) and not (stream and stat.S_ISFIFO(mode)):
+        raise UserError(f"{path}: cannot read {what}: {_kind(mode)}, not a regular file")
+
+
 def open_input(path: str | Path, what: str, *, stream: bool = False,
                follow: bool = True) -> tuple[BinaryIO, bool]:
     """(file, is_stream): a regular file, or with ``stream`` also a pipe/FIFO (then read in blocking mode: a
     producer that is slow to write is waited for, one that never connects is an end of file). UserError otherwise.
     ``follow`` False: a symbolic link is refused (ELOOP), for files in a directory another user might plant one in."""
-    try:
+    try:  # what it is, asked before opening: a FIFO's open wakes its writer, a device's may act (a tape rewinds)
+        first = os.stat(path, follow_symlinks=follow).st_mode
+        if stat.S_ISLNK(first):
+            raise OSError(errno.ELOOP, "a symbolic link")  # follow is False: said below as a refusal
+        _refuse_kind(path, what, first, stream)
         fd = os.open(path, OPEN_FLAGS if follow else OPEN_FLAGS | os.O_NOFOLLOW)
     except FileNotFoundError:
         raise NoSuchFile(f"{path}: no such {what}") from None
@@ -63,10 +72,9 @@ def open_input(path: str | Path, what: str, *, stream: bool = False,
         why = "a symbolic link, refused here" if exc.errno == errno.ELOOP and not follow else exc.strerror or exc
         raise UserError(f"{path}: cannot read {what}: {why}") from None
     try:
-        mode = os.fstat(fd).st_mode
+        mode = os.fstat(fd).st_mode  # again on the descriptor: the path may have been swapped since
         is_stream = stream and stat.S_ISFIFO(mode)
-        if not stat.S_ISREG(mode) and not is_stream:
-            raise UserError(f"{path}: cannot read {what}: {_kind(mode)}, not a regular file")
+        _refuse_kind(path, what, mode, stream)
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb"), is_stream
     except BaseException:

@@ -4,7 +4,8 @@ out what they are (issue 33, case 5). Real files on this host's ext4 (tmp_path),
 
 On main before this change: the promoter's open_by_handle_at of a FIFO's inode (a hot-list entry with generation 0
 matches any inode) waited for a writer on the loop thread, past the unit's watchdog; resolving a hot list's paths
-opened FIFOs (waking their writers) and device nodes before checking what they were."""
+opened FIFOs (waking their writers) and device nodes before checking what they were; the CLI opened a FIFO given
+as its policy, hot list or configuration (non-blocking, but its writer woke) to find out it was one."""
 
 from __future__ import annotations
 
@@ -88,6 +89,39 @@ def test_resolving_a_hot_list_opens_no_fifo_and_no_device(tmp_path: Path) -> Non
         assert m.unknown == 2 and m.by_generation + m.by_mtime + m.changed == 1
         t.join(0.5)
         assert not woke, "the FIFO was opened for reading (its writer woke up)"
+    finally:
+        _release(fifo)
+        t.join(2.0)
+
+
+@pytest.mark.parametrize("argv", [["policy", "check"], ["hotlist", "import", "bcache0"],
+                                  ["run", "--check", "--config"]])
+def test_the_cli_asks_what_a_file_is_before_opening_it(tmp_path: Path, argv: list[str]) -> None:
+    """A FIFO given as a policy, hot list or configuration: refused in one line without being opened (its writer,
+    blocked in open until a reader comes, stays blocked; on main the CLI's non-blocking open woke it)."""
+    import subprocess
+    import sys
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    woke: list[bool] = []
+
+    def writer() -> None:
+        try:
+            fd = os.open(fifo, os.O_WRONLY)
+            woke.append(True)
+            os.close(fd)
+        except OSError:
+            woke.append(False)
+
+    t = threading.Thread(target=writer, daemon=True)
+    t.start()
+    try:
+        cli = str(Path(sys.executable).parent / "cachepilot")
+        r = subprocess.run([cli, *argv, str(fifo)], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 2 and "a FIFO or pipe, not a regular file" in r.stderr, r.stderr
+        t.join(0.3)
+        assert not woke, "the CLI opened the FIFO (its writer woke up)"
     finally:
         _release(fifo)
         t.join(2.0)
