@@ -8,6 +8,7 @@ between its write and its ``chmod``, made the victim 0644."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -25,6 +26,7 @@ from cachepilot.daemon.lock import DaemonLock
 from cachepilot.daemon.state import StateFile
 from cachepilot.errors import UserError
 from cachepilot.exporter.textfile import write_textfile
+from cachepilot.fsfiles import generation
 from cachepilot.safeio import UnsafeOutput, open_stream, write_atomic
 from cachepilot.trace import TraceWriter
 
@@ -191,3 +193,38 @@ def test_textfile_in_roots_directory_is_written_0644(tmp_path: Path) -> None:
     f = tmp_path / "cachepilot.prom"
     assert stat.S_IMODE(f.stat().st_mode) == 0o644 and b"cachepilot_test 1.0" in f.read_bytes()
     assert [p.name for p in tmp_path.iterdir()] == ["cachepilot.prom"]  # no temporary left
+
+
+# ------------------------------------------------------------------ hot-list exports to a path
+def _state_with_one_hot_file(tmp_path: Path) -> Path:
+    st = tmp_path / "st"
+    st.mkdir(mode=0o700)
+    f = tmp_path / "hot-file"
+    f.write_bytes(b"x" * 4096)
+    s = f.stat()
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        gen = generation(fd)
+    finally:
+        os.close(fd)
+    dev = f"{os.major(s.st_dev)}:{os.minor(s.st_dev)}"
+    StateFile(st).write({"volumes": {"v0": {"name": "v0", "dev": dev, "hot": [[s.st_ino, gen, 64, 4096]]}},
+                         "counters": {}, "decisions": []})
+    return st
+
+
+def test_hotlist_export_to_a_path_writes_through_the_safe_helper(tmp_path: Path, shared: Path) -> None:
+    st = _state_with_one_hot_file(tmp_path)
+    v = victim(tmp_path)
+    as_nobody("ln", "-s", str(v), str(shared / "hot.json"))
+    r = subprocess.run([CLI, "hotlist", "export", "--state-dir", str(st), "--out", str(shared / "hot.json"), "v0"],
+                       capture_output=True, text=True, timeout=60)
+    one_line(r, 2, "a symbolic link is there: refusing")
+    assert v.read_text() == "precious\n"
+    out = tmp_path / "hot.json"
+    r = subprocess.run([CLI, "hotlist", "export", "--state-dir", str(st), "--out", str(out), "v0"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout == "", r.stderr
+    doc = json.loads(out.read_text())
+    assert [f["path"] for f in doc["files"]] == [str(tmp_path / "hot-file").lstrip("/")]
+    assert stat.S_IMODE(out.stat().st_mode) == 0o644
