@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import stat
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -80,6 +81,7 @@ def test_resolving_a_hot_list_opens_no_fifo_and_no_device(tmp_path: Path) -> Non
 
     t = threading.Thread(target=writer, daemon=True)
     t.start()
+    time.sleep(0.2)  # the writer is waiting in open by now
     try:
         assert resolve(str(tmp_path), "fifo") is None
         assert resolve(str(tmp_path), "null") is None
