@@ -13,6 +13,9 @@ The kernel's queue of connects not yet taken is long (``BACKLOG``): when it is f
 (it retries a second later) and a unix socket client with a time-out is refused at once (EAGAIN). The server takes
 the whole queue every pass, so a flood of connects makes a newcomer wait for accepts, not for answers.
 What misbehaving clients get is counted and logged as one line a minute at most, never a traceback.
+An answer that must wait for someone else (the control socket's ``reload`` waits for the daemon's loop) is a
+:class:`Later`: worked out on a thread of its own (at most ``MAX_LATER`` at a time) and sent when ready, so the
+server goes on answering everyone else meanwhile (``status`` waited up to 30 s behind a reload).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import selectors
 import socket
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -32,6 +35,14 @@ LOG_EVERY_S = 60.0
 BACKLOG = 1024
 SWEEP_S = 0.1  # how often deadlines are checked (their precision)
 ACCEPT_BATCH = 4096  # connects taken per pass (a listener's backlog is at most somaxconn, 4096)
+MAX_LATER = 4  # answers being worked out on their own threads at once
+
+
+@dataclass(frozen=True)
+class Later:
+    """An answer worked out off the server's thread: ``work`` (bounded in time by its own means) returns it."""
+
+    work: Callable[[], bytes]
 
 
 class Dialogue:
@@ -42,8 +53,12 @@ class Dialogue:
         """None to go on with this client; else the refusal to send before closing."""
         return None
 
-    def reply(self, data: bytes, eof: bool) -> bytes | None:
+    def reply(self, data: bytes, eof: bool) -> bytes | Later | None:
         raise NotImplementedError
+
+    def busy(self) -> bytes:
+        """What a request whose answer is a :class:`Later` gets while ``MAX_LATER`` others are being worked out."""
+        return b""
 
     def too_big(self) -> bytes:
         return b""
@@ -60,6 +75,7 @@ class _Conn:
     outbox: memoryview | None = None  # set once answering: the rest of the answer to send
     watched: bool = False  # registered with the selector
     admitted: bool = False  # the dialogue's admit() said yes
+    later: bool = False  # its answer is being worked out on another thread (no deadline, not evicted)
 
 
 class BoundedServer:
@@ -87,6 +103,8 @@ class BoundedServer:
         self._stop = False
         self._paused = False  # the listener is not watched until the next sweep (accept failed)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._done: deque[tuple[_Conn, bytes]] = deque()  # answers made by Later threads, for the loop to send
+        self._later = 0  # Later threads running (touched by the loop thread only)
 
     def start(self) -> None:
         self._thread.start()
@@ -114,6 +132,8 @@ class BoundedServer:
                 for key, mask in self._sel.select(timeout=self._sleep_s()):
                     if key.fileobj is self._listener:
                         self._accept()
+                    elif key.fileobj is self._wake_r:
+                        self._finish_later()
                     elif isinstance(key.data, _Conn):
                         self._ready(key.data, mask)
                 now = time.monotonic()
@@ -172,7 +192,7 @@ class BoundedServer:
         """Down to the cap: the oldest connections still without a whole request go first, each read once more
         before it goes (a client's request can land between its accept and now: it is answered, not dropped); then,
         if still over, the oldest clients slow to read their answer."""
-        for conn in [c for c in self._conns.values() if c.outbox is None]:  # oldest first
+        for conn in [c for c in self._conns.values() if c.outbox is None and not c.later]:  # oldest first
             if len(self._conns) <= self.max_conns:
                 return
             self._read(conn)
@@ -208,7 +228,7 @@ class BoundedServer:
         if chunk and not conn.admitted:  # checked before anything is answered; an idle connection costs none
             conn.admitted = True
             refusal = self._guarded(self.dialogue.admit, conn.sock)
-            if refusal is not None:
+            if isinstance(refusal, bytes):
                 self._answer(conn, refusal)
                 return
         conn.inbox += chunk
@@ -218,10 +238,46 @@ class BoundedServer:
             answer = self.dialogue.too_big()
         if answer is None and not chunk:
             answer = b""  # closed before a whole request: nothing to answer
-        if answer is not None:
+        if isinstance(answer, Later):
+            self._start_later(conn, answer)
+        elif answer is not None:
             self._answer(conn, answer)
 
-    def _guarded(self, call: Callable[..., bytes | None], *args: object) -> bytes | None:
+    def _start_later(self, conn: _Conn, later: Later) -> None:
+        if self._later >= MAX_LATER:
+            self._count("busy")
+            self._answer(conn, self.dialogue.busy())
+            return
+        self._later += 1
+        conn.later = True
+        if conn.watched:  # nothing more is read from it; its answer comes from the thread
+            self._sel.unregister(conn.sock)
+            conn.watched = False
+
+        def run() -> None:
+            answer = self._guarded(later.work)
+            self._done.append((conn, answer if isinstance(answer, bytes) else b""))  # deque.append is atomic: no lock
+            try:
+                self._wake_w.send(b"x")
+            except OSError:
+                pass  # closed: the server is stopping
+
+        threading.Thread(target=run, name=f"{self.name}-later", daemon=True).start()
+
+    def _finish_later(self) -> None:
+        try:
+            while self._wake_r.recv(4096, socket.MSG_DONTWAIT):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+        while self._done:
+            conn, answer = self._done.popleft()
+            self._later -= 1
+            conn.later = False
+            if conn.sock in self._conns:
+                self._answer(conn, answer)
+
+    def _guarded(self, call: Callable[..., bytes | Later | None], *args: object) -> bytes | Later | None:
         """The dialogue's answer; a bug in it closes this connection (counted by the exception's type), never the
         server."""
         try:
@@ -249,7 +305,7 @@ class BoundedServer:
         self._drop(conn)
 
     def _expire(self, now: float) -> None:
-        for conn in [c for c in self._conns.values() if c.deadline <= now]:
+        for conn in [c for c in self._conns.values() if c.deadline <= now and not c.later]:
             if conn.outbox is not None:
                 self._drop(conn, "answer not read in time")
                 continue

@@ -50,8 +50,11 @@ GenFn = Callable[[int], int]
 
 def identify(dir_fd: int, name: str, rel: str, gen_fn: GenFn = generation) -> FileId | None:
     """The identity of a regular file ``name`` in ``dir_fd``; None if it is not one (or vanished, or has no
-    generation)."""
+    generation). What it is is asked first (``lstat``): a FIFO or device node is never opened to find out (an open
+    wakes a FIFO's writer, a tape rewinds); the ``fstat`` after the open catches a swap in between."""
     try:
+        if not stat.S_ISREG(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+            return None
         fd = os.open(name, FILE_FLAGS, dir_fd=dir_fd)
     except OSError:
         return None

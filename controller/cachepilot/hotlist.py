@@ -28,6 +28,7 @@ from typing import Any
 
 from cachepilot.errors import UserError
 from cachepilot.fsfiles import FileId, GenFn, generation, resolve
+from cachepilot.safeio import json_items
 
 FORMAT = "cachepilot-hotlist"
 VERSION = 1
@@ -35,6 +36,8 @@ MAX_FILES = 65_536
 MAX_FILE_BYTES = 32 << 20
 MAX_PER_REQUEST = 128  # files per control-socket request of an import (its 4 KiB)
 MAX_PATH = 4096
+FIELDS = 5  # of a file entry
+MAX_ITEMS = MAX_FILES * (FIELDS + 1) + 64  # JSON items in all, counted before anything is built (safeio.json_items)
 U32 = 0xFFFFFFFF
 U63 = (1 << 63) - 1
 
@@ -84,6 +87,10 @@ def parse(raw: bytes, source: str) -> HotList:
     """A hot-list file's content, validated; UserError naming the file and the first bad entry."""
     if len(raw) > MAX_FILE_BYTES:
         raise UserError(f"{source}: hot list larger than {MAX_FILE_BYTES >> 20} MiB")
+    items = json_items(raw)
+    if items > MAX_ITEMS:  # 32 MiB of {} took 870 MB to refuse once parsed
+        raise UserError(f"{source}: not a hot-list file: {items} JSON values, more than {MAX_FILES} files of "
+                        f"{FIELDS} fields hold")
     try:
         doc = json.loads(raw)
     except (ValueError, RecursionError) as exc:

@@ -27,6 +27,7 @@ call, so every promotion moves on. The probe ignores the daemon's own I/O, so pr
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import mmap
 import os
@@ -169,7 +170,10 @@ class Promoter:
             dev = kdev_from_st_dev(os.fstat(mfd).st_dev)
             if dev != action.dev:
                 raise DeviceGone(f"{self.info.mountpoint} is filesystem {dev:#x}, not {action.dev:#x}")
-            flags = os.O_RDONLY | os.O_DIRECT | os.O_NOATIME | os.O_CLOEXEC
+            # O_NONBLOCK: a handle may name a FIFO (a hot-list entry with generation 0 matches any inode), whose
+            # open would wait for a writer on the loop thread, past the watchdog; fstat below refuses it, and
+            # O_DIRECT is set only then (a FIFO opened with it is EINVAL, not "not a regular file")
+            flags = os.O_RDONLY | os.O_NOATIME | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
             try:
                 fd = self.opener(mfd, action.ino, action.gen, flags)
             except OSError as exc:
@@ -182,6 +186,11 @@ class Promoter:
         if not stat.S_ISREG(st.st_mode) or st.st_ino != action.ino:
             os.close(fd)
             raise _Skip(f"inode {action.ino} is not a regular file")
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_DIRECT)
+        except OSError as exc:
+            os.close(fd)
+            raise classify_errno(exc.errno, f"O_DIRECT on ino {action.ino}") from None
         return fd
 
     # -------------------------------------------------------------- what to read, in which order

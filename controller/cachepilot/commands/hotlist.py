@@ -1,4 +1,5 @@
-"""`cachepilot hotlist export VOLUME > FILE` and `cachepilot hotlist import VOLUME FILE`: a warm handoff.
+"""`cachepilot hotlist export VOLUME > FILE` (or `--out FILE`, written through safeio's one output path) and
+`cachepilot hotlist import VOLUME FILE`: a warm handoff.
 
 export: the hot list the daemon last wrote to its state file (every ``state_interval`` and at stop; the daemon may
 run or not), each file named by its path relative to the volume's mount point (root: files are found by handle).
@@ -51,7 +52,10 @@ def _mount_of(dev: str) -> str:
 def export(args: argparse.Namespace) -> int:
     from cachepilot import hotlist
     from cachepilot.daemon.state import StateFile
+    from cachepilot.safeio import check_output, write_atomic
 
+    if args.out:
+        check_output(args.out, "hot list")  # a planted link or an open directory: refused before anything is read
     state = StateFile(_state_dir(args))
     doc, why = state.read()
     if doc is None:
@@ -60,7 +64,13 @@ def export(args: argparse.Namespace) -> int:
     mount = _mount_of(str(sv.get("dev", "")))
     hot = sv.get("hot", [])
     hl, lost = hotlist.export(args.volume, str(sv.get("fs_uuid", "")), mount, hot if isinstance(hot, list) else [])
-    sys.stdout.write(hl.dumps())
+    if args.out:  # root writes it: through safeio's one output path (no link followed, 0644 set by descriptor)
+        try:
+            write_atomic(args.out, hl.dumps().encode(), "hot list", 0o644)
+        except OSError as exc:
+            raise UserError(f"{args.out}: cannot write hot list: {exc.strerror or exc}") from None
+    else:
+        sys.stdout.write(hl.dumps())
     print(f"{escape(args.volume)}: {len(hl.files)} hot file(s) exported from {escape(str(state.path))}"
           f" (written {_age(doc)}); {lost} left out (gone, renamed out of the mount, or unreadable)", file=sys.stderr)
     return 0
@@ -155,6 +165,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     e = verbs.add_parser("export", help="the hot list the daemon last saved, by path, as JSON on stdout (root)")
     e.add_argument("--config", metavar="FILE", help="the daemon's configuration (its state_dir)")
     e.add_argument("--state-dir", metavar="DIR", help="the daemon's state directory (default: its built-in one)")
+    e.add_argument("--out", metavar="FILE", help="write the list to FILE (replaced atomically) instead of stdout")
     e.add_argument("volume", metavar="VOLUME", help="the volume's name as status shows it (e.g. bcache0)")
     e.set_defaults(handler=export)
     i = verbs.add_parser("import", help="re-warm a volume from an exported hot list (control socket; root)")

@@ -5,12 +5,11 @@ write a workload's event stream as a trace for `cachepilot replay`."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
-from pathlib import Path
 
 from cachepilot.errors import UserError
+from cachepilot.safeio import check_output
 from cachepilot.sim.prepare import prepare
 from cachepilot.sim.report import (
     ALIASES,
@@ -51,9 +50,7 @@ def simulate(args: argparse.Namespace) -> int:
     if args.trace_out:
         if len(keys) != 1:
             raise UserError("--trace-out needs one --workload, not 'all'")
-        out_dir = Path(args.trace_out).resolve().parent
-        if not out_dir.is_dir() or not os.access(out_dir, os.W_OK):  # before minutes of simulation
-            raise UserError(f"{args.trace_out}: cannot write trace: no writable directory {out_dir}")
+        check_output(args.trace_out, "trace", stream=True)  # before minutes of simulation
         sc = SCENARIOS[keys[0]]
         progress(f"simulating {sc.key} for its trace")
         prep = prepare(sc.make(), tick_s=sc.tick_s)

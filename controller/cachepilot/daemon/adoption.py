@@ -40,6 +40,7 @@ class Adopter:
         self.backend_factory = backend_factory
         self.actuators_factory = actuators_factory
         self.epochs = epochs  # the exporter is configured: count bytes per epoch
+        self.pins = pinning.PinWalks()  # pin walks off the loop thread; the daemon collects them every tick
         self.probe: Any = None  # set once loaded
         # Cached volumes found but not managed, refound at every rescan: kernel name -> (volume label, reason word
         # of exporter.snapshot.UNMANAGED_REASONS). Each is a metric and an alert, not only a log line said once.
@@ -112,7 +113,7 @@ class Adopter:
         log.info("adopted %s (%s, %s%s, mounted at %r)", info.name, how, devname(f.volume_dev), stack,
                  info.mountpoint)
         self.persist.adopted(v, now)
-        pinning.apply(self.engine, info)
+        self.pins.submit(self.engine, info)
 
     def watch_all(self) -> None:
         """The probe just loaded: watch every volume adopted before it."""

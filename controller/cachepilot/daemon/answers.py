@@ -15,6 +15,18 @@ from cachepilot.errors import UserError
 from cachepilot.models.sizing import EMPTY
 
 TOP_K = 25
+MAX_N = 1 << 20  # a count asked for (top's n, explain's limit): beyond any list the snapshot holds
+
+
+def _number(req: dict[str, Any], key: str, default: float, lo: float, hi: float, *, whole: bool = True) -> Any:
+    """``req[key]`` checked (a JSON number, whole if ``whole``, in [lo, hi]); UserError naming the key otherwise:
+    a request's wrong type is its one-line error, not an internal error (``{"n": []}`` was a TypeError)."""
+    v = req.get(key, default)
+    ok_type = (int,) if whole else (int, float)
+    if isinstance(v, bool) or not isinstance(v, ok_type) or not lo <= v <= hi:
+        kind = "an integer" if whole else "a number"
+        raise UserError(f"{key}: {kind} in [{lo:g}, {hi:g}] expected, got {str(v)[:40]!r}")
+    return v
 
 
 def answer(snap: Status | None, req: dict[str, Any], clear_requests: list[str],
@@ -50,9 +62,9 @@ def answer(snap: Status | None, req: dict[str, Any], clear_requests: list[str],
 
 def _top(snap: Status | None, vols: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
     want = req.get("volume")
-    if want is not None and want not in vols:
+    if want is not None and (not isinstance(want, str) or want not in vols):
         raise UserError(f"unknown volume {want!r} (known: {', '.join(sorted(vols)) or 'none'})")
-    n = int(req.get("n", TOP_K))
+    n = _number(req, "n", TOP_K, 0, MAX_N)
     top = snap.top if snap is not None else {}
     return {"volumes": [{"name": name, "mountpoint": vols[name].mountpoint, "dev": vols[name].dev,
                          "files": files[:n]}
@@ -75,10 +87,13 @@ def _advise(snap: Status | None, vols: dict[str, Any], req: dict[str, Any]) -> d
 
 
 def _explain(decisions: list[dict[str, Any]], vols: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
-    since = float(req.get("since", 0) or 0)
+    since = float(_number(req, "since", 0, -1e12, 1e12, whole=False))
     want = req.get("volume")
+    if want is not None and not isinstance(want, str):
+        raise UserError(f"volume: a name expected, got {str(want)[:40]!r}")
     known = set(vols) | {d.get("volume") for d in decisions}
     if want is not None and want not in known:  # a volume gone since keeps its decisions
         raise UserError(f"unknown volume {want!r} (known: {', '.join(sorted(map(str, known))) or 'none'})")
     out = [d for d in decisions if d.get("ts", 0) >= since and (want is None or d.get("volume") == want)]
-    return {"decisions": out[-int(req.get("limit", DECISIONS_KEPT)):]}
+    limit = _number(req, "limit", DECISIONS_KEPT, 1, MAX_N)
+    return {"decisions": out[-limit:]}

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cachepilot.boundedserver import BoundedServer, Dialogue
+from cachepilot.boundedserver import BoundedServer, Dialogue, Later
 from cachepilot.errors import FatalError, UserError
 
 DEFAULT_SOCKET = "/run/cachepilot/control.sock"
@@ -29,6 +29,7 @@ MAX_DEPTH = 32  # requests are flat objects; json's parser recurses, so depth is
 CLIENT_TIMEOUT_S = 1.0  # for the whole request, however it trickles in
 REPLY_TIMEOUT_S = 5.0
 MAX_CLIENTS = 64
+WAITING = frozenset({"reload"})  # answered once the daemon's loop has acted: worked out off the server's thread
 
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -71,21 +72,29 @@ class _Requests(Dialogue):
         self.server.refused += 1
         return _line({"error": "permission denied: root only"})
 
-    def reply(self, data: bytes, eof: bool) -> bytes | None:
+    def reply(self, data: bytes, eof: bool) -> bytes | Later | None:
         line, newline, _ = data.partition(b"\n")
         if not (newline or eof):
             return None
         if not line.strip():
             return b""  # a connect-and-close (e.g. a liveness check)
-        return _line(self._answer(line))
-
-    def _answer(self, line: bytes) -> dict[str, Any]:
         if nesting_depth(line) > MAX_DEPTH:
-            return {"error": f"bad request: nested deeper than {MAX_DEPTH}"}
+            return _line({"error": f"bad request: nested deeper than {MAX_DEPTH}"})
         try:
             req = json.loads(line)
             if not isinstance(req, dict):
                 raise ValueError("not an object")
+        except ValueError as exc:
+            return _line({"error": f"bad request: {exc}"})
+        if isinstance(req.get("cmd"), str) and req["cmd"] in WAITING:  # off the server's thread: status answers
+            return Later(lambda: _line(self._answer(req)))
+        return _line(self._answer(req))
+
+    def busy(self) -> bytes:
+        return _line({"error": "busy: other reloads are being waited for; try again"})
+
+    def _answer(self, req: dict[str, Any]) -> dict[str, Any]:
+        try:
             return self.server.handler(req)
         except (ValueError, UserError) as exc:
             return {"error": f"bad request: {exc}"}
@@ -158,18 +167,38 @@ class ControlServer:
 
 READ_ONLY = frozenset({"status", "top", "explain", "advise"})  # asking twice changes nothing
 RETRY_PAUSE_S = 0.01
+MAX_BACKOFF_S = 0.2
+# A connect refused for now: the listener's queue is full under a connect flood (EAGAIN on a unix socket) or the
+# daemon is between its unlink and listen (ECONNREFUSED). Nothing was sent, so any command may try again.
+NOT_YET = frozenset({errno.EAGAIN, errno.ECONNREFUSED})
+
+
+class _NotConnected(Exception):
+    def __init__(self, err: OSError) -> None:
+        super().__init__(err.strerror)
+        self.err = err
 
 
 def request(path: Path, req: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
-    """Ask the daemon; UserError naming the problem if it does not answer. The server closes a connection unanswered
-    only before it has the whole request (over its connection cap, or too slow), so a read-only question whose
-    connection was closed without a byte of answer is asked again until ``timeout``; any other is reported."""
+    """Ask the daemon; UserError naming the problem if it does not answer. A connect refused for now (``NOT_YET``)
+    is tried again with a short backoff until ``timeout``, whatever the command (nothing was sent). The server closes
+    a connection unanswered only before it has the whole request (over its connection cap, or too slow), so a
+    read-only question whose connection was closed without a byte of answer is asked again until ``timeout``; any
+    other is reported."""
     deadline = time.monotonic() + timeout
+    pause = RETRY_PAUSE_S
     while True:
         try:
             data = _exchange(path, req, max(deadline - time.monotonic(), 0.001))
         except TimeoutError:
             raise UserError(f"the daemon at {path} did not answer within {timeout:g} s") from None
+        except _NotConnected as exc:
+            if time.monotonic() + pause >= deadline:
+                raise UserError(f"cannot reach the daemon at {path}: {exc.err.strerror} (still after "
+                                f"{timeout:g} s)") from None
+            time.sleep(pause)
+            pause = min(pause * 2, MAX_BACKOFF_S)
+            continue
         except ConnectionError as exc:
             if req.get("cmd") not in READ_ONLY or time.monotonic() + RETRY_PAUSE_S >= deadline:
                 raise UserError(f"the daemon at {path} closed the connection without answering ({exc.strerror})"
@@ -181,6 +210,8 @@ def request(path: Path, req: dict[str, Any], timeout: float = 5.0) -> dict[str, 
         answer = json.loads(data)
     except ValueError:
         raise UserError(f"the daemon at {path} sent an unreadable answer") from None
+    if not isinstance(answer, dict):
+        raise UserError(f"the daemon at {path} sent an unreadable answer (not an object)")
     if "error" in answer:
         raise UserError(f"daemon: {answer['error']}")
     return answer
@@ -200,6 +231,8 @@ def _exchange(path: Path, req: dict[str, Any], timeout: float) -> bytes:
         except PermissionError:
             raise UserError(f"{path}: permission denied (the control socket is root only)") from None
         except OSError as exc:
+            if exc.errno in NOT_YET:
+                raise _NotConnected(exc) from None
             raise UserError(f"cannot reach the daemon at {path}: {exc.strerror or exc}") from None  # too long: no errno
         s.sendall(json.dumps(req).encode() + b"\n")
         while chunk := s.recv(1 << 16):

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from cachepilot.actions import Action
-from cachepilot.daemon import actuation, answers, pinning, status, volumes
+from cachepilot.daemon import actuation, answers, status, volumes
 from cachepilot.daemon.acting import Actor
 from cachepilot.daemon.adoption import ActuatorsFactory, Adopter, BackendFactory, Discover
 from cachepilot.daemon.allocfail import pace_promotions
@@ -232,6 +232,7 @@ class Daemon:
             ("clear_latches", self._clear_latches),
             ("alloc", lambda now: pace_promotions(self.vols.values(), self.probe, now)),
             ("imports", lambda now: self.imports.apply(self.engine)),
+            ("pins", lambda now: self.adopter.pins.collect(self.engine)),
             ("deferred", lambda now: self.actor.deferred(now, self.dry_run)),
             ("decide", self._decide),
             ("retries", lambda now: self.actor.retry_due(now, self.dry_run)),
@@ -318,7 +319,7 @@ class Daemon:
             return False
         self.config = keep_fixed(new, self.config)
         for v in list(self.vols.values()):
-            pinning.apply(self.engine, v.info)  # the patterns may have changed, and files appeared
+            self.adopter.pins.submit(self.engine, v.info)  # the patterns may have changed, and files appeared
         self.policy_error = None
         self.policy_generation += 1
         log.info("reloaded %s (policies: %s)%s", new.source, new.policy.source, " DRY RUN" if self.dry_run else "")

@@ -7,8 +7,10 @@ SIGKILL), so a stale file never blocks a restart; the pid inside is only for the
 
 The directories are trusted only if nobody else could plant a file in them (the daemon runs as root): each must be
 owned by root (or by the running user when not root) and not writable by group or others, and so must each parent
-unless it has the sticky bit (/tmp). The files are opened with O_NOFOLLOW, so a symbolic link is refused, never
-followed."""
+unless it has the sticky bit (/tmp). The directory is reached one component at a time with O_NOFOLLOW, so a
+symbolic link anywhere in its path is refused (one line, exit 2): a link another user planted (or could swap)
+would move the daemon's state and lock into a directory of their choosing. The files are opened with O_NOFOLLOW,
+so a symbolic link is refused, never followed."""
 
 from __future__ import annotations
 
@@ -48,14 +50,49 @@ def _check_parents(real: str, what: str) -> None:
                             " lets another user replace it: refusing")
 
 
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW
+
+
+def _step(fd: int, part: str, last: bool) -> int:
+    """The descriptor of directory ``part`` under ``fd`` (made if missing: 0700 the last, 0755 a parent)."""
+    try:
+        return os.open(part, _DIR, dir_fd=fd)
+    except FileNotFoundError:
+        try:
+            os.mkdir(part, 0o700 if last else 0o755, dir_fd=fd)
+        except FileExistsError:
+            pass  # made meanwhile: opened (and checked) below like any other
+        return os.open(part, _DIR, dir_fd=fd)
+
+
+def open_no_links(path: Path, what: str) -> int:
+    """An O_DIRECTORY descriptor of ``path`` reached component by component without following any link; UserError
+    naming the component that is a link (or not a directory), FatalError if it cannot be made or opened."""
+    full = Path(os.path.abspath(path))
+    fd = os.open("/", _DIR)
+    seen = Path("/")
+    try:
+        for i, part in enumerate(full.parts[1:], 2):
+            seen /= part
+            try:
+                nfd = _step(fd, part, i == len(full.parts))
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    kind = "a symbolic link" if os.path.islink(seen) else "not a directory"
+                    raise UserError(f"{what} {path}: {seen} is {kind}: refusing (name the real directory)") from None
+                raise FatalError(f"{what} {path}: {exc.strerror or exc}") from None
+            os.close(fd)
+            fd = nfd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def private_dir(path: Path, what: str) -> int:
     """An O_DIRECTORY descriptor of ``path`` (made 0700 if missing) once checked that nobody else can write in it
     or replace it; UserError (a configuration problem) if they can, FatalError if it cannot be made or opened."""
-    try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise FatalError(f"{what} {path}: {exc.strerror or exc}") from None
+    fd = open_no_links(path, what)
     try:
         st = os.fstat(fd)
         if not _trusted_owner(st) or st.st_mode & 0o022:
@@ -86,6 +123,7 @@ def _flock(directory: Path, name: str, what: str) -> int:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise FatalError(f"cannot lock {path}: not a regular file")
+        os.fchmod(fd, 0o600)  # by descriptor, never by path: an old lock file with another mode is made private
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
         if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):

@@ -66,6 +66,8 @@ class Metrics:
             self.ex.write_textfile(self.textfile, self.registry)
         except OSError as exc:
             once(f"metrics: textfile {self.textfile} not written: {exc.strerror}")
+        except UserError as exc:  # a directory another user could redirect the file in: refused, said once
+            once(f"metrics: textfile not written: {exc}")
 
     def close(self) -> None:
         if self.server is not None:

@@ -6,20 +6,20 @@ so a crash leaves either the old or the new file, never a torn one. Bounded: at 
 and ``MAX_DECISIONS`` decisions, and the whole document at most ``MAX_BYTES`` (hot lists are cut further if
 needed). A write that fails (a full disk) is counted and the daemon carries on. Reading a missing, unreadable or
 corrupt file gives ``None`` and the reason, never an exception: the daemon then starts fresh with one warning.
-Both the file and its temporary are opened with O_NOFOLLOW: a symbolic link is never followed (see daemon/lock.py
-for the checks on the directory).
+The file is read with O_NOFOLLOW and written through safeio's one output path (a new temporary created
+O_EXCL|O_NOFOLLOW in the directory checked by descriptor, renamed within it): a symbolic link is never followed
+(see daemon/lock.py for the checks on the directory).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import zlib
 from pathlib import Path
 from typing import Any
 
 from cachepilot.errors import UserError
-from cachepilot.safeio import NoSuchFile, read_capped
+from cachepilot.safeio import NoSuchFile, read_capped, write_atomic
 
 VERSION = 1
 MAX_HOT = 4096  # files per volume in the hot list
@@ -66,29 +66,11 @@ class StateFile:
         """Atomically replace the state file; False (counted, reason in last_error) if that failed."""
         doc = {**doc, "version": VERSION}
         data = bound(doc, self.max_bytes)
-        tmp = self.dir / f".{STATE_NAME}.{os.getpid()}.tmp"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.rename(tmp, self.path)
-            dfd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-        except OSError as exc:
+        try:  # a new temporary (O_EXCL|O_NOFOLLOW) renamed over the file within the checked directory (safeio)
+            write_atomic(self.path, data, "state file", 0o600)
+        except (OSError, UserError) as exc:
             self.failed_writes += 1
-            self.last_error = f"{self.path}: {exc.strerror or exc}"
-            try:
-                tmp.unlink(missing_ok=True)
-            except OSError:
-                pass
+            self.last_error = f"{self.path}: {exc.strerror or exc}" if isinstance(exc, OSError) else str(exc)
             return False
         self.writes += 1
         self.last_error = None

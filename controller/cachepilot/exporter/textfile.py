@@ -2,32 +2,24 @@
 
 node_exporter reads every ``*.prom`` file of its ``--collector.textfile.directory`` on each scrape; a file it
 catches half-written is an error for that scrape. So the text goes to a hidden temporary file in the same
-directory (not matching ``*.prom``), is fsynced, and replaces the old file with one rename.
+directory (not matching ``*.prom``), is fsynced, and replaces the old file with one rename. The temporary is made
+and its mode set through safeio's one output path (``O_EXCL|O_NOFOLLOW`` in the directory checked by descriptor,
+``fchmod``): a user who can write in the directory and swaps the temporary for a link gets nothing chmodded (it
+was ``chmod`` by path: root made any file 0644, a 0600 secret or a raw disk).
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
-from pathlib import Path
 
 from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
+from cachepilot.safeio import write_atomic
+
 
 def write_textfile(path: str | os.PathLike[str], registry: CollectorRegistry) -> None:
-    """Write the registry's exposition to ``path`` (which should end in ``.prom``). OSError on failure; the
-    previous file is then left as it was."""
-    target = Path(path)
-    data = generate_latest(registry)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # node_exporter usually runs as its own user
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write the registry's exposition to ``path`` (which should end in ``.prom``), 0644 (node_exporter usually
+    runs as its own user). OSError on failure, UnsafeOutput if another user could redirect it; the previous file
+    is then left as it was."""
+    write_atomic(os.fspath(path), generate_latest(registry), "metrics textfile", 0o644)

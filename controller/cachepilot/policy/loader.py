@@ -51,7 +51,11 @@ _DUR = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 MAX_POLICY_BYTES = 4 << 20  # a policy with 10 000 rules is about 1 MiB
 MAX_DEPTH = 32  # the schema needs 5 levels
-MAX_NODES = 1_000_000
+MAX_NODES = 300_000  # 10 000 rules of 30 nodes; a million took 200 MB to refuse (a 4 MiB file can hold two)
+# items in one list or mapping, counted as they are parsed (before the schema, whose error for a long list quoted
+# all of it: a 4 MiB pin.paths list was an error line of 4 MiB). The longest list a policy has is its volume rules.
+MAX_ITEMS = 10_000
+MAX_MESSAGE = 160  # characters of one schema message (it may quote the offending value)
 MAX_NUMBER_CHARS = 40  # longer digit strings are not sizes or durations (and int() of them is slow)
 MAX_SIZE = 1 << 60  # 1 EiB
 MAX_DURATION_S = 366 * 86400.0  # a year
@@ -170,6 +174,10 @@ def _place(stack: list[_Frame], doc: _Doc, value: Any, line: int) -> PathT:
         doc.lines[()] = line
         return ()
     top = stack[-1]
+    if len(top.value) >= MAX_ITEMS:
+        where = ".".join(str(x) for x in top.path) or "(top level)"
+        raise UserError(f"{doc.source}:{line}: {where}: too many items in one "
+                        f"{'list' if isinstance(top.value, list) else 'mapping'} (at most {MAX_ITEMS})")
     if isinstance(top.value, list):
         path = (*top.path, len(top.value))
         top.value.append(value)
@@ -282,14 +290,22 @@ def schema_errors(doc: _Doc, validator: jsonschema.Draft202012Validator = _valid
             continue
         if e.validator == "oneOf":
             desc = e.schema.get("description") or "value of the wrong type"
-            msg = f"{e.instance!r} is not valid: expected {desc}"
+            msg = f"{_short(repr(e.instance))} is not valid: expected {desc}"
+        elif e.validator in ("maxItems", "minItems") and isinstance(e.instance, list):
+            msg = f"{len(e.instance)} items (at {'most' if e.validator == 'maxItems' else 'least'} {e.validator_value})"
         elif e.validator == "const" and path == ("version",):
             msg = f"unsupported version {e.instance!r} (this cachepilot reads version 1)"
         else:
-            msg = e.message
+            msg = _short(e.message)
         out.append((doc.line(path), doc.err(path, msg)))
     out.sort(key=lambda x: x[0])
     return [u for _, u in out]
+
+
+def _short(text: str) -> str:
+    """One short line of a message that may quote a value of any size."""
+    text = text.replace("\n", " ")
+    return text if len(text) <= MAX_MESSAGE else f"{text[:MAX_MESSAGE]}... ({len(text)} characters)"
 
 
 def _section(cls: type, raw: dict[str, Any], base: Any, conv: dict[str, tuple[str, Any]], doc: _Doc,

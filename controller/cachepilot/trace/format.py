@@ -82,7 +82,7 @@ from cachepilot.events import (
 from cachepilot.models.epochs import BLOCK_BARRIERS
 from cachepilot.models.hotness import HOT_DTYPE
 from cachepilot.models.volume import VolumeInfo, VolumeSample
-from cachepilot.safeio import open_input
+from cachepilot.safeio import json_items, open_input, open_stream
 
 MAGIC = b"CPTRACE\x00"
 VERSION = 2
@@ -119,6 +119,11 @@ MAX_BLOCK_BYTES = 64 << 20  # stored or inflated; a fixed-size block inflates to
 RAW, ZLIB, ZSTD = 0, 1, 2  # block codecs
 ZSTD_LEVEL = 3
 MAX_JSON_LINE = 1 << 20  # one meta or sample record
+# A JSON block (meta, samples) is bounded by what its records may build, not only by bytes: 64 MiB of JSON built
+# 1.7 GB of objects from a 5.6 KB trace. Its inflated size (checked against the frame's declared size before
+# inflating) and its JSON items (counted before parsing) are capped; its lines must be the count it declares.
+MAX_JSON_BLOCK_BYTES = 8 << 20
+MAX_JSON_ITEMS = 1 << 20
 MAX_TICK_NS = (1 << 32) * 1_000_000_000  # 136 years of CLOCK_MONOTONIC: hotness epochs fit in u32
 
 
@@ -172,10 +177,8 @@ class TraceWriter:
         self._own = not hasattr(path, "write")
         self.name = str(path) if self._own else str(getattr(path, "name", "trace"))
         self.failed = False  # a write failed (a full disk): close() writes no END block
-        try:
-            self.f: BinaryIO = open(path, "wb") if self._own else path  # type: ignore[arg-type,assignment]  # noqa: SIM115
-        except OSError as exc:
-            raise UserError(f"{path}: cannot write trace: {exc.strerror or exc}") from None
+        # a path: created through safeio's one output path (a planted link is refused, never followed)
+        self.f: BinaryIO = open_stream(path, "trace") if self._own else path  # type: ignore[arg-type,assignment]
         self.compress = compress
         self._zstd = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True)
         self.total = 0
@@ -379,7 +382,7 @@ class TraceReader:
             raise self._err(off, "corrupt block (CRC mismatch)")
         if codec == RAW:
             return payload
-        limit = count * self.layouts[t].size if t in self.layouts else MAX_BLOCK_BYTES
+        limit = count * self.layouts[t].size if t in self.layouts else MAX_JSON_BLOCK_BYTES
         if codec == ZSTD:
             return self._unzstd(off, payload, limit)
         if codec != ZLIB:
@@ -411,7 +414,15 @@ class TraceReader:
             raise self._err(off, f"compressed block inflates to {len(out)} bytes, declares {size}")
         return out
 
-    def _json(self, off: int, t: int, payload: bytes) -> list[Any]:
+    def _json(self, off: int, t: int, count: int, payload: bytes) -> list[Any]:
+        if len(payload) > MAX_JSON_BLOCK_BYTES:
+            raise self._err(off, f"{NAMES[t]} block of {len(payload)} bytes (at most {MAX_JSON_BLOCK_BYTES})")
+        lines = payload.count(b"\n") + 1 if payload else 0
+        if lines != count:
+            raise self._err(off, f"{NAMES[t]} block holds {lines} records, declares {count}")
+        items = json_items(payload)
+        if items > MAX_JSON_ITEMS:
+            raise self._err(off, f"{NAMES[t]} block of {items} JSON values (at most {MAX_JSON_ITEMS})")
         recs: list[Any] = []
         for line in payload.split(b"\n") if payload else ():
             if len(line) > MAX_JSON_LINE:
@@ -487,7 +498,7 @@ class TraceReader:
             if t not in self.layouts and t not in JSON_TYPES:
                 raise self._err(off, f"unknown block type {t}")
             payload = self._payload(off, t, codec, count, payload, crc)
-            recs = self._json(off, t, payload) if t in JSON_TYPES else self._fixed(off, t, count, payload)
+            recs = self._json(off, t, count, payload) if t in JSON_TYPES else self._fixed(off, t, count, payload)
             if len(recs) != count:
                 raise self._err(off, f"block says {count} records, holds {len(recs)}")
             total += count

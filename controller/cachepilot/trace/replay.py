@@ -55,6 +55,13 @@ class ReplayResult:
     stream: bool = False  # read from a pipe (it cannot be read again)
 
 
+MAX_UNKNOWN_DEVS = 1024
+# Files the replayed engine tracks at once (its hotness table, ~120 B a file). Checked after each hotness block,
+# so at most this plus one block's 2^20: 1.5 M files, ~400 MB, within the unit's 512 MiB.
+MAX_REPLAY_FILES = 1 << 19
+OTHER_DEVS = "other devices"
+
+
 def unknown_volumes_warning(res: ReplayResult) -> str | None:
     """One line about events of volumes the meta block does not name (replay ignores them), or None."""
     if not res.unknown_volumes:
@@ -96,7 +103,7 @@ class _Replayer:
 
     def block(self, off: int, t: int, recs: Any) -> None:
         if t == T_HOT:
-            self.hot(recs)
+            self.hot(off, recs)
         elif t == T_TICK:
             self.ticks(recs)
         elif t == T_SAMPLE:
@@ -104,12 +111,24 @@ class _Replayer:
         elif t != T_META:
             self.events(off, t, recs)
 
-    def hot(self, recs: Any) -> None:
+    def hot(self, off: int, recs: Any) -> None:
         devs = recs["dev"]
-        odd = devs[~np.isin(devs, self.known_devs)]  # a sort of the block, not a Python loop
-        if len(odd):
-            self.unknown.update(odd.tolist())
+        known = np.isin(devs, self.known_devs)  # a sort of the block, not a Python loop
+        if not known.all():
+            odd, counts = np.unique(devs[~known], return_counts=True)
+            self._unknown(zip(odd.tolist(), counts.tolist(), strict=True))
+            recs = recs[known]  # the engine groups a block by device (a pass per device): only ours reach it
         self.engine.feed_hotness_array(recs)
+        if len(self.engine.hotness) > MAX_REPLAY_FILES:  # ~120 B each: 4 blocks of new files took 690 MB
+            raise UserError(f"{self.path}: offset {off}: more than {MAX_REPLAY_FILES} distinct files tracked at once "
+                            "(replay's cap; a block adds at most 2^20)")
+
+    def _unknown(self, counts: Any) -> None:
+        """Count events of devices the meta block does not name: at most MAX_UNKNOWN_DEVS by name, the rest
+        together (a block of a million distinct devices was a million keys, and quadratic in the engine)."""
+        for dev, n in counts:
+            key = dev if dev in self.unknown or len(self.unknown) < MAX_UNKNOWN_DEVS else OTHER_DEVS
+            self.unknown[key] += n
 
     def ticks(self, recs: Any) -> None:
         for (ts,) in recs:
@@ -121,7 +140,7 @@ class _Replayer:
     def samples(self, off: int, recs: Any) -> None:
         for r in recs:
             if r.get("dev") not in self.known:
-                self.unknown[r.get("dev")] += 1
+                self._unknown(((r.get("dev"), 1),))
             try:
                 self.engine.sample(volume_sample(r))
             except (TypeError, ValueError) as exc:
@@ -129,7 +148,7 @@ class _Replayer:
 
     def events(self, off: int, t: int, recs: Any) -> None:
         if t != T_DROPS:
-            self.unknown.update(r[0] for r in recs if r[0] not in self.known)
+            self._unknown(Counter(r[0] for r in recs if r[0] not in self.known).items())
         make, feed = MAKERS[t], self.engine.feed
         try:
             if t == T_DELETE:
