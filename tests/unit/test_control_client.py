@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -107,9 +108,13 @@ def test_an_answer_broken_off_is_not_asked_again(sock: Path) -> None:
 
 
 def test_a_daemon_that_never_answers_is_reported_within_the_timeout(sock: Path) -> None:
+    """Either way of saying it is right: the last connection closed unanswered, or (a loaded host, the client
+    retrying within its deadline) the deadline passed; what matters is one line, within about the timeout."""
     OneShot(sock, bad=10 ** 6)
-    with pytest.raises(UserError, match="closed the connection without answering"):
+    t0 = time.monotonic()
+    with pytest.raises(UserError, match="closed the connection without answering|did not answer within 0.3 s"):
         request(sock, {"cmd": "status"}, timeout=0.3)
+    assert time.monotonic() - t0 < 2.0
 
 
 class CountingSelector:
