@@ -264,8 +264,12 @@ def goal_rows(rows: dict[str, list[dict]]) -> list[list[str]]:
 def plots(runner: Runner, ok: dict[str, list[dict]]) -> list[Path]:
     out = []
     traces = {c: [tuple(p) for p in rs[0]["fsync_trace"]] for c, rs in ok.items() if rs and rs[0].get("fsync_trace")}
-    png = plot(runner.out, f"{NAME}_fsync", "W1 fileserver: each fsync's latency (round 1, window)", "fsync ms",
-               traces)
+    cp = ok.get("cp-destructive") or []
+    # the destructive run's drains and switches on the same clock (the window's start): where the tail comes from
+    marks = [(t, f"{'drain' if kind == 'drain' else 'mode'} {status}") for t, kind, status, _ in
+             (cp[0].get("control_trace", []) if cp else []) if 0 <= t]
+    png = plot(runner.out, f"{NAME}_fsync", "W1 fileserver: each fsync's latency (round 1, window; marks: the"
+               " destructive run's drains and switches)", "fsync ms", traces, marks)
     if png:
         out.append(png)
     for key, label, ylabel in (("origin_mib", "origin_writes", "MiB written to the origin"),

@@ -295,9 +295,11 @@ def window_end(daemon: Daemon) -> tuple[float, float, dict]:
     return daemon.cpu_s(), daemon.sys_s(), daemon.ask("status").get("counters") or {}
 
 
-def daemon_metrics(daemon: Daemon, cpu0: float, secs: float, first: dict, end: tuple[float, float, dict]) -> dict:
+def daemon_metrics(daemon: Daemon, cpu0: float, secs: float, first: dict, end: tuple[float, float, dict],
+                   wall0: float) -> dict:
     """first: the daemon's status counters when the window began (where its loop's time went in the window); end:
-    window_end()."""
+    window_end(); wall0: the wall-clock time the window began (the decision log's clock), so that drains and
+    switches line up with the per-fsync trace (its times are from the window's start too)."""
     cpu1, sys1, last = end
     res = {"daemon_cpu_pct": 100 * (cpu1 - cpu0) / secs,
            "daemon_sys_pct": 100 * (sys1 - daemon.sys0) / secs, "daemon_rss_mib": daemon.rss_max / MIB,
@@ -307,6 +309,8 @@ def daemon_metrics(daemon: Daemon, cpu0: float, secs: float, first: dict, end: t
                             if k.startswith("events.")}}
     dec = daemon.explain()
     res["decisions"] = {k: sum(1 for x in dec if x["kind"] == k) for k in {x["kind"] for x in dec}}
+    res["control_trace"] = [(round(x["ts"] - wall0, 2), x["kind"], x["status"], (x.get("action") or "")[:80])
+                            for x in dec if x["kind"] in ("drain", "set_write_policy")]
     res["decisions_tail"] = dec[-6:]
     res["daemon_exit"] = daemon.stop(keep_log=os.environ.get("BENCH_KEEP_LOG", ""))
     res["daemon_log_tail"] = daemon.log()[-1200:]
@@ -370,6 +374,7 @@ def main() -> None:
     load.run(warmup)
     hits = WorkloadHits(os.environ["LAB_CACHED_DEV"], os.getpid())
     a, ops0, load.recording = counters(), load.ops, True
+    wall0 = time.time() - (time.monotonic() - a["t"])
     cpu0 = daemon.cpu_s() if daemon else (busy.cpu_s() if busy else 0.0)
     if daemon:
         daemon.sys0 = daemon.sys_s()
@@ -395,7 +400,7 @@ def main() -> None:
         busy.stop()
     res["timeline"] = sampler.stop()  # before the daemon stops: the sampler reads its RSS
     if daemon and end is not None:
-        res.update(daemon_metrics(daemon, cpu0, res["window_s"], first, end))
+        res.update(daemon_metrics(daemon, cpu0, res["window_s"], first, end, wall0))
     time.sleep(WITNESS_TAIL)
     events, overrun = dirty_trace.events()
     disc = [(t, "d", s + res["offset"], n) for t, s, n in witness.discards()]
