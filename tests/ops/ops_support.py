@@ -59,6 +59,7 @@ def snapshot(step: int = 1, now: float = 1_800_000_000.0) -> DaemonSnapshot:
         promoted_bytes=MiB * step, discard_issued_bytes=256 * KiB * step, discard_landed_bytes=192 * KiB * step,
         barriers=3 * step, epoch_bytes=epochs.freeze(), cache_set=CACHE_SET,
         alloc_failures=2 * step, promotion_rate=4.0 * MiB,
+        operator_drain_remaining_bytes=8 * MiB, operator_drain_rate_bytes=2.0 * MiB,
         advice=((128 * MiB, 0.52, 0.01, 480 * MiB, 64 * MiB), (256 * MiB, 0.71, 0.01, 290 * MiB, 64 * MiB),
                 (512 * MiB, 0.83, 0.02, 170 * MiB, 64 * MiB), (1024 * MiB, 0.88, 0.01, 120 * MiB, 64 * MiB)),
     )

@@ -70,6 +70,8 @@ EXPECTED = {
     "cachepilot_volume_dirty_age_bound_seconds": ("gauge", V),
     "cachepilot_volume_drains": ("counter", V),
     "cachepilot_volume_exposure_breaches": ("counter", V),
+    "cachepilot_volume_operator_drain_remaining_bytes": ("gauge", V),
+    "cachepilot_volume_operator_drain_rate_bytes": ("gauge", V),
     "cachepilot_volume_cache_hits": ("counter", V),
     "cachepilot_volume_cache_misses": ("counter", V),
     "cachepilot_volume_cache_bypasses": ("counter", V),

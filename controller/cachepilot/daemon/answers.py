@@ -30,7 +30,8 @@ def _number(req: dict[str, Any], key: str, default: float, lo: float, hi: float,
 
 
 def answer(snap: Status | None, req: dict[str, Any], clear_requests: list[str],
-           ask_reload: Callable[[], Verdict], imports: Imports | None = None) -> dict[str, Any]:
+           ask_reload: Callable[[], Verdict], imports: Imports | None = None,
+           drain_requests: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     cmd = req.get("cmd")
     if cmd == "reload":
         verdict = ask_reload()
@@ -52,12 +53,38 @@ def answer(snap: Status | None, req: dict[str, Any], clear_requests: list[str],
         # Queued even when the snapshot (one tick old) shows no latch: the tick in between may have set one.
         clear_requests.append(name)  # done by the loop at its next tick
         return {"queued": name, "latched": vol.latched}
+    if cmd == "drain" and drain_requests is not None:
+        return _drain(vols, req, drain_requests)
     if cmd == "hotlist_import" and imports is not None:
         name = str(req.get("volume", ""))
         if name not in vols:
             raise UserError(f"unknown volume {name!r}")
         return {"queued": imports.add(name, req.get("files"))}
-    raise UserError(f"unknown command {cmd!r} (status, top, explain, advise, clear_latch, reload, hotlist_import)")
+    raise UserError(f"unknown command {cmd!r} (status, top, explain, advise, clear_latch, reload, hotlist_import,"
+                    " drain)")
+
+
+def _drain(vols: dict[str, Any], req: dict[str, Any], queue: list[dict[str, Any]]) -> dict[str, Any]:
+    """``cachepilot drain``: checked here (one line for a bad request), carried out by the loop at its next tick
+    (the engine is the loop's); the CLI follows it in ``status`` (the volume's ``operator_drain``)."""
+    name = req.get("volume")
+    vol = vols.get(name) if isinstance(name, str) else None
+    if vol is None:
+        raise UserError(f"unknown volume {str(name)[:80]!r} (known: {', '.join(sorted(vols)) or 'none'})")
+    if vol.observe_only:
+        raise UserError(f"{name}: observed only (not managed): cachepilot does not drain it")
+    if req.get("release"):
+        queue.append({"volume": name, "release": True})
+        return {"queued": name, "release": True}
+    deadline = _number(req, "deadline", 600, 1, 7 * 86400, whole=False)
+    end = req.get("end", "policy")
+    if end not in ("policy", "writethrough"):
+        raise UserError(f"end: policy or writethrough expected, got {str(end)[:40]!r}")
+    running = (vol.operator_drain or {}).get("state") == "running"
+    if running:
+        raise UserError(f"{name}: an operator's drain is already running")
+    queue.append({"volume": name, "deadline": deadline, "end": end})
+    return {"queued": name, "dirty_bytes": vol.dirty_bytes}
 
 
 def _top(snap: Status | None, vols: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:

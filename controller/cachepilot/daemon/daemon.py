@@ -107,6 +107,7 @@ class Daemon:
         self._next_state = 0
         self._next_top = 0
         self.clear_requests: list[str] = []  # from the control socket, done on the loop thread
+        self.drain_requests: list[dict[str, Any]] = []  # `cachepilot drain`, likewise
         self.imports = Imports()  # hot lists from the control socket, handed to the engine on the loop thread
         self.metrics: Metrics | None = None  # the exporter, when configured and in this build
         self.ready = False
@@ -230,6 +231,7 @@ class Daemon:
             ("rescan", self._rescan_if_due),
             ("sample", self.actor.sample),
             ("clear_latches", self._clear_latches),
+            ("operator", self._operator_drains),
             ("alloc", lambda now: pace_promotions(self.vols.values(), self.probe, now)),
             ("imports", lambda now: self.imports.apply(self.engine)),
             ("pins", lambda now: self.adopter.pins.collect(self.engine)),
@@ -296,6 +298,20 @@ class Daemon:
             log.warning("%s: latch cleared by the operator%s", name, f" (was: {was})" if was else " (none was set)")
         self.clear_requests = []
 
+    def _operator_drains(self, now: int) -> None:
+        """`cachepilot drain` requests, in order (engine/operatordrain.py); one log line each."""
+        todo, self.drain_requests = self.drain_requests, []
+        for r in todo:
+            try:
+                if r.get("release"):
+                    log.info("%s: operator drain: %s by the operator", r["volume"],
+                             self.engine.operator_release(r["volume"]))
+                    continue
+                self.engine.operator_drain(r["volume"], r["deadline"], r["end"])
+                log.info("%s: operator drain started: deadline %g s, then %s", r["volume"], r["deadline"], r["end"])
+            except UserError as exc:
+                log.warning("operator drain: %s", exc)
+
     # ------------------------------------------------------------------ reload
     def _load(self) -> DaemonConfig:
         """Re-read the configuration and its policies (off the loop thread: reads and parses only)."""
@@ -345,4 +361,5 @@ class Daemon:
     def answer(self, req: dict[str, Any]) -> dict[str, Any]:
         """Control-socket requests (called on the server thread): daemon/answers.py."""
         return answers.answer(self.snapshot, req, self.clear_requests,
-                              lambda: self.reloads.ask(max(RELOAD_WAIT_S, 3 * self.config.tick_s)), self.imports)
+                              lambda: self.reloads.ask(max(RELOAD_WAIT_S, 3 * self.config.tick_s)), self.imports,
+                              self.drain_requests)

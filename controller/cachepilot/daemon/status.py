@@ -91,6 +91,7 @@ class VolumeStatus:
     promotions_skipped: dict[str, int]  # promotions not made, by reason
     pins: dict[str, Any] | None  # pinned files and their residency (models/pins.py), None: no pins
     importing: int  # files of an imported hot list not re-warmed yet (``hotlist import --wait``)
+    operator_drain: dict[str, Any] | None = None  # `cachepilot drain`'s request: state, bytes left, rate (None: none)
     metrics: VolumeMetrics | None = field(default=None, metadata={"json": False})  # None: not exported
 
     def to_json(self) -> dict[str, Any]:
@@ -223,6 +224,7 @@ def volume_status(v: ManagedVolume, c: VolumeCtl, now: int, engine: Engine) -> V
         discard_pending_blocks=c.freed.pending_blocks, held_switches=c.held_switches,
         promotions_skipped=dict(c.promotions_skipped),
         pins=c.pins.status(engine.hotness) if len(c.pins) or c.pins.note else None, importing=v.importing(),
+        operator_drain=c.operator.to_json(st.dirty_bytes, now) if c.operator is not None else None,
         metrics=None if s is None or v.observe_only else _metrics(v, c, engine.now_ns))
 
 
@@ -246,6 +248,13 @@ def _metrics(v: ManagedVolume, c: VolumeCtl, engine_now: int) -> VolumeMetrics:
         cache_set=(st.cache_id or None) if kind == KIND_BCACHE else None,
         epoch_bytes=v.epoch_bytes.freeze() if v.epoch_bytes is not None else None,
         **_promotion_pacing(v))
+
+
+def _operator_drain(op: dict[str, Any] | None) -> dict[str, Any]:
+    """The exporter's operator-drain gauges: only while one runs."""
+    if op is None or op.get("state") != "running":
+        return {}
+    return {"operator_drain_remaining_bytes": op["dirty_bytes"], "operator_drain_rate_bytes": float(op["rate_bytes_s"])}
 
 
 def _promotion_pacing(v: ManagedVolume) -> dict[str, Any]:
@@ -284,6 +293,7 @@ def exporter_snapshot(status: Status, ex: Any, tick_duration: Any, now_wall: flo
                 discard_issued_bytes=m.discard_issued_bytes, discard_landed_bytes=m.discard_landed_bytes,
                 barriers=m.barriers, cache_set=m.cache_set, alloc_failures=m.alloc_failures,
                 promotion_rate=m.promotion_rate, advice=_advice(status.curves.get(v.name), v.cache_bytes),
+                **_operator_drain(v.operator_drain),
                 epoch_bytes=m.epoch_bytes if m.epoch_bytes is not None else ex.Histogram.empty(ex.EPOCH_BUCKETS)))
         except ValueError as exc:
             left_out.append(f"metrics: {v.name} left out: {exc}")

@@ -34,6 +34,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 
 from cachepilot.actions import DONE, FAILED, Action, DiscardRanges, Drain, Outcome, PutBackKnobs, SetKnob
+from cachepilot.engine import operatordrain
 from cachepilot.engine.admission import Admission
 from cachepilot.engine.discards import gather_due, plan_discards, requeue_failed
 from cachepilot.engine.dispatch import EventDispatch
@@ -290,6 +291,7 @@ class Engine:
             c.last_failure = f"{a.line()}: {o.detail or 'failed'}"
         if isinstance(a, Drain):
             self.drains.ended(c, a, ok, o.detail, self.now_ns)
+            operatordrain.drain_ended(c, a, ok, o.detail, self.now_ns)
         elif isinstance(a, DiscardRanges) and not ok:
             requeue_failed(c, a)
         # a failed switch or knob is asked again after REQUEST_RETRY_NS (the request stays recorded until then)
@@ -321,15 +323,29 @@ class Engine:
             if gather_due(c, now, prompted=False):
                 plan_discards(c, now, out)
             self.drains.track(c, now)
-            self.writes.decide(c, now, out)
+            operatordrain.step(c, now, out)
+            held = c.operator is not None and c.operator.active  # an operator's drain: the policy stays off
+            if not held:
+                self.writes.decide(c, now, out)
             self.knobs.pin(c, now, out)
             self._steer(c, now, out)
-            self._native_bound(c, now, out)  # first: its put-back on a model change precedes the hold's request
-            self._lifetime_hold(c, now, out)
-            self._pace(c, now, out)
-            self.drains.plan(c, now, out)
+            if not held:
+                self._native_bound(c, now, out)  # first: its put-back on a model change precedes the hold's request
+                self._lifetime_hold(c, now, out)
+                self._pace(c, now, out)
+                self.drains.plan(c, now, out)
             c.last_tick_ns = now
         return out
+
+    def operator_drain(self, name: str, deadline_s: float, end: str) -> dict[str, object]:
+        """``cachepilot drain``: start an operator's drain of a volume (engine/operatordrain.py); its status."""
+        c = self.volume(name)
+        op = operatordrain.request(c, self.now_ns, deadline_s, end)
+        return op.to_json(c.state.dirty_bytes, self.now_ns)
+
+    def operator_release(self, name: str) -> str:
+        """``cachepilot drain --release``: the policy takes the volume back."""
+        return operatordrain.release(self.volume(name))
 
     def _steer(self, c: VolumeCtl, now: int, out: list[Action]) -> None:
         steer = self.seq.decide(c.info.dev, c.policy.sequential_steering, SEQ_KNOB in c.policy.knobs, now)

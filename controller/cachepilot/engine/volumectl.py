@@ -49,6 +49,38 @@ class DrainInFlight:
     dirty_bytes: int = 0  # dirty when it started: with its duration, the volume's write-back rate
 
 
+RUNNING, HELD = "running", "held"  # an operator's drain that holds the volume (OperatorDrain.active)
+
+
+@dataclass
+class OperatorDrain:
+    """An operator's drain request (engine/operatordrain.py)."""
+
+    start_ns: int
+    deadline_ns: int
+    end: str  # one of ENDS
+    start_dirty: int
+    state: str = RUNNING
+    detail: str = ""
+    ended_ns: int | None = None
+    drains: int = 0  # drains this request started
+    action: Drain | None = None  # the last of them
+    asked_mode_ns: int | None = None  # held write-through: when the switch was last asked for
+
+    @property
+    def active(self) -> bool:
+        """Whether the daemon's own write policy stays off the volume: running, or held write-through."""
+        return self.state in (RUNNING, HELD)
+
+    def to_json(self, dirty: int, now: int) -> dict[str, object]:
+        """What status shows: the state, bytes left, the rate so far and the time to the deadline."""
+        took = max(1, (self.ended_ns or now) - self.start_ns)
+        gone = max(0, self.start_dirty - dirty)
+        return {"state": self.state, "detail": self.detail, "end": self.end, "start_dirty_bytes": self.start_dirty,
+                "dirty_bytes": dirty, "rate_bytes_s": round(gone * NS / took), "elapsed_s": round(took / NS, 1),
+                "deadline_in_s": round((self.deadline_ns - now) / NS, 1)}
+
+
 @dataclass(slots=True)
 class BoundStretch:
     """A write-through stretch the exposure bound forced: how fast it drained is the volume's write-back rate."""
@@ -118,6 +150,8 @@ class VolumeCtl:
     # write-through because the exposure bound forced it; write-back again once write-back at full rate can keep
     # the bound (WritePolicy._resume), not after a timer
     bound_wt: BoundStretch | None = None
+    # an operator's drain (engine/operatordrain.py): while active the policy's own mode, drains and pacing stay off
+    operator: OperatorDrain | None = None
 
     @property
     def promotes(self) -> bool:

@@ -164,6 +164,10 @@ EXPOSURE: tuple[PerVolume, ...] = (
     (Counter, "cachepilot_volume_drains_total", "Drains completed.", "drains"),
     (Counter, "cachepilot_volume_exposure_breaches_total", "Exposure breaches: drains that failed or missed their "
      "deadline.", "exposure_breaches"),
+    (Gauge, "cachepilot_volume_operator_drain_remaining_bytes", "While an operator's drain (cachepilot drain) runs: "
+     "the dirty data it has left.", "operator_drain_remaining_bytes"),
+    (Gauge, "cachepilot_volume_operator_drain_rate_bytes", "While an operator's drain runs: its write-back rate so "
+     "far, in bytes per second.", "operator_drain_rate_bytes"),
 )
 CACHE: tuple[PerVolume, ...] = (
     (Counter, "cachepilot_volume_cache_hits_total", "Stock cache hits.", "hits"),

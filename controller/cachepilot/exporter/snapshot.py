@@ -138,6 +138,8 @@ class VolumeSnapshot:
     cache_set: str | None = None  # bcache: its cache set's UUID, node_exporter's node_bcache_*{uuid}; others: None
     alloc_failures: int | None = None  # bcache: read-miss inserts its cache refused (bcache_alloc_fail); else None
     promotion_rate: float | None = None  # the promoter's current rate in bytes/s (None: no promoter)
+    operator_drain_remaining_bytes: int | None = None  # while `cachepilot drain` runs: dirty bytes left
+    operator_drain_rate_bytes: float | None = None  # ... and its rate so far (bytes/s)
     # the sizing advisor's points: (size bytes, hit ratio, its error, origin read bytes, origin write bytes)
     advice: tuple[tuple[int, float, float, int, int], ...] = ()
 

@@ -1,0 +1,93 @@
+"""`cachepilot drain VOLUME`: drive a volume's dirty data to zero through the running daemon (issue 36), with a
+progress line (bytes left, rate, time to go) until the backend reads the cache clean, or one line and exit 1 when
+the deadline passes with what is left. The daemon holds its own policy off the volume meanwhile; ``--end
+writethrough`` leaves it write-through until ``--release``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from cachepilot.commands.status import _bytes, socket_arg, socket_path
+from cachepilot.display import escape
+from cachepilot.errors import UserError
+
+POLL_S = 1.0
+GRACE_S = 30.0  # past the deadline, how long the CLI waits for the daemon to say how it ended
+
+
+def drain(args: argparse.Namespace) -> int:
+    from cachepilot.daemon.control import request
+    from cachepilot.policy.loader import parse_duration
+
+    try:
+        deadline = parse_duration(args.deadline)
+    except ValueError as exc:
+        raise UserError(f"--deadline: {exc}") from None
+    sock = socket_path(args)
+    req: dict[str, Any] = {"cmd": "drain", "volume": args.volume}
+    req.update({"release": True} if args.release else {"deadline": deadline, "end": args.end})
+    answer = request(sock, req)
+    name = escape(args.volume)
+    if args.release:
+        print(f"{name}: released to the policy at the daemon's next tick")
+        return 0
+    print(f"{name}: drain queued ({_bytes(answer.get('dirty_bytes'))} dirty), deadline {deadline:g} s, then"
+          f" {args.end}")
+    return 0 if args.no_wait else follow(sock, args.volume, deadline)
+
+
+def follow(sock: Path, volume: str, deadline: float) -> int:
+    """Poll ``status`` until the operator's drain ends; a progress line each poll (overwritten on a terminal)."""
+    from cachepilot.daemon.control import request
+
+    tty = sys.stdout.isatty()
+    end = time.monotonic() + deadline + GRACE_S
+    seen_running = False
+    while time.monotonic() < end:
+        time.sleep(POLL_S)
+        vol = next((v for v in request(sock, {"cmd": "status"}).get("volumes", []) if v.get("name") == volume), None)
+        op = (vol or {}).get("operator_drain")
+        if op is None:
+            continue  # not taken up yet (the next tick)
+        if op["state"] == "running":
+            seen_running = True
+            print(_progress(volume, op), end="\r" if tty else "\n", flush=True)
+            continue
+        if not seen_running and op.get("elapsed_s", 0) > deadline + GRACE_S:
+            continue  # an older request's end, not ours
+        if tty:
+            print()
+        return _ended(volume, op)
+    print(f"{escape(volume)}: the daemon did not report the drain's end within {deadline + GRACE_S:g} s")
+    return 1
+
+
+def _progress(volume: str, op: dict[str, Any]) -> str:
+    left, rate = op["dirty_bytes"], op["rate_bytes_s"]
+    eta = f"{left / rate:.0f} s" if rate > 0 else "unknown"
+    return (f"{escape(volume)}: {_bytes(left)} left of {_bytes(op['start_dirty_bytes'])}, {_bytes(rate)}/s,"
+            f" ETA {eta}, deadline in {op['deadline_in_s']:g} s")
+
+
+def _ended(volume: str, op: dict[str, Any]) -> int:
+    ok = op["state"] in ("done", "held")
+    print(f"{escape(volume)}: drain {op['state']} after {op['elapsed_s']:g} s: {escape(op['detail'])}"
+          + ("" if ok else f" ({_bytes(op['dirty_bytes'])} still dirty)"))
+    return 0 if ok else 1
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("drain", help="drive a volume's dirty data to zero now, with progress (control socket; root)")
+    socket_arg(p)
+    p.add_argument("volume", metavar="VOLUME", help="the volume's name as status shows it (e.g. bcache0)")
+    p.add_argument("--deadline", default="10m", help="give up after this long (e.g. 90s, 10m; default 10m)")
+    p.add_argument("--end", choices=("policy", "writethrough"), default="policy",
+                   help="after the drain: the policy takes the volume back (default), or it stays write-through"
+                        " until --release")
+    p.add_argument("--release", action="store_true", help="give a held (or draining) volume back to the policy")
+    p.add_argument("--no-wait", action="store_true", help="queue the drain and return (follow it in status)")
+    p.set_defaults(handler=drain)

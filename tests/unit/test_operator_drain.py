@@ -1,0 +1,111 @@
+"""An operator's drain (issue 36, engine/operatordrain.py): the policy held off the volume, a drain to a deadline,
+done only when the backend read the cache clean, the end mode held until released, the deadline honoured."""
+
+from __future__ import annotations
+
+import pytest
+
+from cachepilot.actions import Drain, Outcome, SetWritePolicy
+from cachepilot.engine import Engine
+from cachepilot.errors import UserError
+from cachepilot.events import kdev
+from cachepilot.models.volume import VolumeInfo, VolumeSample
+from cachepilot.policy import parse_policy
+
+NS = 1_000_000_000
+DEV = kdev(252, 0)
+MIB = 1 << 20
+POLICY = "version: 1\ndefaults: {failure_model: destructive, exposure: {max_dirty: 8MiB, max_age: 30s}}\n"
+
+
+def engine() -> Engine:
+    return Engine(parse_policy(POLICY, "t.yaml"), [VolumeInfo(dev=DEV, name="bcache0", kind="bcache",
+                                                             cache_bytes=1 << 30)])
+
+
+def tick(e: Engine, t: float, mode: str = "writeback", dirty: int = 0) -> list:  # type: ignore[type-arg]
+    e.sample(VolumeSample(DEV, int(t * NS), mode, dirty, 0, 0, 0, False, {}, ""))
+    return e.tick(int(t * NS))
+
+
+def status(e: Engine) -> dict:  # type: ignore[type-arg]
+    op = e.vols[DEV].operator
+    assert op is not None
+    return op.to_json(e.vols[DEV].state.dirty_bytes, e.now_ns)
+
+
+def test_a_drain_holds_the_policy_off_and_is_done_only_when_the_backend_read_clean() -> None:
+    e = engine()
+    tick(e, 1, dirty=0)
+    e.operator_drain("bcache0", 60, "policy")
+    acts = tick(e, 2, dirty=20 * MIB)  # over the 8 MiB bound: the policy would switch to write-through
+    [d] = [a for a in acts if isinstance(a, Drain)]
+    assert d.reason.startswith("operator drain") and d.deadline_ns == 61 * NS
+    assert not [a for a in acts if isinstance(a, SetWritePolicy)]  # the policy is held off
+    assert status(e)["state"] == "running"
+    assert not [a for a in tick(e, 3, dirty=10 * MIB) if isinstance(a, Drain | SetWritePolicy)]  # one in flight
+    e.outcome(Outcome(d, "done", detail="clean"))
+    assert status(e)["state"] == "done" and "verified clean" in status(e)["detail"]
+    acts = tick(e, 4, dirty=20 * MIB)  # the policy has the volume again
+    assert [a.mode for a in acts if isinstance(a, SetWritePolicy)] == ["writethrough"]
+
+
+def test_the_deadline_is_honoured_with_what_is_left() -> None:
+    e = engine()
+    tick(e, 1, dirty=0)
+    e.operator_drain("bcache0", 5, "policy")
+    [d] = [a for a in tick(e, 2, dirty=4 * MIB) if isinstance(a, Drain)]
+    for t in range(3, 7):
+        tick(e, t, dirty=3 * MIB)
+    s = status(e)
+    assert s["state"] == "expired" and f"{3 * MIB} dirty bytes left" in s["detail"]
+    e.outcome(Outcome(d, "failed", detail="missed its deadline"))
+    assert status(e)["state"] == "expired"
+
+
+def test_a_failed_drain_is_tried_again_within_the_deadline() -> None:
+    e = engine()
+    tick(e, 1, dirty=0)
+    e.operator_drain("bcache0", 60, "policy")
+    [d] = [a for a in tick(e, 2, dirty=4 * MIB) if isinstance(a, Drain)]
+    e.outcome(Outcome(d, "failed", detail="kernel said no"))
+    assert status(e)["state"] == "running"
+    assert [a for a in tick(e, 3, dirty=4 * MIB) if isinstance(a, Drain)]
+
+
+def test_end_in_write_through_holds_until_released() -> None:
+    e = engine()
+    tick(e, 1, dirty=0)
+    e.operator_drain("bcache0", 60, "writethrough")
+    [d] = [a for a in tick(e, 2, dirty=4 * MIB) if isinstance(a, Drain)]
+    e.outcome(Outcome(d, "done"))
+    assert status(e)["state"] == "held"
+    acts = tick(e, 3, mode="writeback", dirty=0)
+    assert [(a.mode, a.reason) for a in acts if isinstance(a, SetWritePolicy)] == [
+        ("writethrough", "operator drain: held write-through until released")]
+    for t in range(4, 40):  # held: the destructive policy would take write-back again
+        assert not [a for a in tick(e, t, mode="writethrough") if isinstance(a, SetWritePolicy)]
+    assert e.operator_release("bcache0") == "released (held)"
+    assert [a.mode for a in tick(e, 41, mode="writethrough") if isinstance(a, SetWritePolicy)] == ["writeback"]
+
+
+def test_bad_requests_are_one_line() -> None:
+    e = engine()
+    with pytest.raises(UserError, match="unknown volume"):
+        e.operator_drain("bcache9", 60, "policy")
+    with pytest.raises(UserError, match="end: one of policy, writethrough"):
+        e.operator_drain("bcache0", 60, "bypass")
+    with pytest.raises(UserError, match="deadline"):
+        e.operator_drain("bcache0", 0, "policy")
+    e.operator_drain("bcache0", 60, "policy")
+    with pytest.raises(UserError, match="already running"):
+        e.operator_drain("bcache0", 60, "policy")
+
+
+def test_a_drain_of_the_policy_in_flight_becomes_the_operators() -> None:
+    e = engine()
+    [mine] = [a for a in tick(e, 1, dirty=4 * MIB) if isinstance(a, Drain)]  # dirty data of unknown age
+    e.operator_drain("bcache0", 60, "policy")
+    assert not [a for a in tick(e, 2, dirty=2 * MIB) if isinstance(a, Drain)]
+    e.outcome(Outcome(mine, "done"))
+    assert status(e)["state"] == "done"
