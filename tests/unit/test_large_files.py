@@ -3,6 +3,8 @@ has been read whole ``min_reads`` times below the page cache; a file read once (
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -124,3 +126,12 @@ def test_policy_refuses_an_empty_large_file_class() -> None:
         parse_policy(policy("{enabled: true, max_size: 512KiB}"), "t.yaml")
     with pytest.raises(UserError, match="min_reads"):
         parse_policy(policy("{enabled: true, min_reads: 0.5}"), "t.yaml")
+
+
+def test_policy_check_verbose_shows_the_size_classes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from cachepilot.cli import main
+
+    f = tmp_path / "p.yaml"
+    f.write_text(policy())
+    assert main(["policy", "check", "-v", str(f)]) == 0
+    assert f"sieve 1048576 B, large files <= {64 * MIB} B read whole 2x" in capsys.readouterr().out
