@@ -17,6 +17,7 @@ from cachepilot.models.hotness import (
     F_OVERWRITE,
     F_READ,
     F_TOUCHED,
+    RBYTES_MAX,
     HotnessTable,
     inverse_bitmap_score,
 )
@@ -48,6 +49,7 @@ class ScalarOracle(HotnessTable):
         sh = self.epoch - self.stamp[slot]
         self.rscore[slot] >>= sh
         self.wscore[slot] >>= sh
+        self.rbytes[slot] >>= min(sh, 63)
         self.stamp[slot] = self.epoch
 
     def apply_records(self, records: list[tuple[int, ...]], known_only: bool = False) -> int:
@@ -63,7 +65,7 @@ class ScalarOracle(HotnessTable):
         skipped = 0
         cur_dev = -1
         idx: InoIndex | None = None
-        for dev, ino, gen, rs, ws, _rb, wb, last_ns, size in records:
+        for dev, ino, gen, rs, ws, rb, wb, last_ns, size in records:
             if dev != cur_dev:
                 cur_dev = dev
                 idx = index.get(dev)
@@ -81,6 +83,7 @@ class ScalarOracle(HotnessTable):
                 r = rsa[slot] + rs
                 rsa[slot] = r if r < cmax else cmax
                 f |= F_READ
+            self.rbytes[slot] = min(self.rbytes[slot] + rb, RBYTES_MAX)
             if ws:
                 w = wsa[slot] + ws
                 wsa[slot] = w if w < cmax else cmax
@@ -284,7 +287,7 @@ def test_vectorised_apply_matches_sequential(batches: list, known_only: bool) ->
         for ino in sorted(a.index.get(7, ()))[:dt]:  # deletes: their slots are reused by later new files
             a.forget(7, ino)
             b.forget(7, ino)
-    cols = ("dev", "ino", "gen", "rscore", "wscore", "stamp", "last", "size", "flags")
+    cols = ("dev", "ino", "gen", "rscore", "wscore", "rbytes", "stamp", "last", "size", "flags")
     assert a.dev_bytes == b.dev_bytes
     assert {d: set(i) for d, i in a.index.items()} == {d: set(i) for d, i in b.index.items()}
     for d, idx in a.index.items():  # slot numbers may differ; per-file state may not

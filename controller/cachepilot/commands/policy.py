@@ -11,12 +11,17 @@ from cachepilot.policy.loader import check_combined
 from cachepilot.policy.model import VolumePolicy
 
 
+def _large(vp: VolumePolicy) -> str:
+    lf = vp.promotion.large_files
+    return f", large files <= {lf.max_size} B read whole {lf.min_reads:g}x" if lf.enabled else ""
+
+
 def _summary(name: str, vp: VolumePolicy) -> str:
     p, d = vp.promotion, vp.discard_on_delete
     return (
         f"  {name}: failure_model={vp.failure_model} exposure<= {vp.exposure.max_dirty} B/"
         f"{vp.exposure.max_age_s:g} s promotion={'on' if p.enabled else 'off'}"
-        f"({p.rate} B/s, <= {p.max_cache_fraction:g} of cache, sieve {p.sieve_size} B) "
+        f"({p.rate} B/s, <= {p.max_cache_fraction:g} of cache, sieve {p.sieve_size} B{_large(vp)}) "
         f"discard={'on' if d.enabled else 'off'}({d.interval_s:g} s, >= {d.min_extent} B)"
         + (f" knobs={vp.knobs}" if vp.knobs else "")
     )

@@ -66,7 +66,7 @@ class Admission:
         promo = c.policy.promotion
         if not c.promotes:
             return
-        ok = t.sieve_mask(s, promo.sieve_size)
+        ok = t.sieve_mask(s, *promo.sieve_args)
         c.cached.discard_many(s[member & ~ok])  # e.g. it grew past the sieve: invalidate
         keep = member & ok
         if keep.any():

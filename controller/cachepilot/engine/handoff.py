@@ -49,7 +49,7 @@ def queue_imported(e: Engine, name: str, files: Sequence[tuple[int, int, int, in
     arr = c.pins.exclude(np.unique(np.array(slots, dtype=np.int64)))
     if not len(arr) or not c.promotes:
         return 0, len(arr)
-    ok = arr[t.sieve_mask(arr, c.policy.promotion.sieve_size)]
+    ok = arr[t.sieve_mask(arr, *c.policy.promotion.sieve_args)]
     flags = np.frombuffer(t.flags, dtype=np.uint8)
     member = (flags[ok] & F_MEMBER) != 0
     known = ok[member & ((flags[ok] & F_RESIDENT) == 0)]  # members the cache is not known to hold

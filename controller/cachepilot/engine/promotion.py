@@ -75,13 +75,16 @@ class Promoter:
             flags[slot] = (f & not_queued) | resident
             tokens -= size
             rid = v >> 32
-            if rid == ADMITTED:
-                sc = score(slot)
-                reason = texts.get(sc)
-                if reason is None:
-                    reason = texts[sc] = f"counter {sc} > last evicted {bar}{why}"
-            else:
+            if rid != ADMITTED:
                 reason = q.reasons[rid] if rid < len(q.reasons) else "re-warm"
+            elif size > promo.sieve_size:
+                reason = self._why_large(slot, bar, why)
+            else:
+                sc = score(slot)
+                known = texts.get(sc)
+                if known is None:
+                    known = texts[sc] = f"counter {sc} > last evicted {bar}{why}"
+                reason = known
             append(Promote(name, tdev[slot], tino[slot], tgen[slot], ((0, size),), reason))
         # an imported list's credit is spent first; it lapses once the queue is empty (handoff.py)
         left = max(0.0, credit - (c.tokens + credit - tokens))
@@ -89,6 +92,12 @@ class Promoter:
         c.import_credit = left if head < end else 0.0
         q.head = head - 1
         q.pop()  # compacts the array when the consumed head is large
+
+    def _why_large(self, slot: int, bar: int, why: str) -> str:
+        """The reason of an admitted file of the large-file class (few: not cached by counter like the others)."""
+        t = self.hotness
+        return (f"large file ({t.size[slot] / (1 << 20):.1f} MiB) read whole {t.whole_reads(slot):.1f} times "
+                f"below the page cache (large_files); counter {t.score(slot)} > last evicted {bar}{why}")
 
     @staticmethod
     def _why_admitted(c: VolumeCtl, now: int) -> str:

@@ -31,6 +31,7 @@ from cachepilot.models.slots import F_TOUCHED as F_TOUCHED
 from cachepilot.models.slots import SlotArrays
 
 COUNTER_MAX = 0xFFFFFFFF
+RBYTES_MAX = 1 << 62  # read bytes saturate here (a u64 sum must never wrap)
 PAGE = 4096
 
 
@@ -101,7 +102,8 @@ class HotnessTable(SlotArrays):
         if ev.read_bytes < 0:
             raise UserError(f"negative hotness delta for dev={k.dev} ino={k.ino}")
         slot = self.update(
-            k.dev, k.ino, k.gen, ev.read_score, ev.write_score, ev.write_bytes, ev.last_access_ns, ev.size
+            k.dev, k.ino, k.gen, ev.read_score, ev.write_score, ev.write_bytes, ev.last_access_ns, ev.size,
+            ev.read_bytes
         )
         db = self.dev_bytes[k.dev]
         db[0] += ev.read_bytes
@@ -109,9 +111,10 @@ class HotnessTable(SlotArrays):
         return slot
 
     def update(
-        self, dev: int, ino: int, gen: int, rs: int, ws: int, wbytes: int, last_ns: int, size: int = -1
+        self, dev: int, ino: int, gen: int, rs: int, ws: int, wbytes: int, last_ns: int, size: int = -1,
+        rbytes: int = 0
     ) -> int:
-        if rs < 0 or ws < 0 or wbytes < 0:
+        if rs < 0 or ws < 0 or wbytes < 0 or rbytes < 0:
             raise UserError(f"negative hotness delta for dev={dev} ino={ino}")
         idx = self.index.get(dev)
         slot = None if idx is None else idx.get(ino)
@@ -120,6 +123,8 @@ class HotnessTable(SlotArrays):
         elif self.gen[slot] != gen:
             self._reset(slot, gen)
         self._bump(slot, rs, ws, wbytes, last_ns, size)
+        if rbytes:
+            self.rbytes[slot] = min(self.rbytes[slot] + rbytes, RBYTES_MAX)  # _bump aged it to this epoch
         return slot
 
     def _release(self, slot: int) -> None:
@@ -137,6 +142,7 @@ class HotnessTable(SlotArrays):
         self.gen[slot] = gen
         self.rscore[slot] = 0
         self.wscore[slot] = 0
+        self.rbytes[slot] = 0
         self.stamp[slot] = self.epoch
         self.born[slot] = 0
         self.size[slot] = -1
@@ -151,6 +157,7 @@ class HotnessTable(SlotArrays):
             sh = e - st
             r >>= sh
             w >>= sh
+            self.rbytes[slot] >>= min(sh, 63)
             self.stamp[slot] = e
         r += rs
         w += ws
@@ -243,16 +250,19 @@ class HotnessTable(SlotArrays):
         stamp = np.frombuffer(self.stamp, dtype=u32)
         rsa = np.frombuffer(self.rscore, dtype=u32)
         wsa = np.frombuffer(self.wscore, dtype=u32)
+        rba = np.frombuffer(self.rbytes, dtype=np.uint64)
         e = self.epoch
         old = slots[stamp[slots] != e]
         if len(old):
             sh = np.minimum(np.maximum(e - stamp[old].astype(i64), 0), 63).astype(np.uint64)
             rsa[old] = (rsa[old].astype(np.uint64) >> sh).astype(u32)
             wsa[old] = (wsa[old].astype(np.uint64) >> sh).astype(u32)
+            rba[old] >>= sh
             stamp[old] = e
         rs = rec["rs"]
         ws = rec["ws"]
         rsa[slots] = np.minimum(rsa[slots].astype(np.uint64) + rs, COUNTER_MAX).astype(u32)
+        rba[slots] = np.minimum(rba[slots], np.uint64(RBYTES_MAX) - rec["rb"]) + rec["rb"]  # saturating, never wraps
         wmask = ws > 0
         anyw = bool(wmask.any())
         if anyw:
@@ -280,7 +290,7 @@ class HotnessTable(SlotArrays):
         new = (f & F_TOUCHED) == 0
         self.touched.frombytes(slots[new].astype(np.int64).tobytes())
         flags[slots] = f | F_TOUCHED
-        del gen, stamp, rsa, wsa, flags, sizea, lasta  # release the buffers: the arrays may grow again
+        del gen, stamp, rsa, wsa, rba, flags, sizea, lasta  # release the buffers: the arrays may grow again
         db = self.dev_bytes
         rdev = rec["dev"]
         for d in np.unique(rdev).tolist():
@@ -336,6 +346,7 @@ class HotnessTable(SlotArrays):
         self.charged[slot] = 0
         self.rscore[slot] = 0
         self.wscore[slot] = 0
+        self.rbytes[slot] = 0
         self._free.append(slot)
         self.live -= 1
 
@@ -374,28 +385,43 @@ class HotnessTable(SlotArrays):
         f = self.flags[slot]
         return bool(f & F_APPEND) and not f & F_OVERWRITE
 
-    def sieve_mask(self, slots: np.ndarray, sieve_size: int) -> np.ndarray:
-        """The sieve, for many slots at once (the engine's path): True where a file may be promoted — its size is
-        known and within ``sieve_size``, it was read, and it is not append-only. :meth:`sieve` is the same rule one
-        slot at a time, with the reason (the tests hold the two equal)."""
+    def sieve_mask(self, slots: np.ndarray, sieve_size: int, large_max: int = 0, min_reads: float = 0.0) -> np.ndarray:
+        """The sieve, for many slots at once (the engine's path): True where a file may be promoted — it was read, it
+        is not append-only, and its size is known and in a size class: at most ``sieve_size`` (the small files), or,
+        where ``large_max`` is above that (the large-file class is on), at most ``large_max`` and read whole at
+        least ``min_reads`` times below the page cache (its aged read bytes). :meth:`sieve` is the same rule one slot
+        at a time, with the reason (the tests hold the two equal)."""
         f = np.frombuffer(self.flags, dtype=np.uint8)[slots]
         size = np.frombuffer(self.size, dtype=np.int64)[slots]
         append_only = (f & (F_APPEND | F_OVERWRITE)) == F_APPEND
-        return (size >= 0) & (size <= sieve_size) & ((f & F_READ) != 0) & ~append_only
+        sized = (size >= 0) & (size <= sieve_size)
+        if large_max > sieve_size:
+            rb = np.frombuffer(self.rbytes, dtype=np.uint64)[slots].astype(np.float64)
+            sized |= (size > sieve_size) & (size <= large_max) & (rb >= min_reads * size)
+        return sized & ((f & F_READ) != 0) & ~append_only
 
-    def sieve(self, slot: int, sieve_size: int) -> str | None:
+    def sieve(self, slot: int, sieve_size: int, large_max: int = 0, min_reads: float = 0.0) -> str | None:
         """Why a file may not be promoted, or None if it may."""
         size = self.size[slot]
         if size < 0:
             return "size unknown"
-        if size > sieve_size:
+        if size > sieve_size and large_max <= sieve_size:
             return f"larger than sieve ({size} > {sieve_size} bytes)"
+        if size > large_max > sieve_size:
+            return f"larger than the large-file class ({size} > {large_max} bytes)"
+        if size > sieve_size and self.rbytes[slot] < min_reads * size:
+            return f"large file read whole {self.whole_reads(slot):.1f} times, not {min_reads:g}"
         f = self.flags[slot]
         if not f & F_READ:
             return "write-only"
         if f & F_APPEND and not f & F_OVERWRITE:
             return "append-only"
         return None
+
+    def whole_reads(self, slot: int) -> float:
+        """How many times the file was read whole below the page cache (its aged read bytes over its size)."""
+        size = self.size[slot]
+        return self.rbytes[slot] / size if size > 0 else 0.0
 
     def view(self, slot: int) -> FileView:
         return FileView(

@@ -9,6 +9,7 @@ ino           u64     inode number
 gen           u32     inode generation
 rscore        u32     read counter (saturating), at aging epoch ``stamp``
 wscore        u32     write counter (saturating), at aging epoch ``stamp``
+rbytes        u64     bytes read below the page cache, aged like the counters (the large-file sieve: whole reads)
 stamp         u32     aging epoch at which rscore/wscore were last normalised
 last          i64     last access, CLOCK_MONOTONIC ns
 born          i64     first write seen, CLOCK_MONOTONIC ns (0 = none): a deleted file's age (engine.lifetime)
@@ -53,6 +54,7 @@ class SlotArrays:
         self.gen = array("I")
         self.rscore = array("I")
         self.wscore = array("I")
+        self.rbytes = array("Q")
         self.stamp = array("I")
         self.last = array("q")
         self.born = array("q")
@@ -71,6 +73,7 @@ class SlotArrays:
             self.gen[slot] = gen
             self.rscore[slot] = 0
             self.wscore[slot] = 0
+            self.rbytes[slot] = 0
             self.stamp[slot] = self.epoch
             self.last[slot] = 0
             self.born[slot] = 0
@@ -84,6 +87,7 @@ class SlotArrays:
             self.gen.append(gen)
             self.rscore.append(0)
             self.wscore.append(0)
+            self.rbytes.append(0)
             self.stamp.append(self.epoch)
             self.last.append(0)
             self.born.append(0)
@@ -119,6 +123,7 @@ class SlotArrays:
             self.rscore.extend(zeros)
             self.wscore.extend(zeros)
             self.charged.extend(zeros)
+            self.rbytes.extend(array("Q", bytes(8 * rest)))
             self.stamp.extend(array("I", [self.epoch]) * rest)
             self.last.extend(array("q", bytes(8 * rest)))
             self.born.extend(array("q", bytes(8 * rest)))
@@ -135,6 +140,7 @@ class SlotArrays:
         np.frombuffer(self.gen, dtype=np.uint32)[slots] = gens
         np.frombuffer(self.rscore, dtype=np.uint32)[slots] = 0
         np.frombuffer(self.wscore, dtype=np.uint32)[slots] = 0
+        np.frombuffer(self.rbytes, dtype=np.uint64)[slots] = 0
         np.frombuffer(self.stamp, dtype=np.uint32)[slots] = self.epoch
         np.frombuffer(self.last, dtype=np.int64)[slots] = 0
         np.frombuffer(self.born, dtype=np.int64)[slots] = 0
@@ -173,7 +179,7 @@ class SlotArrays:
 
     def memory_bytes(self) -> int:
         """Bytes held by the parallel arrays and the sorted part of the indexes."""
-        arrays = (self.dev, self.ino, self.gen, self.rscore, self.wscore, self.stamp, self.last, self.born, self.size,
-                  self.flags, self.charged)
+        arrays = (self.dev, self.ino, self.gen, self.rscore, self.wscore, self.rbytes, self.stamp, self.last, self.born,
+                  self.size, self.flags, self.charged)
         return (sum(a.buffer_info()[1] * a.itemsize for a in arrays)
                 + sum(i.memory_bytes() for i in self.index.values()))

@@ -32,6 +32,7 @@ from cachepilot.policy.model import (
     Exposure,
     HealthPolicy,
     Hysteresis,
+    LargeFiles,
     LifetimeHold,
     Pin,
     Policy,
@@ -329,9 +330,16 @@ def _settings(raw: dict[str, Any], base: VolumePolicy, doc: _Doc, path: PathT) -
     exposure = sec("exposure", Exposure, base.exposure,
                    {"max_dirty": ("max_dirty", parse_size), "max_age": ("max_age_s", parse_duration)})
     hold = sec("lifetime_hold", LifetimeHold, base.lifetime_hold, {"max_hold": ("max_hold_s", parse_duration)})
+    large_path = (*path, "promotion", "large_files")
     promotion = sec("promotion", Promotion, base.promotion,
                     {"rate": ("rate", parse_size), "sieve_size": ("sieve_size", parse_size),
-                     "refresh_interval": ("refresh_interval_s", parse_duration)})
+                     "refresh_interval": ("refresh_interval_s", parse_duration),
+                     "large_files": ("large_files", lambda v: _section(
+                         LargeFiles, v, base.promotion.large_files, {"max_size": ("max_size", parse_size)}, doc,
+                         large_path))})
+    if promotion.large_files.enabled and promotion.large_files.max_size <= promotion.sieve_size:
+        raise doc.err((*large_path, "max_size"), f"max_size {promotion.large_files.max_size} is not above "
+                      f"sieve_size {promotion.sieve_size}: the large-file class would be empty")
     discard = sec("discard_on_delete", DiscardOnDelete, base.discard_on_delete,
                   {"interval": ("interval_s", parse_duration), "min_extent": ("min_extent", parse_size),
                    "max_rate": ("max_rate", parse_size)})

@@ -31,6 +31,18 @@ class LifetimeHold:
 
 
 @dataclass(frozen=True, slots=True)
+class LargeFiles:
+    """The sieve's second size class: a file above ``sieve_size`` and at most ``max_size`` is admitted once it has
+    been read whole ``min_reads`` times below the page cache (aged with the counters' half-life). For hot large files
+    that bcache's sequential cutoff sends around the cache however often they are read (issue 37); a file read once
+    (a stream, a backup) never qualifies."""
+
+    enabled: bool = True
+    min_reads: float = 2.0
+    max_size: int = 256 * MiB
+
+
+@dataclass(frozen=True, slots=True)
 class Promotion:
     enabled: bool = True
     rate: int = 4 * MiB  # bytes per second
@@ -41,6 +53,14 @@ class Promotion:
     # already resident (false: every admitted file, e.g. where the allocator drops read-miss inserts); on dm-cache,
     # whose smq promotes from the workload's own misses, no admitted file (false: every one)
     only_uncached: bool = True
+    large_files: LargeFiles = field(default_factory=LargeFiles)
+
+    @property
+    def sieve_args(self) -> tuple[int, int, float]:
+        """The sieve's size classes (HotnessTable.sieve_mask's arguments): the small-file bound, the large-file
+        class's upper bound (0: the class is off) and its whole reads."""
+        large = self.large_files
+        return self.sieve_size, large.max_size if large.enabled else 0, large.min_reads
 
 
 @dataclass(frozen=True, slots=True)

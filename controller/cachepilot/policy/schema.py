@@ -60,6 +60,15 @@ def _settings(knobs: list[str]) -> dict[str, Any]:
                 "description": "bcache: promote only while the cache bypasses reads, never a resident file; "
                 "dm-cache: leave admitted files to smq",
             },
+            "large_files": _obj(
+                {
+                    "enabled": {"type": "boolean", "description": "admit files above sieve_size once read whole "
+                                "min_reads times (bcache bypasses them as sequential however often they are read)"},
+                    "min_reads": {"type": "number", "minimum": 1,
+                                  "description": "whole reads below the page cache (aged with the half-life)"},
+                    "max_size": {"$ref": "#/$defs/size", "description": "larger files are never promoted"},
+                }
+            ),
         }
     ),
     "discard_on_delete": _obj(

@@ -50,6 +50,11 @@ def _origin_stat() -> list[str]:
     return Path(f"/sys/dev/block/{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}/stat").read_text().split()
 
 
+def origin_read() -> int:
+    """Bytes read from the origin device (its dm node's stat: sectors read)."""
+    return int(_origin_stat()[2]) * 512
+
+
 def origin_written() -> int:
     """Bytes written to the origin device (its dm node's stat: sectors written)."""
     return int(_origin_stat()[6]) * 512

@@ -1,0 +1,91 @@
+"""W5 (issue 37): hot large files on bcache while a backup streams twice the cache, in the lab on the headline
+geometry. Configurations: stock (sequential_cutoff 4 MiB), stock sequential_cutoff 0 (every stream cached), stock
+16 MiB (between the two: one hot file's run passes, the backup's 64 MiB files do not), cachepilot's shipped default.
+Metrics: origin bytes per hot-file read (the daemon's promotion reads charged to it), hot-file read time p50/p99, the
+per-round origin bytes (the hot set's residency over time, plotted), the backup's throughput, the daemon's CPU.
+
+.venv/bin/python tests/bench/bench_lab_hotlarge.py [--reps N] [--quick] [--out DIR]"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from headline import geometry, spec  # noqa: E402
+from labbench import Job, Runner, cell, console, header, md_table, med, parse_args, plot, repro, save  # noqa: E402
+
+CONFIGS = {"stock": "stock (sequential_cutoff 4 MiB)", "cutoff0": "stock, sequential_cutoff 0",
+           "cutoff16": "stock, sequential_cutoff 16 MiB", "cp-default": "stock + cachepilot, shipped default"}
+MIB = 1 << 20
+
+
+def pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
+
+
+def summary(r: dict) -> dict:
+    """One run's metrics: over every round after the first two (the daemon admits a file after its second read)."""
+    later = [x for x in r["rounds"] if x["round"] > 2] or r["rounds"]
+    times = [t for x in later for t in x["read_ms"]]
+    return {"origin_mib_per_read": sum(x["origin_bytes_per_read"] for x in later) / len(later) / MIB,
+            "p50_ms": pct(times, 0.5), "p99_ms": pct(times, 0.99), "stream_mib_s": r["stream_mib_s"],
+            "cpu_pct": r.get("daemon_cpu_pct")}
+
+
+def main() -> None:
+    reps, quick, out = parse_args(sys.argv[1:], default_reps=5)
+    rounds, interval, stream_x = (4, 45, 1.0) if quick else (8, 90, 2.0)
+    runner = Runner("hotlarge", reps * len(CONFIGS), **({"out": out} if out else {}))
+    rows: dict[str, list[dict]] = {c: [] for c in CONFIGS}
+    cmd = ["tests/bench/guest/hotlarge.py", "{c}", str(rounds), str(interval), str(stream_x)]
+    lab = spec("bcache", mode="writethrough", timeout=rounds * interval + 900)
+    jobs = [Job(c, f"{c}-{rep + 1}", lab, [a.format(c=c) for a in cmd] + ["--seed", str(rep + 1)], "hotlarge")
+            for rep in range(reps) for c in CONFIGS]
+    try:
+        runner.run_all(jobs, rows)
+    finally:
+        runner.close()
+    sums = {c: [summary(r) for r in rs if "error" not in r] for c, rs in rows.items()}
+    table = [[CONFIGS[c], cell([s["origin_mib_per_read"] for s in ss], "{:.2f}"),
+              cell([s["p50_ms"] for s in ss], "{:.0f}"), cell([s["p99_ms"] for s in ss], "{:.0f}"),
+              cell([s["stream_mib_s"] for s in ss], "{:.1f}"),
+              cell([s["cpu_pct"] for s in ss if s["cpu_pct"] is not None], "{:.1f}") or "-",
+              f"{len(ss)}/{reps}"] for c, ss in sums.items()]
+    stock = [c for c in CONFIGS if c != "cp-default" and sums[c]]
+    best = min(stock, key=lambda c: med([s["origin_mib_per_read"] for s in sums[c]]), default=None)
+    goals = []
+    if best and sums["cp-default"]:
+        cp, b, st = sums["cp-default"], sums[best], sums["stock"] or sums[best]
+        ratio = med([s["origin_mib_per_read"] for s in cp]) / max(med([s["origin_mib_per_read"] for s in b]), 1e-9)
+        p50 = med([s["p50_ms"] for s in cp]) / max(med([s["p50_ms"] for s in b]), 1e-9)
+        stream = med([s["stream_mib_s"] for s in cp]) / max(med([s["stream_mib_s"] for s in st]), 1e-9)
+        goals = [["origin bytes per hot read vs the best stock (" + CONFIGS[best] + ")", f"{ratio:.2f}×", "≤ 0.3×",
+                  "met" if ratio <= 0.3 else "**missed**"],
+                 ["hot-file read p50 vs the best stock", f"{p50:.2f}×", "≤ 0.5×",
+                  "met" if p50 <= 0.5 else "**missed**"],
+                 ["backup throughput vs stock", f"{stream:.2f}×", "≥ 0.95×", "met" if stream >= 0.95 else "**missed**"]]
+    md = header("W5: hot large files while a backup streams", lab,
+                f"{geometry()}. Hot set 4 × 16 MiB (64 MiB: the shipped max_cache_fraction of the cache), each read "
+                f"whole O_DIRECT 1 MiB every {interval} s, {rounds} rounds; a backup reads {stream_x:g}× the cache "
+                "of cold 64 MiB files once, buffered, meanwhile. Metrics over rounds 3 on (the daemon admits a file "
+                f"after its second whole read). Median (min–max) of {reps} rounds.")
+    md += "\n" + md_table(["configuration", "origin MiB per hot read", "hot read p50 ms", "p99 ms",
+                           "backup MiB/s", "daemon CPU %", "runs"], table)
+    if goals:
+        md += "\n\n" + md_table(["goal", "measured", "target", ""], goals)
+    md += "\n\nReproduce one row (cachepilot, round 1):\n\n```sh\n" + repro(
+        lab, [a.format(c="cp-default") for a in cmd] + ["--seed", "1"]) + "\n```\n"
+    series = {CONFIGS[c]: [(x["t"], x["origin_bytes_per_read"] / MIB) for x in rs[0]["rounds"]]
+              for c, rs in rows.items() if rs and "rounds" in rs[0]}
+    png = plot(runner.out, "hotlarge_origin", "origin MiB per hot-file read, per round (round 1)", "MiB", series)
+    if png:
+        md += f"\n![origin bytes per hot read]({png.name})\n"
+    save(runner.out, "hotlarge", md, {"configs": CONFIGS, "rows": rows})
+    console.print(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

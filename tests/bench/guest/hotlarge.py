@@ -1,0 +1,147 @@
+"""Guest (W5): a hot set of large files read whole again and again on bcache while a backup streams cold data.
+
+usage: hotlarge.py CONFIG ROUNDS INTERVAL STREAM_X [--seed N]
+       CONFIG: stock (sequential_cutoff 4 MiB) | cutoff0 (sequential_cutoff 0) | cutoff16 (16 MiB, between the two:
+       above one hot file, below the backup's runs) | cp-default (stock + cachepilot, the shipped default policy)
+
+The hot set is HOT_FILES files of HOT_MIB MiB (64 MiB: the shipped default's max_cache_fraction, 0.25 of the 256 MiB
+cache -- the most the daemon's believed-cached set holds), each read whole, O_DIRECT in 1 MiB requests (an
+application that bypasses the page cache, as qemu's cache=none or a database does: what reaches the volume is every
+read), once every INTERVAL seconds, ROUNDS times. A backup reads STREAM_X times the cache of cold data once, buffered
+(as tar), from the first round on (each file once: it stays cold; it ends when read, or with the last round).
+The cache starts empty for the volume (the backing device detached and attached again after the set-up's writes).
+
+Per round and hot file: its read time (ms). Per round: the origin bytes the hot set cost, i.e. the origin's read
+bytes over the round minus what the backup read meanwhile (every backup read misses: read once), so the daemon's
+promotion reads are charged to the hot set. The backup's throughput. The daemon's CPU share. $LAB_OUT/hotlarge.json.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import random
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import BCACHE, MIB, MNT, ROOT, Daemon, log, origin_read, write_result  # noqa: E402
+
+HOT_FILES, HOT_MIB, REQ = 4, 16, MIB
+CONFIGS = ("stock", "cutoff0", "cutoff16", "cp-default")
+
+
+def write(path: Path, size: int, rnd: random.Random) -> None:
+    with open(path, "wb") as f:
+        for _ in range(size // MIB):
+            f.write(rnd.randbytes(MIB))
+        os.fsync(f.fileno())
+
+
+def reattach() -> None:
+    """The same cache set, empty for this volume: what the set-up's writes left cached is gone."""
+    cset = os.path.basename(os.readlink(BCACHE / "cache"))
+    (BCACHE / "detach").write_text("1\n")
+    while (BCACHE / "cache").exists():
+        time.sleep(0.1)
+    (BCACHE / "attach").write_text(cset + "\n")
+    while not (BCACHE / "cache").exists():
+        time.sleep(0.1)
+
+
+def read_direct(path: Path, buf: mmap.mmap) -> float:
+    """One whole read of the file, O_DIRECT, in order, REQ at a time; ms."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    t = time.perf_counter()
+    try:
+        off = 0
+        while os.preadv(fd, [buf], off) == REQ:
+            off += REQ
+    finally:
+        os.close(fd)
+    return (time.perf_counter() - t) * 1e3
+
+
+class Backup(threading.Thread):
+    """Reads the cold files once each, buffered, until stopped; counts bytes and time."""
+
+    def __init__(self, files: list[Path]) -> None:
+        super().__init__(daemon=True)
+        self.files, self.stop, self.bytes, self.seconds = files, threading.Event(), 0, 0.0
+
+    def run(self) -> None:
+        t0 = time.monotonic()
+        for f in self.files:
+            with open(f, "rb") as fh:
+                while not self.stop.is_set() and (got := len(fh.read(MIB))):
+                    self.bytes += got
+            if self.stop.is_set():
+                break
+        self.seconds = time.monotonic() - t0
+
+
+def configure(config: str) -> Daemon | None:
+    if config == "cutoff0":
+        (BCACHE / "sequential_cutoff").write_text("0")
+    elif config == "cutoff16":
+        (BCACHE / "sequential_cutoff").write_text(str(16 * MIB))
+    elif config == "cp-default":
+        return Daemon([ROOT / "policies" / "default.yaml"])
+    elif config != "stock":
+        raise SystemExit(f"unknown configuration {config!r} (one of {', '.join(CONFIGS)})")
+    return None
+
+
+def main() -> None:
+    config, rounds, interval, stream_x = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+    seed = int(sys.argv[sys.argv.index("--seed") + 1]) if "--seed" in sys.argv else 1
+    rnd = random.Random(seed)  # noqa: S311 - reproducible data, not a secret
+    cache_mib = int(os.environ.get("BENCH_CACHE_MB", "256"))
+    hot = [MNT / f"hot{i}" for i in range(HOT_FILES)]
+    cold = [MNT / f"cold{i:03d}" for i in range(int(stream_x * cache_mib) // 64)]
+    for p in hot:
+        write(p, HOT_MIB * MIB, rnd)
+    for p in cold:
+        write(p, 64 * MIB, rnd)
+    reattach()
+    Path("/proc/sys/vm/drop_caches").write_text("3")
+    daemon = configure(config)
+    buf = mmap.mmap(-1, REQ)
+    backup = Backup(cold)
+    t0 = time.monotonic()
+    per_round: list[dict] = []
+    for r in range(rounds):
+        start = t0 + r * interval
+        time.sleep(max(0.0, start - time.monotonic()))
+        if r == 0:
+            backup.start()
+        o0, b0 = origin_read(), backup.bytes
+        times = [read_direct(p, buf) for p in hot]
+        # the round's window runs to the next round's start: the daemon's promotion reads land there
+        end = t0 + (r + 1) * interval
+        time.sleep(max(0.0, end - time.monotonic()))
+        hot_origin = max(0, origin_read() - o0 - (backup.bytes - b0))
+        per_round.append({"round": r + 1, "t": start - t0, "read_ms": times,
+                          "origin_bytes_per_read": hot_origin / HOT_FILES})
+        log(f"{config} round {r + 1}: hot read ms {[round(x) for x in times]}, "
+            f"origin {hot_origin / MIB:.1f} MiB for the hot set")
+        if daemon:
+            daemon.sample()
+    backup.stop.set()
+    backup.join()
+    res = {"config": config, "rounds": per_round, "hot_files": HOT_FILES, "hot_mib": HOT_MIB,
+           "interval_s": interval, "stream_bytes": backup.bytes, "stream_s": backup.seconds,
+           "stream_mib_s": backup.bytes / MIB / max(backup.seconds, 1e-9),
+           "sequential_cutoff": (BCACHE / "sequential_cutoff").read_text().strip()}
+    if daemon:
+        res["daemon_cpu_pct"] = 100 * (daemon.cpu_s() - daemon.cpu0) / (time.monotonic() - t0)
+        dec = daemon.explain()
+        res["promotions"] = sum(1 for x in dec if x["kind"] == "promote" and x["status"] == "done")
+        res["daemon_exit"] = daemon.stop()
+    write_result("hotlarge", res)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""Lab: hot large files on bcache with the stock `sequential_cutoff` (4 MiB), `cachepilot run` with the probe.
+
+A 16 MiB file H read whole three times and a 16 MiB file C read once, the page cache dropped before every read
+(as on a host whose page cache cannot hold them). bcache sends each whole read around itself as a sequential run
+past the cutoff (check_should_bypass), so stock bcache never caches either, however often it is read. The
+daemon's large-file class (promotion.large_files; argument `off`: without it) admits H after its second whole read
+and promotes it by reading its extents in descending 64-256 KiB chunks (no bio continues a recent run: nothing
+accumulates in bcache's sequential detector); C, read once, never qualifies. Then a cold stream of twice the
+cache is read once (a backup) and H is read again. key=value lines on stdout: origin bytes per read, bcache's
+read counters per phase."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from cachepilot.backends.inspect import block_name, describe_volume
+from cachepilot.daemon.control import request
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/vm: the guest scripts' helpers
+from guestkit import say, wait  # noqa: E402
+
+MIB = 1 << 20
+mnt = Path(os.environ["LAB_MOUNT"])
+sysfs = Path(os.environ["LAB_BCACHE_SYSFS"])
+origin = os.environ["LAB_ORIGIN_DEV"]
+cli = str(Path(sys.executable).with_name("cachepilot"))
+tmp = Path(tempfile.mkdtemp(prefix="cp-hotlarge-"))
+LARGE = sys.argv[1:] != ["off"]  # "off": the same daemon without the large-file class
+POLICY = f"""version: 1
+defaults:
+  failure_model: recoverable
+  promotion: {{enabled: true, rate: 8MiB, max_cache_fraction: 0.25, sieve_size: 1MiB,
+              large_files: {{enabled: {"true" if LARGE else "false"}, min_reads: 2, max_size: 64MiB}}}}
+  sequential_steering: {{enabled: false}}   # the stock cutoff stays 4 MiB throughout
+  # under TCG, with other guests on the cores, the cache device looks congested and bcache bypasses everything
+  knobs: {{congested_read_threshold_us: 0, congested_write_threshold_us: 0}}
+"""
+STATS = ("cache_hits", "cache_misses", "cache_bypass_hits", "cache_bypass_misses")
+
+
+def origin_read() -> int:
+    return int(Path(f"/sys/block/{block_name(origin)[0]}/stat").read_text().split()[2]) * 512
+
+
+def counts() -> list[int]:
+    return [int((sysfs / "stats_total" / k).read_text()) for k in STATS]
+
+
+def write(path: Path, size: int) -> None:
+    with open(path, "wb") as f:
+        for _ in range(size // MIB):
+            f.write(os.urandom(MIB))
+        os.fsync(f.fileno())
+
+
+def read_whole(path: Path) -> int:
+    """An application's whole read (buffered, 1 MiB, readahead) after the page cache is dropped: origin bytes."""
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    before = origin_read()
+    subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=1M", "status=none"], check=True)
+    return origin_read() - before
+
+
+def promotions(ino: int) -> list[dict[str, object]]:
+    return [x for x in request(tmp / "ctl.sock", {"cmd": "explain"})["decisions"]
+            if x["kind"] == "promote" and f" ino={ino} " in str(x["action"])]
+
+
+def reattach() -> None:
+    """Detach and attach the backing device again: the same cache set, empty for this volume (what the writes of the
+    set-up left cached -- the first 4 MiB of each file, before the write run passed the cutoff -- is gone)."""
+    cset = os.path.basename(os.readlink(sysfs / "cache"))
+    (sysfs / "detach").write_text("1\n")
+    wait(lambda: not (sysfs / "cache").exists(), 30)
+    (sysfs / "attach").write_text(cset + "\n")
+    wait(lambda: (sysfs / "cache").exists(), 30)
+
+
+def phase(name: str, path: Path) -> None:
+    """One whole read of ``path``; bcache's read counters over it. They fold every ~14 s (accounting_delay in
+    stats.c): the phase ends at the first fold after the read (or 16 s, if a fold during the read took it all)."""
+    c0 = counts()
+    say(f"{name}_origin_bytes", read_whole(path))
+    c1 = counts()
+    wait(lambda: counts() != c1, 16)
+    for k, a, b in zip(STATS, c0, counts(), strict=True):
+        say(f"{name}_{k}", b - a)
+
+
+cache_bytes = describe_volume(os.environ["LAB_CACHED_DEV"]).cache_bytes
+say("cache_bytes", cache_bytes)
+hot, cold, stream = mnt / "hot", mnt / "cold", mnt / "stream"
+write(hot, 16 * MIB)
+write(cold, 16 * MIB)
+write(stream, 2 * cache_bytes)
+reattach()
+say("sequential_cutoff", (sysfs / "sequential_cutoff").read_text().strip())
+
+(tmp / "policy.yaml").write_text(POLICY)
+(tmp / "c.yaml").write_text("version: 1\npolicies: [policy.yaml]\nstate_dir: state\nsocket: ctl.sock\ntick: 500ms\n"
+                            "rescan: 2s\nstate_interval: 2s\nmetrics: {listen: ''}\n")
+err = open(tmp / "stderr", "w+")
+d = subprocess.Popen([cli, "run", "--config", str(tmp / "c.yaml")], stderr=err, stdout=subprocess.DEVNULL)
+ok = wait(lambda: (tmp / "ctl.sock").exists() and "ready" in (tmp / "stderr").read_text(), 150)
+say("ready", "yes" if ok else "no")
+if not ok:
+    err.seek(0)
+    print(err.read())
+    sys.exit(1)
+knobs_off = lambda: all((sysfs / "cache" / f"congested_{rw}_threshold_us").read_text().strip() == "0"  # noqa: E731
+                        for rw in ("read", "write"))
+say("knobs_set", "yes" if wait(knobs_off, 30) else "no")
+
+phase("read1", hot)
+phase("cold_read", cold)
+phase("read2", hot)
+ino_hot, ino_cold = os.stat(hot).st_ino, os.stat(cold).st_ino
+done = lambda: any(x["status"] == "done" for x in promotions(ino_hot))  # noqa: E731
+t0 = time.monotonic()
+say("hot_promoted", "yes" if wait(done, 90 if LARGE else 45) else "no")
+say("hot_promoted_s", f"{time.monotonic() - t0:.1f}")
+for x in promotions(ino_hot):
+    print("promote:", x["status"], x["reason"], x["detail"])
+phase("read3", hot)
+phase("stream", stream)  # the backup: twice the cache, read once
+phase("read4", hot)
+hot_decisions = promotions(ino_hot)
+say("hot_promotions_done", sum(1 for x in hot_decisions if x["status"] == "done"))
+say("hot_large_reason", "yes" if any("large file (16.0 MiB) read whole" in str(x["reason"])
+                                     for x in hot_decisions) else "no")
+say("cold_promotions", len(promotions(ino_cold)))
+say("stream_promotions", len(promotions(os.stat(stream).st_ino)))
+status = request(tmp / "ctl.sock", {"cmd": "status"})["volumes"][0]
+say("promotions_skipped", status.get("promotions_skipped"))
+d.send_signal(signal.SIGTERM)
+say("exit", d.wait(60))
+phase("cold_again", cold)  # the daemon gone: a second read of C cannot be promoted, and shows C was not cached
