@@ -117,8 +117,10 @@ lab-shell:
 
 # The wheel carries the CO-RE object (built once, relocates on any kernel with BTF); the .deb installs it under
 # Debian's Python with Debian's modules, the unit, an example configuration, the default policy and a man page.
+# make package [VERSION=0.1.3]: the version of this build (default: cachepilot.__version__); reproducible from the
+# last commit's time (SOURCE_DATE_EPOCH), so two builds of one commit are byte-identical
 package: deps-python bpf
-	controller/packaging/build-package.sh $(ROOT) $(PY)
+	controller/packaging/build-package.sh $(ROOT) $(PY) $(VERSION)
 
 clean:
 	rm -rf build dist .pytest_cache .ruff_cache
