@@ -92,8 +92,9 @@ class Guest:
 
     def state(self) -> dict[str, str]:
         """What a rollout may change: the daemon (pid, state, restarts) and the files the role writes."""
-        files = ["/etc/cachepilot/policy.yaml", "/etc/cachepilot/config.yaml",
-                 "/etc/systemd/system/cachepilot.service", "/etc/systemd/system/cachepilot.service.d/ansible.conf"]
+        # the role's own files (never the package's conffiles) and its drop-in over the package's unit
+        files = ["/etc/cachepilot/ansible/policy.yaml", "/etc/cachepilot/ansible/config.yaml",
+                 "/etc/systemd/system/cachepilot.service.d/ansible.conf"]
         r = self.ssh("systemctl show cachepilot -p MainPID -p ActiveState -p NRestarts; "
                      "echo package=$(dpkg-query -W -f='${db:Status-Status} ${Version}' cachepilot); "
                      "echo exe=$(readlink -f /usr/local/bin/cachepilot); cat " + " ".join(files) + " | sha256sum")
