@@ -254,3 +254,27 @@ def test_a_package_that_does_not_match_its_pin_stops_the_run(tmp_path: Path) -> 
     assert rc != 0 and "Check the package against its pin" in out, out
     assert f"is not cachepilot_0.1.0_amd64.deb with cachepilot_deb_sha256 {'ab' * 32}" in out, out
     assert "Copy the package to the host" not in out.split("Check the package against its pin")[1].split("RECAP")[0]
+
+
+def test_teardown_removes_everything_the_role_wrote(tmp_path: Path) -> None:
+    """Issue 34 item 3: playbooks/teardown.yml after a rollout leaves none of the role's files (under a throw-away
+    root: files only; the lab's systemd guest stops the daemon, restores the knobs and purges the package). The
+    package's own files (here stand-ins) and another tool's drop-in stay."""
+    root = tmp_path / "root"
+    keep = {"etc/cachepilot/config.yaml": "# the package's\n", "lib/systemd/system/cachepilot.service": "[Service]\n",
+            "etc/systemd/system/cachepilot.service.d/other.conf": "[Service]\nNice=5\n"}
+    for rel, text in keep.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    host = {"cachepilot_root": str(root), "cachepilot_policy": POLICY, "cachepilot_extra_policies": {"logs": LOGS},
+            "cachepilot_textfile_enabled": True}
+    rc, out = playbook(tmp_path, {"h1": host})
+    assert rc == 0, out
+    assert len(files(root)) > len(keep) + 3
+    rc, out = playbook(tmp_path, {"h1": host}, "--check", book="teardown.yml")
+    assert rc == 0 and len(files(root)) > len(keep) + 3, out  # check mode removes nothing
+    rc, out = playbook(tmp_path, {"h1": host}, book="teardown.yml")
+    assert rc == 0, out
+    assert files(root) == keep
+    rc, out = playbook(tmp_path, {"h1": host}, book="teardown.yml")
+    assert rc == 0 and recap(out)["h1"]["changed"] == 0, out  # nothing left to do
