@@ -95,6 +95,9 @@ dpkg-deb --root-owner-group -Zxz --build "$deb" "$out" >/dev/null
 role=$dist/cachepilot-role-$version.tar.gz
 tar -C "$root/playbooks/roles" --dereference --exclude=__pycache__ --owner=0 --group=0 --numeric-owner \
 	--sort=name --mtime="@$SOURCE_DATE_EPOCH" --mode=go-w -cf - cachepilot | gzip -9n > "$role"
+# --- the Ansible collection cachepilot.cachepilot (ansible-galaxy collection install dist/cachepilot-cachepilot-*) ------
+collection=$("$root/controller/packaging/build-collection.sh" "$root" "$version" "$dist")
 echo "package: $wheel"
+echo "package: $collection"
 echo "package: $role"
 echo "package: $out"

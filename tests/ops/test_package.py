@@ -187,7 +187,8 @@ def test_the_version_is_set_at_build_time_with_a_changelog_and_a_real_maintainer
         assert r.returncode == 0, r.stdout + r.stderr
         deb = ROOT / "dist" / f"cachepilot_{version}_amd64.deb"
         assert sorted(p.name for p in made) == sorted([deb.name, f"cachepilot-{version}-py3-none-any.whl",
-                                                       f"cachepilot-role-{version}.tar.gz"])
+                                                       f"cachepilot-role-{version}.tar.gz",
+                                                       f"cachepilot-cachepilot-{version}.tar.gz"])
         fields = _control(deb, "control")
         assert f"\nVersion: {version}\n" in fields
         maintainer = next(line for line in fields.splitlines() if line.startswith("Maintainer: "))
