@@ -56,7 +56,7 @@ def free_port() -> int:
 class Guest:
     """One lab guest (`lab run --init systemd --ssh-port --forward`) running the steady workload."""
 
-    def __init__(self, name: str, key: Path) -> None:
+    def __init__(self, name: str, key: Path, script: str = "tests/vm/fleet/workload.sh") -> None:
         self.name, self.key = name, key
         self.ssh_port, self.metrics_port = free_port(), free_port()
         self.runner = subprocess.Popen(
@@ -64,7 +64,7 @@ class Guest:
              "--ssh-port", str(self.ssh_port), "--ssh-key", f"{key}.pub", "--forward", f"{self.metrics_port}:9854",
              # the guests' lifetime outlasts the test's own bounded steps (boot 240 s, playbooks, Prometheus): at
              # 600 s a loaded host's run (625 s in all) lost g2 to its time-out in the middle of a playbook
-             "--timeout", "1800", "--", "tests/vm/fleet/workload.sh"],
+             "--timeout", "1800", "--", script],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def ssh(self, command: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
