@@ -65,7 +65,7 @@ except urllib.error.HTTPError as e:
 say healthz "$(probe /healthz)"
 say ready "$(probe /ready)"
 say knobs_running "$(knobs)"
-say warnings_at_start "$(journalctl -u cachepilot --no-pager -o cat -p warning | grep -vc '^-- ')"
+say warnings_at_start "$(journalctl -u cachepilot --no-pager -o cat | grep -c ': WARNING: ')"  # the daemon's own level: journald sees stderr as info
 say fresh_start "$(journalctl -u cachepilot --no-pager -o cat | grep -m1 'starting fresh')"
 journalctl -u cachepilot --no-pager -o cat | grep -m1 'probe:' >&2
 
