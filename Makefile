@@ -19,7 +19,7 @@ BASE_PY   ?= $(shell command -v python3.11 || command -v python3)
 APT_PACKAGES := clang llvm libbpf-dev libbpf1 bpftool make gcc \
 	qemu-system-x86 qemu-utils busybox-static cpio zstd xz-utils kmod \
 	bcache-tools dmsetup lvm2 thin-provisioning-tools e2fsprogs xfsprogs util-linux fio dbench \
-	prometheus prometheus-node-exporter ansible ansible-lint yamllint systemd procps file openssh-server \
+	prometheus prometheus-node-exporter ansible ansible-lint yamllint systemd procps file openssh-server curl \
 	python3-yaml python3-jsonschema python3-prometheus-client python3-numpy python3-zstandard python3-rich \
 	python3-bpfcc
 
@@ -129,8 +129,10 @@ lab-shell:
 
 # The wheel carries the CO-RE object (built once, relocates on any kernel with BTF); the .deb installs it under
 # Debian's Python with Debian's modules, the unit, an example configuration, the default policy and a man page.
+# make package [VERSION=0.1.3]: the version of this build (default: cachepilot.__version__); reproducible from the
+# last commit's time (SOURCE_DATE_EPOCH), so two builds of one commit are byte-identical
 package: deps-python bpf
-	controller/packaging/build-package.sh $(ROOT) $(PY)
+	controller/packaging/build-package.sh $(ROOT) $(PY) $(VERSION)
 
 clean:
 	rm -rf build dist .pytest_cache .ruff_cache

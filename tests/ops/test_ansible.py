@@ -80,12 +80,14 @@ def test_converges_idempotent_check_mode_and_a_refused_policy_stops_the_rollout(
     dropin = got["etc/systemd/system/cachepilot.service.d/ansible.conf"]
     assert "IPAddressAllow=localhost 10.0.0.0/8" in dropin
     assert "ReadWritePaths=/var/lib/prometheus/node-exporter" in dropin
-    config = yaml.safe_load(got["etc/cachepilot/config.yaml"])
-    assert config["policies"] == ["/etc/cachepilot/policy.yaml", "/etc/cachepilot/policies/logs.yaml"]
+    assert f"\nExecStart=\nExecStart={EXE} run --config /etc/cachepilot/ansible/config.yaml\n" in dropin
+    config = yaml.safe_load(got["etc/cachepilot/ansible/config.yaml"])
+    assert config["policies"] == ["/etc/cachepilot/ansible/policy.yaml", "/etc/cachepilot/ansible/policies/logs.yaml"]
     assert config["metrics"] == {"listen": "127.0.0.1:9854",
                                  "textfile": "/var/lib/prometheus/node-exporter/cachepilot.prom"}
-    assert yaml.safe_load(got["etc/cachepilot/policy.yaml"]) == POLICY
-    assert yaml.safe_load(got["etc/cachepilot/policies/logs.yaml"]) == LOGS
+    assert yaml.safe_load(got["etc/cachepilot/ansible/policy.yaml"]) == POLICY
+    assert yaml.safe_load(got["etc/cachepilot/ansible/policies/logs.yaml"]) == LOGS
+    assert "etc/cachepilot/config.yaml" not in got and "etc/cachepilot/policy.yaml" not in got  # the package's
     assert got["usr/local/bin/cachepilot"] == str(EXE)
     assert (root / "var/lib/prometheus/node-exporter").is_dir()
     rules = got["etc/prometheus/rules/cachepilot.rules.yml"]
@@ -102,7 +104,7 @@ def test_converges_idempotent_check_mode_and_a_refused_policy_stops_the_rollout(
     assert rc == 0, out
     assert recap(out)["h1"]["changed"] == 1, out  # the one task that writes every file
     for changed_path in ("policy.yaml", "policies/logs.yaml", "config.yaml"):
-        assert f"--- before: {root}/etc/cachepilot/{changed_path}" in out, (changed_path, out)
+        assert f"--- before: {root}/etc/cachepilot/ansible/{changed_path}" in out, (changed_path, out)
     assert "+dry_run: true" in out
     assert files(root) == got
 
@@ -116,6 +118,55 @@ def test_converges_idempotent_check_mode_and_a_refused_policy_stops_the_rollout(
     assert recap(out)["h1"]["failed"] == 1 and "h2" in recap(out), out
     assert files(root) == got
     assert not (tmp_path / "r2").exists(), "the second batch ran after the first failed"
+
+
+def test_the_role_never_edits_the_packages_conffiles_nor_shadows_its_unit(tmp_path: Path) -> None:
+    """Issue 34 items 1 and 4: with the package's unit (install method deb, or cachepilot_unit_from_package), the role
+    writes its own configuration and policies under /etc/cachepilot/ansible/ and a drop-in pointing the packaged unit
+    at them; the package's conffiles stay byte for byte, and a unit of the role's own that an older role left in
+    /etc/systemd/system (it shadowed every new package's unit) is removed."""
+    root = tmp_path / "root"
+    conffiles = {"etc/cachepilot/config.yaml": "# the package's\npolicies: [/etc/cachepilot/policy.yaml]\n",
+                 "etc/cachepilot/policy.yaml": "# the package's\nversion: 1\n",
+                 "lib/systemd/system/cachepilot.service": "[Service]\nExecStart=/usr/bin/cachepilot run\n",
+                 "etc/systemd/system/cachepilot.service": "[Service]\nExecStart=/usr/local/bin/cachepilot run\n"}
+    for rel, text in conffiles.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    host = {"cachepilot_root": str(root), "cachepilot_policy": POLICY, "cachepilot_unit_from_package": True}
+    rc, out = playbook(tmp_path, {"h1": host})
+    assert rc == 0, out
+    got = files(root)
+    for rel in ("etc/cachepilot/config.yaml", "etc/cachepilot/policy.yaml", "lib/systemd/system/cachepilot.service"):
+        assert got[rel] == conffiles[rel], rel
+    assert "etc/systemd/system/cachepilot.service" not in got  # no unit of the role's own
+    dropin = got["etc/systemd/system/cachepilot.service.d/ansible.conf"]
+    assert f"ExecStart={EXE} run --config /etc/cachepilot/ansible/config.yaml" in dropin
+    assert f"ExecReload={EXE} reload --config /etc/cachepilot/ansible/config.yaml" in dropin
+    assert yaml.safe_load(got["etc/cachepilot/ansible/policy.yaml"]) == POLICY
+    rc, out = playbook(tmp_path, {"h1": host})
+    assert rc == 0 and recap(out)["h1"]["changed"] == 0, out
+    # check mode on a host where nothing is installed yet: no failure on a service that does not exist
+    fresh = {"cachepilot_root": str(tmp_path / "fresh"), "cachepilot_policy": POLICY,
+             "cachepilot_unit_from_package": True}
+    rc, out = playbook(tmp_path, {"h2": fresh}, "--check")
+    assert rc == 0 and recap(out)["h2"]["failed"] == 0, out
+    assert not (tmp_path / "fresh").exists()
+
+
+def test_argument_specs_are_consistent_with_the_defaults() -> None:
+    """Issue 34 item 5: no option both required and defaulted; every documented default equals defaults/main.yml's;
+    every variable in defaults/main.yml is in the spec."""
+    role = PLAYBOOKS / "roles" / "cachepilot"
+    defaults = yaml.safe_load((role / "defaults" / "main.yml").read_text())
+    specs = yaml.safe_load((role / "meta" / "argument_specs.yml").read_text())["argument_specs"]
+    main = specs["main"]["options"]
+    assert set(defaults) <= set(main), sorted(set(defaults) - set(main))
+    for name, spec in main.items():
+        assert not (spec.get("required") and name in defaults), f"{name}: required and defaulted"
+        if "default" in spec:
+            assert spec["default"] == defaults[name], (name, spec["default"], defaults[name])
+    assert defaults["cachepilot_install_method"] == "deb"  # the package: the pip default named no index
 
 
 def test_policies_that_overlap_each_other_are_refused_together(tmp_path: Path) -> None:
@@ -203,3 +254,27 @@ def test_a_package_that_does_not_match_its_pin_stops_the_run(tmp_path: Path) -> 
     assert rc != 0 and "Check the package against its pin" in out, out
     assert f"is not cachepilot_0.1.0_amd64.deb with cachepilot_deb_sha256 {'ab' * 32}" in out, out
     assert "Copy the package to the host" not in out.split("Check the package against its pin")[1].split("RECAP")[0]
+
+
+def test_teardown_removes_everything_the_role_wrote(tmp_path: Path) -> None:
+    """Issue 34 item 3: playbooks/teardown.yml after a rollout leaves none of the role's files (under a throw-away
+    root: files only; the lab's systemd guest stops the daemon, restores the knobs and purges the package). The
+    package's own files (here stand-ins) and another tool's drop-in stay."""
+    root = tmp_path / "root"
+    keep = {"etc/cachepilot/config.yaml": "# the package's\n", "lib/systemd/system/cachepilot.service": "[Service]\n",
+            "etc/systemd/system/cachepilot.service.d/other.conf": "[Service]\nNice=5\n"}
+    for rel, text in keep.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    host = {"cachepilot_root": str(root), "cachepilot_policy": POLICY, "cachepilot_extra_policies": {"logs": LOGS},
+            "cachepilot_textfile_enabled": True}
+    rc, out = playbook(tmp_path, {"h1": host})
+    assert rc == 0, out
+    assert len(files(root)) > len(keep) + 3
+    rc, out = playbook(tmp_path, {"h1": host}, "--check", book="teardown.yml")
+    assert rc == 0 and len(files(root)) > len(keep) + 3, out  # check mode removes nothing
+    rc, out = playbook(tmp_path, {"h1": host}, book="teardown.yml")
+    assert rc == 0, out
+    assert files(root) == keep
+    rc, out = playbook(tmp_path, {"h1": host}, book="teardown.yml")
+    assert rc == 0 and recap(out)["h1"]["changed"] == 0, out  # nothing left to do

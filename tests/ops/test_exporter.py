@@ -7,7 +7,9 @@ import re
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -349,3 +351,33 @@ def test_every_decision_kind_and_failure_class_is_exported_from_the_start() -> N
     for kind in FAILURE_KINDS:
         assert ("cachepilot_action_failures_total", kind) in by, kind
     assert by[("cachepilot_action_failures_total", "fatal")] == 0
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_healthz_and_ready_answer_on_the_metrics_listener() -> None:
+    """Issue 34 item 8: liveness (the loop ticks) and readiness (probe attached, volumes adopted) for load balancers
+    and orchestrators, on the same listener as /metrics, from the same snapshot."""
+    box = SnapshotBox()
+    server = serve(f"127.0.0.1:{free_port()}", make_registry(box), box)
+    try:
+        assert _get(server.port, "/healthz") == (200, "ok: starting\n")  # no tick yet: alive, not ready
+        assert _get(server.port, "/ready") == (503, "not ready\n")
+        now = time.time()
+        box.publish(replace(snapshot(step=3, now=now), last_tick_timestamp=now))
+        assert _get(server.port, "/healthz") == (200, "ok\n")
+        assert _get(server.port, "/ready") == (200, "ready\n")
+        box.publish(replace(snapshot(step=3, now=now), ready=False, last_tick_timestamp=now - 61))
+        code, text = _get(server.port, "/healthz")
+        assert code == 503 and text.startswith("loop stalled: last tick 6"), text
+        assert _get(server.port, "/ready") == (503, "not ready\n")
+        assert _get(server.port, "/metrics")[0] == 200
+        assert _get(server.port, "/nope")[0] == 404
+    finally:
+        server.close()

@@ -5,10 +5,15 @@ really loads here, as root). The systemd guest that installs the .deb for real: 
 
 from __future__ import annotations
 
+import argparse
 import gzip
+import hashlib
+import io
 import os
+import re
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -148,3 +153,109 @@ def test_ansible_galaxy_installs_the_role_from_its_tarball(built: None, tmp_path
     r = subprocess.run([need_tool("ansible-playbook"), "--syntax-check", "-i", "localhost,", "play.yml"],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _hashes() -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (ROOT / "dist").iterdir()
+            if p.name.startswith(f"cachepilot_{__version__}_") or p.name.startswith(f"cachepilot-{__version__}-")
+            or p.name.startswith(f"cachepilot-role-{__version__}.")}
+
+
+def test_two_builds_of_one_commit_are_byte_identical(built: None) -> None:
+    """Issue 34 item 8: the role pins the .deb's SHA-256, so a rebuild of the same commit must give the same bytes
+    (SOURCE_DATE_EPOCH from the last commit; file order, owners and modes fixed)."""
+    first = _hashes()
+    assert len(first) == 3, first
+    r = subprocess.run(["make", "-s", "package"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert _hashes() == first
+
+
+def _control(deb: Path, name: str) -> str:
+    return subprocess.run([need_tool("dpkg-deb"), "-I", str(deb), name], capture_output=True, text=True,
+                          check=True).stdout
+
+
+def test_the_version_is_set_at_build_time_with_a_changelog_and_a_real_maintainer(built: None, tmp_path: Path) -> None:
+    """`make package VERSION=...` builds that version (the wheel, the .deb, --version and the changelog say it) without
+    touching the checkout; the maintainer is an address mail can reach, not localhost."""
+    version = "0.1.3" if __version__ != "0.1.3" else "0.1.4"
+    r = subprocess.run(["make", "-s", "package", f"VERSION={version}"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=600)
+    made = list((ROOT / "dist").glob(f"*{version}*"))
+    try:
+        assert r.returncode == 0, r.stdout + r.stderr
+        deb = ROOT / "dist" / f"cachepilot_{version}_amd64.deb"
+        assert sorted(p.name for p in made) == sorted([deb.name, f"cachepilot-{version}-py3-none-any.whl",
+                                                       f"cachepilot-role-{version}.tar.gz",
+                                                       f"cachepilot-cachepilot-{version}.tar.gz"])
+        fields = _control(deb, "control")
+        assert f"\nVersion: {version}\n" in fields
+        maintainer = next(line for line in fields.splitlines() if line.startswith("Maintainer: "))
+        assert re.fullmatch(r"Maintainer: [^<]+ <[^@<>\s]+@[a-z0-9.-]+\.[a-z]{2,}>", maintainer), maintainer
+        assert "localhost" not in maintainer
+        root = tmp_path / "root"
+        subprocess.run([need_tool("dpkg-deb"), "-x", str(deb), str(root)], check=True)
+        env = _outside(tmp_path) | {"PYTHONPATH": str(root / "usr/lib/python3/dist-packages")}
+        out = subprocess.run(["/usr/bin/python3", str(root / "usr/bin/cachepilot"), "--version"], cwd=tmp_path,
+                             env=env, capture_output=True, text=True, timeout=60).stdout
+        assert out == f"cachepilot {version}\n"
+        log = gzip.decompress((root / "usr/share/doc/cachepilot/changelog.Debian.gz").read_bytes()).decode()
+        assert log.startswith(f"cachepilot ({version}) ") and f"cachepilot ({__version__}) " in log
+        assert not (ROOT / "controller/cachepilot/__init__.py").read_text().count(version)  # the checkout untouched
+    finally:
+        for p in made:
+            p.unlink()
+
+
+def test_a_downgrade_is_warned_on_stderr(built: None, tmp_path: Path) -> None:
+    """The package's preinst, as dpkg runs it: `upgrade OLD` from a newer OLD warns; from an older one, or a fresh
+    install, it says nothing. Either way it succeeds (a rollback is allowed, never silent)."""
+    subprocess.run([need_tool("dpkg-deb"), "-e", str(DEB), str(tmp_path / "ctl")], check=True)
+    preinst = str(tmp_path / "ctl" / "preinst")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([preinst, *args], capture_output=True, text=True, timeout=30)
+
+    down = run("upgrade", "99.0.0")
+    assert down.returncode == 0 and down.stdout == ""
+    assert down.stderr == (f"cachepilot: warning: downgrading from 99.0.0 to {__version__} (the state file and "
+                           "configuration stay as 99.0.0 left them)\n")
+    for args in (("upgrade", "0.0.1"), ("upgrade", __version__), ("install",), ("install", "0.0.1")):
+        r = run(*args)
+        assert (r.returncode, r.stdout, r.stderr) == (0, "", ""), args
+
+
+def test_the_man_page_names_every_command_the_parser_has(built: None) -> None:
+    """Generated from the CLI's own parser at build time: every command and subcommand (advise and hotlist too),
+    with each of its options."""
+    from cachepilot.cli import build_parser
+
+    page = gzip.decompress(_member(DEB, "./usr/share/man/man8/cachepilot.8.gz")).decode()
+    text = page.replace("\\-", "-")
+
+    def walk(parser: argparse.ArgumentParser, path: str) -> list[tuple[str, argparse.ArgumentParser]]:
+        out = []
+        for a in parser._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sub in a.choices.items():
+                    out += [(f"{path} {name}", sub), *walk(sub, f"{path} {name}")]
+        return out
+
+    commands = walk(build_parser(), "cachepilot")
+    assert {"cachepilot advise", "cachepilot hotlist", "cachepilot policy check", "cachepilot run"} <= \
+        {c for c, _ in commands}
+    for name, sub in commands:
+        assert f'.SS "{name}"' in text, name
+        for a in sub._actions:
+            for opt in a.option_strings:
+                assert f"{opt}" in text, (name, opt)
+    assert ".SH EXIT STATUS" in text and ".SH FILES" in text and "@" not in text.split(".SH COMMANDS")[0]
+
+
+def _member(deb: Path, name: str) -> bytes:
+    tar = subprocess.run([need_tool("dpkg-deb"), "--fsys-tarfile", str(deb)], capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(tar)) as t:
+        f = t.extractfile(name)
+        assert f is not None, name
+        return f.read()

@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
 import shlex
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -155,3 +160,47 @@ def test_runbooks_name_only_their_own_paths() -> None:
         for path in re.findall(r"/etc/cachepilot/\S*?config\.yaml", book.read_text()):
             assert path == config.group(1), (book.name, path)
 
+
+
+# Issue 34 item 7: every command a runbook tells the operator to run is there on a host that has the package and its
+# Recommends (or, here, `make deps`), and runs. Each command's package: in the package's Depends/Recommends, in
+# APT_PACKAGES, or part of every Debian system (priority required: coreutils, util-linux).
+COMMAND_PACKAGES = {"cachepilot": "cachepilot", "systemctl": "systemd", "journalctl": "systemd",
+                    "dmsetup": "dmsetup", "lvchange": "lvm2", "lvconvert": "lvm2", "bpftool": "bpftool",
+                    "sysctl": "procps", "ps": "procps", "vmstat": "procps", "curl": "curl",
+                    "cat": "coreutils", "echo": "coreutils", "ls": "coreutils", "df": "coreutils",
+                    "findmnt": "util-linux"}
+REQUIRED = {"coreutils", "util-linux"}  # Priority: required in Debian
+
+
+def runbook_commands() -> set[str]:
+    """The first word of every code span that is a command line (has arguments), or a lone *-bpfcc tool name."""
+    out = set()
+    for book in RUNBOOKS:
+        for s in spans(book.read_text()):
+            word = s.split()[0]
+            if re.fullmatch(r"[a-z][a-z0-9.-]*", word) and (" " in s or word.endswith("-bpfcc")):
+                out.add(word)
+    return out
+
+
+def test_every_command_a_runbook_names_is_installed_and_runs() -> None:
+    control = (ROOT / "controller/packaging/debian/control").read_text()
+    fields = dict(line.split(": ", 1) for line in control.splitlines() if ": " in line and not line.startswith(" "))
+    shipped = {d.split()[0] for key in ("Depends", "Recommends") for d in fields[key].split(", ")} | {"cachepilot"}
+    makefile = (ROOT / "Makefile").read_text()
+    apt = set(re.search(r"^APT_PACKAGES := (.*?)\n\n", makefile, re.M | re.S).group(1).replace("\\\n", " ").split())
+    named = runbook_commands()
+    assert "vmstat" in named and not [c for c in named if c.endswith("-bpfcc")], named  # none of bcc's tools
+    unknown = named - set(COMMAND_PACKAGES)
+    assert not unknown, f"runbooks name {sorted(unknown)}: add each to COMMAND_PACKAGES with the package that has it"
+    for cmd in sorted(named):
+        package = COMMAND_PACKAGES[cmd]
+        assert package in shipped | apt | REQUIRED, f"{cmd} ({package}): neither Recommends nor make deps installs it"
+        # cachepilot: this checkout's (the virtualenv's bin, beside the running Python)
+        exe = shutil.which(cmd, path=os.pathsep.join([os.environ.get("PATH", ""), str(Path(sys.executable).parent),
+                                                      "/usr/sbin", "/sbin"]))
+        assert exe, f"{cmd}: not on this host (make deps)"
+        args = ["help"] if cmd == "bpftool" else ["-V"] if cmd in ("ps", "vmstat", "sysctl") else ["--help"]
+        r = subprocess.run([exe, *args], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and (r.stdout or r.stderr), f"{cmd} {args[0]}: rc {r.returncode} {r.stderr[-300:]}"

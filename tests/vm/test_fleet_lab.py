@@ -56,7 +56,7 @@ def free_port() -> int:
 class Guest:
     """One lab guest (`lab run --init systemd --ssh-port --forward`) running the steady workload."""
 
-    def __init__(self, name: str, key: Path) -> None:
+    def __init__(self, name: str, key: Path, script: str = "tests/vm/fleet/workload.sh") -> None:
         self.name, self.key = name, key
         self.ssh_port, self.metrics_port = free_port(), free_port()
         self.runner = subprocess.Popen(
@@ -64,7 +64,7 @@ class Guest:
              "--ssh-port", str(self.ssh_port), "--ssh-key", f"{key}.pub", "--forward", f"{self.metrics_port}:9854",
              # the guests' lifetime outlasts the test's own bounded steps (boot 240 s, playbooks, Prometheus): at
              # 600 s a loaded host's run (625 s in all) lost g2 to its time-out in the middle of a playbook
-             "--timeout", "1800", "--", "tests/vm/fleet/workload.sh"],
+             "--timeout", "1800", "--", script],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def ssh(self, command: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -92,8 +92,9 @@ class Guest:
 
     def state(self) -> dict[str, str]:
         """What a rollout may change: the daemon (pid, state, restarts) and the files the role writes."""
-        files = ["/etc/cachepilot/policy.yaml", "/etc/cachepilot/config.yaml",
-                 "/etc/systemd/system/cachepilot.service", "/etc/systemd/system/cachepilot.service.d/ansible.conf"]
+        # the role's own files (never the package's conffiles) and its drop-in over the package's unit
+        files = ["/etc/cachepilot/ansible/policy.yaml", "/etc/cachepilot/ansible/config.yaml",
+                 "/etc/systemd/system/cachepilot.service.d/ansible.conf"]
         r = self.ssh("systemctl show cachepilot -p MainPID -p ActiveState -p NRestarts; "
                      "echo package=$(dpkg-query -W -f='${db:Status-Status} ${Version}' cachepilot); "
                      "echo exe=$(readlink -f /usr/local/bin/cachepilot); cat " + " ".join(files) + " | sha256sum")

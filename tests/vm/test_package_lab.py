@@ -46,3 +46,12 @@ def test_the_deb_installs_starts_acts_and_refuses_a_broken_reload(lab) -> None:
     assert v["active_after_reload"] == "active" and int(v["refusal_logged"]) >= 1, r.explain()
     assert v["good_reload_rc"] == "0", r.explain()
     assert v["stop_result"] == "success" and v["stop_status"] == "0" and v["denied"] == "0", r.explain()
+    # issue 34: the probes on the metrics listener; a first start is no warning
+    assert v["healthz"] == "200 ok" and v["ready"] == "200 ready", v
+    assert v["warnings_at_start"] == "0" and "INFO: starting fresh: no state file" in v["fresh_start"], r.explain()
+    # a clean stop put back what the daemon changed (the shipped policy holds writeback_delay to max_age/6 = 5)
+    assert "writeback_delay=5 " in v["knobs_running"] and v["knobs_before"] != v["knobs_running"], v
+    assert v["knobs_after_stop"] == v["knobs_before"], v
+    # purge leaves no file, link or directory of ours, and says no warning
+    assert v["purge_rc"] == "0" and v["purge_warnings"] == "0", r.explain()
+    assert v["residue"] == "" and v["dpkg_status"] != "ii", v

@@ -134,10 +134,12 @@ class Daemon:
         self.metrics = Metrics.attach(self.config)
         self._next_rescan = now + int(self.config.rescan_s * NS)
         self._next_state = now + int(self.config.state_interval_s * NS)
+        # ready before the first publish: a scrape (or /ready) right after systemd's READY=1 must say 1, not wait
+        # for the first tick's snapshot (a lab guest's start returned with cachepilot_ready 0)
+        self.ready = True
         self._publish(now, 0)
         what = ", ".join(f"{v.info.name} ({v.info.kind})" for v in self.vols.values()) or "no volume"
         mode = " DRY RUN:" if self.dry_run else ""
-        self.ready = True
         self.gc.freeze()
         self.gc.watch()
         self.notifier.ready(f"watching {what}")

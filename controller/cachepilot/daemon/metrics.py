@@ -38,7 +38,7 @@ class Metrics:
         m = cls(exporter, cfg.metrics_textfile)
         if cfg.metrics_listen:
             try:
-                m.server = exporter.serve(cfg.metrics_listen, m.registry)
+                m.server = exporter.serve(cfg.metrics_listen, m.registry, m.box)
                 log.info("metrics: http://%s/metrics", cfg.metrics_listen)
             except UserError as exc:
                 log.warning("metrics: not served: %s", exc)

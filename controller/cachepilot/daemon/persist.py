@@ -18,7 +18,7 @@ from cachepilot.actions import Action, SetKnob, SetKnobs
 from cachepilot.capabilities import KNOBS
 from cachepilot.daemon.decisionlog import DecisionLog
 from cachepilot.daemon.snapshot import hottest
-from cachepilot.daemon.state import MAX_DECISIONS, MAX_HOT, StateFile
+from cachepilot.daemon.state import MAX_DECISIONS, MAX_HOT, NO_STATE, StateFile
 from cachepilot.daemon.volume import ManagedVolume, devname
 from cachepilot.engine.engine import Engine
 from cachepilot.engine.knobs import same_knob_value
@@ -40,8 +40,8 @@ class Persistence:
         """Read the state file (a missing or corrupt one: start fresh, said once); its decisions go to
         ``decisions``."""
         doc, why = self.state.read()
-        if doc is None:
-            log.warning("starting fresh: %s", why)
+        if doc is None:  # a first start has no state file: INFO; a corrupt or refused one: WARNING
+            log.log(logging.INFO if why.startswith(NO_STATE) else logging.WARNING, "starting fresh: %s", why)
             return
         self.saved = doc
         saved = [v for v in doc.get("volumes", {}).values() if isinstance(v, dict)]

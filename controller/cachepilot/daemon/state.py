@@ -22,6 +22,7 @@ from cachepilot.errors import UserError
 from cachepilot.safeio import NoSuchFile, read_capped, write_atomic
 
 VERSION = 1
+NO_STATE = "no state file at"  # a first start: nothing is wrong (persist logs it at INFO)
 MAX_HOT = 4096  # files per volume in the hot list
 MAX_DECISIONS = 200
 MAX_BYTES = 4 << 20
@@ -82,7 +83,7 @@ class StateFile:
         try:  # the size is checked before the read: a FIFO, /dev/zero or a sparse 5 GiB file costs nothing
             raw = read_capped(self.path, "state file", self.max_bytes * 2, follow=False)  # a planted link: refused
         except NoSuchFile:
-            return None, f"no state file at {self.path}"
+            return None, f"{NO_STATE} {self.path}"
         except UserError as exc:
             return None, str(exc)
         try:

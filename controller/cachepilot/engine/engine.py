@@ -350,7 +350,7 @@ class Engine:
     def _steer(self, c: VolumeCtl, now: int, out: list[Action]) -> None:
         steer = self.seq.decide(c.info.dev, c.policy.sequential_steering, SEQ_KNOB in c.policy.knobs, now)
         if steer is not None:
-            self.knobs.request(c, SEQ_KNOB, steer[0], steer[1], now, out)
+            self.knobs.request(c, SEQ_KNOB, steer[0], steer[1], now, out, put_back=False)  # seq restores its own
 
     def _lifetime_hold(self, c: VolumeCtl, now: int, out: list[Action]) -> None:
         """Recoverable write-back volumes hold young data dirty (engine.lifetime); not while latched or draining."""

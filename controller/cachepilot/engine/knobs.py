@@ -1,4 +1,8 @@
-"""Knob requests: knobs the policy pins, and the drain-sleep knob the exposure guarantee shortens."""
+"""Knob requests: knobs the policy pins, and the drain-sleep knob the exposure guarantee shortens.
+
+Every knob asked for here is put back at a clean stop to the value the backend found before the first write
+(``put_back_on_exit``; the state file keeps it across a crash): a knob the daemon changed must not outlive it,
+e.g. bcache's writeback_delay left at 5 s after an uninstall (issue 34 item 3)."""
 
 from __future__ import annotations
 
@@ -47,11 +51,11 @@ class KnobPins:
             f" and the write-back thread's {knob} sleep is not cut short"), now, out)
 
     def request(self, c: VolumeCtl, knob: str, value: str, why: str, now: int, out: list[Action],
-                put_back: bool = False) -> None:
+                put_back: bool = True) -> None:
         self.request_many(c, [(knob, value, why)], now, out, put_back)
 
     def request_many(self, c: VolumeCtl, wants: list[tuple[str, str, str]], now: int, out: list[Action],
-                     put_back: bool = False) -> None:
+                     put_back: bool = True) -> None:
         """Ask for (knob, value, why) each, the ones not already read back nor asked within REQUEST_RETRY_NS, together:
         one SetKnobs (one write where the kind has one, e.g. a dm-writecache reload) when there are several."""
         todo = [(k, v, why) for k, v, why in wants if _due(c, k, v, now)]

@@ -18,6 +18,9 @@ wait_for() {  # wait_for SECONDS COMMAND...: until the command succeeds
     until "$@"; do ((SECONDS < end)) || return 1; sleep 0.5; done
 }
 
+knobs() { local k; for k in writeback_delay writeback_percent sequential_cutoff; do
+    printf '%s=%s ' "$k" "$(cat "$LAB_BCACHE_SYSFS/$k")"; done; }
+say knobs_before "$(knobs)"
 checkout=$PWD
 deb=$(ls "$checkout"/dist/cachepilot_*_amd64.deb | tail -n 1)
 mkdir -p /root/pkg && cp "$deb" /root/pkg/ && cd /root/pkg || exit 1
@@ -49,10 +52,21 @@ say wants "$(show Wants)"
 sed -i 's/only_uncached: true/only_uncached: false/' /etc/cachepilot/policy.yaml
 grep -q 'only_uncached: false' /etc/cachepilot/policy.yaml || { echo "policy.yaml: no only_uncached to turn off" >&2; exit 1; }
 start=$SECONDS
+systemctl enable cachepilot 2>/dev/null  # the enablement link purge must take away
 systemctl start cachepilot; say start_rc $?
 say start_s $((SECONDS - start))
 say active "$(show ActiveState)"
 say ready_metric "$(metric cachepilot_ready)"
+probe() { /usr/bin/python3 -c "import urllib.request, urllib.error, sys
+try:
+    r = urllib.request.urlopen('http://127.0.0.1:9854' + sys.argv[1], timeout=5); print(r.status, r.read().decode().strip())
+except urllib.error.HTTPError as e:
+    print(e.code, e.read().decode().strip())" "$1" 2>&1; }
+say healthz "$(probe /healthz)"
+say ready "$(probe /ready)"
+say knobs_running "$(knobs)"
+say warnings_at_start "$(journalctl -u cachepilot --no-pager -o cat | grep -c ': WARNING: ')"  # the daemon's own level: journald sees stderr as info
+say fresh_start "$(journalctl -u cachepilot --no-pager -o cat | grep -m1 'starting fresh')"
 journalctl -u cachepilot --no-pager -o cat | grep -m1 'probe:' >&2
 
 # a hot file owned by an unprivileged user: the promotion read opens it O_NOATIME (CAP_FOWNER)
@@ -93,3 +107,15 @@ say stop_result "$(show Result)"
 say stop_status "$(show ExecMainStatus)"
 say denied "$(journalctl -u cachepilot --no-pager -o cat | grep -ciE 'permission denied|operation not permitted')"
 journalctl -u cachepilot --no-pager -o cat | tail -n 30 >&2
+say knobs_after_stop "$(knobs)"
+
+# purge: nothing of ours is left (files, links, directories), bytecode compiled here and the wants link included
+env -i /usr/bin/python3 -c 'import cachepilot.cli'  # compile some bytecode, as any import on the host does
+systemctl start cachepilot && systemctl stop cachepilot  # a state file and the unit's directories exist
+DEBIAN_FRONTEND=noninteractive apt-get purge -y -q cachepilot >purge.log 2>&1; say purge_rc $?
+say purge_warnings "$(grep -ci 'warning' purge.log)"
+grep -i warning purge.log >&2
+say residue "$(find /usr/lib/python3/dist-packages/cachepilot* /etc/cachepilot /var/lib/cachepilot /var/cache/cachepilot \
+    /run/cachepilot /usr/share/doc/cachepilot /lib/systemd/system/cachepilot.service /usr/bin/cachepilot \
+    /etc/systemd/system -name '*cachepilot*' 2>/dev/null | sort -u | tr '\n' ' ')"
+say dpkg_status "$(dpkg-query -W -f='${db:Status-Abbrev}' cachepilot 2>&1)"

@@ -46,6 +46,16 @@ options:
     type: list
     elements: dict
     default: []
+  absent:
+    description: Files or links that must not exist (dicts with path, group); removed when present.
+    type: list
+    elements: dict
+    default: []
+  unit_paths:
+    description: Where the service's unit may be; the result's unit_present says whether one is there.
+    type: list
+    elements: str
+    default: []
   executable:
     description: cachepilot's executable; must exist (except in check mode) and checks the policies.
     type: str
@@ -65,6 +75,10 @@ groups:
 paths:
   description: Paths changed (written, linked, created or removed).
   type: list
+  returned: always
+unit_present:
+  description: Whether one of unit_paths exists (check mode on a new host has no unit to restart yet).
+  type: bool
   returned: always
 """
 
@@ -155,6 +169,12 @@ def _plan(module: AnsibleModule) -> tuple[list[tuple[str, Any]], list[dict[str, 
             groups.add(link["group"])
             diff.append({"before_header": link["path"], "after_header": link["path"],
                          "before": f"-> {old_src}\n" if old_src else "", "after": f"-> {link['src']}\n"})
+    for gone in p["absent"]:
+        if os.path.lexists(gone["path"]):
+            todo.append(("remove", gone["path"]))
+            groups.add(gone["group"])
+            diff.append({"before_header": gone["path"], "after_header": gone["path"],
+                         "before": _read(gone["path"]) or "", "after": ""})
     for pr in p["prune"]:
         if not os.path.isdir(pr["dir"]):
             continue
@@ -199,6 +219,8 @@ def main() -> None:
             "links": {"type": "list", "elements": "dict", "default": []},
             "dirs": {"type": "list", "elements": "dict", "default": []},
             "prune": {"type": "list", "elements": "dict", "default": []},
+            "absent": {"type": "list", "elements": "dict", "default": []},
+            "unit_paths": {"type": "list", "elements": "str", "default": []},
             "executable": {"type": "str", "required": True},
             "executable_label": {"type": "str", "default": "cachepilot_executable"},
         },
@@ -216,7 +238,8 @@ def main() -> None:
     paths = [item["path"] if isinstance(item, dict) else item for _, item in todo]
     if not module.check_mode:
         paths = _apply(todo)
-    module.exit_json(changed=bool(todo), groups=sorted(groups), paths=paths, diff=diff)
+    unit_present = any(os.path.exists(u) for u in module.params["unit_paths"])
+    module.exit_json(changed=bool(todo), groups=sorted(groups), paths=paths, diff=diff, unit_present=unit_present)
 
 
 if __name__ == "__main__":
