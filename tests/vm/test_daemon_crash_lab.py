@@ -26,7 +26,9 @@ def test_daemon_sigkill_rounds_keep_files_and_leave_caches_safe(lab):
     assert r.int("wrote_none") == 0, r.explain()
     # every fsync-acknowledged file still live is intact (the workload keeps 4 hot + 6 live files, deleting others)
     assert r.int("files_written") >= 40 and r.int("files_checked") >= 10 and r.int("files_bad") == 0, r.explain()
-    # the final clean stop: exit 0, write-back, the pinned writeback_percent (not a drain's 0), write-back running
+    # the final clean stop: exit 0, write-back, writeback_percent put back to the value found before the first run
+    # (the state file kept it across the kills; issue 34), never a drain's 0, write-back running
     assert v["final_ready"] == "yes" and v["final_exit"] == "0" and v["traceback"] == "no", r.explain()
     assert "[writeback]" in v["mode_after"] or "[writethrough]" in v["mode_after"], r.explain()
-    assert v["wb_percent_after"] == "40" and v["writeback_running_after"] == "1", r.explain()
+    assert v["wb_percent_after"] == v["wb_percent_before"] != "0" and v["writeback_running_after"] == "1", \
+        r.explain()

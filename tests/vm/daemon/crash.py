@@ -99,6 +99,7 @@ def start(i: int) -> tuple[int, Path]:
 (tmp / "policy.yaml").write_text(POLICY)
 (tmp / "c.yaml").write_text("version: 1\npolicies: [policy.yaml]\nstate_dir: state\nsocket: ctl.sock\ntick: 250ms\n"
                             "rescan: 5s\nstate_interval: 500ms\nmetrics: {listen: ''}\n")
+say("wb_percent_before", (sysfs / "writeback_percent").read_text().strip())  # before any daemon pinned it
 rng = random.Random(SEED)  # noqa: S311 (seeded kill moments, not crypto)
 manifest = tmp / "manifest"
 work = subprocess.Popen([sys.executable, "-c", WORKLOAD, str(mnt / "crash"), str(manifest), str(SEED)])

@@ -66,6 +66,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
 (tmp / "c.yaml").write_text("version: 1\npolicies: [policy.yaml]\nstate_dir: state\nsocket: ctl.sock\ntick: 500ms\n"
                             "rescan: 2s\nstate_interval: 2s\nmetrics: {listen: ''}\n")
 say("mode_before", (sysfs / "cache_mode").read_text().strip())
+say("wb_percent_before", (sysfs / "writeback_percent").read_text().strip())  # before the daemon pins it
 err = open(tmp / "stderr", "w+")
 t0 = time.monotonic()
 d = subprocess.Popen([cli, "run", "--config", str(tmp / "c.yaml")], stderr=err, stdout=subprocess.DEVNULL)
@@ -218,7 +219,7 @@ d.send_signal(signal.SIGTERM)
 rc = d.wait(timeout=60)
 say("exit", rc)
 say("mode_after", (sysfs / "cache_mode").read_text().strip())
-say("wb_percent_after", (sysfs / "writeback_percent").read_text().strip())  # as pinned, not a drain's 0
+say("wb_percent_after", (sysfs / "writeback_percent").read_text().strip())  # put back at the clean stop
 a = dirty()
 time.sleep(2)
 say("dirty_stable", "yes" if dirty() <= a else "no")
