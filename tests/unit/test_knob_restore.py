@@ -99,3 +99,27 @@ def test_a_first_start_says_info_a_corrupt_state_file_warns(tmp_path: Path, capl
         run_once(tmp_path, tmp_path / "sys").d.shutdown()
     fresh = [r for r in caplog.records if r.getMessage().startswith("starting fresh")]
     assert [r.levelno for r in fresh] == [logging.WARNING] and "corrupt" in fresh[0].getMessage()
+
+
+def test_a_run_killed_before_it_pinned_again_keeps_the_found_value_for_the_next(tmp_path: Path) -> None:
+    """The lab's crash test: run 1 pins and is killed; run 2 puts the found values back, then is killed before it
+    pins again (its state file written meanwhile); run 3 must still know the values found before run 1."""
+    d = bcache_tree(tmp_path / "sys", dirty="0", state="clean")
+
+    def killed(r: SysfsRig) -> None:
+        r.d._save_state()
+        r.d.control.stop()
+        r.d.lock.release()
+
+    r1 = run_once(tmp_path, tmp_path / "sys")
+    killed(r1)
+    assert knobs(d) == ("10", "20")
+    r2 = SysfsRig(tmp_path, tmp_path / "sys")
+    r2.d.start()  # reconciles: the found values back; the pin of writeback_percent waits for a tick
+    assert knobs(d)[1] == "10"
+    killed(r2)
+    (d / "writeback_delay").write_text("10\n")  # as if run 2 had pinned again just before the kill
+    (d / "writeback_percent").write_text("20\n")
+    r3 = run_once(tmp_path, tmp_path / "sys")
+    r3.d.shutdown()
+    assert knobs(d) == ("30", "10")

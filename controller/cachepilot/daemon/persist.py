@@ -34,6 +34,11 @@ class Persistence:
         self.counters = counters
         self.once = once
         self.saved: dict[str, Any] = {}
+        # per volume (dev): what the last run's state file said it had steered (knob -> [found, ours]), kept in this
+        # run's state file until this run steers the knob itself -- a run killed after reconciling but before it
+        # pinned the knob again must not lose the value found before the first run (lab: 20 kills, then a clean
+        # stop left writeback_percent at the pinned 40 instead of the original 10)
+        self.carried: dict[int, dict[str, list[str]]] = {}
         self.previous_counters: dict[str, int] = {}  # the last run's, from the state file
 
     def read(self, decisions: DecisionLog) -> None:
@@ -113,6 +118,7 @@ class Persistence:
             if v.backend is None:
                 continue
             saved = self.saved_volume(v.info) or {}
+            self.carried[v.info.dev] = _pairs(saved.get("steered"))
             try:
                 s = v.backend.sample(now)
                 if self._put_back_steered(v, saved.get("steered"), s.knobs, now, execute):
@@ -164,10 +170,13 @@ class Persistence:
         return len(back)
 
     def steered(self, v: ManagedVolume) -> dict[str, list[str]]:
-        """What this run would put back at stop, as the state file keeps it (knob -> [found, ours])."""
+        """What this run would put back at stop, as the state file keeps it (knob -> [found, ours]); knobs the last
+        run steered and this one has not (yet) carry the last run's entry forward."""
         got = dict(v.backend.steered_knobs()) if v.backend is not None else {}
         got.update(self.engine.steered_knobs(v.info.dev))
-        return {k: [b, o] for k, (b, o) in sorted(got.items())}
+        out = {k: list(p) for k, p in self.carried.get(v.info.dev, {}).items() if k not in got}
+        out.update({k: [b, o] for k, (b, o) in got.items()})
+        return dict(sorted(out.items()))
 
     def doc(self, vols: Iterable[ManagedVolume], decisions: DecisionLog) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -194,3 +203,11 @@ class Persistence:
         self.counters["state_writes" if ok else "state_writes_failed"] += 1
         if not ok:
             self.once(f"state file not written (carrying on): {self.state.last_error}")
+
+
+def _pairs(steered: Any) -> dict[str, list[str]]:
+    """A state file's ``steered`` entry, only its well-formed pairs of known knobs."""
+    if not isinstance(steered, dict):
+        return {}
+    return {k: list(p) for k, p in steered.items()
+            if k in KNOBS and isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p)}
