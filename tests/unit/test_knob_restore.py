@@ -123,3 +123,32 @@ def test_a_run_killed_before_it_pinned_again_keeps_the_found_value_for_the_next(
     r3 = run_once(tmp_path, tmp_path / "sys")
     r3.d.shutdown()
     assert knobs(d) == ("30", "10")
+
+
+def test_a_run_killed_mid_drain_still_gets_the_found_value_back(tmp_path: Path) -> None:
+    """Killed while a drain had writeback_percent at 0 (over the pinned value it saved): the restart undoes the
+    drain's writes first and then puts back what the killed run steered -- the value found before it, not the pin
+    (the lab's crash test ended at the pinned value: the steered put-back had seen the drain's 0 and skipped)."""
+    import time as _time
+
+    from cachepilot.actions import Drain
+
+    d = bcache_tree(tmp_path / "sys", dirty="0", state="clean")
+    r1 = run_once(tmp_path, tmp_path / "sys")
+    assert knobs(d) == ("10", "20")
+    (d / "dirty_data").write_text("4.0M\n")
+    (d / "state").write_text("dirty\n")
+    r1.d.execute(Drain("bcache0", _time.monotonic_ns() + 60 * 10**9, "age bound"), _time.monotonic_ns())
+    assert knobs(d) == ("0", "0")  # the drain's own writes
+    r1.d._save_state()
+    r1.d.control.stop()
+    r1.d.lock.release()  # killed mid-drain
+    (d / "dirty_data").write_text("0\n")
+    (d / "state").write_text("clean\n")
+    r2 = SysfsRig(tmp_path, tmp_path / "sys")
+    r2.d.start()  # reconciles
+    assert knobs(d)[1] == "10", knobs(d)  # found before run 1, not run 1's pinned 20
+    r2.tick(1)
+    r2.tick(2)
+    r2.d.shutdown()
+    assert knobs(d) == ("30", "10")

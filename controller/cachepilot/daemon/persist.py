@@ -121,6 +121,15 @@ class Persistence:
             self.carried[v.info.dev] = _pairs(saved.get("steered"))
             try:
                 s = v.backend.sample(now)
+                # An interrupted operation's own writes first (a drain killed mid-way left writeback_percent at its
+                # 0, over the pinned value it had saved), then what the last run steered: the knob then reads as
+                # that run left it, and goes back to the value found before it (the lab's 20-kill test ended at the
+                # pinned 40, the steered put-back having seen the drain's 0 and skipped)
+                inflight = [d for d in saved.get("in_flight", []) if isinstance(d, dict)]
+                for d in inflight:
+                    self._put_back(v, d, s.knobs, now, execute)
+                if inflight:
+                    s = v.backend.sample(now)
                 if self._put_back_steered(v, saved.get("steered"), s.knobs, now, execute):
                     s = v.backend.sample(now)  # the engine must find the operator's values, not ours, as the base
             except CachepilotError as exc:
@@ -129,9 +138,6 @@ class Persistence:
             v.last_sample = s
             self.engine.sample(s)
             log.info("%s: actual state: mode %s, %d dirty bytes", v.info.name, s.mode, s.dirty_bytes)
-            for d in saved.get("in_flight", []):
-                if isinstance(d, dict):
-                    self._put_back(v, d, s.knobs, now, execute)
 
     @staticmethod
     def _put_back(v: ManagedVolume, d: dict[str, Any], knobs: dict[str, str], now: int,
