@@ -152,3 +152,19 @@ def test_a_run_killed_mid_drain_still_gets_the_found_value_back(tmp_path: Path) 
     r2.tick(2)
     r2.d.shutdown()
     assert knobs(d) == ("30", "10")
+
+
+def test_a_knob_a_killed_operation_left_unrecorded_still_goes_back_to_the_value_found(tmp_path: Path) -> None:
+    """Killed after a drain set writeback_percent 0 but before the state file recorded that drain: the restart
+    finds 0, pins over it, and at its clean stop puts back the value found before the first run (the state file's),
+    not the 0 it found (the lab's crash test ended at 0)."""
+    d = bcache_tree(tmp_path / "sys", dirty="0", state="clean")
+    r1 = run_once(tmp_path, tmp_path / "sys")
+    r1.d._save_state()
+    r1.d.control.stop()
+    r1.d.lock.release()
+    (d / "writeback_percent").write_text("0\n")  # the unrecorded drain's write
+    r2 = run_once(tmp_path, tmp_path / "sys")
+    assert knobs(d)[1] == "20"  # pinned again
+    r2.d.shutdown()
+    assert knobs(d) == ("30", "10")

@@ -292,6 +292,16 @@ class OperationBackend(Backend):
     def steered_knobs(self) -> dict[str, tuple[str, str]]:
         return {knob: (before, ours) for knob, (_, before, ours) in self._on_exit.items()}
 
+    def adopt_steered(self, knob: str, found: str, ours: str) -> None:
+        """A knob a previous (killed) run set to ``ours`` over ``found``, as its state file says: put back at this
+        run's stop like one this run set, to the value found before that run -- not to whatever a killed
+        operation left it at when this run first wrote it (a later write keeps this found value)."""
+        from cachepilot.backends import kinds
+
+        k = kinds.kind(self.kind)
+        if knob in k.settings and knob not in self._on_exit:
+            self._on_exit[knob] = (k.settings[knob](self), found, ours)
+
     def _put_back_knob(self, knob: str, s: Setting, before: str, ours: str, why: str) -> Outcome:
         """A steered knob back to the value found before the engine steered it, if it still reads as we left it."""
         a = SetKnob(self.info.name, knob, before, f"{why} (steered to {ours})")

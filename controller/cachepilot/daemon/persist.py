@@ -22,6 +22,7 @@ from cachepilot.daemon.state import MAX_DECISIONS, MAX_HOT, NO_STATE, StateFile
 from cachepilot.daemon.volume import ManagedVolume, devname
 from cachepilot.engine.engine import Engine
 from cachepilot.engine.knobs import same_knob_value
+from cachepilot.engine.seqcutoff import KNOB as SEQ_KNOB
 from cachepilot.errors import CachepilotError
 
 log = logging.getLogger("cachepilot")
@@ -34,11 +35,6 @@ class Persistence:
         self.counters = counters
         self.once = once
         self.saved: dict[str, Any] = {}
-        # per volume (dev): what the last run's state file said it had steered (knob -> [found, ours]), kept in this
-        # run's state file until this run steers the knob itself -- a run killed after reconciling but before it
-        # pinned the knob again must not lose the value found before the first run (lab: 20 kills, then a clean
-        # stop left writeback_percent at the pinned 40 instead of the original 10)
-        self.carried: dict[int, dict[str, list[str]]] = {}
         self.previous_counters: dict[str, int] = {}  # the last run's, from the state file
 
     def read(self, decisions: DecisionLog) -> None:
@@ -118,7 +114,6 @@ class Persistence:
             if v.backend is None:
                 continue
             saved = self.saved_volume(v.info) or {}
-            self.carried[v.info.dev] = _pairs(saved.get("steered"))
             try:
                 s = v.backend.sample(now)
                 # An interrupted operation's own writes first (a drain killed mid-way left writeback_percent at its
@@ -132,6 +127,7 @@ class Persistence:
                     s = v.backend.sample(now)
                 if self._put_back_steered(v, saved.get("steered"), s.knobs, now, execute):
                     s = v.backend.sample(now)  # the engine must find the operator's values, not ours, as the base
+                self._adopt_steered(v, saved.get("steered"))
             except CachepilotError as exc:
                 self.once(f"{v.info.name}: cannot read its state before acting: {exc}")
                 continue
@@ -148,6 +144,20 @@ class Persistence:
             if knob and knobs.get(knob[0]) == w.get("value") and w.get("before") not in (None, ""):
                 execute(SetKnob(v.info.name, knob[0], str(w["before"]),
                                 f"put back after an interrupted {d.get('kind')}"), now)
+
+    def _adopt_steered(self, v: ManagedVolume, steered: Any) -> None:
+        """What the last run set over a value it found stays this run's to put back at its stop, with that found
+        value (OperationBackend.adopt_steered): the knob may read anything now -- put back above, or left by an
+        operation killed before the state file recorded it -- and this run's first write of it would take that
+        for the found value. Not the knob the engine steers itself (it restores its own)."""
+        adopt = getattr(v.backend, "adopt_steered", None)
+        if adopt is None:
+            return
+        c = self.engine.vols.get(v.info.dev)
+        pinned = c.policy.knobs if c is not None else {}
+        for knob, (found, ours) in _pairs(steered).items():
+            if knob != SEQ_KNOB or knob in pinned:
+                adopt(knob, found, ours)
 
     @staticmethod
     def _put_back_steered(v: ManagedVolume, steered: Any, knobs: dict[str, str], now: int,
@@ -176,13 +186,12 @@ class Persistence:
         return len(back)
 
     def steered(self, v: ManagedVolume) -> dict[str, list[str]]:
-        """What this run would put back at stop, as the state file keeps it (knob -> [found, ours]); knobs the last
-        run steered and this one has not (yet) carry the last run's entry forward."""
+        """What this run would put back at stop, as the state file keeps it (knob -> [found, ours]); what the last
+        run set and this one adopted (_adopt_steered) included, so a run killed before it wrote the knob itself
+        passes the found value on."""
         got = dict(v.backend.steered_knobs()) if v.backend is not None else {}
         got.update(self.engine.steered_knobs(v.info.dev))
-        out = {k: list(p) for k, p in self.carried.get(v.info.dev, {}).items() if k not in got}
-        out.update({k: [b, o] for k, (b, o) in got.items()})
-        return dict(sorted(out.items()))
+        return {k: [b, o] for k, (b, o) in sorted(got.items())}
 
     def doc(self, vols: Iterable[ManagedVolume], decisions: DecisionLog) -> dict[str, Any]:
         out: dict[str, Any] = {}
