@@ -198,6 +198,10 @@ class Engine:
         """Delete records in trace layout (dev, ino, gen, size, ts_ns), in one index lookup per filesystem."""
         self.events.feed_deletes(recs)
 
+    def feed_deletes_array(self, arr: np.ndarray) -> None:
+        """Deletes as one DELETE_DTYPE array (the probe's bulk take), in one index lookup per filesystem."""
+        self.events.feed_deletes_array(arr)
+
     def feed_freed(self, recs: list[tuple[int, ...]]) -> None:
         """FreedExtent records in trace layout (dev, ino, block, count, metadata, ts_ns, tid), as arrays."""
         self.events.feed_freed(recs)

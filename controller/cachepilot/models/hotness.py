@@ -38,6 +38,14 @@ PAGE = 4096
 HOT_DTYPE = np.dtype([("dev", "<u4"), ("ino", "<u8"), ("gen", "<u4"), ("rs", "<u4"), ("ws", "<u4"),
                       ("rb", "<u8"), ("wb", "<u8"), ("last", "<i8"), ("size", "<i8")])
 """HotnessDelta in trace layout (``<IQIIIQQqq``, 56 bytes, packed) as a numpy record."""
+DELETE_DTYPE = np.dtype([("dev", "<u4"), ("ino", "<u8"), ("gen", "<u4"), ("size", "<i8"), ("ts_ns", "<i8")])
+"""Deletes in bulk (a Delete's trace record: dev, ino, gen, size, ts_ns): the probe's drain of its in-kernel map
+and the engine's batch take them as one array, no object per file."""
+
+
+def deletes_array(recs: list[tuple[int, ...]]) -> np.ndarray:
+    """Delete records (dev, ino, gen, size, ts_ns) as a DELETE_DTYPE array, in order."""
+    return np.array([tuple(r[:5]) for r in recs], dtype=DELETE_DTYPE)
 
 
 def inverse_bitmap_score(nbytes: int) -> int:
