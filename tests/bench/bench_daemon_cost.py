@@ -18,6 +18,7 @@ Rounds alternate the order of rates; a round starts a fresh daemon. The load ave
 other work on the host moves them.
 
 Usage (root): .venv/bin/python tests/bench/bench_daemon_cost.py [--quick] [--rounds N] [--window S] [--rates ...]
+[--pyspy .venv/bin/py-spy] (where the daemon's CPU goes, per rate)
 --quick: one round of 1.5 s windows (checks that it runs; proves nothing). The last line is RESULT {json}.
 """
 
@@ -205,12 +206,45 @@ def events_of(status: dict[str, Any]) -> dict[str, int]:
     return out
 
 
+# --pyspy PATH: py-spy (pip install py-spy) records the daemon in every window with it, 50 Hz, busy samples only
+PROFILE: dict[str, Path] = {}
+
+
+def profiled(pid: int, rate: int, window: float) -> subprocess.Popen[bytes] | None:
+    if not PROFILE:
+        return None
+    out = PROFILE["dir"] / f"{rate}-{time.monotonic_ns()}.txt"
+    return subprocess.Popen([str(PROFILE["pyspy"]), "record", "-p", str(pid), "-d", str(max(1, int(window))), "-r",
+                             "50", "-f", "raw", "-o", str(out), "--nonblocking"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def print_profile(rates: list[int], top_n: int = 14) -> None:
+    """Per rate: the functions with the largest share of the daemon's busy samples (inclusive: a function and what
+    it called), over every window at that rate."""
+    for r in rates:
+        total, incl = 0, {}  # type: ignore[var-annotated]
+        for f in PROFILE["dir"].glob(f"{r}-*.txt"):
+            for line in f.read_text().splitlines():
+                stack, _, n = line.rpartition(" ")
+                total += int(n)
+                for fn in {fr.split(" (")[0] + " (" + fr.split(" (")[1].split(":")[0].rsplit("/", 1)[-1] + ")"
+                           for fr in stack.split(";") if " (" in fr}:
+                    incl[fn] = incl.get(fn, 0) + int(n)
+        rows = sorted(incl.items(), key=lambda kv: -kv[1])[:top_n]
+        print(f"profile at {r:,} ev/s ({total} busy samples): " +
+              "; ".join(f"{fn} {n / max(total, 1):.0%}" for fn, n in rows))
+
+
 def with_daemon(exe: Path, top: Path, d: Daemon, rate: int, window: float) -> Point:
     s0, c0 = d.status(), cpu_s(d.proc.pid)
+    spy = profiled(d.proc.pid, rate, window)
     with TickWatch(d) as tw:
         t0 = time.monotonic()
         events, took, gcpu = generate(exe, top, rate, window)
         used, wall = cpu_s(d.proc.pid) - c0, time.monotonic() - t0
+    if spy is not None:
+        spy.wait(timeout=60)
     s1 = d.status()
     p = Point(rate, events / took, gcpu / took * 100, used / wall * 100, rss_mib(d.proc.pid),
               sorted(tw.ticks.values()), delta(s1["drops"], s0["drops"]), delta(events_of(s1), events_of(s0)), events)
@@ -296,6 +330,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--window", type=float, default=10.0)
     ap.add_argument("--rates", type=lambda s: [int(x) for x in s.split(",")], default=list(RATES))
+    ap.add_argument("--pyspy", type=Path, help="profile the daemon with this py-spy (its CPU then includes py-spy's "
+                    "pauses: numbers from a profiled run are not the curve's)")
     args = ap.parse_args()
     if args.quick:
         args.rounds, args.window = 1, 1.5
@@ -305,11 +341,15 @@ def main() -> None:
     points: list[Point] = []
     with tempfile.TemporaryDirectory(prefix="bench-daemon-cost-") as t, make_loop_ext4(1024) as fs:
         exe = build_generator(Path(t))
+        if args.pyspy:
+            PROFILE.update(pyspy=args.pyspy, dir=Path(t))
         for i in range(args.rounds):
             rates = args.rates if i % 2 == 0 else args.rates[::-1]
             tmp = Path(t) / f"r{i}"
             tmp.mkdir()
             points += one_round(exe, fs.mount, tmp, rates, args.window)
+            if i == args.rounds - 1 and args.pyspy:
+                print_profile(args.rates)
     rows = summarize(points, args.rates)
     print_table(rows, args, (load0, os.getloadavg()[0]))
     print("RESULT " + json.dumps({"rows": rows, "points": [asdict(p) for p in points], "load": [load0,
