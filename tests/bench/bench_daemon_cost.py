@@ -219,21 +219,35 @@ def profiled(pid: int, rate: int, window: float) -> subprocess.Popen[bytes] | No
                             stderr=subprocess.DEVNULL)
 
 
-def print_profile(rates: list[int], top_n: int = 14) -> None:
-    """Per rate: the functions with the largest share of the daemon's busy samples (inclusive: a function and what
-    it called), over every window at that rate."""
+def print_profile(rates: list[int], top_n: int = 12) -> None:
+    """Per rate, over every window at that rate: the functions with the largest inclusive share of the daemon's busy
+    samples (a function and what it called; the loop's trunk, in nearly every sample, left out) and the largest self
+    shares (where the CPU is spent)."""
     for r in rates:
-        total, incl = 0, {}  # type: ignore[var-annotated]
+        total, incl, own = 0, {}, {}  # type: ignore[var-annotated]
         for f in PROFILE["dir"].glob(f"{r}-*.txt"):
             for line in f.read_text().splitlines():
-                stack, _, n = line.rpartition(" ")
-                total += int(n)
-                for fn in {fr.split(" (")[0] + " (" + fr.split(" (")[1].split(":")[0].rsplit("/", 1)[-1] + ")"
-                           for fr in stack.split(";") if " (" in fr}:
-                    incl[fn] = incl.get(fn, 0) + int(n)
-        rows = sorted(incl.items(), key=lambda kv: -kv[1])[:top_n]
-        print(f"profile at {r:,} ev/s ({total} busy samples): " +
-              "; ".join(f"{fn} {n / max(total, 1):.0%}" for fn, n in rows))
+                stack, _, count = line.rpartition(" ")
+                n = int(count)
+                frames = [_frame(fr) for fr in stack.split(";") if " (" in fr]
+                total += n
+                for fn in set(frames):
+                    incl[fn] = incl.get(fn, 0) + n
+                if frames:
+                    own[frames[-1]] = own.get(frames[-1], 0) + n
+        total = max(total, 1)
+        inner = [(fn, n) for fn, n in sorted(incl.items(), key=lambda kv: -kv[1])
+                 if n < 0.75 * total and "<lambda>" not in fn][:top_n]
+        print(f"profile at {r:,} ev/s ({total} busy samples), inclusive: "
+              + "; ".join(f"{fn} {n / total:.0%}" for fn, n in inner))
+        print("  self: " + "; ".join(f"{fn} {n / total:.0%}" for fn, n in sorted(own.items(),
+                                                                               key=lambda kv: -kv[1])[:top_n]))
+
+
+def _frame(fr: str) -> str:
+    """py-spy's "function (path/file.py:line)" as "function (file.py)"."""
+    name, _, where = fr.partition(" (")
+    return f"{name} ({where.split(':')[0].rsplit('/', 1)[-1]})"
 
 
 def with_daemon(exe: Path, top: Path, d: Daemon, rate: int, window: float) -> Point:
