@@ -206,7 +206,7 @@ def events_of(status: dict[str, Any]) -> dict[str, int]:
     return out
 
 
-# --pyspy PATH: py-spy (pip install py-spy) records the daemon in every window with it, 50 Hz, busy samples only
+# --pyspy PATH: py-spy (pip install py-spy) records the daemon in every window with it, 200 Hz, busy samples only
 PROFILE: dict[str, Path] = {}
 
 
@@ -215,7 +215,7 @@ def profiled(pid: int, rate: int, window: float) -> subprocess.Popen[bytes] | No
         return None
     out = PROFILE["dir"] / f"{rate}-{time.monotonic_ns()}.txt"
     return subprocess.Popen([str(PROFILE["pyspy"]), "record", "-p", str(pid), "-d", str(max(1, int(window))), "-r",
-                             "50", "-f", "raw", "-o", str(out), "--nonblocking"], stdout=subprocess.DEVNULL,
+                             "200", "-f", "raw", "-o", str(out), "--nonblocking"], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
 
 
