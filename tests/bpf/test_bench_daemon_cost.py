@@ -29,6 +29,7 @@ def test_the_cost_curve_runs_and_its_result_parses(bpf_env: None) -> None:
         assert len(row["alone_reached"]) == len(row["reached"]) == 1
         assert row["alone_reached"][0] > 0.8 * rate and row["reached"][0] > 0.8 * rate  # low rates are reachable
         assert row["daemon_cpu"][0] >= 0 and row["rss_mib"][0] > 10 and row["ticks"] >= 1
+        assert row["cpu_per_10k"][0] == pytest.approx(row["daemon_cpu"][0] / row["reached"][0] * 1e4)
         # files live 0.5 s: the 1.5 s window sees their deletes, every one taken from the map, none by the ring
         recs = row["records_per_event"]
         assert recs.get("Delete (map)", 0) > 0.1 and recs.get("Delete", 0) == 0, recs
