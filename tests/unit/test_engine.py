@@ -635,3 +635,19 @@ def test_discards_go_in_the_caches_own_unit_by_default(unit: int, ranges: tuple[
     e.feed(JournalCommit(DEV, 7, int(1.5 * NS)))
     [d] = e.discards(int(1.5 * NS))
     assert isinstance(d, DiscardRanges) and d.ranges == ranges
+
+
+def test_a_delete_batch_looks_its_files_up_in_the_index_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 32: most deleted files were never tracked, and the index's lookup costs a step for each of those; the
+    lifetime reader and the forgetting share one lookup per filesystem and batch (they made one each)."""
+    e = Engine(SMALL_SET, [VOL])
+    for ino in range(1, 9):
+        e.feed(HotnessDelta(FileKey(DEV, ino, 1), 64, 64, 4096, 4096, 1, size=4096))
+    e.tick(1)  # the index holds them
+    idx = e.hotness.index[DEV]
+    calls: list[int] = []
+    real = idx.lookup_many
+    monkeypatch.setattr(idx, "lookup_many", lambda inos: (calls.append(len(inos)), real(inos))[-1])
+    e.feed_deletes_array(deletes_array([(DEV, ino, 1, 4096, 2) for ino in range(1, 200)]))
+    assert calls == [199]
+    assert len(e.hotness) == 0

@@ -42,8 +42,9 @@ class EventDispatch:
         # models beside the hotness table that read every drain (sequential-cutoff steering, the sizing advisor)
         self.hotness_readers: list[Callable[[np.ndarray], None]] = []
         # models that learn from deletes before the table forgets the file (the lifetime hold: its age at delete);
-        # each reads one filesystem's deletes as a DELETE_DTYPE array
-        self.delete_readers: list[Callable[[int, np.ndarray], None]] = []
+        # each reads one filesystem's deletes as a DELETE_DTYPE array, with their slots in the table (the one index
+        # lookup of the batch; None: not looked up)
+        self.delete_readers: list[Callable[[int, np.ndarray, np.ndarray | None], None]] = []
         handlers: dict[str, Callable[[Any], None]] = {
             records.HOTNESS.name: self._feed_hotness, records.FREED.name: self._feed_freed_extent,
             records.COMMIT.name: self._feed_commit, records.DELETE.name: self.delete,
@@ -135,11 +136,16 @@ class EventDispatch:
         uniq, first = np.unique(devs, return_index=True)
         for dev in uniq[np.argsort(first)].tolist():
             mine = arr[devs == dev]
+            inos = np.ascontiguousarray(mine["ino"])
+            # one index lookup for the readers and the forgetting (most deleted files were never tracked: each
+            # lookup costs a step per such file)
+            idx = self.hotness.index.get(dev)
+            slots = idx.lookup_many(inos) if idx is not None else None
             if dev in self.vols:
                 for read in self.delete_readers:
-                    read(dev, mine)
+                    read(dev, mine, slots)
             # as delete() does, per batch
-            self.hotness.forget_many(dev, np.ascontiguousarray(mine["ino"]), mine["gen"].astype(np.uint32))
+            self.hotness.forget_many(dev, inos, mine["gen"].astype(np.uint32), slots=slots)
 
     def feed_freed(self, recs: list[tuple[int, ...]]) -> None:
         """FreedExtent records in trace layout (dev, ino, block, count, metadata, ts_ns, tid), as feeding each would,
@@ -161,5 +167,5 @@ class EventDispatch:
         k = ev.key
         if k.dev in self.vols:
             for read in self.delete_readers:
-                read(k.dev, deletes_array([(k.dev, k.ino, k.gen, ev.size, ev.ts_ns)]))
+                read(k.dev, deletes_array([(k.dev, k.ino, k.gen, ev.size, ev.ts_ns)]), None)
         self.hotness.delete(ev)

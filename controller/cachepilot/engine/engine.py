@@ -83,7 +83,8 @@ class Engine:
         self.seq = SequentialSteering()  # bcache's sequential_cutoff, by what the bypassed runs are made of
         self.events.hotness_readers.append(self.seq.written)
         self.lifetimes = Lifetimes()  # delete ages and the lifetime hold (engine.lifetime)
-        self.events.delete_readers.append(lambda dev, recs: self.lifetimes.deleted_many(self.hotness, dev, recs))
+        self.events.delete_readers.append(
+            lambda dev, recs, slots: self.lifetimes.deleted_many(self.hotness, dev, recs, slots))
         if self.sizing is not None:
             sizing = self.sizing
             self.events.hotness_readers.append(lambda recs: sizing.observe(recs, self.vols))

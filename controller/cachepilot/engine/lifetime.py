@@ -161,15 +161,18 @@ class Lifetimes:
             lt = self.vols[dev] = VolumeLifetimes()
         return lt
 
-    def deleted_many(self, table: HotnessTable, dev: int, recs: np.ndarray | list[tuple[int, ...]]) -> None:
+    def deleted_many(self, table: HotnessTable, dev: int, recs: np.ndarray | list[tuple[int, ...]],
+                     slots: np.ndarray | None = None) -> None:
         """Deletes of one volume (DELETE_DTYPE records, or tuples dev, ino, gen, size, ts_ns; gen 0: any), before
         the table forgets them: each file whose first write was seen adds its age at delete, in order (one index
-        lookup and array tests for the batch: only those files cost a Python step)."""
+        lookup and array tests for the batch: only those files cost a Python step; ``slots``: that lookup's result
+        when the caller made it)."""
         idx = table.index.get(dev)
         if idx is None or not len(recs):
             return
         arr = deletes_array(recs) if isinstance(recs, list) else recs
-        slots = idx.lookup_many(np.ascontiguousarray(arr["ino"], dtype=np.uint64))
+        if slots is None:
+            slots = idx.lookup_many(np.ascontiguousarray(arr["ino"], dtype=np.uint64))
         found = slots >= 0
         if not found.any():
             return

@@ -310,13 +310,15 @@ class HotnessTable(SlotArrays):
         self._forget_slot(idx, ino, slot)
         return slot
 
-    def forget_many(self, dev: int, inos: np.ndarray, gens: np.ndarray) -> list[int]:
+    def forget_many(self, dev: int, inos: np.ndarray, gens: np.ndarray, slots: np.ndarray | None = None) -> list[int]:
         """forget() for a batch of deleted files of one filesystem (gen 0: any generation), in order; returns the
-        former slots of those that were tracked. One index lookup for the whole batch."""
+        former slots of those that were tracked. One index lookup for the whole batch (``slots``: its result, when
+        the caller made it)."""
         idx = self.index.get(dev)
         if idx is None or not len(inos):
             return []
-        slots = idx.lookup_many(inos.astype(np.uint64))
+        if slots is None:
+            slots = idx.lookup_many(inos.astype(np.uint64))
         gen = np.frombuffer(self.gen, dtype=np.uint32) if len(self.gen) else np.zeros(0, dtype=np.uint32)
         found = slots >= 0
         found[found] &= (gens[found] == 0) | (gen[slots[found]] == gens[found])
