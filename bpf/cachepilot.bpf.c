@@ -39,6 +39,8 @@ char LICENSE[] SEC("license") = "GPL";
 struct cp_ev_hdr *cp_btf_ev_hdr __attribute__((unused));
 struct cp_ev_free *cp_btf_ev_free __attribute__((unused));
 struct cp_ev_delete *cp_btf_ev_delete __attribute__((unused));
+struct cp_delete_key *cp_btf_delete_key __attribute__((unused));
+struct cp_delete *cp_btf_delete __attribute__((unused));
 struct cp_ev_barrier *cp_btf_ev_barrier __attribute__((unused));
 struct cp_ev_discard *cp_btf_ev_discard __attribute__((unused));
 struct cp_ev_commit *cp_btf_ev_commit __attribute__((unused));

@@ -52,6 +52,7 @@ struct cp_watch {
 #define CP_CFG_IGNORE_SELF 0x1
 #define CP_CFG_DIO_SYSCALLS 0x2 /* direct I/O marks live in "dio_task" (syscall hooks), else in task storage */
 #define CP_CFG_SYNC_SYSCALLS 0x4 /* the fsync-family syscall hooks are attached: ext4's hooks leave their calls to them */
+#define CP_CFG_BULK_DELETES 0x8 /* deletes go into the "deletes" hash map (read in bulk each tick), not the ring */
 
 struct cp_config {
 	u32 self_tgid; /* the loader's tgid in the initial PID namespace (what bpf_get_current_pid_tgid returns) */
@@ -116,6 +117,24 @@ struct cp_dio {
 	u32 dev;
 	u32 gen;
 	u64 size;
+};
+
+/* ---- deletes, aggregated in the kernel (hash map "deletes": struct cp_delete_key -> struct cp_delete) ----
+ * A file's end is the one record every unlinked file makes: with CP_CFG_BULK_DELETES set, it goes into this map and
+ * user space takes the whole map once a tick (BPF_MAP_LOOKUP_AND_DELETE_BATCH into arrays) instead of one ring
+ * record, decoded into one object, per file. Only when the map is full does a delete take the ring (struct
+ * cp_ev_delete), so none is lost; the consumer reads both. Sized by user space before load. */
+struct cp_delete_key {
+	u64 ino;
+	u32 dev; /* superblock s_dev */
+	u32 gen;
+};
+
+struct cp_delete {
+	u64 size;
+	u64 ts_ns;
+	u32 pid;
+	u32 pad;
 };
 
 /* ---- drop counters (array "drops", one element) ---- */

@@ -100,6 +100,15 @@ struct {
 	__type(value, struct cp_sync_pending);
 } sync_store SEC(".maps");
 
+/* a file's end, aggregated in the kernel (see struct cp_delete_key in cachepilot.h); preallocated: an update from the
+ * tracepoint allocates nothing */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1 << 16); /* resized by user space before load */
+	__type(key, struct cp_delete_key);
+	__type(value, struct cp_delete);
+} deletes SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 1 << 20); /* resized by user space before load */

@@ -109,6 +109,24 @@ int BPF_PROG(on_xfs_extent_free, struct xfs_mount *mp, struct xfs_extent_free_it
 #endif
 
 /*
+ * A delete into the "deletes" map when user space asked for them in bulk (CP_CFG_BULK_DELETES); false when it did not,
+ * or the map is full: then the ring carries it. The bcc build has no such map: its deletes always take the ring.
+ */
+static __always_inline bool delete_in_map(struct file_id *id, u64 size, u64 now, u32 pid)
+{
+#ifdef CP_BCC
+	return false;
+#else
+	struct cp_config *c = cfg();
+	if (!c || !(c->flags & CP_CFG_BULK_DELETES))
+		return false;
+	struct cp_delete_key k = {.ino = id->ino, .dev = id->dev, .gen = id->gen};
+	struct cp_delete v = {.size = size, .ts_ns = now, .pid = pid};
+	return bpf_map_update_elem(&deletes, &k, &v, BPF_ANY) == 0;
+#endif
+}
+
+/*
  * A file's end: the inode is evicted with no link left. Whatever caused it (the last unlink of a closed file, the last
  * close of an unlinked open file, a rename over it, an O_TMPFILE never linked, orphan clean-up at mount), this is when
  * its blocks are freed; an inode merely dropped from the cache still has links and is not reported.
@@ -122,13 +140,17 @@ int BPF_PROG(on_ext4_evict, struct inode *inode)
 		return 0;
 	if (BPF_CORE_READ(inode, i_nlink) != 0)
 		return 0;
-	struct cp_ev_delete *e = reserve_event(sizeof(*e), CP_EV_DELETE, id.dev, w->slot, bpf_ktime_get_ns());
+	u64 size = BPF_CORE_READ(inode, i_size), now = bpf_ktime_get_ns();
+	u32 pid = (u32)(bpf_get_current_pid_tgid() >> 32);
+	if (delete_in_map(&id, size, now, pid))
+		return 0;
+	struct cp_ev_delete *e = reserve_event(sizeof(*e), CP_EV_DELETE, id.dev, w->slot, now);
 	if (!e)
 		return 0;
 	e->ino = id.ino;
-	e->size = BPF_CORE_READ(inode, i_size);
+	e->size = size;
 	e->gen = id.gen;
-	e->pid = (u32)(bpf_get_current_pid_tgid() >> 32);
+	e->pid = pid;
 	submit(e, sizeof(*e));
 	return 0;
 }

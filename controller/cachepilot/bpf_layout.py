@@ -19,6 +19,7 @@ ROLE_LOWER = 0x4
 CFG_IGNORE_SELF = 0x1
 CFG_DIO_SYSCALLS = 0x2
 CFG_SYNC_SYSCALLS = 0x4
+CFG_BULK_DELETES = 0x8
 MAX_VOLUMES = 64
 WATCH_BITS = 10
 WATCH_SLOTS = 1 << WATCH_BITS
@@ -134,6 +135,14 @@ class cp_ev_free(Struct):  # noqa: N801
     ]
 
 
+class cp_delete_key(Struct):  # noqa: N801
+    _fields_ = [("ino", u64), ("dev", u32), ("gen", u32)]
+
+
+class cp_delete(Struct):  # noqa: N801
+    _fields_ = [("size", u64), ("ts_ns", u64), ("pid", u32), ("pad", u32)]
+
+
 class cp_ev_delete(Struct):  # noqa: N801
     _fields_ = [("hdr", cp_ev_hdr), ("ino", u64), ("size", u64), ("gen", u32), ("pid", u32)]
 
@@ -169,6 +178,8 @@ ALL_STRUCTS: tuple[type[C.Structure], ...] = (
     cp_drops,
     cp_sync,
     cp_sync_pending,
+    cp_delete_key,
+    cp_delete,
     cp_ev_hdr,
     cp_ev_free,
     cp_ev_delete,

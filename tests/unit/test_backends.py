@@ -685,3 +685,24 @@ def test_riders_are_abandoned_with_their_operation_at_restore_without_an_error(b
     assert [(o.action.kind, o.status, o.error) for o in out] == [("drain", FAILED, None),
                                                                  ("set_write_policy", FAILED, None)]
     assert b.errors["retry"] == 0 and b.pending() == []
+
+
+def test_a_bcache_drain_reads_dirty_data_once_a_step(bc, monkeypatch):
+    """Issue 32 item 3: one sysfs read per attribute per step. A drain's step tested clean and then the close
+    threshold, reading dirty_data twice (and the start read it twice too)."""
+    b, d = bc
+    import cachepilot.backends.bcache as mod
+    reads: list[str] = []
+    real_read = mod.read_attr
+
+    def counting(path: Path) -> str:
+        reads.append(Path(path).name)
+        return real_read(path)
+
+    monkeypatch.setattr(mod, "read_attr", counting)
+    assert b.apply(Drain("bcache0", 10 * S, "age bound")).status == PENDING
+    assert reads.count("dirty_data") == 1
+    for t in (1, 2, 3):
+        reads.clear()
+        assert b.step(t * S) == []
+        assert reads.count("dirty_data") == 1, reads

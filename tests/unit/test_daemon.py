@@ -603,6 +603,11 @@ class FakeProbe:
     def unwatch(self, dev: int) -> None:
         self.watched.remove(dev)
 
+    def take_deletes(self) -> object:  # Probe's bulk deletes (issue 32): none here
+        from cachepilot.models.hotness import deletes_array
+
+        return deletes_array([])
+
     def close(self) -> None:
         self.closed = True
 

@@ -9,14 +9,16 @@ import logging
 import random
 from typing import cast
 
+import numpy as np
 import pytest
 
-from cachepilot.actions import DONE, FAILED, PENDING, Outcome, Promote
+from cachepilot.actions import DONE, FAILED, PENDING, DiscardRanges, Outcome, Promote, SetKnob
 from cachepilot.backends.base import Backend
 from cachepilot.daemon.acting import Actor
 from cachepilot.daemon.counters import Counters
 from cachepilot.daemon.guard import Guard
 from cachepilot.daemon.intake import DELETE_BATCH_MIN, Intake
+from cachepilot.daemon.loglimit import LineBudget
 from cachepilot.daemon.stopflag import StopFlag
 from cachepilot.daemon.volume import ManagedVolume, VolumeTable
 from cachepilot.daemon.volumes import Found
@@ -24,6 +26,7 @@ from cachepilot.engine.engine import Engine
 from cachepilot.errors import RetryLater
 from cachepilot.events import Barrier, BarrierKind, Delete, FileKey, FreedExtent, HotnessDelta, JournalCommit, kdev
 from cachepilot.models.freed import FreedExtentQueue
+from cachepilot.models.hotness import HOT_DTYPE, deletes_array
 from cachepilot.models.volume import VolumeInfo
 
 FS = kdev(252, 1)
@@ -332,3 +335,70 @@ def test_a_poll_that_waited_for_a_wakeup_does_not_hold_the_next_polls_discard_ba
         intake.wait(0.6)
     assert sent == [1, 2, 3]  # one FITRIM action per poll, each right after it
     assert time.monotonic() - t0 >= 2 * MIN_POLL_GAP_NS / 1e9  # the three polls a gap apart
+
+
+class BulkDeletesProbe:
+    """A probe whose kernel aggregated the deletes in its map (bulk_deletes): take_deletes hands them over once."""
+
+    def __init__(self, recs: list[tuple[int, ...]]) -> None:
+        self.arr = deletes_array(recs)
+        self.takes = 0
+
+    def take_deletes(self) -> np.ndarray:
+        self.takes += 1
+        arr, self.arr = self.arr, deletes_array([])
+        return arr
+
+    def drain_hotness_array(self) -> np.ndarray:
+        return np.zeros(0, dtype=HOT_DTYPE)
+
+    def drain_aggregates(self) -> list[object]:
+        return []
+
+
+def test_the_ticks_drain_takes_the_kernels_deletes_as_one_array_as_one_by_one_would() -> None:
+    """Issue 32: the kernel keeps the deletes in a map and the tick's drain takes them all at once, before the
+    hotness table (as the polled ones, held for the tick, went): no Delete object per file, the same engine state."""
+    recs = [(FS, ino, 1 if ino != 4 else 9, 8192, 10 + ino) for ino in range(1, 9)]  # ino 4: another generation
+    one_by_one = _engine_with_files(10)
+    for r in recs:
+        one_by_one.feed(Delete(FileKey(FS, r[1], r[2]), r[3], r[4]))
+    engine = _engine_with_files(10)
+    probe = BulkDeletesProbe(recs)
+    counters = Counters()
+    intake = Intake(engine, VolumeTable(), counters, Guard(counters), StopFlag(), lambda: probe,
+                    lambda action, now: None)
+    intake.drain(0)
+    assert probe.takes == 1 and counters["events.Delete"] == len(recs)
+    assert sorted(engine.hotness.index[FS]) == sorted(one_by_one.hotness.index[FS]) == [4, 9, 10]
+    intake.drain(2_000_000_000)  # nothing new: nothing counted
+    assert probe.takes == 2 and counters["events.Delete"] == len(recs)
+
+
+def test_a_storm_of_file_decisions_is_logged_within_a_budget_and_the_rest_summed_up(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 32 item 3: a tree removal decides discards by the hundred a tick; their INFO lines are held to the
+    budget (20 per kind per 10 s) and the rest said as one line when the next window opens; every decision is still
+    in the decision log, and control actions and failures are always said."""
+    vols = VolumeTable()
+    v = ManagedVolume(Found(INFO), backend=cast(Backend, object()), files=SpentPromoter())
+    vols.add(v)
+    actor = Actor(Engine(), vols, Counters(), lambda dev, why: None, lambda msg: None)
+    clock = [0.0]
+    actor.lines = LineBudget(clock=lambda: clock[0])
+    trim = DiscardRanges("bcache0", FS, ((0, 4096),), "deleted")
+    with caplog.at_level(logging.INFO, logger="cachepilot"):
+        for _ in range(500):
+            actor.record(v, Outcome(trim, DONE))
+        for i in range(3):
+            actor.record(v, Outcome(SetKnob("bcache0", "writeback_percent", str(i), "hold"), DONE))
+        actor.record(v, Outcome(trim, FAILED, error=RetryLater("busy")))
+        lines = [r.getMessage() for r in caplog.records]
+        assert len([m for m in lines if "discard" in m and "writeback" not in m]) == 20 + 1  # the budget + failure
+        assert len([m for m in lines if "writeback_percent" in m]) == 3
+        assert len(actor.decisions) == 504  # explain has every one
+        clock[0] = 10.0  # the next window: the held-back ones said in one line, then this one
+        caplog.clear()
+        actor.record(v, Outcome(trim, DONE))
+        said = [r.getMessage() for r in caplog.records]
+        assert len(said) == 2 and said[0].startswith("480 more discard decisions in 10 s"), said

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -13,7 +14,7 @@ from cachepilot.engine import DiscardRanges, Drain, Engine, Outcome, Promote, Se
 from cachepilot.engine.discards import DISCARD_GATHER_NS
 from cachepilot.errors import UserError
 from cachepilot.events import Delete, FileKey, FreedExtent, HotnessDelta, JournalCommit, kdev
-from cachepilot.models.hotness import F_MEMBER, PAGE
+from cachepilot.models.hotness import F_MEMBER, PAGE, deletes_array
 from cachepilot.models.volume import BYPASS_NAMES, VolumeInfo, VolumeSample
 from cachepilot.policy import parse_policy
 
@@ -421,12 +422,25 @@ DELETE_OP = st.tuples(st.sampled_from(["hot", "batch", "delete", "delete", "tick
 def test_batched_deletes_equal_one_at_a_time(ops: list[tuple[str, int, int, int, int]]) -> None:
     """A replay feeds a block of deletes at once (feed_deletes): the models end as feeding each Delete leaves
     them, with repeated files and generations that do not match (0: any) in one batch."""
+    _batched_deletes_equal_one_at_a_time(ops, lambda e, recs: e.feed_deletes(recs))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(DELETE_OP, min_size=1, max_size=60))
+def test_deletes_as_one_array_equal_one_at_a_time(ops: list[tuple[str, int, int, int, int]]) -> None:
+    """The daemon takes the kernel's deletes map as one array (feed_deletes_array, issue 32): the same models as
+    feeding each Delete, with repeated files and generations that do not match (0: any) in one array."""
+    _batched_deletes_equal_one_at_a_time(ops, lambda e, recs: e.feed_deletes_array(deletes_array(recs)))
+
+
+def _batched_deletes_equal_one_at_a_time(ops: list[tuple[str, int, int, int, int]],
+                                         feed: Callable[[Engine, list[tuple[int, ...]]], None]) -> None:
     one, batch = Engine(SMALL_SET, [VOL]), Engine(SMALL_SET, [VOL])
     pending: list[tuple[int, ...]] = []
     now = 1
 
     def flush() -> None:
-        batch.feed_deletes(pending)
+        feed(batch, pending)
         pending.clear()
 
     for op, ino, gen, score, size in ops:
@@ -621,3 +635,19 @@ def test_discards_go_in_the_caches_own_unit_by_default(unit: int, ranges: tuple[
     e.feed(JournalCommit(DEV, 7, int(1.5 * NS)))
     [d] = e.discards(int(1.5 * NS))
     assert isinstance(d, DiscardRanges) and d.ranges == ranges
+
+
+def test_a_delete_batch_looks_its_files_up_in_the_index_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 32: most deleted files were never tracked, and the index's lookup costs a step for each of those; the
+    lifetime reader and the forgetting share one lookup per filesystem and batch (they made one each)."""
+    e = Engine(SMALL_SET, [VOL])
+    for ino in range(1, 9):
+        e.feed(HotnessDelta(FileKey(DEV, ino, 1), 64, 64, 4096, 4096, 1, size=4096))
+    e.tick(1)  # the index holds them
+    idx = e.hotness.index[DEV]
+    calls: list[int] = []
+    real = idx.lookup_many
+    monkeypatch.setattr(idx, "lookup_many", lambda inos: (calls.append(len(inos)), real(inos))[-1])
+    e.feed_deletes_array(deletes_array([(DEV, ino, 1, 4096, 2) for ino in range(1, 200)]))
+    assert calls == [199]
+    assert len(e.hotness) == 0

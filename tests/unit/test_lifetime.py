@@ -11,6 +11,7 @@ from cachepilot.engine import Engine
 from cachepilot.engine.lifetime import MIN_EVIDENCE, DeleteAges, VolumeLifetimes, hold_for
 from cachepilot.errors import UserError
 from cachepilot.events import Delete, FileKey, HotnessDelta, kdev
+from cachepilot.models.hotness import deletes_array
 from cachepilot.models.volume import VolumeInfo, VolumeSample
 from cachepilot.policy import parse_policy
 from cachepilot.policy.model import LifetimeHold
@@ -125,6 +126,24 @@ def test_engine_feed_deletes_batch_counts_ages_as_delete_does() -> None:
         e.feed(HotnessDelta(FileKey(DEV, i, 1), 0, 64, 0, MIB, NS, size=MIB))
     e.feed_deletes([(DEV, i, 1, MIB, 4 * NS) for i in range(8)])
     assert e.lifetimes.of(DEV).ages.quantile(0.5) == 4.0
+
+
+def test_engine_feed_deletes_array_counts_ages_as_delete_does() -> None:
+    """The kernel's deletes taken as one array (issue 32): the ages each Delete would add, no more (a file never
+    written, another generation, an empty file: none)."""
+    one, arr = (Engine(parse_policy(RECOVERABLE, "t.yaml"), [BCACHE]) for _ in range(2))
+    recs = [(DEV, i, 1 if i != 3 else 2, MIB if i != 5 else 0, (4 + i) * NS) for i in range(8)] + [
+        (DEV, 99, 1, MIB, 9 * NS)]
+    for e in (one, arr):
+        for i in range(8):
+            e.feed(HotnessDelta(FileKey(DEV, i, 1), 0, 64, 0, MIB, NS, size=MIB))
+    for r in recs:
+        one.feed(Delete(FileKey(DEV, r[1], r[2]), r[3], r[4]))
+    arr.feed_deletes_array(deletes_array(recs))
+    assert arr.lifetimes.of(DEV).ages.bytes == one.lifetimes.of(DEV).ages.bytes
+    # 8 written, one of another generation, one empty (the histogram decays with time: approximately)
+    assert arr.lifetimes.of(DEV).ages.total() == pytest.approx(6 * MIB, rel=0.01)
+    assert len(arr.hotness) == len(one.hotness) == 1  # the other generation's file stays
 
 
 def test_writecache_hold_moves_only_by_five_points() -> None:

@@ -93,7 +93,11 @@ class BcacheBackend(OperationBackend):
 
     def clean(self) -> bool:
         """No dirty data and the superblock says clean (or there is no cache at all)."""
-        return self.dirty_bytes() == 0 and read_attr(self.dir / "state") in ("clean", "no cache")
+        return self._clean(self.dirty_bytes())
+
+    def _clean(self, dirty: int) -> bool:
+        """clean() with dirty_data already read (``dirty`` bytes): the state is read only when it is 0."""
+        return dirty == 0 and read_attr(self.dir / "state") in ("clean", "no cache")
 
     # -------------------------------------------------------------- operations
     def _start(self, op: Operation) -> bool:
@@ -117,11 +121,12 @@ class BcacheBackend(OperationBackend):
         return False
 
     def _begin_drain(self, op: Operation, reason: str) -> bool:
-        if self.clean():
+        dirty = self.dirty_bytes()
+        if self._clean(dirty):
             op.phase = "clean"
             return True
         op.phase = "draining"
-        op.data["start_dirty"] = str(self.dirty_bytes())
+        op.data["start_dirty"] = str(dirty)
         op.save(self._attr("writeback_running"), "1", f"drain: {reason}")
         # No sleep after each full scan of the dirty keys (a sleep already begun cannot be cut short; under the
         # destructive model the engine keeps writeback_delay within the drain window for that reason).
@@ -141,9 +146,10 @@ class BcacheBackend(OperationBackend):
         return True
 
     def _advance(self, op: Operation, now_ns: int) -> bool:
-        if not self.clean():
+        dirty = self.dirty_bytes()  # one read a step (issue 32 item 3): the clean test and the close test share it
+        if not self._clean(dirty):
             if op.phase == "draining" and isinstance(op.action, Drain) and \
-                    op.close_due(now_ns, self.dirty_bytes(), CLOSE_BELOW):
+                    op.close_due(now_ns, dirty, CLOSE_BELOW):
                 op.phase = "closing"  # the saved mode is put back with the other settings
                 op.save(self.mode_setting(), "writethrough", f"drain, last stretch: {op.action.reason}")
             return False

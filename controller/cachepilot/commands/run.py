@@ -24,7 +24,7 @@ def _probe_factory(object_path: Path | None) -> Any:
     def make(max_files: int) -> Any:
         from cachepilot.probe import Probe  # lazy: loading libbpf only when the daemon really starts
 
-        return Probe(object_path, max_files=max_files)
+        return Probe(object_path, max_files=max_files, bulk_deletes=True)
 
     return make
 

@@ -17,7 +17,8 @@ from typing import Any
 from cachepilot.actions import Action, DiscardRanges, Promote
 from cachepilot.backends.base import FAILED, PENDING, Backend, Outcome
 from cachepilot.daemon.counters import Counters
-from cachepilot.daemon.decisionlog import DecisionLog
+from cachepilot.daemon.decisionlog import FILE_KINDS, DecisionLog
+from cachepilot.daemon.loglimit import WINDOW_S, LineBudget
 from cachepilot.daemon.ticktime import TickBudget
 from cachepilot.daemon.volume import ManagedVolume, VolumeTable
 from cachepilot.engine.engine import Engine
@@ -40,6 +41,7 @@ class Actor:
         self.drop = drop  # the daemon's: a volume whose device is gone leaves every index
         self.once = once
         self.decisions = DecisionLog(DECISIONS_KEPT)
+        self.lines = LineBudget()  # file actions' INFO lines under storms (loglimit.py)
         self.budget = budget or TickBudget()  # never opened: never spent
         self._turn = 0  # which volume's deferred actions go first this tick
 
@@ -175,8 +177,19 @@ class Actor:
         level = logging.WARNING if out.status == FAILED and err is not None else logging.INFO
         if v is not None and v.observe_only:
             level = logging.DEBUG  # what it would do on a volume it only observes: explain shows it
+        if level == logging.INFO and a.kind in FILE_KINDS and not self._may_say(a.kind):
+            return d
         log.log(level, "%s%s", "DRY RUN " if out.dry_run else "", line)
         return d
+
+    def _may_say(self, kind: str) -> bool:
+        """A file action's INFO line within its kind's budget (loglimit.py); those held back are said as one line
+        when the kind's next window opens."""
+        ok, held = self.lines.take(kind)
+        if held:
+            log.info("%d more %s decisions in %g s were not logged one by one (cachepilot explain has them)", held,
+                     kind, WINDOW_S)
+        return ok
 
 
 def waits_still(out: Outcome) -> bool:

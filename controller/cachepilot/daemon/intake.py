@@ -139,6 +139,16 @@ class Intake:
         recs: list[tuple[int, ...]] = [(e.key.dev, e.key.ino, e.key.gen, e.size, e.ts_ns) for e in evs]
         self._guarded("Delete", lambda: self.engine.feed_deletes(recs))
 
+    def _take_deletes(self, probe: Any) -> None:
+        """The deletes the kernel aggregated since the last tick (the probe's bulk_deletes), as one array: the
+        same batch the polled ones make, with no object per file (issue 32: a file's end was the ring's one record
+        per unlinked file)."""
+        arr = probe.take_deletes()
+        if len(arr):
+            self.counters.add("events", "Delete", len(arr))
+            self.counters.add("bulk", "Delete", len(arr))  # of those, taken from the kernel's map (not the ring)
+            self._guarded("Delete", lambda: self.engine.feed_deletes_array(arr))
+
     def feed(self, ev: Any) -> None:
         self.counters.add("events", type(ev).__name__)
         ev = self.vols.route(ev)
@@ -167,6 +177,7 @@ class Intake:
         self.hot_fresh = probe is None or now >= self._next_hot
         if probe is None:
             return
+        self._take_deletes(probe)
         if self.hot_fresh:
             self._next_hot = now + HOTNESS_EVERY_NS - HOTNESS_EARLY_NS
             arr = probe.drain_hotness_array()

@@ -22,7 +22,7 @@ from cachepilot.events import (
     MetadataDelta,
     SyncCalls,
 )
-from cachepilot.models.hotness import HOT_DTYPE, HotnessTable
+from cachepilot.models.hotness import HOT_DTYPE, HotnessTable, deletes_array
 
 
 class UnknownEvent(TypeError):
@@ -41,8 +41,10 @@ class EventDispatch:
         self.external_discards = 0
         # models beside the hotness table that read every drain (sequential-cutoff steering, the sizing advisor)
         self.hotness_readers: list[Callable[[np.ndarray], None]] = []
-        # models that learn from deletes before the table forgets the file (the lifetime hold: its age at delete)
-        self.delete_readers: list[Callable[[int, list[tuple[int, ...]]], None]] = []
+        # models that learn from deletes before the table forgets the file (the lifetime hold: its age at delete);
+        # each reads one filesystem's deletes as a DELETE_DTYPE array, with their slots in the table (the one index
+        # lookup of the batch; None: not looked up)
+        self.delete_readers: list[Callable[[int, np.ndarray, np.ndarray | None], None]] = []
         handlers: dict[str, Callable[[Any], None]] = {
             records.HOTNESS.name: self._feed_hotness, records.FREED.name: self._feed_freed_extent,
             records.COMMIT.name: self._feed_commit, records.DELETE.name: self.delete,
@@ -122,15 +124,28 @@ class EventDispatch:
     def feed_deletes(self, recs: list[tuple[int, ...]]) -> None:
         """Delete records in trace layout (dev, ino, gen, size, ts_ns), as feeding each Delete would, per
         filesystem in one index lookup (a replay's deletes come by the hundred thousand)."""
-        by_dev: dict[int, list[tuple[int, ...]]] = {}
-        for r in recs:
-            by_dev.setdefault(r[0], []).append(r)
-        for dev, mine in by_dev.items():
+        if recs:
+            self.feed_deletes_array(deletes_array(recs))
+
+    def feed_deletes_array(self, arr: np.ndarray) -> None:
+        """Deletes as one DELETE_DTYPE array (the probe's bulk take: no object per file), as feeding each Delete
+        would: per filesystem, in the order the filesystems first come, in one index lookup each."""
+        if not len(arr):
+            return
+        devs = arr["dev"]
+        uniq, first = np.unique(devs, return_index=True)
+        for dev in uniq[np.argsort(first)].tolist():
+            mine = arr[devs == dev]
+            inos = np.ascontiguousarray(mine["ino"])
+            # one index lookup for the readers and the forgetting (most deleted files were never tracked: each
+            # lookup costs a step per such file)
+            idx = self.hotness.index.get(dev)
+            slots = idx.lookup_many(inos) if idx is not None else None
             if dev in self.vols:
                 for read in self.delete_readers:
-                    read(dev, mine)
-            arr = np.array([(r[1], r[2]) for r in mine], dtype=np.uint64).reshape(-1, 2)
-            self.hotness.forget_many(dev, arr[:, 0], arr[:, 1].astype(np.uint32))  # as delete() does, per batch
+                    read(dev, mine, slots)
+            # as delete() does, per batch
+            self.hotness.forget_many(dev, inos, mine["gen"].astype(np.uint32), slots=slots)
 
     def feed_freed(self, recs: list[tuple[int, ...]]) -> None:
         """FreedExtent records in trace layout (dev, ino, block, count, metadata, ts_ns, tid), as feeding each would,
@@ -152,5 +167,5 @@ class EventDispatch:
         k = ev.key
         if k.dev in self.vols:
             for read in self.delete_readers:
-                read(k.dev, [(k.dev, k.ino, k.gen, ev.size, ev.ts_ns)])
+                read(k.dev, deletes_array([(k.dev, k.ino, k.gen, ev.size, ev.ts_ns)]), None)
         self.hotness.delete(ev)

@@ -86,7 +86,8 @@ class Engine:
         self.seq = SequentialSteering()  # bcache's sequential_cutoff, by what the bypassed runs are made of
         self.events.hotness_readers.append(self.seq.written)
         self.lifetimes = Lifetimes()  # delete ages and the lifetime hold (engine.lifetime)
-        self.events.delete_readers.append(lambda dev, recs: self.lifetimes.deleted_many(self.hotness, dev, recs))
+        self.events.delete_readers.append(
+            lambda dev, recs, slots: self.lifetimes.deleted_many(self.hotness, dev, recs, slots))
         if self.sizing is not None:
             sizing = self.sizing
             self.events.hotness_readers.append(lambda recs: sizing.observe(recs, self.vols))
@@ -200,6 +201,10 @@ class Engine:
     def feed_deletes(self, recs: list[tuple[int, ...]]) -> None:
         """Delete records in trace layout (dev, ino, gen, size, ts_ns), in one index lookup per filesystem."""
         self.events.feed_deletes(recs)
+
+    def feed_deletes_array(self, arr: np.ndarray) -> None:
+        """Deletes as one DELETE_DTYPE array (the probe's bulk take), in one index lookup per filesystem."""
+        self.events.feed_deletes_array(arr)
 
     def feed_freed(self, recs: list[tuple[int, ...]]) -> None:
         """FreedExtent records in trace layout (dev, ino, block, count, metadata, ts_ns, tid), as arrays."""

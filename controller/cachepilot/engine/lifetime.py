@@ -37,7 +37,7 @@ import numpy as np
 
 from cachepilot.capabilities import KIND_BCACHE, KIND_WRITECACHE, KNOBS
 from cachepilot.engine.knobs import knob_value
-from cachepilot.models.hotness import HotnessTable
+from cachepilot.models.hotness import HotnessTable, deletes_array
 from cachepilot.models.volume import VolumeInfo, VolumeState
 from cachepilot.policy.model import LifetimeHold, VolumePolicy
 
@@ -161,20 +161,28 @@ class Lifetimes:
             lt = self.vols[dev] = VolumeLifetimes()
         return lt
 
-    def deleted_many(self, table: HotnessTable, dev: int, recs: list[tuple[int, ...]]) -> None:
-        """Delete records of one volume (dev, ino, gen, size, ts_ns; gen 0: any), before the table forgets them: each
-        file whose first write was seen adds its age at delete (one index lookup for the batch)."""
+    def deleted_many(self, table: HotnessTable, dev: int, recs: np.ndarray | list[tuple[int, ...]],
+                     slots: np.ndarray | None = None) -> None:
+        """Deletes of one volume (DELETE_DTYPE records, or tuples dev, ino, gen, size, ts_ns; gen 0: any), before
+        the table forgets them: each file whose first write was seen adds its age at delete, in order (one index
+        lookup and array tests for the batch: only those files cost a Python step; ``slots``: that lookup's result
+        when the caller made it)."""
         idx = table.index.get(dev)
-        if idx is None or not recs:
+        if idx is None or not len(recs):
             return
-        slots = idx.lookup_many(np.array([r[1] for r in recs], dtype=np.uint64))
+        arr = deletes_array(recs) if isinstance(recs, list) else recs
+        if slots is None:
+            slots = idx.lookup_many(np.ascontiguousarray(arr["ino"], dtype=np.uint64))
+        found = slots >= 0
+        if not found.any():
+            return
+        arr, at = arr[found], slots[found]
+        gen, born = np.frombuffer(table.gen, dtype=np.uint32)[at], np.frombuffer(table.born, dtype=np.int64)[at]
+        size, ts = arr["size"], arr["ts_ns"]
+        ok = ((arr["gen"] == 0) | (gen == arr["gen"])) & (born > 0) & (size > 0) & (ts >= born)
         ages = self.of(dev).ages
-        for r, slot in zip(recs, slots.tolist(), strict=True):
-            if slot < 0 or (r[2] and table.gen[slot] != r[2]):
-                continue
-            born = table.born[slot]
-            if born > 0 and r[3] > 0 and r[4] >= born:
-                ages.add(r[4] - born, r[3], r[4])
+        for age, nbytes, now in zip((ts[ok] - born[ok]).tolist(), size[ok].tolist(), ts[ok].tolist(), strict=True):
+            ages.add(age, nbytes, now)
 
     def steer(self, info: VolumeInfo, vp: VolumePolicy, st: VolumeState, written: int, now_ns: int,
               active: bool, request: Request) -> None:

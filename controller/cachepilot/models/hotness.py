@@ -39,6 +39,14 @@ PAGE = 4096
 HOT_DTYPE = np.dtype([("dev", "<u4"), ("ino", "<u8"), ("gen", "<u4"), ("rs", "<u4"), ("ws", "<u4"),
                       ("rb", "<u8"), ("wb", "<u8"), ("last", "<i8"), ("size", "<i8")])
 """HotnessDelta in trace layout (``<IQIIIQQqq``, 56 bytes, packed) as a numpy record."""
+DELETE_DTYPE = np.dtype([("dev", "<u4"), ("ino", "<u8"), ("gen", "<u4"), ("size", "<i8"), ("ts_ns", "<i8")])
+"""Deletes in bulk (a Delete's trace record: dev, ino, gen, size, ts_ns): the probe's drain of its in-kernel map
+and the engine's batch take them as one array, no object per file."""
+
+
+def deletes_array(recs: list[tuple[int, ...]]) -> np.ndarray:
+    """Delete records (dev, ino, gen, size, ts_ns) as a DELETE_DTYPE array, in order."""
+    return np.array([tuple(r[:5]) for r in recs], dtype=DELETE_DTYPE)
 
 
 def inverse_bitmap_score(nbytes: int) -> int:
@@ -312,13 +320,15 @@ class HotnessTable(SlotArrays):
         self._forget_slot(idx, ino, slot)
         return slot
 
-    def forget_many(self, dev: int, inos: np.ndarray, gens: np.ndarray) -> list[int]:
+    def forget_many(self, dev: int, inos: np.ndarray, gens: np.ndarray, slots: np.ndarray | None = None) -> list[int]:
         """forget() for a batch of deleted files of one filesystem (gen 0: any generation), in order; returns the
-        former slots of those that were tracked. One index lookup for the whole batch."""
+        former slots of those that were tracked. One index lookup for the whole batch (``slots``: its result, when
+        the caller made it)."""
         idx = self.index.get(dev)
         if idx is None or not len(inos):
             return []
-        slots = idx.lookup_many(inos.astype(np.uint64))
+        if slots is None:
+            slots = idx.lookup_many(inos.astype(np.uint64))
         gen = np.frombuffer(self.gen, dtype=np.uint32) if len(self.gen) else np.zeros(0, dtype=np.uint32)
         found = slots >= 0
         found[found] &= (gens[found] == 0) | (gen[slots[found]] == gens[found])

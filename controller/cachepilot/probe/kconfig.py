@@ -4,6 +4,8 @@ when the programs must not see the old one any more."""
 from __future__ import annotations
 
 import ctypes as C
+import os
+import secrets
 import time
 
 from cachepilot import bpf_layout as L
@@ -30,3 +32,25 @@ class KernelConfig:
         for every running program to finish: see "grace" in bpf/common.bpf.h)."""
         self.write()
         self.maps.update("grace", C.c_uint32(0), C.c_uint32(self.maps.fds["grace_inner"]))
+
+    def claim_self(self) -> tuple[int, str]:
+        """Tell the kernel which tgid is ours, in its own terms (our getpid() is wrong in a PID namespace): see
+        CP_SELF_CLAIM_FD in bpf/cachepilot.h. Returns (that tgid, how it was found); from now on the programs
+        ignore its I/O."""
+        self.cfg.nonce = secrets.randbits(62) | 1
+        self.write()
+        libc = C.CDLL(None, use_errno=True)
+        sfr = libc.sync_file_range
+        sfr.argtypes = [C.c_int, C.c_int64, C.c_int64, C.c_uint]
+        sfr(L.SELF_CLAIM_FD, self.cfg.nonce, 0, 0)  # EBADF by design
+        seen = L.cp_config()
+        self.maps.lookup("cp_config_map", C.c_uint32(0), seen)
+        self.cfg.nonce = 0
+        if seen.nonce == 0 and seen.self_tgid:
+            tgid, how = seen.self_tgid, "claimed in the kernel"
+        else:  # the claim hook is missing: getpid() is right outside PID namespaces only
+            tgid, how = os.getpid(), "getpid() (wrong inside a PID namespace)"
+        self.cfg.self_tgid = tgid
+        self.cfg.flags |= L.CFG_IGNORE_SELF
+        self.tick_clock()
+        return tgid, how

@@ -19,7 +19,6 @@ import ctypes as C
 import math
 import os
 import re
-import secrets
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from cachepilot.probe import bccload, capture, libbpf
 from cachepilot.probe.bccload import DEFAULT_CACHE as DEFAULT_BCC_CACHE
 from cachepilot.probe.bccload import BccPrograms
 from cachepilot.probe.counters import VolumeCounters
+from cachepilot.probe.deletes import KernelDeletes
 from cachepilot.probe.hottable import KernelHotTable
 from cachepilot.probe.kconfig import KernelConfig
 from cachepilot.probe.maps import MapAccess
@@ -59,10 +59,14 @@ TRACEFS = Path("/sys/kernel/tracing")
 WORKS_WITHOUT = capture.WORKS_WITHOUT
 MAPS = (
     "watched", "volumes", "cp_config_map", "drops", "hot_slots", "hot_claimed", "events", "barrier_events", "dio_task",
-    "dio_store", "vol_drops", "sync_calls", "sync_pending", "grace", "grace_inner", "alloc_fails",
+    "dio_store", "vol_drops", "sync_calls", "sync_pending", "grace", "grace_inner", "alloc_fails", "deletes",
 )
 LOAD_FACTOR = 0.76  # slots = max_files / LOAD_FACTOR per half: (2 x 48 B + 2 bits) / 0.76 = 126.6 B of kernel memory
 # per file
+# the deletes map (bulk_deletes): a tick's deletes up to this many (beyond, they take the ring); 6.8 MB of kernel
+# memory, preallocated (memlock measured: 104 B an entry). The cost curve's highest rate reached (bench_daemon_cost.py,
+# 62 000 file events/s) made ~14 000 deletes a second.
+DELETE_ENTRIES = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -121,7 +125,7 @@ def map_sizes(nslots: int, ringbuf_bytes: int) -> dict[str, int]:
     """The maps sized at load time: the hotness table's two halves (one counted into, one drained), its claimed
     bits, the two rings."""
     return {"hot_slots": 2 * nslots, "hot_claimed": 2 * nslots // 64, "events": ringbuf_bytes,
-            "barrier_events": ringbuf_bytes}
+            "barrier_events": ringbuf_bytes, "deletes": DELETE_ENTRIES}
 
 
 def default_object() -> Path:
@@ -310,6 +314,8 @@ class Probe:
     - unavailable: programs to treat as missing (tests of the partial-attach path)
     - mounts: the mount table to read filesystem types from (default: this host's /proc)
     - bcc_cache: where the bcc path keeps its compiles, one per kernel release and source (probe/bccload.py)
+    - bulk_deletes: deletes are aggregated in the kernel (a map) and taken with take_deletes() once a tick, not
+      returned by poll() (except those the full map left to the ring: poll() returns them as Delete events)
     """
 
     def __init__(
@@ -324,6 +330,7 @@ class Probe:
         unavailable: Iterable[str] = (),
         mounts: ProcMounts | None = None,
         bcc_cache: str | os.PathLike[str] | None = None,
+        bulk_deletes: bool = False,
     ) -> None:
         self.mounts = mounts or ProcMounts()  # which filesystem type a watched device carries
         self._obj: int | None = None
@@ -348,6 +355,8 @@ class Probe:
         self.nslots = max(CP_MIN_SLOTS, -(-math.ceil(max_files / LOAD_FACTOR) // 64) * 64)
         self.ringbuf_bytes = ringbuf_bytes
         self.ignore_self = ignore_self
+        self.bulk_deletes = bulk_deletes
+        self._deletes: KernelDeletes | None = None  # the deletes map (take_deletes)
         self.object_path = Path(object_path) if object_path else default_object()
         self.report = AttachReport(kernel=os.uname().release)
         self._bcc: BccPrograms | None = None  # the bcc path's maps and programs
@@ -474,7 +483,9 @@ class Probe:
         if ncpus < 1:
             raise UserError(f"cannot count the possible CPUs: {libbpf.errno_str(ncpus)}")
         self._maps = MapAccess(self._h, fds, ncpus)
-        cfg = L.cp_config(flags=L.CFG_DIO_SYSCALLS if dio_hook == "syscalls" else 0, nslots=self.nslots)
+        flags = (L.CFG_DIO_SYSCALLS if dio_hook == "syscalls" else 0) | (L.CFG_BULK_DELETES if self.bulk_deletes else 0)
+        cfg = L.cp_config(flags=flags, nslots=self.nslots)
+        self._deletes = KernelDeletes(self._h, fds["deletes"], DELETE_ENTRIES)
         self._config = KernelConfig(self._maps, cfg)
         self._config.tick_clock()
         self._hot = KernelHotTable(self._config, self.nslots)
@@ -527,24 +538,8 @@ class Probe:
         return self.report.failed.get(program) or self.report.disabled.get(program, "not in object")
 
     def _claim_self(self) -> None:
-        """Tell the kernel which tgid is ours, in its own terms (our getpid() is wrong in a PID namespace): see
-        CP_SELF_CLAIM_FD in bpf/cachepilot.h."""
-        self._config.cfg.nonce = secrets.randbits(62) | 1
-        self._config.write()
-        libc = C.CDLL(None, use_errno=True)
-        sfr = libc.sync_file_range
-        sfr.argtypes = [C.c_int, C.c_int64, C.c_int64, C.c_uint]
-        sfr(L.SELF_CLAIM_FD, self._config.cfg.nonce, 0, 0)  # EBADF by design
-        seen = L.cp_config()
-        self._maps.lookup("cp_config_map", C.c_uint32(0), seen)
-        self._config.cfg.nonce = 0
-        if seen.nonce == 0 and seen.self_tgid:
-            self.self_tgid, self.report.self_id = seen.self_tgid, "claimed in the kernel"
-        else:  # the claim hook is missing: getpid() is right outside PID namespaces only
-            self.self_tgid, self.report.self_id = os.getpid(), "getpid() (wrong inside a PID namespace)"
-        self._config.cfg.self_tgid = self.self_tgid
-        self._config.cfg.flags |= L.CFG_IGNORE_SELF
-        self._config.tick_clock()
+        """Tell the kernel which tgid is ours, in its own terms (our getpid() is wrong in a PID namespace)."""
+        self.self_tgid, self.report.self_id = self._config.claim_self()
 
     def _map(self, name: str) -> int:
         m = self._h.bpf_object__find_map_by_name(self._obj, name.encode())
@@ -623,6 +618,13 @@ class Probe:
         ws, rb, wb, last, size), ready for HotnessModel.apply_array: the fast path for large drains."""
         return self._hot_table().drain_array()
 
+    def take_deletes(self) -> Any:  # numpy.ndarray of cachepilot.models.hotness.DELETE_DTYPE
+        """The deletes the kernel aggregated since the last take (bulk_deletes), oldest first, as one array (dev,
+        ino, gen, size, ts_ns); empty without bulk_deletes."""
+        if self._deletes is None:
+            raise UserError("probe is closed")
+        return self._deletes.take()
+
     def drain(self) -> list[Event]:
         """Per-tick aggregates: one HotnessDelta per file active since the last drain, one MetadataDelta per volume
         with metadata activity, and the cumulative Drops."""
@@ -680,6 +682,7 @@ class Probe:
         if self._hot is not None:
             self._hot.close()
             self._hot = None
+        self._deletes = None
         if self._obj:
             h.bpf_object__close(self._obj)
             self._obj = None
