@@ -165,14 +165,9 @@ class Persistence:
         """Knobs the last run steered and could not put back (it was killed): back to the value it found, if the
         knob still reads as it left it (else someone has set it since: theirs to keep), together (one dm-writecache
         reload for the delegated bound's four table arguments). How many were put back."""
-        if not isinstance(steered, dict):
-            return 0
         back: list[tuple[str, str, str]] = []
-        for knob, pair in sorted(steered.items()):
-            if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
-                continue
-            before, ours = pair
-            if knob not in KNOBS or knob not in knobs or not same_knob_value(knob, knobs[knob], ours) or \
+        for knob, (before, ours) in sorted(_pairs(steered).items()):
+            if knob not in knobs or not same_knob_value(knob, knobs[knob], ours) or \
                     same_knob_value(knob, knobs[knob], before):
                 continue
             back.append((knob, before, ours))
