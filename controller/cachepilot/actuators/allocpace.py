@@ -59,5 +59,18 @@ class AllocBackoff:
             return []
         self.failures_total += new
         self.rate = max(float(self.floor), self.rate / 2)
-        self.rereads_total += len(read)
-        return read
+        again = _by_file(read)
+        self.rereads_total += len(again)
+        return again
+
+
+def _by_file(read: list[Promote]) -> list[Promote]:
+    """One re-read a file: a file read in parts since the last look (a paced reader's chunks, told as they start)
+    is read again in one promotion, not in several that would wait for each other."""
+    merged: dict[tuple[str, int, int, int], Promote] = {}
+    for a in read:
+        key = (a.volume, a.dev, a.ino, a.gen)
+        had = merged.get(key)
+        merged[key] = a if had is None else Promote(a.volume, a.dev, a.ino, a.gen,
+                                                    tuple(sorted(had.ranges + a.ranges)), had.reason)
+    return list(merged.values())

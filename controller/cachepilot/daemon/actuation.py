@@ -98,3 +98,9 @@ class FileActuators:
             return Outcome(action, FAILED, dry_run=dry_run, detail=NO_ACTUATOR)
         out = self.promoter.run(action, dry_run=dry_run)
         return out
+
+    def close(self) -> None:
+        """Stop the promoter's reader threads: the daemon stops, or the volume is gone (a paced read of a large file
+        runs minutes at a low rate; its threads would keep the process, or read a device no longer managed)."""
+        if self.promoter is not None:
+            self.promoter.close()

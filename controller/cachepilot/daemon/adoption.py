@@ -145,6 +145,9 @@ class Adopter:
                 v.backend.restore()
             except CachepilotError:
                 pass  # it is gone: nothing to put back
+        close = getattr(v.files, "close", None)
+        if close is not None:
+            close()
         self.engine.remove_volume(dev)
         if self.probe is not None:
             self.probe.unwatch(v.found.volume_dev)

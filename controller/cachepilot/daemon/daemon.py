@@ -160,6 +160,7 @@ class Daemon:
         self.notifier.stopping()
         if self._parse is not None:  # its thread dies with the process: nothing was applied
             log.warning("reload abandoned: stopping (the running policy is kept)")
+        self._stop_readers()
         for v in list(self.vols.values()):
             self.actor.restore(v, "stopping")
         self.guard.call("restore_knobs", self._restore_knobs, time.monotonic_ns())
@@ -173,6 +174,13 @@ class Daemon:
         self.lock.release()
         self.gc.unwatch()
         log.info("stopped")
+
+    def _stop_readers(self) -> None:
+        """The promoters' reader threads stop before the caches are put back (a paced read is minutes long)."""
+        for v in self.vols.values():
+            close = getattr(v.files, "close", None)
+            if close is not None:
+                close()
 
     def _restore_knobs(self, now: int) -> None:
         """What the engine steered (not what the policy pins) goes back as it was found."""
