@@ -21,8 +21,12 @@ def test_a_hot_large_file_is_promoted_after_two_whole_reads_and_then_hits(lab):
     assert r.values["sequential_cutoff"] == "4.0M" and r.values["knobs_set"] == "yes", r.explain()
     # the first two whole reads came from the origin: bcache bypassed them as one sequential run past the cutoff
     assert r.int("read2_origin_bytes") >= 15 * MIB and r.int("read2_cache_bypass_misses") > 0, r.explain()
-    # promoted once, as a large file, after its second whole read
+    # promoted once, as a large file, after its second whole read ...
     assert r.values["hot_promoted"] == "yes" and r.values["hot_large_reason"] == "yes", r.explain()
+    # ... within the time the rate implies: 16 MiB at the default 4 MiB/s is 4 s of reading, plus the admission (the
+    # probe's tick, the engine's bucket) and bcache's refusals halving the rate (allocpace). Before the reader paced
+    # a file itself it was handed one burst a tick (cache/1024: 256 KiB), and the promotion took 58-60 s here.
+    assert float(r.values["hot_promoted_after_read2_s"]) <= 15, r.explain()
     assert r.int("hot_promotions_done") == 1, r.explain()
     # the third read is served by the cache (hits; past the cutoff bcache counts them as bypass hits, still cached):
     # 0.5-1.1 MiB of 16 from the origin in the runs measured (bcache did not keep all of the promotion's read-miss
