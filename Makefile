@@ -31,7 +31,7 @@ help:
 	@echo "make demo       boot the lab and show cachepilot on a real cached volume"
 	@echo "make test       lint + every test level (unit, bpf, vm, ops)"
 	@echo "make bench      benchmarks (not part of make test)"
-	@echo "make bench-all  the stock grid search, make bench, the other outside workloads, W2-W4"
+	@echo "make bench-all  the stock grid search, make bench, the other outside workloads, W2-W5"
 	@echo "make soak       the daemon for SOAK_MINUTES (30) in the lab under load and disruptions (not in bench)"
 	@echo "make lab-shell  an interactive shell in the lab guest"
 	@echo "make package    dist/: a wheel with the BPF object inside, and cachepilot_<version>_amd64.deb"
@@ -94,11 +94,13 @@ demo: deps-python bpf
 # then summary.py. The lab runs two guests at a time on a 2-core machine (BENCH_JOBS=1: one at a time).
 # BENCH_QUICK=1: the development variant (one round, short windows): it checks that the set runs and proves nothing.
 # make bench-all = the stock grid search first (it rewrites the grid's result), make bench, then the other outside
-# workloads and W2-W4 (varmail, Zipf readers on dm-cache, dm-writecache).
+# workloads and W2-W5 (varmail, Zipf readers on dm-cache, dm-writecache, hot large files on bcache while a backup
+# streams).
 BENCH_QUICK ?=
 BENCH_HOST     := $(filter-out tests/bench/bench_lab% tests/bench/bench_probe.py,$(wildcard tests/bench/bench_*.py))
 BENCH_HEADLINE := $(sort $(wildcard tests/bench/bench_lab_headline_*.py))
-BENCH_REST     := tests/bench/bench_lab_varmail.py tests/bench/bench_lab_zipf.py tests/bench/bench_lab_writecache.py
+BENCH_REST     := tests/bench/bench_lab_varmail.py tests/bench/bench_lab_zipf.py tests/bench/bench_lab_writecache.py \
+                  tests/bench/bench_lab_hotlarge.py
 # The stock grid's result is an artefact of a search: made once (make bench-grid re-runs it), then kept in git.
 STOCK_GRID := tests/bench/results/stock_grid_bcache.json
 $(STOCK_GRID):

@@ -17,7 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from labbench import OUT_ROOT, cell, md_table  # noqa: E402
 
 # the lab benchmarks' result names (the headline ones are found by their "goals", see goal_rows)
-LAB = ("headline_fileserver", "fileserver", "scan", "warm", "varmail", "zipf", "writecache")
+LAB = ("headline_fileserver", "fileserver", "scan", "warm", "varmail", "zipf", "writecache", "hotlarge")
+GOALS_TOO = ("hotlarge",)  # benchmarks outside the headline set that carry goal lines (W5, issue 37)
 
 
 def newest(name: str) -> list[tuple[Path, dict]]:
@@ -62,7 +63,8 @@ def lab_rows() -> list[list[str]]:
 def goal_rows() -> list[list[str]]:
     """The goal lines of every benchmark whose result JSON carries a "goals" list ([goal, measured, verdict] rows:
     the headline set of issue 23, whatever its scripts are called), the newest result of each."""
-    names = sorted({f.stem for f in OUT_ROOT.glob("*/*.json") if f.stem.startswith("headline_")})
+    names = sorted({f.stem for f in OUT_ROOT.glob("*/*.json") if f.stem.startswith("headline_")}) + [
+        n for n in GOALS_TOO if any(OUT_ROOT.glob(f"*/{n}.json"))]
     rows = []
     for name in names:
         for path, doc in newest(name):
@@ -89,7 +91,7 @@ def main() -> int:
           "bio that reached the deleted extents (ftrace witness).\n\n")
     md += md_table(["benchmark", "configuration", "daemon CPU, % of the vCPU", "daemon RSS, MiB",
                     "delete → discard p50 / p90, s", "runs (result dir)"], lab_rows() or [["–"] * 6])
-    md += "\n\nGoals of the headline set (issue 23), per-round pairs, median (min–max):\n\n"
+    md += "\n\nGoals of the headline set (issue 23, per-round pairs, median (min–max)) and of W5 (issue 37):\n\n"
     md += md_table(["benchmark", "goal", "measured", "verdict", "result dir"], goal_rows() or [["–"] * 5])
     md += ("\n\nCapture on the host (`tests/bench/bench_probe.py`: fio psync, ext4 on a loop device; ratio = IOPS with "
            "the programs attached / without, median (min–max) of ABBA pairs; BPF ns per I/O as the kernel measures "
