@@ -1,6 +1,6 @@
 """The headline benchmark, W1: a fileserver with a documented lifetime mix on bcache, stock against cachepilot.
 
-Geometry and origin model, configurations, metrics and goals: README, Benchmarks, "Headline: W1". Rounds of every
+Geometry and origin model, configurations, metrics and goals: docs/benchmarks.md, "Headline W1". Rounds of every
 configuration (one lab boot each, the same seed within a round), ratios pair by pair within a round, cells median
 (min–max) over the rounds.
 

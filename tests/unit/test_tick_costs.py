@@ -1,4 +1,4 @@
-"""Per-tick costs the lab's profile found (README "Soak"): each is a cheap path that a refactor could lose again
+"""Per-tick costs the lab's profile found (docs/benchmarks.md, "Soak"): each is a cheap path that a refactor could lose again
 without any behaviour changing, so the tests pin the path itself."""
 
 from __future__ import annotations

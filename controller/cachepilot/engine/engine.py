@@ -415,7 +415,7 @@ class Engine:
         volume): the write-back thread's sleep held within the drain window. bcache's thread reads
         writeback_delay when a scan of the dirty keys ends and sleeps that long whatever is written later; asked
         only at the first tick (a tick after ready), the stock 30 s could be the sleep a workload started at
-        ready met, and the first drain waited for it (W1's 36.7 s round, README "Headline W1")."""
+        ready met, and the first drain waited for it (W1's 36.7 s round, docs/benchmarks.md, "Headline W1")."""
         out: list[Action] = []
         now = max(now_ns, self.now_ns)
         for c in self.vols.values():
