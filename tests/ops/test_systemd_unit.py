@@ -1,5 +1,6 @@
 """The packaged systemd unit: what issue 11 asks of it, `systemd-analyze verify` clean, and the exposure score of
-`systemd-analyze security --offline=yes` as docs/service.md states it. (Running it under a real systemd needs the daemon.)"""
+`systemd-analyze security --offline=yes` as docs/service.md states it. (Running it under a real systemd needs the
+daemon.)"""
 
 from __future__ import annotations
 
