@@ -134,6 +134,10 @@ first_done = min((float(x["ts"]) for x in promotions(ino_hot) if x["status"] == 
 say("hot_promoted_after_read2_s", "none" if first_done is None else f"{first_done - ENDED['read2']:.1f}")
 for x in promotions(ino_hot):
     print("promote:", x["status"], x["reason"], x["detail"])
+vol = request(tmp / "ctl.sock", {"cmd": "status"})["volumes"][0]
+# bcache's refused read-miss inserts so far and the promoter's rate now (it halves on them: allocpace)
+say("alloc_failures_after_promotion", vol.get("alloc_failures"))
+say("promotion_rate_after_promotion", vol.get("promotion_rate"))
 phase("read3", hot)
 phase("stream", stream)  # the backup: twice the cache, read once
 phase("read4", hot)
