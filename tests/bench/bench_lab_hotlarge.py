@@ -103,6 +103,12 @@ def main() -> None:
                 "its p50/p99 over every hot read of those rounds.")
     md += "\n" + md_table(["configuration", "origin MiB per hot read (mean of rounds 3+)", "per round min–max",
                            "hot read p50 ms", "p99 ms", "backup MiB/s", "daemon CPU %", "runs × rounds"], table)
+    for r in rows.get("cp-default", []):
+        if "promoted_after_round2_s" in r:
+            md += (f"\n\ncachepilot run {rows['cp-default'].index(r) + 1}: {r.get('promotions')} promotions done, "
+                   f"{r['promoted_after_round2_s']} s after round 2's reads; bcache refused "
+                   f"{r.get('alloc_failures')} inserts; the promoter's rate at the end "
+                   f"{(r.get('promotion_rate') or 0) / MIB:.2f} MiB/s")
     if goals:
         md += "\n\n" + md_table(["goal", "measured", "target", ""], goals)
     md += "\n\nReproduce one row (cachepilot, round 1):\n\n```sh\n" + repro(

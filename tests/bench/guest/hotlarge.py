@@ -116,6 +116,7 @@ def main() -> None:
     backup = Backup(cold)
     t0 = time.monotonic()
     per_round: list[dict] = []
+    second_ended = float("nan")
     for r in range(rounds):
         start = t0 + r * interval
         time.sleep(max(0.0, start - time.monotonic()))
@@ -123,6 +124,8 @@ def main() -> None:
             backup.start()
         o0, b0 = origin_read(), backup.bytes
         times = [read_direct(p, buf) for p in hot]
+        if r == 1:
+            second_ended = time.time()  # wall clock, as the daemon's decisions' "ts"
         # the round's window runs to the next round's start: the daemon's promotion reads land there
         end = t0 + (r + 1) * interval
         time.sleep(max(0.0, end - time.monotonic()))
@@ -144,7 +147,12 @@ def main() -> None:
     if daemon:
         res["daemon_cpu_pct"] = 100 * (daemon.cpu_s() - daemon.cpu0) / (time.monotonic() - t0)
         dec = daemon.explain()
-        res["promotions"] = sum(1 for x in dec if x["kind"] == "promote" and x["status"] == "done")
+        done = [x for x in dec if x["kind"] == "promote" and x["status"] == "done"]
+        res["promotions"] = len(done)
+        # when each promotion was done, seconds after the second round's reads ended (the admission's earliest)
+        res["promoted_after_round2_s"] = sorted(round(float(x["ts"]) - second_ended, 1) for x in done)
+        vol = (daemon.ask("status").get("volumes") or [{}])[0]
+        res["alloc_failures"], res["promotion_rate"] = vol.get("alloc_failures"), vol.get("promotion_rate")
         res["daemon_exit"] = daemon.stop()
     write_result("hotlarge", res)
 
