@@ -42,7 +42,7 @@ defaults:
   knobs: {{congested_read_threshold_us: 0, congested_write_threshold_us: 0}}
 """
 ENDED: dict[str, float] = {}  # each phase's read: the wall clock when it ended (the decisions' "ts" is wall time)
-STATS = ("cache_hits", "cache_misses", "cache_bypass_hits", "cache_bypass_misses")
+STATS = ("cache_hits", "cache_misses", "cache_bypass_hits", "cache_bypass_misses", "cache_miss_collisions")
 
 
 def origin_read() -> int:
@@ -134,7 +134,7 @@ first_done = min((float(x["ts"]) for x in promotions(ino_hot) if x["status"] == 
 say("hot_promoted_after_read2_s", "none" if first_done is None else f"{first_done - ENDED['read2']:.1f}")
 for x in promotions(ino_hot):
     print("promote:", x["status"], x["reason"], x["detail"])
-vol = request(tmp / "ctl.sock", {"cmd": "status"})["volumes"][0]
+vol = request(tmp / "ctl.sock", {"cmd": "status"})["volumes"][0].get("metrics") or {}
 # bcache's refused read-miss inserts so far and the promoter's rate now (it halves on them: allocpace)
 say("alloc_failures_after_promotion", vol.get("alloc_failures"))
 say("promotion_rate_after_promotion", vol.get("promotion_rate"))
@@ -142,7 +142,11 @@ phase("read3", hot)
 phase("stream", stream)  # the backup: twice the cache, read once
 phase("read4", hot)
 hot_decisions = promotions(ino_hot)
-say("hot_promotions_done", sum(1 for x in hot_decisions if x["status"] == "done"))
+REREAD = "re-read once"  # allocpace: what was read while bcache refused inserts, read once more
+say("hot_promotions_done", sum(1 for x in hot_decisions if x["status"] == "done" and REREAD not in str(x["reason"])))
+say("hot_rereads_done", sum(1 for x in hot_decisions if x["status"] == "done" and REREAD in str(x["reason"])))
+for x in hot_decisions:
+    print("promote (all):", x["status"], str(x["reason"])[:60], x["detail"])
 say("hot_large_reason", "yes" if any("large file (16.0 MiB) read whole" in str(x["reason"])
                                      for x in hot_decisions) else "no")
 say("cold_promotions", len(promotions(ino_cold)))
@@ -151,4 +155,8 @@ status = request(tmp / "ctl.sock", {"cmd": "status"})["volumes"][0]
 say("promotions_skipped", status.get("promotions_skipped"))
 d.send_signal(signal.SIGTERM)
 say("exit", d.wait(60))
+err.seek(0)
+for line in err.read().splitlines():  # what the daemon said about bcache's hook and its refusals
+    if "alloc" in line or "hook" in line or "re-read" in line:
+        print("daemon:", line[:200])
 phase("cold_again", cold)  # the daemon gone: a second read of C cannot be promoted, and shows C was not cached
