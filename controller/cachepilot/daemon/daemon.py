@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from cachepilot.actions import Action
-from cachepilot.daemon import actuation, answers, status, volumes
+from cachepilot.daemon import actuation, answers, heap, status, volumes
 from cachepilot.daemon.acting import Actor
 from cachepilot.daemon.adoption import ActuatorsFactory, Adopter, BackendFactory, Discover
 from cachepilot.daemon.allocfail import pace_promotions
@@ -40,8 +40,9 @@ from cachepilot.daemon.metrics import Metrics
 from cachepilot.daemon.notify import Notifier
 from cachepilot.daemon.persist import Persistence
 from cachepilot.daemon.reloads import BackgroundParse, ReloadRequests, Verdict, keep_fixed
-from cachepilot.daemon.snapshot import hottest
-from cachepilot.daemon.state import StateFile
+from cachepilot.daemon.snapshot import HotLists, as_dicts
+from cachepilot.daemon.state import MAX_HOT, StateFile
+from cachepilot.daemon.statewriter import StateWriter
 from cachepilot.daemon.ticktime import StageTimes, TickBudget
 from cachepilot.daemon.volume import VolumeTable
 from cachepilot.engine.engine import Engine
@@ -68,6 +69,7 @@ class Daemon:
         actuators_factory: ActuatorsFactory = actuation.FileActuators,
         notifier: Notifier | None = None,
     ) -> None:
+        heap.keep_large_blocks_mapped()  # before the engine's tables exist (daemon/heap.py)
         self.config = config
         self.config_path = config_path
         self.probe_factory = probe_factory
@@ -83,7 +85,9 @@ class Daemon:
         self.budget = TickBudget()
         self.gc = GcPauses(self.counters)
         self.guard = Guard(self.counters)
-        self.persist = Persistence(self.state, self.engine, self.counters, self.guard.once)
+        self.hot = HotLists(self.engine.hotness)
+        self.writer = StateWriter(self.state)
+        self.persist = Persistence(self.state, self.engine, self.counters, self.guard.once, self.hot, self.writer)
         epochs = bool(config.metrics_listen or config.metrics_textfile)
         self.adopter = Adopter(self.engine, self.vols, self.counters, self.guard, self.persist, discover=discover,
                                backend_factory=backend_factory, actuators_factory=actuators_factory, epochs=epochs)
@@ -164,6 +168,7 @@ class Daemon:
             self.actor.restore(v, "stopping")
         self.guard.call("restore_knobs", self._restore_knobs, time.monotonic_ns())
         self._save_state()
+        self.writer.close()
         self.control.stop()
         if self.metrics is not None:
             self.metrics.close()
@@ -213,7 +218,7 @@ class Daemon:
         self._stage("publish", lambda n: self._publish(n, dur), now)
         self.notifier.watchdog()
         if now >= self._next_state:
-            self._stage("state", lambda _: self._save_state(), now)
+            self._stage("state", lambda _: self._save_state(self.counters["ticks"]), now)
             self._next_state = now + int(self.config.state_interval_s * NS)
         done = time.monotonic_ns()
         self.times.end(done - t0, self.loop.tick_ns, done)
@@ -344,13 +349,17 @@ class Daemon:
         self.notifier.ready("reloaded")
         return True
 
-    def _save_state(self) -> None:
-        self.persist.save(self.vols.values(), self.decisions)
+    def _save_state(self, tick: int | None = None) -> None:
+        """``tick``: the tick (its count) whose hot lists the state file may share with `top` (None: made anew)."""
+        self.persist.save(self.vols.values(), self.decisions, tick)
 
     # ------------------------------------------------------------------ snapshot and answers
     def _publish(self, now: int, tick_ns: int) -> None:
-        if now >= self._next_top:
-            self.top = {v.info.name: hottest(self.engine.hotness, v.info.dev, TOP_K) for v in self.vols.values()}
+        self.persist.collect()  # the state writes finished since the last tick, counted
+        if now >= self._next_top:  # in a tick that writes the state file, the head of its hot lists (made once)
+            k = MAX_HOT if now >= self._next_state else TOP_K
+            tick = self.counters["ticks"]
+            self.top = {v.info.name: as_dicts(self.hot.columns(v.info.dev, k, tick), TOP_K) for v in self.vols.values()}
             self._next_top = now + int(TOP_EVERY_S * NS)
         sizing = self.engine.sizing
         self.curves = {} if sizing is None else {v.info.name: sizing.curve_of(v.info.dev) for v in self.vols.values()}

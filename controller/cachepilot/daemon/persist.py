@@ -17,8 +17,9 @@ from typing import Any
 from cachepilot.actions import Action, SetKnob, SetKnobs
 from cachepilot.capabilities import KNOBS
 from cachepilot.daemon.decisionlog import DecisionLog
-from cachepilot.daemon.snapshot import hottest
+from cachepilot.daemon.snapshot import HotLists, as_rows, hot_columns
 from cachepilot.daemon.state import MAX_DECISIONS, MAX_HOT, NO_STATE, StateFile
+from cachepilot.daemon.statewriter import StateWriter
 from cachepilot.daemon.volume import ManagedVolume, devname
 from cachepilot.engine.engine import Engine
 from cachepilot.engine.knobs import same_knob_value
@@ -26,12 +27,16 @@ from cachepilot.engine.seqcutoff import KNOB as SEQ_KNOB
 from cachepilot.errors import CachepilotError
 
 log = logging.getLogger("cachepilot")
+HOT_ROW = ("ino", "gen", "score", "size")  # a state file's hot-list entry
 
 
 class Persistence:
-    def __init__(self, state: StateFile, engine: Engine, counters: Counter[str], once: Callable[[str], None]) -> None:
+    def __init__(self, state: StateFile, engine: Engine, counters: Counter[str], once: Callable[[str], None],
+                 hot: HotLists | None = None, writer: StateWriter | None = None) -> None:
         self.state = state
         self.engine = engine
+        self.hot = hot  # the loop's hot lists of the tick (shared with `top`), if any
+        self.writer = writer  # writes a tick's state file off the loop thread, if any
         self.counters = counters
         self.once = once
         self.saved: dict[str, Any] = {}
@@ -188,15 +193,17 @@ class Persistence:
         got.update(self.engine.steered_knobs(v.info.dev))
         return {k: [b, o] for k, (b, o) in sorted(got.items())}
 
-    def doc(self, vols: Iterable[ManagedVolume], decisions: DecisionLog) -> dict[str, Any]:
+    def doc(self, vols: Iterable[ManagedVolume], decisions: DecisionLog, at: int | None = None) -> dict[str, Any]:
+        """The state document; ``at``: the loop's tick (its count), whose hot lists it may share (None: made here)."""
         out: dict[str, Any] = {}
         for v in vols:
             info = v.info
             latch = self.engine.latch_of(info.dev)
-            hot = hottest(self.engine.hotness, info.dev, MAX_HOT)
+            hot = (hot_columns(self.engine.hotness, info.dev, MAX_HOT) if at is None or self.hot is None
+                   else self.hot.columns(info.dev, MAX_HOT, at))
             out[info.name] = {
                 "name": info.name, "kind": info.kind, "dev": devname(info.dev), "fs_uuid": info.fs_uuid,
-                "hot": [[h["ino"], h["gen"], h["score"], h["size"]] for h in hot],
+                "hot": as_rows(hot, HOT_ROW),
                 "health": self.engine.health_of(info.dev),
                 "latch": {"reason": latch.reason, "cache_id": latch.cache_id} if latch is not None else None,
                 "in_flight": list(v.in_flight.values()),
@@ -208,11 +215,30 @@ class Persistence:
             "decisions": decisions.last(MAX_DECISIONS // 2),
         }
 
-    def save(self, vols: Iterable[ManagedVolume], decisions: DecisionLog) -> None:
-        ok = self.state.write(self.doc(vols, decisions))
+    def save(self, vols: Iterable[ManagedVolume], decisions: DecisionLog, at: int | None = None) -> None:
+        """Write the state file: a tick's (``at``) is handed to the writer thread when there is one
+        (daemon/statewriter.py); any other is written before this returns."""
+        self.collect()
+        doc = self.doc(vols, decisions, at)
+        if at is not None and self.writer is not None:
+            self.writer.submit(doc)
+            return
+        if self.writer is None:
+            self._count(self.state.write(doc), self.state.last_error)
+            return
+        self.writer.write_now(doc)
+        self.collect()
+
+    def collect(self) -> None:
+        """Count the writer thread's finished writes (on the loop thread: the counters are the loop's)."""
+        if self.writer is not None:
+            for ok, error in self.writer.results():
+                self._count(ok, error)
+
+    def _count(self, ok: bool, error: str | None) -> None:
         self.counters["state_writes" if ok else "state_writes_failed"] += 1
         if not ok:
-            self.once(f"state file not written (carrying on): {self.state.last_error}")
+            self.once(f"state file not written (carrying on): {error}")
 
 
 def _pairs(steered: Any) -> dict[str, list[str]]:
