@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from cachepilot.actions import Promote
 from cachepilot.backends.base import DONE, Outcome
 from cachepilot.daemon import acting, decisionlog, snapshot
-from cachepilot.daemon.snapshot import HotLists, hot_columns, kth_largest
+from cachepilot.daemon.snapshot import HotLists, kth_largest
 from cachepilot.daemon.state import StateFile, _encode
 from cachepilot.daemon.statewriter import StateWriter
 from cachepilot.models.hotness import HOT_DTYPE, HotnessTable
@@ -44,7 +44,7 @@ def test_a_storm_of_promotions_is_made_into_records_only_as_far_as_they_are_read
     for ino in range(n):
         actor.execute(Promote("bcache0", FS, ino, 1, ((0, 8192),), "hot"), 0, dry_run=False)
     said = actor.lines.burst  # the INFO lines within the storm's budget are formatted, the rest not
-    assert len(caplog.records) == said and len(lines) == said  # eager records: one action line per promotion (3 000 more)
+    assert len(caplog.records) == said and len(lines) == said  # eager records: an action line each (3 000 more)
     kept = list(actor.decisions)
     assert len(kept) == acting.DECISIONS_KEPT and len(lines) == said + acting.DECISIONS_KEPT
     last = kept[-1]

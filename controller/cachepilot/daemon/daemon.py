@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from cachepilot.actions import Action
-from cachepilot.daemon import actuation, answers, heap, status, volumes
+from cachepilot.daemon import actuation, answers, heap, rescans, status, volumes
 from cachepilot.daemon.acting import Actor
 from cachepilot.daemon.adoption import ActuatorsFactory, Adopter, BackendFactory, Discover
 from cachepilot.daemon.allocfail import pace_promotions
@@ -40,6 +40,7 @@ from cachepilot.daemon.metrics import Metrics
 from cachepilot.daemon.notify import Notifier
 from cachepilot.daemon.persist import Persistence
 from cachepilot.daemon.reloads import BackgroundParse, ReloadRequests, Verdict, keep_fixed
+from cachepilot.daemon.rescans import EventsFactory, RescanSchedule
 from cachepilot.daemon.snapshot import HotLists, as_dicts
 from cachepilot.daemon.state import MAX_HOT, StateFile
 from cachepilot.daemon.statewriter import StateWriter
@@ -68,6 +69,7 @@ class Daemon:
         backend_factory: BackendFactory = actuation.open_backend,
         actuators_factory: ActuatorsFactory = actuation.FileActuators,
         notifier: Notifier | None = None,
+        rescan_events: EventsFactory = rescans.open_events,
     ) -> None:
         heap.keep_large_blocks_mapped()  # before the engine's tables exist (daemon/heap.py)
         self.config = config
@@ -107,7 +109,8 @@ class Daemon:
         self._parse: tuple[BackgroundParse, list[Any]] | None = None  # a reload being parsed, and who waits for it
         self.started_wall = time.time()
         self.started_ns = time.monotonic_ns()
-        self._next_rescan = 0
+        self._rescan_events = rescan_events
+        self.rescans = RescanSchedule(None)  # its event sources open at start (daemon/rescans.py)
         self._next_state = 0
         self._next_top = 0
         self.clear_requests: list[str] = []  # from the control socket, done on the loop thread
@@ -127,6 +130,7 @@ class Daemon:
         """Everything before the first tick; FatalError if the daemon cannot run here."""
         self.lock.acquire()  # makes and checks the state directory; nothing acts before the locks are ours
         self.persist.read(self.decisions)
+        self.rescans = RescanSchedule(self._rescan_events())  # before the first look: nothing between goes unseen
         now = time.monotonic_ns()
         # Reconcile before the probe loads (seconds on a slow host): a setting an interrupted operation left behind
         # (a drain's writeback_percent 0) is put back at once, not after the verifier has run.
@@ -136,7 +140,7 @@ class Daemon:
         self._attach_probe()
         self.control.start()
         self.metrics = Metrics.attach(self.config)
-        self._next_rescan = now + int(self.config.rescan_s * NS)
+        self.rescans.looked(now, self.config.rescan_s)
         self._next_state = now + int(self.config.state_interval_s * NS)
         # ready before the first publish: a scrape (or /ready) right after systemd's READY=1 must say 1, not wait
         # for the first tick's snapshot (a lab guest's start returned with cachepilot_ready 0)
@@ -169,6 +173,7 @@ class Daemon:
         self.guard.call("restore_knobs", self._restore_knobs, time.monotonic_ns())
         self._save_state()
         self.writer.close()
+        self.rescans.close()
         self.control.stop()
         if self.metrics is not None:
             self.metrics.close()
@@ -188,6 +193,7 @@ class Daemon:
         """A start that cannot go on (FatalError): put back what reconciling started, release what start took."""
         for v in list(self.vols.values()):
             self.actor.restore(v, "cannot run")
+        self.rescans.close()
         self.control.stop()
         if self.probe is not None:
             self.probe.close()
@@ -249,8 +255,9 @@ class Daemon:
         ]
 
     def _decide(self, now: int) -> None:
+        dry_run, execute = self.dry_run, self.actor.execute  # looked up once: thousands of promotions a tick
         for action in self.engine.tick(now, hot_fresh=self.intake.hot_fresh):
-            self.execute(action, now)
+            execute(action, now, dry_run)
 
     def _reload_if_asked(self, now: int) -> None:
         if self._parse is None and self.reloads.pending():
@@ -265,8 +272,12 @@ class Daemon:
             self.reloads.answer(waiting, Verdict(ok, said))
 
     def _rescan_if_due(self, now: int) -> None:
-        if now >= self._next_rescan:
-            self._next_rescan = now + int(self.config.rescan_s * NS)
+        why = self.rescans.due(now, self.config.rescan_s)
+        if why is not None:
+            kind, detail = why
+            self.counters.add("rescans", kind)
+            if kind != "poll":
+                log.debug("rescan: %s", detail)
             self.adopter.rescan(now, self.config.observe)
 
     # ------------------------------------------------------------------ volumes
