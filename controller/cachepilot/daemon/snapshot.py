@@ -25,15 +25,17 @@ def hot_columns(t: HotnessTable, dev: int, k: int) -> Columns:
     shift = (t.epoch - np.frombuffer(t.stamp, dtype=np.uint32)[slots].astype(np.int64)).clip(0, 63)
     rs = np.frombuffer(t.rscore, dtype=np.uint32)[slots].astype(np.int64) >> shift
     ws = np.frombuffer(t.wscore, dtype=np.uint32)[slots].astype(np.int64) >> shift
-    last = np.frombuffer(t.last, dtype=np.int64)[slots]
     score = rs + ws
-    # sort only the candidates: every file scoring at least the k-th best (ties included)
+    # sort only the candidates: every file scoring at least the k-th best (ties included); what only the candidates
+    # or the k chosen need is read for them alone
     cand = np.nonzero(score >= kth_largest(score, k))[0] if len(score) > k else np.arange(len(score))
-    order = cand[np.lexsort((slots[cand], last[cand], score[cand]))[::-1][:k]]
-    top = slots[order]
+    cslots = slots[cand]
+    clast = np.frombuffer(t.last, dtype=np.int64)[cslots]
+    pick = np.lexsort((cslots, clast, score[cand]))[::-1][:k]
+    order, top = cand[pick], cslots[pick]
     return {"ino": np.frombuffer(t.ino, dtype=np.uint64)[top], "gen": np.frombuffer(t.gen, dtype=np.uint32)[top],
             "score": score[order], "read_score": rs[order], "write_score": ws[order],
-            "size": np.frombuffer(t.size, dtype=np.int64)[top], "last_ns": last[order]}
+            "size": np.frombuffer(t.size, dtype=np.int64)[top], "last_ns": clast[pick]}
 
 
 def kth_largest(x: np.ndarray, k: int) -> int:

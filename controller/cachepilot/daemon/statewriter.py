@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from cachepilot.daemon.state import StateFile
+
+Prepare = Callable[[dict[str, Any]], dict[str, Any]]
 
 JOIN_S = 10.0  # close(): a write in progress is left to finish this long (a hung disk must not hang the stop)
 
@@ -26,7 +29,7 @@ class StateWriter:
     def __init__(self, state: StateFile) -> None:
         self.state = state
         self._cv = threading.Condition()
-        self._pending: tuple[int, dict[str, Any]] | None = None  # the newest handed over, not yet taken
+        self._pending: tuple[int, dict[str, Any], Prepare | None] | None = None  # the newest handed over, not taken
         self._seq = 0  # the last sequence number given out
         self._written = 0  # the newest written (or tried); an older one is dropped
         self._write_lock = threading.Lock()  # one StateFile.write at a time
@@ -34,13 +37,14 @@ class StateWriter:
         self._closed = False
         self._thread: threading.Thread | None = None
 
-    def submit(self, doc: dict[str, Any]) -> None:
-        """Hand ``doc`` over (it is the writer's from now on); returns at once."""
+    def submit(self, doc: dict[str, Any], prepare: Prepare | None = None) -> None:
+        """Hand ``doc`` over (it is the writer's from now on; ``prepare`` finishes it on the writer thread); returns
+        at once."""
         with self._cv:
             if self._closed:
                 raise RuntimeError("state writer closed")
             self._seq += 1
-            self._pending = (self._seq, doc)
+            self._pending = (self._seq, doc, prepare)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="cachepilot-state", daemon=True)
                 self._thread.start()
@@ -78,9 +82,12 @@ class StateWriter:
                     self._cv.wait()
                 if self._pending is None:
                     return
-                seq, doc = self._pending
+                seq, doc, prepare = self._pending
                 self._pending = None
-            self._write(seq, doc)
+            try:
+                self._write(seq, doc if prepare is None else prepare(doc))
+            except Exception as exc:  # a bug: said as a failed write (counted, logged once), the thread goes on
+                self._done.append((False, f"state writer bug: {type(exc).__name__}: {exc}"))
             del doc  # not held while waiting for the next one (1.3 MiB of JSON and its lists with 1 M files)
 
     def _write(self, seq: int, doc: dict[str, Any]) -> bool:
