@@ -190,3 +190,21 @@ def test_large_blocks_keep_their_own_mappings_after_a_larger_one_was_freed(fixed
     code = HEAP_PROBE.format(path=[str(Path(snapshot.__file__).parents[2])], fixed=fixed)
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert got.stdout.strip() == ("1" if fixed else "0")  # glibc's dynamic threshold: the heap keeps it
+
+
+def test_a_bug_in_the_writer_thread_is_a_failed_write_and_the_next_one_is_written(tmp_path: Path) -> None:
+    state = StateFile(tmp_path)
+    w = StateWriter(state)
+
+    def broken(doc: dict[str, Any]) -> dict[str, Any]:
+        raise KeyError("volumes")
+
+    w.submit({"n": 1}, broken)
+    deadline = time.monotonic() + 5
+    while not w._done and time.monotonic() < deadline:
+        time.sleep(0.02)
+    w.submit({"n": 2})
+    w.close()
+    assert w.results() == [(False, "state writer bug: KeyError: 'volumes'"), (True, None)]
+    doc, _ = state.read()
+    assert doc is not None and doc["n"] == 2
