@@ -181,3 +181,14 @@ def test_the_daemon_adopts_a_volume_at_the_tick_after_its_uevent_not_at_the_next
         assert r.d.counters["rescans.uevent"] == 1
     finally:
         r.d.shutdown()
+
+
+def test_a_failing_uevent_socket_is_dropped_for_polling_not_rescanned_every_tick() -> None:
+    net: list[tuple[bytes, int, tuple[int, int]] | int] = [errno.EBADF]
+    s = RescanSchedule(RescanEvents(UeventSocket(FakeNetlink(net)), None))  # type: ignore[arg-type]
+    s.looked(0, 10.0)
+    assert s.due(1 * NS, 10.0) == ("uevents_lost", "uevents lost or more than a tick reads")  # once, at the failure
+    net.append(errno.EBADF)
+    got = [s.due(t * NS, 10.0) for t in range(2, 13)]
+    assert got == [None, ("settle", "2 s after an event")] + [None] * 9  # not "lost" every tick
+    assert s.due(13 * NS, 10.0) == ("poll", "every 10 s")  # the configured interval again: no event source left

@@ -80,6 +80,11 @@ class RescanEvents:
         why: tuple[str, str] | None = None
         if self.uevents is not None:
             got, lost = self.uevents.take()
+            if self.uevents.failed:  # not an overrun: a socket that fails would say "lost" every tick
+                log.warning("kernel uevents no longer read (%s): volumes are looked for by polling",
+                            self.uevents.failed)
+                self.uevents.close()
+                self.uevents = None
             if got:
                 why = ("uevent", ", ".join(f"{e.action} {e.devname or e.devpath}" for e in got[:3])
                        + (f" and {len(got) - 3} more" if len(got) > 3 else ""))
@@ -108,7 +113,7 @@ class RescanSchedule:
         self._settle_at: int | None = None
 
     def fallback_s(self, poll_s: float) -> float:
-        return poll_s if self.events is None else max(poll_s, FALLBACK_S)
+        return poll_s if self.events is None or not self.events.live else max(poll_s, FALLBACK_S)
 
     def looked(self, now: int, poll_s: float) -> None:
         """A rescan was made at ``now`` (the start's, or one due)."""

@@ -84,6 +84,7 @@ class UeventSocket:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.dropped = 0  # datagrams refused (not the kernel's, malformed, truncated)
+        self.failed = ""  # why the socket stopped working (an error other than an overrun): the caller drops it
 
     @classmethod
     def open(cls) -> UeventSocket | None:
@@ -113,7 +114,7 @@ class UeventSocket:
                 return got, False
             except OSError as exc:
                 if exc.errno != errno.ENOBUFS:
-                    log.debug("uevent socket: %s", exc)
+                    self.failed = str(exc)
                 return got, True  # the kernel dropped events (or the socket failed): look anyway
             ev = parse(data) if not flags & socket.MSG_TRUNC and _from_kernel(addr) else None
             if ev is None:
