@@ -14,6 +14,7 @@ test asks for -- goes through :meth:`write_now`. How each write ended is handed 
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -36,6 +37,7 @@ class StateWriter:
         self._done: deque[tuple[bool, str | None]] = deque()  # (ok, error) of each write, for the loop thread
         self._closed = False
         self._thread: threading.Thread | None = None
+        self.last_write_ns = 0  # how long the last write took (encode, checksum, write, fsyncs, rename)
 
     def submit(self, doc: dict[str, Any], prepare: Prepare | None = None) -> None:
         """Hand ``doc`` over (it is the writer's from now on; ``prepare`` finishes it on the writer thread); returns
@@ -58,6 +60,11 @@ class StateWriter:
             seq = self._seq
             self._pending = None
         return self._write(seq, doc)
+
+    @property
+    def busy(self) -> bool:
+        """A document waits or is being written."""
+        return self._pending is not None or self._write_lock.locked()
 
     def results(self) -> list[tuple[bool, str | None]]:
         """How the writes since the last call ended: (ok, error)."""
@@ -95,6 +102,8 @@ class StateWriter:
             if seq < self._written:  # a newer one is on disk already
                 return True
             self._written = seq
+            t0 = time.monotonic_ns()
             ok = self.state.write(doc)
+            self.last_write_ns = time.monotonic_ns() - t0
             self._done.append((ok, self.state.last_error))
             return ok
