@@ -27,6 +27,8 @@ from cachepilot.models.hotness import HOT_DTYPE, HotnessTable
 from tests.unit.test_daemon import Rig
 from tests.unit.test_daemon_cost import FS, acting_on
 
+NS = 1_000_000_000
+
 
 class DonePromoter:
     def run(self, action: Promote, dry_run: bool) -> Outcome:
@@ -81,22 +83,23 @@ def table(n: int, devs: int) -> HotnessTable:
     return t
 
 
-def test_a_hot_list_is_made_once_a_tick_at_the_longest_length_and_from_the_volumes_own_files(
+def test_hot_lists_are_made_in_turn_a_share_of_the_volumes_a_tick_from_each_volumes_own_files(
         monkeypatch: pytest.MonkeyPatch) -> None:
     t = table(4000, 4)
     monkeypatch.setattr(t, "_live_slots", None)  # never a walk of the whole table
-    hot = HotLists(t)
-    made = []
+    made: list[int] = []
     real = snapshot.hot_columns
-    monkeypatch.setattr(snapshot, "hot_columns", lambda *a: made.append(a[1:]) or real(*a))
-    long = hot.columns(2, 500, at=1)
-    short = hot.columns(2, 25, at=1)
-    assert made == [(2, 500)]
-    assert all((short[f] == long[f][:25]).all() for f in snapshot.FIELDS)
-    assert all((short[f] == real(t, 2, 25)[f]).all() for f in snapshot.FIELDS)
-    hot.columns(2, 25, at=2)  # the next tick: made again
-    assert made == [(2, 500), (2, 25)]
+    monkeypatch.setattr(snapshot, "hot_columns", lambda tt, dev, k: made.append(dev) or real(tt, dev, k))
+    hot = HotLists(t, 500, every_s=2.0)
+    devs = [1, 2, 3, 4]
+    for tick in range(6):  # 1 s ticks: half of the volumes a tick, each every 2 s
+        made.clear()
+        hot.refresh(devs, tick * NS, NS)
+        assert sorted(made) == ([1, 2] if tick % 2 == 0 else [3, 4]), (tick, made)  # all four at once: the old way
+    assert all((hot.columns(2, 4 * NS)[f] == real(t, 2, 500)[f]).all() for f in snapshot.FIELDS)
     assert set(real(t, 2, 5000)["ino"].tolist()) == {i + 12 for i in range(4000) if i % 4 == 1}
+    hot.refresh([1, 2], 6 * NS, NS)  # volumes 3 and 4 gone: their lists too
+    assert sorted(hot._made) == [1, 2]
 
 
 def test_the_state_document_is_encoded_once_in_the_format_of_the_outer_object() -> None:

@@ -87,7 +87,7 @@ class Daemon:
         self.budget = TickBudget()
         self.gc = GcPauses(self.counters)
         self.guard = Guard(self.counters)
-        self.hot = HotLists(self.engine.hotness)
+        self.hot = HotLists(self.engine.hotness, MAX_HOT, TOP_EVERY_S)
         self.writer = StateWriter(self.state)
         self.persist = Persistence(self.state, self.engine, self.counters, self.guard.once, self.hot, self.writer)
         epochs = bool(config.metrics_listen or config.metrics_textfile)
@@ -112,7 +112,6 @@ class Daemon:
         self._rescan_events = rescan_events
         self.rescans = RescanSchedule(None)  # its event sources open at start (daemon/rescans.py)
         self._next_state = 0
-        self._next_top = 0
         self.clear_requests: list[str] = []  # from the control socket, done on the loop thread
         self.drain_requests: list[dict[str, Any]] = []  # `cachepilot drain`, likewise
         self.imports = Imports()  # hot lists from the control socket, handed to the engine on the loop thread
@@ -224,7 +223,7 @@ class Daemon:
         self._stage("publish", lambda n: self._publish(n, dur), now)
         self.notifier.watchdog()
         if now >= self._next_state:
-            self._stage("state", lambda _: self._save_state(self.counters["ticks"]), now)
+            self._stage("state", lambda n: self._save_state(n), now)
             self._next_state = now + int(self.config.state_interval_s * NS)
         done = time.monotonic_ns()
         self.times.end(done - t0, self.loop.tick_ns, done)
@@ -360,18 +359,17 @@ class Daemon:
         self.notifier.ready("reloaded")
         return True
 
-    def _save_state(self, tick: int | None = None) -> None:
-        """``tick``: the tick (its count) whose hot lists the state file may share with `top` (None: made anew)."""
-        self.persist.save(self.vols.values(), self.decisions, tick)
+    def _save_state(self, now: int | None = None) -> None:
+        """``now``: a tick's time: the state file takes the hot lists the loop keeps (at most TOP_EVERY_S old) and
+        is written by the writer thread; None: lists made now, written before this returns."""
+        self.persist.save(self.vols.values(), self.decisions, now)
 
     # ------------------------------------------------------------------ snapshot and answers
     def _publish(self, now: int, tick_ns: int) -> None:
         self.persist.collect()  # the state writes finished since the last tick, counted
-        if now >= self._next_top:  # in a tick that writes the state file, the head of its hot lists (made once)
-            k = MAX_HOT if now >= self._next_state else TOP_K
-            tick = self.counters["ticks"]
-            self.top = {v.info.name: as_dicts(self.hot.columns(v.info.dev, k, tick), TOP_K) for v in self.vols.values()}
-            self._next_top = now + int(TOP_EVERY_S * NS)
+        managed = list(self.vols.values())
+        if self.hot.refresh([v.info.dev for v in managed], now, self.loop.tick_ns):  # the hot lists, in turn
+            self.top = {v.info.name: as_dicts(self.hot.columns(v.info.dev, now), TOP_K) for v in managed}
         sizing = self.engine.sizing
         self.curves = {} if sizing is None else {v.info.name: sizing.curve_of(v.info.dev) for v in self.vols.values()}
         vols = tuple(status.volume_status(v, v.ctl, now, self.engine) for v in self.vols.values()

@@ -35,7 +35,7 @@ class Persistence:
                  hot: HotLists | None = None, writer: StateWriter | None = None) -> None:
         self.state = state
         self.engine = engine
-        self.hot = hot  # the loop's hot lists of the tick (shared with `top`), if any
+        self.hot = hot  # the hot lists the loop keeps (shared with `top`), if any
         self.writer = writer  # writes a tick's state file off the loop thread, if any
         self.counters = counters
         self.once = once
@@ -194,7 +194,8 @@ class Persistence:
         return {k: [b, o] for k, (b, o) in sorted(got.items())}
 
     def doc(self, vols: Iterable[ManagedVolume], decisions: DecisionLog, at: int | None = None) -> dict[str, Any]:
-        """The state document; ``at``: the loop's tick (its count), whose hot lists it may share (None: made here)."""
+        """The state document; ``at``: a tick's time, whose hot lists (the loop's, see snapshot.HotLists) it takes
+        (None: made here)."""
         return hot_rows(self._doc(vols, decisions, at))
 
     def _doc(self, vols: Iterable[ManagedVolume], decisions: DecisionLog, at: int | None) -> dict[str, Any]:
@@ -205,7 +206,7 @@ class Persistence:
             info = v.info
             latch = self.engine.latch_of(info.dev)
             hot = (hot_columns(self.engine.hotness, info.dev, MAX_HOT) if at is None or self.hot is None
-                   else self.hot.columns(info.dev, MAX_HOT, at))
+                   else self.hot.columns(info.dev, at))
             out[info.name] = {
                 "name": info.name, "kind": info.kind, "dev": devname(info.dev), "fs_uuid": info.fs_uuid,
                 "hot": {f: hot[f] for f in HOT_ROW},

@@ -1,8 +1,8 @@
 """Views of the engine's tables for humans and the state file, built in bulk with numpy (one pass per volume,
 O(files of the volume): its slots come from its own inode index, not from a scan of every tracked file); the loop
-refreshes them every few seconds, never on a request. :class:`HotLists` computes a volume's list once a tick at the
-largest length asked (the state file's) and slices it for shorter ones (``top``'s): with 1 M files on 16 volumes the
-two together had cost a tick 250 ms (bench_daemon_files.py, issue 32)."""
+refreshes them every few seconds, a share of the volumes a tick, never on a request (:class:`HotLists`): with 1 M
+files on 16 volumes ``top`` and the state file had cost the tick that made both 250 ms (bench_daemon_files.py, issue
+32)."""
 
 from __future__ import annotations
 
@@ -66,21 +66,29 @@ def hottest(t: HotnessTable, dev: int, k: int) -> list[dict[str, int]]:
 
 
 class HotLists:
-    """Each filesystem's hot list at one moment (``at``: the loop's tick count; the table does not change between
-    the tick's publish and its state file), made once at the largest length asked; a shorter one is its head (the
-    same order)."""
+    """Each volume's hot list, ``k`` long (the state file keeps it, ``top`` shows its head), made again in turn: every
+    volume at least every ``every_s``, the longest-waiting first, at most the share of them a tick that keeps that
+    period (at least one). No tick makes every volume's list at once: with 1 M files on 16 volumes that was 15 ms in
+    the tick that also wrote the state file, the slowest tick (issue 32)."""
 
-    def __init__(self, t: HotnessTable) -> None:
-        self.t = t
-        self._at: int | None = None
-        self._made: dict[int, tuple[int, Columns]] = {}
+    def __init__(self, t: HotnessTable, k: int, every_s: float) -> None:
+        self.t, self.k, self.every_ns = t, k, int(every_s * 1e9)
+        self._made: dict[int, tuple[int, Columns]] = {}  # dev -> (made at, its list)
 
-    def columns(self, dev: int, k: int, at: int) -> Columns:
-        if at != self._at:
-            self._at, self._made = at, {}
+    def refresh(self, devs: list[int], now: int, tick_ns: int) -> int:
+        """A tick at ``now``: make the lists that are due; returns how many were made."""
+        for d in [d for d in self._made if d not in devs]:
+            del self._made[d]
+        due = sorted((self._made[d][0] if d in self._made else -1, d) for d in devs
+                     if d not in self._made or now - self._made[d][0] >= self.every_ns)
+        share = max(1, -(-len(devs) * tick_ns // self.every_ns))
+        for _, d in due[:share]:
+            self._made[d] = (now, hot_columns(self.t, d, self.k))
+        return min(share, len(due))
+
+    def columns(self, dev: int, now: int) -> Columns:
+        """A volume's list as last made (made now if it never was)."""
         made = self._made.get(dev)
-        if made is not None and (k <= made[0] or len(made[1]["ino"]) < made[0]):  # longer, or every file already
-            return {f: c[:k] for f, c in made[1].items()}
-        cols = hot_columns(self.t, dev, k)
-        self._made[dev] = (k, cols)
-        return cols
+        if made is None:
+            made = self._made[dev] = (now, hot_columns(self.t, dev, self.k))
+        return made[1]
