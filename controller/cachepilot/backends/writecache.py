@@ -24,6 +24,7 @@ from cachepilot.backends.operation import Operation, OperationBackend, Setting, 
 from cachepilot.capabilities import KIND_WRITECACHE, WRITEBACK, capabilities
 from cachepilot.errors import KernelRejected, UserError
 from cachepilot.models.volume import VolumeInfo, VolumeSample
+from cachepilot.models.writeback import WritebackView
 
 NAME = KIND_WRITECACHE
 
@@ -187,11 +188,30 @@ def sample(host: Host, info: VolumeInfo, now: int) -> VolumeSample:
     written = w.stats[2] * block if len(w.stats) >= 3 else None  # blocks written to the target (5.15+)
     hits = w.stats[1] + w.stats[3] + w.stats[4] if len(w.stats) >= 5 else 0  # read hits + write hits
     total = w.stats[0] + w.stats[2] if len(w.stats) >= 3 else 0  # read blocks + write blocks
+    knobs = _knobs(table)
     return VolumeSample(
         dev=info.dev, ts_ns=now, mode="writeback", dirty_bytes=w.used_blocks * block, hits=hits,
         misses=max(0, total - hits), io_errors=w.error, failed=w.error != 0, cache_id=cache_id,
-        knobs=_knobs(table), written_bytes=written,
+        knobs=knobs, written_bytes=written, writeback=writeback_view(w, knobs, info.cache_bytes, table),
     )
+
+
+def writeback_view(w: DmWritecacheStatus, knobs: dict[str, str], cache_bytes: int, table: str) -> WritebackView:
+    """What the stall watch needs (models/writeback.py): dm-writecache writes back only above high_watermark
+    (until low_watermark) or entries older than max_age (when set), and with ``cleaner`` everything; below the
+    watermark without max_age dirty data sits by design. max_age is re-checked every max_age/16
+    (writecache_max_age_timer): twice max_age may pass with nothing written back."""
+    cleaner = " cleaner" in f" {table} "
+    max_age_ms = int(knobs["max_age"]) if knobs.get("max_age", "").isdigit() else 0
+    try:
+        high = int(knobs.get("high_watermark", "50"))
+    except ValueError:
+        high = 50
+    hold = 0 if cleaner or max_age_ms else cache_bytes * high // 100
+    writes = w.stats[2] if len(w.stats) >= 3 else None
+    over = w.stats[3] + w.stats[4] if len(w.stats) >= 5 else None  # write hits, uncommitted and committed
+    return WritebackView(hold_bytes=hold, quiet_s=2 * max_age_ms / 1000, writes=writes, overwrites=over,
+                         policy="cleaner" if cleaner else "")
 
 
 # What writecache_ctr uses for a watermark the table does not set (HIGH_WATERMARK, LOW_WATERMARK in dm-writecache.c);

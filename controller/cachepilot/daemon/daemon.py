@@ -232,6 +232,7 @@ class Daemon:
             ("drain", self.intake.drain),
             ("rescan", self._rescan_if_due),
             ("sample", self.actor.sample),
+            ("findings", lambda now: self.actor.findings(self.engine.take_findings())),
             ("clear_latches", self._clear_latches),
             ("operator", self._operator_drains),
             ("alloc", lambda now: pace_promotions(self.vols.values(), self.probe, now)),

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from cachepilot import __version__, records
-from cachepilot.capabilities import ERROR_COUNTS, KIND_BCACHE
+from cachepilot.capabilities import ERROR_COUNTS, KIND_BCACHE, KIND_DMCACHE, KIND_LVMCACHE
 from cachepilot.daemon import actuation, ticktime
 from cachepilot.daemon.decisionlog import DecisionView
 from cachepilot.daemon.volume import ManagedVolume, devname
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 NS = 1_000_000_000
 # the exporter's event counts by kind (the daemon counts them by class name); Drops are counters of their own
+MAPPED_KINDS = frozenset({KIND_DMCACHE, KIND_LVMCACHE})  # kinds whose status counts mapped blocks (all-dirty)
 _EVENT_KINDS = {k.event.__name__: k.name for k in records.KINDS if k is not records.DROPS}
 
 
@@ -55,6 +56,10 @@ class VolumeMetrics:
     epoch_bytes: Any  # exporter Histogram, or None (no exporter in this build)
     alloc_failures: int | None = None  # bcache: inserts its cache refused (bcache_alloc_fail); others: None
     promotion_rate: float | None = None  # the promoter's rate now (bytes/s; on bcache it follows alloc_failures)
+    writeback_stalled: bool = False  # dirty data has not fallen for health.stall_after while write-back should run
+    writeback_stalled_seconds: float = 0.0  # how long it has not fallen so far (0 outside such a stretch)
+    all_dirty: bool | None = None  # dm-cache: every mapped block dirty (after an unclean shutdown); others None
+    clean_eta_seconds: float | None = None  # dirty / the measured write-back rate (None: clean or not measured)
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,8 @@ class VolumeStatus:
     pins: dict[str, Any] | None  # pinned files and their residency (models/pins.py), None: no pins
     importing: int  # files of an imported hot list not re-warmed yet (``hotlist import --wait``)
     operator_drain: dict[str, Any] | None = None  # `cachepilot drain`'s request: state, bytes left, rate (None: none)
+    # is write-back making progress (models/writeback.py): a stall and why, every mapped block dirty, time to clean
+    writeback: dict[str, Any] | None = None
     metrics: VolumeMetrics | None = field(default=None, metadata={"json": False})  # None: not exported
 
     def to_json(self) -> dict[str, Any]:
@@ -225,7 +232,19 @@ def volume_status(v: ManagedVolume, c: VolumeCtl, now: int, engine: Engine) -> V
         promotions_skipped=dict(c.promotions_skipped),
         pins=c.pins.status(engine.hotness) if len(c.pins) or c.pins.note else None, importing=v.importing(),
         operator_drain=c.operator.to_json(st.dirty_bytes, now) if c.operator is not None else None,
+        writeback=_writeback(c, now) if st.samples else None,
         metrics=None if s is None or v.observe_only else _metrics(v, c, engine.now_ns))
+
+
+def _writeback(c: VolumeCtl, now: int) -> dict[str, Any]:
+    """What status says of write-back's progress: stalled and why, every mapped block dirty, the measured rate and
+    the time to clean at it."""
+    w, dirty = c.writeback, c.state.dirty_bytes
+    eta = w.clean_eta_s(dirty)
+    return {"stalled": w.stalled_ns is not None, "not_falling_s": round(w.stalled_s(now), 1),
+            "stall_after_s": c.policy.health.stall_after_s, "cause": w.cause or None,
+            "all_dirty": w.all_dirty_ns is not None, "came_back_all_dirty": w.all_dirty_ns is not None and w.came_back,
+            "rate_bytes_s": round(w.rate), "clean_eta_s": None if eta is None else round(eta, 1)}
 
 
 def _metrics(v: ManagedVolume, c: VolumeCtl, engine_now: int) -> VolumeMetrics:
@@ -247,7 +266,15 @@ def _metrics(v: ManagedVolume, c: VolumeCtl, engine_now: int) -> VolumeMetrics:
         discard_landed_bytes=v.discard_landed_bytes, barriers=v.barriers,
         cache_set=(st.cache_id or None) if kind == KIND_BCACHE else None,
         epoch_bytes=v.epoch_bytes.freeze() if v.epoch_bytes is not None else None,
-        **_promotion_pacing(v))
+        **_promotion_pacing(v), **_progress(c, engine_now))
+
+
+def _progress(c: VolumeCtl, now: int) -> dict[str, Any]:
+    """The exporter's write-back progress gauges (models/writeback.py); all-dirty only where the kind maps blocks."""
+    w, dirty = c.writeback, c.state.dirty_bytes
+    eta = w.clean_eta_s(dirty) if dirty > 0 else None
+    return {"writeback_stalled": w.stalled_ns is not None, "writeback_stalled_seconds": w.stalled_s(now),
+            "all_dirty": w.all_dirty_ns is not None if c.info.kind in MAPPED_KINDS else None, "clean_eta_seconds": eta}
 
 
 def _operator_drain(op: dict[str, Any] | None) -> dict[str, Any]:
@@ -292,7 +319,9 @@ def exporter_snapshot(status: Status, ex: Any, tick_duration: Any, now_wall: flo
                 bypassed_bytes=m.bypassed_bytes, promoted_bytes=m.promoted_bytes,
                 discard_issued_bytes=m.discard_issued_bytes, discard_landed_bytes=m.discard_landed_bytes,
                 barriers=m.barriers, cache_set=m.cache_set, alloc_failures=m.alloc_failures,
-                promotion_rate=m.promotion_rate, advice=_advice(status.curves.get(v.name), v.cache_bytes),
+                promotion_rate=m.promotion_rate, writeback_stalled=m.writeback_stalled,
+                writeback_stalled_seconds=m.writeback_stalled_seconds, all_dirty=m.all_dirty,
+                clean_eta_seconds=m.clean_eta_seconds, advice=_advice(status.curves.get(v.name), v.cache_bytes),
                 **_operator_drain(v.operator_drain),
                 epoch_bytes=m.epoch_bytes if m.epoch_bytes is not None else ex.Histogram.empty(ex.EPOCH_BUCKETS)))
         except ValueError as exc:

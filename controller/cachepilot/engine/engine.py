@@ -29,6 +29,7 @@ go through dispatch); the engine owns the volumes and sequences the steps. One v
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -47,7 +48,7 @@ from cachepilot.engine.pacing import Pacer
 from cachepilot.engine.promotion import Promoter
 from cachepilot.engine.seqcutoff import KNOB as SEQ_KNOB
 from cachepilot.engine.seqcutoff import SequentialSteering
-from cachepilot.engine.volumectl import NS, Latch, VolumeCtl, caps_of, normalise_mode
+from cachepilot.engine.volumectl import NS, RUNNING, Latch, VolumeCtl, caps_of, normalise_mode
 from cachepilot.engine.writepolicy import WritePolicy
 from cachepilot.errors import UserError
 from cachepilot.events import Delete, Event
@@ -58,7 +59,11 @@ from cachepilot.models.hotness import F_QUEUED, F_READ, HotnessTable
 from cachepilot.models.pins import PinnedFile
 from cachepilot.models.sizing import Advisors
 from cachepilot.models.volume import WRITEBACK, Health, VolumeInfo, VolumeSample, VolumeState
+from cachepilot.models.writeback import Finding
 from cachepilot.policy.model import DEFAULT_POLICY, Policy, VolumePolicy
+
+
+FINDINGS_KEPT = 256
 
 
 class Engine:
@@ -86,6 +91,9 @@ class Engine:
         self.seq = SequentialSteering()  # bcache's sequential_cutoff, by what the bypassed runs are made of
         self.events.hotness_readers.append(self.seq.written)
         self.lifetimes = Lifetimes()  # delete ages and the lifetime hold (engine.lifetime)
+        # stalls and all-dirty caches found or ended since the daemon last took them (bounded: replay and the
+        # simulator never take them)
+        self.findings: deque[Finding] = deque(maxlen=FINDINGS_KEPT)
         self.events.delete_readers.append(
             lambda dev, recs, slots: self.lifetimes.deleted_many(self.hotness, dev, recs, slots))
         if self.sizing is not None:
@@ -234,8 +242,23 @@ class Engine:
                 c.bypass_rose_ns = s.ts_ns
         if st.dirty_bytes == 0:
             c.breach = None
+        self._watch_writeback(c, s)
         self._latch(c, s.ts_ns)
         self.promoter.replaced(c, s.cache_id, self.now_ns)
+
+    def _watch_writeback(self, c: VolumeCtl, s: VolumeSample) -> None:
+        """Is write-back making progress (models/writeback.py)? A drain in flight -- the policy's or an operator's
+        -- is write-back that must run whatever the kind would hold."""
+        draining = c.drain is not None or (c.operator is not None and c.operator.state == RUNNING)
+        written = self.hotness.dev_bytes.get(c.info.dev, (0, 0))[1]
+        self.findings.extend(c.writeback.observe(c.info.name, c.info.kind, s.ts_ns, s.dirty_bytes, s.writeback,
+                                                 draining, c.policy.health.stall_after_s, written))
+
+    def take_findings(self) -> list[Finding]:
+        """The stalls and all-dirty caches found or ended since the last call, oldest first."""
+        out = list(self.findings)
+        self.findings.clear()
+        return out
 
     # ------------------------------------------------------------ the failure latch
     def _latch(self, c: VolumeCtl, ts: int) -> None:

@@ -14,6 +14,7 @@ from cachepilot.models.epochs import EpochTracker
 from cachepilot.models.freed import FreedExtentQueue
 from cachepilot.models.pins import PinSet
 from cachepilot.models.volume import BYPASS, BYPASS_NAMES, WRITEBACK, WRITETHROUGH, VolumeInfo, VolumeState
+from cachepilot.models.writeback import WritebackWatch
 from cachepilot.policy.model import VolumePolicy
 
 NS = 1_000_000_000
@@ -152,6 +153,8 @@ class VolumeCtl:
     bound_wt: BoundStretch | None = None
     # an operator's drain (engine/operatordrain.py): while active the policy's own mode, drains and pacing stay off
     operator: OperatorDrain | None = None
+    # is write-back making progress: a stall, or every mapped block dirty after an unclean shutdown (issue 36)
+    writeback: WritebackWatch = field(default_factory=WritebackWatch)
 
     @property
     def promotes(self) -> bool:

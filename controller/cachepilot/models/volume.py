@@ -16,6 +16,8 @@ import enum
 from collections import deque
 from dataclasses import dataclass, field
 
+from cachepilot.models.writeback import WritebackView
+
 
 class Health(enum.IntEnum):
     OK = 0
@@ -69,6 +71,8 @@ class VolumeSample:
     # cumulative bytes written to the cache target (dm-writecache's write statistic; restarts at a table reload).
     # None: not known
     written_bytes: int | None = None
+    # what the kind says about its write-back beyond dirty bytes (models/writeback.py); None: nothing
+    writeback: WritebackView | None = None
 
 
 class VolumeState:

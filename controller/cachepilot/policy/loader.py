@@ -345,7 +345,7 @@ def _settings(raw: dict[str, Any], base: VolumePolicy, doc: _Doc, path: PathT) -
                    "max_rate": ("max_rate", parse_size)})
     hysteresis = sec("hysteresis", Hysteresis, base.hysteresis,
                      {"min_switch_interval": ("min_switch_interval_s", parse_duration)})
-    health = sec("health", HealthPolicy, base.health, {})
+    health = sec("health", HealthPolicy, base.health, {"stall_after": ("stall_after_s", parse_duration)})
     steering = sec("sequential_steering", SequentialSteering, base.sequential_steering,
                    {"max_cutoff": ("max_cutoff", parse_size), "window": ("window_s", parse_duration)})
     if steering.enabled and steering.window_s <= 0:

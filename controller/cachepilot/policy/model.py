@@ -83,6 +83,8 @@ class Hysteresis:
 class HealthPolicy:
     error_threshold: int = 1  # cache I/O errors within the sample window that make a volume DEGRADED
     scan_drop: float = 0.2  # hit-ratio drop (absolute) that triggers re-warming
+    # dirty data that has not fallen this long while write-back should run is a stall (models/writeback.py); 0: off
+    stall_after_s: float = 600.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -90,6 +90,8 @@ def _settings(knobs: list[str]) -> dict[str, Any]:
         {
             "error_threshold": {"type": "integer", "minimum": 1},
             "scan_drop": {"$ref": "#/$defs/fraction"},
+            "stall_after": {"$ref": "#/$defs/duration", "description": "dirty data that has not fallen this long "
+                            "while write-back should run is a stall (metric, alert, explain); 0: not looked for"},
         }
     ),
     "sequential_steering": _obj(
