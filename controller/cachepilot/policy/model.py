@@ -15,8 +15,8 @@ MiB = 1 << 20
 class Exposure:
     max_dirty: int = 64 * MiB
     max_age_s: float = 30.0
-    # between drains the cache writes back at about the volume's write rate (engine/pacing.py), so dirty data
-    # stays small and each drain's burst short, where the kind has a rate floor (Capabilities.pace_knob)
+    # periodic drains write back at half the measured full rate (engine/pacing.py), so the origin's queue stays
+    # short for the foreground's fsyncs, where the kind has a rate floor (Capabilities.pace_knob)
     pace: bool = False
 
 

@@ -36,7 +36,7 @@ def _settings(knobs: list[str]) -> dict[str, Any]:
     "failure_model": {"enum": ["recoverable", "destructive", "auto"]},
     "exposure": _obj({"max_dirty": {"$ref": "#/$defs/size"}, "max_age": {"$ref": "#/$defs/duration"},
                       "pace": {"type": "boolean",
-                               "description": "between drains, write back at about the volume's write rate"}}),
+                               "description": "periodic drains write back at half the measured full rate"}}),
     "lifetime_hold": _obj(
         {
             "enabled": {"type": "boolean", "description": "recoverable: hold new data dirty while it is likely to die"},
