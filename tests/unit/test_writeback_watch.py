@@ -241,7 +241,8 @@ def test_status_names_the_stall_and_the_all_dirty_cache() -> None:
                               "all_dirty": True, "came_back_all_dirty": True, "clean_eta_s": 980.0,
                               "rate_bytes_s": 102400})
     assert "WRITE-BACK STALLED: 20 dirty bytes have not fallen for 90 s: x" in lines[0]
-    assert "ALL DIRTY: came back with every mapped block dirty" in lines[1] and "980 s to clean at 100.0 KiB/s" in lines[1]
+    assert "ALL DIRTY: came back with every mapped block dirty" in lines[1]
+    assert "980 s to clean at 100.0 KiB/s" in lines[1]
     assert render_writeback({"stalled": False, "all_dirty": False}) == []
 
 

@@ -61,7 +61,6 @@ from cachepilot.models.volume import WRITEBACK, Health, VolumeInfo, VolumeSample
 from cachepilot.models.writeback import Finding
 from cachepilot.policy.model import DEFAULT_POLICY, Policy, VolumePolicy
 
-
 FINDINGS_KEPT = 256
 
 
