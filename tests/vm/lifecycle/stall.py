@@ -1,6 +1,6 @@
 """Lab: a write-back stall provoked behind the daemon's back on the lab's bcache (writeback) volume (issue 36 item 3).
 The daemon runs with the shipped defaults but ``health.stall_after: 45s`` (recoverable: no drain of its own);
-Debian's prometheus runs in the guest too, scraping the daemon every 2 s with the shipped rules. Then
+Debian's prometheus runs in the guest too, scraping the daemon every 5 s with the shipped rules. Then
 ``echo 0 > writeback_running`` with ~16 MiB dirty; measured: when the daemon's status says stalled, when
 ``CachepilotWriteBackStalled`` fires in Prometheus, what explain says -- and that writeback_running still reads 0
 (the daemon does not undo the operator's knob). Then ``echo 1`` ends it. key=value lines on stdout."""
@@ -85,8 +85,10 @@ def prom_query(expr: str) -> list[dict[str, Any]]:
 
 
 # Prometheus first: it takes a while to start under TCG, the daemon meanwhile
+# every 5 s: a scrape of the daemon under TCG can take seconds (a 2 s scrape timed out: up stayed 0)
 (tmp / "prometheus.yml").write_text(yaml.safe_dump({
-    "global": {"scrape_interval": "2s", "evaluation_interval": "2s"}, "rule_files": [str(RULES)],
+    "global": {"scrape_interval": "5s", "scrape_timeout": "5s", "evaluation_interval": "5s"},
+    "rule_files": [str(RULES)],
     "scrape_configs": [{"job_name": "cachepilot", "static_configs": [{"targets": [METRICS]}]}]}))
 plog = open(tmp / "prometheus.log", "w")
 prom = subprocess.Popen(["prometheus", f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
@@ -102,6 +104,8 @@ say("ready", "yes" if ok else "no")
 if not ok:
     err.seek(0)
     print(err.read()[-3000:], (tmp / "prometheus.log").read_text()[-2000:])
+    with contextlib.suppress(OSError), urllib.request.urlopen(f"http://{PROM}/api/v1/targets", timeout=5) as r:
+        print("targets:", r.read().decode()[-2000:])
     sys.exit(1)
 
 # dirty data that stays, then write-back stopped behind the daemon's back
