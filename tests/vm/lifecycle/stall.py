@@ -84,6 +84,8 @@ def prom_query(expr: str) -> list[dict[str, Any]]:
         return []
 
 
+# the busybox guest leaves lo down (only the systemd one brings it up): the metrics are scraped over it
+subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
 # Prometheus first: it takes a while to start under TCG, the daemon meanwhile
 # every 5 s: a scrape of the daemon under TCG can take seconds (a 2 s scrape timed out: up stayed 0)
 (tmp / "prometheus.yml").write_text(yaml.safe_dump({

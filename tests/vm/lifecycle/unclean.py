@@ -116,6 +116,8 @@ say("after_used_blocks", used)
 say("after_dirty_blocks", dirty)
 subprocess.run(["mount", "-t", "ext4", f"/dev/mapper/{dm_name}", str(mnt)], check=True)
 
+# the busybox guest leaves lo down (only the systemd one brings it up): the metrics are scraped over it
+subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
 (tmp / "policy.yaml").write_text(POLICY)
 (tmp / "c.yaml").write_text("version: 1\npolicies: [policy.yaml]\nstate_dir: state\nsocket: ctl.sock\ntick: 1s\n"
                             f"rescan: 5s\nstate_interval: 5s\nmetrics: {{listen: '{METRICS}'}}\n")
