@@ -310,8 +310,9 @@ class Daemon:
                     log.info("%s: operator drain: %s by the operator", r["volume"],
                              self.engine.operator_release(r["volume"]))
                     continue
-                self.engine.operator_drain(r["volume"], r["deadline"], r["end"])
-                log.info("%s: operator drain started: deadline %g s, then %s", r["volume"], r["deadline"], r["end"])
+                self.engine.operator_drain(r["volume"], r["deadline"], r["end"], r.get("rate", 0))
+                log.info("%s: operator drain started: deadline %g s, then %s%s", r["volume"], r["deadline"], r["end"],
+                         f", at {r['rate']} B/s" if r.get("rate") else "")
             except UserError as exc:
                 log.warning("operator drain: %s", exc)
 

@@ -361,10 +361,10 @@ class Engine:
             c.last_tick_ns = now
         return out
 
-    def operator_drain(self, name: str, deadline_s: float, end: str) -> dict[str, object]:
+    def operator_drain(self, name: str, deadline_s: float, end: str, rate: int = 0) -> dict[str, object]:
         """``cachepilot drain``: start an operator's drain of a volume (engine/operatordrain.py); its status."""
         c = self.volume(name)
-        op = operatordrain.request(c, self.now_ns, deadline_s, end)
+        op = operatordrain.request(c, self.now_ns, deadline_s, end, rate)
         return op.to_json(c.state.dirty_bytes, self.now_ns)
 
     def operator_release(self, name: str) -> str:
