@@ -17,7 +17,7 @@ def test_a_drain_on_a_dm_kind_shows_progress_to_a_verified_zero(lab, recipe):
     assert r.rc == 0, r.explain()
     v = r.values
     assert v["ready"] == "yes" and r.int("dirty_blocks_before") >= 16, r.explain()
-    assert v["rate_rc"] == "1" and v["rate_refused"] == "yes", r.explain()
+    assert v["rate_rc"] == "2" and v["rate_refused"] == "yes", r.explain()
     assert v["drain_rc"] == "0" and v["drain_done_said"] == "yes", r.explain()
     assert v["drain_progress"] == "yes", r.explain()
     assert r.int("dirty_blocks_after") == 0 and v["table_same"] == "yes", r.explain()
