@@ -259,3 +259,37 @@ def test_a_finding_is_a_decision_explain_shows_with_its_reason() -> None:
     assert (d["volume"], d["kind"], d["status"]) == ("bcache0", "writeback_stall", "found") and d["writes"] == []
     text = render(d)
     assert "bcache0 writeback_stall => found" in text and "why: writeback_running is 0: stopped" in text
+
+
+def test_through_the_daemon_a_stall_shows_in_status_metrics_and_explain(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from tests.unit.test_daemon import FakeBackend, Rig
+
+    class Stopped(FakeBackend):
+        """bcache with writeback_running 0 and dirty data that does not move."""
+
+        def sample(self, now_ns: int) -> VolumeSample:
+            return replace(super().sample(now_ns), writeback=WritebackView(running=False, hold_bytes=1 << 30))
+
+    policy = "version: 1\ndefaults: {failure_model: recoverable, health: {stall_after: 30s}}\n"
+    r = Rig(tmp_path, policy=policy, metrics=f"{{listen: '', textfile: {tmp_path}/m.prom}}")
+    r.backends["bcache0"] = Stopped(r.found[0].info)
+    try:
+        r.d.start()
+        r.backends["bcache0"].dirty = 20 * MIB
+        for t in range(1, 27, 5):  # dirty since the tick at 1 s
+            r.tick(t)
+        v = r.d.answer({"cmd": "status"})["volumes"][0]
+        assert not v["writeback"]["stalled"] and v["writeback"]["not_falling_s"] == 25
+        r.tick(31)
+        v = r.d.answer({"cmd": "status"})["volumes"][0]
+        assert v["writeback"]["stalled"] and "writeback_running is 0" in v["writeback"]["cause"]
+        text = (tmp_path / "m.prom").read_text()
+        assert 'cachepilot_volume_writeback_stalled{device="bcache0",volume="bcache0"} 1.0' in text, text[-3000:]
+        assert 'cachepilot_volume_writeback_stalled_seconds{device="bcache0",volume="bcache0"} 30.0' in text
+        [d] = [d for d in r.d.answer({"cmd": "explain"})["decisions"] if d["kind"] == "writeback_stall"]
+        assert d["status"] == "found" and "writeback_running is 0" in d["reason"]
+        assert not [a for a, _ in r.backends["bcache0"].applied if "writeback_running" in a.line()]
+    finally:
+        r.d.shutdown()
