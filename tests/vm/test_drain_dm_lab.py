@@ -12,7 +12,7 @@ pytestmark = pytest.mark.vm
 @pytest.mark.parametrize("recipe", ["dmcache", "lvmcache", "writecache"])
 def test_a_drain_on_a_dm_kind_shows_progress_to_a_verified_zero(lab, recipe):
     r = lab.run([".venv/bin/python", "tests/vm/lifecycle/drain_dm.py"], recipe=recipe, mode="writeback",
-                timeout=600, lab_args=("--origin-iops", "20" if recipe != "writecache" else "50"))
+                timeout=600, lab_args=("--origin-iops", "20"))
     print(r.stdout)
     assert r.rc == 0, r.explain()
     v = r.values

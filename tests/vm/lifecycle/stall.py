@@ -41,7 +41,7 @@ defaults:
   lifetime_hold: {enabled: false}
   promotion: {enabled: false}
   health: {stall_after: 45s}
-  knobs: {writeback_percent: 40, sequential_cutoff: 0}
+  knobs: {writeback_percent: 40}
 """
 
 
@@ -121,9 +121,9 @@ t_stop = time.monotonic()
 say("dirty_before", dirty())
 say("running_after_echo", (sysfs / "writeback_running").read_text().strip())
 
-found = wait(lambda: volume_status().get("writeback", {}).get("stalled"), 150, step=1)
+found = wait(lambda: (volume_status().get("writeback") or {}).get("stalled"), 150, step=1)
 say("detected_s", f"{time.monotonic() - t_stop:.0f}" if found else "never")
-wb = volume_status().get("writeback", {})
+wb = volume_status().get("writeback") or {}
 say("cause_names_knob", "yes" if "writeback_running is 0" in str(wb.get("cause")) else "no")
 print("cause:", wb.get("cause"))
 fired = wait(firing, 150, step=1)
@@ -142,7 +142,7 @@ say("daemon_wrote_running", "yes" if wrote else "no")
 
 # the operator turns it back on: the stall ends (bcache holds this little dirty data below its target on purpose)
 (sysfs / "writeback_running").write_text("1\n")
-ended = wait(lambda: not volume_status().get("writeback", {}).get("stalled"), 60, step=1)
+ended = wait(lambda: not (volume_status().get("writeback") or {}).get("stalled"), 60, step=1)
 say("ended", "yes" if ended else "no")
 d.terminate()
 say("exit", d.wait(timeout=120))
