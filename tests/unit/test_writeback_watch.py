@@ -5,11 +5,13 @@ dmsetup, the engine's findings, status and the decision log -- and no write to t
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from cachepilot.actions import SetKnob
+from cachepilot.backends.dmcache import SMQ_BUSY
 from cachepilot.backends.host import Host
 from cachepilot.backends.inspect import sample_volume
 from cachepilot.commands.status import _writeback as render_writeback
@@ -23,11 +25,11 @@ NS = 1_000_000_000
 MIB = 1 << 20
 
 
-def run(w: WritebackWatch, samples: Sequence[tuple[float, int]], view: WritebackView | None, *, kind: str = "bcache",
+def run(w: WritebackWatch, samples: Sequence[tuple[float, int]], view: WritebackView | None, *,
         draining: bool = False, after: float = 60.0, written: int = 0) -> list:  # type: ignore[type-arg]
     out = []
     for t, dirty in samples:
-        out += w.observe("v", kind, int(t * NS), dirty, view, draining, after, written)
+        out += w.observe("v", int(t * NS), dirty, view, draining, after, written)
     return out
 
 
@@ -71,10 +73,10 @@ def test_dm_cache_under_sustained_writes_cleans_nothing_and_the_reason_is_named(
     w = WritebackWatch()
     out = []
     for i in range(13):  # writes to new blocks every sample, dirty never falls
-        view = WritebackView(writes=100 * i, overwrites=0, mapped_bytes=200 * MIB, policy="smq")
-        out += w.observe("v", "dm-cache", i * 5 * NS, 20 * MIB + i * MIB, view, False, 60, 0)
+        view = WritebackView(writes=100 * i, overwrites=0, mapped_bytes=200 * MIB, policy="smq", busy_hold=SMQ_BUSY)
+        out += w.observe("v", i * 5 * NS, 20 * MIB + i * MIB, view, False, 60, 0)
     [f] = out
-    assert "writes kept the origin busy" in f.why and "idle" in f.why
+    assert "writes kept coming" in f.why and "smq cleans only once the origin has been idle" in f.why
 
 
 def test_the_same_blocks_dirtied_again_and_again() -> None:
@@ -82,7 +84,7 @@ def test_the_same_blocks_dirtied_again_and_again() -> None:
     out = []
     for i in range(13):
         view = WritebackView(writes=100 * i, overwrites=90 * i, mapped_bytes=200 * MIB, policy="smq")
-        out += w.observe("v", "dm-cache", i * 5 * NS, 20 * MIB, view, False, 60, 0)
+        out += w.observe("v", i * 5 * NS, 20 * MIB, view, False, 60, 0)
     [f] = out
     assert "hit blocks already cached" in f.why and "dirtied again" in f.why
 
@@ -92,14 +94,13 @@ def test_bcache_writing_back_but_overtaken_by_new_writes() -> None:
     out = []
     view = WritebackView(running=True, rate_bytes=8 * MIB, hold_bytes=0)
     for i in range(13):
-        out += w.observe("v", "bcache", i * 5 * NS, 20 * MIB, view, False, 60, i * 40 * MIB)
+        out += w.observe("v", i * 5 * NS, 20 * MIB, view, False, 60, i * 40 * MIB)
     [f] = out
     assert "write-back runs at 8388608 B/s but new writes" in f.why
 
 
 def test_nothing_written_and_nothing_written_back_points_at_the_origin() -> None:
-    [f] = run(WritebackWatch(), flat(0, 60, 20 * MIB), WritebackView(writes=5, overwrites=0, policy="smq"),
-              kind="dm-cache")
+    [f] = run(WritebackWatch(), flat(0, 60, 20 * MIB), WritebackView(writes=5, overwrites=0, policy="smq"))
     assert "origin does not take writes" in f.why
 
 
@@ -124,24 +125,24 @@ def test_falling_dirty_data_is_progress_and_measures_the_rate() -> None:
 def test_a_dm_cache_that_comes_back_all_dirty_is_named_with_its_time_to_clean() -> None:
     w = WritebackWatch()
     view = WritebackView(writes=0, overwrites=0, mapped_bytes=100 * MIB, policy="smq")
-    [f] = run(w, [(0, 100 * MIB)], view, kind="dm-cache", after=0)
+    [f] = run(w, [(0, 100 * MIB)], view, after=0)
     assert f.kind == "all_dirty" and f.found and "came back with every mapped block dirty" in f.why
     assert "unclean shutdown" in f.why and w.came_back and w.clean_eta_s(100 * MIB) is None  # not measured yet
-    run(w, [(10, 99 * MIB), (20, 98 * MIB)], view, kind="dm-cache", after=0)  # cleaning at 100 KiB/s
+    run(w, [(10, 99 * MIB), (20, 98 * MIB)], view, after=0)  # cleaning at 100 KiB/s
     assert w.all_dirty_ns is not None and w.clean_eta_s(98 * MIB) == pytest.approx(980, rel=0.01)
-    [end] = run(w, [(30, 80 * MIB)], view, kind="dm-cache", after=0)
+    [end] = run(w, [(30, 80 * MIB)], view, after=0)
     assert not end.found and w.all_dirty_ns is None
 
 
 def test_a_cache_filled_dirty_later_has_all_blocks_dirty_but_did_not_come_back_so() -> None:
     w = WritebackWatch()
-    run(w, [(0, 10 * MIB)], WritebackView(mapped_bytes=50 * MIB), kind="dm-cache", after=0)
-    [f] = run(w, [(5, 50 * MIB)], WritebackView(mapped_bytes=50 * MIB), kind="dm-cache", after=0)
+    run(w, [(0, 10 * MIB)], WritebackView(mapped_bytes=50 * MIB), after=0)
+    [f] = run(w, [(5, 50 * MIB)], WritebackView(mapped_bytes=50 * MIB), after=0)
     assert "has every mapped block dirty" in f.why and not w.came_back
 
 
 def test_a_nearly_empty_cache_says_nothing_about_how_it_came_back() -> None:
-    assert run(WritebackWatch(), [(0, 4096)], WritebackView(mapped_bytes=4096), kind="dm-cache", after=0) == []
+    assert run(WritebackWatch(), [(0, 4096)], WritebackView(mapped_bytes=4096), after=0) == []
 
 
 # ------------------------------------------------------------------ each kind's view, from the kernel's own text
@@ -197,6 +198,7 @@ def test_dm_cache_view_counts_write_hits_and_mapped_blocks(tmp_path: Path, tail:
     v = s.writeback
     assert v is not None and (v.writes, v.overwrites, v.mapped_bytes, v.policy) == (70, 30, 100 * 128 * 512, "smq")
     assert s.dirty_bytes == v.mapped_bytes  # every mapped block dirty
+    assert v.busy_hold == SMQ_BUSY  # smq cleans nothing while the origin is busy
     assert (note in v.note) if note else v.note == ""
 
 
@@ -209,7 +211,21 @@ def test_writecache_view_holds_below_its_watermark_unless_max_age_or_cleaner(tmp
     v = sample_volume(info, host=dm_host(tmp_path, status, f"0 2097152 writecache s 254:1 254:5 4096 {args}"),
                       now_ns=1).writeback
     assert v is not None and v.hold_bytes == 65536 * 4096 * hold // 100 and v.quiet_s == quiet
-    assert (v.writes, v.overwrites) == (200, 50)
+    assert (v.writes, v.overwrites) == (200, 50) and v.busy_hold == ""
+
+
+def test_writecache_holding_write_back_under_writes_is_named(tmp_path: Path) -> None:
+    status = "0 2097152 writecache 0 65536 32768 0 10 5 200 0 0 0 0 0 0 0"
+    table = "0 2097152 writecache s 254:1 254:5 4096 4 max_age 10000 pause_writeback 30000"
+    info = VolumeInfo(dev=2, name="dm-2", kind="dm-writecache", cache_bytes=65536 * 4096)
+    v = sample_volume(info, host=dm_host(tmp_path, status, table), now_ns=1).writeback
+    assert v is not None and "pause_writeback (30000 ms)" in v.busy_hold
+    w = WritebackWatch()
+    out = []
+    for i in range(13):
+        out += w.observe("v", i * 5 * NS, 20 * MIB, replace(v, writes=200 + i), False, 40, 0)
+    [f] = out
+    assert "writes kept coming" in f.why and "pause_writeback" in f.why
 
 
 # ------------------------------------------------------------------ the engine, status and the decision log

@@ -286,8 +286,16 @@ def writeback_view(s: DmCacheStatus) -> WritebackView:
         note = "its metadata is read-only (needs_check): dm-cache writes nothing back until it is repaired"
     elif s.core_args.get("migration_threshold") == "0":
         note = "migration_threshold is 0: dm-cache may move no block between cache and origin"
+    busy = "" if s.policy == "cleaner" else SMQ_BUSY
     return WritebackView(writes=s.write_hits + s.write_misses, overwrites=s.write_hits,
-                         mapped_bytes=s.cache_used_blocks * s.cache_block_sectors * 512, policy=s.policy, note=note)
+                         mapped_bytes=s.cache_used_blocks * s.cache_block_sectors * 512, policy=s.policy, note=note,
+                         busy_hold=busy)
+
+
+# smq cleans nothing while the origin is busy (dm-cache-policy-smq.c clean_target_met: "If we're busy we don't worry
+# about cleaning at all"); the cleaner policy writes back regardless
+SMQ_BUSY = ("dm-cache's smq cleans only once the origin has been idle for a second (clean_target_met: busy, no"
+            " cleaning): a drain (cachepilot drain, the cleaner policy) writes back under load")
 
 
 # Modes, drain and the knob's range: cachepilot.capabilities. Mode and policy: table reloads; migration_threshold:

@@ -242,8 +242,11 @@ def writeback_view(w: DmWritecacheStatus, knobs: dict[str, str], cache_bytes: in
     hold = 0 if cleaner or max_age_ms else cache_bytes * high // 100
     writes = w.stats[2] if len(w.stats) >= 3 else None
     over = w.stats[3] + w.stats[4] if len(w.stats) >= 5 else None  # write hits, uncommitted and committed
+    pause = knobs.get("pause_writeback", "")
+    busy = (f"dm-writecache holds write-back until no write has gone to the origin for pause_writeback ({pause} ms)"
+            if pause.isdigit() and int(pause) > 0 else "")
     return WritebackView(hold_bytes=hold, quiet_s=2 * max_age_ms / 1000, writes=writes, overwrites=over,
-                         policy="cleaner" if cleaner else "")
+                         policy="cleaner" if cleaner else "", busy_hold=busy)
 
 
 # What writecache_ctr uses for a watermark the table does not set (HIGH_WATERMARK, LOW_WATERMARK in dm-writecache.c);

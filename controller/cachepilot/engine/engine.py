@@ -248,8 +248,8 @@ class Engine:
         -- is write-back that must run whatever the kind would hold."""
         draining = c.drain is not None or (c.operator is not None and c.operator.state == RUNNING)
         written = self.hotness.dev_bytes.get(c.info.dev, (0, 0))[1]
-        self.findings.extend(c.writeback.observe(c.info.name, c.info.kind, s.ts_ns, s.dirty_bytes, s.writeback,
-                                                 draining, c.policy.health.stall_after_s, written))
+        self.findings.extend(c.writeback.observe(c.info.name, s.ts_ns, s.dirty_bytes, s.writeback, draining,
+                                                 c.policy.health.stall_after_s, written))
 
     def take_findings(self) -> list[Finding]:
         """The stalls and all-dirty caches found or ended since the last call, oldest first."""

@@ -40,6 +40,8 @@ class WritebackView:
     mapped_bytes: int | None = None  # dm-cache: bytes of cache blocks mapped (its used blocks)
     policy: str = ""  # dm-cache's policy (cleaner: write-back of everything, idle or not)
     note: str = ""  # a kind-specific fact for the explanation (e.g. dm-cache metadata read-only)
+    # why the kind writes nothing back while writes keep coming, if it does so by design ("": it does not)
+    busy_hold: str = ""
 
 
 @dataclass(slots=True)
@@ -78,7 +80,7 @@ class WritebackWatch:
             return 0.0
         return dirty / self.rate if self.rate > 0 else None
 
-    def observe(self, name: str, kind: str, ts: int, dirty: int, view: WritebackView | None, draining: bool,
+    def observe(self, name: str, ts: int, dirty: int, view: WritebackView | None, draining: bool,
                 after_s: float, written: int) -> list[Finding]:
         """One sample: ``draining`` -- a drain of the daemon's or an operator's is in flight; ``after_s`` -- the
         policy's ``health.stall_after`` (0: stalls are not looked for); ``written`` -- the volume's cumulative write
@@ -99,7 +101,7 @@ class WritebackWatch:
         elif self.since_ns is None:
             self.since_ns, self.base = ts, (v.writes, v.overwrites, written)
         else:
-            self.cause = self._cause(kind, dirty, v, draining, ts, written)
+            self.cause = self._cause(dirty, v, draining, ts, written)
             if self.stalled_ns is None and self.stalled_s(ts) >= max(after_s, v.quiet_s):
                 self.stalled_ns = ts
                 out.append(Finding(name, "writeback_stall", True, self.cause, ts))
@@ -118,7 +120,7 @@ class WritebackWatch:
         if t1 > t0 and d0 > d1:
             self.rate = (d0 - d1) * NS / (t1 - t0)
 
-    def _cause(self, kind: str, dirty: int, v: WritebackView, draining: bool, ts: int, written: int) -> str:
+    def _cause(self, dirty: int, v: WritebackView, draining: bool, ts: int, written: int) -> str:
         secs = self.stalled_s(ts)
         head = f"{dirty} dirty bytes have not fallen for {secs:.0f} s" + (" during a drain" if draining else "")
         w0, o0, b0 = self.base
@@ -133,11 +135,11 @@ class WritebackWatch:
             return f"{head}: {v.note}"
         if over > 0:
             return (f"{head}: {over} writes hit blocks already cached -- the same blocks are dirtied again as fast as"
-                    " they are written back" + (_SMQ_BUSY if kind in _IDLE_KINDS else ""))
+                    " they are written back" + (f"; {v.busy_hold}" if v.busy_hold else ""))
         if wrote > 0 or rose:
             rate = f" ({wrote / max(secs, 1):.0f} B/s)" if wrote > 0 else ""
-            if kind in _IDLE_KINDS and v.policy != "cleaner":
-                return f"{head}: writes kept the origin busy{rate}{_SMQ_BUSY}"
+            if v.busy_hold:
+                return f"{head}: writes kept coming{rate}; {v.busy_hold}"
             wb = f" at {v.rate_bytes} B/s" if v.rate_bytes is not None else ""
             return (f"{head}: write-back runs{wb} but new writes{rate} keep up with it (the same data dirtied again,"
                     " or more written than the origin takes)")
@@ -167,7 +169,4 @@ class WritebackWatch:
         return []
 
 
-_IDLE_KINDS = frozenset({"dm-cache", "lvmcache"})
-_SMQ_BUSY = ("; dm-cache's smq cleans only once the origin has been idle for a second (clean_target_met: busy, no"
-             " cleaning): a drain (cachepilot drain, the cleaner policy) writes back under load")
 _BCACHE_MIN_RATE = 8 * 512  # writeback_rate_minimum's default: 8 sectors/s
