@@ -128,9 +128,6 @@ class Drain:
     deadline_ns: int
     reason: str
     rate: int = 0  # bytes/s a paced drain asks of the kind's rate floor (engine/pacing.py); 0: the kernel's full rate
-    # an operator follows it (cachepilot drain): the kind's incremental means where it has one -- dm-writecache's
-    # cleaner, watched tick by tick, instead of one flush message that holds the loop until it returns
-    progressive: bool = False
 
     @property
     def kind(self) -> str:

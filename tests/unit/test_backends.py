@@ -731,26 +731,3 @@ def test_a_bcache_drain_reads_dirty_data_once_a_step(bc, monkeypatch):
         assert b.step(t * S) == []
         assert reads.count("dirty_data") == 1, reads
 
-
-def test_an_operators_writecache_drain_loads_the_cleaner_watches_it_then_takes_it_out(wc):
-    """Issue 36: an operator's drain follows the blocks falling (the cleaner, tick by tick), not one flush message
-    that holds the daemon's loop until every block is written back; the table is the same again at the end."""
-    b, fake = wc
-    fake.used = 300
-    out = b.apply(Drain("dm-2", 60 * S, "operator", progressive=True))
-    assert out.status == PENDING and not any(c[:2] == ("message", "lab-cached") for c in fake.calls)  # no flush
-    assert fake.live.endswith(" 5 high_watermark 50 low_watermark 45 cleaner")
-    assert [w.target for w in out.writes] == ["lab-cached cleaner"] and out.writes[0].readback == "1"
-    assert b.step(1 * S) == []  # still cleaning
-    fake.used = 0
-    [done] = b.step(2 * S)
-    assert done.status == DONE and fake.live == WC_TABLE  # the cleaner taken out again, read back
-    assert [(w.value, w.readback) for w in done.writes][-1] == ("0", "0")
-
-
-def test_an_operators_writecache_drain_past_its_deadline_takes_the_cleaner_out(wc):
-    b, fake = wc
-    fake.used = 300
-    b.apply(Drain("dm-2", 5 * S, "operator", progressive=True))
-    [failed] = b.step(6 * S)
-    assert failed.status == FAILED and "deadline" in str(failed.error) and fake.live == WC_TABLE

@@ -134,33 +134,7 @@ class WritecacheBackend(OperationBackend):
             op.phase = "writeback (the only mode)"
             return True
         assert isinstance(a, Drain)
-        return self._clean(op, a.reason) if a.progressive else self._flush(op, a.reason)
-
-    def cleaner_setting(self) -> Setting:
-        """The ``cleaner`` table flag as a setting ("1" set, "0" not), changed by a reload: set by the constructor
-        it is printed in ``dmsetup table`` (cleaner_set), so the write reads back -- the ``cleaner`` message sets
-        it unseen and only a reload takes it out again. With it dm-writecache caches no new write (a write to a
-        block it holds still goes to the cache) and writes back every block, watermarks aside."""
-        def get() -> str:
-            return "1" if any(k == "cleaner" and v is None for k, v in self.table().options) else "0"
-
-        def put(value: str) -> None:
-            t = self.table()
-            opts = tuple(o for o in t.options if o[0] != "cleaner") + ((("cleaner", None),) if value == "1" else ())
-            self._load(WritecacheTable(t.head, opts))
-
-        return Setting(f"{self.dm_name} cleaner", get, put)
-
-    def _clean(self, op: Operation, reason: str) -> bool:
-        """An operator's drain (Drain.progressive): the cleaner loaded, watched until no block is used (the
-        operator follows the dirty bytes fall), then the table without it again (the saved setting put back).
-        Not one flush message, which holds the daemon's loop until every block is written back."""
-        if self.status().used_blocks == 0:
-            op.phase = "clean"
-            return True
-        op.phase = "cleaning"
-        op.save(self.cleaner_setting(), "1", f"drain: {reason}")
-        return False
+        return self._flush(op, a.reason)
 
     def _flush(self, op: Operation, reason: str) -> bool:
         """The flush message returns once every block dirty when it was sent is written back."""
@@ -183,8 +157,6 @@ class WritecacheBackend(OperationBackend):
 
     def _advance(self, op: Operation, now_ns: int) -> bool:
         assert isinstance(op.action, Drain)
-        if op.action.progressive:
-            return op.dry_run or self.status().used_blocks == 0
         return self._flush(op, op.action.reason)
 
 

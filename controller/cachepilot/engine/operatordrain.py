@@ -83,8 +83,7 @@ def step(c: VolumeCtl, now: int, out: list[Action]) -> None:
     if c.drain is None:
         paced = f" at {op.rate} B/s" if op.rate else ""
         a = Drain(c.info.name, op.deadline_ns, f"operator drain (cachepilot drain): {c.state.dirty_bytes} dirty"
-                  f" bytes{paced}, deadline in {(op.deadline_ns - now) / NS:.0f} s, then {op.end}", rate=op.rate,
-                  progressive=True)
+                  f" bytes{paced}, deadline in {(op.deadline_ns - now) / NS:.0f} s, then {op.end}", rate=op.rate)
         out.append(a)
         c.drain = DrainInFlight(a, now, c.state.dirty_bytes)
         op.drains += 1

@@ -1,7 +1,7 @@
 """Lab: `cachepilot drain` through a running daemon on the device-mapper kinds ($LAB_RECIPE: dmcache, lvmcache,
 writecache; issue 36 item 1): dirty data made under a recoverable policy (no drain of the daemon's own), then a drain
 to the end with its progress lines, verified by the guest itself (dirty 0 in ``dmsetup status``), the table as it
-was (dm-cache: smq again after the cleaner; lvmcache: LVM's mode and policy; dm-writecache: the cleaner taken out),
+was (dm-cache: smq again after the cleaner; lvmcache: LVM's mode and policy; dm-writecache: unchanged, a flush),
 every file intact; and ``--rate`` refused with the reason. The origin is slowed by the test (its IOPS) so that the
 drain lasts long enough to be followed. key=value lines on stdout."""
 
