@@ -19,7 +19,9 @@ def test_a_drain_on_a_dm_kind_shows_progress_to_a_verified_zero(lab, recipe):
     assert v["ready"] == "yes" and r.int("dirty_blocks_before") >= 16, r.explain()
     assert v["rate_rc"] == "2" and v["rate_refused"] == "yes", r.explain()
     assert v["drain_rc"] == "0" and v["drain_done_said"] == "yes", r.explain()
-    if recipe != "writecache":  # its drain is one flush message, done when it returns: nothing to follow
+    # a progress line each poll (1 s) while the drain runs: dm-cache's took 13 s at the 20-IOPS origin (progress
+    # shown); lvmcache's 2.1 s (LVM's cleaner done before the first poll); dm-writecache's is one flush message
+    if recipe != "writecache" and float(v["drain_s"]) >= 5:
         assert v["drain_progress"] == "yes", r.explain()
     # done = the daemon read 0 dirty; back in write-back the filesystem may dirty a block or two since (as in
     # test_switch_lab: ext4's journal and atime writes)
