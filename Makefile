@@ -69,6 +69,7 @@ lint: deps-python
 	$(VENV)/bin/mypy
 	$(VENV)/bin/vulture controller/cachepilot --min-confidence 100
 	$(PY) tests/import_layers.py controller/cachepilot
+	$(PY) tests/kind_names.py controller/cachepilot
 
 # The files made from the policy's field table (controller/cachepilot/policy/model.py): the schema, the Ansible
 # role's early check list and the policy reference. Unit tests (tests/unit/test_policy_table.py) fail when a

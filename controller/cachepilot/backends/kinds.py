@@ -23,9 +23,8 @@ from cachepilot.errors import UserError
 from cachepilot.models.volume import VolumeInfo, VolumeSample
 
 if TYPE_CHECKING:
-    from cachepilot.backends.base import Backend
     from cachepilot.backends.host import BlockDev, Host
-    from cachepilot.backends.operation import Setting
+    from cachepilot.backends.operation import OperationBackend, Setting
 
 @dataclass(frozen=True)
 class KnobDef:
@@ -50,7 +49,7 @@ class Described:
 @dataclass(frozen=True)
 class Kind:
     name: str
-    backend: type[Backend]
+    backend: type[OperationBackend]
     detect: Callable[[BlockDev], bool]
     describe: Callable[[Host, BlockDev], Described]
     sample: Callable[[Host, VolumeInfo, int], VolumeSample]
@@ -59,6 +58,9 @@ class Kind:
     # one get/set pair for several of its knobs at once (backend, knobs) -> Setting (operation.grouped), where
     # changing them one by one costs more than once (dm-writecache: a table reload suspends the device each time)
     group: Callable[[Any, tuple[str, ...]], Setting] | None = None
+    # the devices of a volume's cache the kernel does not list among the volume's slaves (host, volume name) ->
+    # their dev numbers (bcache: the cache set's cache device)
+    cache_devices: Callable[[Host, str], tuple[int, ...]] = lambda host, name: ()  # noqa: ARG005 (none)
     caps: Capabilities = field(init=False)  # the declarative half (cachepilot.capabilities)
     settings: dict[str, Callable[[Any], Setting]] = field(init=False, repr=False)
 
@@ -74,6 +76,10 @@ class Kind:
         if getattr(self.backend, "kind", None) != self.name:
             raise TypeError(f"kind {self.name}: its backend {self.backend.__name__} says {self.backend.kind!r}")
         object.__setattr__(self, "settings", {k.name: k.setting for k in self.knobs})
+
+    def open(self, info: VolumeInfo, host: Host | None = None) -> OperationBackend:
+        """The backend of one volume of this kind, built with its kind (its knobs' get/set pairs, its group)."""
+        return self.backend(info, host=host, kind=self)
 
     @property
     def promote_rounds(self) -> int:

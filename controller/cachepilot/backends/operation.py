@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from cachepilot.actions import Drain, PutBackKnobs, SetKnob, SetKnobs, SetWritePolicy
 from cachepilot.backends.base import DONE, FAILED, PENDING, SKIPPED, Backend, ControlAction, Outcome, Write
@@ -23,6 +24,9 @@ from cachepilot.backends.kernelio import ErrorCounts
 from cachepilot.capabilities import WRITEBACK, WRITETHROUGH
 from cachepilot.errors import CachepilotError, KernelRejected, RetryLater
 from cachepilot.models.volume import VolumeInfo
+
+if TYPE_CHECKING:  # the table of kinds names each kind's backend class: a backend gets its Kind, never looks it up
+    from cachepilot.backends.kinds import Kind
 
 log = logging.getLogger("cachepilot.backends")
 
@@ -137,9 +141,11 @@ class OperationBackend(Backend):
     knobs_beside_operations: frozenset[str] = frozenset()
     max_backoff_ns = 30_000_000_000
 
-    def __init__(self, info: VolumeInfo, *, host: Host | None = None,
+    def __init__(self, info: VolumeInfo, *, kind: Kind, host: Host | None = None,
                  clock: Callable[[], int] = time.monotonic_ns) -> None:
+        """``kind``: this backend's entry in the table of kinds (its knobs' get/set pairs, its group setting)."""
         super().__init__(info, host=host)
+        self.declared = kind
         self.errors = ErrorCounts()
         self.clock = clock
         self._ops: list[Operation] = []
@@ -271,10 +277,8 @@ class OperationBackend(Backend):
     def _put_back_steered(self, knobs: Iterable[str], why: str) -> list[Outcome]:
         """Steered knobs back to the values found before the engine steered them, each if it still reads as we
         left it; together in one write where the kind has one (kinds.Kind.group), else one by one."""
-        from cachepilot.backends import kinds
-
         steered = {k: self._on_exit.pop(k) for k in knobs if k in self._on_exit}
-        group = kinds.kind(self.kind).group
+        group = self.declared.group
         if group is None or len(steered) < 2:
             return [self._put_back_knob(k, s, before, ours, why) for k, (s, before, ours) in steered.items()]
         ours = joined({k: mine for k, (_, _, mine) in steered.items()})
@@ -296,9 +300,7 @@ class OperationBackend(Backend):
         """A knob a previous (killed) run set to ``ours`` over ``found``, as its state file says: put back at this
         run's stop like one this run set, to the value found before that run -- not to whatever a killed
         operation left it at when this run first wrote it (a later write keeps this found value)."""
-        from cachepilot.backends import kinds
-
-        k = kinds.kind(self.kind)
+        k = self.declared
         if knob in k.settings and knob not in self._on_exit:
             self._on_exit[knob] = (k.settings[knob](self), found, ours)
 
@@ -321,11 +323,9 @@ class OperationBackend(Backend):
     def _set_knobs(self, op: Operation) -> bool:
         """The one set-knob path (SetKnob, SetKnobs): the kind's declared get/set pair, each value parsed and ranged
         first; several knobs in one write where the kind has one (kinds.Kind.group: one dm-writecache reload)."""
-        from cachepilot.backends import kinds  # the table imports every backend module
-
         a = op.action
         assert isinstance(a, SetKnob | SetKnobs)
-        k = kinds.kind(self.kind)
+        k = self.declared
         values: dict[str, str] = {}
         for knob, value in _knob_values(a):
             if knob not in k.settings:

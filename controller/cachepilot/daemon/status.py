@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from cachepilot import __version__, records
-from cachepilot.capabilities import ERROR_COUNTS, KIND_BCACHE
+from cachepilot.capabilities import ERROR_COUNTS, SHARED_CACHE_SETS
 from cachepilot.daemon import actuation, ticktime
 from cachepilot.daemon.decisionlog import DecisionView
 from cachepilot.daemon.volume import ManagedVolume, devname
@@ -245,7 +245,7 @@ def _metrics(v: ManagedVolume, c: VolumeCtl, engine_now: int) -> VolumeMetrics:
         drains=v.drains, exposure_breaches=c.breaches, bypasses=s.bypasses, bypassed_bytes=s.bypassed_bytes,
         promoted_bytes=v.promoted_bytes, discard_issued_bytes=v.discard_issued_bytes,
         discard_landed_bytes=v.discard_landed_bytes, barriers=v.barriers,
-        cache_set=(st.cache_id or None) if kind == KIND_BCACHE else None,
+        cache_set=(st.cache_id or None) if kind in SHARED_CACHE_SETS else None,
         epoch_bytes=v.epoch_bytes.freeze() if v.epoch_bytes is not None else None,
         **_promotion_pacing(v))
 
