@@ -127,13 +127,15 @@ class Drain:
     volume: str
     deadline_ns: int
     reason: str
+    rate: int = 0  # bytes/s a paced drain asks of the kind's rate floor (engine/pacing.py); 0: the kernel's full rate
 
     @property
     def kind(self) -> str:
         return "drain"
 
     def line(self) -> str:
-        return f"drain {self.volume} deadline={self.deadline_ns}: {self.reason}"
+        paced = f" rate={self.rate}" if self.rate else ""
+        return f"drain {self.volume} deadline={self.deadline_ns}{paced}: {self.reason}"
 
 
 Action = Promote | DiscardRanges | SetWritePolicy | SetKnob | SetKnobs | PutBackKnobs | Drain

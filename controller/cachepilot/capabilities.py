@@ -187,8 +187,8 @@ class Capabilities:
     # (smq_lookup_with_work -> should_promote, dm-cache-policy-smq.c). A promotion read there takes two rounds of
     # reads per block (promote_rounds) before smq's own copy, each a miss on the origin while the block is not
     # cached -- measured in the lab's W3 (Zipf readers, a 150-IOPS origin): the daemon's promotion reads of its
-    # hottest files lowered the workload's hit ratio (README, W3). Admitted files are then left to the policy
-    # (promotion.only_uncached); pins, imported hot lists and re-warms are still read.
+    # hottest files lowered the workload's hit ratio (docs/benchmarks.md, W3). Admitted files are then left to the
+    # policy (promotion.only_uncached); pins, imported hot lists and re-warms are still read.
     promotes_own_misses: bool = False
     # The knob the lifetime rule holds young data dirty with (engine/lifetime.py); None: the kind has none.
     hold: HoldKnob | None = None

@@ -1,6 +1,6 @@
 """The headline benchmark, W1: a fileserver with a documented lifetime mix on bcache, stock against cachepilot.
 
-Geometry and origin model, configurations, metrics and goals: README, Benchmarks, "Headline: W1". Rounds of every
+Geometry and origin model, configurations, metrics and goals: docs/benchmarks.md, "Headline W1". Rounds of every
 configuration (one lab boot each, the same seed within a round), ratios pair by pair within a round, cells median
 (min–max) over the rounds.
 
@@ -59,7 +59,7 @@ CONFIGS = {
     "discard": "stock write-back + ext4 -o discard",
     "tuned": "stock: -o discard + writeback_percent 40",
     "cp-recoverable": "cachepilot, default policy with failure_model: recoverable",
-    "cp-paced": "cachepilot, default policy with exposure.pace: true (write-back at the write rate between drains)",
+    "cp-paced": "cachepilot, default policy with exposure.pace: true (periodic drains at half the full rate)",
     "cpu-tax": "stock write-back + a busy loop at cachepilot's CPU share",
 }
 DEFAULT_CONFIGS = ("cp-destructive", "wt", "wb", "best-bounded", "best-overall")  # make bench's (<= 60 min)

@@ -56,7 +56,7 @@ def test_every_program_is_known(bpf_env: None) -> None:
 
 def test_the_bcc_build_attaches_each_program_where_the_object_does(bpf_env: None) -> None:
     """bccload.PROGRAMS names each program of the bcc build with the object's own tracepoint (tp_btf/X: raw tracepoint
-    X; tracepoint/C/N: classic C/N), and leaves out only what needs BTF (README "Kernels without BTF")."""
+    X; tracepoint/C/N: classic C/N), and leaves out only what needs BTF (docs/kernel.md, "Kernels without BTF")."""
     h = libbpf.lib()
     obj = h.bpf_object__open_file(str(CHECKOUT_OBJECT).encode(), None)
     assert obj

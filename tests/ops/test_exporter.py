@@ -36,7 +36,7 @@ from cachepilot.exporter.collectors import COLLECTORS
 pytestmark = pytest.mark.ops
 
 V, VK, K = ("device", "volume"), ("device", "kind", "volume"), ("kind",)
-# name -> (type, label names). The contract the rules, the dashboard and README's table rely on.
+# name -> (type, label names). The contract the rules, the dashboard and the table in docs/metrics.md rely on.
 EXPECTED = {
     "cachepilot_start_time_seconds": ("gauge", ()),
     "cachepilot_ready": ("gauge", ()),
@@ -303,9 +303,9 @@ def test_node_exporter_textfile_collector_carries_our_metrics(tmp_path: Path) ->
         proc.wait(10)
 
 
-def test_readme_metric_table_lists_exactly_the_exported_metrics() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("## Metrics and alerts")[1].split("**Rules**")[0]
+def test_the_metric_table_lists_exactly_the_exported_metrics() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    section = doc.split("# Metrics and alerts")[1].split("**Rules**")[0]
     rows = [line for line in section.splitlines() if line.startswith("| `cachepilot_")]
     documented = {n for line in rows for n in re.findall(r"`(cachepilot_[a-z_]+)`", line.split("|")[1])}
     exported = {f.name + ("_total" if f.type == "counter" else "") for f in families(exposition()).values()}

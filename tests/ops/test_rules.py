@@ -108,8 +108,8 @@ def test_recording_rules_follow_the_naming_convention() -> None:
             assert re.fullmatch(r"(volume|instance):cachepilot_[a-z_]+:[a-z0-9_]+", r["record"]), r["record"]
 
 
-def test_readme_alert_table_lists_every_alert() -> None:
-    section = (ROOT / "README.md").read_text().split("**Rules**")[1].split("**Dashboard**")[0]
+def test_the_alert_table_lists_every_alert() -> None:
+    section = (ROOT / "docs" / "metrics.md").read_text().split("**Rules**")[1].split("**Dashboard**")[0]
     documented = set(re.findall(r"`(Cachepilot[A-Za-z]+)`", section))
     assert documented == {a["alert"] for a in alerts()}
 

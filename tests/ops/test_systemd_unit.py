@@ -1,5 +1,6 @@
 """The packaged systemd unit: what issue 11 asks of it, `systemd-analyze verify` clean, and the exposure score of
-`systemd-analyze security --offline=yes` as README states it. (Running it under a real systemd needs the daemon.)"""
+`systemd-analyze security --offline=yes` as docs/service.md states it. (Running it under a real systemd needs the
+daemon.)"""
 
 from __future__ import annotations
 
@@ -83,6 +84,6 @@ def test_security_exposure_score_matches_readme(tmp_path: Path) -> None:
     score = re.search(r"Overall exposure level for cachepilot\.service: (\d+\.\d+) (\w+)", r.stdout)
     assert score, r.stdout
     assert float(score.group(1)) <= 3.5, score.group(0)  # "OK" band; a looser unit must be a decision
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "service.md").read_text()
     assert f"exposure level {score.group(1)} ({score.group(2)})" in readme, \
-        f"README must state the measured exposure level: {score.group(1)} ({score.group(2)})"
+        f"docs/service.md must state the measured exposure level: {score.group(1)} ({score.group(2)})"

@@ -35,6 +35,7 @@ def bcache_tree(root: Path, *, mode: str = "writeback", dirty: str = "24.0M", st
     modes = " ".join(f"[{m}]" if m == mode else m for m in ("writethrough", "writeback", "writearound", "none"))
     files = {"cache_mode": modes, "dirty_data": dirty, "state": state, "writeback_percent": "10",
              "writeback_running": "1", "writeback_delay": "30", "sequential_cutoff": "4.0M", "writeback_rate": "4.0k",
+             "writeback_rate_minimum": "8", "writeback_rate_update_seconds": "5",
              "stats_total/cache_hits": "5", "stats_total/cache_misses": "7",
              "stats_total/cache_bypass_hits": "2", "stats_total/cache_bypass_misses": "9",
              "stats_total/bypassed": "1.5M"}
@@ -65,6 +66,9 @@ def bc(tmp_path, monkeypatch):
     real_write = mod.write_attr
 
     def write(path: Path, value: str) -> None:
+        if path.name == "writeback_rate":  # written in sectors/s, shown in bytes/s, rounded as the kernel prints
+            n = int(value) * 512
+            value = f"{n / (1 << 20):.1f}M" if n >= 1 << 20 else f"{n / 1024:.1f}k"
         real_write(path, value)
         if path.name == "cache_mode":
             FakeBcacheFile.normalise(d)
@@ -93,6 +97,26 @@ def test_bcache_drain_waits_for_clean_then_puts_percent_back(bc, caplog):
     assert (d / "writeback_percent").read_text().strip() == "10"
     assert (d / "writeback_delay").read_text().strip() == "30"
     assert b.pending() == []
+
+
+def test_a_paced_bcache_drain_throttles_write_back_to_its_rate_and_puts_everything_back(bc, caplog):
+    """engine/pacing.py: writeback_percent 1 (so read_dirty() is rate-limited), the floor and the rate at the asked
+    rate, the controller's update every second; all put back once clean."""
+    b, d = bc
+    caplog.set_level(logging.INFO, "cachepilot.backends")
+    out = b.apply(Drain("bcache0", 30 * S, "age bound", rate=2 << 20))
+    assert out.status == PENDING
+    got = {w.target.split()[1]: w.readback for w in out.writes}
+    assert got == {"writeback_running": "1", "writeback_delay": "0", "writeback_rate": str(2 << 20),
+                   "writeback_percent": "1", "writeback_rate_minimum": "4096", "writeback_rate_update_seconds": "1"}
+    assert "paced drain: age bound" in caplog.text
+    (d / "dirty_data").write_text("0\n")
+    (d / "state").write_text("clean\n")
+    assert [o.status for o in b.step(2 * S)] == [DONE]
+    for name, before in (("writeback_percent", "10"), ("writeback_rate_minimum", "8"),
+                         ("writeback_rate_update_seconds", "5"), ("writeback_delay", "30")):
+        assert (d / name).read_text().strip() == before, name
+    assert (d / "writeback_rate").read_text().strip() == "2.0M"  # the kernel's controller recomputes it
 
 
 def test_bcache_drain_missing_deadline_fails_and_restores(bc):

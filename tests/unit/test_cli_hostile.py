@@ -26,7 +26,7 @@ from cachepilot.display import escape, path_of
 from cachepilot.sim.report import WORKLOADS
 
 CLI = str(Path(sys.executable).parent / "cachepilot")
-README = Path(__file__).parents[2] / "README.md"
+OPERATE = Path(__file__).parents[2] / "docs" / "operate.md"
 HOSTILE = "evil\u202egnp.exe\u200b\u2066x\x1b[31m\u2028\udcff"
 
 
@@ -142,7 +142,7 @@ def test_record_takes_a_mountpoint_as_probe_does(tmp_path: Path) -> None:
 
 
 def test_simulate_takes_every_workload_the_readme_lists() -> None:
-    row = next(line for line in README.read_text().splitlines() if line.startswith("| `cachepilot simulate"))
+    row = next(line for line in OPERATE.read_text().splitlines() if line.startswith("| `cachepilot simulate"))
     listed = re.search(r"--workload ([^\]]+)\]", row).group(1).split("\\|")  # type: ignore[union-attr]
     names = set()
     for name in listed:  # fileserver-{0.5,1,2}x-wb{10,40}: the shell's brace expansion

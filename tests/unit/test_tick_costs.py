@@ -1,5 +1,5 @@
-"""Per-tick costs the lab's profile found (README "Soak"): each is a cheap path that a refactor could lose again
-without any behaviour changing, so the tests pin the path itself."""
+"""Per-tick costs the lab's profile found (docs/benchmarks.md, "Soak"): each is a cheap path that a refactor could
+lose again without any behaviour changing, so the tests pin the path itself."""
 
 from __future__ import annotations
 

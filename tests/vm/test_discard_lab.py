@@ -1,6 +1,6 @@
 """Delete -> discard in the lab, through the real chain: the probe's freed extents and journal commit, the
 freed-extent queue, the FITRIM actuator. bcache drops the deleted files' dirty data (never written back);
-dm-cache keeps its cached dirty copies (it only sets discard bits) — the README says so."""
+dm-cache keeps its cached dirty copies (it only sets discard bits) — docs/operate.md says so."""
 
 from __future__ import annotations
 

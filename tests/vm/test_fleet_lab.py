@@ -6,7 +6,7 @@ the first host's cachepilot refuses stops the rollout after the first batch, lea
 Meanwhile Debian's Prometheus on this host scrapes both running daemons (the guests' metrics ports forwarded to
 127.0.0.1) and evaluates the rules the role installed; every Grafana panel query must return data from it, and the
 panels are rendered from those results (dashboards/grafana/render_preview.py; set CACHEPILOT_PREVIEW_DIR to keep
-the PNG and its data, as README's preview was made)."""
+the PNG and its data, as the documented preview was made)."""
 
 from __future__ import annotations
 

@@ -43,5 +43,5 @@ def test_an_exported_hot_list_re_warms_a_fresh_dm_cache_faster_than_its_own_miss
     # `import --wait`: the workload cut over once B is warm (every file re-warmed before it starts)
     assert r.int("wait_import_rc") == 0 and "re-warmed in" in r.values["wait_import_said"], r.explain()
     assert float(r.values["wait_imported_last_done_s"]) <= 0, r.explain()
-    # Recovery (stock_recovery_s vs import_recovery_s) is measured and reported in README, not asserted: the issue
-    # asks 3x faster; measured so far it was not (README, "Warm handoff").
+    # Recovery (stock_recovery_s vs import_recovery_s) is measured and reported in docs/benchmarks.md, not asserted:
+    # the issue asks 3x faster; measured so far it was not (docs/benchmarks.md, "Warm handoff").

@@ -1,7 +1,7 @@
 """`cachepilot run` as the packaged systemd service under a real systemd (252, PID 1 of a lab guest, bcache volume):
-the unit as systemd parsed it (verify, settings, online security score = README's), Type=notify readiness, metrics
-on 127.0.0.1, the control socket, a FITRIM discard through the hardening, a reload with a broken policy, the watchdog
-killing a hung daemon and the restart, a clean stop (tests/vm/service/unit_lifecycle.sh)."""
+the unit as systemd parsed it (verify, settings, online security score = docs/service.md's), Type=notify readiness,
+metrics on 127.0.0.1, the control socket, a FITRIM discard through the hardening, a reload with a broken policy, the
+watchdog killing a hung daemon and the restart, a clean stop (tests/vm/service/unit_lifecycle.sh)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ def test_the_service_lifecycle_under_systemd(lab) -> None:
     assert "/dev/mapper/control rw" in v["DeviceAllow"]
     assert "path=/usr/local/bin/cachepilot" in v["ExecStart"]
     assert "run --config /etc/cachepilot/config.yaml" in v["ExecStart"]
-    score = re.search(r"exposure level (\d+\.\d+) \(", (Path(__file__).resolve().parents[2] / "README.md").read_text())
+    service_md = (Path(__file__).resolve().parents[2] / "docs" / "service.md").read_text()
+    score = re.search(r"exposure level (\d+\.\d+) \(", service_md)
     assert score and v["security"] == score.group(1), (v.get("security"), r.explain())
     # `systemctl start` returns once the daemon said READY=1: probe attached, volume adopted, metrics answering
     assert v["start_rc"] == "0" and v["active"] == "active", r.explain()

@@ -24,7 +24,7 @@ from cachepilot.backends.inspect import parse_bcache_size
 from cachepilot.backends.kernelio import read_attr, write_attr
 from cachepilot.backends.kinds import Described, Kind, KnobDef
 from cachepilot.backends.operation import CLOSE_BELOW, Operation, OperationBackend, Setting
-from cachepilot.capabilities import BYPASS, KIND_BCACHE, WRITEBACK, WRITETHROUGH, Knob, capabilities
+from cachepilot.capabilities import BYPASS, KIND_BCACHE, KNOBS, WRITEBACK, WRITETHROUGH, Knob, capabilities
 from cachepilot.errors import DeviceGone, KernelRejected, UserError
 from cachepilot.models.volume import VolumeInfo, VolumeSample
 
@@ -131,8 +131,26 @@ class BcacheBackend(OperationBackend):
         # No sleep after each full scan of the dirty keys (a sleep already begun cannot be cut short; under the
         # destructive model the engine keeps writeback_delay within the drain window for that reason).
         op.save(self._attr("writeback_delay"), "0", f"drain: {reason}")
-        op.save(self._attr("writeback_percent"), "0", f"drain: {reason}")
+        rate = op.action.rate if isinstance(op.action, Drain) else 0
+        if rate:
+            self._pace(op, rate, reason)
+        else:
+            op.save(self._attr("writeback_percent"), "0", f"drain: {reason}")
         return False
+
+    def _pace(self, op: Operation, rate: int, reason: str) -> None:
+        """A paced drain (engine/pacing.py): write-back throttled to ``rate`` bytes/s instead of unthrottled. With
+        writeback_percent > 0 read_dirty() sleeps bch_next_delay() between write-backs at writeback_rate, which
+        __update_writeback_rate() keeps at or above writeback_rate_minimum (below the dirty target it *is* the
+        minimum, so the drain goes on to 0). The rate is written too, because the controller only recomputes it
+        every writeback_rate_update_seconds (5 s by default; 1 s while the drain runs); it is not put back: the
+        controller recomputes it from the settings put back."""
+        why = f"paced drain: {reason}"
+        sectors = str(max(1, rate // 512))
+        op.put(self.knob_setting(KNOBS["writeback_rate"]), str(rate), why)
+        op.save(self._attr("writeback_percent"), "1", why)
+        op.save(self._attr("writeback_rate_minimum"), sectors, why)
+        op.save(self._attr("writeback_rate_update_seconds"), "1", why)
 
     def _fold_writethrough(self, op: Operation, reason: str) -> bool:
         """A write-through switch asked for during a drain: cache_mode writethrough now (no new dirty data), and

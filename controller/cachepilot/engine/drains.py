@@ -6,6 +6,7 @@ from __future__ import annotations
 from cachepilot.actions import Action, Drain
 from cachepilot.engine.exposure import Exposure, tick_ns
 from cachepilot.engine.nativebound import NativeBound
+from cachepilot.engine.pacing import PACE_SHARE, drain_rate
 from cachepilot.engine.volumectl import NS, DrainInFlight, VolumeCtl, normalise_mode
 from cachepilot.models.volume import WRITEBACK, WRITETHROUGH
 
@@ -74,7 +75,11 @@ class Drains:
         base = st.clean_ns
         deadline = now + half if base is None else max(base + 2 * half, now + window)
         deadline = max(deadline, c.drain_sleep_until_ns + half)
-        a = Drain(c.info.name, deadline, why)
+        # a breach or a latch drains at the full rate: the bound is already at stake
+        rate = drain_rate(c) if why.startswith("periodic drain") else 0
+        if rate:
+            why += f"; paced at {rate / (1 << 20):.2f} MiB/s ({PACE_SHARE:g}x the measured full rate, exposure.pace)"
+        a = Drain(c.info.name, deadline, why, rate)
         out.append(a)
         c.drain = DrainInFlight(a, now, st.dirty_bytes)
 
@@ -91,10 +96,15 @@ class Drains:
         nbytes, took = sum(b for b, _ in done), sum(t for _, t in done)
         longest = max(t for _, t in done)
         predicted = max(longest, projected * took // max(1, nbytes))
+        paced = drain_rate(c) > 0
+        if paced:
+            predicted = int(predicted / PACE_SHARE)  # a paced drain takes 1/PACE_SHARE as long: it starts earlier
         lead = min(2 * half, predicted + predicted // 2 + 2 * tick_ns(c, now))
         rate = nbytes / max(1, took) * NS / (1 << 20)
-        return lead, (f"the last {len(done)} drains wrote back {rate:.2f} MiB/s (longest {longest / NS:.1f} s), so"
-                      f" {projected / (1 << 20):.1f} MiB should take {predicted / NS:.1f} s; with half that and two"
+        pace = f" paced at {PACE_SHARE:g}x," if paced else ""
+        return lead, (f"the last {len(done)} drains wrote back {rate:.2f} MiB/s at full rate (longest"
+                      f" {longest / NS:.1f} s), so {projected / (1 << 20):.1f} MiB should take{pace}"
+                      f" {predicted / NS:.1f} s; with half that and two"
                       f" ticks of margin the drain starts {lead / NS:.1f} s before max_age {2 * half / NS:g} s,"
                       f" leaving young data the rest to die in the cache")
 
@@ -182,7 +192,10 @@ class Drains:
             if not at_least:
                 return
             start = c.drain_sleep_until_ns
-        c.drains_done.append((d.dirty_bytes, max(tick_ns(c, now), done_ns - start)))
+        took = done_ns - start
+        if d.action.rate:
+            took = int(took * PACE_SHARE)  # kept at full-rate terms: the next drains' pace and lead derive from it
+        c.drains_done.append((d.dirty_bytes, max(tick_ns(c, now), took)))
 
     def _set_breach(self, c: VolumeCtl, why: str) -> None:
         c.breach = why

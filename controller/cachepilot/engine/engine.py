@@ -43,7 +43,6 @@ from cachepilot.engine.exposure import Exposure
 from cachepilot.engine.knobs import KnobPins
 from cachepilot.engine.lifetime import Lifetimes
 from cachepilot.engine.nativebound import NativeBound
-from cachepilot.engine.pacing import Pacer
 from cachepilot.engine.promotion import Promoter
 from cachepilot.engine.seqcutoff import KNOB as SEQ_KNOB
 from cachepilot.engine.seqcutoff import SequentialSteering
@@ -82,7 +81,6 @@ class Engine:
         self.native = NativeBound()  # the exposure bound delegated to the kernel where it can keep it
         self.drains = Drains(exposure, self.native)
         self.knobs = KnobPins(exposure)
-        self.pacer = Pacer(exposure)  # write-back at the write rate between drains (engine.pacing, opt-in)
         self.seq = SequentialSteering()  # bcache's sequential_cutoff, by what the bypassed runs are made of
         self.events.hotness_readers.append(self.seq.written)
         self.lifetimes = Lifetimes()  # delete ages and the lifetime hold (engine.lifetime)
@@ -337,7 +335,6 @@ class Engine:
             if not held:
                 self._native_bound(c, now, out)  # first: its put-back on a model change precedes the hold's request
                 self._lifetime_hold(c, now, out)
-                self._pace(c, now, out)
                 self.drains.plan(c, now, out)
             c.last_tick_ns = now
         return out
@@ -365,16 +362,6 @@ class Engine:
                   and self.knobs.exposure.failure_model(c, now)[0] == "recoverable")
         self.lifetimes.steer(c.info, vp, st, self.hotness.dev_bytes.get(c.info.dev, (0, 0))[1], now, active,
                              lambda k, v, why: self.knobs.request(c, k, v, why, now, out, put_back=True))
-
-    def _pace(self, c: VolumeCtl, now: int, out: list[Action]) -> None:
-        """Destructive write-back volumes write back at about their write rate between drains (engine.pacing)."""
-        def request(knob: str, value: str, why: str) -> None:
-            self.knobs.request(c, knob, value, why, now, out, put_back=True)
-
-        def put_back(knob: str, why: str) -> None:
-            out.append(PutBackKnobs(c.info.name, (knob,), why))
-
-        self.pacer.steer(c, now, request, put_back)
 
     def _native_bound(self, c: VolumeCtl, now: int, out: list[Action]) -> None:
         """Destructive volumes of a kind that can keep the exposure bound itself get the table arguments for it
@@ -415,7 +402,7 @@ class Engine:
         volume): the write-back thread's sleep held within the drain window. bcache's thread reads
         writeback_delay when a scan of the dirty keys ends and sleeps that long whatever is written later; asked
         only at the first tick (a tick after ready), the stock 30 s could be the sleep a workload started at
-        ready met, and the first drain waited for it (W1's 36.7 s round, README "Headline W1")."""
+        ready met, and the first drain waited for it (W1's 36.7 s round, docs/benchmarks.md, "Headline W1")."""
         out: list[Action] = []
         now = max(now_ns, self.now_ns)
         for c in self.vols.values():

@@ -3,6 +3,7 @@ bytes the next sample may show."""
 
 from __future__ import annotations
 
+from cachepilot.engine.pacing import full_rate
 from cachepilot.engine.volumectl import NS, VolumeCtl
 from cachepilot.models.hotness import HotnessTable
 from cachepilot.models.volume import WRITETHROUGH
@@ -69,8 +70,7 @@ class Exposure:
         """Bytes/s the volume writes back at full rate, as measured: the last drains (their bytes over their
         durations) or, in a write-through stretch the bound forced, how fast dirty data fell since it began (a
         switch to write-through drains at full rate); the larger. 0: not measured yet."""
-        done = c.drains_done
-        drains = sum(b for b, _ in done) * NS / max(1, sum(t for _, t in done)) if done else 0.0
+        drains = full_rate(c)
         fell = 0.0
         b = c.bound_wt
         if b is not None:

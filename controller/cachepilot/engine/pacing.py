@@ -1,64 +1,42 @@
-"""Pacing (issue 31): hold the exposure bound with a short origin queue. Between the periodic drains a destructive
-volume's cache writes back at about the volume's own write rate instead of letting dirty data sit until the drain
-bursts it out, so each drain finds little to write and the fsyncs that land during it wait behind little.
+"""Paced drains (issue 31, opt-in by ``exposure.pace``): hold the exposure bound with a short origin queue.
 
-The lever is the kind's write-back rate floor (Capabilities.pace_knob; bcache's writeback_rate_minimum): set to
-PACE_FACTOR x the write rate the probe measures (Exposure.write_rate), at least MIN_PACE, changed only when it moves
-by more than CHANGE from the value last asked for (no churn of sysfs writes), put back when pacing ends (the model, a
-latch, a breach, write-back left) and when the daemon stops. Opt-in per volume (``exposure.pace``) until the
-benchmark says it pays; a knob the policy pins is left to the policy."""
+A periodic drain at the kernel's full rate (bcache: ``writeback_percent`` 0, so ``writeback_delay()`` returns 0 and
+``read_dirty()`` keeps up to 64 write-backs in flight, ``sema_init(&dc->in_flight, 64)`` in writeback.c) fills the
+origin's queue for the drain's length; every fsync's flush that lands then waits behind it (W1's fsync p99 of
+520-600 ms, in every bounded stock configuration as in cachepilot's). A paced drain writes back at PACE_SHARE of the
+volume's measured full write-back rate instead, through the kind's rate floor (Capabilities.pace_knob), so the
+origin keeps room for the foreground; it takes 1/PACE_SHARE as long, so it starts that much earlier (Drains.lead).
+
+An earlier lever, a rate floor *between* drains, was measured not to pay (one quick W1 round: 0.79x the ops/s,
+more origin bytes, no better fsync tail: the drains still burst) and was replaced by this one."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from cachepilot.engine.volumectl import NS, VolumeCtl
 
-from cachepilot.engine.exposure import Exposure
-from cachepilot.engine.volumectl import VolumeCtl, normalise_mode
-from cachepilot.models.volume import WRITEBACK
-
-SECTOR = 512
-PACE_FACTOR = 1.25  # write back a little faster than the volume writes: dirty data shrinks between drains
-MIN_PACE = 1 << 20  # bytes/s: the floor's least value while pacing (a trickle of writes still moves)
-CHANGE = 0.25  # a new floor only when it differs from the one read back by more than this share
+PACE_SHARE = 0.5  # of the measured full write-back rate: the origin keeps the other half for the foreground
+MIN_PACE = 1 << 20  # bytes/s: the least rate a paced drain asks for (a drain must end)
 
 
-class Pacer:
-    def __init__(self, exposure: Exposure) -> None:
-        self.exposure = exposure
-        # volumes (dev) whose floor this run asked for and has not put back -> the value asked for (sectors/s;
-        # the floor is not among a sample's knobs: one sysfs read a tick less)
-        self.paced: dict[int, int] = {}
+def full_rate(c: VolumeCtl) -> float:
+    """The volume's write-back rate at full speed, bytes/s, from its measured drains (Drains.measured keeps a
+    paced drain's duration scaled to full speed); 0 before any drain was measured."""
+    done = c.drains_done
+    if not done:
+        return 0.0
+    return sum(b for b, _ in done) * NS / max(1, sum(t for _, t in done))
 
-    def steer(self, c: VolumeCtl, now: int, request: Callable[[str, str, str], None],
-              put_back: Callable[[str, str], None]) -> None:
-        """Ask for the floor (request(knob, value, why)), or put it back (put_back(knob, why)) when pacing ends."""
-        knob = c.caps.pace_knob
-        if knob is None or knob in c.policy.knobs:
-            return
-        why_not = self._off(c, now)
-        if why_not:
-            if self.paced.pop(c.info.dev, None) is not None:
-                put_back(knob, f"pacing ends: {why_not}")
-            return
-        w = self.exposure.write_rate(c, now)
-        pace = max(MIN_PACE, PACE_FACTOR * w)
-        sectors = -(-int(pace) // SECTOR)
-        have = self.paced.get(c.info.dev)
-        if have is not None and abs(have - sectors) <= CHANGE * max(have, sectors):
-            return
-        self.paced[c.info.dev] = sectors
-        request(knob, str(sectors), (
-            f"pacing: write back at {sectors * SECTOR / (1 << 20):.2f} MiB/s between drains ({PACE_FACTOR:g}x the"
-            f" volume's writes, {w / (1 << 20):.2f} MiB/s over the last 10 s), so a drain finds little dirty data and"
-            f" the fsyncs during it wait behind a short origin queue"))
 
-    def _off(self, c: VolumeCtl, now: int) -> str:
-        """Why the volume is not paced now ("" when it is)."""
-        if not c.policy.exposure.pace:
-            return "exposure.pace is off"
-        if c.latch is not None or c.breach is not None:
-            return "latched" if c.latch is not None else "an exposure breach is being answered"
-        if c.state.samples == 0 or normalise_mode(c.state.mode) != WRITEBACK:
-            return "not in write-back"
-        fm, _ = self.exposure.failure_model(c, now)
-        return "" if fm == "destructive" else f"failure model {fm}"
+def paced(c: VolumeCtl) -> bool:
+    """Whether the volume's periodic drains are paced: opted in, a kind with a rate floor the policy does not pin,
+    and a measured full rate to take a share of (the first drain runs at full speed and measures it)."""
+    knob = c.caps.pace_knob
+    return (c.policy.exposure.pace and knob is not None and knob not in c.policy.knobs
+            and full_rate(c) > 0)
+
+
+def drain_rate(c: VolumeCtl) -> int:
+    """The rate a periodic drain asks for, bytes/s; 0: the kernel's full rate."""
+    if not paced(c):
+        return 0
+    return max(MIN_PACE, int(PACE_SHARE * full_rate(c)))

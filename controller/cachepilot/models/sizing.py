@@ -16,7 +16,7 @@ is proportional); writes are accesses too (written blocks enter bcache and dm-ca
 
 The estimate is the mean of SEEDS independent samplers (different hash seeds); the error is their spread (half the
 range). LRU only: bcache's eviction and dm-cache's smq differ from LRU, so the error against a real cache is measured
-(README, tests/bench/bench_lab_advisor.py), not implied by the spread.
+(docs/benchmarks.md, tests/bench/bench_lab_advisor.py), not implied by the spread.
 """
 
 from __future__ import annotations

@@ -41,9 +41,9 @@ class Exposure:
                              "the cache device")
     max_age_s: float = setting(30.0, DURATION, "destructive: nor older than this (a drain at least once per max_age)",
                                key="max_age")
-    # between drains the cache writes back at about the volume's write rate (engine/pacing.py), so dirty data
-    # stays small and each drain's burst short, where the kind has a rate floor (Capabilities.pace_knob)
-    pace: bool = setting(False, BOOLEAN, "between drains, write back at about the volume's write rate")
+    # periodic drains write back at half the measured full rate (engine/pacing.py), so the origin's queue stays
+    # short for the foreground's fsyncs, where the kind has a rate floor (Capabilities.pace_knob)
+    pace: bool = setting(False, BOOLEAN, "periodic drains write back at half the measured full rate")
 
 
 @dataclass(frozen=True, slots=True)

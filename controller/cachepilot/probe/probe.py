@@ -51,7 +51,7 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 # as package data (`make package` puts it there), then a checkout's build output (`make bpf`, for development).
 PACKAGED_OBJECT = Path(__file__).resolve().parents[1] / "data" / "cachepilot.bpf.o"
 CHECKOUT_OBJECT = REPO_ROOT / "bpf" / ".output" / "cachepilot.bpf.o"
-# What the object needs (README "Requirements"): the BPF ring buffer (5.8), libbpf 1.x's API, the Python of pyproject.
+# What the object needs (docs/install.md): the BPF ring buffer (5.8), libbpf 1.x's API, the Python of pyproject.
 MIN_KERNEL = (5, 8)
 MIN_LIBBPF = (1, 1)
 MIN_PYTHON = (3, 11)

@@ -68,11 +68,11 @@ SCENARIOS = {
     "varmail": Scenario("varmail", lambda: W.varmail(), 0.5, 40.0),
     "warm-restart": Scenario("warm-restart", lambda: W.warm_restart(), 0.25),
 }
-# Other names of a scenario: the sweep's own name for the main fileserver point (README lists the sweep as
+# Other names of a scenario: the sweep's own name for the main fileserver point (docs/operate.md lists the sweep as
 # fileserver-{0.5,1,2}x-wb{10,40}), accepted but not run twice by "all".
 ALIASES = {"fileserver-2x-wb40": "fileserver"}
 WORKLOADS = ("all", *SCENARIOS, *ALIASES)
-"""Every name `cachepilot simulate --workload` takes: the one list (the README's is checked against it)."""
+"""Every name `cachepilot simulate --workload` takes: the one list (docs/operate.md's is checked against it)."""
 
 
 @dataclass

@@ -58,7 +58,7 @@ from lifetimes import WallClockMix, discard_outcomes, oldest_dirty_age, reach_sh
 from soak import profile  # noqa: E402 - with $SOAK_PYSPY: a py-spy profile of the daemon over the window
 
 CONFIGS = ("wt", "wb", "discard", "tuned", "cp-destructive", "cp-recoverable", "cp-paced", "cpu-tax")
-MIX = WallClockMix()  # README: W1, the lifetime mix
+MIX = WallClockMix()  # docs/benchmarks.md: W1, the lifetime mix
 APPEND = 16 * 1024
 LIVE_CAP = 1 << 30  # a safety cap on the live set (the 2 GiB origin); deaths by it are counted (capped_deaths)
 BURST_CHUNK = 1 << 20

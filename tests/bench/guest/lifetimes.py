@@ -1,7 +1,7 @@
 """The pure parts of the headline fileserver (no guest, no devices): the lifetime mix of new files and the
 delete -> discard bookkeeping, so that both can be unit-tested on the host.
 
-Lifetime mix (README, Benchmarks, "W1"): a share of the new bytes dies young, its lifetime drawn log-uniformly
+Lifetime mix (docs/benchmarks.md, "W1"): a share of the new bytes dies young, its lifetime drawn log-uniformly
 between a few seconds and a minute (file-system traces find short lifetimes spread over orders of magnitude, not
 memoryless); the rest is long-lived: it stays until the live set passes its target, then the oldest goes first."""
 

@@ -10,7 +10,7 @@ the fsync returned), append 16 KiB to another and fsync it, read a third whole a
 stat a fifth. A write that fails is not acknowledged; a file whose append failed is no longer checked (its
 content is undefined), and both are counted.
 
-Disruptions, in this order (the order is a choice; see README "Soak"):
+Disruptions, in this order (the order is a choice; see docs/benchmarks.md, "Soak"):
 - at 40%: a cache-device error. The load stops and the daemon drains the dirty data (the shipped policy's
   exposure bound, max_age 30 s) — with dirty data on it a failing cache loses acknowledged writes by definition,
   and bcache then stops the volume (stop_when_cache_set_failed=auto). Then the cache device's dm table becomes
