@@ -16,6 +16,7 @@ import importlib
 import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cachepilot.capabilities import CAPABILITIES, Capabilities, capabilities
@@ -96,11 +97,9 @@ _TABLE: dict[str, Kind] = {}
 def _load() -> dict[str, Kind]:
     if _TABLE:
         return _TABLE
-    import cachepilot.backends as pkg
-
-    found: list[Kind] = []
-    for mod in sorted(m.name for m in pkgutil.iter_modules(pkg.__path__)):
-        declared = getattr(importlib.import_module(f"{pkg.__name__}.{mod}"), "KIND", None)
+    found: list[Kind] = []  # this package's modules, by path: the package's __init__ imports this module
+    for mod in sorted(m.name for m in pkgutil.iter_modules([str(Path(__file__).parent)])):
+        declared = getattr(importlib.import_module(f"{__package__}.{mod}"), "KIND", None)
         if isinstance(declared, Kind):
             found.append(declared)
     table = {k.name: k for k in found}

@@ -15,18 +15,15 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from cachepilot.actions import Drain, PutBackKnobs, SetKnob, SetKnobs, SetWritePolicy
 from cachepilot.backends.base import DONE, FAILED, PENDING, SKIPPED, Backend, ControlAction, Outcome, Write
 from cachepilot.backends.host import Host
 from cachepilot.backends.kernelio import ErrorCounts
-from cachepilot.capabilities import WRITEBACK, WRITETHROUGH
+from cachepilot.capabilities import WRITEBACK, WRITETHROUGH, Capabilities
 from cachepilot.errors import CachepilotError, KernelRejected, RetryLater
 from cachepilot.models.volume import VolumeInfo
-
-if TYPE_CHECKING:  # the table of kinds names each kind's backend class: a backend gets its Kind, never looks it up
-    from cachepilot.backends.kinds import Kind
 
 log = logging.getLogger("cachepilot.backends")
 
@@ -85,6 +82,20 @@ def put_setting(s: Setting, value: str, reason: str, *, dry_run: bool) -> Write:
     return Write(s.target, before, value, readback)
 
 
+class KindOps(Protocol):
+    """What a backend asks of its kind's entry in the table of kinds (backends.kinds.Kind, which it is built with:
+    the table names each kind's backend class, so a backend never looks its kind up there)."""
+
+    @property
+    def caps(self) -> Capabilities: ...  # the declarative half: knob types and ranges
+
+    @property
+    def settings(self) -> dict[str, Callable[[Any], Setting]]: ...  # each knob's get/set pair
+
+    @property
+    def group(self) -> Callable[[Any, tuple[str, ...]], Setting] | None: ...  # several knobs in one write
+
+
 CLOSE_BELOW = 1 << 20  # bytes: a drain goes write-through for its tail once dirty data is down to this
 
 
@@ -141,7 +152,7 @@ class OperationBackend(Backend):
     knobs_beside_operations: frozenset[str] = frozenset()
     max_backoff_ns = 30_000_000_000
 
-    def __init__(self, info: VolumeInfo, *, kind: Kind, host: Host | None = None,
+    def __init__(self, info: VolumeInfo, *, kind: KindOps, host: Host | None = None,
                  clock: Callable[[], int] = time.monotonic_ns) -> None:
         """``kind``: this backend's entry in the table of kinds (its knobs' get/set pairs, its group setting)."""
         super().__init__(info, host=host)
