@@ -119,6 +119,21 @@ def test_a_paced_bcache_drain_throttles_write_back_to_its_rate_and_puts_everythi
     assert (d / "writeback_rate").read_text().strip() == "2.0M"  # the kernel's controller recomputes it
 
 
+def test_a_paced_bcache_drain_that_falls_behind_goes_to_the_full_rate_and_still_puts_back(bc):
+    """24 MiB dirty at 2 MiB/s takes 12 s: paced while that is at most half the time left to the deadline (30 s),
+    full rate (writeback_percent 0) once a burst keeps it from falling; the value found (10) put back when clean."""
+    b, d = bc
+    b.apply(Drain("bcache0", 30 * S, "age bound", rate=2 << 20))
+    assert b.step(1 * S) == [] and (d / "writeback_percent").read_text().strip() == "1"
+    assert b.step(5 * S) == [] and (d / "writeback_percent").read_text().strip() == "1"  # 12 s of 25 s left
+    assert b.step(7 * S) == []  # 12 s of work, 23 s left: behind
+    assert (d / "writeback_percent").read_text().strip() == "0"
+    (d / "dirty_data").write_text("0\n")
+    (d / "state").write_text("clean\n")
+    assert [o.status for o in b.step(12 * S)] == [DONE]
+    assert (d / "writeback_percent").read_text().strip() == "10"
+
+
 def test_bcache_drain_missing_deadline_fails_and_restores(bc):
     b, d = bc
     b.apply(Drain("bcache0", 5 * S, "age bound"))

@@ -28,6 +28,8 @@ from cachepilot.capabilities import BYPASS, KIND_BCACHE, KNOBS, WRITEBACK, WRITE
 from cachepilot.errors import DeviceGone, KernelRejected, UserError
 from cachepilot.models.volume import VolumeInfo, VolumeSample
 
+NS = 1_000_000_000
+
 NAME = KIND_BCACHE
 
 # Knobs that live on the cache set rather than on the backing device.
@@ -146,6 +148,7 @@ class BcacheBackend(OperationBackend):
         every writeback_rate_update_seconds (5 s by default; 1 s while the drain runs); it is not put back: the
         controller recomputes it from the settings put back."""
         why = f"paced drain: {reason}"
+        op.data["paced"] = str(rate)
         sectors = str(max(1, rate // 512))
         op.put(self.knob_setting(KNOBS["writeback_rate"]), str(rate), why)
         op.save(self._attr("writeback_percent"), "1", why)
@@ -166,6 +169,7 @@ class BcacheBackend(OperationBackend):
     def _advance(self, op: Operation, now_ns: int) -> bool:
         dirty = self.dirty_bytes()  # one read a step (issue 32 item 3): the clean test and the close test share it
         if not self._clean(dirty):
+            self._unpace_if_behind(op, now_ns, dirty)
             if op.phase == "draining" and isinstance(op.action, Drain) and \
                     op.close_due(now_ns, dirty, CLOSE_BELOW):
                 op.phase = "closing"  # the saved mode is put back with the other settings
@@ -178,6 +182,21 @@ class BcacheBackend(OperationBackend):
         if op.data.get("end_mode") and not op.dry_run and self.mode_setting().get() != op.data["end_mode"]:
             raise KernelRejected(f"{self.info.name}: not {op.data['end_mode']} after the drain it was folded into")
         return True
+
+    def _unpace_if_behind(self, op: Operation, now_ns: int, dirty: int) -> None:
+        """A paced drain that could not end by its deadline at its pace goes to the full rate (writeback_percent 0;
+        the value saved when it began is what is put back): the exposure bound comes first. Behind: the dirty data
+        left would take more than half the time left at the paced rate (a burst of writes outran the pace)."""
+        rate = int(op.data.get("paced", "0"))
+        if not rate or op.phase != "draining":
+            return
+        left_ns = op.deadline_ns - now_ns
+        if dirty * NS // rate <= left_ns // 2:
+            return
+        del op.data["paced"]
+        op.put(self._attr("writeback_percent"), "0", (
+            f"paced drain behind: {dirty} dirty bytes at {rate} B/s would take {dirty / rate:.1f} s of the"
+            f" {left_ns / NS:.1f} s left; full rate: {op.action.reason if isinstance(op.action, Drain) else ''}"))
 
     def _finish_switch(self, op: Operation) -> bool:
         """The cache is clean: write the target mode (bypass only now), then verify mode and cleanliness."""
