@@ -142,6 +142,7 @@ Action = Promote | DiscardRanges | SetWritePolicy | SetKnob | SetKnobs | PutBack
 
 ControlAction = SetWritePolicy | SetKnob | SetKnobs | PutBackKnobs | Drain
 FileAction = Promote | DiscardRanges
+FILE_ACTIONS = (Promote, DiscardRanges)  # for isinstance: a `X | Y` is built anew each time it is evaluated
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +178,7 @@ class Outcome:
 
     @property
     def issued_bytes(self) -> int:
-        return sum(n for _, n in self.issued)
+        return sum(n for _, n in self.issued) if self.issued else 0  # booked for every outcome: most have none
 
     def line(self, action_line: str | None = None) -> str:
         """The outcome for a log; ``action_line`` is the action's own line when the caller has it already."""

@@ -225,8 +225,8 @@ def goal_rows(rows: dict[str, list[dict]]) -> list[list[str]]:
     out = [
         ratio_line("destructive vs best stock within the bound: ops/s ≥ 1.1×",
                    r("cp-destructive", "best-bounded", "ops_s"), lambda x: x >= 1.1),
-        ratio_line("destructive vs best stock overall: ops/s (no goal)", r("cp-destructive", "best-overall", "ops_s"),
-                   lambda x: True),
+        ["destructive vs best stock overall: ops/s (no goal: that point keeps no bound)",
+         cell(r("cp-destructive", "best-overall", "ops_s"), "{:.2f}×"), "(shown)"],
         ratio_line("destructive vs stock write-through: ops/s ≥ 1.5× (issue 23)", r("cp-destructive", "wt", "ops_s"),
                    lambda x: x >= 1.5),
         ratio_line("destructive vs write-through: fsync p99 ≤ 1.2×", r("cp-destructive", "wt", "fsync_p99_ms"),

@@ -372,7 +372,7 @@ class Rig:
         self.backends: dict[str, FakeBackend] = {}
         self.d = Daemon(load_config(self.cfg_path), config_path=self.cfg_path,
                         discover=lambda: (list(self.found), []), backend_factory=self.backend,
-                        actuators_factory=FakeFiles)
+                        actuators_factory=FakeFiles, rescan_events=lambda: None)  # the fakes change by polling
 
     def backend(self, info: VolumeInfo) -> FakeBackend:
         b = self.backends.setdefault(info.name, FakeBackend(info))

@@ -14,10 +14,10 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from cachepilot.actions import Action, DiscardRanges, Promote
+from cachepilot.actions import FILE_ACTIONS, Action
 from cachepilot.backends.base import FAILED, PENDING, Backend, Outcome
 from cachepilot.daemon.counters import Counters
-from cachepilot.daemon.decisionlog import FILE_KINDS, DecisionLog
+from cachepilot.daemon.decisionlog import FILE_KINDS, DecisionLog, FileDecision, decision, detail
 from cachepilot.daemon.loglimit import WINDOW_S, LineBudget
 from cachepilot.daemon.ticktime import TickBudget
 from cachepilot.daemon.volume import ManagedVolume, VolumeTable
@@ -58,7 +58,7 @@ class Actor:
             why = "volume gone" if v is None else "not carried out: observe-only volume"
             self.record(v, Outcome(action, FAILED, detail=why))
             return
-        if not again and isinstance(action, Promote | DiscardRanges) and self.budget.spent():
+        if not again and isinstance(action, FILE_ACTIONS) and self.budget.spent():
             out = Outcome(action, PENDING, dry_run, deferred=action, detail=POSTPONED)
             self.counters["postponed"] += 1
         else:
@@ -76,7 +76,7 @@ class Actor:
         a = out.action
         err = out.error
         retry = isinstance(err, RetryLater) and attempt < MAX_RETRIES
-        if not retry and not (isinstance(a, DiscardRanges | Promote) and out.status == PENDING):
+        if not retry and not (isinstance(a, FILE_ACTIONS) and out.status == PENDING):
             self.engine.outcome(out)  # the engine learns how it ended (re-queues failed discards, ends drains)
         if err is None:
             return
@@ -84,7 +84,7 @@ class Actor:
         if retry:  # busy: the daemon retries with backoff; the engine hears only the final result
             v.retry_later(now, attempt, out.action)
             self.counters["retries"] += 1
-        elif isinstance(err, DeviceGone) and not isinstance(a, DiscardRanges | Promote):
+        elif isinstance(err, DeviceGone) and not isinstance(a, FILE_ACTIONS):
             self.drop(v.info.dev, f"device gone ({err})")  # (a filesystem gone under a file action: the rescan)
 
     def deferred(self, now: int, dry_run: bool) -> None:
@@ -155,31 +155,26 @@ class Actor:
             yield v, got
 
     def record(self, v: ManagedVolume | None, out: Outcome, attempt: int = 0, note: str = "") -> dict[str, Any]:
+        """Book an outcome in the decision log and say it (a file action's INFO line within its budget); returns the
+        record (a file action's is made only when read: an empty dict here, which settle does not keep)."""
         a = out.action
-        err = out.error
-        d = {
-            "ts": time.time(),
-            "volume": a.volume,
-            "kind": a.kind,
-            "action": (action_line := a.line()),
-            "reason": a.reason,
-            "status": out.status,
-            "dry_run": out.dry_run,
-            "writes": [{"target": w.target, "before": w.before, "value": w.value, "readback": w.readback}
-                       for w in out.writes],
-            "error": str(err) if err else None,
-            "error_kind": err.kind if err else None,
-            "detail": " ".join(x for x in (note, out.detail, _discard_note(out)) if x),
-            "attempt": attempt,
-        }
-        self.decisions.append(d)
-        line = out.line(action_line) + (f" [{d['detail']}]" if d["detail"] else "")
-        level = logging.WARNING if out.status == FAILED and err is not None else logging.INFO
+        kind = a.kind
+        ts = time.time()
+        if kind in FILE_KINDS:
+            self.decisions.append_file(FileDecision(out, ts, attempt, note))
+            d: dict[str, Any] = {}
+        else:
+            d = decision(out, ts, attempt, note)
+            self.decisions.append(d)
+        level = logging.WARNING if out.status == FAILED and out.error is not None else logging.INFO
         if v is not None and v.observe_only:
             level = logging.DEBUG  # what it would do on a volume it only observes: explain shows it
-        if level == logging.INFO and a.kind in FILE_KINDS and not self._may_say(a.kind):
+        if level == logging.INFO and kind in FILE_KINDS and not self._may_say(kind):
             return d
-        log.log(level, "%s%s", "DRY RUN " if out.dry_run else "", line)
+        if log.isEnabledFor(level):
+            said = detail(out, note)
+            line = out.line(d.get("action")) + (f" [{said}]" if said else "")
+            log.log(level, "%s%s", "DRY RUN " if out.dry_run else "", line)
         return d
 
     def _may_say(self, kind: str) -> bool:
@@ -197,10 +192,3 @@ def waits_still(out: Outcome) -> bool:
     return (out.deferred is out.action and out.status == PENDING and out.error is None and not out.reads
             and not out.issued)
 
-
-def _discard_note(out: Outcome) -> str:
-    if not isinstance(out.action, DiscardRanges) or not out.actuated:
-        return ""
-    later = f", {sum(n for _, n in out.deferred.ranges)} bytes deferred" if out.deferred else ""
-    return (f"FITRIM issued {len(out.issued)} range(s), {out.issued_bytes} bytes; "
-            f"filesystem trimmed {out.trimmed_bytes} bytes{later}")

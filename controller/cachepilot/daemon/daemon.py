@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from cachepilot.actions import Action
-from cachepilot.daemon import actuation, answers, status, volumes
+from cachepilot.daemon import actuation, answers, heap, rescans, status, volumes
 from cachepilot.daemon.acting import Actor
 from cachepilot.daemon.adoption import ActuatorsFactory, Adopter, BackendFactory, Discover
 from cachepilot.daemon.allocfail import pace_promotions
@@ -40,8 +40,10 @@ from cachepilot.daemon.metrics import Metrics
 from cachepilot.daemon.notify import Notifier
 from cachepilot.daemon.persist import Persistence
 from cachepilot.daemon.reloads import BackgroundParse, ReloadRequests, Verdict, keep_fixed
-from cachepilot.daemon.snapshot import hottest
-from cachepilot.daemon.state import StateFile
+from cachepilot.daemon.rescans import EventsFactory, RescanSchedule
+from cachepilot.daemon.snapshot import HotLists, as_dicts
+from cachepilot.daemon.state import MAX_HOT, StateFile
+from cachepilot.daemon.statewriter import StateWriter
 from cachepilot.daemon.ticktime import StageTimes, TickBudget
 from cachepilot.daemon.volume import VolumeTable
 from cachepilot.engine.engine import Engine
@@ -67,7 +69,9 @@ class Daemon:
         backend_factory: BackendFactory = actuation.open_backend,
         actuators_factory: ActuatorsFactory = actuation.FileActuators,
         notifier: Notifier | None = None,
+        rescan_events: EventsFactory = rescans.open_events,
     ) -> None:
+        heap.keep_large_blocks_mapped()  # before the engine's tables exist (daemon/heap.py)
         self.config = config
         self.config_path = config_path
         self.probe_factory = probe_factory
@@ -83,7 +87,9 @@ class Daemon:
         self.budget = TickBudget()
         self.gc = GcPauses(self.counters)
         self.guard = Guard(self.counters)
-        self.persist = Persistence(self.state, self.engine, self.counters, self.guard.once)
+        self.hot = HotLists(self.engine.hotness, MAX_HOT, TOP_EVERY_S)
+        self.writer = StateWriter(self.state)
+        self.persist = Persistence(self.state, self.engine, self.counters, self.guard.once, self.hot, self.writer)
         epochs = bool(config.metrics_listen or config.metrics_textfile)
         self.adopter = Adopter(self.engine, self.vols, self.counters, self.guard, self.persist, discover=discover,
                                backend_factory=backend_factory, actuators_factory=actuators_factory, epochs=epochs)
@@ -103,9 +109,9 @@ class Daemon:
         self._parse: tuple[BackgroundParse, list[Any]] | None = None  # a reload being parsed, and who waits for it
         self.started_wall = time.time()
         self.started_ns = time.monotonic_ns()
-        self._next_rescan = 0
+        self._rescan_events = rescan_events
+        self.rescans = RescanSchedule(None)  # its event sources open at start (daemon/rescans.py)
         self._next_state = 0
-        self._next_top = 0
         self.clear_requests: list[str] = []  # from the control socket, done on the loop thread
         self.drain_requests: list[dict[str, Any]] = []  # `cachepilot drain`, likewise
         self.imports = Imports()  # hot lists from the control socket, handed to the engine on the loop thread
@@ -123,6 +129,7 @@ class Daemon:
         """Everything before the first tick; FatalError if the daemon cannot run here."""
         self.lock.acquire()  # makes and checks the state directory; nothing acts before the locks are ours
         self.persist.read(self.decisions)
+        self.rescans = RescanSchedule(self._rescan_events())  # before the first look: nothing between goes unseen
         now = time.monotonic_ns()
         # Reconcile before the probe loads (seconds on a slow host): a setting an interrupted operation left behind
         # (a drain's writeback_percent 0) is put back at once, not after the verifier has run.
@@ -132,7 +139,7 @@ class Daemon:
         self._attach_probe()
         self.control.start()
         self.metrics = Metrics.attach(self.config)
-        self._next_rescan = now + int(self.config.rescan_s * NS)
+        self.rescans.looked(now, self.config.rescan_s)
         self._next_state = now + int(self.config.state_interval_s * NS)
         # ready before the first publish: a scrape (or /ready) right after systemd's READY=1 must say 1, not wait
         # for the first tick's snapshot (a lab guest's start returned with cachepilot_ready 0)
@@ -164,6 +171,8 @@ class Daemon:
             self.actor.restore(v, "stopping")
         self.guard.call("restore_knobs", self._restore_knobs, time.monotonic_ns())
         self._save_state()
+        self.writer.close()
+        self.rescans.close()
         self.control.stop()
         if self.metrics is not None:
             self.metrics.close()
@@ -183,6 +192,7 @@ class Daemon:
         """A start that cannot go on (FatalError): put back what reconciling started, release what start took."""
         for v in list(self.vols.values()):
             self.actor.restore(v, "cannot run")
+        self.rescans.close()
         self.control.stop()
         if self.probe is not None:
             self.probe.close()
@@ -213,7 +223,7 @@ class Daemon:
         self._stage("publish", lambda n: self._publish(n, dur), now)
         self.notifier.watchdog()
         if now >= self._next_state:
-            self._stage("state", lambda _: self._save_state(), now)
+            self._stage("state", lambda n: self._save_state(n), now)
             self._next_state = now + int(self.config.state_interval_s * NS)
         done = time.monotonic_ns()
         self.times.end(done - t0, self.loop.tick_ns, done)
@@ -244,8 +254,9 @@ class Daemon:
         ]
 
     def _decide(self, now: int) -> None:
+        dry_run, execute = self.dry_run, self.actor.execute  # looked up once: thousands of promotions a tick
         for action in self.engine.tick(now, hot_fresh=self.intake.hot_fresh):
-            self.execute(action, now)
+            execute(action, now, dry_run)
 
     def _reload_if_asked(self, now: int) -> None:
         if self._parse is None and self.reloads.pending():
@@ -260,8 +271,12 @@ class Daemon:
             self.reloads.answer(waiting, Verdict(ok, said))
 
     def _rescan_if_due(self, now: int) -> None:
-        if now >= self._next_rescan:
-            self._next_rescan = now + int(self.config.rescan_s * NS)
+        why = self.rescans.due(now, self.config.rescan_s)
+        if why is not None:
+            kind, detail = why
+            self.counters.add("rescans", kind)
+            if kind != "poll":
+                log.debug("rescan: %s", detail)
             self.adopter.rescan(now, self.config.observe)
 
     # ------------------------------------------------------------------ volumes
@@ -344,14 +359,17 @@ class Daemon:
         self.notifier.ready("reloaded")
         return True
 
-    def _save_state(self) -> None:
-        self.persist.save(self.vols.values(), self.decisions)
+    def _save_state(self, now: int | None = None) -> None:
+        """``now``: a tick's time: the state file takes the hot lists the loop keeps (at most TOP_EVERY_S old) and
+        is written by the writer thread; None: lists made now, written before this returns."""
+        self.persist.save(self.vols.values(), self.decisions, now)
 
     # ------------------------------------------------------------------ snapshot and answers
     def _publish(self, now: int, tick_ns: int) -> None:
-        if now >= self._next_top:
-            self.top = {v.info.name: hottest(self.engine.hotness, v.info.dev, TOP_K) for v in self.vols.values()}
-            self._next_top = now + int(TOP_EVERY_S * NS)
+        self.persist.collect()  # the state writes finished since the last tick, counted
+        managed = list(self.vols.values())
+        if self.hot.refresh([v.info.dev for v in managed], now, self.loop.tick_ns):  # the hot lists, in turn
+            self.top = {v.info.name: as_dicts(self.hot.columns(v.info.dev, now), TOP_K) for v in managed}
         sizing = self.engine.sizing
         self.curves = {} if sizing is None else {v.info.name: sizing.curve_of(v.info.dev) for v in self.vols.values()}
         vols = tuple(status.volume_status(v, v.ctl, now, self.engine) for v in self.vols.values()

@@ -30,9 +30,10 @@ STATE_NAME = "state.json"
 
 
 def _encode(doc: dict[str, Any]) -> bytes:
-    body = json.dumps(doc, sort_keys=True, separators=(",", ":"))
-    crc = zlib.crc32(body.encode())
-    return json.dumps({"crc32": crc, "state": doc}, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+    """``{"crc32":N,"state":BODY}``: the body encoded once and wrapped as json.dumps of the outer object (sorted
+    keys, compact) would write it -- encoding it twice was a quarter of a state write with 1 M files."""
+    body = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+    return b'{"crc32":%d,"state":%s}\n' % (zlib.crc32(body), body)
 
 
 def bound(doc: dict[str, Any], max_bytes: int = MAX_BYTES) -> bytes:

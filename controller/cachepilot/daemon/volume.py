@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from cachepilot.actions import IMPORTED, Action, DiscardRanges, Drain, Promote
+from cachepilot.actions import FILE_ACTIONS, IMPORTED, Action, Drain, Promote
 from cachepilot.backends.base import DONE, FAILED, PENDING, Backend, Outcome
 from cachepilot.daemon import volumes
 from cachepilot.engine.volumectl import VolumeCtl
@@ -63,7 +63,7 @@ class ManagedVolume:
     def run(self, action: Action, dry_run: bool) -> Outcome:
         """Carry out one action: file actions by the actuators, the rest by the backend; errors become outcomes."""
         try:
-            if isinstance(action, Promote | DiscardRanges):
+            if isinstance(action, FILE_ACTIONS):
                 return self.files.run(action, dry_run)  # type: ignore[no-any-return]
             assert self.backend is not None
             return self.backend.apply(action, dry_run=dry_run)
@@ -76,7 +76,7 @@ class ManagedVolume:
     def settle(self, out: Outcome, decision: dict[str, Any]) -> None:
         """Book an outcome: bytes moved, what pacing deferred, an operation now in flight, a drain done."""
         a = out.action
-        if isinstance(a, DiscardRanges | Promote):
+        if isinstance(a, FILE_ACTIONS):
             if not out.dry_run:
                 self.discard_issued_bytes += out.issued_bytes
                 self.discard_trimmed_bytes += out.trimmed_bytes

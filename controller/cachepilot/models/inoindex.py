@@ -206,6 +206,11 @@ class InoIndex:
     def __iter__(self) -> Iterator[int]:
         return (k for k, _ in self.items())
 
+    def slots(self) -> np.ndarray:
+        """Every live value (slot), in no particular order, as int64."""
+        rv = np.fromiter(self.recent.values(), dtype=np.int64, count=len(self.recent))
+        return np.concatenate([self.vals[self.vals >= 0], self.yvals[self.yvals >= 0], rv]).astype(np.int64)
+
     def values(self) -> Iterator[int]:
         return (v for _, v in self.items())
 

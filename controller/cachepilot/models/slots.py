@@ -168,6 +168,12 @@ class SlotArrays:
             self.index[dev] = InoIndex()
             self.dev_bytes[dev] = [0, 0]
 
+    def slots_of(self, dev: int) -> np.ndarray:
+        """The live slots of one filesystem (int64, in no particular order), from its index: O(its files), not
+        O(all files)."""
+        idx = self.index.get(dev)
+        return np.empty(0, dtype=np.int64) if idx is None else idx.slots()
+
     def _live_slots(self, dev: int | None) -> Iterator[int]:
         if dev is None:
             for idx in self.index.values():
