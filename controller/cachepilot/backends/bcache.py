@@ -311,5 +311,12 @@ def _knob(knob: Knob) -> KnobDef:
 
 
 # Modes, drain and knobs with their ranges: cachepilot.capabilities; every knob is a sysfs attribute.
+def cache_devices(host: Host, name: str) -> tuple[int, ...]:
+    """The cache set's cache device (``.../block/<dev>/bcache``), which ``slaves`` does not list."""
+    cache0 = host.sys_block / name / "bcache" / "cache" / "cache0"
+    d = host.dev_of(cache0.resolve().parent) if cache0.exists() else None
+    return () if d is None else (d,)
+
+
 KIND = Kind(NAME, BcacheBackend, detect, describe, sample,
-            knobs=tuple(_knob(k) for k in capabilities(NAME).knobs().values()))
+            knobs=tuple(_knob(k) for k in capabilities(NAME).knobs().values()), cache_devices=cache_devices)

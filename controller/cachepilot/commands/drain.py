@@ -21,7 +21,7 @@ GRACE_S = 30.0  # past the deadline, how long the CLI waits for the daemon to sa
 
 def drain(args: argparse.Namespace) -> int:
     from cachepilot.daemon.control import request
-    from cachepilot.policy.loader import parse_duration, parse_size
+    from cachepilot.policy.values import parse_duration, parse_size
 
     try:
         deadline = parse_duration(args.deadline)

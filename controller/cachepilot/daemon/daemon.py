@@ -376,9 +376,26 @@ class Daemon:
         self.curves = {} if sizing is None else {v.info.name: sizing.curve_of(v.info.dev) for v in self.vols.values()}
         vols = tuple(status.volume_status(v, v.ctl, now, self.engine) for v in self.vols.values()
                      if v.ctl is not None)
-        self.snapshot = snap = status.build(self, vols, now, tick_ns)
+        self.snapshot = snap = status.build(self._facts(), vols, now, tick_ns)
         if self.metrics is not None:
             self.metrics.publish(snap, tick_ns, time.time(), self.guard.once)
+
+    def _facts(self) -> status.DaemonFacts:
+        """What status reports of the daemon, handed over as one record (status never reads the daemon)."""
+        drops, probe, state = self.intake.drops, self.probe, self.state
+        return status.DaemonFacts(
+            started_wall=self.started_wall, started_ns=self.started_ns, dry_run=self.dry_run,
+            observe_only=all(v.observe_only for v in self.vols.values()), config_source=self.config.source,
+            policy=status.PolicyStatus(self.config.policy.source, self.policy_generation, self.policy_error),
+            probe=status.ProbeStatus(probe is not None, probe.report.summary() if probe is not None else "no probe"),
+            drops=status.DropCounts(drops.ringbuf_full, drops.hotness_map_full, drops.other) if drops
+            else status.DropCounts(), has_drops=drops is not None,
+            counters=self.counters, loop_skipped=self.loop.skipped, tracked_files=len(self.engine.hotness),
+            state_file=status.StateFileStatus(str(state.path), state.writes, state.failed_writes, state.last_error),
+            unmanaged=tuple(status.UnmanagedStatus(label, device, reason)
+                            for device, (label, reason) in sorted(self.adopter.unmanaged.items())),
+            top=self.top, decisions=self.decisions.view(), ready=self.ready, bpf_object=self.bpf_object,
+            capture=self.capture, curves=self.curves)
 
     def answer(self, req: dict[str, Any]) -> dict[str, Any]:
         """Control-socket requests (called on the server thread): daemon/answers.py."""

@@ -41,6 +41,7 @@ from cachepilot.engine.discards import gather_due, plan_discards, requeue_failed
 from cachepilot.engine.dispatch import EventDispatch
 from cachepilot.engine.drains import Drains, drain_at_risk
 from cachepilot.engine.exposure import Exposure
+from cachepilot.engine.handoff import queue_imported
 from cachepilot.engine.knobs import KnobPins
 from cachepilot.engine.lifetime import Lifetimes
 from cachepilot.engine.nativebound import NativeBound
@@ -151,9 +152,7 @@ class Engine:
 
     def import_hot(self, name: str, files: list[tuple[int, int, int, int]]) -> tuple[int, int]:
         """A warm handoff's hot list (ino, gen, score, size), hottest first: engine/handoff.py."""
-        from cachepilot.engine.handoff import queue_imported
-
-        return queue_imported(self, name, files)
+        return queue_imported(self.volume(name), self.hotness, self.now_ns, files)
 
     @staticmethod
     def _granularity(info: VolumeInfo, vp: VolumePolicy) -> int:

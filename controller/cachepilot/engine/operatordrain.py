@@ -29,16 +29,11 @@ ENDS = ("policy", "writethrough")
 DONE, EXPIRED, FAILED = "done", "expired", "failed"
 
 
-# How each kind could steer its write-back rate, and why ``--rate`` is refused where it has no rate to steer.
-NO_RATE = {"dm-cache": "migration_threshold caps the sectors of migration I/O in flight, not a rate: set it as a knob",
-           "lvmcache": "migration_threshold caps the sectors of migration I/O in flight, not a rate: set it as a knob",
-           "dm-writecache": "writeback_jobs caps the write-backs in flight, not a rate: set it as a knob"}
-
-
 def check_rate(name: str, kind: str, rate: int) -> None:
     """UserError for a rate the kind cannot steer (the control socket asks before it queues the request)."""
-    if rate < 0 or (rate and caps_of(kind).pace_knob is None):
-        why = NO_RATE.get(kind, "it has no write-back rate to steer")
+    caps = caps_of(kind)
+    if rate < 0 or (rate and caps.pace_knob is None):
+        why = caps.no_rate or "it has no write-back rate to steer"
         raise UserError(f"--rate: {name} ({kind}) cannot be drained at a rate: {why}")
 
 

@@ -69,6 +69,7 @@ class WritebackWatch:
     marks: deque[tuple[int, int]] = field(default_factory=deque)  # (ts, dirty) while dirty falls: the rate
     rate: float = 0.0  # bytes/s written back, measured from falling dirty data (0: not measured)
     samples: int = 0
+    maps: bool = False  # the kind reports its mapped blocks (dm-cache): whether "all dirty" can be said at all
 
     def stalled_s(self, now_ns: int) -> float:
         """Seconds dirty data has not fallen while write-back should run (0 outside such a stretch)."""
@@ -151,6 +152,7 @@ class WritebackWatch:
 
     def _all_dirty(self, name: str, ts: int, dirty: int, v: WritebackView) -> list[Finding]:
         mapped = v.mapped_bytes
+        self.maps = mapped is not None
         first = self.samples == 0
         if self.all_dirty_ns is None:
             if mapped is not None and mapped >= MIN_MAPPED_BYTES and dirty >= ALL_DIRTY * mapped:
