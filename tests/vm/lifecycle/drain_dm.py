@@ -7,8 +7,6 @@ drain lasts long enough to be followed. key=value lines on stdout."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import subprocess
 import sys
@@ -18,6 +16,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "act"))  # tests/vm/act: the lab helpers
 from labkit import drop_caches, intact, run, say, write_files  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/vm: the guest scripts' helpers
+from guestkit import cli_in_process  # noqa: E402
 
 MIB = 1 << 20
 recipe = os.environ["LAB_RECIPE"]
@@ -51,12 +52,7 @@ def same(a: str, b: str) -> bool:
 
 
 def cli_run(*args: str) -> tuple[int, str]:
-    from cachepilot.cli import main
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-        rc = main([*args, "--socket", str(tmp / "ctl.sock")])
-    return rc, out.getvalue()
+    return cli_in_process(tmp / "ctl.sock", *args)
 
 
 def volume_name() -> str:

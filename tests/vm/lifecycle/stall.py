@@ -8,7 +8,6 @@ Debian's prometheus runs in the guest too, scraping the daemon every 5 s with th
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import subprocess
@@ -25,7 +24,7 @@ import yaml
 from cachepilot.backends.inspect import parse_bcache_size
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/vm: the guest scripts' helpers
-from guestkit import say, wait  # noqa: E402
+from guestkit import cli_in_process, say, wait  # noqa: E402
 
 MIB = 1 << 20
 ROOT = Path(__file__).resolve().parents[3]
@@ -50,13 +49,7 @@ def dirty() -> int:
 
 
 def cli_run(*args: str) -> tuple[int, str]:
-    """The CLI's own code in this process (a new python per call costs tens of seconds under TCG)."""
-    from cachepilot.cli import main
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-        rc = main([*args, "--socket", str(tmp / "ctl.sock")])
-    return rc, out.getvalue()
+    return cli_in_process(tmp / "ctl.sock", *args)
 
 
 def volume_status() -> dict[str, Any]:

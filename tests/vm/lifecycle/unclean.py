@@ -12,9 +12,7 @@ key=value lines on stdout."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import io
 import json
 import os
 import subprocess
@@ -28,7 +26,7 @@ from typing import Any
 from cachepilot.backends.dmcache import CacheTable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/vm: the guest scripts' helpers
-from guestkit import say, wait  # noqa: E402
+from guestkit import cli_in_process, say, wait  # noqa: E402
 
 MIB = 1 << 20
 METRICS = "127.0.0.1:9854"
@@ -55,12 +53,7 @@ def blocks() -> tuple[int, int]:
 
 
 def cli_run(*args: str) -> tuple[int, str]:
-    from cachepilot.cli import main
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-        rc = main([*args, "--socket", str(tmp / "ctl.sock")])
-    return rc, out.getvalue()
+    return cli_in_process(tmp / "ctl.sock", *args)
 
 
 def volume() -> dict[str, Any]:
