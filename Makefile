@@ -24,7 +24,7 @@ APT_PACKAGES := clang llvm libbpf-dev libbpf1 bpftool make gcc \
 	python3-bpfcc
 
 .PHONY: help deps deps-system deps-python deps-lab bpf lint test test-unit test-bpf test-vm test-ops \
-	demo bench bench-all bench-grid soak lab-shell package clean distclean
+	demo bench bench-all bench-grid soak lab-shell package clean distclean generated
 
 help:
 	@echo "make deps       install system packages, the virtualenv, the lab kernel and initramfs"
@@ -35,6 +35,7 @@ help:
 	@echo "make soak       the daemon for SOAK_MINUTES (30) in the lab under load and disruptions (not in bench)"
 	@echo "make lab-shell  an interactive shell in the lab guest"
 	@echo "make package    dist/: a wheel with the BPF object inside, and cachepilot_<version>_amd64.deb"
+	@echo "make generated  the schema, the role's policy checks and docs/policy-reference.md from the policy table"
 
 deps: deps-system deps-python deps-lab bpf
 
@@ -68,6 +69,15 @@ lint: deps-python
 	$(VENV)/bin/mypy
 	$(VENV)/bin/vulture controller/cachepilot --min-confidence 100
 	$(PY) tests/import_layers.py controller/cachepilot
+	$(PY) tests/kind_names.py controller/cachepilot
+
+# The files made from the policy's field table (controller/cachepilot/policy/model.py): the schema, the Ansible
+# role's early check list and the policy reference. Unit tests (tests/unit/test_policy_table.py) fail when a
+# committed one differs from what the table makes.
+generated: deps-python
+	$(PY) -m cachepilot.policy.schema > policies/schema.json
+	$(PY) -m cachepilot.policy.fields > playbooks/roles/cachepilot/files/policy_fields.json
+	$(PY) -m cachepilot.policy.reference > docs/policy-reference.md
 
 # One pytest run over every level that exists; each level's fixtures do their own set-up (tracefs, loop devices, the lab).
 test: deps-python bpf lint

@@ -94,6 +94,33 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
 
 
 @dataclass(frozen=True, slots=True)
+class HoldKnob:
+    """The knob that holds written data dirty for the lifetime rule (engine/lifetime.py): the kind writes back what
+    is above a dirty target the knob sets, in percent of the cache."""
+
+    knob: str
+    stock: int  # its stock value: the hold never goes below it (nor below the value found at start)
+    # The kind caches writes only below this share of the cache in use (bcache: bch_cutoff_writeback, 40%, in
+    # drivers/md/bcache/writeback.h; above it writes go write-through): the room a hold has. None: the whole cache.
+    write_cutoff: int | None = None
+    # Percent points a new value must move from the one it has: a change reloads the device's table, which
+    # suspends it (dm-writecache's watermarks are table arguments). 0: every change is cheap.
+    min_step: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyReserve:
+    """A kind whose read-miss inserts never wait for space: reads faster than its allocator refills the free list
+    are served but not cached. bcache: ``bch_bucket_alloc`` with wait false for a cache miss, each refusal the
+    ``bcache_alloc_fail`` tracepoint of the module named here; the free list holds ``roundup_pow_of_two(nbuckets)
+    >> 10`` buckets (``cache_alloc`` in super.c), at least 1/1024 of the cache. The promoter paces on the refusals
+    (actuators/allocpace.py) and reads no more at once than the reserve (actuators/promote.default_burst)."""
+
+    module: str  # the kernel module whose tracepoint reports a refused insert (the probe attaches when it is loaded)
+    shift: int  # the reserve is at least cache bytes >> shift
+
+
+@dataclass(frozen=True, slots=True)
 class Capabilities:
     kind: str
     modes: frozenset[str]
@@ -131,6 +158,10 @@ class Capabilities:
     # priority, so the fsyncs during it queue behind a burst (W1: fsync p99 1.98x write-through's). Written back
     # at the write rate between drains, the dirty data a drain finds stays small (drivers/md/bcache/writeback.c).
     pace_knob: str | None = None
+    # Why the kind has no write-back rate for ``cachepilot drain --rate`` when it has no pace_knob (what it has
+    # instead): dm-cache's migration_threshold caps the sectors of migration I/O in flight (spare_migration_bandwidth),
+    # dm-writecache's writeback_jobs the write-backs in flight; neither is a rate.
+    no_rate: str = ""
     # Rounds of promotion reads the cache needs before it admits a block (actuators.promote; 0: it never caches
     # reads).
     promote_rounds: int = 1
@@ -163,10 +194,19 @@ class Capabilities:
     # hottest files lowered the workload's hit ratio (docs/benchmarks.md, W3). Admitted files are then left to the
     # policy (promotion.only_uncached); pins, imported hot lists and re-warms are still read.
     promotes_own_misses: bool = False
+    # The knob the lifetime rule holds young data dirty with (engine/lifetime.py); None: the kind has none.
+    hold: HoldKnob | None = None
+    # Read-miss inserts refused when the allocator's free list is empty (None: the kind waits for space).
+    ready_reserve: ReadyReserve | None = None
+    # Whether the volume's cache identity (VolumeInfo.cache_id) names a cache set that several volumes may share
+    # (bcache: the cache set's UUID; status shows it as cache_set). dm caches have one cache device per volume.
+    shared_cache_set: bool = False
 
     def knobs(self) -> dict[str, Knob]:
         return {n: k for n, k in KNOBS.items() if self.kind in k.kinds}
 
+
+_MIGRATION_CAP = "migration_threshold caps the sectors of migration I/O in flight, not a rate: set it as a knob"
 
 CAPABILITIES: dict[str, Capabilities] = {
     KIND_BCACHE: Capabilities(
@@ -176,6 +216,8 @@ CAPABILITIES: dict[str, Capabilities] = {
         destructive="write-back with a periodic drain; write-through before the byte bound",
         drain_sleep_knob="writeback_delay", pace_knob="writeback_rate_minimum",
         promote_rounds=1, device_prefix="bcache", error_counts=True, inserts_read_misses=True,
+        hold=HoldKnob("writeback_percent", 10, write_cutoff=40), ready_reserve=ReadyReserve("bcache", 10),
+        shared_cache_set=True,
     ),
     KIND_DMCACHE: Capabilities(
         KIND_DMCACHE, frozenset({WRITEBACK, WRITETHROUGH, BYPASS}),
@@ -184,6 +226,7 @@ CAPABILITIES: dict[str, Capabilities] = {
         destructive="write-back with a periodic drain; write-through before the byte bound",
         drain_needs_idle=True, drain_replaces_policy=True, promotes_own_misses=True,
         promote_rounds=2,  # smq promotes a block once its hotspot has been hit in two of its one-second ticks
+        no_rate=_MIGRATION_CAP,
     ),
     KIND_LVMCACHE: Capabilities(
         KIND_LVMCACHE, frozenset({WRITEBACK, WRITETHROUGH, BYPASS}),
@@ -192,6 +235,7 @@ CAPABILITIES: dict[str, Capabilities] = {
         destructive="write-back with a periodic drain; write-through before the byte bound",
         drain_needs_idle=True, drain_replaces_policy=True, promotes_own_misses=True,
         promote_rounds=2,  # smq, as dm-cache
+        no_rate=_MIGRATION_CAP,
     ),
     KIND_WRITECACHE: Capabilities(
         KIND_WRITECACHE, frozenset({WRITEBACK}), {WRITEBACK: "writeback"},
@@ -199,6 +243,8 @@ CAPABILITIES: dict[str, Capabilities] = {
         destructive="write-back only: the bound is kept by flushing, never by a mode switch",
         promote_rounds=0,  # dm-writecache never caches reads
         error_counts=True, native_bound=True, drain_done_as_of_start=True,
+        hold=HoldKnob("high_watermark", 50, min_step=5),
+        no_rate="writeback_jobs caps the write-backs in flight, not a rate: set it as a knob",
     ),
 }
 KNOB_TYPES = ("int", "size")
@@ -218,11 +264,16 @@ def check(table: dict[str, Capabilities], knobs: dict[str, Knob]) -> None:
         sleep = knobs.get(c.drain_sleep_knob or "")
         if c.drain_sleep_knob is not None and (sleep is None or name not in sleep.kinds):
             raise TypeError(f"kind {name}: drain_sleep_knob {c.drain_sleep_knob} is not a knob of it")
+        hold = knobs.get(c.hold.knob) if c.hold is not None else None
+        if c.hold is not None and (hold is None or name not in hold.kinds or not hold.min <= c.hold.stock <= hold.max):
+            raise TypeError(f"kind {name}: hold knob {c.hold.knob} is not a knob of it, or its stock value is out "
+                            "of the knob's range")
 
 
 check(CAPABILITIES, KNOBS)
 KINDS = tuple(CAPABILITIES)
 ERROR_COUNTS = frozenset(k for k, c in CAPABILITIES.items() if c.error_counts)
+SHARED_CACHE_SETS = frozenset(k for k, c in CAPABILITIES.items() if c.shared_cache_set)
 
 
 def capabilities(kind: str) -> Capabilities:

@@ -203,6 +203,52 @@ def test_bad_variables_fail_early_naming_the_variable(tmp_path: Path) -> None:
     assert not any(r.exists() for r in roots.values()), out
 
 
+def _every_key() -> dict:
+    """A valid policy naming every key of the policy's field table (each at its default, as the reference shows it),
+    a pin and a rule whose selector names every selector key."""
+    from cachepilot.policy.fields import SETTINGS, TOP, leaves
+    from cachepilot.policy.reference import shown
+
+    doc: dict = {"version": 1}
+    for table, where in ((TOP, doc), (SETTINGS, doc.setdefault("defaults", {}))):
+        for path, row in leaves(table):
+            at = where
+            for k in path[:-1]:
+                at = at.setdefault(k, {})
+            at[path[-1]] = yaml.safe_load(shown(row))
+    doc["defaults"]["pin"] = {"paths": ["db/", "conf/*.idx"], "max_bytes": "1GiB", "refresh": "10s"}
+    doc["volumes"] = [{"name": "db", "match": {"device": "bcache*", "fs_uuid": "0123abcd-0000", "mountpoint": "/srv",
+                                               "kind": "bcache"}, "knobs": {"sequential_cutoff": "4MiB"}}]
+    return doc
+
+
+def test_every_policy_key_is_checked_early_from_the_field_table(tmp_path: Path) -> None:
+    """Issue 35 item 4: the role's early checks come from the policy's field table (files/policy_fields.json), so the
+    keys its own list had lost (max_hold, refresh_interval, max_cutoff, window) are checked, and a policy naming every
+    key at its default passes them (and the host's check)."""
+    roots = {h: tmp_path / h for h in ("bad", "every")}
+    bad = {"version": 1, "defaults": {"lifetime_hold": {"max_hold": "forever"},
+                                      "promotion": {"refresh_interval": "often", "large_files": {"min_reads": 0}},
+                                      "sequential_steering": {"max_cutoff": "big", "window": "wide"}},
+           "volumes": [{"name": "z", "match": {"kind": "zfs"}, "health": {"scan_drop": 2}}]}
+    rc, out = playbook(tmp_path, {"bad": {"cachepilot_root": str(roots["bad"]), "cachepilot_policy": bad},
+                                  "every": {"cachepilot_root": str(roots["every"]), "cachepilot_policy": _every_key()}})
+    assert rc != 0
+    for name, value, expected in (
+            ("defaults.lifetime_hold.max_hold", '"forever"', "a duration"),
+            ("defaults.promotion.refresh_interval", '"often"', "a duration"),
+            ("defaults.promotion.large_files.min_reads", "0", "a number of at least 1"),
+            ("defaults.sequential_steering.max_cutoff", '"big"', "a size"),
+            ("defaults.sequential_steering.window", '"wide"', "a duration"),
+            ("volumes[0].match.kind", '"zfs"', "one of bcache, dm-cache, lvmcache, dm-writecache"),
+            ("volumes[0].health.scan_drop", "2", "a number from 0 to 1")):
+        assert f"cachepilot_policy.{name}: {value} is not {expected}" in out, (name, out)
+    assert recap(out)["every"]["failed"] == 0, out
+    assert not any(r.exists() for r in roots.values()), out
+    rc, out = playbook(tmp_path, {"every": {"cachepilot_root": str(roots["every"]), "cachepilot_policy": _every_key()}})
+    assert rc == 0 and recap(out)["every"]["failed"] == 0, out  # the host's `cachepilot policy check` agrees
+
+
 def test_the_hosts_policy_check_loads_only_the_policy_command(tmp_path: Path) -> None:
     # the role runs `cachepilot policy check` on every host for every changed policy: on a slow host its start-up
     # is its cost, so it must not import the other commands (the simulator, the recorder...)

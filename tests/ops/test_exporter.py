@@ -74,6 +74,11 @@ EXPECTED = {
     "cachepilot_volume_exposure_breaches": ("counter", V),
     "cachepilot_volume_operator_drain_remaining_bytes": ("gauge", V),
     "cachepilot_volume_operator_drain_rate_bytes": ("gauge", V),
+    # write-back's progress (issue 36): a stall the daemon judged, how long, dm-cache all dirty, the time to clean
+    "cachepilot_volume_writeback_stalled": ("gauge", V),
+    "cachepilot_volume_writeback_stalled_seconds": ("gauge", V),
+    "cachepilot_volume_all_dirty": ("gauge", V),
+    "cachepilot_volume_clean_eta_seconds": ("gauge", V),
     "cachepilot_volume_cache_hits": ("counter", V),
     "cachepilot_volume_cache_misses": ("counter", V),
     "cachepilot_volume_cache_bypasses": ("counter", V),

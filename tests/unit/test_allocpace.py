@@ -40,13 +40,26 @@ def test_what_was_read_in_a_tick_with_failures_is_read_once_more() -> None:
     b = AllocBackoff(8 * MIB, floor=MIN_CHUNK)
     b.observe(0, 0)
     b.read(promote(1), ((0, MIB),))
-    assert b.observe(0, 1 * S) == []  # a quiet tick: nothing to read again, and forgotten
+    assert b.observe(0, 1 * S) == []  # a quiet tick: nothing to read again, kept one more look
+    assert b.observe(0, 2 * S) == []  # a second quiet look: forgotten
     b.read(promote(2), ((0, 256 << 10), (MIB, 64 << 10)))
-    again = b.observe(2, 2 * S)
+    again = b.observe(2, 3 * S)
     assert [(a.ino, a.ranges) for a in again] == [(2, ((0, 256 << 10), (MIB, 64 << 10)))]
     assert again[0].reason.startswith(REREAD) and b.rereads_total == 1
     b.read(again[0], again[0].ranges)  # the re-read itself, in a tick that fails again: not read a third time
-    assert b.observe(4, 3 * S) == []
+    assert b.observe(4, 4 * S) == []
+
+
+def test_a_failure_counted_a_look_after_the_read_still_finds_it() -> None:
+    """The insert follows the read's completion, so its failure can reach the count after the next look (the lab: 4
+    failures counted and nothing to re-read); it is read once more, and only once."""
+    b = AllocBackoff(8 * MIB, floor=MIN_CHUNK)
+    b.observe(0, 0)
+    b.read(promote(1), ((0, MIB),))
+    assert b.observe(0, 1 * S) == []  # the look came before the count
+    again = b.observe(3, 2 * S)
+    assert [a.ino for a in again] == [1] and b.rereads_total == 1
+    assert b.observe(5, 3 * S) == []  # not again
 
 
 def test_a_reloaded_probe_counting_from_zero_is_not_taken_for_a_quiet_tick() -> None:

@@ -745,3 +745,4 @@ def test_a_bcache_drain_reads_dirty_data_once_a_step(bc, monkeypatch):
         reads.clear()
         assert b.step(t * S) == []
         assert reads.count("dirty_data") == 1, reads
+

@@ -75,7 +75,7 @@ def test_the_cli_follows_the_drain_to_its_end_and_exits_1_on_the_deadline(rig: R
     runner.start()
     try:
         args = argparse.Namespace(socket=str(rig.d.config.socket), config=None, volume="bcache0", deadline="3s",
-                                  end="policy", release=False, no_wait=False)
+                                  end="policy", release=False, no_wait=False, rate=None)
         rc = cmd.drain(args)
     finally:
         stop.set()
@@ -102,3 +102,18 @@ def test_an_operator_drain_shows_in_the_metrics_while_it_runs(tmp_path: Path) ->
         assert "cachepilot_volume_operator_drain_rate_bytes{" in text
     finally:
         r.d.shutdown()
+
+
+def test_a_rate_the_kind_cannot_steer_is_refused_at_the_socket_with_why(rig: Rig) -> None:
+    from cachepilot.daemon.answers import _drain
+
+    vol = argparse.Namespace(observe_only=False, operator_drain=None, kind="dm-writecache", dirty_bytes=0)
+    with pytest.raises(UserError, match="writeback_jobs caps the write-backs in flight, not a rate"):
+        _drain({"dm-4": vol}, {"cmd": "drain", "volume": "dm-4", "rate": 1 << 20}, [])
+    queue: list = []  # type: ignore[type-arg]
+    _drain({"dm-4": vol}, {"cmd": "drain", "volume": "dm-4"}, queue)
+    assert queue == [{"volume": "dm-4", "deadline": 600, "end": "policy", "rate": 0}]
+    rig.d.start()
+    rig.tick(1)
+    assert rig.d.answer({"cmd": "drain", "volume": "bcache0", "rate": 4 << 20})["queued"] == "bcache0"
+    assert rig.d.drain_requests[-1]["rate"] == 4 << 20

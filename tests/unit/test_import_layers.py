@@ -62,3 +62,28 @@ def test_a_class_over_400_lines_is_reported_and_fails_main(tmp_path: Path) -> No
     assert checker.oversized_classes(pkg) == [
         f"{pkg / 'units.py'}:1: class Big is 401 lines (at most 400: split it by concept)"]
     assert checker.main(["import_layers.py", str(pkg)]) == 1
+
+
+def test_the_package_has_no_import_cycle() -> None:
+    assert _checker().cycles(ROOT / "controller" / "cachepilot") == []
+
+
+def test_an_import_cycle_is_reported_even_through_type_checking(tmp_path: Path) -> None:
+    # issue 35: status read the daemon that builds it (a TYPE_CHECKING import back), a backend looked itself up
+    # in the table of kinds that names it (a lazy import back)
+    pkg = _tree(tmp_path, {
+        "daemon/__init__.py": "",
+        "daemon/daemon.py": "from cachepilot.daemon import status\n",
+        "daemon/status.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                            "    from cachepilot.daemon.daemon import Daemon\n",
+        "backends/__init__.py": "",
+        "backends/kinds.py": "from cachepilot.backends.operation import Setting\n",
+        "backends/operation.py": "def f():\n    from cachepilot.backends import kinds\n",
+        "engine/__init__.py": "from cachepilot.engine.engine import Engine\n",
+        "engine/engine.py": "from cachepilot.engine.handoff import queue\n",
+        "engine/handoff.py": "import numpy\n",
+    })
+    assert _checker().cycles(pkg) == [
+        "import cycle: cachepilot.backends.kinds -> cachepilot.backends.operation (each imports another of them)",
+        "import cycle: cachepilot.daemon.daemon -> cachepilot.daemon.status (each imports another of them)",
+    ]

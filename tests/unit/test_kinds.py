@@ -19,6 +19,7 @@ from cachepilot.backends.base import FAILED
 from cachepilot.backends.bcache import KIND as BCACHE
 from cachepilot.backends.host import Host, ToolResult
 from cachepilot.backends.kinds import Kind, KnobDef, check_declared
+from cachepilot.backends.operation import Setting
 from cachepilot.capabilities import CAPABILITIES, KINDS, KNOBS, WRITEBACK, Capabilities, check
 from cachepilot.daemon import volumes
 from cachepilot.errors import KernelRejected, UserError
@@ -215,3 +216,51 @@ def test_describe_names_a_device_no_kind_takes(tmp_path: Path) -> None:
         describe(host, "dm-7", kdev(254, 7))
     with pytest.raises(UserError, match="/dev/sdb is not a cache of a known kind"):
         describe(host, "sdb", kdev(8, 16))
+
+
+# ------------------------------------------------------------------ issue 35 item 2: traits, not names
+def test_a_volumes_lower_devices_take_the_cache_device_its_kind_finds(tmp_path: Path) -> None:
+    # bcache's cache device is not among the volume's slaves: the kind finds it (Kind.cache_devices), for the probe
+    # to watch its discards; the dm kinds list theirs as slaves
+    host, _ = fixture_host(tmp_path)
+    found = {f.info.name: f for f in volumes.discover(host)[0]}
+    assert found["bcache0"].lower == (kdev(8, 16),)
+    assert found["dm-2"].lower == ()
+
+
+def test_a_backend_acts_through_the_kind_it_was_built_with(tmp_path: Path) -> None:
+    # no lookup of its own kind in the global table: a backend built with a Kind whose readahead get/set pair is
+    # another uses that one (the table's would write sysfs, which this tree lacks)
+    (tmp_path / "block" / "bcache0" / "bcache").mkdir(parents=True)
+    seen: list[str] = []
+    now = {"v": "0"}
+
+    def fake(_b: object) -> Setting:
+        return Setting("fake readahead", lambda: now["v"], lambda v: (seen.append(v), now.update(v=v)) and None)
+
+    knobs = tuple(KnobDef(k.name, fake if k.name == "readahead" else k.setting) for k in BCACHE.knobs)
+    mine = replace(BCACHE, knobs=knobs)
+    b = mine.open(VolumeInfo(dev=1, name="bcache0", kind="bcache"), Host(sysfs=tmp_path))
+    out = b.apply(SetKnob("bcache0", "readahead", "4096", "policy"))
+    assert out.status != FAILED and seen == ["4096"], out
+
+
+def test_the_hold_knob_and_ready_reserve_are_declared_traits(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a kind declared with a hold knob gets lifetime holds and one with a ready reserve the promoter's pacing,
+    # whatever its name (the engine and promoter named bcache and dm-writecache before)
+    from cachepilot.actuators.promote import default_burst
+    from cachepilot.capabilities import HoldKnob, ReadyReserve
+    from cachepilot.engine.lifetime import VolumeLifetimes, hold_for
+    from cachepilot.policy.model import LifetimeHold
+
+    caps = replace(CAPABILITIES["dm-cache"], kind="newcache", hold=HoldKnob("migration_threshold", 10),
+                   ready_reserve=ReadyReserve("newcache", 4))
+    monkeypatch.setitem(CAPABILITIES, "newcache", caps)
+    lt = VolumeLifetimes(rate=4 << 20)
+    lt.ages.add(20 * 10**9, 64 << 20, 10**9)
+    h = hold_for("newcache", 1 << 30, lt, LifetimeHold())
+    assert h is not None and h.knob == "migration_threshold" and h.value == 25 and "full less headroom" in h.reason
+    info = VolumeInfo(dev=1, name="dm-9", kind="newcache", cache_bytes=1 << 20)
+    assert default_burst(info, 1 << 20) == 1 << 16  # the reserve: cache bytes >> 4
+    assert Promoter(info).backoff is not None
+    assert Promoter(replace(info, kind="dm-cache")).backoff is None

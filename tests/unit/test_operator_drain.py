@@ -109,3 +109,17 @@ def test_a_drain_of_the_policy_in_flight_becomes_the_operators() -> None:
     assert not [a for a in tick(e, 2, dirty=2 * MIB) if isinstance(a, Drain)]
     e.outcome(Outcome(mine, "done"))
     assert status(e)["state"] == "done"
+
+
+def test_a_rate_is_asked_of_bcaches_rate_controller_and_refused_where_the_kind_has_none() -> None:
+    e = engine()
+    tick(e, 1, dirty=0)
+    e.operator_drain("bcache0", 60, "policy", rate=8 * MIB)
+    [d] = [a for a in tick(e, 2, dirty=20 * MIB) if isinstance(a, Drain)]
+    assert d.rate == 8 * MIB and "at 8388608 B/s" in d.reason
+    assert status(e)["rate_asked_bytes_s"] == 8 * MIB
+    dm = Engine(parse_policy(POLICY, "t.yaml"), [VolumeInfo(dev=DEV, name="dm-3", kind="dm-cache",
+                                                           cache_bytes=1 << 30)])
+    with pytest.raises(UserError, match=r"dm-3 \(dm-cache\) cannot be drained at a rate: migration_threshold caps"):
+        dm.operator_drain("dm-3", 60, "policy", rate=8 * MIB)
+    dm.operator_drain("dm-3", 60, "policy")  # at its full speed it can

@@ -13,8 +13,10 @@ from hypothesis import strategies as st
 from cachepilot.cli import main
 from cachepilot.daemon.config import load_config
 from cachepilot.errors import UserError
-from cachepilot.policy.loader import _check_overlaps, _covers, _Doc, check_combined, load_policy
+from cachepilot.policy.loader import load_policy
 from cachepilot.policy.model import Policy, Rule, Selector, VolumePolicy
+from cachepilot.policy.overlaps import _covers, check_combined, check_overlaps
+from cachepilot.policy.reader import Doc
 
 _sel = st.builds(
     Selector,
@@ -32,7 +34,7 @@ def test_indexed_overlap_check_matches_pairwise(sels: list[Selector]) -> None:
     pairwise = any(_covers(a.selector, b.selector) or _covers(b.selector, a.selector)
                    for i, a in enumerate(rules) for b in rules[:i])
     try:
-        _check_overlaps(_Doc("p.yaml", None, {}, {}), rules)
+        check_overlaps(Doc("p.yaml", None, {}, {}), rules)
         indexed = False
     except UserError:
         indexed = True

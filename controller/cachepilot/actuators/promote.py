@@ -74,9 +74,9 @@ class Promoter:
         self.rate = max(1, rate)
         self._fixed_burst = burst
         self.burst, self.import_burst = self._bursts()
-        # bcache refuses inserts when its free list is empty: the rate follows its failures (allocpace)
-        self.backoff = AllocBackoff(self.rate, floor=MIN_CHUNK) if info.kind == "bcache" else None
         caps = CAPABILITIES.get(info.kind)
+        # a kind that refuses inserts when its free list is empty (bcache): the rate follows its failures (allocpace)
+        self.backoff = AllocBackoff(self.rate, floor=MIN_CHUNK) if caps and caps.ready_reserve else None
         self.rounds = (caps.promote_rounds if caps else 1) if rounds is None else rounds
         self._round: dict[tuple[int, int, int], tuple[int, int]] = {}  # file -> (rounds done, next not before)
         self.rng = random.Random(seed)  # noqa: S311 (chunk sizes, not secrets)
@@ -380,8 +380,9 @@ def default_burst(info: VolumeInfo, rate: int) -> int:
     empty). The free list holds ``roundup_pow_of_two(nbuckets) >> 10`` buckets (``cache_alloc`` in super.c: the
     reserve), i.e. at least 1/1024 of the cache: a burst larger than that outruns the allocator (measured in the
     lab: 8 MiB read at once into a 256 MiB cache, 40-144 KiB of it not inserted in 1 run of 3)."""
-    if info.kind == "bcache" and info.cache_bytes > 0:
-        return min(rate, info.cache_bytes >> 10)
+    caps = CAPABILITIES.get(info.kind)
+    if caps is not None and caps.ready_reserve is not None and info.cache_bytes > 0:
+        return min(rate, info.cache_bytes >> caps.ready_reserve.shift)
     return rate
 
 

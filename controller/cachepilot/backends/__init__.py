@@ -19,4 +19,4 @@ def open_backend(info: VolumeInfo, *, host: Host | None = None) -> Backend:
     k = kinds.get(info.kind)
     if k is None:
         raise UserError(f"{info.name}: no backend for cache kind {info.kind!r}")
-    return k.backend(info, host=host)
+    return k.open(info, host)

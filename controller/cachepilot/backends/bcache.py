@@ -27,6 +27,7 @@ from cachepilot.backends.operation import CLOSE_BELOW, Operation, OperationBacke
 from cachepilot.capabilities import BYPASS, KIND_BCACHE, KNOBS, WRITEBACK, WRITETHROUGH, Knob, capabilities
 from cachepilot.errors import DeviceGone, KernelRejected, UserError
 from cachepilot.models.volume import VolumeInfo, VolumeSample
+from cachepilot.models.writeback import WritebackView
 
 NS = 1_000_000_000
 
@@ -248,6 +249,7 @@ def _sample_paths(sys_block: Path, name: str) -> dict[str, str]:
     paths = {k: str(sysfs / k) for k in ("cache_mode", "cache", "dirty_data", *SAMPLED_KNOBS)}
     paths |= {k: str(sysfs / "stats_total" / k)
               for k in ("cache_hits", "cache_misses", "cache_bypass_hits", "cache_bypass_misses", "bypassed")}
+    paths |= {k: str(sysfs / k) for k in ("writeback_running", "writeback_rate")}
     paths |= {"io_errors": str(sysfs / "cache" / "cache0" / "io_errors"),
               "cache_available_percent": str(sysfs / "cache" / "cache_available_percent"), "sysfs": str(sysfs)}
     return paths
@@ -265,15 +267,43 @@ def sample(host: Host, info: VolumeInfo, now: int) -> VolumeSample:
             in_use = 100 - int(read_attr(avail)) if os.path.exists(avail) else None
         except DeviceGone:
             attached = False  # the cache set went away between the two reads
+    knobs = {k: read_attr(p[k]) for k in SAMPLED_KNOBS}
     return VolumeSample(
         dev=info.dev, ts_ns=now, mode=mode, dirty_bytes=parse_bcache_size(read_attr(p["dirty_data"])),
         hits=int(read_attr(p["cache_hits"])), misses=int(read_attr(p["cache_misses"])),
         io_errors=errors, failed=not attached, cache_id=_cache_id(p["sysfs"]) if attached else "",
-        knobs={k: read_attr(p[k]) for k in SAMPLED_KNOBS},
+        knobs=knobs, writeback=_writeback(p, info, knobs) if attached else None,
         # a bypass "hit" is a bypassed I/O whose data was in the cache anyway; both went around it
         bypasses=int(read_attr(p["cache_bypass_hits"])) + int(read_attr(p["cache_bypass_misses"])),
         bypassed_bytes=parse_bcache_size(read_attr(p["bypassed"])), in_use_percent=in_use,
     )
+
+
+def _optional(path: str) -> str | None:
+    """An attribute an older kernel or a fixture tree may lack (None then)."""
+    try:
+        return read_attr(path)
+    except (DeviceGone, KernelRejected, OSError):
+        return None
+
+
+def _writeback(p: dict[str, str], info: VolumeInfo, knobs: dict[str, str]) -> WritebackView:
+    """What the stall watch needs (models/writeback.py): whether the write-back thread may run, its rate, and the
+    dirty data bcache holds on purpose -- below its target (cache size x writeback_percent / 100, this device's share
+    of it: the whole when it is the set's only backing device, less otherwise, so the watch may miss a stall between
+    the two) the controller writes back at writeback_rate_minimum; writeback_percent 0 holds nothing. The thread
+    sleeps writeback_delay after each full scan: twice that may pass with nothing written back."""
+    running, rate = _optional(p["writeback_running"]), _optional(p["writeback_rate"])
+    try:
+        percent, delay = int(knobs["writeback_percent"]), float(knobs["writeback_delay"])
+    except (KeyError, ValueError):
+        percent, delay = 0, 0.0
+    try:
+        rate_bytes = parse_bcache_size(rate) if rate is not None else None
+    except UserError:
+        rate_bytes = None
+    return WritebackView(running=None if running is None else running.strip() != "0", rate_bytes=rate_bytes,
+                         hold_bytes=info.cache_bytes * percent // 100, quiet_s=2 * delay)
 
 
 def _knob(knob: Knob) -> KnobDef:
@@ -281,5 +311,12 @@ def _knob(knob: Knob) -> KnobDef:
 
 
 # Modes, drain and knobs with their ranges: cachepilot.capabilities; every knob is a sysfs attribute.
+def cache_devices(host: Host, name: str) -> tuple[int, ...]:
+    """The cache set's cache device (``.../block/<dev>/bcache``), which ``slaves`` does not list."""
+    cache0 = host.sys_block / name / "bcache" / "cache" / "cache0"
+    d = host.dev_of(cache0.resolve().parent) if cache0.exists() else None
+    return () if d is None else (d,)
+
+
 KIND = Kind(NAME, BcacheBackend, detect, describe, sample,
-            knobs=tuple(_knob(k) for k in capabilities(NAME).knobs().values()))
+            knobs=tuple(_knob(k) for k in capabilities(NAME).knobs().values()), cache_devices=cache_devices)

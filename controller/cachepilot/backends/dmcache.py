@@ -22,6 +22,7 @@ from cachepilot.backends.operation import Operation, OperationBackend, Setting
 from cachepilot.capabilities import BYPASS, KIND_DMCACHE, WRITEBACK
 from cachepilot.errors import DeviceGone, KernelRejected, UserError
 from cachepilot.models.volume import VolumeInfo, VolumeSample
+from cachepilot.models.writeback import WritebackView
 
 NAME = KIND_DMCACHE
 _IO_MODES = ("writeback", "writethrough", "passthrough")
@@ -272,8 +273,29 @@ def sample(host: Host, info: VolumeInfo, now: int) -> VolumeSample:
         dirty_bytes=s.dirty_bytes, hits=s.read_hits + s.write_hits,
         misses=s.read_misses + s.write_misses, io_errors=0,
         failed=s.failed or s.metadata_mode == "ro" or s.needs_check,
-        knobs={k: v for k, v in s.core_args.items()}, cache_id=cache_id,
+        knobs={k: v for k, v in s.core_args.items()}, cache_id=cache_id, writeback=writeback_view(s),
     )
+
+
+def writeback_view(s: DmCacheStatus) -> WritebackView:
+    """What the stall watch needs (models/writeback.py). dm-cache holds no dirty data on purpose (smq cleans
+    everything once the origin idles), so any dirty data that does not fall is watched; its write hits are writes
+    to blocks already cached, its mapped blocks what an unclean shutdown marks dirty."""
+    note = ""
+    if s.metadata_mode == "ro" or s.needs_check:
+        note = "its metadata is read-only (needs_check): dm-cache writes nothing back until it is repaired"
+    elif s.core_args.get("migration_threshold") == "0":
+        note = "migration_threshold is 0: dm-cache may move no block between cache and origin"
+    busy = "" if s.policy == "cleaner" else SMQ_BUSY
+    return WritebackView(writes=s.write_hits + s.write_misses, overwrites=s.write_hits,
+                         mapped_bytes=s.cache_used_blocks * s.cache_block_sectors * 512, policy=s.policy, note=note,
+                         busy_hold=busy)
+
+
+# smq cleans nothing while the origin is busy (dm-cache-policy-smq.c clean_target_met: "If we're busy we don't worry
+# about cleaning at all"); the cleaner policy writes back regardless
+SMQ_BUSY = ("dm-cache's smq cleans only once the origin has been idle for a second (clean_target_met: busy, no"
+            " cleaning): a drain (cachepilot drain, the cleaner policy) writes back under load")
 
 
 # Modes, drain and the knob's range: cachepilot.capabilities. Mode and policy: table reloads; migration_threshold:

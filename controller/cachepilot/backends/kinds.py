@@ -16,6 +16,7 @@ import importlib
 import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cachepilot.capabilities import CAPABILITIES, Capabilities, capabilities
@@ -23,9 +24,8 @@ from cachepilot.errors import UserError
 from cachepilot.models.volume import VolumeInfo, VolumeSample
 
 if TYPE_CHECKING:
-    from cachepilot.backends.base import Backend
     from cachepilot.backends.host import BlockDev, Host
-    from cachepilot.backends.operation import Setting
+    from cachepilot.backends.operation import OperationBackend, Setting
 
 @dataclass(frozen=True)
 class KnobDef:
@@ -50,7 +50,7 @@ class Described:
 @dataclass(frozen=True)
 class Kind:
     name: str
-    backend: type[Backend]
+    backend: type[OperationBackend]
     detect: Callable[[BlockDev], bool]
     describe: Callable[[Host, BlockDev], Described]
     sample: Callable[[Host, VolumeInfo, int], VolumeSample]
@@ -59,6 +59,9 @@ class Kind:
     # one get/set pair for several of its knobs at once (backend, knobs) -> Setting (operation.grouped), where
     # changing them one by one costs more than once (dm-writecache: a table reload suspends the device each time)
     group: Callable[[Any, tuple[str, ...]], Setting] | None = None
+    # the devices of a volume's cache the kernel does not list among the volume's slaves (host, volume name) ->
+    # their dev numbers (bcache: the cache set's cache device)
+    cache_devices: Callable[[Host, str], tuple[int, ...]] = lambda host, name: ()  # noqa: ARG005 (none)
     caps: Capabilities = field(init=False)  # the declarative half (cachepilot.capabilities)
     settings: dict[str, Callable[[Any], Setting]] = field(init=False, repr=False)
 
@@ -75,6 +78,10 @@ class Kind:
             raise TypeError(f"kind {self.name}: its backend {self.backend.__name__} says {self.backend.kind!r}")
         object.__setattr__(self, "settings", {k.name: k.setting for k in self.knobs})
 
+    def open(self, info: VolumeInfo, host: Host | None = None) -> OperationBackend:
+        """The backend of one volume of this kind, built with its kind (its knobs' get/set pairs, its group)."""
+        return self.backend(info, host=host, kind=self)
+
     @property
     def promote_rounds(self) -> int:
         return self.caps.promote_rounds
@@ -90,11 +97,9 @@ _TABLE: dict[str, Kind] = {}
 def _load() -> dict[str, Kind]:
     if _TABLE:
         return _TABLE
-    import cachepilot.backends as pkg
-
-    found: list[Kind] = []
-    for mod in sorted(m.name for m in pkgutil.iter_modules(pkg.__path__)):
-        declared = getattr(importlib.import_module(f"{pkg.__name__}.{mod}"), "KIND", None)
+    found: list[Kind] = []  # this package's modules, by path: the package's __init__ imports this module
+    for mod in sorted(m.name for m in pkgutil.iter_modules([str(Path(__file__).parent)])):
+        declared = getattr(importlib.import_module(f"{__package__}.{mod}"), "KIND", None)
         if isinstance(declared, Kind):
             found.append(declared)
     table = {k.name: k for k in found}

@@ -15,12 +15,13 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from cachepilot.actions import Drain, PutBackKnobs, SetKnob, SetKnobs, SetWritePolicy
 from cachepilot.backends.base import DONE, FAILED, PENDING, SKIPPED, Backend, ControlAction, Outcome, Write
 from cachepilot.backends.host import Host
 from cachepilot.backends.kernelio import ErrorCounts
-from cachepilot.capabilities import WRITEBACK, WRITETHROUGH
+from cachepilot.capabilities import WRITEBACK, WRITETHROUGH, Capabilities
 from cachepilot.errors import CachepilotError, KernelRejected, RetryLater
 from cachepilot.models.volume import VolumeInfo
 
@@ -81,6 +82,20 @@ def put_setting(s: Setting, value: str, reason: str, *, dry_run: bool) -> Write:
     return Write(s.target, before, value, readback)
 
 
+class KindOps(Protocol):
+    """What a backend asks of its kind's entry in the table of kinds (backends.kinds.Kind, which it is built with:
+    the table names each kind's backend class, so a backend never looks its kind up there)."""
+
+    @property
+    def caps(self) -> Capabilities: ...  # the declarative half: knob types and ranges
+
+    @property
+    def settings(self) -> dict[str, Callable[[Any], Setting]]: ...  # each knob's get/set pair
+
+    @property
+    def group(self) -> Callable[[Any, tuple[str, ...]], Setting] | None: ...  # several knobs in one write
+
+
 CLOSE_BELOW = 1 << 20  # bytes: a drain goes write-through for its tail once dirty data is down to this
 
 
@@ -137,9 +152,11 @@ class OperationBackend(Backend):
     knobs_beside_operations: frozenset[str] = frozenset()
     max_backoff_ns = 30_000_000_000
 
-    def __init__(self, info: VolumeInfo, *, host: Host | None = None,
+    def __init__(self, info: VolumeInfo, *, kind: KindOps, host: Host | None = None,
                  clock: Callable[[], int] = time.monotonic_ns) -> None:
+        """``kind``: this backend's entry in the table of kinds (its knobs' get/set pairs, its group setting)."""
         super().__init__(info, host=host)
+        self.declared = kind
         self.errors = ErrorCounts()
         self.clock = clock
         self._ops: list[Operation] = []
@@ -271,10 +288,8 @@ class OperationBackend(Backend):
     def _put_back_steered(self, knobs: Iterable[str], why: str) -> list[Outcome]:
         """Steered knobs back to the values found before the engine steered them, each if it still reads as we
         left it; together in one write where the kind has one (kinds.Kind.group), else one by one."""
-        from cachepilot.backends import kinds
-
         steered = {k: self._on_exit.pop(k) for k in knobs if k in self._on_exit}
-        group = kinds.kind(self.kind).group
+        group = self.declared.group
         if group is None or len(steered) < 2:
             return [self._put_back_knob(k, s, before, ours, why) for k, (s, before, ours) in steered.items()]
         ours = joined({k: mine for k, (_, _, mine) in steered.items()})
@@ -296,9 +311,7 @@ class OperationBackend(Backend):
         """A knob a previous (killed) run set to ``ours`` over ``found``, as its state file says: put back at this
         run's stop like one this run set, to the value found before that run -- not to whatever a killed
         operation left it at when this run first wrote it (a later write keeps this found value)."""
-        from cachepilot.backends import kinds
-
-        k = kinds.kind(self.kind)
+        k = self.declared
         if knob in k.settings and knob not in self._on_exit:
             self._on_exit[knob] = (k.settings[knob](self), found, ours)
 
@@ -321,11 +334,9 @@ class OperationBackend(Backend):
     def _set_knobs(self, op: Operation) -> bool:
         """The one set-knob path (SetKnob, SetKnobs): the kind's declared get/set pair, each value parsed and ranged
         first; several knobs in one write where the kind has one (kinds.Kind.group: one dm-writecache reload)."""
-        from cachepilot.backends import kinds  # the table imports every backend module
-
         a = op.action
         assert isinstance(a, SetKnob | SetKnobs)
-        k = kinds.kind(self.kind)
+        k = self.declared
         values: dict[str, str] = {}
         for knob, value in _knob_values(a):
             if knob not in k.settings:

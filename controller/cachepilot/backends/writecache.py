@@ -24,6 +24,7 @@ from cachepilot.backends.operation import Operation, OperationBackend, Setting, 
 from cachepilot.capabilities import KIND_WRITECACHE, WRITEBACK, capabilities
 from cachepilot.errors import KernelRejected, UserError
 from cachepilot.models.volume import VolumeInfo, VolumeSample
+from cachepilot.models.writeback import WritebackView
 
 NAME = KIND_WRITECACHE
 
@@ -109,10 +110,14 @@ class WritecacheBackend(OperationBackend):
     def _reload(self, values: dict[str, str]) -> None:
         """The live table with ``values`` set ("" takes an argument out), loaded in one reload, suspend and resume;
         the kernel checks the table as a whole (a high watermark below the low one is refused, whatever the order)."""
-        name = self.dm_name
         new = self.table()
         for key, value in values.items():
             new = new.with_(key, value)
+        self._load(new)
+
+    def _load(self, new: WritecacheTable) -> None:
+        """``new`` loaded: reload, suspend, resume (the old table stays live if the suspend fails)."""
+        name = self.dm_name
         self.dmsetup(("reload", name, "--table", new.line()))
         try:
             self.dmsetup(("suspend", name), 60.0)
@@ -187,11 +192,33 @@ def sample(host: Host, info: VolumeInfo, now: int) -> VolumeSample:
     written = w.stats[2] * block if len(w.stats) >= 3 else None  # blocks written to the target (5.15+)
     hits = w.stats[1] + w.stats[3] + w.stats[4] if len(w.stats) >= 5 else 0  # read hits + write hits
     total = w.stats[0] + w.stats[2] if len(w.stats) >= 3 else 0  # read blocks + write blocks
+    knobs = _knobs(table)
     return VolumeSample(
         dev=info.dev, ts_ns=now, mode="writeback", dirty_bytes=w.used_blocks * block, hits=hits,
         misses=max(0, total - hits), io_errors=w.error, failed=w.error != 0, cache_id=cache_id,
-        knobs=_knobs(table), written_bytes=written,
+        knobs=knobs, written_bytes=written, writeback=writeback_view(w, knobs, info.cache_bytes, table),
     )
+
+
+def writeback_view(w: DmWritecacheStatus, knobs: dict[str, str], cache_bytes: int, table: str) -> WritebackView:
+    """What the stall watch needs (models/writeback.py): dm-writecache writes back only above high_watermark
+    (until low_watermark) or entries older than max_age (when set), and with ``cleaner`` everything; below the
+    watermark without max_age dirty data sits by design. max_age is re-checked every max_age/16
+    (writecache_max_age_timer): twice max_age may pass with nothing written back."""
+    cleaner = " cleaner" in f" {table} "
+    max_age_ms = int(knobs["max_age"]) if knobs.get("max_age", "").isdigit() else 0
+    try:
+        high = int(knobs.get("high_watermark", "50"))
+    except ValueError:
+        high = 50
+    hold = 0 if cleaner or max_age_ms else cache_bytes * high // 100
+    writes = w.stats[2] if len(w.stats) >= 3 else None
+    over = w.stats[3] + w.stats[4] if len(w.stats) >= 5 else None  # write hits, uncommitted and committed
+    pause = knobs.get("pause_writeback", "")
+    busy = (f"dm-writecache holds write-back until no write has gone to the origin for pause_writeback ({pause} ms)"
+            if pause.isdigit() and int(pause) > 0 else "")
+    return WritebackView(hold_bytes=hold, quiet_s=2 * max_age_ms / 1000, writes=writes, overwrites=over,
+                         policy="cleaner" if cleaner else "", busy_hold=busy)
 
 
 # What writecache_ctr uses for a watermark the table does not set (HIGH_WATERMARK, LOW_WATERMARK in dm-writecache.c);

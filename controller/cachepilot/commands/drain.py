@@ -21,22 +21,26 @@ GRACE_S = 30.0  # past the deadline, how long the CLI waits for the daemon to sa
 
 def drain(args: argparse.Namespace) -> int:
     from cachepilot.daemon.control import request
-    from cachepilot.policy.loader import parse_duration
+    from cachepilot.policy.values import parse_duration, parse_size
 
     try:
         deadline = parse_duration(args.deadline)
     except ValueError as exc:
         raise UserError(f"--deadline: {exc}") from None
+    try:
+        rate = parse_size(args.rate) if args.rate else 0
+    except ValueError as exc:
+        raise UserError(f"--rate: {exc}") from None
     sock = socket_path(args)
     req: dict[str, Any] = {"cmd": "drain", "volume": args.volume}
-    req.update({"release": True} if args.release else {"deadline": deadline, "end": args.end})
+    req.update({"release": True} if args.release else {"deadline": deadline, "end": args.end, "rate": rate})
     answer = request(sock, req)
     name = escape(args.volume)
     if args.release:
         print(f"{name}: released to the policy at the daemon's next tick")
         return 0
     print(f"{name}: drain queued ({_bytes(answer.get('dirty_bytes'))} dirty), deadline {deadline:g} s, then"
-          f" {args.end}")
+          f" {args.end}" + (f", at {_bytes(rate)}/s" if rate else ""))
     return 0 if args.no_wait else follow(sock, args.volume, deadline)
 
 
@@ -88,6 +92,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--end", choices=("policy", "writethrough"), default="policy",
                    help="after the drain: the policy takes the volume back (default), or it stays write-through"
                         " until --release")
+    p.add_argument("--rate", metavar="BYTES", help="write back at about this many bytes per second (e.g. 8MiB) "
+                   "instead of the kind's full speed; bcache only (its rate controller): dm-cache, lvmcache and "
+                   "dm-writecache have no write-back rate, only caps on the I/O in flight")
     p.add_argument("--release", action="store_true", help="give a held (or draining) volume back to the policy")
     p.add_argument("--no-wait", action="store_true", help="queue the drain and return (follow it in status)")
     p.set_defaults(handler=drain)

@@ -18,7 +18,7 @@ def since_ts(text: str | None) -> float:
     """--since: a duration back from now (90s, 5m) or a date-time (2026-11-23T20:00:00)."""
     if not text:
         return 0.0
-    from cachepilot.policy.loader import parse_duration  # lazy: the loader pulls in jsonschema (slow)
+    from cachepilot.policy.values import parse_duration
 
     try:
         return time.time() - parse_duration(text)

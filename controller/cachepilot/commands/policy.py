@@ -7,8 +7,8 @@ from __future__ import annotations
 import argparse
 
 from cachepilot.policy import load_policy
-from cachepilot.policy.loader import check_combined
 from cachepilot.policy.model import VolumePolicy
+from cachepilot.policy.overlaps import check_combined
 
 
 def _large(vp: VolumePolicy) -> str:

@@ -67,12 +67,29 @@ def render(s: dict[str, Any]) -> str:
         for p in v["pending"]:
             head.append(f"{'':<10} pending: {escape(p)}")
         head.extend(_pins(v.get("pins")))  # a daemon from before pinning has no such key
+        head.extend(_writeback(v.get("writeback")))  # nor one from before issue 36
     if not s["volumes"]:
         head.append("(no volume)")
     for u in s.get("unmanaged", []):  # a daemon from before issue 24 has no such key
         head.append(f"{escape(u['name']):<10} NOT MANAGED ({escape(u['reason'])}; {escape(u['dev'])}): its cache runs "
                     "unbounded; see the journal")
     return "\n".join(head)
+
+
+def _writeback(w: dict[str, Any] | None) -> list[str]:
+    """A stalled write-back with why, and a dm-cache found with every mapped block dirty with its time to clean."""
+    if not w:
+        return []
+    out = []
+    if w.get("stalled"):
+        out.append(f"{'':<10} WRITE-BACK STALLED: {escape(str(w.get('cause')))}")
+    if w.get("all_dirty"):
+        eta = w.get("clean_eta_s")
+        how = "came back with" if w.get("came_back_all_dirty") else "has"
+        out.append(f"{'':<10} ALL DIRTY: {how} every mapped block dirty (as after an unclean shutdown); "
+                   + (f"{eta:.0f} s to clean at {_bytes(w.get('rate_bytes_s'))}/s" if eta is not None
+                      else "time to clean not measured yet"))
+    return out
 
 
 def _pins(p: dict[str, Any] | None) -> list[str]:

@@ -23,6 +23,7 @@ from cachepilot.daemon.ticktime import TickBudget
 from cachepilot.daemon.volume import ManagedVolume, VolumeTable
 from cachepilot.engine.engine import Engine
 from cachepilot.errors import CachepilotError, DeviceGone, RetryLater
+from cachepilot.models.writeback import Finding
 
 log = logging.getLogger("cachepilot")
 
@@ -117,6 +118,17 @@ class Actor:
         for v, s in self.each_backend("sample", lambda b: b.sample(now)):
             v.last_sample = s
             self.engine.sample(s)
+
+    def findings(self, found: list[Finding]) -> None:
+        """Stalls and all-dirty caches found or ended (models/writeback.py): each a record in the decision log --
+        what ``explain`` shows, with why -- and a log line; nothing is written to the cache."""
+        for f in found:
+            state = "found" if f.found else "ended"
+            self.decisions.append({
+                "ts": time.time(), "volume": f.volume, "kind": f.kind, "action": f"{f.kind} {f.volume} {state}",
+                "reason": f.why, "status": state, "dry_run": False, "writes": [], "error": None,
+                "error_kind": None, "detail": "", "attempt": 0})
+            log.log(logging.WARNING if f.found else logging.INFO, "%s: %s %s: %s", f.volume, f.kind, state, f.why)
 
     def step(self, now: int) -> None:
         for v, outs in self.each_backend("step", lambda b: b.step(now)):

@@ -11,6 +11,7 @@ from cachepilot.daemon.acting import DECISIONS_KEPT
 from cachepilot.daemon.imports import Imports
 from cachepilot.daemon.reloads import Verdict
 from cachepilot.daemon.status import Status
+from cachepilot.engine.operatordrain import check_rate
 from cachepilot.errors import UserError
 from cachepilot.models.sizing import EMPTY
 
@@ -83,7 +84,9 @@ def _drain(vols: dict[str, Any], req: dict[str, Any], queue: list[dict[str, Any]
     running = (vol.operator_drain or {}).get("state") == "running"
     if running:
         raise UserError(f"{name}: an operator's drain is already running")
-    queue.append({"volume": name, "deadline": deadline, "end": end})
+    rate = _number(req, "rate", 0, 0, 1 << 40)
+    check_rate(str(name), vol.kind, rate)
+    queue.append({"volume": name, "deadline": deadline, "end": end, "rate": rate})
     return {"queued": name, "dirty_bytes": vol.dirty_bytes}
 
 

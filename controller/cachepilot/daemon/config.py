@@ -19,8 +19,11 @@ import jsonschema
 from cachepilot.daemon.control import DEFAULT_SOCKET
 from cachepilot.errors import UserError
 from cachepilot.exporter.http import DEFAULT_LISTEN, parse_listen
-from cachepilot.policy.loader import check_combined, load_policy, parse_duration, raise_first, read_yaml, schema_errors
+from cachepilot.policy.loader import load_policy
 from cachepilot.policy.model import DEFAULT_POLICY, Policy
+from cachepilot.policy.overlaps import check_combined
+from cachepilot.policy.reader import raise_first, read_yaml, schema_errors
+from cachepilot.policy.values import parse_duration
 from cachepilot.safeio import read_text
 
 DEFAULT_STATE_DIR = "/var/lib/cachepilot"

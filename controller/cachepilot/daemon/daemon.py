@@ -250,6 +250,7 @@ class Daemon:
             ("drain", self.intake.drain),
             ("rescan", self._rescan_if_due),
             ("sample", self.actor.sample),
+            ("findings", lambda now: self.actor.findings(self.engine.take_findings())),
             ("clear_latches", self._clear_latches),
             ("operator", self._operator_drains),
             ("alloc", lambda now: pace_promotions(self.vols.values(), self.probe, now)),
@@ -332,8 +333,9 @@ class Daemon:
                     log.info("%s: operator drain: %s by the operator", r["volume"],
                              self.engine.operator_release(r["volume"]))
                     continue
-                self.engine.operator_drain(r["volume"], r["deadline"], r["end"])
-                log.info("%s: operator drain started: deadline %g s, then %s", r["volume"], r["deadline"], r["end"])
+                self.engine.operator_drain(r["volume"], r["deadline"], r["end"], r.get("rate", 0))
+                log.info("%s: operator drain started: deadline %g s, then %s%s", r["volume"], r["deadline"], r["end"],
+                         f", at {r['rate']} B/s" if r.get("rate") else "")
             except UserError as exc:
                 log.warning("operator drain: %s", exc)
 
@@ -382,9 +384,26 @@ class Daemon:
         self.curves = {} if sizing is None else {v.info.name: sizing.curve_of(v.info.dev) for v in self.vols.values()}
         vols = tuple(status.volume_status(v, v.ctl, now, self.engine) for v in self.vols.values()
                      if v.ctl is not None)
-        self.snapshot = snap = status.build(self, vols, now, tick_ns)
+        self.snapshot = snap = status.build(self._facts(), vols, now, tick_ns)
         if self.metrics is not None:
             self.metrics.publish(snap, tick_ns, time.time(), self.guard.once)
+
+    def _facts(self) -> status.DaemonFacts:
+        """What status reports of the daemon, handed over as one record (status never reads the daemon)."""
+        drops, probe, state = self.intake.drops, self.probe, self.state
+        return status.DaemonFacts(
+            started_wall=self.started_wall, started_ns=self.started_ns, dry_run=self.dry_run,
+            observe_only=all(v.observe_only for v in self.vols.values()), config_source=self.config.source,
+            policy=status.PolicyStatus(self.config.policy.source, self.policy_generation, self.policy_error),
+            probe=status.ProbeStatus(probe is not None, probe.report.summary() if probe is not None else "no probe"),
+            drops=status.DropCounts(drops.ringbuf_full, drops.hotness_map_full, drops.other) if drops
+            else status.DropCounts(), has_drops=drops is not None,
+            counters=self.counters, loop_skipped=self.loop.skipped, tracked_files=len(self.engine.hotness),
+            state_file=status.StateFileStatus(str(state.path), state.writes, state.failed_writes, state.last_error),
+            unmanaged=tuple(status.UnmanagedStatus(label, device, reason)
+                            for device, (label, reason) in sorted(self.adopter.unmanaged.items())),
+            top=self.top, decisions=self.decisions.view(), ready=self.ready, bpf_object=self.bpf_object,
+            capture=self.capture, curves=self.curves)
 
     def answer(self, req: dict[str, Any]) -> dict[str, Any]:
         """Control-socket requests (called on the server thread): daemon/answers.py."""

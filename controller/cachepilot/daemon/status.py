@@ -10,19 +10,17 @@ import hashlib
 import os
 import time
 from dataclasses import asdict, dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cachepilot import __version__, records
-from cachepilot.capabilities import ERROR_COUNTS, KIND_BCACHE
+from cachepilot.capabilities import ERROR_COUNTS, SHARED_CACHE_SETS
 from cachepilot.daemon import actuation, ticktime
+from cachepilot.daemon.counters import Counters
 from cachepilot.daemon.decisionlog import DecisionView
 from cachepilot.daemon.volume import ManagedVolume, devname
 from cachepilot.engine.engine import Engine
 from cachepilot.engine.volumectl import VolumeCtl, normalise_mode
 from cachepilot.models.sizing import Curve
-
-if TYPE_CHECKING:
-    from cachepilot.daemon.daemon import Daemon
 
 NS = 1_000_000_000
 # the exporter's event counts by kind (the daemon counts them by class name); Drops are counters of their own
@@ -55,6 +53,10 @@ class VolumeMetrics:
     epoch_bytes: Any  # exporter Histogram, or None (no exporter in this build)
     alloc_failures: int | None = None  # bcache: inserts its cache refused (bcache_alloc_fail); others: None
     promotion_rate: float | None = None  # the promoter's rate now (bytes/s; on bcache it follows alloc_failures)
+    writeback_stalled: bool = False  # dirty data has not fallen for health.stall_after while write-back should run
+    writeback_stalled_seconds: float = 0.0  # how long it has not fallen so far (0 outside such a stretch)
+    all_dirty: bool | None = None  # dm-cache: every mapped block dirty (after an unclean shutdown); others None
+    clean_eta_seconds: float | None = None  # dirty / the measured write-back rate (None: clean or not measured)
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,8 @@ class VolumeStatus:
     pins: dict[str, Any] | None  # pinned files and their residency (models/pins.py), None: no pins
     importing: int  # files of an imported hot list not re-warmed yet (``hotlist import --wait``)
     operator_drain: dict[str, Any] | None = None  # `cachepilot drain`'s request: state, bytes left, rate (None: none)
+    # is write-back making progress (models/writeback.py): a stall and why, every mapped block dirty, time to clean
+    writeback: dict[str, Any] | None = None
     metrics: VolumeMetrics | None = field(default=None, metadata={"json": False})  # None: not exported
 
     def to_json(self) -> dict[str, Any]:
@@ -225,7 +229,19 @@ def volume_status(v: ManagedVolume, c: VolumeCtl, now: int, engine: Engine) -> V
         promotions_skipped=dict(c.promotions_skipped),
         pins=c.pins.status(engine.hotness) if len(c.pins) or c.pins.note else None, importing=v.importing(),
         operator_drain=c.operator.to_json(st.dirty_bytes, now) if c.operator is not None else None,
+        writeback=_writeback(c, now) if st.samples else None,
         metrics=None if s is None or v.observe_only else _metrics(v, c, engine.now_ns))
+
+
+def _writeback(c: VolumeCtl, now: int) -> dict[str, Any]:
+    """What status says of write-back's progress: stalled and why, every mapped block dirty, the measured rate and
+    the time to clean at it."""
+    w, dirty = c.writeback, c.state.dirty_bytes
+    eta = w.clean_eta_s(dirty)
+    return {"stalled": w.stalled_ns is not None, "not_falling_s": round(w.stalled_s(now), 1),
+            "stall_after_s": c.policy.health.stall_after_s, "cause": w.cause or None,
+            "all_dirty": w.all_dirty_ns is not None, "came_back_all_dirty": w.all_dirty_ns is not None and w.came_back,
+            "rate_bytes_s": round(w.rate), "clean_eta_s": None if eta is None else round(eta, 1)}
 
 
 def _metrics(v: ManagedVolume, c: VolumeCtl, engine_now: int) -> VolumeMetrics:
@@ -245,9 +261,17 @@ def _metrics(v: ManagedVolume, c: VolumeCtl, engine_now: int) -> VolumeMetrics:
         drains=v.drains, exposure_breaches=c.breaches, bypasses=s.bypasses, bypassed_bytes=s.bypassed_bytes,
         promoted_bytes=v.promoted_bytes, discard_issued_bytes=v.discard_issued_bytes,
         discard_landed_bytes=v.discard_landed_bytes, barriers=v.barriers,
-        cache_set=(st.cache_id or None) if kind == KIND_BCACHE else None,
+        cache_set=(st.cache_id or None) if kind in SHARED_CACHE_SETS else None,
         epoch_bytes=v.epoch_bytes.freeze() if v.epoch_bytes is not None else None,
-        **_promotion_pacing(v))
+        **_promotion_pacing(v), **_progress(c, engine_now))
+
+
+def _progress(c: VolumeCtl, now: int) -> dict[str, Any]:
+    """The exporter's write-back progress gauges (models/writeback.py); all-dirty only where the kind maps blocks."""
+    w, dirty = c.writeback, c.state.dirty_bytes
+    eta = w.clean_eta_s(dirty) if dirty > 0 else None
+    return {"writeback_stalled": w.stalled_ns is not None, "writeback_stalled_seconds": w.stalled_s(now),
+            "all_dirty": w.all_dirty_ns is not None if w.maps else None, "clean_eta_seconds": eta}
 
 
 def _operator_drain(op: dict[str, Any] | None) -> dict[str, Any]:
@@ -292,7 +316,9 @@ def exporter_snapshot(status: Status, ex: Any, tick_duration: Any, now_wall: flo
                 bypassed_bytes=m.bypassed_bytes, promoted_bytes=m.promoted_bytes,
                 discard_issued_bytes=m.discard_issued_bytes, discard_landed_bytes=m.discard_landed_bytes,
                 barriers=m.barriers, cache_set=m.cache_set, alloc_failures=m.alloc_failures,
-                promotion_rate=m.promotion_rate, advice=_advice(status.curves.get(v.name), v.cache_bytes),
+                promotion_rate=m.promotion_rate, writeback_stalled=m.writeback_stalled,
+                writeback_stalled_seconds=m.writeback_stalled_seconds, all_dirty=m.all_dirty,
+                clean_eta_seconds=m.clean_eta_seconds, advice=_advice(status.curves.get(v.name), v.cache_bytes),
                 **_operator_drain(v.operator_drain),
                 epoch_bytes=m.epoch_bytes if m.epoch_bytes is not None else ex.Histogram.empty(ex.EPOCH_BUCKETS)))
         except ValueError as exc:
@@ -324,25 +350,46 @@ def _seconds(ns: dict[str, int]) -> dict[str, float]:
     return {k: v / NS for k, v in ns.items()}
 
 
-def build(d: Daemon, vols: tuple[VolumeStatus, ...], now: int, tick_ns: int) -> Status:
+@dataclass(frozen=True, slots=True)
+class DaemonFacts:
+    """What the daemon knows at the end of a tick, as it hands it to :func:`build` (status reads this record, never
+    the daemon: no daemon <-> status circle)."""
+
+    started_wall: float
+    started_ns: int
+    dry_run: bool
+    observe_only: bool  # every volume observed only
+    config_source: str
+    policy: PolicyStatus
+    probe: ProbeStatus
+    drops: DropCounts
+    has_drops: bool  # the probe has reported drop counts
+    counters: Counters
+    loop_skipped: int  # ticks the loop missed
+    tracked_files: int
+    state_file: StateFileStatus
+    unmanaged: tuple[UnmanagedStatus, ...]
+    top: dict[str, list[dict[str, int]]]
+    decisions: DecisionView
+    ready: bool
+    bpf_object: str
+    capture: str
+    curves: dict[str, Curve]
+
+
+def build(f: DaemonFacts, vols: tuple[VolumeStatus, ...], now: int, tick_ns: int) -> Status:
     """The daemon's snapshot at the end of a tick (``vols``: its volumes' statuses, see :func:`volume_status`)."""
-    drops, c, probe, state = d.intake.drops, d.counters, d.probe, d.state
+    c = f.counters
     return Status(
-        version=1, pid=os.getpid(), started=d.started_wall, uptime_s=round((now - d.started_ns) / NS, 3),
-        dry_run=d.dry_run, observe_only=all(v.observe_only for v in d.vols.values()),
-        actuators=actuation.has_real_backends(), config=d.config.source,
-        policy=PolicyStatus(d.config.policy.source, d.policy_generation, d.policy_error),
-        probe=ProbeStatus(probe is not None, probe.report.summary() if probe is not None else "no probe"),
-        drops=DropCounts(drops.ringbuf_full, drops.hotness_map_full, drops.other) if drops else DropCounts(),
-        last_tick=TickStatus(time.time(), tick_ns / NS, c["ticks"], d.loop.skipped),
-        tracked_files=len(d.engine.hotness), counters=dict(c),
-        state_file=StateFileStatus(str(state.path), state.writes, state.failed_writes, state.last_error),
-        volumes=vols, unmanaged=tuple(UnmanagedStatus(label, device, reason)
-                                      for device, (label, reason) in sorted(d.adopter.unmanaged.items())),
-        top=d.top, decisions=d.decisions.view(), ready=d.ready, has_drops=drops is not None,
+        version=1, pid=os.getpid(), started=f.started_wall, uptime_s=round((now - f.started_ns) / NS, 3),
+        dry_run=f.dry_run, observe_only=f.observe_only, actuators=actuation.has_real_backends(),
+        config=f.config_source, policy=f.policy, probe=f.probe, drops=f.drops,
+        last_tick=TickStatus(time.time(), tick_ns / NS, c["ticks"], f.loop_skipped),
+        tracked_files=f.tracked_files, counters=dict(c), state_file=f.state_file, volumes=vols,
+        unmanaged=f.unmanaged, top=f.top, decisions=f.decisions, ready=f.ready, has_drops=f.has_drops,
         counts=Counts(c.group("events"), c.group("decisions"), c.group("failed"), c["reloads"], c["reloads_failed"],
                       c.group(ticktime.WALL), c.group(ticktime.CPU)),
-        bpf_object=d.bpf_object, capture=d.capture, curves=d.curves)
+        bpf_object=f.bpf_object, capture=f.capture, curves=f.curves)
 
 
 def file_id(path: Any) -> str:

@@ -38,7 +38,9 @@ class Found:
         return self.info.dev if self.block_dev is None else self.block_dev
 
 
-def _lower(host: Host, name: str) -> tuple[int, ...]:
+def _lower(host: Host, name: str, kind: kinds.Kind) -> tuple[int, ...]:
+    """The devices below a volume: its slaves, and the cache devices its kind finds where the kernel does not list
+    them among the slaves (kinds.Kind.cache_devices)."""
     out: list[int] = []
     slaves = host.sys_block / name / "slaves"
     if slaves.is_dir():
@@ -46,12 +48,7 @@ def _lower(host: Host, name: str) -> tuple[int, ...]:
             d = host.dev_of(s.resolve())
             if d is not None:
                 out.append(d)
-    cache0 = host.sys_block / name / "bcache" / "cache" / "cache0"
-    if cache0.exists():  # the cache set's cache device: .../block/<dev>/bcache
-        d = host.dev_of(cache0.resolve().parent)
-        if d is not None:
-            out.append(d)
-    return tuple(out)
+    return (*out, *kind.cache_devices(host, name))
 
 
 def _stacked_mount(host: Host, name: str, depth: int = 4) -> tuple[str, int, str, bool] | None:
@@ -121,7 +118,7 @@ def discover(host: Host | None = None) -> tuple[list[Found], list[str]]:
             problems.append(f"{name}: {exc}")
             continue
         info, block_dev = _fs_on_stack(host, name, info)
-        found.append(Found(info, _lower(host, name), block_dev, host.dm_name(name)))
+        found.append(Found(info, _lower(host, name, kinds.kind(info.kind)), block_dev, host.dm_name(name)))
     return found, problems
 
 

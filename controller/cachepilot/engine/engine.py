@@ -29,6 +29,7 @@ go through dispatch); the engine owns the volumes and sequences the steps. One v
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -40,13 +41,14 @@ from cachepilot.engine.discards import gather_due, plan_discards, requeue_failed
 from cachepilot.engine.dispatch import EventDispatch
 from cachepilot.engine.drains import Drains, drain_at_risk
 from cachepilot.engine.exposure import Exposure
+from cachepilot.engine.handoff import queue_imported
 from cachepilot.engine.knobs import KnobPins
 from cachepilot.engine.lifetime import Lifetimes
 from cachepilot.engine.nativebound import NativeBound
 from cachepilot.engine.promotion import Promoter
 from cachepilot.engine.seqcutoff import KNOB as SEQ_KNOB
 from cachepilot.engine.seqcutoff import SequentialSteering
-from cachepilot.engine.volumectl import NS, Latch, VolumeCtl, caps_of, normalise_mode
+from cachepilot.engine.volumectl import NS, RUNNING, Latch, VolumeCtl, caps_of, normalise_mode
 from cachepilot.engine.writepolicy import WritePolicy
 from cachepilot.errors import UserError
 from cachepilot.events import Delete, Event
@@ -57,7 +59,10 @@ from cachepilot.models.hotness import F_QUEUED, F_READ, HotnessTable
 from cachepilot.models.pins import PinnedFile
 from cachepilot.models.sizing import Advisors
 from cachepilot.models.volume import WRITEBACK, Health, VolumeInfo, VolumeSample, VolumeState
+from cachepilot.models.writeback import Finding
 from cachepilot.policy.model import DEFAULT_POLICY, Policy, VolumePolicy
+
+FINDINGS_KEPT = 256
 
 
 class Engine:
@@ -84,6 +89,9 @@ class Engine:
         self.seq = SequentialSteering()  # bcache's sequential_cutoff, by what the bypassed runs are made of
         self.events.hotness_readers.append(self.seq.written)
         self.lifetimes = Lifetimes()  # delete ages and the lifetime hold (engine.lifetime)
+        # stalls and all-dirty caches found or ended since the daemon last took them (bounded: replay and the
+        # simulator never take them)
+        self.findings: deque[Finding] = deque(maxlen=FINDINGS_KEPT)
         self.events.delete_readers.append(
             lambda dev, recs, slots: self.lifetimes.deleted_many(self.hotness, dev, recs, slots))
         if self.sizing is not None:
@@ -144,9 +152,7 @@ class Engine:
 
     def import_hot(self, name: str, files: list[tuple[int, int, int, int]]) -> tuple[int, int]:
         """A warm handoff's hot list (ino, gen, score, size), hottest first: engine/handoff.py."""
-        from cachepilot.engine.handoff import queue_imported
-
-        return queue_imported(self, name, files)
+        return queue_imported(self.volume(name), self.hotness, self.now_ns, files)
 
     @staticmethod
     def _granularity(info: VolumeInfo, vp: VolumePolicy) -> int:
@@ -232,8 +238,23 @@ class Engine:
                 c.bypass_rose_ns = s.ts_ns
         if st.dirty_bytes == 0:
             c.breach = None
+        self._watch_writeback(c, s)
         self._latch(c, s.ts_ns)
         self.promoter.replaced(c, s.cache_id, self.now_ns)
+
+    def _watch_writeback(self, c: VolumeCtl, s: VolumeSample) -> None:
+        """Is write-back making progress (models/writeback.py)? A drain in flight -- the policy's or an operator's
+        -- is write-back that must run whatever the kind would hold."""
+        draining = c.drain is not None or (c.operator is not None and c.operator.state == RUNNING)
+        written = self.hotness.dev_bytes.get(c.info.dev, (0, 0))[1]
+        self.findings.extend(c.writeback.observe(c.info.name, s.ts_ns, s.dirty_bytes, s.writeback, draining,
+                                                 c.policy.health.stall_after_s, written))
+
+    def take_findings(self) -> list[Finding]:
+        """The stalls and all-dirty caches found or ended since the last call, oldest first."""
+        out = list(self.findings)
+        self.findings.clear()
+        return out
 
     # ------------------------------------------------------------ the failure latch
     def _latch(self, c: VolumeCtl, ts: int) -> None:
@@ -339,10 +360,10 @@ class Engine:
             c.last_tick_ns = now
         return out
 
-    def operator_drain(self, name: str, deadline_s: float, end: str) -> dict[str, object]:
+    def operator_drain(self, name: str, deadline_s: float, end: str, rate: int = 0) -> dict[str, object]:
         """``cachepilot drain``: start an operator's drain of a volume (engine/operatordrain.py); its status."""
         c = self.volume(name)
-        op = operatordrain.request(c, self.now_ns, deadline_s, end)
+        op = operatordrain.request(c, self.now_ns, deadline_s, end, rate)
         return op.to_json(c.state.dirty_bytes, self.now_ns)
 
     def operator_release(self, name: str) -> str:

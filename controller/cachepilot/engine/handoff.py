@@ -24,10 +24,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from cachepilot.actions import IMPORTED
-from cachepilot.models.hotness import F_MEMBER, F_QUEUED, F_READ, F_RESIDENT, PAGE
+from cachepilot.models.hotness import F_MEMBER, F_QUEUED, F_READ, F_RESIDENT, PAGE, HotnessTable
 
 if TYPE_CHECKING:
-    from cachepilot.engine.engine import Engine
     from cachepilot.engine.volumectl import VolumeCtl
 
 __all__ = ["IMPORTED", "end_loan", "queue_imported"]
@@ -35,12 +34,10 @@ __all__ = ["IMPORTED", "end_loan", "queue_imported"]
 LOAN_NS = 30_000_000_000
 
 
-def queue_imported(e: Engine, name: str, files: Sequence[tuple[int, int, int, int]]) -> tuple[int, int]:
+def queue_imported(c: VolumeCtl, t: HotnessTable, now: int,
+                   files: Sequence[tuple[int, int, int, int]]) -> tuple[int, int]:
     """(queued, not queued: sieved, below the admission bar, already queued or resident) for files (ino, gen,
-    score, size), hottest first."""
-    c = e.volume(name)
-    t = e.hotness
-    now = e.now_ns
+    score, size), hottest first, of the volume ``c`` (its files in the hotness table ``t``)."""
     slots = []
     for ino, gen, score, size in files:
         slot = t.update(c.info.dev, ino, gen, score, 0, 0, now, size)

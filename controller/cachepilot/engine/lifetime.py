@@ -21,7 +21,8 @@ counts metadata and buckets allocated since the last GC, so the target stays ``h
 below the stock 10%. dm-writecache writes back only above ``high_watermark`` (50% by default) or past ``max_age``
 (unset by default): its hold is ``high_watermark``, which 6.1 changes only by a table reload (its messages are
 flush, flush_on_suspend, cleaner and clear_stats), kept ``headroom`` below full (writes wait for a free block
-there); it moves only by ``MIN_STEP`` points or more, since each change suspends the device.
+there); it moves only by a few points or more, since each change suspends the device. Each kind's knob, stock
+value, write cutoff and step are its declared ``hold`` (``cachepilot.capabilities.HoldKnob``).
 
 Every change is a knob request with its reason (the quantile, the write rate, the room), read back by the backend
 and put back when the daemon stops (``SetKnob.put_back_on_exit``).
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cachepilot.capabilities import KIND_BCACHE, KIND_WRITECACHE, KNOBS
+from cachepilot.capabilities import CAPABILITIES, KNOBS, HoldKnob
 from cachepilot.engine.knobs import knob_value
 from cachepilot.models.hotness import HotnessTable, deletes_array
 from cachepilot.models.volume import VolumeInfo, VolumeState
@@ -48,9 +49,6 @@ DECAY_S = 1800.0  # half-life of the histogram's weights
 MIN_EVIDENCE = 4 << 20  # deleted bytes (decayed) before the histogram says anything
 RATE_TAU_S = 60.0  # time constant of the write-rate average
 SLACK = 2.0  # write-back order is not age order: hold twice the bytes Little's law asks for
-MIN_STEP = 5  # dm-writecache: percent points a change must move (a reload suspends the device)
-CUTOFF_WRITEBACK = 40  # bch_cutoff_writeback (drivers/md/bcache/writeback.h), percent in use
-STOCK = {KIND_BCACHE: ("writeback_percent", 10), KIND_WRITECACHE: ("high_watermark", 50)}
 
 
 class DeleteAges:
@@ -122,20 +120,19 @@ def hold_for(kind: str, cache_bytes: int, lt: VolumeLifetimes, pol: LifetimeHold
     """The knob value that holds the volume's young data dirty, and why; None when the rule has nothing to say
     (a kind without such a knob, or too few deletes seen). ``overhead``: bcache's in-use share beyond its dirty
     share, in percent (metadata, buckets partly dirty or allocated since the last GC), taken off the room."""
-    stock = STOCK.get(kind)
-    if stock is None or cache_bytes <= 0:
+    trait = _hold(kind)
+    if trait is None or cache_bytes <= 0:
         return None
-    knob, floor = stock
-    floor = max(floor, lt.found or 0)
+    knob, floor = trait.knob, max(trait.stock, lt.found or 0)
     q = lt.ages.quantile(pol.share)
     if q is None:
         return None
     hold = min(q, pol.max_hold_s)
     need = SLACK * lt.rate * hold
     pct = math.ceil(100 * need / cache_bytes)
-    if kind == KIND_BCACHE:
-        room = int(CUTOFF_WRITEBACK - 100 * pol.headroom) - overhead
-        where = (f"bcache caches writes below {CUTOFF_WRITEBACK}% in use, less headroom {pol.headroom:g}"
+    if trait.write_cutoff is not None:
+        room = int(trait.write_cutoff - 100 * pol.headroom) - overhead
+        where = (f"{kind} caches writes below {trait.write_cutoff}% in use, less headroom {pol.headroom:g}"
                  f" and {overhead}% in use beyond the dirty data")
     else:
         room = int(100 - 100 * pol.headroom)
@@ -191,7 +188,8 @@ class Lifetimes:
         lt = self.of(info.dev)
         lt.note_written(written, now_ns)
         knobs = st.knobs
-        knob = STOCK.get(info.kind, ("",))[0]
+        trait = _hold(info.kind)
+        knob = trait.knob if trait is not None else ""
         if lt.found is None and knobs.get(knob) is not None:
             lt.found = knob_value(knob, knobs[knob])
         pol = vp.lifetime_hold
@@ -200,7 +198,7 @@ class Lifetimes:
             return
         lt.why = h.reason
         have = knobs.get(h.knob)
-        if info.kind == KIND_WRITECACHE and have is not None and _near(h.knob, have, h.value):
+        if trait is not None and trait.min_step and have is not None and _near(h.knob, have, h.value, trait.min_step):
             return
         request(h.knob, str(h.value), h.reason)
 
@@ -212,6 +210,11 @@ def _overhead(st: VolumeState, cache_bytes: int) -> int:
     return max(0, st.in_use_percent - st.dirty_bytes * 100 // cache_bytes)
 
 
-def _near(knob: str, have: str, want: int) -> bool:
+def _hold(kind: str) -> HoldKnob | None:
+    caps = CAPABILITIES.get(kind)
+    return caps.hold if caps is not None else None
+
+
+def _near(knob: str, have: str, want: int, step: int) -> bool:
     v = knob_value(knob, have)
-    return v is not None and abs(v - want) < MIN_STEP
+    return v is not None and abs(v - want) < step

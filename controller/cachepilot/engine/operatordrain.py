@@ -19,6 +19,7 @@ from cachepilot.engine.volumectl import (
     DrainInFlight,
     OperatorDrain,
     VolumeCtl,
+    caps_of,
     normalise_mode,
 )
 from cachepilot.errors import UserError
@@ -28,15 +29,26 @@ ENDS = ("policy", "writethrough")
 DONE, EXPIRED, FAILED = "done", "expired", "failed"
 
 
-def request(c: VolumeCtl, now: int, deadline_s: float, end: str) -> OperatorDrain:
-    """Start an operator's drain on ``c`` (UserError for a bad request)."""
+def check_rate(name: str, kind: str, rate: int) -> None:
+    """UserError for a rate the kind cannot steer (the control socket asks before it queues the request)."""
+    caps = caps_of(kind)
+    if rate < 0 or (rate and caps.pace_knob is None):
+        why = caps.no_rate or "it has no write-back rate to steer"
+        raise UserError(f"--rate: {name} ({kind}) cannot be drained at a rate: {why}")
+
+
+def request(c: VolumeCtl, now: int, deadline_s: float, end: str, rate: int = 0) -> OperatorDrain:
+    """Start an operator's drain on ``c`` (UserError for a bad request). ``rate`` (bytes/s, 0: the kind's full
+    speed) only where the kind has a write-back rate to steer (Capabilities.pace_knob: bcache's rate controller, as
+    a paced drain sets it)."""
+    check_rate(c.info.name, c.info.kind, rate)
     if end not in ENDS:
         raise UserError(f"end: one of {', '.join(ENDS)} expected, got {end!r}")
     if not 0 < deadline_s <= 7 * 86400:
         raise UserError(f"deadline: seconds in (0, {7 * 86400}] expected, got {deadline_s!r}")
     if c.operator is not None and c.operator.state == RUNNING:
         raise UserError(f"{c.info.name}: an operator's drain is already running")
-    op = OperatorDrain(now, now + int(deadline_s * NS), end, c.state.dirty_bytes)
+    op = OperatorDrain(now, now + int(deadline_s * NS), end, c.state.dirty_bytes, rate=rate)
     if c.drain is not None:  # the policy's drain in flight becomes the operator's: it ends by reading clean too
         op.action, op.drains = c.drain.action, 1
     c.operator = op
@@ -64,8 +76,9 @@ def step(c: VolumeCtl, now: int, out: list[Action]) -> None:
         _end(op, EXPIRED, now, f"deadline passed with {c.state.dirty_bytes} dirty bytes left")
         return
     if c.drain is None:
+        paced = f" at {op.rate} B/s" if op.rate else ""
         a = Drain(c.info.name, op.deadline_ns, f"operator drain (cachepilot drain): {c.state.dirty_bytes} dirty"
-                  f" bytes, deadline in {(op.deadline_ns - now) / NS:.0f} s, then {op.end}")
+                  f" bytes{paced}, deadline in {(op.deadline_ns - now) / NS:.0f} s, then {op.end}", rate=op.rate)
         out.append(a)
         c.drain = DrainInFlight(a, now, c.state.dirty_bytes)
         op.drains += 1

@@ -14,6 +14,7 @@ from cachepilot.models.epochs import EpochTracker
 from cachepilot.models.freed import FreedExtentQueue
 from cachepilot.models.pins import PinSet
 from cachepilot.models.volume import BYPASS, BYPASS_NAMES, WRITEBACK, WRITETHROUGH, VolumeInfo, VolumeState
+from cachepilot.models.writeback import WritebackWatch
 from cachepilot.policy.model import VolumePolicy
 
 NS = 1_000_000_000
@@ -66,6 +67,7 @@ class OperatorDrain:
     drains: int = 0  # drains this request started
     action: Drain | None = None  # the last of them
     asked_mode_ns: int | None = None  # held write-through: when the switch was last asked for
+    rate: int = 0  # bytes/s asked for (cachepilot drain --rate): the kind's rate floor; 0: its full rate
 
     @property
     def active(self) -> bool:
@@ -78,7 +80,7 @@ class OperatorDrain:
         gone = max(0, self.start_dirty - dirty)
         return {"state": self.state, "detail": self.detail, "end": self.end, "start_dirty_bytes": self.start_dirty,
                 "dirty_bytes": dirty, "rate_bytes_s": round(gone * NS / took), "elapsed_s": round(took / NS, 1),
-                "deadline_in_s": round((self.deadline_ns - now) / NS, 1)}
+                "deadline_in_s": round((self.deadline_ns - now) / NS, 1), "rate_asked_bytes_s": self.rate}
 
 
 @dataclass(slots=True)
@@ -152,6 +154,8 @@ class VolumeCtl:
     bound_wt: BoundStretch | None = None
     # an operator's drain (engine/operatordrain.py): while active the policy's own mode, drains and pacing stay off
     operator: OperatorDrain | None = None
+    # is write-back making progress: a stall, or every mapped block dirty after an unclean shutdown (issue 36)
+    writeback: WritebackWatch = field(default_factory=WritebackWatch)
 
     @property
     def promotes(self) -> bool:

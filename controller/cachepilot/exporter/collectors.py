@@ -168,6 +168,14 @@ EXPOSURE: tuple[PerVolume, ...] = (
      "the dirty data it has left.", "operator_drain_remaining_bytes"),
     (Gauge, "cachepilot_volume_operator_drain_rate_bytes", "While an operator's drain runs: its write-back rate so "
      "far, in bytes per second.", "operator_drain_rate_bytes"),
+    (Gauge, "cachepilot_volume_writeback_stalled", "1 while dirty data has not fallen for the policy's "
+     "health.stall_after although write-back should run (cachepilot explain says why).", "writeback_stalled"),
+    (Gauge, "cachepilot_volume_writeback_stalled_seconds", "How long dirty data has not fallen while write-back "
+     "should run (0 when it falls or need not run).", "writeback_stalled_seconds"),
+    (Gauge, "cachepilot_volume_all_dirty", "dm-cache: 1 while (nearly) every mapped block is dirty, as dm-cache loads "
+     "them after an unclean shutdown.", "all_dirty"),
+    (Gauge, "cachepilot_volume_clean_eta_seconds", "Seconds to write back the dirty data at the write-back rate "
+     "measured from its fall (absent until measured).", "clean_eta_seconds"),
 )
 CACHE: tuple[PerVolume, ...] = (
     (Counter, "cachepilot_volume_cache_hits_total", "Stock cache hits.", "hits"),

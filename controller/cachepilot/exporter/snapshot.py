@@ -140,6 +140,11 @@ class VolumeSnapshot:
     promotion_rate: float | None = None  # the promoter's current rate in bytes/s (None: no promoter)
     operator_drain_remaining_bytes: int | None = None  # while `cachepilot drain` runs: dirty bytes left
     operator_drain_rate_bytes: float | None = None  # ... and its rate so far (bytes/s)
+    # is write-back making progress (models/writeback.py)
+    writeback_stalled: bool = False  # dirty data has not fallen for health.stall_after while write-back should run
+    writeback_stalled_seconds: float = 0.0  # how long it has not fallen so far while it should (0 otherwise)
+    all_dirty: bool | None = None  # dm-cache/lvmcache: every mapped block dirty (unclean shutdown); others None
+    clean_eta_seconds: float | None = None  # seconds to clean at the measured write-back rate; None: not measured
     # the sizing advisor's points: (size bytes, hit ratio, its error, origin read bytes, origin write bytes)
     advice: tuple[tuple[int, float, float, int, int], ...] = ()
 

@@ -16,6 +16,9 @@ import enum
 from collections import deque
 from dataclasses import dataclass, field
 
+from cachepilot.capabilities import KIND_BCACHE
+from cachepilot.models.writeback import WritebackView
+
 
 class Health(enum.IntEnum):
     OK = 0
@@ -35,7 +38,7 @@ BYPASS_NAMES = frozenset({BYPASS, "none", "passthrough"})
 class VolumeInfo:
     dev: int  # kernel dev_t of the cached volume (== the filesystem's dev)
     name: str  # e.g. bcache0, dm-3
-    kind: str = "bcache"  # bcache | dm-cache | dm-writecache
+    kind: str = KIND_BCACHE  # a kind of the table (cachepilot.capabilities.KINDS)
     fs_uuid: str = ""
     mountpoint: str = ""
     cache_bytes: int = 0
@@ -69,6 +72,8 @@ class VolumeSample:
     # cumulative bytes written to the cache target (dm-writecache's write statistic; restarts at a table reload).
     # None: not known
     written_bytes: int | None = None
+    # what the kind says about its write-back beyond dirty bytes (models/writeback.py); None: nothing
+    writeback: WritebackView | None = None
 
 
 class VolumeState:

@@ -9,12 +9,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from cachepilot.policy.loader import PolicyStore, load_policy, parse_duration, parse_policy, parse_size
+    from cachepilot.policy.loader import PolicyStore, load_policy, parse_policy
     from cachepilot.policy.model import DEFAULT_POLICY, Policy, Rule, Selector, VolumePolicy
+    from cachepilot.policy.values import parse_duration, parse_size
 
 _WHERE = {
-    "PolicyStore": "loader", "load_policy": "loader", "parse_duration": "loader", "parse_policy": "loader",
-    "parse_size": "loader", "DEFAULT_POLICY": "model", "Policy": "model", "Rule": "model", "Selector": "model",
+    "PolicyStore": "loader", "load_policy": "loader", "parse_duration": "values", "parse_policy": "loader",
+    "parse_size": "values", "DEFAULT_POLICY": "model", "Policy": "model", "Rule": "model", "Selector": "model",
     "VolumePolicy": "model",
 }
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from cachepilot import bpf_layout as L
+from cachepilot.capabilities import CAPABILITIES
 from cachepilot.errors import UserError
 from cachepilot.events import (
     Drops,
@@ -79,8 +80,9 @@ class Hook:
 
 BLOCK_IO = "block I/O: hotness, metadata bucket, epochs, block barriers, discards"
 BCACHE_ALLOC_FAIL = "on_bcache_alloc_fail"
-# programs on a module's tracepoints: absent while the module is not loaded, which is no failure of the probe
-MODULE_HOOKS = {BCACHE_ALLOC_FAIL: "bcache"}
+# programs on a module's tracepoints: absent while the module is not loaded, which is no failure of the probe. The
+# refused read-miss inserts come from the module the kind that has them declares (capabilities.ReadyReserve).
+MODULE_HOOKS = {BCACHE_ALLOC_FAIL: next(c.ready_reserve.module for c in CAPABILITIES.values() if c.ready_reserve)}
 # Every program of the object, the feature it provides, and whether the probe is useless without it (a required
 # feature needs one of its programs: the block I/O hook comes in two variants, see bpf/core_fixes.bpf.h).
 HOOKS: tuple[Hook, ...] = (

@@ -21,6 +21,7 @@ from typing import Any
 
 from cachepilot import records
 from cachepilot.actions import DONE, Outcome
+from cachepilot.capabilities import KIND_BCACHE, KIND_DMCACHE
 from cachepilot.engine import Action, DiscardRanges, Drain, Engine, Promote, SetWritePolicy
 from cachepilot.events import HotnessDelta
 from cachepilot.models.volume import WRITEBACK, VolumeInfo, VolumeSample
@@ -87,7 +88,7 @@ class SimResult:
         return (self.read_hits - self.scan_hits) / n if n else 0.0
 
 
-def sim_volume(capacity_blocks: int, kind: str = "bcache") -> VolumeInfo:
+def sim_volume(capacity_blocks: int, kind: str = KIND_BCACHE) -> VolumeInfo:
     return VolumeInfo(dev=SIM_DEV, name="sim0", kind=kind, fs_uuid="5151510e-0000-4000-8000-000000000000",
                       mountpoint="/srv/sim", cache_bytes=capacity_blocks * BLOCK, fs_block_size=BLOCK)
 
@@ -152,7 +153,7 @@ def run(p: Prepared, policy: str, controller: bool, capacity: int, writeback_per
     res = SimResult(p.workload.name, policy, controller, ctl_name=ctl_name)
     engine = None
     if controller:  # the smq-like cache stands for dm-cache
-        engine = Engine(ctl_policy, [sim_volume(capacity, "dm-cache" if policy == "smq" else "bcache")])
+        engine = Engine(ctl_policy, [sim_volume(capacity, KIND_DMCACHE if policy == "smq" else KIND_BCACHE)])
     sim = _Sim(p, cache, res, engine)
     dt_s = p.tick_ns / 1e9
     dirty_sum = 0

@@ -140,7 +140,9 @@ def event_to_record(ev: Event | VolumeSample | Tick) -> tuple[int, tuple[Any, ..
     if isinstance(ev, Tick):
         return T_TICK, (ev.ts_ns,)
     if isinstance(ev, VolumeSample):
-        return T_SAMPLE, dataclasses.asdict(ev)
+        d = dataclasses.asdict(ev)
+        del d["writeback"]  # the live stall watch's view (models/writeback.py): not part of the trace format
+        return T_SAMPLE, d
     raise TypeError(f"cannot record {type(ev).__name__}")
 
 

@@ -16,6 +16,7 @@ from labkit import drive, drop_caches, reattach_bcache, run, say, volume, write_
 
 from cachepilot.actions import Promote, SetKnob
 from cachepilot.actuators.promote import Promoter
+from cachepilot.backends import kinds
 from cachepilot.backends.host import Host
 from cachepilot.backends.inspect import block_name, describe_volume
 from cachepilot.daemon.allocfail import pace_promotions
@@ -112,7 +113,7 @@ for knob in ("congested_read_threshold_us", "congested_write_threshold_us"):
 write_files(mnt, "a", FILES, MIB, seed=1)
 write_files(mnt, "b", FILES, MIB, seed=2)
 os.sync()
-lower = _lower(Host(), info.name)
+lower = _lower(Host(), info.name, kinds.kind(info.kind))
 with Probe(max_files=1 << 12) as probe:
     say("hook", "attached" if BCACHE_ALLOC_FAIL in probe.report.attached else probe.report.summary())
     probe.watch_volume(info.dev, lower=lower)

@@ -8,9 +8,7 @@ key=value lines on stdout."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import io
 import os
 import subprocess
 import sys
@@ -21,7 +19,7 @@ from pathlib import Path
 from cachepilot.backends.inspect import parse_bcache_size
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/vm: the guest scripts' helpers
-from guestkit import say, wait  # noqa: E402
+from guestkit import cli_in_process, say, wait  # noqa: E402
 
 MIB = 1 << 20
 mnt = Path(os.environ["LAB_MOUNT"])
@@ -43,13 +41,7 @@ def dirty() -> int:
 
 
 def cli_run(*args: str) -> tuple[int, str]:
-    """The CLI's own code in this process (a new python per call costs tens of seconds under TCG)."""
-    from cachepilot.cli import main
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-        rc = main([*args, "--socket", str(tmp / "ctl.sock")])
-    return rc, out.getvalue()
+    return cli_in_process(tmp / "ctl.sock", *args)
 
 
 (tmp / "policy.yaml").write_text(POLICY)
