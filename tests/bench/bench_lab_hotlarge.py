@@ -22,6 +22,10 @@ from labbench import Job, Runner, cell, console, header, md_table, med, parse_ar
 CONFIGS = {"stock": "stock (sequential_cutoff 4 MiB)", "cutoff0": "stock, sequential_cutoff 0",
            "cutoff16": "stock, sequential_cutoff 16 MiB", "cp-default": "stock + cachepilot, shipped default"}
 MIB = 1 << 20
+# bcache's counters per round, as the guest records them (stats_total and the bcache_alloc_fail tracepoint)
+OWN = {"cache_misses": "read misses", "alloc_fail": "inserts refused (alloc_fail)",
+       "cache_miss_collisions": "miss collisions", "cache_bypass_misses": "bypassed misses",
+       "cache_bypass_hits": "bypassed hits", "cache_hits": "hits"}
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -37,10 +41,13 @@ def summary(r: dict) -> dict:
     """One run's metrics: over every round after the first two (the daemon admits a file after its second read)."""
     later = [x for x in r["rounds"] if x["round"] > 2] or r["rounds"]
     times = [t for x in later for t in x["read_ms"]]
+    own = [x["bcache"] for x in later if "bcache" in x]
     return {"origin_mib_per_read": sum(x["origin_bytes_per_read"] for x in later) / len(later) / MIB,
             "origin_mib_rounds": [x["origin_bytes_per_read"] / MIB for x in later],
             "p50_ms": pct(times, 0.5), "p99_ms": pct(times, 0.99), "stream_mib_s": r["stream_mib_s"],
-            "cpu_pct": r.get("daemon_cpu_pct")}
+            "cpu_pct": r.get("daemon_cpu_pct"),
+            # bcache's own account per round (mean over the same rounds): what it inserted, bypassed and refused
+            "bcache": {k: sum(o.get(k, 0) for o in own) / len(own) for k in OWN} if own else None}
 
 
 def options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -109,6 +116,11 @@ def main() -> None:
                    f"{r['promoted_after_round2_s']} s after round 2's reads; bcache refused "
                    f"{r.get('alloc_failures')} inserts; the promoter's rate at the end "
                    f"{(r.get('promotion_rate') or 0) / MIB:.2f} MiB/s")
+    account = [[CONFIGS[c]] + [cell([s["bcache"][k] for s in ss if s["bcache"]], "{:.0f}") or "-" for k in OWN]
+           for c, ss in sums.items()]
+    md += ("\n\nbcache's own account per round (requests; mean over the rounds above, median over runs): read-miss "
+           "inserts it refused for want of a ready bucket (bcache_alloc_fail), misses and hits, bypassed or not\n\n"
+           + md_table(["configuration", *OWN.values()], account))
     if goals:
         md += "\n\n" + md_table(["goal", "measured", "target", ""], goals)
     md += "\n\nReproduce one row (cachepilot, round 1):\n\n```sh\n" + repro(

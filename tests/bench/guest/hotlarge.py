@@ -30,9 +30,13 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "vm"))  # bcache_trace (the lab's tracefs helper)
+from bcache_trace import ALLOC_FAIL, Trace  # noqa: E402
 from common import BCACHE, MIB, MNT, ROOT, Daemon, log, origin_read, write_result  # noqa: E402
 
 HOT_FILES, HOT_MIB, REQ = 4, 16, MIB
+# bcache's own counters per round (stats_total; folded every few seconds, so a round's share may lag into the next)
+STATS = ("cache_hits", "cache_misses", "cache_bypass_hits", "cache_bypass_misses", "cache_miss_collisions")
 CONFIGS = ("stock", "cutoff0", "cutoff16", "cp-default")
 
 
@@ -85,6 +89,10 @@ class Backup(threading.Thread):
         self.seconds = time.monotonic() - t0
 
 
+def stats() -> list[int]:
+    return [int((BCACHE / "stats_total" / k).read_text()) for k in STATS]
+
+
 def configure(config: str) -> Daemon | None:
     if config == "cutoff0":
         (BCACHE / "sequential_cutoff").write_text("0")
@@ -114,6 +122,10 @@ def main() -> None:
     daemon = configure(config)
     buf = mmap.mmap(-1, REQ)
     backup = Backup(cold)
+    # bcache's refused read-miss inserts (bcache_alloc_fail: no ready bucket), counted per round for every
+    # configuration -- with the stats, why a configuration keeps or loses the hot set while the backup streams
+    refusals = Trace((ALLOC_FAIL,))
+    refusals.start()
     t0 = time.monotonic()
     per_round: list[dict] = []
     second_ended = float("nan")
@@ -122,7 +134,7 @@ def main() -> None:
         time.sleep(max(0.0, start - time.monotonic()))
         if r + 1 == backup_round:
             backup.start()
-        o0, b0 = origin_read(), backup.bytes
+        o0, b0, s0 = origin_read(), backup.bytes, stats()
         times = [read_direct(p, buf) for p in hot]
         if r == 1:
             second_ended = time.time()  # wall clock, as the daemon's decisions' "ts"
@@ -130,15 +142,20 @@ def main() -> None:
         end = t0 + (r + 1) * interval
         time.sleep(max(0.0, end - time.monotonic()))
         hot_origin = max(0, origin_read() - o0 - (backup.bytes - b0))
+        counts = dict(zip(STATS, (b - a for a, b in zip(s0, stats(), strict=True)), strict=True))
+        counts["alloc_fail"] = sum(1 for x in refusals.take() if x.event == ALLOC_FAIL)
         per_round.append({"round": r + 1, "t": start - t0, "read_ms": times,
-                          "origin_bytes_per_read": hot_origin / HOT_FILES})
+                          "origin_bytes_per_read": hot_origin / HOT_FILES, "bcache": counts,
+                          "backup_bytes": backup.bytes - b0})
         log(f"{config} round {r + 1}: hot read ms {[round(x) for x in times]}, "
-            f"origin {hot_origin / MIB:.1f} MiB for the hot set")
+            f"origin {hot_origin / MIB:.1f} MiB for the hot set, backup {(backup.bytes - b0) / MIB:.0f} MiB, "
+            f"bcache {counts}")
         if daemon:
             daemon.sample()
     backup.stop.set()
     if backup.ident is not None:  # started
         backup.join()
+    refusals.stop()
     res = {"config": config, "rounds": per_round, "hot_files": HOT_FILES, "hot_mib": HOT_MIB,
            "interval_s": interval, "backup_round": backup_round, "stream_bytes": backup.bytes,
            "stream_s": backup.seconds,

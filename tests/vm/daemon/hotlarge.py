@@ -23,6 +23,7 @@ from cachepilot.backends.inspect import block_name, describe_volume
 from cachepilot.daemon.control import request
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/vm: the guest scripts' helpers
+from bcache_trace import Trace, devno, explain_bypasses  # noqa: E402
 from guestkit import say, wait  # noqa: E402
 
 MIB = 1 << 20
@@ -122,6 +123,8 @@ say("knobs_set", "yes" if wait(knobs_off, 30) else "no")
 
 phase("read1", hot)
 phase("cold_read", cold)
+trace = Trace()  # bcache's own account from the admitting read to the promotion's end (bcache_trace.py)
+trace.start()
 phase("read2", hot)
 ino_hot, ino_cold = os.stat(hot).st_ino, os.stat(cold).st_ino
 done = lambda: any(x["status"] == "done" for x in promotions(ino_hot))  # noqa: E731
@@ -134,6 +137,13 @@ first_done = min((float(x["ts"]) for x in promotions(ino_hot) if x["status"] == 
 say("hot_promoted_after_read2_s", "none" if first_done is None else f"{first_done - ENDED['read2']:.1f}")
 for x in promotions(ino_hot):
     print("promote:", x["status"], x["reason"], x["detail"])
+# the promoter's bios (the daemon's threads: comm "cachepilot") that bcache bypassed as sequential, and which run each
+# continued (a bio that ended where it started, within the 5 s run memory): the cause of a promotion left uncached
+why = explain_bypasses(trace.stop(), devno(block_name(os.environ["LAB_CACHED_DEV"])[0]), "cachepilot")
+for k in ("bios", "bypassed", "bypassed_bytes", "alloc_fail"):
+    say(f"promoter_{k}", why[k])
+print("bypassed (start+sectors@ts<-the run it continued):", why["continuing"], why["examples"],
+      "by comm:", why["bypassed_by_comm"], "offset:", why["offset"])
 vol = request(tmp / "ctl.sock", {"cmd": "status"})["volumes"][0].get("metrics") or {}
 # bcache's refused read-miss inserts so far and the promoter's rate now (it halves on them: allocpace)
 say("alloc_failures_after_promotion", vol.get("alloc_failures"))
