@@ -62,7 +62,7 @@ def parse(text: str) -> list[Rec]:
 class Trace:
     """Events on from ``start`` to ``stop`` (the records then), the buffer cleared at each start."""
 
-    def __init__(self, events: tuple[str, ...] = (QUEUE, BYPASS, ALLOC_FAIL), buffer_kb: int = 16384) -> None:
+    def __init__(self, events: tuple[str, ...] = (QUEUE, BYPASS, ALLOC_FAIL), buffer_kb: int = 4096) -> None:
         if not (TRACING / "trace").exists():
             subprocess.run(["mount", "-t", "tracefs", "nodev", str(TRACING)], check=True)
         self.events, self.buffer_kb = events, buffer_kb
