@@ -15,11 +15,11 @@ TRACE = """# tracer: nop
               dd-812     [001] .....   100.000000: block_bio_queue: 252,0 R 1000 + 2048 [dd]
               dd-812     [001] .....   100.100000: block_bio_queue: 252,0 R 3048 + 2048 [dd]
       cachepilot-900     [000] .....   101.000000: block_bio_queue: 252,0 R 5096 + 256 [cachepilot]
-      cachepilot-900     [000] .....   101.000001: bcache_bypass_sequential: 8,16 R 5112 + 256
+      cachepilot-900     [000] .....   101.000001: bcache_bypass_sequential: 8,16  R 5112 + 256
       cachepilot-900     [000] .....   101.100000: block_bio_queue: 252,0 R 800 + 256 [cachepilot]
-      cachepilot-900     [000] .....   101.100001: bcache_bypass_sequential: 8,16 R 816 + 256
+      cachepilot-900     [000] .....   101.100001: bcache_bypass_sequential: 8,16  R 816 + 256
       cachepilot-900     [000] .....   106.200000: block_bio_queue: 252,0 R 5352 + 256 [cachepilot]
-      cachepilot-900     [000] .....   106.200001: bcache_bypass_sequential: 8,16 R 5368 + 256
+      cachepilot-900     [000] .....   106.200001: bcache_bypass_sequential: 8,16  R 5368 + 256
     kworker/0:1-33      [000] d..1.   101.200000: bcache_alloc_fail: 8,32 reserve 3
            <idle>-0       [001] .....   101.300000: block_bio_queue: 8,16 W 9000 + 8 [swapper]
 """

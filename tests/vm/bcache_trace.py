@@ -32,7 +32,8 @@ EVENTS = {QUEUE: "block/block_bio_queue", BYPASS: "bcache/bcache_bypass_sequenti
 # "  comm-pid  [cpu] flags  ts: event: rest" (the flags column depends on the trace options: optional)
 LINE = re.compile(r"^\s*(?P<comm>.+?)-(?P<pid>\d+)\s+(?:\(\s*[-\d]+\)\s+)?\[\d+\]\s+(?:\S+\s+)?(?P<ts>\d+\.\d+): "
                   r"(?P<event>\w+): (?P<rest>.*)$")
-BIO = re.compile(r"^(?P<major>\d+),(?P<minor>\d+) (?P<rwbs>\S+) (?P<sector>\d+) \+ (?P<n>\d+)")
+# bcache's own events print two spaces after the device ("%d,%d  %s %llu + %u"), the block layer's one
+BIO = re.compile(r"^(?P<major>\d+),(?P<minor>\d+)\s+(?P<rwbs>\S+)\s+(?P<sector>\d+)\s+\+\s+(?P<n>\d+)")
 
 
 @dataclass(frozen=True)
@@ -123,3 +124,13 @@ def explain_bypasses(recs: list[Rec], bcache_dev: str, who: str) -> dict[str, ob
             "bypassed_bytes": sum(b.sectors for b in mine_bypassed) * 512,
             "continuing": dict(sources), "examples": examples, "offset": off,
             "bypassed_by_comm": dict(by_comm), "alloc_fail": sum(1 for r in recs if r.event == ALLOC_FAIL)}
+
+
+def timeline(recs: list[Rec], bcache_dev: str, offset: int, limit: int = 40) -> list[str]:
+    """The bios on the bcache device in order (task, time, sector+size), each marked B if bcache bypassed it as
+    sequential: what a failing lab run prints, to see whose run a bypassed bio continued."""
+    bypassed = {(b.pid, b.sector - offset, b.sectors) for b in recs if b.event == BYPASS}
+    out = [f"{q.ts:.4f} {q.comm}-{q.pid} {q.rwbs} {q.sector}+{q.sectors}"
+           f"{' B' if (q.pid, q.sector, q.sectors) in bypassed else ''}"
+           for q in recs if q.event == QUEUE and q.dev == bcache_dev and q.sectors]
+    return out if len(out) <= limit else out[:limit // 2] + ["..."] + out[-limit // 2:]

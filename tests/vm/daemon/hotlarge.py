@@ -23,7 +23,7 @@ from cachepilot.backends.inspect import block_name, describe_volume
 from cachepilot.daemon.control import request
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/vm: the guest scripts' helpers
-from bcache_trace import Trace, devno, explain_bypasses  # noqa: E402
+from bcache_trace import Trace, devno, explain_bypasses, timeline  # noqa: E402
 from guestkit import say, wait  # noqa: E402
 
 MIB = 1 << 20
@@ -139,7 +139,12 @@ for x in promotions(ino_hot):
     print("promote:", x["status"], x["reason"], x["detail"])
 # the promoter's bios (the daemon's threads: comm "cachepilot") that bcache bypassed as sequential, and which run each
 # continued (a bio that ended where it started, within the 5 s run memory): the cause of a promotion left uncached
-why = explain_bypasses(trace.stop(), devno(block_name(os.environ["LAB_CACHED_DEV"])[0]), "cachepilot")
+recs = trace.stop()
+bdev = devno(block_name(os.environ["LAB_CACHED_DEV"])[0])
+why = explain_bypasses(recs, bdev, "cachepilot")
+for line in timeline(recs, bdev, int(str(why["offset"])), 120):
+    print("bio:", line)
+print("hot extents:", subprocess.run(["filefrag", "-v", "-b512", str(hot)], capture_output=True, text=True).stdout)
 for k in ("bios", "bypassed", "bypassed_bytes", "alloc_fail"):
     say(f"promoter_{k}", why[k])
 print("bypassed (start+sectors@ts<-the run it continued):", why["continuing"], why["examples"],
