@@ -198,14 +198,6 @@ class Capabilities:
     hold: HoldKnob | None = None
     # Read-miss inserts refused when the allocator's free list is empty (None: the kind waits for space).
     ready_reserve: ReadyReserve | None = None
-    # How long the kind remembers where a recent run of I/O ended, in ns (0: it keeps no such memory). bcache:
-    # check_should_bypass (drivers/md/bcache/request.c) hashes the last RECENT_IO (128) runs by end sector, each kept
-    # `i->jiffies = jiffies + msecs_to_jiffies(5000)` past its last bio; a bio that starts where one of them ended
-    # before then continues that run (whoever issued it) and is bypassed once the run passes sequential_cutoff.
-    # So a promotion read that starts while an application's whole read of the file is still remembered can be
-    # charged to that read's run and bypassed; the engine hands a large file (above the sieve: its whole reads were
-    # such runs) to the promoter only once this has passed since its last read (engine/promotion.py).
-    run_memory_ns: int = 0
     # Whether the volume's cache identity (VolumeInfo.cache_id) names a cache set that several volumes may share
     # (bcache: the cache set's UUID; status shows it as cache_set). dm caches have one cache device per volume.
     shared_cache_set: bool = False
@@ -225,7 +217,7 @@ CAPABILITIES: dict[str, Capabilities] = {
         drain_sleep_knob="writeback_delay", pace_knob="writeback_rate_minimum",
         promote_rounds=1, device_prefix="bcache", error_counts=True, inserts_read_misses=True,
         hold=HoldKnob("writeback_percent", 10, write_cutoff=40), ready_reserve=ReadyReserve("bcache", 10),
-        shared_cache_set=True, run_memory_ns=5_000_000_000,
+        shared_cache_set=True,
     ),
     KIND_DMCACHE: Capabilities(
         KIND_DMCACHE, frozenset({WRITEBACK, WRITETHROUGH, BYPASS}),

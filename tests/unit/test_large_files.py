@@ -61,71 +61,11 @@ def test_a_large_file_read_whole_twice_is_promoted_whole_with_its_reason() -> No
     read_whole(e, 1)
     assert not promoted(e, 2)  # read once: a stream, as far as anyone knows
     read_whole(e, 1, t=3)
-    [p] = [p for t in range(3, 10) for p in promoted(e, t)]  # once bcache has forgotten the read's run (below)
+    [p] = promoted(e, 3)
     assert p.ino == 1 and p.ranges == ((0, BIG),)
     assert "large file (16.0 MiB) read whole 2.0 times" in p.reason and "bypassed reads" in p.reason
-    read_whole(e, 1, t=10)
-    assert not any(promoted(e, t) for t in range(10, 30))  # resident now: never read twice
-
-
-# bcache remembers where each of its last 128 runs ended for 5 s after the run's last bio (check_should_bypass,
-# drivers/md/bcache/request.c: i->jiffies = jiffies + msecs_to_jiffies(5000)); a promotion read that starts where the
-# application's whole read ended continues that run -- past the cutoff -- and is bypassed (lab, issue 37: 2.37 MiB of
-# the 16 MiB file left uncached when the promotion started 0.4 s after the read). The probe's clock is refreshed
-# once a tick, so a read's recorded time may be a tick early: the wait is 5 s + one tick (1 s here).
-
-def test_a_large_file_is_handed_over_only_once_bcache_has_forgotten_its_last_read() -> None:
-    e = engine()
-    bypassing(e)
-    read_whole(e, 1, t=2)
-    read_whole(e, 1, t=3)  # admitted by this read
-    for t in range(3, 9):
-        assert not promoted(e, t), t  # 3 + 5 s + a tick
-    [p] = promoted(e, 9)
-    assert p.ino == 1 and "waited 6.0 s for bcache to forget the runs of its last read" in p.reason
-
-
-def test_a_read_while_it_waits_restarts_the_wait_up_to_a_bound() -> None:
-    e = engine()
-    bypassing(e)
-    read_whole(e, 1, t=2)
-    read_whole(e, 1, t=3)
-    assert not any(promoted(e, t) for t in range(3, 6))
-    read_whole(e, 1, t=6)  # read again at 6: remembered until 12
-    assert not any(promoted(e, t) for t in range(6, 12))
-    assert [p.ino for p in promoted(e, 12)] == [1]
-    # a file read whole every 2 s is never forgotten: it goes after RUN_HOLD_MAX_NS (20 s) of waiting
-    read_whole(e, 2, t=13)
-    got: list[float] = []
-    for t in range(13, 40):
-        read_whole(e, 2, t=t if t % 2 else t - 0.5)
-        got += [t for p in promoted(e, t) if p.ino == 2]
-    assert got and got[0] == 13 + 20, got
-
-
-def test_a_waiting_large_file_does_not_hold_up_the_files_behind_it() -> None:
-    e = engine()
-    bypassing(e)
-    read_whole(e, 1, t=2)
-    read_whole(e, 1, t=3)  # queued first, waits for bcache's run memory
-    small = 512 << 10  # below the sieve: its read was a short run on its own, nothing to wait for
-    for k in range(8):
-        e.feed(HotnessDelta(FileKey(DEV, 2, 1), 64 * 8, 0, small, 0, int(3 * NS) + k, size=small))
-    assert [p.ino for p in promoted(e, 3)] == [2]
-    assert [(t, p.ino) for t in range(4, 10) for p in promoted(e, t)] == [(9, 1)]
-
-
-def test_a_kind_without_run_memory_hands_a_large_file_over_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    import dataclasses
-
-    from cachepilot import capabilities as caps
-
-    monkeypatch.setitem(caps.CAPABILITIES, "bcache", dataclasses.replace(caps.CAPABILITIES["bcache"], run_memory_ns=0))
-    e = engine()
-    bypassing(e)
-    read_whole(e, 1, t=2)
-    read_whole(e, 1, t=3)
-    assert [(t, p.ino) for t in range(3, 10) for p in promoted(e, t)] == [(4, 1)]  # the tick after its admission
+    read_whole(e, 1, t=4)
+    assert not promoted(e, 30)  # resident now: never read twice
 
 
 def test_a_file_read_once_is_never_promoted() -> None:

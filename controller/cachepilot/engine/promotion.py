@@ -17,9 +17,6 @@ from cachepilot.models.hotness import F_MEMBER, F_QUEUED, F_RESIDENT, HotnessTab
 SCAN_MIN_BASE = 8.0
 SCAN_START, SCAN_END = 2.5, 1.5
 SCAN_POLLUTES = 0.25
-# The longest a large file waits for the cache's run memory of its reads to lapse (Capabilities.run_memory_ns): a
-# file read whole more often than that memory lasts would otherwise never be promoted.
-RUN_HOLD_MAX_NS = 20 * NS
 
 
 class Promoter:
@@ -35,7 +32,6 @@ class Promoter:
         if not c.promotes:
             for slot in c.promo_queue.clear():
                 t.flags[slot] &= ~F_QUEUED
-            c.run_held.clear()
             return
         if c.latch is not None:
             return  # reading hot files into a failed cache helps nobody; the queue waits
@@ -64,10 +60,6 @@ class Promoter:
         gated = c.caps.inserts_read_misses and promo.only_uncached
         resident = F_RESIDENT if gated else 0  # a promoted file is not read again
         why = self._why_admitted(c, now) if gated else ""
-        held = c.run_held
-        memory = c.caps.run_memory_ns
-        if memory:  # a read's recorded time is the probe's clock, refreshed once a tick: up to a tick early
-            memory += now - c.last_tick_ns if c.last_tick_ns is not None and now > c.last_tick_ns else NS
         while head < end:
             v = items[head]
             slot = v & 0xFFFFFFFF
@@ -75,14 +67,8 @@ class Promoter:
             if not f & F_MEMBER:
                 head += 1
                 flags[slot] = f & not_queued
-                held.pop(slot, None)
                 continue
             size = tsize[slot]
-            if memory and size > promo.sieve_size and self._run_remembered(c, slot, now, memory):
-                head += 1
-                q.push(slot, v >> 32)  # waits at the back, still queued; the files behind it go on
-                continue
-            waited = held.get(slot)
             if size > tokens and tokens < cap:
                 break  # a file larger than the bucket goes once the bucket is full, leaving a debt
             head += 1
@@ -99,10 +85,6 @@ class Promoter:
                 if known is None:
                     known = texts[sc] = f"counter {sc} > last evicted {bar}{why}"
                 reason = known
-            if waited is not None:
-                del held[slot]
-                reason += (f"; waited {(now - waited) / NS:.1f} s for {c.info.kind} to forget the runs of its last "
-                           "read (a promotion read continuing one would be bypassed with it)")
             append(Promote(name, tdev[slot], tino[slot], tgen[slot], ((0, size),), reason))
         # an imported list's credit is spent first; it lapses once the queue is empty (handoff.py)
         left = max(0.0, credit - (c.tokens + credit - tokens))
@@ -110,16 +92,6 @@ class Promoter:
         c.import_credit = left if head < end else 0.0
         q.head = head - 1
         q.pop()  # compacts the array when the consumed head is large
-
-    def _run_remembered(self, c: VolumeCtl, slot: int, now: int, memory: int) -> bool:
-        """Whether the cache may still remember a run of the file's last read (``memory`` ns after it), so that a
-        promotion read starting now could continue that run and be bypassed with it; never past RUN_HOLD_MAX_NS.
-        Only files above the sieve wait: their whole reads were runs past the cutoff (what admitted them); a smaller
-        file's read is a run below it on its own, and a promotion chunk continuing it stays below too."""
-        if now >= self.hotness.last[slot] + memory:
-            return False
-        first = c.run_held.setdefault(slot, now)
-        return now - first < RUN_HOLD_MAX_NS
 
     def _why_large(self, slot: int, bar: int, why: str) -> str:
         """The reason of an admitted file of the large-file class (few: not cached by counter like the others)."""

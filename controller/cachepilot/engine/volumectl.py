@@ -118,8 +118,6 @@ class VolumeCtl:
     # admitted files (slot, generation, admitted at) that wait for a bypass within BYPASS_WINDOW_NS (oldest first)
     bypass_wait: deque[tuple[int, int, int]] = field(default_factory=deque)
     promotions_skipped: dict[str, int] = field(default_factory=dict)  # by reason (status)
-    # large files whose promotion waits for the cache's run memory to lapse: slot -> when it first waited
-    run_held: dict[int, int] = field(default_factory=dict)
     last_rewarm_ns: int | None = None
     cache_seen: str = ""  # the last cache device (set) seen attached: a different one is a replacement
     detached: bool = False  # the last sample saw no cache device behind the volume
