@@ -198,6 +198,10 @@ class Capabilities:
     hold: HoldKnob | None = None
     # Read-miss inserts refused when the allocator's free list is empty (None: the kind waits for space).
     ready_reserve: ReadyReserve | None = None
+    # Whether the kind bypasses by a per-task history of I/O runs that a new thread inherits from its creator:
+    # bcache's sequential_io_avg (check_should_bypass), not reset by copy_process when bcache is a module
+    # (actuators/taskruns.py). The promoter's reader threads shed it before their first read.
+    inherits_run_history: bool = False
     # Whether the volume's cache identity (VolumeInfo.cache_id) names a cache set that several volumes may share
     # (bcache: the cache set's UUID; status shows it as cache_set). dm caches have one cache device per volume.
     shared_cache_set: bool = False
@@ -217,7 +221,7 @@ CAPABILITIES: dict[str, Capabilities] = {
         drain_sleep_knob="writeback_delay", pace_knob="writeback_rate_minimum",
         promote_rounds=1, device_prefix="bcache", error_counts=True, inserts_read_misses=True,
         hold=HoldKnob("writeback_percent", 10, write_cutoff=40), ready_reserve=ReadyReserve("bcache", 10),
-        shared_cache_set=True,
+        shared_cache_set=True, inherits_run_history=True,
     ),
     KIND_DMCACHE: Capabilities(
         KIND_DMCACHE, frozenset({WRITEBACK, WRITETHROUGH, BYPASS}),

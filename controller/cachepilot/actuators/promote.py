@@ -42,6 +42,7 @@ from cachepilot.actions import DONE, FAILED, IMPORTED, PENDING, SKIPPED, Outcome
 from cachepilot.actuators.allocpace import AllocBackoff
 from cachepilot.actuators.extents import fiemap
 from cachepilot.actuators.readpool import Done, Pacer, ReadPool
+from cachepilot.actuators.taskruns import shed_run_history
 from cachepilot.capabilities import CAPABILITIES
 from cachepilot.errors import CachepilotError, DeviceGone, classify_errno
 from cachepilot.events import kdev_from_st_dev
@@ -89,7 +90,9 @@ class Promoter:
         self.errors: dict[str, int] = {}
         self.read_bytes_total = 0
         self.skipped_total = 0
-        self.pool = ReadPool(workers, clock) if workers > 0 else None
+        # bcache: a new thread inherits its creator's run history and is bypassed until it has shed it (taskruns)
+        self.shed_runs = bool(caps and caps.inherits_run_history)
+        self.pool = ReadPool(workers, clock, shed_runs=self.shed_runs) if workers > 0 else None
 
     def run(self, action: Promote, *, dry_run: bool = False) -> Outcome:
         if self.rounds == 0:
@@ -245,6 +248,8 @@ class Promoter:
         left = list(chunks)
         done: list[tuple[int, int]] = []
         imported = IMPORTED in action.reason
+        if self.shed_runs and left and not dry_run:
+            shed_run_history(fd, buf, left[0][1])
         while left and (not reads or self.clock() < self._slice_end) and self._spend(imported, left[0][2]):
             _, logical, n = left.pop(0)
             if not dry_run:

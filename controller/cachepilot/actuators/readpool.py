@@ -30,6 +30,8 @@ from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import Any
 
+from cachepilot.actuators.taskruns import shed_run_history
+
 log = logging.getLogger("cachepilot.actuators.readpool")
 
 Key = tuple[int, int, int]  # (dev, ino, gen)
@@ -108,9 +110,11 @@ class ReadPool:
     """The files being read in the background, by identity."""
 
     def __init__(self, workers: int, clock: Callable[[], int],
-                 sleep: Callable[[float], bool] | None = None) -> None:
-        """``sleep(seconds)``: a pacer's wait, True when the pool is stopping (default: on the stop event)."""
+                 sleep: Callable[[float], bool] | None = None, shed_runs: bool = False) -> None:
+        """``sleep(seconds)``: a pacer's wait, True when the pool is stopping (default: on the stop event).
+        ``shed_runs``: each thread sheds the bcache run history it inherited before its first read (taskruns)."""
         self.workers = max(1, workers)
+        self.shed_runs = shed_runs
         self.clock = clock
         self._stop = threading.Event()
         self.sleep = sleep or self._stop.wait
@@ -180,6 +184,8 @@ class ReadPool:
         buf = mmap.mmap(-1, MAX_CHUNK)
         done: list[tuple[int, int]] = []
         try:
+            if self.shed_runs and chunks and not self._stop.is_set():
+                shed_run_history(r.fd, buf, chunks[0][1])
             for _, logical, n in chunks:
                 if self._stop.is_set():
                     break
