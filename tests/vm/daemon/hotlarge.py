@@ -5,9 +5,12 @@ A 16 MiB file H read whole three times and a 16 MiB file C read once, the page c
 past the cutoff (check_should_bypass), so stock bcache never caches either, however often it is read. The
 daemon's large-file class (promotion.large_files; argument `off`: without it) admits H after its second whole read
 and promotes it by reading its extents in descending 64-256 KiB chunks (no bio continues a recent run: nothing
-accumulates in bcache's sequential detector); C, read once, never qualifies. Then a cold stream of twice the
-cache is read once (a backup) and H is read again. key=value lines on stdout: origin bytes per read, bcache's
-read counters per phase."""
+accumulates in bcache's sequential detector); C, read once, never qualifies. The daemon is started by this script
+after it wrote 544 MiB, so every thread of it inherits a large bcache run average (copy_process resets it only when
+bcache is built in): the reader sheds it first (actuators/taskruns.py); `dd`, started the same way, is bypassed from
+its first read. bcache's own account of the promotion (its tracepoints, tests/vm/bcache_trace.py) is printed.
+Then a cold stream of twice the cache is read once (a backup) and H is read again. key=value lines on stdout:
+origin bytes per read, bcache's read counters per phase."""
 
 from __future__ import annotations
 
