@@ -30,12 +30,12 @@ def hot_columns(t: HotnessTable, dev: int, k: int) -> Columns:
     # or the k chosen need is read for them alone
     cand = np.nonzero(score >= kth_largest(score, k))[0] if len(score) > k else np.arange(len(score))
     cslots = slots[cand]
-    clast = np.frombuffer(t.last, dtype=np.int64)[cslots]
+    clast = t.last.take(cslots)
     pick = np.lexsort((cslots, clast, score[cand]))[::-1][:k]
     order, top = cand[pick], cslots[pick]
-    return {"ino": np.frombuffer(t.ino, dtype=np.uint64)[top], "gen": np.frombuffer(t.gen, dtype=np.uint32)[top],
+    return {"ino": t.ino.take(top), "gen": np.frombuffer(t.gen, dtype=np.uint32)[top],
             "score": score[order], "read_score": rs[order], "write_score": ws[order],
-            "size": np.frombuffer(t.size, dtype=np.int64)[top], "last_ns": clast[pick]}
+            "size": t.size.take(top), "last_ns": clast[pick]}
 
 
 def kth_largest(x: np.ndarray, k: int) -> int:

@@ -7,14 +7,14 @@ evicted until it is down to ``low_water`` of its capacity, and the counter of th
 becomes the new admission bar. (With ``low_water=1.0`` this is Loris' one-at-a-time rule; the engine
 uses 0.95 so that the O(members) eviction pass runs once per 5% of capacity admitted, not per file.)
 
-Membership lives in the hotness table's per-slot arrays (a flag bit and the charged size in pages); the
-set itself keeps only a u32 array of candidate slots (compacted on every eviction pass), so a member
-costs 4 bytes here and no Python object. Eviction picks the coldest with one vectorised sort.
+Membership lives in the hotness table's per-slot arrays (a flag bit and the charged size in pages) and
+nowhere else: the members are read back from the flags (one vectorised pass over the table's flag and
+device columns, in slot order) when an eviction pass or a re-warm needs them, so a member costs nothing
+here (a u32 member list had been 4 MiB with 1 M members, issue 32). Eviction picks the coldest with one
+vectorised sort.
 """
 
 from __future__ import annotations
-
-from array import array
 
 import numpy as np
 
@@ -34,7 +34,6 @@ class CachedSet:
         self.low_water = low_water
         self.count = 0
         self.used_bytes = 0
-        self._slots = array("I")  # members, plus stale entries until the next compaction
         self.last_evicted = 0  # counter of the last evicted file, at epoch last_evicted_epoch
         self.last_evicted_epoch = 0
         self.evictions = 0
@@ -68,11 +67,8 @@ class CachedSet:
         t.charged[slot] = pages
         self.used_bytes += pages * PAGE
         self.count += 1
-        self._slots.append(slot)
         if self.used_bytes > self.capacity_bytes:
             self._shrink(evicted)
-        elif len(self._slots) > 2 * self.count + 4096:
-            self._compact()
         return bool(t.flags[slot] & F_MEMBER), evicted
 
     def admit_many(self, slots: np.ndarray, sizes: np.ndarray) -> np.ndarray:
@@ -94,12 +90,9 @@ class CachedSet:
         np.frombuffer(t.charged, dtype=np.uint32)[slots] = pages
         self.used_bytes += int(pages.sum()) * PAGE
         self.count += len(slots)
-        self._slots.frombytes(slots.astype(np.uint32).tobytes())
         if self.used_bytes > self.capacity_bytes:
             self._shrink([])
             slots = slots[(flags[slots] & F_MEMBER) != 0]
-        elif len(self._slots) > 2 * self.count + 4096:
-            self._compact()
         del flags
         return slots
 
@@ -116,18 +109,13 @@ class CachedSet:
             self._shrink([])
 
     def _live(self) -> np.ndarray:
+        """The members' slots, ascending (int64): the F_MEMBER bits of this set's filesystem (of the whole table for
+        a set of any filesystem, ``dev`` None: one such set a table)."""
         t = self.t
-        cand = np.unique(np.frombuffer(self._slots, dtype=np.uint32)).astype(np.int64)
-        flags = np.frombuffer(t.flags, dtype=np.uint8)
-        keep = (flags[cand] & F_MEMBER) != 0
+        member = (np.frombuffer(t.flags, dtype=np.uint8) & F_MEMBER) != 0
         if self.dev is not None:
-            keep &= np.frombuffer(t.dev, dtype=np.uint32)[cand] == self.dev
-        del flags
-        return cand[keep]
-
-    def _compact(self, live: np.ndarray | None = None) -> None:
-        live = self._live() if live is None else live
-        self._slots = array("I", live.astype(np.uint32).tobytes())
+            member &= t.dev_mask(self.dev)
+        return np.flatnonzero(member)
 
     def _score_only(self, live: np.ndarray) -> np.ndarray:
         t = self.t
@@ -138,7 +126,7 @@ class CachedSet:
         return np.minimum(r + w, COUNTER_MAX).astype(np.int64)
 
     def _scores(self, live: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return self._score_only(live), np.frombuffer(self.t.last, dtype=np.int64)[live].copy()
+        return self._score_only(live), self.t.last.take(live)
 
     def _shrink(self, evicted: list[int]) -> None:
         t = self.t
@@ -163,7 +151,6 @@ class CachedSet:
             self.last_evicted_epoch = t.epoch
             self.evictions += k
             evicted.extend(gone.tolist())
-        self._compact(live[order[k:]])
 
     def discard(self, slot: int) -> int:
         """Remove a member without counting it as an eviction (file deleted, sieved). Returns bytes."""
