@@ -55,7 +55,7 @@ class Promoter:
         read_size = t.size.__getitem__
         name = c.info.name
         bar = c.cached.admission_bar(t.epoch)
-        items, head, end = q.items, q.head, len(q.items)
+        items, head, end, rid_at = q.items, q.head, len(q.items), q.rid_at
         credit = c.import_credit
         tokens = c.tokens + credit
         score = t.score
@@ -66,8 +66,8 @@ class Promoter:
         resident = F_RESIDENT if gated else 0  # a promoted file is not read again
         why = self._why_admitted(c, now) if gated else ""
         while head < end:
-            v = items[head]
-            slot = v & 0xFFFFFFFF
+            at = head
+            slot = items[head]
             f = flags[slot]
             if not f & F_MEMBER:
                 head += 1
@@ -81,7 +81,7 @@ class Promoter:
             head += 1
             flags[slot] = (f & not_queued) | resident
             tokens -= size
-            rid = v >> 32
+            rid = rid_at(at)
             if rid != ADMITTED:
                 reason = q.reasons[rid] if rid < len(q.reasons) else "re-warm"
             elif size > promo.sieve_size:
