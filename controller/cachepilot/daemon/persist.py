@@ -17,7 +17,7 @@ from typing import Any
 from cachepilot.actions import Action, SetKnob, SetKnobs
 from cachepilot.capabilities import KNOBS
 from cachepilot.daemon.decisionlog import DecisionLog
-from cachepilot.daemon.snapshot import HotLists, as_rows, hot_columns
+from cachepilot.daemon.snapshot import HotLists, HotRows, as_rows, hot_columns
 from cachepilot.daemon.state import MAX_DECISIONS, MAX_HOT, NO_STATE, StateFile
 from cachepilot.daemon.statewriter import StateWriter
 from cachepilot.daemon.volume import ManagedVolume, devname
@@ -227,9 +227,9 @@ class Persistence:
         self.collect()
         doc = self._doc(vols, decisions, at)
         if at is not None and self.writer is not None:
-            self.writer.submit(doc, hot_rows)
+            self.writer.submit(doc, hot_text)
             return
-        doc = hot_rows(doc)
+        doc = hot_text(doc)
         if self.writer is None:
             self._count(self.state.write(doc), self.state.last_error)
             return
@@ -246,6 +246,14 @@ class Persistence:
         self.counters["state_writes" if ok else "state_writes_failed"] += 1
         if not ok:
             self.once(f"state file not written (carrying on): {error}")
+
+
+def hot_text(doc: dict[str, Any]) -> dict[str, Any]:
+    """The document as the state file encodes it: each volume's hot list as HotRows (its rows' JSON made a block at a
+    time, the same bytes as hot_rows' lists)."""
+    for v in doc["volumes"].values():
+        v["hot"] = HotRows(v["hot"], HOT_ROW)
+    return doc
 
 
 def hot_rows(doc: dict[str, Any]) -> dict[str, Any]:

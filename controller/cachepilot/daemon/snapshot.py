@@ -6,6 +6,8 @@ files on 16 volumes ``top`` and the state file had cost the tick that made both 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from cachepilot.models.hotness import HotnessTable
@@ -58,6 +60,33 @@ def as_dicts(cols: Columns, k: int | None = None) -> list[dict[str, int]]:
 def as_rows(cols: Columns, fields: tuple[str, ...]) -> list[list[int]]:
     """The rows as lists of the given fields (the state file's hot list)."""
     return list(map(list, zip(*(cols[f].tolist() for f in fields), strict=True)))
+
+
+class HotRows:
+    """A hot list's rows (the given fields of its columns), made into JSON text a block at a time: the state file's
+    encoder takes it as it is (daemon/state.py RawRows), and no Python object a row exists at once."""
+
+    BLOCK = 2048
+
+    def __init__(self, cols: Columns, fields: tuple[str, ...]) -> None:
+        self.cols = {f: cols[f] for f in fields}
+        self.fields = fields
+
+    def __len__(self) -> int:
+        return len(self.cols[self.fields[0]]) if self.fields else 0
+
+    def __getitem__(self, cut: slice) -> HotRows:
+        return HotRows({f: c[cut] for f, c in self.cols.items()}, self.fields)
+
+    def rows(self) -> list[list[int]]:
+        return as_rows(self.cols, self.fields)
+
+    def json(self) -> str:
+        parts = []
+        for i in range(0, len(self), self.BLOCK):
+            block = as_rows({f: c[i:i + self.BLOCK] for f, c in self.cols.items()}, self.fields)
+            parts.append(json.dumps(block, separators=(",", ":"))[1:-1])
+        return "[" + ",".join(parts) + "]"
 
 
 def hottest(t: HotnessTable, dev: int, k: int) -> list[dict[str, int]]:
