@@ -24,7 +24,7 @@ def hot_columns(t: HotnessTable, dev: int, k: int) -> Columns:
     slots = t.slots_of(dev)  # in no particular order: only the candidates are sorted, the slot as last key
     if len(slots) == 0 or k <= 0:
         return _EMPTY
-    shift = (t.epoch - np.frombuffer(t.stamp, dtype=np.uint32)[slots].astype(np.int64)).clip(0, 63)
+    shift = (t.epoch - t.stamp.take(slots)).clip(0, 63)
     rs = np.frombuffer(t.rscore, dtype=np.uint32)[slots].astype(np.int64) >> shift
     ws = np.frombuffer(t.wscore, dtype=np.uint32)[slots].astype(np.int64) >> shift
     score = rs + ws

@@ -119,7 +119,7 @@ class CachedSet:
 
     def _score_only(self, live: np.ndarray) -> np.ndarray:
         t = self.t
-        sh = (t.epoch - np.frombuffer(t.stamp, dtype=np.uint32)[live].astype(np.int64)).clip(0, 63)
+        sh = (t.epoch - t.stamp.take(live)).clip(0, 63)
         sh = sh.astype(np.uint64)
         r = np.frombuffer(t.rscore, dtype=np.uint32)[live].astype(np.uint64) >> sh
         w = np.frombuffer(t.wscore, dtype=np.uint32)[live].astype(np.uint64) >> sh

@@ -103,8 +103,19 @@ class HotnessTable(SlotArrays):
             e = (now_ns - self.start_ns) // self.half_life_ns
             if e > self.epoch:
                 self.epoch = int(e)
+                self._sweep()
             self.last.rebase(now_ns)  # every ~25 days: the u32 millisecond columns keep their range
             self.born.rebase(now_ns)
+
+    def _sweep(self) -> None:
+        """Slots whose counters aged to nothing are zeroed and stamped now (the one-byte epochs stay exact:
+        models.columns.Epoch8); what they read is what lazy ageing would read."""
+        gone = self.stamp.sweep(self.epoch)
+        if len(gone):
+            np.frombuffer(self.rscore, dtype=np.uint32)[gone] = 0
+            np.frombuffer(self.wscore, dtype=np.uint32)[gone] = 0
+            self.rbytes.put(gone, 0)
+            self.stamp.put(gone, self.epoch)
 
     # ---------------------------------------------------------------- updates
     def apply(self, ev: HotnessDelta) -> int:
@@ -257,19 +268,19 @@ class HotnessTable(SlotArrays):
         bad = np.nonzero(gen[slots] != rec["gen"])[0]
         for i in bad.tolist():  # inode reuse: rare
             self._reset(int(slots[i]), int(rec["gen"][i]))
-        stamp = np.frombuffer(self.stamp, dtype=u32)
         rsa = np.frombuffer(self.rscore, dtype=u32)
         wsa = np.frombuffer(self.wscore, dtype=u32)
         rba = self.rbytes.take(slots)  # u64
         e = self.epoch
-        aged = stamp[slots] != e
+        st = self.stamp.take(slots)
+        aged = st != e
         old = slots[aged]
         if len(old):
-            sh = np.minimum(np.maximum(e - stamp[old].astype(i64), 0), 63).astype(np.uint64)
+            sh = np.minimum(np.maximum(e - st[aged], 0), 63).astype(np.uint64)
             rsa[old] = (rsa[old].astype(np.uint64) >> sh).astype(u32)
             wsa[old] = (wsa[old].astype(np.uint64) >> sh).astype(u32)
             rba[aged] >>= sh
-            stamp[old] = e
+            self.stamp.put(old, e)
         rs = rec["rs"]
         ws = rec["ws"]
         rsa[slots] = np.minimum(rsa[slots].astype(np.uint64) + rs, COUNTER_MAX).astype(u32)
@@ -297,7 +308,7 @@ class HotnessTable(SlotArrays):
         new = (f & F_TOUCHED) == 0
         self.touched.frombytes(slots[new].astype(np.int64).tobytes())
         flags[slots] = f | F_TOUCHED
-        del gen, stamp, rsa, wsa, flags  # release the buffers: the arrays may grow again
+        del gen, rsa, wsa, flags  # release the buffers: the arrays may grow again
         db = self.dev_bytes
         rdev = rec["dev"]
         for d in np.unique(rdev).tolist():

@@ -10,7 +10,7 @@ gen           u32           inode generation
 rscore        u32           read counter (saturating), at aging epoch ``stamp``
 wscore        u32           write counter (saturating), at aging epoch ``stamp``
 rbytes        u32 + spill   bytes read below the page cache, aged like the counters (the large-file sieve)
-stamp         u32           aging epoch at which rscore/wscore were last normalised
+stamp         u8 mod 256    aging epoch at which rscore/wscore were last normalised (swept: models/columns)
 last          u32 ms        last access, CLOCK_MONOTONIC (ns in, whole milliseconds kept)
 born          u32 ms        first write seen (0 = none): a deleted file's age (engine.lifetime)
 size          u32 + spill   file size in bytes (-1 = unknown)
@@ -18,7 +18,7 @@ flags         u8            READ / APPEND / OVERWRITE / TOUCHED / LIVE / MEMBER 
 charged       u32           pages charged to the believed-cached set
 ============  ============  ============================================================================
 
-41 bytes a file with 32-bit inode numbers (65 before issue 32); the narrow columns are in models/columns.py, exact
+40 bytes a file with 32-bit inode numbers (65 before issue 32); the narrow columns are in models/columns.py, exact
 but for the times (milliseconds). The inode index adds 8 bytes a file (models/inoindex.py).
 
 Per filesystem we also sum the read and write bytes (``dev_bytes``), for the ``auto`` failure model.
@@ -31,7 +31,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from cachepilot.models.columns import DevIds, Millis32, SpillU32, WideningU32
+from cachepilot.models.columns import DevIds, Epoch8, Millis32, SpillU32, WideningU32
 from cachepilot.models.inoindex import InoIndex
 
 F_READ = 1  # a read was seen
@@ -59,7 +59,7 @@ class SlotArrays:
         self.rscore = array("I")
         self.wscore = array("I")
         self.rbytes = SpillU32(dtype=np.uint64)
-        self.stamp = array("I")
+        self.stamp = Epoch8()
         self.last = Millis32(start_ns)
         self.born = Millis32(start_ns)  # 0: none
         self.size = SpillU32(offset=1)  # -1: unknown
@@ -92,7 +92,7 @@ class SlotArrays:
             self.rscore.append(0)
             self.wscore.append(0)
             self.rbytes.extend_fill(1, 0)
-            self.stamp.append(self.epoch)
+            self.stamp.extend_fill(1, self.epoch)
             self.last.extend_zero(1)
             self.born.extend_zero(1)
             self.size.extend_fill(1, -1)
@@ -128,7 +128,7 @@ class SlotArrays:
             self.wscore.extend(zeros)
             self.charged.extend(zeros)
             self.rbytes.extend_fill(rest, 0)
-            self.stamp.extend(array("I", [self.epoch]) * rest)
+            self.stamp.extend_fill(rest, self.epoch)
             self.last.extend_zero(rest)
             self.born.extend_zero(rest)
             self.size.extend_fill(rest, -1)
@@ -145,7 +145,7 @@ class SlotArrays:
         np.frombuffer(self.rscore, dtype=np.uint32)[slots] = 0
         np.frombuffer(self.wscore, dtype=np.uint32)[slots] = 0
         self.rbytes.put(slots, 0)
-        np.frombuffer(self.stamp, dtype=np.uint32)[slots] = self.epoch
+        self.stamp.put(slots, self.epoch)
         self.last.put(slots, 0)
         self.born.put(slots, 0)
         self.size.put(slots, -1)
@@ -197,6 +197,6 @@ class SlotArrays:
 
     def column_bytes(self) -> int:
         """Bytes held by the per-slot columns (their spilled values counted at ~100 bytes each)."""
-        arrays = (self.gen, self.rscore, self.wscore, self.stamp, self.flags, self.charged)
-        narrow = (self.dev, self.ino, self.rbytes, self.last, self.born, self.size)
+        arrays = (self.gen, self.rscore, self.wscore, self.flags, self.charged)
+        narrow = (self.dev, self.ino, self.rbytes, self.stamp, self.last, self.born, self.size)
         return sum(a.buffer_info()[1] * a.itemsize for a in arrays) + sum(c.nbytes for c in narrow)
