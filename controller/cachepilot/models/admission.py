@@ -87,7 +87,7 @@ class CachedSet:
             return slots
         flags = np.frombuffer(t.flags, dtype=np.uint8)
         flags[slots] |= F_MEMBER
-        np.frombuffer(t.charged, dtype=np.uint32)[slots] = pages
+        t.charged.put(slots, pages)
         self.used_bytes += int(pages.sum()) * PAGE
         self.count += len(slots)
         if self.used_bytes > self.capacity_bytes:
@@ -99,12 +99,11 @@ class CachedSet:
     def recharge(self, slots: np.ndarray, sizes: np.ndarray) -> None:
         """Members whose size changed: charge the new size (evicting if the set is now over capacity)."""
         pages = (sizes.astype(np.int64) + PAGE - 1) // PAGE
-        charged = np.frombuffer(self.t.charged, dtype=np.uint32)
-        diff = pages - charged[slots].astype(np.int64)
+        charged = self.t.charged
+        diff = pages - charged.take(slots)
         if diff.any():
-            charged[slots] = pages
+            charged.put(slots, pages)
             self.used_bytes += int(diff.sum()) * PAGE
-        del charged
         if self.used_bytes > self.capacity_bytes:
             self._shrink([])
 
@@ -133,7 +132,7 @@ class CachedSet:
         live = self._live()
         score, last = self._scores(live)
         order = np.lexsort((last, score))  # coldest first; least recent first on ties
-        charged = np.frombuffer(t.charged, dtype=np.uint32)[live][order].astype(np.int64) * PAGE
+        charged = t.charged.take(live[order]) * PAGE
         cum = np.cumsum(charged)
         target = min(self.capacity_bytes, int(self.capacity_bytes * self.low_water))
         need = self.used_bytes - target
@@ -142,7 +141,7 @@ class CachedSet:
         gone = live[order[:k]]
         flags = np.frombuffer(t.flags, dtype=np.uint8)
         flags[gone] &= ~F_MEMBER & 0xFF
-        np.frombuffer(t.charged, dtype=np.uint32)[gone] = 0
+        t.charged.put(gone, 0)
         del flags  # release the buffers: the table's arrays may grow again
         if k:
             self.used_bytes -= int(cum[k - 1])
@@ -168,13 +167,12 @@ class CachedSet:
         """discard() for a batch (a slot listed twice counts once). Returns bytes."""
         t = self.t
         flags = np.frombuffer(t.flags, dtype=np.uint8)
-        charged = np.frombuffer(t.charged, dtype=np.uint32)
         s = np.unique(slots)
         s = s[(flags[s] & F_MEMBER) != 0]
-        freed = int(charged[s].astype(np.int64).sum()) * PAGE
+        freed = int(t.charged.take(s).sum()) * PAGE
         flags[s] &= ~F_MEMBER & 0xFF
-        charged[s] = 0
-        del flags, charged
+        t.charged.put(s, 0)
+        del flags
         self.used_bytes -= freed
         self.count -= len(s)
         return freed

@@ -30,13 +30,17 @@ MS = 1_000_000
 
 
 class SpillU32:
-    """Integers >= ``-offset`` as ``value + offset`` in a u32 array; ``U32_MAX`` marks a value kept in ``spill``."""
+    """Integers >= ``-offset`` as ``value + offset`` in a u32 array (u16 with ``narrow="H"``); the array's largest
+    value marks a value kept in ``spill``."""
 
-    def __init__(self, offset: int = 0, dtype: type[np.signedinteger] | type[np.unsignedinteger] = np.int64) -> None:
-        self.a = array("I")
+    def __init__(self, offset: int = 0, dtype: type[np.signedinteger] | type[np.unsignedinteger] = np.int64,
+                 narrow: str = "I") -> None:
+        self.a = array(narrow)
         self.spill: dict[int, int] = {}
         self.offset = offset
         self.dtype = dtype  # what take() returns
+        self.raw = np.dtype(np.uint32 if narrow == "I" else np.uint16)
+        self.top = int(np.iinfo(self.raw).max)  # the spill mark
 
     def __len__(self) -> int:
         return len(self.a)
@@ -49,12 +53,12 @@ class SpillU32:
 
     def __getitem__(self, i: int) -> int:
         u = self.a[i]
-        return self.spill[i] if u == U32_MAX else u - self.offset
+        return self.spill[i] if u == self.top else u - self.offset
 
     def __setitem__(self, i: int, v: int) -> None:
         u = self._enc(v)
-        if u >= U32_MAX:
-            self.a[i] = U32_MAX
+        if u >= self.top:
+            self.a[i] = self.top
             self.spill[i] = v
             return
         self.a[i] = u
@@ -65,17 +69,17 @@ class SpillU32:
         """n new slots holding v."""
         start = len(self.a)
         u = self._enc(v)
-        self.a.extend(array("I", [min(u, U32_MAX)]) * n)
-        if u >= U32_MAX:
+        self.a.extend(array(self.a.typecode, [min(u, self.top)]) * n)
+        if u >= self.top:
             self.spill.update(dict.fromkeys(range(start, start + n), v))
 
     def take(self, slots: np.ndarray) -> np.ndarray:
-        u = np.frombuffer(self.a, dtype=np.uint32)[slots]
+        u = np.frombuffer(self.a, dtype=self.raw)[slots]
         out = u.astype(self.dtype)
         if self.offset:
             out -= self.offset
         if self.spill:
-            big = np.flatnonzero(u == U32_MAX)
+            big = np.flatnonzero(u == self.top)
             if len(big):
                 out[big] = [self.spill[s] for s in np.asarray(slots)[big].tolist()]
         return out
@@ -86,9 +90,9 @@ class SpillU32:
             u = vals.astype(np.int64) + self.offset
         else:
             u = vals
-        over = u >= U32_MAX
-        a = np.frombuffer(self.a, dtype=np.uint32)
-        a[slots] = np.where(over, U32_MAX, u).astype(np.uint32)
+        over = u >= self.top
+        a = np.frombuffer(self.a, dtype=self.raw)
+        a[slots] = np.where(over, self.top, u).astype(self.raw)
         del a  # release the buffer: the array may grow again
         if self.spill:
             pop = self.spill.pop
@@ -99,7 +103,7 @@ class SpillU32:
 
     @property
     def nbytes(self) -> int:
-        return len(self.a) * 4 + 100 * len(self.spill)  # a dict entry with its two ints: ~100 bytes
+        return len(self.a) * self.a.itemsize + 100 * len(self.spill)  # a dict entry with its two ints: ~100 bytes
 
 
 class WideningU32:

@@ -15,10 +15,10 @@ last          u32 ms        last access, CLOCK_MONOTONIC (ns in, whole milliseco
 born          u32 ms        first write seen (0 = none): a deleted file's age (engine.lifetime)
 size          u32 + spill   file size in bytes (-1 = unknown)
 flags         u8            READ / APPEND / OVERWRITE / TOUCHED / LIVE / MEMBER / QUEUED / RESIDENT bits
-charged       u32           pages charged to the believed-cached set
+charged       u16 + spill   pages charged to the believed-cached set
 ============  ============  ============================================================================
 
-40 bytes a file with 32-bit inode numbers (65 before issue 32); the narrow columns are in models/columns.py, exact
+38 bytes a file with 32-bit inode numbers (65 before issue 32); the narrow columns are in models/columns.py, exact
 but for the times (milliseconds). The inode index adds 8 bytes a file (models/inoindex.py).
 
 Per filesystem we also sum the read and write bytes (``dev_bytes``), for the ``auto`` failure model.
@@ -64,7 +64,7 @@ class SlotArrays:
         self.born = Millis32(start_ns)  # 0: none
         self.size = SpillU32(offset=1)  # -1: unknown
         self.flags = array("B")
-        self.charged = array("I")
+        self.charged = SpillU32(dtype=np.int64, narrow="H")  # pages: a file of 256 MiB or more is spilled
         self.dev_bytes: dict[int, list[int]] = {}
         self._free: list[int] = []
         self.live = 0
@@ -97,7 +97,7 @@ class SlotArrays:
             self.born.extend_zero(1)
             self.size.extend_fill(1, -1)
             self.flags.append(F_LIVE)
-            self.charged.append(0)
+            self.charged.extend_fill(1, 0)
         idx = self.index.get(dev)
         if idx is None:
             idx = self.index[dev] = InoIndex()
@@ -126,7 +126,7 @@ class SlotArrays:
             zeros = array("I", bytes(4 * rest))
             self.rscore.extend(zeros)
             self.wscore.extend(zeros)
-            self.charged.extend(zeros)
+            self.charged.extend_fill(rest, 0)
             self.rbytes.extend_fill(rest, 0)
             self.stamp.extend_fill(rest, self.epoch)
             self.last.extend_zero(rest)
@@ -149,7 +149,7 @@ class SlotArrays:
         self.last.put(slots, 0)
         self.born.put(slots, 0)
         self.size.put(slots, -1)
-        np.frombuffer(self.charged, dtype=np.uint32)[slots] = 0
+        self.charged.put(slots, 0)
         flags = np.frombuffer(self.flags, dtype=np.uint8)
         flags[slots] = F_LIVE | (flags[slots] & (F_TOUCHED | F_QUEUED))  # may sit in those lists
         del flags
@@ -197,6 +197,6 @@ class SlotArrays:
 
     def column_bytes(self) -> int:
         """Bytes held by the per-slot columns (their spilled values counted at ~100 bytes each)."""
-        arrays = (self.gen, self.rscore, self.wscore, self.flags, self.charged)
-        narrow = (self.dev, self.ino, self.rbytes, self.stamp, self.last, self.born, self.size)
+        arrays = (self.gen, self.rscore, self.wscore, self.flags)
+        narrow = (self.dev, self.ino, self.rbytes, self.stamp, self.last, self.born, self.size, self.charged)
         return sum(a.buffer_info()[1] * a.itemsize for a in arrays) + sum(c.nbytes for c in narrow)
