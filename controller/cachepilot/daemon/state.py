@@ -57,10 +57,15 @@ def _encode(doc: dict[str, Any]) -> bytes:
         return token
 
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"), default=defer)
-    for token, rows in raw.items():
-        text = text.replace(token, rows.json(), 1)
-    body = text.encode()
-    return b'{"crc32":%d,"state":%s}\n' % (zlib.crc32(body), body)
+    parts = []
+    for token, rows in raw.items():  # in the order json.dumps met them
+        before, text = text.split(token, 1)
+        parts += [before.encode(), rows.json().encode()]
+    parts.append(text.encode())
+    crc = 0
+    for p in parts:  # the body's checksum without joining it first (one copy of a 1.3 MiB document less)
+        crc = zlib.crc32(p, crc)
+    return b"".join([b'{"crc32":%d,"state":' % crc, *parts, b"}\n"])
 
 
 def bound(doc: dict[str, Any], max_bytes: int = MAX_BYTES) -> bytes:
