@@ -40,7 +40,7 @@ def test_a_tracked_file_costs_at_most_38_bytes_of_columns_and_8_of_index() -> No
 
 
 def test_spill_columns_read_back_every_value() -> None:
-    rng = random.Random(3)
+    rng = random.Random(3)  # noqa: S311 - a reproducible draw, not a secret
     size = SpillU32(offset=1)  # -1: unknown
     ref: list[int] = []
     size.extend_fill(50, -1)
@@ -92,7 +92,7 @@ def test_the_index_with_u32_keys_never_takes_a_64_bit_inode_for_its_low_half() -
 def test_one_byte_epochs_age_exactly_over_hundreds_of_half_lives() -> None:
     """Counters read as lazy ageing with full epochs would read them, across gaps of up to 1 000 half-lives; the
     one-byte stamps wrap every 256 (without the sweep a counter 256 half-lives old reads as new)."""
-    rng = random.Random(11)
+    rng = random.Random(11)  # noqa: S311 - a reproducible draw, not a secret
     t = HotnessTable(half_life_s=1.0)
     ref: dict[int, tuple[int, int, int]] = {}  # ino -> (read counter, write counter, epoch of both)
     now = 0

@@ -78,9 +78,6 @@ class HotRows:
     def __getitem__(self, cut: slice) -> HotRows:
         return HotRows({f: c[cut] for f, c in self.cols.items()}, self.fields)
 
-    def rows(self) -> list[list[int]]:
-        return as_rows(self.cols, self.fields)
-
     def json(self) -> str:
         parts = []
         for i in range(0, len(self), self.BLOCK):

@@ -40,7 +40,7 @@ class SpillU32:
         self.offset = offset
         self.dtype = dtype  # what take() returns
         self.raw = np.dtype(np.uint32 if narrow == "I" else np.uint16)
-        self.top = int(np.iinfo(self.raw).max)  # the spill mark
+        self.top = U32_MAX if narrow == "I" else 0xFFFF  # the spill mark
 
     def __len__(self) -> int:
         return len(self.a)
@@ -262,7 +262,7 @@ class Millis32:
     def __len__(self) -> int:
         return len(self.a)
 
-    def enc(self, ns: np.ndarray) -> np.ndarray:
+    def enc(self, ns: np.ndarray | int) -> np.ndarray:
         ns = np.asarray(ns, dtype=np.int64)
         u = np.clip((ns - self.base) // MS + 1, 1, U32_MAX)
         return np.where(ns > 0, u, 0).astype(np.uint32)
