@@ -20,6 +20,7 @@ class PromoQueue:
         self.head = 0
         self._starts = array("q")  # where each run of one reason starts in items (ascending)
         self._rids = array("I")  # its reason id
+        self._k = 0  # the run rid_at found last
         self.reasons: list[str] = ["admitted"]
         self._reason_ids: dict[str, int] = {"admitted": ADMITTED}
 
@@ -51,8 +52,12 @@ class PromoQueue:
             self.items.frombytes(slots.astype(np.uint32).tobytes())
 
     def rid_at(self, i: int) -> int:
-        """The reason id of the entry at index i of items."""
-        return self._rids[bisect_right(self._starts, i) - 1]
+        """The reason id of the entry at index i of items (the queue is read in order: the run of the last call is
+        tried first, a search only at a run's end)."""
+        k, starts = self._k, self._starts
+        if not (k < len(starts) and starts[k] <= i and (k + 1 == len(starts) or i < starts[k + 1])):
+            k = self._k = bisect_right(starts, i) - 1
+        return self._rids[k]
 
     def pop(self) -> None:
         self.head += 1
@@ -63,7 +68,7 @@ class PromoQueue:
             del self._rids[:max(0, k)]
             self._starts = array("q", (max(0, s - head) for s in self._starts))
             del self.items[:head]
-            self.head = 0
+            self.head = self._k = 0
 
     def clear(self) -> list[int]:
         slots = self.items[self.head:].tolist()
@@ -71,4 +76,5 @@ class PromoQueue:
         self.head = 0
         self._starts = array("q")
         self._rids = array("I")
+        self._k = 0
         return slots
