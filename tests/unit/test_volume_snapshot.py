@@ -14,7 +14,7 @@ from cachepilot.daemon.volumes import Found
 from cachepilot.exporter import collectors
 from cachepilot.exporter.snapshot import VolumeSnapshot, volume_metrics
 from cachepilot.models.volume import VolumeInfo
-from tests.unit.test_daemon import DEV, Rig
+from tests.unit.daemon_rig import DEV, Rig
 
 # the fields a collector of its own reads (labels, state sets, the cache-set info, the epoch histogram, the advisor)
 READ_BY_THEIR_OWN_COLLECTOR = {"volume", "device", "kind", "mode", "target_mode", "cache_set", "epoch_bytes",

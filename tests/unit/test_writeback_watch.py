@@ -280,7 +280,7 @@ def test_a_finding_is_a_decision_explain_shows_with_its_reason() -> None:
 def test_through_the_daemon_a_stall_shows_in_status_metrics_and_explain(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from tests.unit.test_daemon import FakeBackend, Rig
+    from tests.unit.daemon_rig import FakeBackend, Rig
 
     class Stopped(FakeBackend):
         """bcache with writeback_running 0 and dirty data that does not move."""
