@@ -4,13 +4,16 @@ hand. The same paths run for real in tests/bpf/test_daemon_host.py (the real pro
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from cachepilot.actions import Drain, SetKnob, SetWritePolicy
 from cachepilot.backends.base import DONE, FAILED, PENDING, Backend, ControlAction, Outcome, Write
 from cachepilot.daemon.config import load_config
 from cachepilot.daemon.daemon import Daemon
 from cachepilot.daemon.volumes import Found
+from cachepilot.engine.volumectl import VolumeCtl
 from cachepilot.errors import DeviceGone
 from cachepilot.events import kdev
 from cachepilot.models.volume import VolumeInfo, VolumeSample
@@ -116,20 +119,27 @@ defaults:
 
 
 class Rig:
-    """A daemon without a probe, on fakes; ticks driven by hand."""
+    """A daemon without a probe, on fakes; ticks driven by hand. What it is built with goes through the daemon's
+    constructor (``backend_factory``: the cache each found volume gets, default a FakeBackend kept in ``backends``;
+    ``files``: the file actuators; ``found`` and ``problems``: what discovery returns at each look)."""
 
     def __init__(self, tmp: Path, policy: str = POLICY_DESTRUCTIVE, dry_run: bool = False,
-                 metrics: str = "{listen: ''}", advisor: bool = False) -> None:
+                 metrics: str = "{listen: ''}", advisor: bool = False,
+                 backend_factory: Callable[[VolumeInfo], Backend] | None = None,
+                 files: Callable[[VolumeInfo, int, int], Any] = FakeFiles) -> None:
         self.tmp = tmp
         write(tmp / "p.yaml", policy)
         self.cfg_path = write(tmp / "c.yaml", f"version: 1\npolicies: [p.yaml]\nstate_dir: st\nsocket: ctl.sock\n"
                               f"dry_run: {str(dry_run).lower()}\nmetrics: {metrics}\nrescan: 1s\n"
                               f"advisor: {str(advisor).lower()}\n")
+        self.socket = tmp / "ctl.sock"
         self.found = [Found(VOL)]
+        self.problems: list[str] = []
         self.backends: dict[str, FakeBackend] = {}
         self.d = Daemon(load_config(self.cfg_path), config_path=self.cfg_path,
-                        discover=lambda: (list(self.found), []), backend_factory=self.backend,
-                        actuators_factory=FakeFiles, rescan_events=lambda: None)  # the fakes change by polling
+                        discover=lambda: (list(self.found), list(self.problems)),
+                        backend_factory=backend_factory or self.backend,
+                        actuators_factory=files, rescan_events=lambda: None)  # the fakes change by polling
 
     def backend(self, info: VolumeInfo) -> FakeBackend:
         b = self.backends.setdefault(info.name, FakeBackend(info))
@@ -137,6 +147,20 @@ class Rig:
 
     def tick(self, t: float) -> None:
         self.d.tick(self.d.started_ns + int(t * NS))
+
+    def status(self) -> dict[str, Any]:
+        """What `cachepilot status` gets: the control socket's answer, from the last published snapshot."""
+        return self.d.answer({"cmd": "status"})
+
+    def ctl(self, dev: int = DEV) -> VolumeCtl:
+        """The engine's state of a managed volume, through the daemon's own table of them."""
+        return self.d.vols[dev].ctl
+
+    def crash(self) -> None:
+        """Stop as a killed daemon does: nothing put back, the state file as last written, the socket and lock let go
+        (as the kernel would)."""
+        self.d.control.stop()
+        self.d.lock.release()
 
 
 class FakeProbe:

@@ -29,10 +29,10 @@ def test_daemon_adopts_samples_decides_and_acts(rig: Rig) -> None:
     assert b.mode == "writethrough"
     d = list(rig.d.decisions)[-1]
     assert d["status"] == "done" and d["writes"][0]["readback"] == "writethrough" and "exposure bound" in d["reason"]
-    v = rig.d.answer({"cmd": "status"})["volumes"][0]
+    v = rig.status()["volumes"][0]
     assert (v["mode"], v["target_mode"], v["dirty_bytes"]) == ("writeback", "writethrough", 8 << 20)  # as last read
     rig.tick(2)
-    v = rig.d.answer({"cmd": "status"})["volumes"][0]
+    v = rig.status()["volumes"][0]
     assert (v["mode"], v["target_mode"]) == ("writethrough", "writethrough")
 
 
@@ -71,7 +71,7 @@ def test_observe_only_volume_is_never_acted_on(tmp_path: Path) -> None:
     r = Rig(tmp_path)
     r.found = [Found(VolumeInfo(dev=DEV, name="loop0", kind="none", mountpoint="/mnt"))]
     r.d.start()
-    assert r.d.snapshot is not None and r.d.snapshot.observe_only is True and r.backends == {}
+    assert r.status()["observe_only"] is True and r.backends == {}
     r.d.execute(SetKnob("loop0", "x", "1", "test"), r.d.started_ns)
     assert list(r.d.decisions)[-1]["detail"] == "not carried out: observe-only volume"
     r.d.shutdown()
@@ -90,8 +90,7 @@ class RealResultFiles(FakeFiles):
 
 def test_file_actions_outcomes_are_recorded_and_logged(tmp_path: Path) -> None:
     """The daemon logs each outcome through its own line(): the file actuators' result types included."""
-    r = Rig(tmp_path)
-    r.d.adopter.actuators_factory = RealResultFiles
+    r = Rig(tmp_path, files=RealResultFiles)
     r.d.start()
     r.d.execute(DiscardRanges("bcache0", DEV, ((0, 4096),), "test"), r.d.started_ns)
     r.d.execute(Promote("bcache0", DEV, 12, 1, ((0, 8192),), "test"), r.d.started_ns)

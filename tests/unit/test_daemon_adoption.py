@@ -107,7 +107,7 @@ def test_a_volume_two_rules_select_is_unmanaged_until_the_policy_is_fixed(tmp_pa
     assert r.d.vols == {}
     assert unmanaged_lines(metrics(r)) == [
         'cachepilot_volume_unmanaged{device="bcache0",reason="policy",volume="bcache0"} 1.0']
-    status = r.d.answer({"cmd": "status"})
+    status = r.status()
     assert status["unmanaged"] == [{"name": "bcache0", "dev": "bcache0", "reason": "policy"}]
     assert "bcache0    NOT MANAGED (policy; bcache0)" in render(status)  # `cachepilot status`
     write(r.tmp / "p.yaml", ONE_RULE)
@@ -119,16 +119,14 @@ def test_a_volume_two_rules_select_is_unmanaged_until_the_policy_is_fixed(tmp_pa
 
 
 def test_a_volume_whose_backend_will_not_open_is_unmanaged(tmp_path: Path) -> None:
-    r = Rig(tmp_path, metrics=f"{{listen: '', textfile: {tmp_path}/m.prom}}")
-    other = VolumeInfo(dev=kdev(252, 1), name="bcache1", kind="bcache", mountpoint="/mnt/z", cache_bytes=1 << 30)
-    r.found = [Found(VOL), Found(other)]
-
     def factory(info: VolumeInfo) -> FakeBackend:
         if info.name == "bcache1":
             raise KernelRejected("bcache1: no cache_mode")
         return r.backend(info)
 
-    r.d.adopter.backend_factory = factory
+    r = Rig(tmp_path, metrics=f"{{listen: '', textfile: {tmp_path}/m.prom}}", backend_factory=factory)
+    other = VolumeInfo(dev=kdev(252, 1), name="bcache1", kind="bcache", mountpoint="/mnt/z", cache_bytes=1 << 30)
+    r.found = [Found(VOL), Found(other)]
     r.d.start()
     r.tick(1)
     assert unmanaged_lines(metrics(r)) == [
@@ -143,7 +141,7 @@ def test_a_volume_whose_backend_will_not_open_is_unmanaged(tmp_path: Path) -> No
 def test_a_device_discover_could_not_describe_is_unmanaged_unless_it_has_no_usable_name(
         tmp_path: Path, problem: str) -> None:
     r = Rig(tmp_path, metrics=f"{{listen: '', textfile: {tmp_path}/m.prom}}")
-    r.d.adopter.discover = lambda: (list(r.found), [problem])
+    r.problems = [problem]
     r.d.start()
     r.tick(1)
     want = ['cachepilot_volume_unmanaged{device="bcache2",reason="describe",volume="bcache2"} 1.0'] \

@@ -87,7 +87,7 @@ def test_control_socket_outlives_running_out_of_file_descriptors(tmp_path: Path)
 def test_status_is_served_from_the_snapshot_fast(rig: Rig) -> None:
     rig.d.start()
     rig.tick(1)
-    path = rig.d.config.socket
+    path = rig.socket
     t0 = time.monotonic()
     for _ in range(50):
         s = request(path, {"cmd": "status"})
@@ -106,7 +106,7 @@ def test_explain_keeps_a_vanished_volumes_decisions_and_clear_latch_says_if_one_
     assert rig.d.answer({"cmd": "clear_latch", "volume": "bcache0"}) == {"queued": "bcache0", "latched": False}
     rig.found = []
     rig.tick(3)  # rescanned: bcache0 is gone, its decisions stay and explain still answers for it
-    assert not rig.d.answer({"cmd": "status"})["volumes"]
+    assert not rig.status()["volumes"]
     assert rig.d.answer({"cmd": "explain", "volume": "bcache0"})["decisions"]
 
 

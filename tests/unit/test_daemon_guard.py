@@ -77,7 +77,7 @@ def test_start_up_objects_are_frozen_and_full_collections_counted(rig: Rig) -> N
     gc.collect()
     assert rig.d.counters["gc.full"] >= 1 and rig.d.counters["gc_ns.full"] > 0
     rig.tick(1)
-    c = rig.d.answer({"cmd": "status"})["counters"]
+    c = rig.status()["counters"]
     assert c["tick_wall_ns.sample"] > 0 and "tick_cpu_ns.decide" in c  # where each tick's time went
     rig.d.shutdown()
     before = rig.d.counters["gc.full"]

@@ -63,7 +63,7 @@ def test_the_daemon_takes_the_rings_at_most_every_poll_gap(tmp_path: Path) -> No
     while time.monotonic() - t0 < 2.1:
         r.d._wait(0.2)
     assert 2 <= p.polls <= 3, p.polls  # 2.1 s / 1 s, not one per call (nor one per 0.5 s: 4 or 5)
-    r.d.loop.stop()
+    r.d.request_stop()
     t1 = time.monotonic()
     r.d._wait(0.2)  # a stop request ends a gap's wait at once
     assert time.monotonic() - t1 < 0.05

@@ -41,11 +41,11 @@ def test_one_snapshot_serves_the_socket_and_the_exporter(tmp_path: Path) -> None
     r.d.start()
     r.backends["bcache0"].dirty = 8 << 20
     r.d._feed(Delete(FileKey(DEV, 5, 1), 0, 0))
-    r.d.engine.vols[DEV].promotions_skipped["inserted"] = 2
+    r.ctl().promotions_skipped["inserted"] = 2
     r.tick(1)
     snap = r.d.snapshot
     assert snap is not None
-    s = r.d.answer({"cmd": "status"})
+    s = r.status()
     assert s["volumes"][0]["promotions_skipped"] == {"inserted": 2}
     assert list(s) == ["version", "pid", "started", "uptime_s", "dry_run", "observe_only", "actuators", "config",
                        "policy", "probe", "drops", "last_tick", "tracked_files", "counters", "state_file", "volumes",
@@ -128,11 +128,11 @@ class ErrorsBackend(FakeBackend):
 
 
 def test_the_daemon_exports_errors_as_a_counter_and_none_for_dm_cache(tmp_path: Path) -> None:
-    r = Rig(tmp_path, metrics=f"{{listen: '', textfile: {tmp_path}/m.prom}}")
+    backends: dict[str, ErrorsBackend] = {}
+    r = Rig(tmp_path, metrics=f"{{listen: '', textfile: {tmp_path}/m.prom}}",
+            backend_factory=lambda info: backends.setdefault(info.name, ErrorsBackend(info)))
     dm = VolumeInfo(dev=kdev(253, 3), name="dm-3", kind="dm-cache", mountpoint="/mnt/y", cache_bytes=1 << 30)
     r.found = [Found(VOL), Found(dm, dm_name="lab-cached")]
-    backends: dict[str, ErrorsBackend] = {}
-    r.d.adopter.backend_factory = lambda info: backends.setdefault(info.name, ErrorsBackend(info))
     r.d.start()
     seen = []
     for t, errors in enumerate((0, 4, 2, 1), start=1):

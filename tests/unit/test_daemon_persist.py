@@ -27,8 +27,7 @@ def test_state_survives_a_restart_rewarms_and_reconciles(tmp_path: Path) -> None
     r.d.execute(Drain("bcache0", 0, "test"), r.d.started_ns)  # in flight when we "crash"
     r.tick(1)
     r.d._save_state()
-    r.d.control.stop()
-    r.d.lock.release()  # a crash: no restore(), the drain's writeback_percent=0 stays behind
+    r.crash()  # no restore(): the drain's writeback_percent=0 stays behind
     doc, _ = StateFile(tmp_path / "st").read()
     assert doc is not None
     vol = doc["volumes"]["bcache0"]
@@ -45,7 +44,7 @@ def test_state_survives_a_restart_rewarms_and_reconciles(tmp_path: Path) -> None
     assert all(t.lookup(DEV, ino, 7) is not None for ino in range(1, 6))
     r2.tick(1)
     r2.tick(2)
-    assert r2.d.counters["rewarm_files"] == 5 and len(r2.d.engine.vols[DEV].cached) == 5
+    assert r2.d.counters["rewarm_files"] == 5 and r2.status()["volumes"][0]["believed_cached"] == 5
     promoted = [a for a, _ in r2.d.vols[DEV].files.ran if isinstance(a, Promote)]
     assert sorted(a.ino for a in promoted) == [1, 2, 3, 4, 5] and all(a.gen == 7 for a in promoted)
     r2.d.shutdown()
@@ -63,20 +62,19 @@ def test_the_failure_latch_survives_a_restart_until_cleared(tmp_path: Path,
     r.backends["bcache0"] = FailingBackend(VOL)
     r.d.start()
     r.tick(1)
-    assert r.d.engine.vols[DEV].latch is not None
+    assert r.status()["volumes"][0]["latched"] is True
     r.d.shutdown()
     r2 = Rig(tmp_path)  # the cache reads healthy now, but nobody replaced it or cleared the latch
     r2.d.start()
-    ctl = r2.d.engine.vols[DEV]
-    assert ctl.latch is not None and "kept from the state file" in ctl.latch.reason
-    assert r2.d.answer({"cmd": "status"})["volumes"][0]["latched"] is True
+    v = r2.status()["volumes"][0]
+    assert v["latched"] is True and "kept from the state file" in v["latch_reason"]
     from cachepilot.cli import main
 
-    assert main(["clear-latch", "bcache0", "--socket", str(r2.d.config.socket)]) == 0
+    assert main(["clear-latch", "bcache0", "--socket", str(r2.socket)]) == 0
     assert capsys.readouterr().out == "bcache0: latch cleared at the daemon's next tick (see `cachepilot status`)\n"
-    assert main(["clear-latch", "nope", "--socket", str(r2.d.config.socket)]) == 2  # unknown volume: one line
+    assert main(["clear-latch", "nope", "--socket", str(r2.socket)]) == 2  # unknown volume: one line
     r2.tick(1)
-    assert ctl.latch is None
+    assert r2.status()["volumes"][0]["latched"] is False
     r2.d.shutdown()
 
 
@@ -92,8 +90,7 @@ def test_knobs_steered_before_a_kill_are_put_back_at_the_next_start(tmp_path: Pa
     seq = r.d.engine.seq.vols[DEV]
     seq.base, seq.cutoff, seq.moved = 4194304, 8388608, True
     r.d._save_state()
-    r.d.control.stop()
-    r.d.lock.release()  # killed: no restore()
+    r.crash()  # killed: no restore()
     doc, _ = StateFile(tmp_path / "st").read()
     assert doc is not None
     assert doc["volumes"]["bcache0"]["steered"] == {"sequential_cutoff": ["4194304", "8388608"],

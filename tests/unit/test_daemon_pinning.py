@@ -33,7 +33,7 @@ def ticks_until(r: Rig, t: float, done: Callable[[], bool]) -> float:
 
 
 def pinned(r: Rig) -> int:
-    return int((r.d.answer({"cmd": "status"})["volumes"][0]["pins"] or {}).get("files", 0))
+    return int((r.status()["volumes"][0]["pins"] or {}).get("files", 0))
 
 
 def test_pins_are_resolved_at_adoption_and_reload_and_shown_by_status(tmp_path: Path) -> None:
@@ -51,10 +51,10 @@ def test_pins_are_resolved_at_adoption_and_reload_and_shown_by_status(tmp_path: 
         r.d.start()
         t = ticks_until(r, 1, lambda: not r.d.adopter.pins.busy())  # the walk runs off the loop (issue 33)
         r.tick(t + 1)  # handed over: promoted at the next tick
-        v = r.d.answer({"cmd": "status"})["volumes"][0]
+        v = r.status()["volumes"][0]
         assert v["pins"]["files"] == 1 and v["pins"]["list"][0]["path"] == "db/a"
         assert v["pins"]["resident_files"] == 1
-        files = r.d.adopter.vols[DEV].files
+        files = r.d.vols[DEV].files
         assert any(isinstance(a, Promote) and "pinned by policy" in a.reason for a, _ in files.ran)
         (mnt / "db" / "b").write_bytes(b"b" * 100)
         r.d.request_reload()

@@ -17,16 +17,17 @@ from tests.unit.daemon_rig import (
 
 def test_sighup_with_a_broken_policy_keeps_the_running_one(rig: Rig) -> None:
     rig.d.start()
-    before = rig.d.engine.policy
     write(rig.tmp / "p.yaml", "version: 1\ndefaults:\n  exposure: {max_dirty: lots}\n")
     rig.d.request_reload()
     rig.tick(1)
-    assert rig.d.engine.policy is before and rig.d.counters["reloads_failed"] == 1
-    assert rig.d.policy_error is not None and rig.d.policy_error.startswith(f"{rig.tmp}/p.yaml:3: ")
+    s = rig.status()  # the running policy kept: its generation, the volume's bound under it
+    assert s["policy"]["generation"] == 1 and s["volumes"][0]["max_dirty_bytes"] == 1 << 20
+    assert s["counters"]["reloads_failed"] == 1 and s["policy"]["last_error"].startswith(f"{rig.tmp}/p.yaml:3: ")
     write(rig.tmp / "p.yaml", POLICY_DESTRUCTIVE.replace("1MiB", "2MiB"))
     rig.d.request_reload()
     rig.tick(2)
-    assert rig.d.engine.policy.defaults.exposure.max_dirty == 2 << 20 and rig.d.policy_error is None
+    s = rig.status()
+    assert s["volumes"][0]["max_dirty_bytes"] == 2 << 20 and s["policy"]["last_error"] is None
 
 
 def test_a_slow_reload_is_parsed_beside_the_loop_and_applied_at_a_later_tick(rig: Rig) -> None:
@@ -45,11 +46,12 @@ def test_a_slow_reload_is_parsed_beside_the_loop_and_applied_at_a_later_tick(rig
     t0 = time.monotonic()
     rig.tick(1)
     rig.tick(2)
-    assert time.monotonic() - t0 < 1.0 and rig.d.policy_generation == 1  # two ticks, the parse still running
+    assert time.monotonic() - t0 < 1.0 and rig.status()["policy"]["generation"] == 1  # the parse still running
     gate.set()
     time.sleep(0.2)
     rig.tick(3)
-    assert rig.d.policy_generation == 2 and rig.d.engine.policy.defaults.exposure.max_dirty == 2 << 20
+    s = rig.status()
+    assert s["policy"]["generation"] == 2 and s["volumes"][0]["max_dirty_bytes"] == 2 << 20
     rig.d.shutdown()
 
 
@@ -64,7 +66,7 @@ def test_reload_command_waits_for_the_verdict_and_fails_on_a_refused_policy(
     loop.start()
     try:
         before = rig.d.engine.policy
-        sock = str(rig.d.config.socket)
+        sock = str(rig.socket)
         write(rig.tmp / "p.yaml", "version: 1\ndefaults:\n  exposure: {max_dirty: lots}\n")
         assert main(["reload", "--socket", sock]) == 2
         err = capsys.readouterr().err

@@ -63,7 +63,7 @@ def test_the_drain_sleep_is_held_before_the_probe_loads_and_the_daemon_is_ready(
     assert seen["delay_at_load"] == "10" and b.knobs["writeback_delay"] == "10"  # max_age 60 s: a third of 30 s
     d = [x for x in r.d.decisions if x["kind"] == "set_knob"]
     assert len(d) == 1 and "exposure guarantee" in d[0]["reason"] and d[0]["status"] == "done"
-    assert r.d.engine.vols[DEV].drain_sleep_until_ns > 0  # drains planned before the old sleep ended allow for it
+    assert r.ctl().drain_sleep_until_ns > 0  # drains planned before the old sleep ended allow for it
     r.tick(1)
     assert len([a for a, _ in b.applied if isinstance(a, SetKnob) and a.knob == "writeback_delay"]) == 1  # held
     r.d.shutdown()
