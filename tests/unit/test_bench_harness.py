@@ -168,6 +168,41 @@ def test_the_stock_grid_is_the_issues_grid_and_best_is_judged_by_the_bound() -> 
     assert found["best_bounded"] == "stock:wp=0,wd=10,discard=1" and found["best_bounded_ops_s"] == 95
 
 
+def test_the_writecache_grid_and_its_guest_names() -> None:
+    """Issue 31 item 1 for dm-writecache: max_age 30 s at every point, pause_writeback {0, 3000} x watermarks
+    {50/45, 25/20} x -o discard {off, on}; the W4 guest parses each point to the table arguments it sets and refuses
+    anything else with one line."""
+    g = sg.grid("writecache")
+    assert len(g) == 8 and len(set(g)) == 8 and "stock:pause=0,wm=25/20,discard=1" in g
+    assert sg.result("writecache").name == "stock_grid_writecache.json" and sg.grid() == sg.grid("bcache")
+    sys.path.insert(0, str(BENCH / "guest"))
+    point = _load("bench_guest_w4", BENCH / "guest" / "wcfiles.py").stock_point
+    assert [point(p) for p in g[:2]] == [{"pause": 0, "high": 50, "low": 45, "discard": 0},
+                                         {"pause": 0, "high": 50, "low": 45, "discard": 1}]
+    assert point("max-age") == {"pause": 3000, "high": 50, "low": 45, "discard": 0}
+    for bad in ("stock:pause=0,wm=20/25,discard=1", "stock:pause=0,wm=50,discard=1", "stock:pause=0;rm",
+                "stock:pause=0,wm=50/45,discard=2", "stock:pause=0,wm=50/45,discard=1,x=1"):
+        with pytest.raises(SystemExit, match="bad stock configuration"):
+            point(bad)
+
+
+def test_w4_draws_its_seeds_shuffles_its_order_and_runs_the_grids_find(tmp_path: Path, monkeypatch) -> None:
+    sys.path.insert(0, str(BENCH))
+    w4 = _load("bench_w4", BENCH / "bench_lab_writecache.py")
+    found = tmp_path / "stock_grid_writecache.json"
+    monkeypatch.setattr(w4.stockgrid, "result", lambda kind: found)
+    with pytest.raises(SystemExit, match="--kind writecache --write"):
+        w4.options([])
+    found.write_text('{"best_bounded": "stock:pause=0,wm=25/20,discard=1", "best_overall": "stock:pause=0,'
+                     'wm=50/45,discard=1"}')
+    a = w4.options([])
+    assert len(a.seeds) == 5 and not set(a.seeds) <= {1, 2, 3, 4, 5}
+    assert a.stock["best-bounded"] == "stock:pause=0,wm=25/20,discard=1"
+    assert w4.options(["--seeds", "7,8", "--configs", "max-age,cp-default"]).reps == 2
+    orders = {tuple(w4.round_order(["max-age", "best-bounded", "cp-default"], s)) for s in range(30)}
+    assert len(orders) > 3
+
+
 def test_the_grid_result_is_required_and_checked(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="no stock grid result"):
         sg.load(tmp_path / "missing.json")
