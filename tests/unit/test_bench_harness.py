@@ -231,3 +231,27 @@ def test_guest_stock_configuration_names() -> None:
     assert knobs("tuned") == {"wp": 40, "discard": 1} and knobs("wb") == {}
     with pytest.raises(SystemExit, match="bad stock configuration"):
         knobs("stock:wp=0;rm")
+
+
+def test_the_w4_witness_reads_the_bios_of_the_volume_and_its_origin() -> None:
+    """dm-writecache has no tracepoint of its own: a write to the volume starts its blocks' age, a write to the
+    origin at those sectors (write-back) ends it, a discard of the volume kills them; reads, empty flushes and other
+    devices do not count."""
+    sys.path.insert(0, str(BENCH / "guest"))
+    common = _load("bench_guest_common", BENCH / "guest" / "common.py")
+    lt = _load("bench_guest_lifetimes", BENCH / "guest" / "lifetimes.py")
+    names = {"253,3": "volume", "253,0": "origin"}
+    lines = [
+        " python3-77 [000] ..... 100.000000: block_bio_queue: 253,3 WS 2048 + 16 [python3]",
+        " python3-77 [000] ..... 101.000000: block_bio_queue: 253,3 W 4096 + 8 [python3]",
+        " python3-77 [000] ..... 101.500000: block_bio_queue: 253,3 R 4096 + 8 [python3]",
+        " python3-77 [000] ..... 102.000000: block_bio_queue: 253,3 FWS 0 + 0 [python3]",
+        " kworker-9 [000] ..... 110.000000: block_bio_queue: 253,1 W 4096 + 8 [kworker]",  # the cache device
+        " kworker-9 [000] ..... 125.000000: block_bio_queue: 253,0 W 2048 + 16 [kcopyd]",
+        " python3-77 [000] ..... 126.000000: block_bio_queue: 253,3 DS 4096 + 8 [jbd2]",
+        "garbage: block_bio_queue: 253,3",
+    ]
+    ev = common.bio_events(lines, names)
+    assert ev == [(100.0, "w", 2048, 16), (101.0, "w", 4096, 8), (125.0, "wb", 2048, 16), (126.0, "d", 4096, 8)]
+    assert lt.oldest_dirty_age(ev, 130.0) == 25.0  # the first write waited 25 s; nothing is dirty at the end
+    assert lt.oldest_dirty_age(ev[:2], 130.0) == 30.0  # never written back: its age at the end
