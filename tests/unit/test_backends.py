@@ -386,9 +386,17 @@ def test_writecache_table_round_trip():
     assert WritecacheTable.parse("0 8 writecache s 1:1 1:2 4096 1 cleaner").get("cleaner") is None
 
 
+def flushed(b: WritecacheBackend, action: Drain) -> list:
+    """Apply a drain, wait for its flush thread, step: the drain's outcomes."""
+    assert b.apply(action).status == PENDING
+    fl = b._flush_in_flight
+    assert fl is not None and fl.done.wait(5)
+    return b.step(0)
+
+
 def test_writecache_drain_is_the_flush_message(wc):
     b, fake = wc
-    out = b.apply(Drain("dm-2", 10 * S, "x"))
+    [out] = flushed(b, Drain("dm-2", 10 * S, "x"))
     assert out.status == DONE and out.writes[0].readback == "0 used blocks"
     assert ("message", "lab-cached", "0", "flush") in fake.calls
 
@@ -404,9 +412,44 @@ def test_writecache_flush_is_done_when_the_message_returns_though_new_writes_cam
     dm_tree(tmp_path)
     fake = Busy(WC_TABLE)
     b = open_backend(VolumeInfo(dev=2, name="dm-2", kind="dm-writecache"), host=Host(sysfs=tmp_path, dm=fake))
-    out = b.apply(Drain("dm-2", 10 * S, "x"))
+    [out] = flushed(b, Drain("dm-2", 10 * S, "x"))
     assert out.status == DONE and "7 written since" in out.detail and b.pending() == []
     assert [c for c in fake.calls if c[0] == "message"] == [("message", "lab-cached", "0", "flush")]  # once
+
+
+def test_a_long_writecache_flush_does_not_hold_the_loop(tmp_path):
+    """The flush message returns only once every block is written back (minutes on a slow origin): it runs on its
+    own thread, apply and step return at once with the blocks left, and a second drain waits on the same flush."""
+    import threading
+
+    release = threading.Event()
+
+    class Slow(FakeDm):
+        def __call__(self, args: Sequence[str], timeout: float) -> str:
+            if args[0] == "message" and args[3] == "flush":
+                assert release.wait(10)
+            return super().__call__(args, timeout)
+
+    dm_tree(tmp_path)
+    fake = Slow(WC_TABLE)
+    fake.used = 300
+    b = open_backend(VolumeInfo(dev=2, name="dm-2", kind="dm-writecache"), host=Host(sysfs=tmp_path, dm=fake))
+    assert b.apply(Drain("dm-2", 10 * S, "first")).status == PENDING
+    fake.used = 120  # written back meanwhile
+    assert b.step(0) == [] and "120 of 300 used blocks left" in b._ops[0].phase
+    assert b.apply(Drain("dm-2", 10 * S, "second")).status == PENDING  # rides on the drain in flight
+    release.set()
+    assert b._flush_in_flight is not None and b._flush_in_flight.done.wait(5)
+    outs = b.step(0)
+    assert [o.status for o in outs] == [DONE, DONE] and b.pending() == []
+    assert [c for c in fake.calls if c[0] == "message"] == [("message", "lab-cached", "0", "flush")]
+
+
+def test_a_failed_writecache_flush_fails_the_drain(wc):
+    b, fake = wc
+    fake.fail["message"] = "device-mapper: message ioctl on lab-cached failed: Input/output error"
+    [out] = flushed(b, Drain("dm-2", 10 * S, "x"))
+    assert out.status == FAILED and b.pending() == []
 
 
 def test_writecache_watermark_by_reload_and_no_writethrough(wc):

@@ -45,13 +45,10 @@ def bracketed(line: str) -> str:
 def size_matches(readback: str, wanted: str) -> bool:
     """bcache prints sizes rounded (``4.0M``): equal within one unit of the last printed digit."""
     try:
-        got, want = parse_bcache_size(readback), int(wanted)
-    except (UserError, ValueError):
+        want = int(wanted)
+    except ValueError:
         return readback == wanted
-    text = readback.strip()
-    unit = units.suffix_bytes(text)
-    step = unit // 10 if "." in text else unit
-    return abs(got - want) <= max(step, 0)
+    return units.printed_matches(readback, want) or readback == wanted
 
 
 class BcacheBackend(OperationBackend):
