@@ -317,7 +317,7 @@ def test_a_stall_stretch_is_carried_across_a_daemon_restart(tmp_path: Path) -> N
     carried over."""
     from dataclasses import replace
 
-    from tests.unit.test_daemon import FakeBackend, Rig
+    from tests.unit.daemon_rig import FakeBackend, Rig
 
     class Stopped(FakeBackend):
         def sample(self, now_ns: int) -> VolumeSample:
