@@ -79,6 +79,35 @@ def bc(tmp_path, monkeypatch):
     return b, d
 
 
+def test_a_bcache_sample_reads_the_slow_attributes_every_five_seconds_and_after_an_action(bc, monkeypatch):
+    """Issue 32: bcache folds stats_total every 300/22 s and knobs change at a write, so a tick reads the mode, the
+    cache's health and dirty_data (4 attributes) and the other 10 only every 5 s or right after an action."""
+    import cachepilot.backends.bcache as mod
+
+    b, d = bc
+    reads: list[str] = []
+    real = mod.read_attr
+
+    def counting(path: str) -> str:
+        reads.append(str(path))
+        return real(path)
+
+    monkeypatch.setattr(mod, "read_attr", counting)
+    first = b.sample(0)
+    assert len(reads) == 14 and first.hits == 5 and first.knobs["writeback_percent"] == "10"
+    (d / "stats_total" / "cache_hits").write_text("50\n")
+    (d / "dirty_data").write_text("1.0M\n")
+    reads.clear()
+    fast = b.sample(S)
+    assert len(reads) == 4 and fast.dirty_bytes == 1 << 20 and fast.hits == 5  # the fold not read yet
+    assert fast.knobs == first.knobs and fast.writeback == first.writeback
+    reads.clear()
+    assert b.sample(5 * S).hits == 50 and len(reads) == 14
+    assert b.apply(SetKnob("bcache0", "sequential_cutoff", "0", "pin")).status == DONE
+    reads.clear()
+    assert size_matches(b.sample(6 * S).knobs["sequential_cutoff"], "0") and len(reads) == 14  # read back at once
+
+
 def test_bcache_drain_waits_for_clean_then_puts_percent_back(bc, caplog):
     b, d = bc
     caplog.set_level(logging.INFO, "cachepilot.backends")
