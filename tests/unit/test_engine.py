@@ -377,6 +377,17 @@ def test_knobs_only_for_the_kind_and_compared_as_typed_values() -> None:
     assert not [a for a in b.tick(1 * NS) if isinstance(a, SetKnob)]
 
 
+def test_a_pinned_zero_size_is_not_written_again_once_bcache_prints_it() -> None:
+    """bch_hprint prints 0 as "0.0k": a policy pinning sequential_cutoff 0 was written again each retry (seen in the
+    stall lab's log); once the sample reads "0.0k" the pin is met."""
+    e = engine(POLICY.replace("sequential_cutoff: 4194304", "sequential_cutoff: 0"))
+    sample(e, 1, knobs={"sequential_cutoff": "4.0M"})
+    assert [a for a in e.tick(1 * NS) if isinstance(a, SetKnob) and a.knob == "sequential_cutoff"]
+    for t in range(2, 200, 7):  # past every retry interval
+        sample(e, t, knobs={"sequential_cutoff": "0.0k"})
+        assert not [a for a in e.tick(t * NS) if isinstance(a, SetKnob) and a.knob == "sequential_cutoff"]
+
+
 def test_auto_on_dm_writecache_is_destructive() -> None:
     vol = VolumeInfo(dev=DEV, name="dm-3", kind="dm-writecache", cache_bytes=1 << 30)
     e = engine("version: 1\ndefaults: {failure_model: auto}\n", vol=vol)
