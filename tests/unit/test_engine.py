@@ -662,3 +662,19 @@ def test_a_delete_batch_looks_its_files_up_in_the_index_once(monkeypatch: pytest
     e.feed_deletes_array(deletes_array([(DEV, ino, 1, 4096, 2) for ino in range(1, 200)]))
     assert calls == [199]
     assert len(e.hotness) == 0
+
+
+def test_one_promotion_pass_gives_each_queued_file_the_reason_it_was_queued_with() -> None:
+    """The queue keeps a reason per run of entries (engine/promoqueue.py); a pass that crosses from one run into the
+    next must say the next one's reason."""
+    e = engine(POLICY.replace("rate: 64KiB", "rate: 1MiB"))
+    e.sample(VolumeSample(DEV, 1 * NS, "writeback", 0, 0, 0, 0, False, {}, "cset-a"))
+    for ino, sc in [(1, 10), (2, 500), (3, 90)]:
+        e.feed(HotnessDelta(FileKey(DEV, ino, 1), sc, 0, 4096, 0, ino * NS, size=4096))
+    e.tick(4 * NS)
+    assert not [a for a in e.tick(5 * NS) if isinstance(a, Promote)]  # promoted once, then nothing
+    c = e.vols[DEV]
+    assert e.promoter.rewarm(c, "first run", idle_since_ns=2 * NS) == 1  # ino 1: idle since before 2 s
+    assert e.promoter.rewarm(c, "second run") == 2
+    p = [a for a in e.tick(6 * NS) if isinstance(a, Promote)]
+    assert [(a.ino, a.reason) for a in p] == [(1, "first run"), (2, "second run"), (3, "second run")]

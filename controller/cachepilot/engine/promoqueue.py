@@ -59,6 +59,10 @@ class PromoQueue:
             k = self._k = bisect_right(starts, i) - 1
         return self._rids[k]
 
+    def runs(self) -> tuple[array[int], array[int]]:
+        """(where each run of one reason starts in items, its reason id): for a reader going through in order."""
+        return self._starts, self._rids
+
     def pop(self) -> None:
         self.head += 1
         if self.head > 4096 and self.head * 2 >= len(self.items):

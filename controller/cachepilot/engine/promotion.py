@@ -3,6 +3,8 @@ believed-cached set is re-queued (re-warmed) after a scan, a hit-ratio drop, a r
 
 from __future__ import annotations
 
+from bisect import bisect_right
+
 import numpy as np
 
 from cachepilot.actions import Action, Promote
@@ -55,7 +57,10 @@ class Promoter:
         read_size = t.size.__getitem__
         name = c.info.name
         bar = c.cached.admission_bar(t.epoch)
-        items, head, end, rid_at = q.items, q.head, len(q.items), q.rid_at
+        items, head, end = q.items, q.head, len(q.items)
+        starts, rids = q.runs()  # the reasons' runs, followed along (k: the run of the entry at head)
+        k = bisect_right(starts, head) - 1
+        run_end = starts[k + 1] if k + 1 < len(starts) else end
         credit = c.import_credit
         tokens = c.tokens + credit
         score = t.score
@@ -81,7 +86,10 @@ class Promoter:
             head += 1
             flags[slot] = (f & not_queued) | resident
             tokens -= size
-            rid = rid_at(at)
+            while at >= run_end:
+                k += 1
+                run_end = starts[k + 1] if k + 1 < len(starts) else end
+            rid = rids[k]
             if rid != ADMITTED:
                 reason = q.reasons[rid] if rid < len(q.reasons) else "re-warm"
             elif size > promo.sieve_size:
