@@ -9,10 +9,12 @@ import random
 import tracemalloc
 
 import numpy as np
+import pytest
 
 from cachepilot.daemon.snapshot import HotRows, as_rows
 from cachepilot.daemon.state import _encode
 from cachepilot.engine.promoqueue import PromoQueue
+from cachepilot.errors import UserError
 from cachepilot.models.admission import CachedSet
 from cachepilot.models.columns import MS, U32_MAX, Epoch8, Millis32, SpillU32, WideningU32
 from cachepilot.models.hotness import HOT_DTYPE, HotnessTable
@@ -58,6 +60,8 @@ def test_spill_columns_read_back_every_value() -> None:
     assert size.take(slots).tolist() == vals.tolist()
     size.put(slots, np.zeros(50, dtype=np.int64))
     assert size.spill == {}  # a value that fits again leaves the dict
+    with pytest.raises(UserError, match="below the column's range"):
+        size[0] = -2
     pages = SpillU32(narrow="H")
     pages.extend_fill(3, 0)
     pages.put(np.arange(3), np.array([0xFFFE, 0xFFFF, 1 << 20]))

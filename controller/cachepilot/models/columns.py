@@ -25,6 +25,8 @@ from array import array
 
 import numpy as np
 
+from cachepilot.errors import UserError
+
 U32_MAX = 0xFFFFFFFF
 MS = 1_000_000
 
@@ -48,7 +50,7 @@ class SpillU32:
     def _enc(self, v: int) -> int:
         u = v + self.offset
         if u < 0:
-            raise ValueError(f"{v} below the column's range")
+            raise UserError(f"{v} below the column's range (at least {-self.offset})")
         return u
 
     def __getitem__(self, i: int) -> int:
@@ -170,7 +172,7 @@ class DevIds:
         i = self._ids.get(dev)
         if i is None:
             if len(self.devs) > 0xFFFF:
-                raise ValueError("more than 65 536 filesystems tracked")
+                raise UserError("more than 65 536 filesystems tracked")
             i = self._ids[dev] = len(self.devs)
             self.devs.append(dev)
         return i
