@@ -109,7 +109,7 @@ demo: deps-python bpf
 BENCH_QUICK ?=
 # make bench's rows: what its goal lines compare (the shipped default, write-through, the grid's two finds); stock
 # write-back at its defaults and cp-paced run in bench-all. Six W1 rows and four dbench rows took 44 + 22 min on
-# 2026-11-28; these four and three take ~32 + ~17 min at the same run times, ~58 min with the host benchmarks.
+# 2026-11-28; these four and three took 28 + 18 min, `make bench` 53 min 06 s end to end (2026-11-29, timed).
 BENCH_W1_CONFIGS      ?= cp-destructive,wt,best-bounded,best-overall
 BENCH_OUTSIDE_CONFIGS ?= wt,best-bounded,cp-destructive
 BENCH_HOST     := $(filter-out tests/bench/bench_lab% tests/bench/bench_probe.py,$(wildcard tests/bench/bench_*.py))
