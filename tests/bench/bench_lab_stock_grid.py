@@ -65,7 +65,7 @@ def main() -> None:
     for rnd, seed in enumerate(seeds, 1):
         order = list(a.points)
         random.Random(seed).shuffle(order)  # noqa: S311 - an order, not a secret
-        jobs += [Job(p, f"{p.removeprefix('stock:').replace(',', '-').replace('=', '')}-{rnd}", spec,
+        jobs += [Job(p, f"{p.removeprefix('stock:').replace(',', '-').replace('=', '').replace('/', '-')}-{rnd}", spec,
                      command(p, f"{a.warmup:g}", f"{a.window:g}", str(seed)), result_name)
                  for p in order]
     runner = Runner(f"stock grid ({a.kind}, {workload})", len(jobs), **({"out": a.out} if a.out else {}))
