@@ -4,12 +4,14 @@ the headline.
 
 bcache (W1): a point is stock write-back with ``writeback_percent`` P, ``writeback_delay`` D and ext4 ``-o discard``
 or not; every point runs with the same ``sequential_cutoff`` (4 MiB, bcache's default) and the congestion thresholds
-off (as every W1 row). dm-writecache (W4): a point is the table with ``max_age`` 30 s (the bound's age, a table
-argument), ``pause_writeback`` P ms (3000 is the kernel's default: write-back waits for that much origin idle time),
-high/low watermarks H/L percent (50/45 are the defaults; 25/20 starts write-back at 64 MiB of the 256 MiB cache, the
-bound's size) and ext4 ``-o discard`` or not. "Within the bound" means the exposure witness of every run of the point
-stayed within the shipped policy's bound (64 MiB dirty, 30 s oldest dirty data); the best point within the bound and
-the best overall are the ones with the highest median ops/s."""
+off (as every W1 row). dm-writecache (W4): a point is the table with ``max_age`` A s (30: the bound's age; 15: half
+of it, so that a block is written back within the bound), ``pause_writeback`` P ms (3000 is the kernel's default:
+write-back waits for that much origin idle time), high/low watermarks H/L percent (50/45 are the defaults; 25/20
+starts write-back at 64 MiB of the 256 MiB cache, the bound's size; 18/13 at three quarters of it, what cachepilot
+itself sets when it delegates the bound: engine/nativebound.py) and ext4 ``-o discard`` or not. "Within the bound"
+means the exposure witness of every run of the point stayed within the shipped policy's bound (64 MiB dirty, 30 s
+oldest dirty data); the best point within the bound and the best overall are the ones with the highest median
+ops/s."""
 
 from __future__ import annotations
 
@@ -25,8 +27,9 @@ KINDS = ("bcache", "writecache")
 WRITEBACK_PERCENT = (0, 10, 40)
 WRITEBACK_DELAY = (5, 10, 30)
 DISCARD = (0, 1)
+MAX_AGE_S = (15, 30)
 PAUSE_MS = (0, 3000)
-WATERMARKS = ((50, 45), (25, 20))
+WATERMARKS = ((50, 45), (25, 20), (18, 13))
 BOUND_DIRTY_MIB, BOUND_AGE_S = 64.0, 30.0  # policies/default.yaml's exposure bound
 
 
@@ -35,14 +38,14 @@ def point(wp: int, wd: int, discard: int) -> str:
     return f"stock:wp={wp},wd={wd},discard={discard}"
 
 
-def writecache_point(pause_ms: int, watermarks: tuple[int, int], discard: int) -> str:
+def writecache_point(age_s: int, pause_ms: int, watermarks: tuple[int, int], discard: int) -> str:
     """The W4 guest's configuration name of a grid point (wcfiles.py's ``stock:``)."""
-    return f"stock:pause={pause_ms},wm={watermarks[0]}/{watermarks[1]},discard={discard}"
+    return f"stock:age={age_s},pause={pause_ms},wm={watermarks[0]}/{watermarks[1]},discard={discard}"
 
 
 def grid(kind: str = "bcache") -> list[str]:
     if kind == "writecache":
-        return [writecache_point(*p) for p in itertools.product(PAUSE_MS, WATERMARKS, DISCARD)]
+        return [writecache_point(*p) for p in itertools.product(MAX_AGE_S, PAUSE_MS, WATERMARKS, DISCARD)]
     return [point(*p) for p in itertools.product(WRITEBACK_PERCENT, WRITEBACK_DELAY, DISCARD)]
 
 

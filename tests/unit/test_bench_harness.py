@@ -169,19 +169,20 @@ def test_the_stock_grid_is_the_issues_grid_and_best_is_judged_by_the_bound() -> 
 
 
 def test_the_writecache_grid_and_its_guest_names() -> None:
-    """Issue 31 item 1 for dm-writecache: max_age 30 s at every point, pause_writeback {0, 3000} x watermarks
-    {50/45, 25/20} x -o discard {off, on}; the W4 guest parses each point to the table arguments it sets and refuses
-    anything else with one line."""
+    """Issue 31 item 1 for dm-writecache: max_age {15, 30} s x pause_writeback {0, 3000} x watermarks {50/45, 25/20,
+    18/13} x -o discard {off, on}; the W4 guest parses each point to the table arguments it sets and refuses anything
+    else with one line."""
     g = sg.grid("writecache")
-    assert len(g) == 8 and len(set(g)) == 8 and "stock:pause=0,wm=25/20,discard=1" in g
+    assert len(g) == 24 and len(set(g)) == 24 and "stock:age=15,pause=0,wm=18/13,discard=1" in g
     assert sg.result("writecache").name == "stock_grid_writecache.json" and sg.grid() == sg.grid("bcache")
     sys.path.insert(0, str(BENCH / "guest"))
     point = _load("bench_guest_w4", BENCH / "guest" / "wcfiles.py").stock_point
-    assert [point(p) for p in g[:2]] == [{"pause": 0, "high": 50, "low": 45, "discard": 0},
-                                         {"pause": 0, "high": 50, "low": 45, "discard": 1}]
-    assert point("max-age") == {"pause": 3000, "high": 50, "low": 45, "discard": 0}
+    assert [point(p) for p in g[:2]] == [{"age": 15, "pause": 0, "high": 50, "low": 45, "discard": 0},
+                                         {"age": 15, "pause": 0, "high": 50, "low": 45, "discard": 1}]
+    assert point("max-age") == {"age": 30, "pause": 3000, "high": 50, "low": 45, "discard": 0}
     for bad in ("stock:pause=0,wm=20/25,discard=1", "stock:pause=0,wm=50,discard=1", "stock:pause=0;rm",
-                "stock:pause=0,wm=50/45,discard=2", "stock:pause=0,wm=50/45,discard=1,x=1"):
+                "stock:pause=0,wm=50/45,discard=2", "stock:pause=0,wm=50/45,discard=1,x=1",
+                "stock:age=0,pause=0,wm=50/45,discard=1"):
         with pytest.raises(SystemExit, match="bad stock configuration"):
             point(bad)
 

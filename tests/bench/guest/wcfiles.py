@@ -7,8 +7,8 @@ that) | max-age-best (the same with `pause_writeback` 0 and ext4 -o discard: the
 same age bound, issue 31) | cp-default (the stock table, no max_age, + the daemon under the shipped default policy:
 destructive, exposure <= 64 MiB / 30 s, discards of deleted files' extents after the journal commit that freed
 them) | cp-age (the same without the byte bound: max_dirty 1 GiB; run by hand, not by the benchmark) |
-stock:pause=P,wm=H/L,discard=0|1 (a point of the stock grid, issue 31: max_age AGE_S, pause_writeback P ms,
-high/low watermarks H/L percent, ext4 -o discard or not).
+stock:age=A,pause=P,wm=H/L,discard=0|1 (a point of the stock grid, issue 31: max_age A s (AGE_S if left out),
+pause_writeback P ms, high/low watermarks H/L percent, ext4 -o discard or not).
 
 Each of N threads (default 4) loops: create a file of 64-192 KiB, write it and fsync it (its data and the journal
 commit reach the cache device); append 16 KiB to a live file; read another live file whole (page cache dropped
@@ -80,18 +80,21 @@ def set_table(max_age_ms: int, **args: int) -> None:
 
 
 def stock_point(config: str) -> dict[str, int]:
-    """``stock:pause=0,wm=25/20,discard=1`` -> {"pause": 0, "high": 25, "low": 20, "discard": 1}; the named stock
-    rows as the same. One line naming the problem otherwise."""
+    """``stock:age=15,pause=0,wm=25/20,discard=1`` -> {"age": 15, "pause": 0, "high": 25, "low": 20, "discard": 1}
+    (``age`` AGE_S when left out); the named stock rows as the same. One line naming the problem otherwise."""
     named = {"max-age": "pause=3000,wm=50/45,discard=0", "max-age-best": "pause=0,wm=50/45,discard=1"}
     body = named.get(config, config.removeprefix("stock:"))
+    usage = f"bad stock configuration {config!r}: expected stock:age=S,pause=MS,wm=H/L,discard=0|1"
     try:
         kv = dict(part.split("=", 1) for part in body.split(","))
         high, low = (int(x) for x in kv["wm"].split("/"))
-        out = {"pause": int(kv["pause"]), "high": high, "low": low, "discard": int(kv["discard"])}
+        out = {"age": int(kv.get("age", AGE_S)), "pause": int(kv["pause"]), "high": high, "low": low,
+               "discard": int(kv["discard"])}
     except (KeyError, ValueError):
-        raise SystemExit(f"bad stock configuration {config!r}: expected stock:pause=MS,wm=H/L,discard=0|1") from None
-    if set(kv) != {"pause", "wm", "discard"} or not 0 <= low <= high <= 100 or out["discard"] not in (0, 1):
-        raise SystemExit(f"bad stock configuration {config!r}: expected stock:pause=MS,wm=H/L,discard=0|1")
+        raise SystemExit(usage) from None
+    if not {"pause", "wm", "discard"} <= set(kv) <= {"age", "pause", "wm", "discard"} or not 0 <= low <= high <= 100 \
+            or out["discard"] not in (0, 1) or not 0 < out["age"] <= 3600:
+        raise SystemExit(usage)
     return out
 
 
@@ -224,7 +227,7 @@ def main() -> None:
     warmup, nthreads, seed = arg("--warmup", 0.0), int(arg("--threads", 4)), int(arg("--seed", 1))
     if config in ("max-age", "max-age-best") or config.startswith("stock:"):
         pt = stock_point(config)
-        set_table(AGE_S * 1000, pause_writeback=pt["pause"], high_watermark=pt["high"], low_watermark=pt["low"])
+        set_table(pt["age"] * 1000, pause_writeback=pt["pause"], high_watermark=pt["high"], low_watermark=pt["low"])
         if pt["discard"]:
             # dm-writecache drops dirty blocks a discard covers: what the daemon's FITRIM gets, from ext4 itself
             subprocess.run(["mount", "-o", "remount,discard", str(MNT)], check=True)
