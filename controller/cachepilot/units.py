@@ -40,3 +40,16 @@ def suffix_bytes(text: str) -> int:
     """What the unit at the end of a printed size is worth (1 without one), for comparing at printed precision."""
     m = _SIZE.fullmatch(text.strip())
     return BYTES.get(m.group(3), 1) if m else 1
+
+
+def printed_matches(printed: str, want: int) -> bool:
+    """Whether bcache's rounded print of a size (``bch_hprint``: ``0.0k``, ``4.0M``, ``5.8M``) is ``want`` bytes,
+    within one unit of its last printed digit. False when ``printed`` is not a size bcache prints."""
+    try:
+        got = parse_size(printed, BCACHE, signed=True)
+    except ValueError:
+        return False
+    text = printed.strip()
+    unit = suffix_bytes(text)
+    step = unit // 10 if "." in text else unit
+    return abs(got - want) <= step

@@ -5,8 +5,8 @@ The real daemon loop (`Daemon.tick`: drain feed, samples, engine tick, actions, 
 hot list for `top`, the state file every few seconds) on 16 volumes whose backends are in-memory stand-ins (no
 cache on this host; the backends' own cost is a sysfs read, measured in the lab). Before each tick 10 000
 hotness records arrive, as a drain of the probe's table would deliver them. Prints the tick's wall and CPU time
-(median, p99, max over the steady ticks; CPU: the loop thread's), the process's RSS (VmRSS, VmHWM), the state file's
-size and the writer thread's time per state file.
+(median, p99, max over the steady ticks; CPU: the loop thread's), the process's RSS (VmRSS, VmHWM), the bytes the
+engine holds per tracked file, the state file's size and the writer thread's time per state file.
 
 Usage: .venv/bin/python tests/bench/bench_daemon_files.py [TICKS]
 """
@@ -91,6 +91,11 @@ def settle(d: Daemon, writes: list[float]) -> None:
     writes.append(w.last_write_ns / 1e9)
 
 
+def queue_bytes(d: Daemon) -> int:
+    """Bytes held by the promotion queues' entries."""
+    return sum(len(c.promo_queue.items) * c.promo_queue.items.itemsize for c in d.engine.vols.values())
+
+
 def rss_kib() -> tuple[int, int]:
     status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
     return int(status["VmRSS"].split()[0]), int(status["VmHWM"].split()[0])
@@ -147,6 +152,13 @@ def main() -> None:
     busy = sorted(((sum(v[2:]) / max(1, len(v[2:])), k) for k, v in stages.items()), reverse=True)
     print("steady tick CPU by stage (mean ms, max ms): " + ", ".join(
         f"{k} {m:.1f}/{max(stages[k][2:], default=0):.1f}" for m, k in busy if m >= 0.5))
+    t = d.engine.hotness
+    n = max(1, len(t))
+    queued = sum(len(c.promo_queue) for c in d.engine.vols.values())
+    index = sum(i.memory_bytes() for i in t.index.values())
+    columns = t.column_bytes() if hasattr(t, "column_bytes") else t.memory_bytes() - index  # (a tree before h32c)
+    print(f"per tracked file: {columns / n:.1f} B of columns, {index / n:.1f} B of inode index; "
+          f"{queue_bytes(d) / max(1, queued):.1f} B per queued file ({queued} queued)")
     state = tmp / "st" / "state.json"
     print(f"state file: {state.stat().st_size / 1024:.0f} KiB" if state.exists() else "state file: not written")
     d.shutdown()

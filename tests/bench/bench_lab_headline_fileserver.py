@@ -36,6 +36,7 @@ from labbench import (  # noqa: E402
     all_rounds,
     cell,
     console,
+    draw_seeds,
     header,
     md_table,
     pair_ratios,
@@ -101,12 +102,6 @@ def options(argv: Sequence[str]) -> argparse.Namespace:
         found = stockgrid.load()
         a.stock = {"best-bounded": found["best_bounded"], "best-overall": found["best_overall"]}
     return a
-
-
-def draw_seeds(n: int) -> list[int]:
-    """One seed per round, drawn for this run (not the seeds the workload was developed on)."""
-    r = random.SystemRandom()
-    return [r.randrange(1, 2**31) for _ in range(n)]
 
 
 def round_order(configs: Sequence[str], seed: int) -> list[str]:

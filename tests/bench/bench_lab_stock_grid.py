@@ -1,9 +1,10 @@
-"""The search for the best stock bcache configuration on W1's workload (issue 31): every point of the grid in
-stockgrid.py on a short window, in an order shuffled per round, seeds drawn per round and printed; the best point
-within the exposure bound and the best overall, written (--write) to tests/bench/results/stock_grid_bcache.json,
-which the headline W1 then runs against.
+"""The search for the best stock configuration (issue 31): bcache on W1's workload, dm-writecache on W4's (--kind);
+every point of the kind's grid in stockgrid.py on a short window, in an order shuffled per round, seeds drawn per
+round and printed; the best point within the exposure bound and the best overall, written (--write) to
+tests/bench/results/stock_grid_KIND.json, which the headline W1 (W4) then runs against.
 
-.venv/bin/python tests/bench/bench_lab_stock_grid.py [--reps N] [--quick] [--out DIR] [--write] [--points "P;P..."]
+.venv/bin/python tests/bench/bench_lab_stock_grid.py [--kind bcache|writecache] [--reps N] [--quick] [--out DIR]
+    [--write] [--points "P;P..."]
 --quick: one round of three points, 5 s warm-up, 20 s window (checks that the search runs; proves nothing)."""
 
 from __future__ import annotations
@@ -21,22 +22,28 @@ import stockgrid  # noqa: E402
 from headline import spec as headline_spec  # noqa: E402
 from labbench import Job, Runner, cell, console, header, md_table, save, values  # noqa: E402
 
-NAME = "stock_grid_bcache"
-GUEST = "tests/bench/guest/headline_fileserver.py"
-RESULT_NAME = "headline_fileserver"
+# per kind: the lab recipe, the workload, the guest's result name, the guest's command for (point, warm-up, window,
+# seed)
+KINDS = {
+    "bcache": ("bcache", "W1's workload", "headline_fileserver",
+               lambda p, wu, win, seed: ["tests/bench/guest/headline_fileserver.py", p, wu, win, "--seed", seed]),
+    "writecache": ("writecache", "W4's workload", "wcfiles",
+                   lambda p, wu, win, seed: ["tests/bench/guest/wcfiles.py", p, win, "--warmup", wu, "--seed", seed]),
+}
 
 
 def options(argv: Sequence[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--kind", choices=sorted(KINDS), default="bcache")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--write", action="store_true", help=f"write the result to {stockgrid.RESULT}")
+    ap.add_argument("--write", action="store_true", help="write the result to tests/bench/results/stock_grid_KIND.json")
     ap.add_argument("--points", default="", help="a subset of the grid (stock:... names separated by ;)")
     ap.add_argument("--warmup", type=float, default=None)
     ap.add_argument("--window", type=float, default=None)
     a = ap.parse_args(argv)
-    grid = stockgrid.grid()
+    grid = stockgrid.grid(a.kind)
     a.points = [p for p in grid if p in a.points.split(";")] if a.points else grid
     if a.quick:
         a.reps, a.points = 1, a.points[:3]
@@ -47,7 +54,9 @@ def options(argv: Sequence[str]) -> argparse.Namespace:
 
 def main() -> None:
     a = options(sys.argv[1:])
-    spec = headline_spec("bcache")
+    recipe, workload, result_name, command = KINDS[a.kind]
+    spec = headline_spec(recipe)
+    name = f"stock_grid_{a.kind}"
     sysrand = random.SystemRandom()
     seeds = [sysrand.randrange(1, 2**31) for _ in range(a.reps)]
     console.print(f"stock grid: {len(a.points)} points x {a.reps} round(s), seeds {seeds} (drawn for this run)")
@@ -56,10 +65,10 @@ def main() -> None:
     for rnd, seed in enumerate(seeds, 1):
         order = list(a.points)
         random.Random(seed).shuffle(order)  # noqa: S311 - an order, not a secret
-        jobs += [Job(p, f"{p.removeprefix('stock:').replace(',', '-').replace('=', '')}-{rnd}", spec,
-                     [GUEST, p, f"{a.warmup:g}", f"{a.window:g}", "--seed", str(seed)], RESULT_NAME)
+        jobs += [Job(p, f"{p.removeprefix('stock:').replace(',', '-').replace('=', '').replace('/', '-')}-{rnd}", spec,
+                     command(p, f"{a.warmup:g}", f"{a.window:g}", str(seed)), result_name)
                  for p in order]
-    runner = Runner("stock grid (bcache, W1 workload)", len(jobs), **({"out": a.out} if a.out else {}))
+    runner = Runner(f"stock grid ({a.kind}, {workload})", len(jobs), **({"out": a.out} if a.out else {}))
     try:
         runner.run_all(jobs, rows)
     finally:
@@ -70,13 +79,13 @@ def main() -> None:
               "yes" if rs and all(stockgrid.within_bound(r) for r in rs if "error" not in r) else "no",
               cell(values(rs, "fsync_p99_ms")), str(len([r for r in rs if "error" not in r]))]
              for p, rs in rows.items()]
-    md = header("Stock grid: bcache settings on W1's workload", spec,
+    md = header(f"Stock grid: {a.kind} settings on {workload}", spec,
                 f"{a.warmup:g} s warm-up, {a.window:g} s window, seeds {seeds}, order shuffled per round.")
     md += "\n" + md_table(["configuration", "ops/s", "max dirty MiB", "oldest dirty s", "within 64 MiB / 30 s",
                            "fsync p99 ms", "runs"], table)
     md += (f"\n\nBest within the bound: {found['best_bounded']} ({found['best_bounded_ops_s']} ops/s); best overall:"
            f" {found['best_overall']} ({found['best_overall_ops_s']} ops/s).\n")
-    save(runner.out, NAME, md, {"points": a.points, "seeds": seeds, "rows": rows, **found})
+    save(runner.out, name, md, {"points": a.points, "seeds": seeds, "rows": rows, **found})
     console.print(md)
     if a.write:
         if found["best_bounded"] is None or found["best_overall"] is None:
@@ -84,8 +93,8 @@ def main() -> None:
         doc = {**found, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "seeds": seeds,
                "warmup_s": a.warmup, "window_s": a.window, "reps": a.reps, "points": len(a.points),
                "command": " ".join(["tests/bench/bench_lab_stock_grid.py", *sys.argv[1:]])}
-        stockgrid.RESULT.write_text(json.dumps(doc, indent=1) + "\n")
-        console.print(f"written: {stockgrid.RESULT}")
+        stockgrid.result(a.kind).write_text(json.dumps(doc, indent=1) + "\n")
+        console.print(f"written: {stockgrid.result(a.kind)}")
 
 
 if __name__ == "__main__":

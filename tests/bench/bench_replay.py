@@ -44,10 +44,13 @@ def _arr(t: int, n: int) -> np.ndarray:
     return np.zeros(n, dtype=DTYPES[t])
 
 
-def generate(path: str, records: int, seed: int = 7, universe: int = 2_000_000) -> int:
-    """Write the trace; returns the number of records (meta excluded). ``universe`` files per volume are
-    drawn from (skewed): 2 M keeps allocating new files all run long (churn), 100 k settles after a few
-    ticks into files the models already track (steady state)."""
+def generate(path: str, records: int, seed: int = 7, universe: int = 100_000, churn: int = 0) -> int:
+    """Write the trace; returns the number of records (meta excluded). Per volume the hot records are drawn
+    (skewed) from a window of ``universe`` files; ``churn`` 0: the window stays put and the set settles after a few
+    ticks into files the models already track (steady state); ``churn`` N: the window slides by N files a tick --
+    N new files each second all run long -- and the N files that left it are deleted (a file server's creates and
+    deletes: the tracked set stays about the window's size, as on a real volume, and replay's cap on files tracked
+    at once, 2^19, holds)."""
     rng = np.random.default_rng(seed)
     per_tick = 50_000  # records per simulated second, all volumes
     ticks = max(1, records // per_tick)
@@ -58,7 +61,8 @@ def generate(path: str, records: int, seed: int = 7, universe: int = 2_000_000) 
             for v in VOLS:
                 dev = v.dev
                 # one record per file per drain (the kernel aggregates); a skewed (squared) pick of files
-                inos = np.unique((rng.random(16_000) ** 2 * universe).astype(np.uint64))
+                base = k * churn
+                inos = np.unique((rng.random(16_000) ** 2 * universe).astype(np.uint64)) + base
                 hot = _arr(T_HOT, min(11_000, len(inos)))
                 hot["dev"] = dev
                 hot["ino"] = rng.permutation(inos)[:len(hot)] + 12
@@ -73,8 +77,10 @@ def generate(path: str, records: int, seed: int = 7, universe: int = 2_000_000) 
                 md = _arr(T_META_DELTA, 1)
                 md["f0"], md["f1"], md["f2"] = dev, 50, 200_000
                 w.write_array(T_META_DELTA, md)
-                dele = _arr(T_DELETE, 300)
-                dele["f0"], dele["f1"], dele["f2"] = dev, rng.integers(12, universe, len(dele)), 1
+                gone = np.arange(base - churn, base, dtype=np.uint64) + 12 if churn and k else \
+                    rng.integers(12, universe, 300).astype(np.uint64)
+                dele = _arr(T_DELETE, len(gone))
+                dele["f0"], dele["f1"], dele["f2"] = dev, gone, 1
                 dele["f3"], dele["f4"] = rng.integers(0, 1 << 20, len(dele)), ts - NS // 2
                 w.write_array(T_DELETE, dele)
                 fr = _arr(T_FREED, 600)
@@ -102,11 +108,11 @@ def generate(path: str, records: int, seed: int = 7, universe: int = 2_000_000) 
         return n
 
 
-def measure(cli: str, millions: float, universe: int) -> bool:
+def measure(cli: str, millions: float, universe: int, churn: int = 0) -> bool:
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "bench.cptrace")
         t0 = time.perf_counter()
-        n = generate(path, int(millions * 1e6), universe=universe)
+        n = generate(path, int(millions * 1e6), universe=universe, churn=churn)
         gen_s = time.perf_counter() - t0
         size = os.path.getsize(path)
         t0 = time.perf_counter()
@@ -119,8 +125,8 @@ def measure(cli: str, millions: float, universe: int) -> bool:
         print(f"replay failed (exit {proc.returncode}): {proc.stderr.strip()}")
         return False
     rate, cpu_rate = n / wall, n / cpu
-    shape = "churn: new files all run long" if universe > 500_000 else "steady state: files mostly known"
-    print(f"trace ({shape}, {universe} files per volume): {n} records, {size / n:.1f} B/record, "
+    shape = f"churn: {churn} new files and deletes a second" if churn else "steady state: files mostly known"
+    print(f"trace ({shape}, a window of {universe} files per volume): {n} records, {size / n:.1f} B/record, "
           f"generated in {gen_s:.1f} s")
     print(f"  cachepilot replay -q: {wall:.2f} s wall, {cpu:.2f} s CPU (one process, one core)")
     print(f"  end to end: {rate / 1e6:.2f} M records/s wall, {cpu_rate / 1e6:.2f} M records/s CPU "
@@ -132,7 +138,7 @@ def measure(cli: str, millions: float, universe: int) -> bool:
 def main() -> int:
     millions = float(sys.argv[1]) if len(sys.argv) > 1 else 3.0
     cli = str(ROOT / ".venv" / "bin" / "cachepilot")
-    ok = measure(cli, millions, 100_000) and measure(cli, millions, 2_000_000)
+    ok = measure(cli, millions, 100_000) and measure(cli, millions, 100_000, churn=5_000)
     return 0 if ok else 1
 
 

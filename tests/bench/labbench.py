@@ -233,6 +233,14 @@ def parse_args(argv: Sequence[str], default_reps: int = 3) -> tuple[int, bool, P
     return (1 if a.quick else a.reps), a.quick, a.out
 
 
+def draw_seeds(n: int) -> list[int]:
+    """One seed per round, drawn for this run (not the seeds a workload was developed on; issue 31)."""
+    import random
+
+    r = random.SystemRandom()
+    return [r.randrange(1, 2**31) for _ in range(n)]
+
+
 def machine() -> str:
     import os
     import platform

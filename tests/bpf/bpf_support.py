@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cachepilot.events import Event, kdev_from_st_dev
-from cachepilot.probe.probe import TRACEFS, Probe
+from cachepilot.probe.checks import TRACEFS
+from cachepilot.probe.probe import Probe
 
 ROOT = Path(__file__).resolve().parents[2]
 IMG_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())

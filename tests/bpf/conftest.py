@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from bpf_support import LAB_CACHED_DEV, ROOT, LoopFs, lab_volume, make_loop_ext4, run, settle
 
-from cachepilot.probe.probe import CHECKOUT_OBJECT, TRACEFS, Probe
+from cachepilot.probe.checks import CHECKOUT_OBJECT, TRACEFS
+from cachepilot.probe.probe import Probe
 
 # "bcc": the lab guest hid the kernel's BTF (tests/vm/test_bcc_lab.py): the probe must take the bcc capture path
 LAB_CAPTURE = os.environ.get("LAB_CAPTURE", "core")

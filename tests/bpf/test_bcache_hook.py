@@ -3,7 +3,9 @@ probe loads without it, says why, and is not a partial attach; where it is (the 
 
 from __future__ import annotations
 
-from cachepilot.probe.probe import BCACHE_ALLOC_FAIL, TRACEFS, Probe
+from cachepilot.probe.checks import TRACEFS
+from cachepilot.probe.hooks import BCACHE_ALLOC_FAIL
+from cachepilot.probe.probe import Probe
 
 
 def test_the_bcache_hook_is_optional(bpf_env: None) -> None:

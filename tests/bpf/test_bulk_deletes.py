@@ -14,7 +14,7 @@ import pytest
 from bpf_support import SLOW, LoopFs, child
 
 from cachepilot.events import Delete
-from cachepilot.probe import probe as probe_mod
+from cachepilot.probe import hooks
 from cachepilot.probe.probe import Probe
 
 pytestmark = pytest.mark.bpf
@@ -80,7 +80,7 @@ def test_every_delete_is_taken_in_bulk_and_none_crosses_the_ring(bulk: Probe, lo
 
 def test_a_full_map_leaves_the_rest_to_the_ring_and_loses_none(bpf_env: None, loopfs: LoopFs,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(probe_mod, "DELETE_ENTRIES", 64)
+    monkeypatch.setattr(hooks, "DELETE_ENTRIES", 64)  # the table sizes the map, the probe reads its size
     files = make_files(loopfs, FILES)
     with Probe(max_files=1 << 12, bulk_deletes=True) as p:
         p.watch_volume(loopfs.dev)

@@ -8,7 +8,8 @@ import pytest
 
 from cachepilot import bpf_layout as L
 from cachepilot.probe import bccload, libbpf
-from cachepilot.probe.probe import CHECKOUT_OBJECT, HOOKS
+from cachepilot.probe.checks import CHECKOUT_OBJECT
+from cachepilot.probe.hooks import HOOKS
 
 pytestmark = pytest.mark.bpf
 
@@ -70,6 +71,8 @@ def test_the_bcc_build_attaches_each_program_where_the_object_does(bpf_env: None
     finally:
         h.bpf_object__close(obj)
     assert {n: sections[n] for n in bccload.PROGRAMS} == bccload.PROGRAMS
+    # the one table's tracepoint of every hook, the bcc build's or not, is the object's own
+    assert {hk.program: hk.tracepoint for hk in HOOKS} == sections
     assert set(sections) - set(bccload.PROGRAMS) == {
         "on_bio_queue", "on_dio_begin", "on_dio_complete", "on_dio_queued", "on_xfs_extent_free",
     }

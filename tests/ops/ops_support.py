@@ -60,7 +60,7 @@ def snapshot(step: int = 1, now: float = 1_800_000_000.0) -> DaemonSnapshot:
         barriers=3 * step, epoch_bytes=epochs.freeze(), cache_set=CACHE_SET,
         alloc_failures=2 * step, promotion_rate=4.0 * MiB,
         operator_drain_remaining_bytes=8 * MiB, operator_drain_rate_bytes=2.0 * MiB,
-        writeback_stalled=True, writeback_stalled_seconds=900.0, clean_eta_seconds=4.0,
+        writeback_stalled=True, writeback_stalled_seconds=900.0, all_dirty=None, clean_eta_seconds=4.0,
         advice=((128 * MiB, 0.52, 0.01, 480 * MiB, 64 * MiB), (256 * MiB, 0.71, 0.01, 290 * MiB, 64 * MiB),
                 (512 * MiB, 0.83, 0.02, 170 * MiB, 64 * MiB), (1024 * MiB, 0.88, 0.01, 120 * MiB, 64 * MiB)),
     )
@@ -70,7 +70,9 @@ def snapshot(step: int = 1, now: float = 1_800_000_000.0) -> DaemonSnapshot:
         dirty_bytes=0, dirty_age_seconds=0.0, dirty_bound_bytes=None, age_bound_seconds=None, drains=0,
         exposure_breaches=0, hits=500 * step, misses=500 * step, bypasses=None,
         promoted_bytes=0, discard_issued_bytes=64 * KiB * step, discard_landed_bytes=64 * KiB * step,
-        barriers=step, epoch_bytes=epochs.freeze(), all_dirty=False,
+        barriers=step, epoch_bytes=epochs.freeze(), bypassed_bytes=None, cache_set=None, alloc_failures=None,
+        promotion_rate=None, operator_drain_remaining_bytes=None, operator_drain_rate_bytes=None,
+        writeback_stalled=False, writeback_stalled_seconds=0.0, all_dirty=False, clean_eta_seconds=None, advice=(),
     )
     return DaemonSnapshot(
         timestamp=now, start_time=now - step, ready=True, dry_run=False, observe_only=False,

@@ -22,7 +22,11 @@ DEBIAN = {"numpy": "1.24.2", "jsonschema": "4.10.3", "prometheus_client": "0.16.
 # the core: policies (jsonschema), traces (zstandard), hotness tables (numpy), the daemon, the engine, the exporter
 # (prometheus-client), the backends; ~20 s here
 CORE = ["tests/unit/test_policy.py", "tests/unit/test_trace.py", "tests/unit/test_trace_v2.py",
-        "tests/unit/test_hotness.py", "tests/unit/test_daemon.py", "tests/unit/test_knob_restore.py",
+        "tests/unit/test_hotness.py",
+        *(f"tests/unit/test_daemon_{m}.py" for m in ("loop", "config", "state", "control", "acting", "adoption",
+                                                     "reloads", "persist", "start", "intake", "guard", "metrics",
+                                                     "pinning")),
+        "tests/unit/test_knob_restore.py",
         "tests/unit/test_engine.py", "tests/unit/test_snapshot.py", "tests/unit/test_backends.py",
         "tests/unit/test_bad_input.py", "tests/ops/test_exporter.py"]
 

@@ -79,6 +79,35 @@ def bc(tmp_path, monkeypatch):
     return b, d
 
 
+def test_a_bcache_sample_reads_the_slow_attributes_every_five_seconds_and_after_an_action(bc, monkeypatch):
+    """Issue 32: bcache folds stats_total every 300/22 s and knobs change at a write, so a tick reads the mode, the
+    cache's health and dirty_data (4 attributes) and the other 10 only every 5 s or right after an action."""
+    import cachepilot.backends.bcache as mod
+
+    b, d = bc
+    reads: list[str] = []
+    real = mod.read_attr
+
+    def counting(path: str) -> str:
+        reads.append(str(path))
+        return real(path)
+
+    monkeypatch.setattr(mod, "read_attr", counting)
+    first = b.sample(0)
+    assert len(reads) == 14 and first.hits == 5 and first.knobs["writeback_percent"] == "10"
+    (d / "stats_total" / "cache_hits").write_text("50\n")
+    (d / "dirty_data").write_text("1.0M\n")
+    reads.clear()
+    fast = b.sample(S)
+    assert len(reads) == 4 and fast.dirty_bytes == 1 << 20 and fast.hits == 5  # the fold not read yet
+    assert fast.knobs == first.knobs and fast.writeback == first.writeback
+    reads.clear()
+    assert b.sample(5 * S).hits == 50 and len(reads) == 14
+    assert b.apply(SetKnob("bcache0", "sequential_cutoff", "0", "pin")).status == DONE
+    reads.clear()
+    assert size_matches(b.sample(6 * S).knobs["sequential_cutoff"], "0") and len(reads) == 14  # read back at once
+
+
 def test_bcache_drain_waits_for_clean_then_puts_percent_back(bc, caplog):
     b, d = bc
     caplog.set_level(logging.INFO, "cachepilot.backends")
@@ -386,9 +415,17 @@ def test_writecache_table_round_trip():
     assert WritecacheTable.parse("0 8 writecache s 1:1 1:2 4096 1 cleaner").get("cleaner") is None
 
 
+def flushed(b: WritecacheBackend, action: Drain) -> list:
+    """Apply a drain, wait for its flush thread, step: the drain's outcomes."""
+    assert b.apply(action).status == PENDING
+    fl = b._flush_in_flight
+    assert fl is not None and fl.done.wait(5)
+    return b.step(0)
+
+
 def test_writecache_drain_is_the_flush_message(wc):
     b, fake = wc
-    out = b.apply(Drain("dm-2", 10 * S, "x"))
+    [out] = flushed(b, Drain("dm-2", 10 * S, "x"))
     assert out.status == DONE and out.writes[0].readback == "0 used blocks"
     assert ("message", "lab-cached", "0", "flush") in fake.calls
 
@@ -404,9 +441,44 @@ def test_writecache_flush_is_done_when_the_message_returns_though_new_writes_cam
     dm_tree(tmp_path)
     fake = Busy(WC_TABLE)
     b = open_backend(VolumeInfo(dev=2, name="dm-2", kind="dm-writecache"), host=Host(sysfs=tmp_path, dm=fake))
-    out = b.apply(Drain("dm-2", 10 * S, "x"))
+    [out] = flushed(b, Drain("dm-2", 10 * S, "x"))
     assert out.status == DONE and "7 written since" in out.detail and b.pending() == []
     assert [c for c in fake.calls if c[0] == "message"] == [("message", "lab-cached", "0", "flush")]  # once
+
+
+def test_a_long_writecache_flush_does_not_hold_the_loop(tmp_path):
+    """The flush message returns only once every block is written back (minutes on a slow origin): it runs on its
+    own thread, apply and step return at once with the blocks left, and a second drain waits on the same flush."""
+    import threading
+
+    release = threading.Event()
+
+    class Slow(FakeDm):
+        def __call__(self, args: Sequence[str], timeout: float) -> str:
+            if args[0] == "message" and args[3] == "flush":
+                assert release.wait(10)
+            return super().__call__(args, timeout)
+
+    dm_tree(tmp_path)
+    fake = Slow(WC_TABLE)
+    fake.used = 300
+    b = open_backend(VolumeInfo(dev=2, name="dm-2", kind="dm-writecache"), host=Host(sysfs=tmp_path, dm=fake))
+    assert b.apply(Drain("dm-2", 10 * S, "first")).status == PENDING
+    fake.used = 120  # written back meanwhile
+    assert b.step(0) == [] and "120 of 300 used blocks left" in b._ops[0].phase
+    assert b.apply(Drain("dm-2", 10 * S, "second")).status == PENDING  # rides on the drain in flight
+    release.set()
+    assert b._flush_in_flight is not None and b._flush_in_flight.done.wait(5)
+    outs = b.step(0)
+    assert [o.status for o in outs] == [DONE, DONE] and b.pending() == []
+    assert [c for c in fake.calls if c[0] == "message"] == [("message", "lab-cached", "0", "flush")]
+
+
+def test_a_failed_writecache_flush_fails_the_drain(wc):
+    b, fake = wc
+    fake.fail["message"] = "device-mapper: message ioctl on lab-cached failed: Input/output error"
+    [out] = flushed(b, Drain("dm-2", 10 * S, "x"))
+    assert out.status == FAILED and b.pending() == []
 
 
 def test_writecache_watermark_by_reload_and_no_writethrough(wc):

@@ -168,6 +168,42 @@ def test_the_stock_grid_is_the_issues_grid_and_best_is_judged_by_the_bound() -> 
     assert found["best_bounded"] == "stock:wp=0,wd=10,discard=1" and found["best_bounded_ops_s"] == 95
 
 
+def test_the_writecache_grid_and_its_guest_names() -> None:
+    """Issue 31 item 1 for dm-writecache: max_age {15, 30} s x pause_writeback {0, 3000} x watermarks {50/45, 25/20,
+    18/13} x -o discard {off, on}; the W4 guest parses each point to the table arguments it sets and refuses anything
+    else with one line."""
+    g = sg.grid("writecache")
+    assert len(g) == 24 and len(set(g)) == 24 and "stock:age=15,pause=0,wm=18/13,discard=1" in g
+    assert sg.result("writecache").name == "stock_grid_writecache.json" and sg.grid() == sg.grid("bcache")
+    sys.path.insert(0, str(BENCH / "guest"))
+    point = _load("bench_guest_w4", BENCH / "guest" / "wcfiles.py").stock_point
+    assert [point(p) for p in g[:2]] == [{"age": 15, "pause": 0, "high": 50, "low": 45, "discard": 0},
+                                         {"age": 15, "pause": 0, "high": 50, "low": 45, "discard": 1}]
+    assert point("max-age") == {"age": 30, "pause": 3000, "high": 50, "low": 45, "discard": 0}
+    for bad in ("stock:pause=0,wm=20/25,discard=1", "stock:pause=0,wm=50,discard=1", "stock:pause=0;rm",
+                "stock:pause=0,wm=50/45,discard=2", "stock:pause=0,wm=50/45,discard=1,x=1",
+                "stock:age=0,pause=0,wm=50/45,discard=1"):
+        with pytest.raises(SystemExit, match="bad stock configuration"):
+            point(bad)
+
+
+def test_w4_draws_its_seeds_shuffles_its_order_and_runs_the_grids_find(tmp_path: Path, monkeypatch) -> None:
+    sys.path.insert(0, str(BENCH))
+    w4 = _load("bench_w4", BENCH / "bench_lab_writecache.py")
+    found = tmp_path / "stock_grid_writecache.json"
+    monkeypatch.setattr(w4.stockgrid, "result", lambda kind: found)
+    with pytest.raises(SystemExit, match="--kind writecache --write"):
+        w4.options([])
+    found.write_text('{"best_bounded": "stock:pause=0,wm=25/20,discard=1", "best_overall": "stock:pause=0,'
+                     'wm=50/45,discard=1"}')
+    a = w4.options([])
+    assert len(a.seeds) == 5 and not set(a.seeds) <= {1, 2, 3, 4, 5}
+    assert a.stock["best-bounded"] == "stock:pause=0,wm=25/20,discard=1"
+    assert w4.options(["--seeds", "7,8", "--configs", "max-age,cp-default"]).reps == 2
+    orders = {tuple(w4.round_order(["max-age", "best-bounded", "cp-default"], s)) for s in range(30)}
+    assert len(orders) > 3
+
+
 def test_the_grid_result_is_required_and_checked(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="no stock grid result"):
         sg.load(tmp_path / "missing.json")
@@ -196,3 +232,27 @@ def test_guest_stock_configuration_names() -> None:
     assert knobs("tuned") == {"wp": 40, "discard": 1} and knobs("wb") == {}
     with pytest.raises(SystemExit, match="bad stock configuration"):
         knobs("stock:wp=0;rm")
+
+
+def test_the_w4_witness_reads_the_bios_of_the_volume_and_its_origin() -> None:
+    """dm-writecache has no tracepoint of its own: a write to the volume starts its blocks' age, a write to the
+    origin at those sectors (write-back) ends it, a discard of the volume kills them; reads, empty flushes and other
+    devices do not count."""
+    sys.path.insert(0, str(BENCH / "guest"))
+    common = _load("bench_guest_common", BENCH / "guest" / "common.py")
+    lt = _load("bench_guest_lifetimes", BENCH / "guest" / "lifetimes.py")
+    names = {"253,3": "volume", "253,0": "origin"}
+    lines = [
+        " python3-77 [000] ..... 100.000000: block_bio_queue: 253,3 WS 2048 + 16 [python3]",
+        " python3-77 [000] ..... 101.000000: block_bio_queue: 253,3 W 4096 + 8 [python3]",
+        " python3-77 [000] ..... 101.500000: block_bio_queue: 253,3 R 4096 + 8 [python3]",
+        " python3-77 [000] ..... 102.000000: block_bio_queue: 253,3 FWS 0 + 0 [python3]",
+        " kworker-9 [000] ..... 110.000000: block_bio_queue: 253,1 W 4096 + 8 [kworker]",  # the cache device
+        " kworker-9 [000] ..... 125.000000: block_bio_queue: 253,0 W 2048 + 16 [kcopyd]",
+        " python3-77 [000] ..... 126.000000: block_bio_queue: 253,3 DS 4096 + 8 [jbd2]",
+        "garbage: block_bio_queue: 253,3",
+    ]
+    ev = common.bio_events(lines, names)
+    assert ev == [(100.0, "w", 2048, 16), (101.0, "w", 4096, 8), (125.0, "wb", 2048, 16), (126.0, "d", 4096, 8)]
+    assert lt.oldest_dirty_age(ev, 130.0) == 25.0  # the first write waited 25 s; nothing is dirty at the end
+    assert lt.oldest_dirty_age(ev[:2], 130.0) == 30.0  # never written back: its age at the end

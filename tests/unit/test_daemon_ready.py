@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.unit.test_daemon import Rig
+from tests.unit.daemon_rig import Rig
 
 
 def test_the_first_snapshot_says_ready(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from cachepilot.actions import DONE, Drain, Outcome, SetWritePolicy
 from cachepilot.errors import UserError
-from tests.unit.test_daemon import Rig
+from tests.unit.daemon_rig import Rig
 
 NS = 1_000_000_000
 

@@ -377,6 +377,17 @@ def test_knobs_only_for_the_kind_and_compared_as_typed_values() -> None:
     assert not [a for a in b.tick(1 * NS) if isinstance(a, SetKnob)]
 
 
+def test_a_pinned_zero_size_is_not_written_again_once_bcache_prints_it() -> None:
+    """bch_hprint prints 0 as "0.0k": a policy pinning sequential_cutoff 0 was written again each retry (seen in the
+    stall lab's log); once the sample reads "0.0k" the pin is met."""
+    e = engine(POLICY.replace("sequential_cutoff: 4194304", "sequential_cutoff: 0"))
+    sample(e, 1, knobs={"sequential_cutoff": "4.0M"})
+    assert [a for a in e.tick(1 * NS) if isinstance(a, SetKnob) and a.knob == "sequential_cutoff"]
+    for t in range(2, 200, 7):  # past every retry interval
+        sample(e, t, knobs={"sequential_cutoff": "0.0k"})
+        assert not [a for a in e.tick(t * NS) if isinstance(a, SetKnob) and a.knob == "sequential_cutoff"]
+
+
 def test_auto_on_dm_writecache_is_destructive() -> None:
     vol = VolumeInfo(dev=DEV, name="dm-3", kind="dm-writecache", cache_bytes=1 << 30)
     e = engine("version: 1\ndefaults: {failure_model: auto}\n", vol=vol)
@@ -651,3 +662,19 @@ def test_a_delete_batch_looks_its_files_up_in_the_index_once(monkeypatch: pytest
     e.feed_deletes_array(deletes_array([(DEV, ino, 1, 4096, 2) for ino in range(1, 200)]))
     assert calls == [199]
     assert len(e.hotness) == 0
+
+
+def test_one_promotion_pass_gives_each_queued_file_the_reason_it_was_queued_with() -> None:
+    """The queue keeps a reason per run of entries (engine/promoqueue.py); a pass that crosses from one run into the
+    next must say the next one's reason."""
+    e = engine(POLICY.replace("rate: 64KiB", "rate: 1MiB"))
+    e.sample(VolumeSample(DEV, 1 * NS, "writeback", 0, 0, 0, 0, False, {}, "cset-a"))
+    for ino, sc in [(1, 10), (2, 500), (3, 90)]:
+        e.feed(HotnessDelta(FileKey(DEV, ino, 1), sc, 0, 4096, 0, ino * NS, size=4096))
+    e.tick(4 * NS)
+    assert not [a for a in e.tick(5 * NS) if isinstance(a, Promote)]  # promoted once, then nothing
+    c = e.vols[DEV]
+    assert e.promoter.rewarm(c, "first run", idle_since_ns=2 * NS) == 1  # ino 1: idle since before 2 s
+    assert e.promoter.rewarm(c, "second run") == 2
+    p = [a for a in e.tick(6 * NS) if isinstance(a, Promote)]
+    assert [(a.ino, a.reason) for a in p] == [(1, "first run"), (2, "second run"), (3, "second run")]

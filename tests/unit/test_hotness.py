@@ -145,9 +145,10 @@ def test_aging_halves_per_half_life() -> None:
 
 def test_hottest_and_coldest_tie_breaks() -> None:
     t = HotnessTable()
-    a = t.update(1, 1, 0, 10, 0, 0, last_ns=100)
-    b = t.update(1, 2, 0, 10, 0, 0, last_ns=200)
-    c = t.update(1, 3, 0, 50, 0, 0, last_ns=50)
+    ms = 1_000_000  # the table keeps access times to the millisecond (models/columns.py Millis32)
+    a = t.update(1, 1, 0, 10, 0, 0, last_ns=100 * ms)
+    b = t.update(1, 2, 0, 10, 0, 0, last_ns=200 * ms)
+    c = t.update(1, 3, 0, 50, 0, 0, last_ns=50 * ms)
     assert t.hottest(3) == [c, b, a]  # highest first; most recent wins the tie
     assert t.coldest(3) == [a, b, c]  # lowest first; least recent wins the tie
     assert t.hottest(1, dev=2) == []

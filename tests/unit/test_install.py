@@ -13,7 +13,7 @@ from cachepilot import __version__
 from cachepilot.cli import main
 from cachepilot.daemon.config import load_config
 from cachepilot.errors import UserError
-from cachepilot.probe import probe as P
+from cachepilot.probe import checks as P
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,10 +1,10 @@
-"""The probe's kernel-symbol check (probe.probe._has_kernel_symbol) on fixture kallsyms files."""
+"""The probe's kernel-symbol check (probe.checks.has_kernel_symbol) on fixture kallsyms files."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from cachepilot.probe.probe import _has_kernel_symbol
+from cachepilot.probe.checks import has_kernel_symbol as _has_kernel_symbol
 
 
 def test_a_symbol_counts_only_with_its_address(tmp_path: Path) -> None:

@@ -15,8 +15,8 @@ from cachepilot.backends.base import Backend
 from cachepilot.backends.host import Host
 from cachepilot.daemon.state import StateFile
 from cachepilot.models.volume import VolumeInfo
+from tests.unit.daemon_rig import Rig
 from tests.unit.test_backends import bcache_tree
-from tests.unit.test_daemon import Rig
 
 # destructive, max_age 60 s: bcache's writeback_delay (30) held to max_age/6 = 10; writeback_percent pinned at 20
 POLICY = """

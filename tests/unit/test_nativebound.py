@@ -18,8 +18,8 @@ from cachepilot.engine.nativebound import _Written, wanted
 from cachepilot.events import kdev
 from cachepilot.models.volume import VolumeInfo, VolumeSample
 from cachepilot.policy import parse_policy
+from tests.unit.daemon_rig import Rig, write
 from tests.unit.test_backends import WC_TABLE, FakeDm, dm_tree
-from tests.unit.test_daemon import Rig, write
 
 NS = 1_000_000_000
 MIB = 1 << 20

@@ -20,7 +20,7 @@ from cachepilot.actuators.extents import fiemap
 from cachepilot.actuators.promote import DONE, PENDING, Promoter
 from cachepilot.daemon.volume import ManagedVolume
 from cachepilot.models.volume import VolumeInfo
-from tests.unit.test_daemon import DEV, VOL, Rig
+from tests.unit.daemon_rig import DEV, VOL, Rig
 from tests.unit.test_promote import MIB, Clock, action, fs, make_file  # noqa: F401 (fs: the fixture)
 
 S = 1_000_000_000

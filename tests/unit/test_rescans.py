@@ -16,7 +16,7 @@ from cachepilot.daemon import uevents
 from cachepilot.daemon.rescans import FALLBACK_S, SETTLE_S, RescanEvents, RescanSchedule
 from cachepilot.daemon.uevents import MAX_DATAGRAM, MAX_PER_TAKE, Uevent, UeventSocket, parse
 from cachepilot.daemon.volumes import Found
-from tests.unit.test_daemon import VOL, Rig
+from tests.unit.daemon_rig import VOL, Rig
 
 NS = 1_000_000_000
 

@@ -145,8 +145,8 @@ def test_the_policy_section_is_checked() -> None:
 
 
 def test_the_daemon_puts_the_steered_cutoff_back_when_it_stops(tmp_path) -> None:
-    from tests.unit.test_daemon import VOL as DVOL
-    from tests.unit.test_daemon import Rig
+    from tests.unit.daemon_rig import VOL as DVOL
+    from tests.unit.daemon_rig import Rig
     rig = Rig(tmp_path)
     rig.d.start()
     rig.tick(1)  # the cutoff found at start: 4 MiB

@@ -24,7 +24,7 @@ from cachepilot.daemon.snapshot import HotLists, kth_largest
 from cachepilot.daemon.state import StateFile, _encode
 from cachepilot.daemon.statewriter import StateWriter
 from cachepilot.models.hotness import HOT_DTYPE, HotnessTable
-from tests.unit.test_daemon import Rig
+from tests.unit.daemon_rig import Rig
 from tests.unit.test_daemon_cost import FS, acting_on
 
 NS = 1_000_000_000

@@ -45,3 +45,10 @@ def test_one_table_behind_every_dialect() -> None:
     assert units.OPERATOR <= units.BYTES.keys() and units.BCACHE <= units.BYTES.keys()
     assert units.suffix_bytes("4.0M") == 1 << 20 and units.suffix_bytes("4096") == 1
     assert size_matches("4.0M", str((4 << 20) + 50_000)) and not size_matches("4.0M", str(5 << 20))
+
+
+def test_bcache_prints_zero_as_0_0k_and_sizes_to_one_decimal() -> None:
+    """bch_hprint (drivers/md/bcache/util.c) divides by 1024 at least once: 0 reads back as "0.0k"."""
+    assert units.printed_matches("0.0k", 0) and size_matches("0.0k", "0")
+    assert units.printed_matches("5.8M", 6081741) and not units.printed_matches("5.8M", 6 << 20)
+    assert not units.printed_matches("4MiB", 4 << 20) and not units.printed_matches("x", 0)

@@ -280,7 +280,7 @@ def test_a_finding_is_a_decision_explain_shows_with_its_reason() -> None:
 def test_through_the_daemon_a_stall_shows_in_status_metrics_and_explain(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from tests.unit.test_daemon import FakeBackend, Rig
+    from tests.unit.daemon_rig import FakeBackend, Rig
 
     class Stopped(FakeBackend):
         """bcache with writeback_running 0 and dirty data that does not move."""
@@ -307,5 +307,52 @@ def test_through_the_daemon_a_stall_shows_in_status_metrics_and_explain(tmp_path
         [d] = [d for d in r.d.answer({"cmd": "explain"})["decisions"] if d["kind"] == "writeback_stall"]
         assert d["status"] == "found" and "writeback_running is 0" in d["reason"]
         assert not [a for a, _ in r.backends["bcache0"].applied if "writeback_running" in a.line()]
+    finally:
+        r.d.shutdown()
+
+
+def test_a_stall_stretch_is_carried_across_a_daemon_restart(tmp_path: Path) -> None:
+    """The stretch without progress goes into the state file: a daemon restarted 20 s into it reports the stall
+    once stall_after (30 s) has passed in all, not 30 s after the restart; a cache that drained meanwhile is not
+    carried over."""
+    from dataclasses import replace
+
+    from tests.unit.daemon_rig import FakeBackend, Rig
+
+    class Stopped(FakeBackend):
+        def sample(self, now_ns: int) -> VolumeSample:
+            return replace(super().sample(now_ns), writeback=WritebackView(running=False, hold_bytes=1 << 30))
+
+    policy = "version: 1\ndefaults: {failure_model: recoverable, health: {stall_after: 30s}}\n"
+
+    def rig(dirty: int) -> Rig:
+        r = Rig(tmp_path, policy=policy)
+        r.backends["bcache0"] = Stopped(r.found[0].info)
+        r.backends["bcache0"].dirty = dirty  # what the first sample at start reads
+        r.d.start()
+        return r
+
+    def stalled(r: Rig) -> bool:
+        return bool(r.d.answer({"cmd": "status"})["volumes"][0]["writeback"]["stalled"])
+
+    r = rig(20 * MIB)
+    for t in range(1, 22, 5):
+        r.tick(t)
+    assert not stalled(r)
+    r.d.shutdown()
+    r = rig(20 * MIB)
+    try:
+        r.tick(1)
+        r.tick(6)
+        assert not stalled(r)
+        r.tick(12)  # 20 s before the restart + 11 s since the first sample
+        assert stalled(r)
+    finally:
+        r.d.shutdown()
+    r = rig(5 * MIB)  # dirty fell while the daemon was down: write-back moved, the stretch ends
+    try:
+        for t in (1, 6, 12):
+            r.tick(t)
+        assert not stalled(r)
     finally:
         r.d.shutdown()

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import functools
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from cachepilot import units
-from cachepilot.actions import Drain, SetWritePolicy
+from cachepilot.actions import ControlAction, Drain, SetWritePolicy
+from cachepilot.backends.base import Outcome
 from cachepilot.backends.host import BlockDev, Host
 from cachepilot.backends.inspect import parse_bcache_size
 from cachepilot.backends.kernelio import read_attr, write_attr
@@ -45,13 +47,10 @@ def bracketed(line: str) -> str:
 def size_matches(readback: str, wanted: str) -> bool:
     """bcache prints sizes rounded (``4.0M``): equal within one unit of the last printed digit."""
     try:
-        got, want = parse_bcache_size(readback), int(wanted)
-    except (UserError, ValueError):
+        want = int(wanted)
+    except ValueError:
         return readback == wanted
-    text = readback.strip()
-    unit = units.suffix_bytes(text)
-    step = unit // 10 if "." in text else unit
-    return abs(got - want) <= max(step, 0)
+    return units.printed_matches(readback, want) or readback == wanted
 
 
 class BcacheBackend(OperationBackend):
@@ -65,8 +64,23 @@ class BcacheBackend(OperationBackend):
     def dir(self) -> Path:
         return self.sysfs_root / "block" / self.info.name / "bcache"
 
+    _slow: SlowReads | None = None  # the slow part of the last sample (sample_with)
+
     def sample(self, now_ns: int) -> VolumeSample:
-        return sample(self.host, self.info, now_ns)
+        """The slow part is read again after SLOW_EVERY_NS, at once after any action, and every tick while an
+        operation is in flight (a drain writes knobs over several ticks)."""
+        last = self._slow
+        fresh = last is not None and not self._ops and 0 <= now_ns - last.ts_ns < SLOW_EVERY_NS
+        out, self._slow = sample_with(self.host, self.info, now_ns, last if fresh else None)
+        return out
+
+    def apply(self, action: ControlAction, *, dry_run: bool = False) -> Outcome:
+        self._slow = None  # whatever it writes, the next sample reads it back
+        return super().apply(action, dry_run=dry_run)
+
+    def restore(self) -> list[Outcome]:
+        self._slow = None
+        return super().restore()
 
     # -------------------------------------------------------------- settings
     def _attr(self, name: str, base: Path | None = None) -> Setting:
@@ -255,7 +269,45 @@ def _sample_paths(sys_block: Path, name: str) -> dict[str, str]:
     return paths
 
 
+# What a sample need not read every tick (issue 32: one read per volume per tick where several were made): bcache
+# folds its hit/miss/bypass counters into stats_total only every 300/22 s (stats.c, accounting_delay), and the knobs
+# and the write-back thread's running/rate change at a write -- ours (a backend that acted reads them again at once)
+# or an operator's (seen within this long).
+SLOW_EVERY_NS = 5_000_000_000
+
+
+@dataclass(frozen=True)
+class SlowReads:
+    """The part of a sample read every SLOW_EVERY_NS (and after any action of this backend's)."""
+
+    ts_ns: int
+    knobs: dict[str, str]
+    hits: int
+    misses: int
+    bypasses: int
+    bypassed_bytes: int
+    running: str | None  # writeback_running
+    rate: str | None  # writeback_rate
+
+
+def _slow_reads(p: dict[str, str], now: int) -> SlowReads:
+    return SlowReads(
+        now, {k: read_attr(p[k]) for k in SAMPLED_KNOBS}, int(read_attr(p["cache_hits"])),
+        int(read_attr(p["cache_misses"])),
+        # a bypass "hit" is a bypassed I/O whose data was in the cache anyway; both went around it
+        int(read_attr(p["cache_bypass_hits"])) + int(read_attr(p["cache_bypass_misses"])),
+        parse_bcache_size(read_attr(p["bypassed"])), _optional(p["writeback_running"]),
+        _optional(p["writeback_rate"]))
+
+
 def sample(host: Host, info: VolumeInfo, now: int) -> VolumeSample:
+    """Every attribute read now (the CLI's one-off look; the daemon's backends use :func:`sample_with`)."""
+    return sample_with(host, info, now, None)[0]
+
+
+def sample_with(host: Host, info: VolumeInfo, now: int, slow: SlowReads | None) -> tuple[VolumeSample, SlowReads]:
+    """A sample: the mode, the cache's presence and health and the dirty data read now; the rest from ``slow``
+    when it is given (else read now, and returned for the next samples)."""
     p = _sample_paths(host.sys_block, info.name)
     mode = bracketed(read_attr(p["cache_mode"]))
     attached = os.path.exists(p["cache"])
@@ -267,16 +319,14 @@ def sample(host: Host, info: VolumeInfo, now: int) -> VolumeSample:
             in_use = 100 - int(read_attr(avail)) if os.path.exists(avail) else None
         except DeviceGone:
             attached = False  # the cache set went away between the two reads
-    knobs = {k: read_attr(p[k]) for k in SAMPLED_KNOBS}
+    dirty = parse_bcache_size(read_attr(p["dirty_data"]))
+    s = slow if slow is not None else _slow_reads(p, now)
     return VolumeSample(
-        dev=info.dev, ts_ns=now, mode=mode, dirty_bytes=parse_bcache_size(read_attr(p["dirty_data"])),
-        hits=int(read_attr(p["cache_hits"])), misses=int(read_attr(p["cache_misses"])),
+        dev=info.dev, ts_ns=now, mode=mode, dirty_bytes=dirty, hits=s.hits, misses=s.misses,
         io_errors=errors, failed=not attached, cache_id=_cache_id(p["sysfs"]) if attached else "",
-        knobs=knobs, writeback=_writeback(p, info, knobs) if attached else None,
-        # a bypass "hit" is a bypassed I/O whose data was in the cache anyway; both went around it
-        bypasses=int(read_attr(p["cache_bypass_hits"])) + int(read_attr(p["cache_bypass_misses"])),
-        bypassed_bytes=parse_bcache_size(read_attr(p["bypassed"])), in_use_percent=in_use,
-    )
+        knobs=dict(s.knobs), writeback=_writeback(s, info) if attached else None,
+        bypasses=s.bypasses, bypassed_bytes=s.bypassed_bytes, in_use_percent=in_use,
+    ), s
 
 
 def _optional(path: str) -> str | None:
@@ -287,13 +337,13 @@ def _optional(path: str) -> str | None:
         return None
 
 
-def _writeback(p: dict[str, str], info: VolumeInfo, knobs: dict[str, str]) -> WritebackView:
+def _writeback(s: SlowReads, info: VolumeInfo) -> WritebackView:
     """What the stall watch needs (models/writeback.py): whether the write-back thread may run, its rate, and the
     dirty data bcache holds on purpose -- below its target (cache size x writeback_percent / 100, this device's share
     of it: the whole when it is the set's only backing device, less otherwise, so the watch may miss a stall between
     the two) the controller writes back at writeback_rate_minimum; writeback_percent 0 holds nothing. The thread
     sleeps writeback_delay after each full scan: twice that may pass with nothing written back."""
-    running, rate = _optional(p["writeback_running"]), _optional(p["writeback_rate"])
+    running, rate, knobs = s.running, s.rate, s.knobs
     try:
         percent, delay = int(knobs["writeback_percent"]), float(knobs["writeback_delay"])
     except (KeyError, ValueError):

@@ -3,17 +3,21 @@
 What the kernel does (drivers/md/dm-writecache.c, 6.1): the target is write-back only (reads of blocks not in
 the cache go to the origin; nothing is promoted on read), so the only mode is writeback. Messages are ``flush``
 (commit, write every block back, and return when done — the drain), ``flush_on_suspend`` and ``cleaner``
-(irreversible until the next reload). ``max_age``, watermarks, ``writeback_jobs`` and ``autocommit_*`` are optional
-table arguments: they change by a table reload (``reload`` + ``suspend`` + ``resume``; the cache's committed
-entries survive it, ``writecache_resume``), several of them in one (``Kind.group``), and read back from
-``dmsetup table``, which prints the ones that were set.
+(irreversible until the next reload). The flush message blocks its caller until every block is written back --
+minutes for a full cache on a slow origin -- so it runs on a thread of its own while the daemon's loop goes on
+ticking (the systemd watchdog, status, the drain's progress from ``dmsetup status``). ``max_age``, watermarks,
+``writeback_jobs`` and ``autocommit_*`` are optional table arguments: they change by a table reload (``reload`` +
+``suspend`` + ``resume``; the cache's committed entries survive it, ``writecache_resume``), several of them in one
+(``Kind.group``), and read back from ``dmsetup table``, which prints the ones that were set.
 Under the destructive model the engine delegates the exposure bound to ``max_age`` and the watermarks
 (engine.nativebound).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from cachepilot.actions import Drain, SetWritePolicy
 from cachepilot.backends.base import Write
@@ -22,7 +26,7 @@ from cachepilot.backends.host import BlockDev, Host
 from cachepilot.backends.kinds import Described, Kind, KnobDef
 from cachepilot.backends.operation import Operation, OperationBackend, Setting, grouped
 from cachepilot.capabilities import KIND_WRITECACHE, WRITEBACK, capabilities
-from cachepilot.errors import KernelRejected, UserError
+from cachepilot.errors import CachepilotError, KernelRejected, UserError
 from cachepilot.models.volume import VolumeInfo, VolumeSample
 from cachepilot.models.writeback import WritebackView
 
@@ -74,9 +78,31 @@ class WritecacheTable:
         return " ".join((*self.head, str(len(words)), *words))
 
 
+@dataclass
+class _Flush:
+    """One ``flush`` message in flight on its own thread; ``error`` is what it raised, once ``done``."""
+
+    before: int  # used blocks when it was sent
+    done: threading.Event = field(default_factory=threading.Event)
+    error: CachepilotError | None = None
+
+    def start(self, send: Callable[[], object], name: str) -> _Flush:
+        def run() -> None:
+            try:
+                send()
+            except CachepilotError as exc:
+                self.error = exc
+            finally:
+                self.done.set()
+
+        threading.Thread(target=run, name=f"cachepilot-flush-{name}", daemon=True).start()
+        return self
+
+
 class WritecacheBackend(OperationBackend):
     kind = NAME
     flush_timeout_s = 300.0
+    _flush_in_flight: _Flush | None = None  # the kernel finishes a flush once sent: a later drain waits on it
 
     @property
     def dm_name(self) -> str:
@@ -137,28 +163,42 @@ class WritecacheBackend(OperationBackend):
         return self._flush(op, a.reason)
 
     def _flush(self, op: Operation, reason: str) -> bool:
-        """The flush message returns once every block dirty when it was sent is written back."""
+        """Send the flush message on its own thread (or join the one still in flight); done when it returns."""
         name = self.dm_name
         before = self.status().used_blocks
         target = f"{name} message 0 flush"
         if op.dry_run:
             op.writes.append(Write(target, f"{before} used blocks", "flush", "(dry run)"))
             return True
-        self.dmsetup(("message", name, "0", "flush"), self.flush_timeout_s)
-        after = self.status()
-        op.writes.append(Write(target, f"{before} used blocks", "flush", f"{after.used_blocks} used blocks"))
-        if after.error:
-            raise KernelRejected(f"{name}: the cache reports error {after.error} after flush")
-        op.phase = f"flushed {before} blocks ({after.used_blocks} written since): {reason}"
+        if self._flush_in_flight is None or self._flush_in_flight.done.is_set():
+            self._flush_in_flight = _Flush(before).start(
+                lambda: self.dmsetup(("message", name, "0", "flush"), self.flush_timeout_s), name)
+        op.phase = f"flushing: {before} used blocks when sent: {reason}"
+        return False
+
+    def _advance(self, op: Operation, now_ns: int) -> bool:
+        """Progress (used blocks left) while the flush runs; the outcome once it returned."""
+        assert isinstance(op.action, Drain)
+        fl = self._flush_in_flight
+        if fl is None:  # no flush of this drain's in flight (a restart between): send one
+            return self._flush(op, op.action.reason)
+        name = self.dm_name
+        now = self.status()
+        if not fl.done.is_set():
+            op.phase = f"flushing: {now.used_blocks} of {fl.before} used blocks left: {op.action.reason}"
+            return False
+        self._flush_in_flight = None
+        if fl.error is not None:
+            raise fl.error
+        op.writes.append(Write(f"{name} message 0 flush", f"{fl.before} used blocks", "flush",
+                               f"{now.used_blocks} used blocks"))
+        if now.error:
+            raise KernelRejected(f"{name}: the cache reports error {now.error} after flush")
+        op.phase = f"flushed {fl.before} blocks ({now.used_blocks} written since): {op.action.reason}"
         # The message returns once every block dirty when it was sent is written back (process_flush_mesg waits
         # for writecache_writeback under writeback_all): the drain is complete. Blocks written meanwhile are new
         # data (Capabilities.drain_done_as_of_start); flushing again until a steady load pauses would never end.
         return True
-
-    def _advance(self, op: Operation, now_ns: int) -> bool:
-        assert isinstance(op.action, Drain)
-        return self._flush(op, op.action.reason)
-
 
 
 # ------------------------------------------------------------------ the kind: discovery, description, samples

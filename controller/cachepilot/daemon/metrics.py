@@ -53,7 +53,7 @@ class Metrics:
 
         def build() -> Any:
             left_out: list[str] = []
-            built = exporter_snapshot(snap, self.ex, ticks, now_wall, left_out)
+            built = exporter_snapshot(snap, ticks, now_wall, left_out)
             for msg in left_out:
                 once(msg)
             return built

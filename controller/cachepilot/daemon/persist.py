@@ -17,7 +17,7 @@ from typing import Any
 from cachepilot.actions import Action, SetKnob, SetKnobs
 from cachepilot.capabilities import KNOBS
 from cachepilot.daemon.decisionlog import DecisionLog
-from cachepilot.daemon.snapshot import HotLists, as_rows, hot_columns
+from cachepilot.daemon.snapshot import HotLists, HotRows, as_rows, hot_columns
 from cachepilot.daemon.state import MAX_DECISIONS, MAX_HOT, NO_STATE, StateFile
 from cachepilot.daemon.statewriter import StateWriter
 from cachepilot.daemon.volume import ManagedVolume, devname
@@ -28,6 +28,7 @@ from cachepilot.errors import CachepilotError
 
 log = logging.getLogger("cachepilot")
 HOT_ROW = ("ino", "gen", "score", "size")  # a state file's hot-list entry
+MAX_STALL_GAP_S = 86_400.0  # a stall stretch is carried over a restart only if the daemon was down less than this
 
 
 class Persistence:
@@ -75,7 +76,20 @@ class Persistence:
     def adopted(self, v: ManagedVolume, now: int) -> None:
         """A volume just adopted: its latch and its hot list as the last run left them."""
         self.restore_latch(v, now)
+        self.resume_stall_watch(v, now)
         self.rewarm(v, now)
+
+    def resume_stall_watch(self, v: ManagedVolume, now: int) -> None:
+        """A stretch without write-back progress goes on across a restart (the time the daemon was down counts:
+        dirty data is compared with the saved figure at the first sample), so a daemon restarted now and then
+        still reports a stall after ``health.stall_after``."""
+        sv = self.saved_volume(v.info) or {}
+        wb, written = sv.get("writeback_stall"), self.saved.get("written")
+        if not isinstance(wb, dict) or not isinstance(written, int | float):
+            return
+        stalled, dirty, down = wb.get("stalled_s"), wb.get("dirty"), time.time() - written
+        if isinstance(stalled, int | float) and isinstance(dirty, int | float) and 0 <= down <= MAX_STALL_GAP_S:
+            self.engine.resume_writeback_watch(v.info.dev, float(stalled) + down, int(dirty), now)
 
     def restore_latch(self, v: ManagedVolume, now: int) -> None:
         """A latched volume stays latched across restarts (unless its cache device was replaced since)."""
@@ -213,6 +227,7 @@ class Persistence:
                 "health": self.engine.health_of(info.dev),
                 "latch": {"reason": latch.reason, "cache_id": latch.cache_id} if latch is not None else None,
                 "in_flight": list(v.in_flight.values()),
+                "writeback_stall": self.engine.writeback_carried(info.dev),
                 "steered": self.steered(v),
             }
         return {
@@ -227,9 +242,9 @@ class Persistence:
         self.collect()
         doc = self._doc(vols, decisions, at)
         if at is not None and self.writer is not None:
-            self.writer.submit(doc, hot_rows)
+            self.writer.submit(doc, hot_text)
             return
-        doc = hot_rows(doc)
+        doc = hot_text(doc)
         if self.writer is None:
             self._count(self.state.write(doc), self.state.last_error)
             return
@@ -246,6 +261,14 @@ class Persistence:
         self.counters["state_writes" if ok else "state_writes_failed"] += 1
         if not ok:
             self.once(f"state file not written (carrying on): {error}")
+
+
+def hot_text(doc: dict[str, Any]) -> dict[str, Any]:
+    """The document as the state file encodes it: each volume's hot list as HotRows (its rows' JSON made a block at a
+    time, the same bytes as hot_rows' lists)."""
+    for v in doc["volumes"].values():
+        v["hot"] = HotRows(v["hot"], HOT_ROW)
+    return doc
 
 
 def hot_rows(doc: dict[str, Any]) -> dict[str, Any]:

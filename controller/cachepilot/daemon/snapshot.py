@@ -6,6 +6,8 @@ files on 16 volumes ``top`` and the state file had cost the tick that made both 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from cachepilot.models.hotness import HotnessTable
@@ -22,7 +24,7 @@ def hot_columns(t: HotnessTable, dev: int, k: int) -> Columns:
     slots = t.slots_of(dev)  # in no particular order: only the candidates are sorted, the slot as last key
     if len(slots) == 0 or k <= 0:
         return _EMPTY
-    shift = (t.epoch - np.frombuffer(t.stamp, dtype=np.uint32)[slots].astype(np.int64)).clip(0, 63)
+    shift = (t.epoch - t.stamp.take(slots)).clip(0, 63)
     rs = np.frombuffer(t.rscore, dtype=np.uint32)[slots].astype(np.int64) >> shift
     ws = np.frombuffer(t.wscore, dtype=np.uint32)[slots].astype(np.int64) >> shift
     score = rs + ws
@@ -30,12 +32,12 @@ def hot_columns(t: HotnessTable, dev: int, k: int) -> Columns:
     # or the k chosen need is read for them alone
     cand = np.nonzero(score >= kth_largest(score, k))[0] if len(score) > k else np.arange(len(score))
     cslots = slots[cand]
-    clast = np.frombuffer(t.last, dtype=np.int64)[cslots]
+    clast = t.last.take(cslots)
     pick = np.lexsort((cslots, clast, score[cand]))[::-1][:k]
     order, top = cand[pick], cslots[pick]
-    return {"ino": np.frombuffer(t.ino, dtype=np.uint64)[top], "gen": np.frombuffer(t.gen, dtype=np.uint32)[top],
+    return {"ino": t.ino.take(top), "gen": np.frombuffer(t.gen, dtype=np.uint32)[top],
             "score": score[order], "read_score": rs[order], "write_score": ws[order],
-            "size": np.frombuffer(t.size, dtype=np.int64)[top], "last_ns": clast[pick]}
+            "size": t.size.take(top), "last_ns": clast[pick]}
 
 
 def kth_largest(x: np.ndarray, k: int) -> int:
@@ -58,6 +60,30 @@ def as_dicts(cols: Columns, k: int | None = None) -> list[dict[str, int]]:
 def as_rows(cols: Columns, fields: tuple[str, ...]) -> list[list[int]]:
     """The rows as lists of the given fields (the state file's hot list)."""
     return list(map(list, zip(*(cols[f].tolist() for f in fields), strict=True)))
+
+
+class HotRows:
+    """A hot list's rows (the given fields of its columns), made into JSON text a block at a time: the state file's
+    encoder takes it as it is (daemon/state.py RawRows), and no Python object a row exists at once."""
+
+    BLOCK = 2048
+
+    def __init__(self, cols: Columns, fields: tuple[str, ...]) -> None:
+        self.cols = {f: cols[f] for f in fields}
+        self.fields = fields
+
+    def __len__(self) -> int:
+        return len(self.cols[self.fields[0]]) if self.fields else 0
+
+    def __getitem__(self, cut: slice) -> HotRows:
+        return HotRows({f: c[cut] for f, c in self.cols.items()}, self.fields)
+
+    def json(self) -> str:
+        parts = []
+        for i in range(0, len(self), self.BLOCK):
+            block = as_rows({f: c[i:i + self.BLOCK] for f, c in self.cols.items()}, self.fields)
+            parts.append(json.dumps(block, separators=(",", ":"))[1:-1])
+        return "[" + ",".join(parts) + "]"
 
 
 def hottest(t: HotnessTable, dev: int, k: int) -> list[dict[str, int]]:

@@ -106,4 +106,4 @@ class StateWriter:
             ok = self.state.write(doc)
             self.last_write_ns = time.monotonic_ns() - t0
             self._done.append((ok, self.state.last_error))
-            return ok
+        return ok

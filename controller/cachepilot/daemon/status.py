@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from cachepilot import __version__, records
@@ -20,43 +20,12 @@ from cachepilot.daemon.decisionlog import DecisionView
 from cachepilot.daemon.volume import ManagedVolume, devname
 from cachepilot.engine.engine import Engine
 from cachepilot.engine.volumectl import VolumeCtl, normalise_mode
+from cachepilot.exporter.snapshot import EPOCH_BUCKETS, DaemonSnapshot, Histogram, UnmanagedVolume, VolumeSnapshot
 from cachepilot.models.sizing import Curve
 
 NS = 1_000_000_000
 # the exporter's event counts by kind (the daemon counts them by class name); Drops are counters of their own
 _EVENT_KINDS = {k.event.__name__: k.name for k in records.KINDS if k is not records.DROPS}
-
-
-@dataclass(frozen=True)
-class VolumeMetrics:
-    """What the exporter shows of a sampled, managed volume beyond its status (cumulative counts)."""
-
-    label: str
-    mode: str
-    target_mode: str
-    health: int
-    draining: bool
-    cache_io_errors: int | None
-    dirty_bytes: int
-    dirty_age_seconds: float
-    dirty_bound_bytes: int | None
-    age_bound_seconds: float | None
-    drains: int
-    exposure_breaches: int
-    bypasses: int | None
-    bypassed_bytes: int | None
-    promoted_bytes: int
-    discard_issued_bytes: int
-    discard_landed_bytes: int
-    barriers: int
-    cache_set: str | None
-    epoch_bytes: Any  # exporter Histogram, or None (no exporter in this build)
-    alloc_failures: int | None = None  # bcache: inserts its cache refused (bcache_alloc_fail); others: None
-    promotion_rate: float | None = None  # the promoter's rate now (bytes/s; on bcache it follows alloc_failures)
-    writeback_stalled: bool = False  # dirty data has not fallen for health.stall_after while write-back should run
-    writeback_stalled_seconds: float = 0.0  # how long it has not fallen so far (0 outside such a stretch)
-    all_dirty: bool | None = None  # dm-cache: every mapped block dirty (after an unclean shutdown); others None
-    clean_eta_seconds: float | None = None  # dirty / the measured write-back rate (None: clean or not measured)
 
 
 @dataclass(frozen=True)
@@ -96,7 +65,10 @@ class VolumeStatus:
     operator_drain: dict[str, Any] | None = None  # `cachepilot drain`'s request: state, bytes left, rate (None: none)
     # is write-back making progress (models/writeback.py): a stall and why, every mapped block dirty, time to clean
     writeback: dict[str, Any] | None = None
-    metrics: VolumeMetrics | None = field(default=None, metadata={"json": False})  # None: not exported
+    # the exporter's view of the volume, built once a tick from its state (volume_snapshot); None: not exported (not
+    # sampled yet, observed only, or its labels refused: metrics_refused says why)
+    metrics: VolumeSnapshot | None = field(default=None, metadata={"json": False})
+    metrics_refused: str | None = field(default=None, metadata={"json": False})
 
     def to_json(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.metadata.get("json", True)}
@@ -213,6 +185,13 @@ def volume_status(v: ManagedVolume, c: VolumeCtl, now: int, engine: Engine) -> V
     mode = normalise_mode(st.mode) if st.samples else None
     pend = v.backend.pending() if v.backend is not None else []
     s = v.last_sample
+    operator = c.operator.to_json(st.dirty_bytes, now) if c.operator is not None else None
+    metrics, refused = None, None
+    if s is not None and not v.observe_only:
+        try:
+            metrics = volume_snapshot(v, c, engine.now_ns, operator)
+        except ValueError as exc:  # a label the exporter refuses: the volume is left out of the metrics, said once
+            refused = str(exc)
     return VolumeStatus(
         name=info.name, dev=devname(info.dev), kind=info.kind, observe_only=v.observe_only,
         mountpoint=info.mountpoint, fs_uuid=info.fs_uuid, cache_bytes=info.cache_bytes,
@@ -228,9 +207,8 @@ def volume_status(v: ManagedVolume, c: VolumeCtl, now: int, engine: Engine) -> V
         discard_pending_blocks=c.freed.pending_blocks, held_switches=c.held_switches,
         promotions_skipped=dict(c.promotions_skipped),
         pins=c.pins.status(engine.hotness) if len(c.pins) or c.pins.note else None, importing=v.importing(),
-        operator_drain=c.operator.to_json(st.dirty_bytes, now) if c.operator is not None else None,
-        writeback=_writeback(c, now) if st.samples else None,
-        metrics=None if s is None or v.observe_only else _metrics(v, c, engine.now_ns))
+        operator_drain=operator, writeback=_writeback(c, now) if st.samples else None,
+        metrics=metrics, metrics_refused=refused)
 
 
 def _writeback(c: VolumeCtl, now: int) -> dict[str, Any]:
@@ -244,26 +222,30 @@ def _writeback(c: VolumeCtl, now: int) -> dict[str, Any]:
             "rate_bytes_s": round(w.rate), "clean_eta_s": None if eta is None else round(eta, 1)}
 
 
-def _metrics(v: ManagedVolume, c: VolumeCtl, engine_now: int) -> VolumeMetrics:
-    st = c.state
-    s = v.last_sample
+def volume_snapshot(v: ManagedVolume, c: VolumeCtl, engine_now: int,
+                    operator: dict[str, Any] | None) -> VolumeSnapshot:
+    """The exporter's view of a sampled, managed volume, built once a tick from its state (``operator``: the
+    operator drain's status, as status shows it). The advisor's points are the one thing left to the scrape that
+    wants them (exporter_snapshot): they cost a model's evaluation. ValueError if the exporter refuses a label."""
+    st, s, info = c.state, v.last_sample, v.info
+    assert s is not None  # a sampled volume
     mode = normalise_mode(st.mode)
     req = c.requested_mode
     recoverable = c.policy.failure_model == "recoverable"
-    kind = v.info.kind
-    return VolumeMetrics(
-        label=v.found.label, mode=mode, target_mode=req[0] if req else mode, health=int(st.health),
-        draining=c.drain is not None or bool(v.in_flight),
-        cache_io_errors=st.io_errors_risen if kind in ERROR_COUNTS else None, dirty_bytes=st.dirty_bytes,
-        dirty_age_seconds=st.exposure_age_s(engine_now),
+    return VolumeSnapshot(
+        volume=v.found.label, device=info.name, kind=info.kind, mode=mode, target_mode=req[0] if req else mode,
+        health=int(st.health), latched=c.latch is not None, draining=c.drain is not None or bool(v.in_flight),
+        cache_bytes=info.cache_bytes, cache_io_errors=st.io_errors_risen if info.kind in ERROR_COUNTS else None,
+        dirty_bytes=st.dirty_bytes, dirty_age_seconds=st.exposure_age_s(engine_now),
         dirty_bound_bytes=None if recoverable else c.policy.exposure.max_dirty,
         age_bound_seconds=None if recoverable else c.policy.exposure.max_age_s,
-        drains=v.drains, exposure_breaches=c.breaches, bypasses=s.bypasses, bypassed_bytes=s.bypassed_bytes,
+        drains=v.drains, exposure_breaches=c.breaches, hits=s.hits, misses=s.misses, bypasses=s.bypasses,
         promoted_bytes=v.promoted_bytes, discard_issued_bytes=v.discard_issued_bytes,
         discard_landed_bytes=v.discard_landed_bytes, barriers=v.barriers,
-        cache_set=(st.cache_id or None) if kind in SHARED_CACHE_SETS else None,
-        epoch_bytes=v.epoch_bytes.freeze() if v.epoch_bytes is not None else None,
-        **_promotion_pacing(v), **_progress(c, engine_now))
+        epoch_bytes=v.epoch_bytes.freeze() if v.epoch_bytes is not None else Histogram.empty(EPOCH_BUCKETS),
+        bypassed_bytes=s.bypassed_bytes,
+        cache_set=(st.cache_id or None) if info.kind in SHARED_CACHE_SETS else None,
+        **_promotion_pacing(v), **_operator_drain(operator), **_progress(c, engine_now), advice=())
 
 
 def _progress(c: VolumeCtl, now: int) -> dict[str, Any]:
@@ -275,16 +257,16 @@ def _progress(c: VolumeCtl, now: int) -> dict[str, Any]:
 
 
 def _operator_drain(op: dict[str, Any] | None) -> dict[str, Any]:
-    """The exporter's operator-drain gauges: only while one runs."""
+    """The exporter's operator-drain gauges: only while one runs (None otherwise)."""
     if op is None or op.get("state") != "running":
-        return {}
+        return {"operator_drain_remaining_bytes": None, "operator_drain_rate_bytes": None}
     return {"operator_drain_remaining_bytes": op["dirty_bytes"], "operator_drain_rate_bytes": float(op["rate_bytes_s"])}
 
 
 def _promotion_pacing(v: ManagedVolume) -> dict[str, Any]:
     promoter = getattr(v.files, "promoter", None)
     if promoter is None:
-        return {}
+        return {"alloc_failures": None, "promotion_rate": None}
     backoff = promoter.backoff
     return {"alloc_failures": backoff.failures_total if backoff is not None else None,
             "promotion_rate": float(promoter.rate)}
@@ -297,42 +279,26 @@ def _advice(curve: Curve | None, cache_bytes: int) -> tuple[tuple[int, float, fl
                  for p in curve.points(cache_bytes, curve.calibration(cache_bytes)))
 
 
-def exporter_snapshot(status: Status, ex: Any, tick_duration: Any, now_wall: float,
-                      left_out: list[str]) -> Any:
-    """The exporter's DaemonSnapshot (``ex``: the exporter module) of ``status``; a volume whose labels the
-    exporter refuses is left out (its reason appended to ``left_out``)."""
+def exporter_snapshot(status: Status, tick_duration: Histogram, now_wall: float, left_out: list[str]) -> DaemonSnapshot:
+    """The exporter's DaemonSnapshot of ``status``: each volume's snapshot as the tick built it, with the advisor's
+    points; a volume whose labels the exporter refuses is left out (its reason appended to ``left_out``)."""
     vols = []
     for v in status.volumes:
-        m = v.metrics
-        if m is None:
-            continue
-        try:
-            vols.append(ex.VolumeSnapshot(
-                volume=m.label, device=v.name, kind=v.kind, mode=m.mode, target_mode=m.target_mode,
-                health=m.health, latched=v.latched, draining=m.draining, cache_bytes=v.cache_bytes,
-                cache_io_errors=m.cache_io_errors, dirty_bytes=m.dirty_bytes, dirty_age_seconds=m.dirty_age_seconds,
-                dirty_bound_bytes=m.dirty_bound_bytes, age_bound_seconds=m.age_bound_seconds, drains=m.drains,
-                exposure_breaches=m.exposure_breaches, hits=v.hits, misses=v.misses, bypasses=m.bypasses,
-                bypassed_bytes=m.bypassed_bytes, promoted_bytes=m.promoted_bytes,
-                discard_issued_bytes=m.discard_issued_bytes, discard_landed_bytes=m.discard_landed_bytes,
-                barriers=m.barriers, cache_set=m.cache_set, alloc_failures=m.alloc_failures,
-                promotion_rate=m.promotion_rate, writeback_stalled=m.writeback_stalled,
-                writeback_stalled_seconds=m.writeback_stalled_seconds, all_dirty=m.all_dirty,
-                clean_eta_seconds=m.clean_eta_seconds, advice=_advice(status.curves.get(v.name), v.cache_bytes),
-                **_operator_drain(v.operator_drain),
-                epoch_bytes=m.epoch_bytes if m.epoch_bytes is not None else ex.Histogram.empty(ex.EPOCH_BUCKETS)))
-        except ValueError as exc:
-            left_out.append(f"metrics: {v.name} left out: {exc}")
+        if v.metrics_refused is not None:
+            left_out.append(f"metrics: {v.name} left out: {v.metrics_refused}")
+        elif v.metrics is not None:
+            advice = _advice(status.curves.get(v.name), v.cache_bytes)
+            vols.append(replace(v.metrics, advice=advice) if advice else v.metrics)
     unmanaged = []
     for u in status.unmanaged:
         try:
-            unmanaged.append(ex.UnmanagedVolume(volume=u.name, device=u.dev, reason=u.reason))
+            unmanaged.append(UnmanagedVolume(volume=u.name, device=u.dev, reason=u.reason))
         except ValueError as exc:
             left_out.append(f"metrics: unmanaged {u.dev!r} left out: {exc}")
     c = status.counts
     assert c is not None
     d = status.drops
-    return ex.DaemonSnapshot(
+    return DaemonSnapshot(
         timestamp=now_wall, start_time=status.started, ready=status.ready, dry_run=status.dry_run,
         observe_only=status.observe_only,
         events={_EVENT_KINDS[k]: n for k, n in c.events.items() if k in _EVENT_KINDS},

@@ -285,6 +285,16 @@ class Engine:
             c.latch = Latch(reason, since_ns, cache_id)
         return c.latch
 
+    def writeback_carried(self, dev: int) -> dict[str, float] | None:
+        """The volume's stretch without write-back progress, for the state file (models/writeback.py)."""
+        c = self.vols.get(dev)
+        return c.writeback.carried() if c is not None else None
+
+    def resume_writeback_watch(self, dev: int, stalled_s: float, dirty: int, now_ns: int) -> None:
+        c = self.vols.get(dev)
+        if c is not None:
+            c.writeback.resume(stalled_s, dirty, now_ns)
+
     def latch_of(self, dev: int) -> Latch | None:
         c = self.vols.get(dev)
         return c.latch if c is not None else None

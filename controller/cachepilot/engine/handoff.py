@@ -51,7 +51,7 @@ def queue_imported(c: VolumeCtl, t: HotnessTable, now: int,
     member = (flags[ok] & F_MEMBER) != 0
     known = ok[member & ((flags[ok] & F_RESIDENT) == 0)]  # members the cache is not known to hold
     del flags
-    sizes = np.frombuffer(t.size, dtype=np.int64)[ok[~member]].copy()
+    sizes = t.size.take(ok[~member])
     _lend_room(c, int(((sizes + PAGE - 1) // PAGE).sum()) * PAGE, now)
     admitted = c.cached.admit_many(ok[~member], sizes)
     admitted = np.concatenate([admitted, known])
@@ -61,7 +61,7 @@ def queue_imported(c: VolumeCtl, t: HotnessTable, now: int,
     del flags
     fresh = fresh[np.argsort([-t.score(x) for x in fresh.tolist()], kind="stable")]  # hottest first
     c.promo_queue.push_many(fresh, c.promo_queue.reason_id(IMPORTED))
-    c.import_credit += float(np.frombuffer(t.size, dtype=np.int64)[fresh].sum())
+    c.import_credit += float(t.size.take(fresh).sum())
     return len(fresh), len(arr) - len(fresh)
 
 

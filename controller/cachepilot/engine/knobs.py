@@ -6,6 +6,7 @@ e.g. bcache's writeback_delay left at 5 s after an uninstall (issue 34 item 3)."
 
 from __future__ import annotations
 
+from cachepilot import units
 from cachepilot.actions import Action, SetKnob, SetKnobs
 from cachepilot.capabilities import KNOBS
 from cachepilot.engine.exposure import Exposure
@@ -93,7 +94,8 @@ def knob_value(knob: str, have: str | None) -> int | None:
 
 
 def same_knob_value(knob: str, have: str | None, want: str) -> bool:
-    """Compare as the knob's typed value ("4.0M" from bcache's sysfs equals "4MiB" and 4194304)."""
+    """Compare as the knob's typed value ("4.0M" from bcache's sysfs equals "4MiB" and 4194304; bcache prints a size
+    rounded to one decimal of its unit, and 0 as "0.0k")."""
     if have is None:
         return False
     if have == want:
@@ -102,6 +104,12 @@ def same_knob_value(knob: str, have: str | None, want: str) -> bool:
     if k is None:
         return False
     try:
-        return k.parse(have) == k.parse(want)
+        wanted = k.parse(want)
+    except UserError:
+        return False
+    if k.type == "size" and units.printed_matches(have, wanted):
+        return True
+    try:
+        return k.parse(have) == wanted
     except UserError:
         return False

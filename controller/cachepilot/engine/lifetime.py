@@ -174,7 +174,7 @@ class Lifetimes:
         if not found.any():
             return
         arr, at = arr[found], slots[found]
-        gen, born = np.frombuffer(table.gen, dtype=np.uint32)[at], np.frombuffer(table.born, dtype=np.int64)[at]
+        gen, born = np.frombuffer(table.gen, dtype=np.uint32)[at], table.born.take(at)
         size, ts = arr["size"], arr["ts_ns"]
         ok = ((arr["gen"] == 0) | (gen == arr["gen"])) & (born > 0) & (size > 0) & (ts >= born)
         ages = self.of(dev).ages

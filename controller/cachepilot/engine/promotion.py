@@ -3,6 +3,8 @@ believed-cached set is re-queued (re-warmed) after a scan, a hit-ratio drop, a r
 
 from __future__ import annotations
 
+from bisect import bisect_right
+
 import numpy as np
 
 from cachepilot.actions import Action, Promote
@@ -10,6 +12,7 @@ from cachepilot.engine.drains import drain_at_risk
 from cachepilot.engine.handoff import end_loan
 from cachepilot.engine.promoqueue import ADMITTED
 from cachepilot.engine.volumectl import NS, VolumeCtl
+from cachepilot.models.columns import U32_MAX
 from cachepilot.models.hotness import F_MEMBER, F_QUEUED, F_RESIDENT, HotnessTable
 
 # A scan: cold files touched more than SCAN_START times the usual rate (which must be at least SCAN_MIN_BASE files a
@@ -17,6 +20,7 @@ from cachepilot.models.hotness import F_MEMBER, F_QUEUED, F_RESIDENT, HotnessTab
 SCAN_MIN_BASE = 8.0
 SCAN_START, SCAN_END = 2.5, 1.5
 SCAN_POLLUTES = 0.25
+SPILLED = U32_MAX - 1  # a size column's raw value, less one, at which the size is kept apart (models/columns.py)
 
 
 class Promoter:
@@ -47,10 +51,16 @@ class Promoter:
         c.tokens = min(cap, c.tokens + promo.rate * max(0.0, dt))
         c.tokens = c.pins.take(t, c.info, now, c.tokens, cap, out)  # pinned files first
         q = c.promo_queue
-        flags, tsize, tdev, tino, tgen = t.flags, t.size, t.dev, t.ino, t.gen
+        # the columns' raw arrays, read inline (thousands of promotions a tick): a size is stored plus one, a spilled
+        # one (4 GiB or more) is read through the column; a device as its index
+        flags, tgen, tino, tsize, devs, tdev = t.flags, t.gen, t.ino.a, t.size.a, t.dev.devs, t.dev.a
+        read_size = t.size.__getitem__
         name = c.info.name
         bar = c.cached.admission_bar(t.epoch)
         items, head, end = q.items, q.head, len(q.items)
+        starts, rids = q.runs()  # the reasons' runs, followed along (k: the run of the entry at head)
+        k = bisect_right(starts, head) - 1
+        run_end = starts[k + 1] if k + 1 < len(starts) else end
         credit = c.import_credit
         tokens = c.tokens + credit
         score = t.score
@@ -61,20 +71,25 @@ class Promoter:
         resident = F_RESIDENT if gated else 0  # a promoted file is not read again
         why = self._why_admitted(c, now) if gated else ""
         while head < end:
-            v = items[head]
-            slot = v & 0xFFFFFFFF
+            at = head
+            slot = items[head]
             f = flags[slot]
             if not f & F_MEMBER:
                 head += 1
                 flags[slot] = f & not_queued
                 continue
-            size = tsize[slot]
+            size = tsize[slot] - 1
+            if size >= SPILLED:
+                size = read_size(slot)
             if size > tokens and tokens < cap:
                 break  # a file larger than the bucket goes once the bucket is full, leaving a debt
             head += 1
             flags[slot] = (f & not_queued) | resident
             tokens -= size
-            rid = v >> 32
+            while at >= run_end:
+                k += 1
+                run_end = starts[k + 1] if k + 1 < len(starts) else end
+            rid = rids[k]
             if rid != ADMITTED:
                 reason = q.reasons[rid] if rid < len(q.reasons) else "re-warm"
             elif size > promo.sieve_size:
@@ -85,7 +100,7 @@ class Promoter:
                 if known is None:
                     known = texts[sc] = f"counter {sc} > last evicted {bar}{why}"
                 reason = known
-            append(Promote(name, tdev[slot], tino[slot], tgen[slot], ((0, size),), reason))
+            append(Promote(name, devs[tdev[slot]], tino[slot], tgen[slot], ((0, size),), reason))
         # an imported list's credit is spent first; it lapses once the queue is empty (handoff.py)
         left = max(0.0, credit - (c.tokens + credit - tokens))
         c.tokens = tokens - left
@@ -188,6 +203,6 @@ class Promoter:
         """A different (or re-attached) cache holds none of the volume's files: nothing is resident any more."""
         t = self.hotness
         flags = np.frombuffer(t.flags, dtype=np.uint8)
-        flags[np.frombuffer(t.dev, dtype=np.uint32) == c.info.dev] &= ~F_RESIDENT & 0xFF
+        flags[t.dev_mask(c.info.dev)] &= ~F_RESIDENT & 0xFF
         del flags
         c.bypass_wait.clear()  # the re-warm queues every member

@@ -25,6 +25,7 @@ from cachepilot.exporter.snapshot import (
     DaemonSnapshot,
     Histogram,
     VolumeSnapshot,
+    volume_metrics,
 )
 
 VOL = ["volume", "device"]
@@ -140,62 +141,19 @@ def _mode_set(name: str, doc: str, vols: Iterable[VolumeSnapshot], mode: Callabl
     return family
 
 
-# Per-volume metrics as tables: (family, name, help, the VolumeSnapshot field). A field that is None for a volume
-# (its backend has no such counter) leaves that volume out of the metric; a bool is exported as 0/1.
+# Per-volume metrics as tables: (family, name, help, the VolumeSnapshot field), each collector's rows read off the
+# snapshot's fields (snapshot.VolumeMetric): a metric is declared once, on its field. A field that is None for a
+# volume (its backend has no such counter) leaves that volume out of the metric; a bool is exported as 0/1.
 PerVolume = tuple[Family, str, str, str]
 Gauge, Counter = GaugeMetricFamily, CounterMetricFamily
 
-VOLUME: tuple[PerVolume, ...] = (
-    (Gauge, "cachepilot_volume_health", "0 ok, 1 degraded (cache errors), 2 failed.", "health"),
-    (Gauge, "cachepilot_volume_latched", "1 while the failure latch keeps the volume out of write-back.", "latched"),
-    (Gauge, "cachepilot_volume_draining", "1 while a drain is in progress.", "draining"),
-    (Gauge, "cachepilot_volume_cache_size_bytes", "Size of the cache device.", "cache_bytes"),
-    (Counter, "cachepilot_volume_cache_io_errors_total", "I/O errors of the cache device: what the stock cache's "
-     "count rose by (bcache's decays; this never goes down). Absent for dm-cache, which keeps no count.",
-     "cache_io_errors"),
-)
-EXPOSURE: tuple[PerVolume, ...] = (
-    (Gauge, "cachepilot_volume_dirty_bytes", "Data only on the cache device.", "dirty_bytes"),
-    (Gauge, "cachepilot_volume_dirty_age_seconds", "Age of the oldest dirty data.", "dirty_age_seconds"),
-    (Gauge, "cachepilot_volume_dirty_bound_bytes", "Exposure bound on dirty data (destructive failure model).",
-     "dirty_bound_bytes"),
-    (Gauge, "cachepilot_volume_dirty_age_bound_seconds", "Age guarantee: no dirty data older than this (destructive "
-     "failure model).", "age_bound_seconds"),
-    (Counter, "cachepilot_volume_drains_total", "Drains completed.", "drains"),
-    (Counter, "cachepilot_volume_exposure_breaches_total", "Exposure breaches: drains that failed or missed their "
-     "deadline.", "exposure_breaches"),
-    (Gauge, "cachepilot_volume_operator_drain_remaining_bytes", "While an operator's drain (cachepilot drain) runs: "
-     "the dirty data it has left.", "operator_drain_remaining_bytes"),
-    (Gauge, "cachepilot_volume_operator_drain_rate_bytes", "While an operator's drain runs: its write-back rate so "
-     "far, in bytes per second.", "operator_drain_rate_bytes"),
-    (Gauge, "cachepilot_volume_writeback_stalled", "1 while dirty data has not fallen for the policy's "
-     "health.stall_after although write-back should run (cachepilot explain says why).", "writeback_stalled"),
-    (Gauge, "cachepilot_volume_writeback_stalled_seconds", "How long dirty data has not fallen while write-back "
-     "should run (0 when it falls or need not run).", "writeback_stalled_seconds"),
-    (Gauge, "cachepilot_volume_all_dirty", "dm-cache: 1 while (nearly) every mapped block is dirty, as dm-cache loads "
-     "them after an unclean shutdown.", "all_dirty"),
-    (Gauge, "cachepilot_volume_clean_eta_seconds", "Seconds to write back the dirty data at the write-back rate "
-     "measured from its fall (absent until measured).", "clean_eta_seconds"),
-)
-CACHE: tuple[PerVolume, ...] = (
-    (Counter, "cachepilot_volume_cache_hits_total", "Stock cache hits.", "hits"),
-    (Counter, "cachepilot_volume_cache_misses_total", "Stock cache misses.", "misses"),
-    (Counter, "cachepilot_volume_cache_bypasses_total", "I/Os the stock cache sent around itself (bcache only).",
-     "bypasses"),
-    (Counter, "cachepilot_volume_cache_bypassed_bytes_total", "Bytes the stock cache sent around itself (bcache "
-     "only).", "bypassed_bytes"),
-)
-ACTUATION: tuple[PerVolume, ...] = (
-    (Counter, "cachepilot_volume_promoted_bytes_total", "Bytes read in by promotions.", "promoted_bytes"),
-    (Counter, "cachepilot_volume_discard_issued_bytes_total", "Bytes of freed ranges handed to FITRIM.",
-     "discard_issued_bytes"),
-    (Counter, "cachepilot_volume_discard_landed_bytes_total", "Bytes of discards seen reaching the devices below.",
-     "discard_landed_bytes"),
-    (Counter, "cachepilot_bcache_alloc_failures_total", "Read-miss inserts the volume's bcache cache refused (free "
-     "list empty: bcache_alloc_fail); each halves the promotion rate for a tick.", "alloc_failures"),
-    (Gauge, "cachepilot_volume_promotion_rate_bytes", "The promoter's current rate in bytes per second (on bcache "
-     "it backs off on allocation failures and recovers slowly).", "promotion_rate"),
-)
+
+def _rows(collector: str) -> tuple[PerVolume, ...]:
+    return tuple((Counter if m.counter else Gauge, m.name, m.help, attr) for attr, m in volume_metrics(collector))
+
+
+VOLUME, EXPOSURE, CACHE, ACTUATION, EPOCHS = (_rows(c) for c in ("volume", "exposure", "cache", "actuation",
+                                                                    "epochs"))
 
 
 def _table(rows: Iterable[PerVolume], vols: Iterable[VolumeSnapshot]) -> list[Metric]:
@@ -244,11 +202,7 @@ def epochs(s: DaemonSnapshot) -> list[Metric]:
                                   labels=VOL)
     for v in vols:
         sizes.add_metric([v.volume, v.device], _buckets(v.epoch_bytes), v.epoch_bytes.sum)
-    return [
-        _per_volume(CounterMetricFamily, "cachepilot_volume_barriers_total", "Block barriers that closed an epoch.",
-                    vols, lambda v: v.barriers),
-        sizes,
-    ]
+    return [*_table(EPOCHS, vols), sizes]
 
 
 def advisor(s: DaemonSnapshot) -> list[Metric]:

@@ -29,7 +29,8 @@ import logging
 import math
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 log = logging.getLogger("cachepilot.exporter")
 
@@ -98,55 +99,125 @@ class HistogramAccumulator:
         return Histogram(self.bounds, tuple(cumulative), self.count, self.sum)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
+class VolumeMetric:
+    """How a field of :class:`VolumeSnapshot` is exported: by which collector (its ``kind`` label), as a counter
+    (cumulative, ``_total``) or a gauge, under which name and help. A field that is None for a volume (its backend
+    has no such counter) leaves that volume out of the metric; a bool is exported as 0/1."""
+
+    collector: str  # volume, exposure, cache, actuation, epochs (collectors.COLLECTORS)
+    counter: bool
+    name: str
+    help: str
+
+
+def _gauge(collector: str, name: str, help_: str) -> Any:
+    return field(metadata={"metric": VolumeMetric(collector, False, name, help_)})
+
+
+def _counter(collector: str, name: str, help_: str) -> Any:
+    return field(metadata={"metric": VolumeMetric(collector, True, name, help_)})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class VolumeSnapshot:
-    """One adopted volume at the end of a tick. Every counter is cumulative since the daemon started."""
+    """One adopted volume at the end of a tick. Every counter is cumulative since the daemon started.
+
+    Adding a metric: a field here with its metric (the collectors read the rows off the fields, in this order),
+    and its value where the daemon builds the snapshot from the volume's state (daemon/status.volume_snapshot). No
+    field has a default, so a builder that forgets one fails (tests/unit/test_volume_snapshot.py)."""
 
     # identity (labels)
     volume: str  # the volume's name: the dm name (lab-cached), else the kernel name (bcache0)
     device: str  # kernel block device name under /sys/block: bcache0, dm-3
     kind: str  # cache kind: bcache | dm-cache | dm-writecache
-    # mode and health
+    # mode (collectors.volume's state sets)
     mode: str  # current write mode, one of MODES (as read back from the cache)
     target_mode: str  # the mode the engine wants (equal to mode when settled), one of MODES
-    health: int  # models.volume.Health: 0 ok, 1 degraded (cache errors rising), 2 failed
-    latched: bool  # the failure latch: out of write-back until the cache is replaced or an operator clears it
-    draining: bool  # a drain (or a writeback→writethrough switch, which drains) is in progress
-    cache_bytes: int  # size of the cache device
+    # health (models.volume.Health: 0 ok, 1 degraded (cache errors rising), 2 failed)
+    health: int = _gauge("volume", "cachepilot_volume_health", "0 ok, 1 degraded (cache errors), 2 failed.")
+    # the failure latch: out of write-back until the cache is replaced or an operator clears it
+    latched: bool = _gauge("volume", "cachepilot_volume_latched",
+                           "1 while the failure latch keeps the volume out of write-back.")
+    # a drain (or a writeback→writethrough switch, which drains) is in progress
+    draining: bool = _gauge("volume", "cachepilot_volume_draining", "1 while a drain is in progress.")
+    cache_bytes: int = _gauge("volume", "cachepilot_volume_cache_size_bytes", "Size of the cache device.")
     # cache-device I/O errors: what the stock cache's count has risen by (bcache's io_errors decays; this never goes
     # down); None where the kernel keeps no count (dm-cache: its status says Fail, nothing counts)
-    cache_io_errors: int | None
+    cache_io_errors: int | None = _counter(
+        "volume", "cachepilot_volume_cache_io_errors_total", "I/O errors of the cache device: what the stock cache's "
+        "count rose by (bcache's decays; this never goes down). Absent for dm-cache, which keeps no count.")
     # exposure (the destructive failure model's bound)
-    dirty_bytes: int  # data only on the cache device now
-    dirty_age_seconds: float  # age of the oldest dirty data (0 when clean)
-    dirty_bound_bytes: int | None  # policy exposure.max_dirty; None when the volume has no bound (recoverable)
-    age_bound_seconds: float | None  # policy exposure.max_age: the age guarantee; None when unbounded
-    drains: int  # drains completed
-    exposure_breaches: int  # drains that failed or missed their deadline (the engine's VolumeCtl.breaches)
+    dirty_bytes: int = _gauge("exposure", "cachepilot_volume_dirty_bytes", "Data only on the cache device.")
+    dirty_age_seconds: float = _gauge("exposure", "cachepilot_volume_dirty_age_seconds",
+                                      "Age of the oldest dirty data.")  # 0 when clean
+    # policy exposure.max_dirty; None when the volume has no bound (recoverable)
+    dirty_bound_bytes: int | None = _gauge("exposure", "cachepilot_volume_dirty_bound_bytes",
+                                           "Exposure bound on dirty data (destructive failure model).")
+    # policy exposure.max_age: the age guarantee; None when unbounded
+    age_bound_seconds: float | None = _gauge(
+        "exposure", "cachepilot_volume_dirty_age_bound_seconds",
+        "Age guarantee: no dirty data older than this (destructive failure model).")
+    drains: int = _counter("exposure", "cachepilot_volume_drains_total", "Drains completed.")
+    # drains that failed or missed their deadline (the engine's VolumeCtl.breaches)
+    exposure_breaches: int = _counter("exposure", "cachepilot_volume_exposure_breaches_total",
+                                      "Exposure breaches: drains that failed or missed their deadline.")
     # the stock cache's own counters (cumulative as the cache reports them; None where it has none)
-    hits: int
-    misses: int
-    bypasses: int | None  # bcache cache_bypass_hits + cache_bypass_misses; dm-cache/dm-writecache: None
+    hits: int = _counter("cache", "cachepilot_volume_cache_hits_total", "Stock cache hits.")
+    misses: int = _counter("cache", "cachepilot_volume_cache_misses_total", "Stock cache misses.")
+    # bcache cache_bypass_hits + cache_bypass_misses; dm-cache/dm-writecache: None
+    bypasses: int | None = _counter("cache", "cachepilot_volume_cache_bypasses_total",
+                                    "I/Os the stock cache sent around itself (bcache only).")
     # what cachepilot did
-    promoted_bytes: int  # bytes read through the volume by promotions
-    discard_issued_bytes: int  # bytes of freed ranges handed to FITRIM
-    discard_landed_bytes: int  # bytes of discards the probe saw reach the devices below
+    promoted_bytes: int = _counter("actuation", "cachepilot_volume_promoted_bytes_total",
+                                   "Bytes read in by promotions.")  # read through the volume
+    discard_issued_bytes: int = _counter("actuation", "cachepilot_volume_discard_issued_bytes_total",
+                                         "Bytes of freed ranges handed to FITRIM.")
+    discard_landed_bytes: int = _counter("actuation", "cachepilot_volume_discard_landed_bytes_total",
+                                         "Bytes of discards seen reaching the devices below.")
     # barriers and epochs
-    barriers: int  # block barriers (PREFLUSH/FUA, empty flush) that closed an epoch
-    epoch_bytes: Histogram = field(default_factory=lambda: Histogram.empty(EPOCH_BUCKETS))  # bytes per epoch
-    bypassed_bytes: int | None = None  # bcache stats_total/bypassed (bytes of the bypasses); others: None
-    cache_set: str | None = None  # bcache: its cache set's UUID, node_exporter's node_bcache_*{uuid}; others: None
-    alloc_failures: int | None = None  # bcache: read-miss inserts its cache refused (bcache_alloc_fail); else None
-    promotion_rate: float | None = None  # the promoter's current rate in bytes/s (None: no promoter)
-    operator_drain_remaining_bytes: int | None = None  # while `cachepilot drain` runs: dirty bytes left
-    operator_drain_rate_bytes: float | None = None  # ... and its rate so far (bytes/s)
+    barriers: int = _counter("epochs", "cachepilot_volume_barriers_total",
+                             "Block barriers that closed an epoch.")  # PREFLUSH/FUA, empty flush
+    epoch_bytes: Histogram  # bytes per epoch (collectors.epochs)
+    # bcache stats_total/bypassed (bytes of the bypasses); others: None
+    bypassed_bytes: int | None = _counter("cache", "cachepilot_volume_cache_bypassed_bytes_total",
+                                          "Bytes the stock cache sent around itself (bcache only).")
+    cache_set: str | None  # bcache: its cache set's UUID, node_exporter's node_bcache_*{uuid}; others: None
+    # bcache: read-miss inserts its cache refused (bcache_alloc_fail); else None
+    alloc_failures: int | None = _counter(
+        "actuation", "cachepilot_bcache_alloc_failures_total", "Read-miss inserts the volume's bcache cache refused "
+        "(free list empty: bcache_alloc_fail); each halves the promotion rate for a tick.")
+    # the promoter's current rate in bytes/s (None: no promoter)
+    promotion_rate: float | None = _gauge(
+        "actuation", "cachepilot_volume_promotion_rate_bytes", "The promoter's current rate in bytes per second (on "
+        "bcache it backs off on allocation failures and recovers slowly).")
+    # while `cachepilot drain` runs: dirty bytes left, and its rate so far (bytes/s); None otherwise
+    operator_drain_remaining_bytes: int | None = _gauge(
+        "exposure", "cachepilot_volume_operator_drain_remaining_bytes",
+        "While an operator's drain (cachepilot drain) runs: the dirty data it has left.")
+    operator_drain_rate_bytes: float | None = _gauge(
+        "exposure", "cachepilot_volume_operator_drain_rate_bytes",
+        "While an operator's drain runs: its write-back rate so far, in bytes per second.")
     # is write-back making progress (models/writeback.py)
-    writeback_stalled: bool = False  # dirty data has not fallen for health.stall_after while write-back should run
-    writeback_stalled_seconds: float = 0.0  # how long it has not fallen so far while it should (0 otherwise)
-    all_dirty: bool | None = None  # dm-cache/lvmcache: every mapped block dirty (unclean shutdown); others None
-    clean_eta_seconds: float | None = None  # seconds to clean at the measured write-back rate; None: not measured
+    # dirty data has not fallen for health.stall_after while write-back should run
+    writeback_stalled: bool = _gauge(
+        "exposure", "cachepilot_volume_writeback_stalled", "1 while dirty data has not fallen for the policy's "
+        "health.stall_after although write-back should run (cachepilot explain says why).")
+    # how long it has not fallen so far while it should (0 otherwise)
+    writeback_stalled_seconds: float = _gauge(
+        "exposure", "cachepilot_volume_writeback_stalled_seconds", "How long dirty data has not fallen while "
+        "write-back should run (0 when it falls or need not run).")
+    # dm-cache/lvmcache: every mapped block dirty (unclean shutdown); others None
+    all_dirty: bool | None = _gauge(
+        "exposure", "cachepilot_volume_all_dirty", "dm-cache: 1 while (nearly) every mapped block is dirty, as "
+        "dm-cache loads them after an unclean shutdown.")
+    # seconds to clean at the measured write-back rate; None: not measured
+    clean_eta_seconds: float | None = _gauge(
+        "exposure", "cachepilot_volume_clean_eta_seconds", "Seconds to write back the dirty data at the write-back "
+        "rate measured from its fall (absent until measured).")
     # the sizing advisor's points: (size bytes, hit ratio, its error, origin read bytes, origin write bytes)
-    advice: tuple[tuple[int, float, float, int, int], ...] = ()
+    # (collectors.advisor)
+    advice: tuple[tuple[int, float, float, int, int], ...]
 
     def __post_init__(self) -> None:
         check_label_value("volume", self.volume)
@@ -157,6 +228,12 @@ class VolumeSnapshot:
         for what, mode in (("mode", self.mode), ("target_mode", self.target_mode)):
             if mode not in MODES:
                 raise ValueError(f"{self.volume}: {what} {mode!r} is not one of {', '.join(MODES)}")
+
+
+def volume_metrics(collector: str) -> tuple[tuple[str, VolumeMetric], ...]:
+    """The fields of :class:`VolumeSnapshot` ``collector`` exports, with their metric, in declaration order."""
+    return tuple((f.name, m) for f in fields(VolumeSnapshot)
+                 if (m := f.metadata.get("metric")) is not None and m.collector == collector)
 
 
 UNMANAGED_REASONS = ("describe", "backend", "policy", "watch")

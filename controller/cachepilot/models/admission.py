@@ -7,14 +7,14 @@ evicted until it is down to ``low_water`` of its capacity, and the counter of th
 becomes the new admission bar. (With ``low_water=1.0`` this is Loris' one-at-a-time rule; the engine
 uses 0.95 so that the O(members) eviction pass runs once per 5% of capacity admitted, not per file.)
 
-Membership lives in the hotness table's per-slot arrays (a flag bit and the charged size in pages); the
-set itself keeps only a u32 array of candidate slots (compacted on every eviction pass), so a member
-costs 4 bytes here and no Python object. Eviction picks the coldest with one vectorised sort.
+Membership lives in the hotness table's per-slot arrays (a flag bit and the charged size in pages) and
+nowhere else: the members are read back from the flags (one vectorised pass over the table's flag and
+device columns, in slot order) when an eviction pass or a re-warm needs them, so a member costs nothing
+here (a u32 member list had been 4 MiB with 1 M members, issue 32). Eviction picks the coldest with one
+vectorised sort.
 """
 
 from __future__ import annotations
-
-from array import array
 
 import numpy as np
 
@@ -34,7 +34,6 @@ class CachedSet:
         self.low_water = low_water
         self.count = 0
         self.used_bytes = 0
-        self._slots = array("I")  # members, plus stale entries until the next compaction
         self.last_evicted = 0  # counter of the last evicted file, at epoch last_evicted_epoch
         self.last_evicted_epoch = 0
         self.evictions = 0
@@ -68,11 +67,8 @@ class CachedSet:
         t.charged[slot] = pages
         self.used_bytes += pages * PAGE
         self.count += 1
-        self._slots.append(slot)
         if self.used_bytes > self.capacity_bytes:
             self._shrink(evicted)
-        elif len(self._slots) > 2 * self.count + 4096:
-            self._compact()
         return bool(t.flags[slot] & F_MEMBER), evicted
 
     def admit_many(self, slots: np.ndarray, sizes: np.ndarray) -> np.ndarray:
@@ -91,61 +87,52 @@ class CachedSet:
             return slots
         flags = np.frombuffer(t.flags, dtype=np.uint8)
         flags[slots] |= F_MEMBER
-        np.frombuffer(t.charged, dtype=np.uint32)[slots] = pages
+        t.charged.put(slots, pages)
         self.used_bytes += int(pages.sum()) * PAGE
         self.count += len(slots)
-        self._slots.frombytes(slots.astype(np.uint32).tobytes())
         if self.used_bytes > self.capacity_bytes:
             self._shrink([])
             slots = slots[(flags[slots] & F_MEMBER) != 0]
-        elif len(self._slots) > 2 * self.count + 4096:
-            self._compact()
         del flags
         return slots
 
     def recharge(self, slots: np.ndarray, sizes: np.ndarray) -> None:
         """Members whose size changed: charge the new size (evicting if the set is now over capacity)."""
         pages = (sizes.astype(np.int64) + PAGE - 1) // PAGE
-        charged = np.frombuffer(self.t.charged, dtype=np.uint32)
-        diff = pages - charged[slots].astype(np.int64)
+        charged = self.t.charged
+        diff = pages - charged.take(slots)
         if diff.any():
-            charged[slots] = pages
+            charged.put(slots, pages)
             self.used_bytes += int(diff.sum()) * PAGE
-        del charged
         if self.used_bytes > self.capacity_bytes:
             self._shrink([])
 
     def _live(self) -> np.ndarray:
+        """The members' slots, ascending (int64): the F_MEMBER bits of this set's filesystem (of the whole table for
+        a set of any filesystem, ``dev`` None: one such set a table)."""
         t = self.t
-        cand = np.unique(np.frombuffer(self._slots, dtype=np.uint32)).astype(np.int64)
-        flags = np.frombuffer(t.flags, dtype=np.uint8)
-        keep = (flags[cand] & F_MEMBER) != 0
+        member = (np.frombuffer(t.flags, dtype=np.uint8) & F_MEMBER) != 0
         if self.dev is not None:
-            keep &= np.frombuffer(t.dev, dtype=np.uint32)[cand] == self.dev
-        del flags
-        return cand[keep]
-
-    def _compact(self, live: np.ndarray | None = None) -> None:
-        live = self._live() if live is None else live
-        self._slots = array("I", live.astype(np.uint32).tobytes())
+            member &= t.dev_mask(self.dev)
+        return np.flatnonzero(member)
 
     def _score_only(self, live: np.ndarray) -> np.ndarray:
         t = self.t
-        sh = (t.epoch - np.frombuffer(t.stamp, dtype=np.uint32)[live].astype(np.int64)).clip(0, 63)
+        sh = (t.epoch - t.stamp.take(live)).clip(0, 63)
         sh = sh.astype(np.uint64)
         r = np.frombuffer(t.rscore, dtype=np.uint32)[live].astype(np.uint64) >> sh
         w = np.frombuffer(t.wscore, dtype=np.uint32)[live].astype(np.uint64) >> sh
         return np.minimum(r + w, COUNTER_MAX).astype(np.int64)
 
     def _scores(self, live: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return self._score_only(live), np.frombuffer(self.t.last, dtype=np.int64)[live].copy()
+        return self._score_only(live), self.t.last.take(live)
 
     def _shrink(self, evicted: list[int]) -> None:
         t = self.t
         live = self._live()
         score, last = self._scores(live)
         order = np.lexsort((last, score))  # coldest first; least recent first on ties
-        charged = np.frombuffer(t.charged, dtype=np.uint32)[live][order].astype(np.int64) * PAGE
+        charged = t.charged.take(live[order]) * PAGE
         cum = np.cumsum(charged)
         target = min(self.capacity_bytes, int(self.capacity_bytes * self.low_water))
         need = self.used_bytes - target
@@ -154,7 +141,7 @@ class CachedSet:
         gone = live[order[:k]]
         flags = np.frombuffer(t.flags, dtype=np.uint8)
         flags[gone] &= ~F_MEMBER & 0xFF
-        np.frombuffer(t.charged, dtype=np.uint32)[gone] = 0
+        t.charged.put(gone, 0)
         del flags  # release the buffers: the table's arrays may grow again
         if k:
             self.used_bytes -= int(cum[k - 1])
@@ -163,7 +150,6 @@ class CachedSet:
             self.last_evicted_epoch = t.epoch
             self.evictions += k
             evicted.extend(gone.tolist())
-        self._compact(live[order[k:]])
 
     def discard(self, slot: int) -> int:
         """Remove a member without counting it as an eviction (file deleted, sieved). Returns bytes."""
@@ -181,13 +167,12 @@ class CachedSet:
         """discard() for a batch (a slot listed twice counts once). Returns bytes."""
         t = self.t
         flags = np.frombuffer(t.flags, dtype=np.uint8)
-        charged = np.frombuffer(t.charged, dtype=np.uint32)
         s = np.unique(slots)
         s = s[(flags[s] & F_MEMBER) != 0]
-        freed = int(charged[s].astype(np.int64).sum()) * PAGE
+        freed = int(t.charged.take(s).sum()) * PAGE
         flags[s] &= ~F_MEMBER & 0xFF
-        charged[s] = 0
-        del flags, charged
+        t.charged.put(s, 0)
+        del flags
         self.used_bytes -= freed
         self.count -= len(s)
         return freed

@@ -88,7 +88,7 @@ class HotnessTable(SlotArrays):
     def __init__(self, half_life_s: float = 600.0, start_ns: int = 0) -> None:
         if half_life_s <= 0:
             raise UserError(f"hotness half-life must be positive, got {half_life_s}")
-        super().__init__()
+        super().__init__(start_ns)
         self.half_life_ns = int(half_life_s * 1e9)
         self.start_ns = start_ns
         self.now_ns = start_ns
@@ -103,6 +103,19 @@ class HotnessTable(SlotArrays):
             e = (now_ns - self.start_ns) // self.half_life_ns
             if e > self.epoch:
                 self.epoch = int(e)
+                self._sweep()
+            self.last.rebase(now_ns)  # every ~25 days: the u32 millisecond columns keep their range
+            self.born.rebase(now_ns)
+
+    def _sweep(self) -> None:
+        """Slots whose counters aged to nothing are zeroed and stamped now (the one-byte epochs stay exact:
+        models.columns.Epoch8); what they read is what lazy ageing would read."""
+        gone = self.stamp.sweep(self.epoch)
+        if len(gone):
+            np.frombuffer(self.rscore, dtype=np.uint32)[gone] = 0
+            np.frombuffer(self.wscore, dtype=np.uint32)[gone] = 0
+            self.rbytes.put(gone, 0)
+            self.stamp.put(gone, self.epoch)
 
     # ---------------------------------------------------------------- updates
     def apply(self, ev: HotnessDelta) -> int:
@@ -255,50 +268,47 @@ class HotnessTable(SlotArrays):
         bad = np.nonzero(gen[slots] != rec["gen"])[0]
         for i in bad.tolist():  # inode reuse: rare
             self._reset(int(slots[i]), int(rec["gen"][i]))
-        stamp = np.frombuffer(self.stamp, dtype=u32)
         rsa = np.frombuffer(self.rscore, dtype=u32)
         wsa = np.frombuffer(self.wscore, dtype=u32)
-        rba = np.frombuffer(self.rbytes, dtype=np.uint64)
+        rba = self.rbytes.take(slots)  # u64
         e = self.epoch
-        old = slots[stamp[slots] != e]
+        st = self.stamp.take(slots)
+        aged = st != e
+        old = slots[aged]
         if len(old):
-            sh = np.minimum(np.maximum(e - stamp[old].astype(i64), 0), 63).astype(np.uint64)
+            sh = np.minimum(np.maximum(e - st[aged], 0), 63).astype(np.uint64)
             rsa[old] = (rsa[old].astype(np.uint64) >> sh).astype(u32)
             wsa[old] = (wsa[old].astype(np.uint64) >> sh).astype(u32)
-            rba[old] >>= sh
-            stamp[old] = e
+            rba[aged] >>= sh
+            self.stamp.put(old, e)
         rs = rec["rs"]
         ws = rec["ws"]
         rsa[slots] = np.minimum(rsa[slots].astype(np.uint64) + rs, COUNTER_MAX).astype(u32)
-        rba[slots] = np.minimum(rba[slots], np.uint64(RBYTES_MAX) - rec["rb"]) + rec["rb"]  # saturating, never wraps
+        self.rbytes.put(slots, np.minimum(rba, np.uint64(RBYTES_MAX) - rec["rb"]) + rec["rb"])  # saturating
         wmask = ws > 0
         anyw = bool(wmask.any())
         if anyw:
             wsa[slots] = np.minimum(wsa[slots].astype(np.uint64) + ws, COUNTER_MAX).astype(u32)
         flags = np.frombuffer(self.flags, dtype=np.uint8)
-        sizea = np.frombuffer(self.size, dtype=i64)
         f = flags[slots] | np.where(rs > 0, F_READ, 0).astype(np.uint8)
         size = rec["size"]
         if anyw:
-            oldsize = sizea[slots]
+            oldsize = self.size.take(slots)
             wb = rec["wb"].astype(i64)
             app = wmask & (size >= 0) & (oldsize >= 0) & (wb > 0) & (size - oldsize >= wb)
             ovw = wmask & ~app & ((oldsize >= 0) | (size < 0))
             f |= (app * F_APPEND | ovw * F_OVERWRITE).astype(np.uint8)
             f &= np.where(wmask, ~F_RESIDENT & 0xFF, 0xFF).astype(np.uint8)
         known = size >= 0
-        sizea[slots[known]] = size[known]
-        lasta = np.frombuffer(self.last, dtype=i64)
-        lasta[slots] = np.maximum(lasta[slots], rec["last"])
+        self.size.put(slots[known], size[known])
+        self.last.put(slots, np.maximum(self.last.take(slots), rec["last"]))
         if anyw:
-            borna = np.frombuffer(self.born, dtype=i64)
-            fresh = wmask & (borna[slots] == 0)
-            borna[slots[fresh]] = np.maximum(rec["last"][fresh], 1)
-            del borna
+            fresh = wmask & (self.born.take(slots) == 0)
+            self.born.put(slots[fresh], np.maximum(rec["last"][fresh], 1))
         new = (f & F_TOUCHED) == 0
         self.touched.frombytes(slots[new].astype(np.int64).tobytes())
         flags[slots] = f | F_TOUCHED
-        del gen, stamp, rsa, wsa, rba, flags, sizea, lasta  # release the buffers: the arrays may grow again
+        del gen, rsa, wsa, flags  # release the buffers: the arrays may grow again
         db = self.dev_bytes
         rdev = rec["dev"]
         for d in np.unique(rdev).tolist():
@@ -402,11 +412,11 @@ class HotnessTable(SlotArrays):
         least ``min_reads`` times below the page cache (its aged read bytes). :meth:`sieve` is the same rule one slot
         at a time, with the reason (the tests hold the two equal)."""
         f = np.frombuffer(self.flags, dtype=np.uint8)[slots]
-        size = np.frombuffer(self.size, dtype=np.int64)[slots]
+        size = self.size.take(slots)
         append_only = (f & (F_APPEND | F_OVERWRITE)) == F_APPEND
         sized = (size >= 0) & (size <= sieve_size)
         if large_max > sieve_size:
-            rb = np.frombuffer(self.rbytes, dtype=np.uint64)[slots].astype(np.float64)
+            rb = self.rbytes.take(slots).astype(np.float64)
             sized |= (size > sieve_size) & (size <= large_max) & (rb >= min_reads * size)
         return sized & ((f & F_READ) != 0) & ~append_only
 

@@ -1,4 +1,4 @@
-"""inode number -> slot for one filesystem, in about 12 bytes per file.
+"""inode number -> slot for one filesystem, in about 8 bytes per file (12 once an inode number needs 64 bits).
 
 A Python dict costs ~100 bytes per entry once its int keys and values are counted; a million tracked
 files cannot afford that. Here the map is sorted numpy runs (``keys`` u64, ``vals`` i32; a deleted entry
@@ -6,7 +6,9 @@ keeps its key with value -1 until the next merge): the main run, and a young run
 go into (a merge of the batch with the young run only). Single inserts wait in a small dict. When the young
 run and the dict grow past 1/8 of the main run, everything is merged into it. Batches are looked up with one
 ``searchsorted`` per run, the queries sorted first (numpy then narrows each search from the previous one:
-twice as fast on a large run); single lookups are a dict probe plus a binary search per run.
+twice as fast on a large run); single lookups are a dict probe plus a binary search per run. The keys are u32 while
+every inode number fits (ext4's always do: 4 MiB less per million files) and turn u64 for good at the first that
+does not (XFS inode64, btrfs); a query that does not fit u32 keys is simply not found in them.
 """
 
 from __future__ import annotations
@@ -16,27 +18,37 @@ from collections.abc import Iterator, Mapping
 import numpy as np
 
 MERGE_MIN = 4096
-_NO_KEYS = np.empty(0, dtype=np.uint64)
+U32_MAX = 0xFFFFFFFF
+_NO_KEYS = np.empty(0, dtype=np.uint32)
 _NO_VALS = np.empty(0, dtype=np.int32)
 
 
 def _pos(keys: np.ndarray, ino: int) -> int:
     """Index of ino in the sorted run, or -1."""
-    if len(keys) == 0 or ino < 0 or ino > 0xFFFFFFFFFFFFFFFF:
+    if len(keys) == 0 or ino < 0 or ino > (U32_MAX if keys.dtype == np.uint32 else 0xFFFFFFFFFFFFFFFF):
         return -1
-    i = int(keys.searchsorted(np.uint64(ino)))  # a Python int would convert the whole array
+    i = int(keys.searchsorted(keys.dtype.type(ino)))  # a Python int would convert the whole array
     if i < len(keys) and int(keys[i]) == ino:
         return i
     return -1
 
 
 def _search(keys: np.ndarray, sq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(position, found) of each of the sorted queries sq in the sorted run keys."""
+    """(position, found) of each of the sorted queries sq (u64) in the sorted run keys (u32 or u64)."""
     if len(keys) == 0:
         return np.zeros(len(sq), dtype=np.int64), np.zeros(len(sq), dtype=bool)
+    fits = None
+    if keys.dtype == np.uint32 and sq.dtype != np.uint32:
+        if len(sq) and int(sq[-1]) > U32_MAX:  # sorted: the last is the largest
+            fits = sq <= U32_MAX
+            sq = np.where(fits, sq, 0)
+        sq = sq.astype(np.uint32)
     pos = keys.searchsorted(sq)
     np.minimum(pos, len(keys) - 1, out=pos)  # searchsorted gives 0..len: only the end to clip
-    return pos, keys[pos] == sq
+    found = keys[pos] == sq
+    if fits is not None:
+        found &= fits
+    return pos, found
 
 
 class InoIndex:
@@ -48,6 +60,14 @@ class InoIndex:
         self.recent: dict[int, int] = {}
         self.n = 0
         self.dead = 0  # tombstones in both runs
+        self.wide = False  # u64 keys (an inode number past 2^32 was inserted)
+
+    def _fit(self, inos: np.ndarray) -> np.ndarray:
+        """inos as keys of this index, widening the runs to u64 first if one needs it."""
+        if not self.wide and len(inos) and int(inos.max()) > U32_MAX:
+            self.wide = True
+            self.keys, self.ykeys = self.keys.astype(np.uint64), self.ykeys.astype(np.uint64)
+        return inos.astype(np.uint64 if self.wide else np.uint32)
 
     # ------------------------------------------------------------ single
     def _runs(self) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
@@ -123,7 +143,7 @@ class InoIndex:
         """update() for distinct inode numbers (u64) and their slots as arrays."""
         slots = slots.astype(np.int32)
         order = inos.argsort(kind="stable")
-        inos, slots = inos[order], slots[order]
+        inos, slots = self._fit(inos[order]), slots[order]
         # a tombstone of an earlier file with the same inode number in the young run is revived in place (a run
         # holds a key once); one in the main run stays until the next merge (searching the main run per batch
         # cost as much as the lookups themselves), the live entry in the young run wins (_locate, lookup_many)
@@ -182,14 +202,14 @@ class InoIndex:
 
     def _merge(self) -> None:
         live, ylive = self.vals >= 0, self.yvals >= 0
-        rk = np.fromiter(self.recent.keys(), dtype=np.uint64, count=len(self.recent))
+        rk = self._fit(np.fromiter(self.recent.keys(), dtype=np.uint64, count=len(self.recent)))
         rv = np.fromiter(self.recent.values(), dtype=np.int32, count=len(self.recent))
         keys = np.concatenate([self.keys[live], self.ykeys[ylive], rk])
         vals = np.concatenate([self.vals[live], self.yvals[ylive], rv])
         order = keys.argsort(kind="stable")
         self.keys = keys[order]
         self.vals = vals[order]
-        self.ykeys, self.yvals = _NO_KEYS, _NO_VALS
+        self.ykeys, self.yvals = np.empty(0, dtype=self.keys.dtype), _NO_VALS
         self.recent = {}
         self.dead = 0
 

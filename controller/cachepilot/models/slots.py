@@ -1,22 +1,25 @@
 """The hotness table's storage: one *slot* per tracked file in parallel arrays, found through
 ``index[dev][ino] -> slot`` (an :class:`~cachepilot.models.inoindex.InoIndex` per filesystem, ~12 bytes per file).
 
-============  ======  =====================================================================
-array         type    meaning
-============  ======  =====================================================================
-dev           u32     kernel dev_t of the filesystem
-ino           u64     inode number
-gen           u32     inode generation
-rscore        u32     read counter (saturating), at aging epoch ``stamp``
-wscore        u32     write counter (saturating), at aging epoch ``stamp``
-rbytes        u64     bytes read below the page cache, aged like the counters (the large-file sieve: whole reads)
-stamp         u32     aging epoch at which rscore/wscore were last normalised
-last          i64     last access, CLOCK_MONOTONIC ns
-born          i64     first write seen, CLOCK_MONOTONIC ns (0 = none): a deleted file's age (engine.lifetime)
-size          i64     file size in bytes (-1 = unknown)
-flags         u8      READ / APPEND / OVERWRITE / TOUCHED / LIVE / MEMBER / QUEUED / RESIDENT bits
-charged       u32     pages charged to the believed-cached set
-============  ======  =====================================================================
+============  ============  ============================================================================
+column        stored as     meaning
+============  ============  ============================================================================
+dev           u16 id        kernel dev_t of the filesystem (an index into the filesystems seen)
+ino           u32 (or u64)  inode number (u64 for the whole column once one needs it)
+gen           u32           inode generation
+rscore        u32           read counter (saturating), at aging epoch ``stamp``
+wscore        u32           write counter (saturating), at aging epoch ``stamp``
+rbytes        u32 + spill   bytes read below the page cache, aged like the counters (the large-file sieve)
+stamp         u8 mod 256    aging epoch at which rscore/wscore were last normalised (swept: models/columns)
+last          u32 ms        last access, CLOCK_MONOTONIC (ns in, whole milliseconds kept)
+born          u32 ms        first write seen (0 = none): a deleted file's age (engine.lifetime)
+size          u32 + spill   file size in bytes (-1 = unknown)
+flags         u8            READ / APPEND / OVERWRITE / TOUCHED / LIVE / MEMBER / QUEUED / RESIDENT bits
+charged       u16 + spill   pages charged to the believed-cached set
+============  ============  ============================================================================
+
+38 bytes a file with 32-bit inode numbers (65 before issue 32); the narrow columns are in models/columns.py, exact
+but for the times (milliseconds). The inode index adds 8 bytes a file (models/inoindex.py).
 
 Per filesystem we also sum the read and write bytes (``dev_bytes``), for the ``auto`` failure model.
 """
@@ -28,6 +31,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from cachepilot.models.columns import DevIds, Epoch8, Millis32, SpillU32, WideningU32
 from cachepilot.models.inoindex import InoIndex
 
 F_READ = 1  # a read was seen
@@ -46,21 +50,21 @@ class SlotArrays:
     """The parallel arrays, the per-filesystem indexes and the free list: slots made, found and counted. What a
     slot's counters mean and how they age is the hotness table's (models.hotness), which builds on this."""
 
-    def __init__(self) -> None:
+    def __init__(self, start_ns: int = 0) -> None:
         self.epoch = 0  # the ageing epoch new slots are stamped with (the hotness table advances it)
         self.index: dict[int, InoIndex] = {}
-        self.dev = array("I")
-        self.ino = array("Q")
+        self.dev = DevIds()
+        self.ino = WideningU32()
         self.gen = array("I")
         self.rscore = array("I")
         self.wscore = array("I")
-        self.rbytes = array("Q")
-        self.stamp = array("I")
-        self.last = array("q")
-        self.born = array("q")
-        self.size = array("q")
+        self.rbytes = SpillU32(dtype=np.uint64)
+        self.stamp = Epoch8()
+        self.last = Millis32(start_ns)
+        self.born = Millis32(start_ns)  # 0: none
+        self.size = SpillU32(offset=1)  # -1: unknown
         self.flags = array("B")
-        self.charged = array("I")
+        self.charged = SpillU32(dtype=np.int64, narrow="H")  # pages: a file of 256 MiB or more is spilled
         self.dev_bytes: dict[int, list[int]] = {}
         self._free: list[int] = []
         self.live = 0
@@ -82,18 +86,18 @@ class SlotArrays:
             self.charged[slot] = 0
         else:
             slot = len(self.flags)
-            self.dev.append(dev)
+            self.dev.extend_fill(1, dev)
             self.ino.append(ino)
             self.gen.append(gen)
             self.rscore.append(0)
             self.wscore.append(0)
-            self.rbytes.append(0)
-            self.stamp.append(self.epoch)
-            self.last.append(0)
-            self.born.append(0)
-            self.size.append(-1)
+            self.rbytes.extend_fill(1, 0)
+            self.stamp.extend_fill(1, self.epoch)
+            self.last.extend_zero(1)
+            self.born.extend_zero(1)
+            self.size.extend_fill(1, -1)
             self.flags.append(F_LIVE)
-            self.charged.append(0)
+            self.charged.extend_fill(1, 0)
         idx = self.index.get(dev)
         if idx is None:
             idx = self.index[dev] = InoIndex()
@@ -116,18 +120,18 @@ class SlotArrays:
         if rest:
             base = len(self.flags)
             slots[reuse:] = np.arange(base, base + rest)
-            self.dev.extend(array("I", [dev]) * rest)
-            self.ino.frombytes(inos[reuse:].astype(np.uint64).tobytes())
+            self.dev.extend_fill(rest, dev)
+            self.ino.extend(inos[reuse:].astype(np.uint64))
             self.gen.frombytes(gens[reuse:].astype(np.uint32).tobytes())
             zeros = array("I", bytes(4 * rest))
             self.rscore.extend(zeros)
             self.wscore.extend(zeros)
-            self.charged.extend(zeros)
-            self.rbytes.extend(array("Q", bytes(8 * rest)))
-            self.stamp.extend(array("I", [self.epoch]) * rest)
-            self.last.extend(array("q", bytes(8 * rest)))
-            self.born.extend(array("q", bytes(8 * rest)))
-            self.size.extend(array("q", [-1]) * rest)
+            self.charged.extend_fill(rest, 0)
+            self.rbytes.extend_fill(rest, 0)
+            self.stamp.extend_fill(rest, self.epoch)
+            self.last.extend_zero(rest)
+            self.born.extend_zero(rest)
+            self.size.extend_fill(rest, -1)
             self.flags.extend(array("B", [F_LIVE]) * rest)
         self.index[dev].update_arrays(inos.astype(np.uint64), slots)
         self.live += k
@@ -135,17 +139,17 @@ class SlotArrays:
 
     def _reset_slots(self, slots: np.ndarray, dev: int, inos: np.ndarray, gens: np.ndarray) -> None:
         """Free slots taken by new files (as _alloc does one at a time)."""
-        np.frombuffer(self.dev, dtype=np.uint32)[slots] = dev
-        np.frombuffer(self.ino, dtype=np.uint64)[slots] = inos
+        self.dev.put(slots, dev)
+        self.ino.put(slots, inos.astype(np.uint64))
         np.frombuffer(self.gen, dtype=np.uint32)[slots] = gens
         np.frombuffer(self.rscore, dtype=np.uint32)[slots] = 0
         np.frombuffer(self.wscore, dtype=np.uint32)[slots] = 0
-        np.frombuffer(self.rbytes, dtype=np.uint64)[slots] = 0
-        np.frombuffer(self.stamp, dtype=np.uint32)[slots] = self.epoch
-        np.frombuffer(self.last, dtype=np.int64)[slots] = 0
-        np.frombuffer(self.born, dtype=np.int64)[slots] = 0
-        np.frombuffer(self.size, dtype=np.int64)[slots] = -1
-        np.frombuffer(self.charged, dtype=np.uint32)[slots] = 0
+        self.rbytes.put(slots, 0)
+        self.stamp.put(slots, self.epoch)
+        self.last.put(slots, 0)
+        self.born.put(slots, 0)
+        self.size.put(slots, -1)
+        self.charged.put(slots, 0)
         flags = np.frombuffer(self.flags, dtype=np.uint8)
         flags[slots] = F_LIVE | (flags[slots] & (F_TOUCHED | F_QUEUED))  # may sit in those lists
         del flags
@@ -168,6 +172,10 @@ class SlotArrays:
             self.index[dev] = InoIndex()
             self.dev_bytes[dev] = [0, 0]
 
+    def dev_mask(self, dev: int) -> np.ndarray:
+        """True at every slot (live or free) of filesystem ``dev``: one vectorised pass over the device column."""
+        return self.dev.mask(dev)
+
     def slots_of(self, dev: int) -> np.ndarray:
         """The live slots of one filesystem (int64, in no particular order), from its index: O(its files), not
         O(all files)."""
@@ -184,8 +192,11 @@ class SlotArrays:
                 yield from one.values()
 
     def memory_bytes(self) -> int:
-        """Bytes held by the parallel arrays and the sorted part of the indexes."""
-        arrays = (self.dev, self.ino, self.gen, self.rscore, self.wscore, self.rbytes, self.stamp, self.last, self.born,
-                  self.size, self.flags, self.charged)
-        return (sum(a.buffer_info()[1] * a.itemsize for a in arrays)
-                + sum(i.memory_bytes() for i in self.index.values()))
+        """Bytes held by the per-slot columns and the sorted part of the indexes."""
+        return self.column_bytes() + sum(i.memory_bytes() for i in self.index.values())
+
+    def column_bytes(self) -> int:
+        """Bytes held by the per-slot columns (their spilled values counted at ~100 bytes each)."""
+        arrays = (self.gen, self.rscore, self.wscore, self.flags)
+        narrow = (self.dev, self.ino, self.rbytes, self.stamp, self.last, self.born, self.size, self.charged)
+        return sum(a.buffer_info()[1] * a.itemsize for a in arrays) + sum(c.nbytes for c in narrow)

@@ -69,7 +69,21 @@ class WritebackWatch:
     marks: deque[tuple[int, int]] = field(default_factory=deque)  # (ts, dirty) while dirty falls: the rate
     rate: float = 0.0  # bytes/s written back, measured from falling dirty data (0: not measured)
     samples: int = 0
+    last_ns: int = 0  # the last sample's time
     maps: bool = False  # the kind reports its mapped blocks (dm-cache): whether "all dirty" can be said at all
+
+    def carried(self) -> dict[str, float] | None:
+        """What the state file keeps of a stretch without progress (its age at the last sample and the dirty data
+        then), so that a restart does not start ``health.stall_after`` again; None outside such a stretch."""
+        if self.since_ns is None or self.prev_dirty is None:
+            return None
+        return {"stalled_s": round(self.stalled_s(self.last_ns), 3), "dirty": float(self.prev_dirty)}
+
+    def resume(self, stalled_s: float, dirty: int, now_ns: int) -> None:
+        """A stretch a previous run left (``carried`` + the time the daemon was down): it goes on only if the next
+        sample's dirty data has not fallen below ``dirty`` (observe compares with it as with any previous sample)."""
+        if self.since_ns is None and self.samples == 0 and stalled_s >= 0 and dirty > 0:
+            self.since_ns, self.prev_dirty = now_ns - int(stalled_s * NS), dirty
 
     def stalled_s(self, now_ns: int) -> float:
         """Seconds dirty data has not fallen while write-back should run (0 outside such a stretch)."""
@@ -90,7 +104,7 @@ class WritebackWatch:
         out: list[Finding] = []
         self._rate(ts, dirty)
         fell = self.prev_dirty is not None and dirty < self.prev_dirty
-        self.prev_dirty = dirty
+        self.prev_dirty, self.last_ns = dirty, ts
         should = dirty > 0 and (draining or v.running is False or dirty > v.hold_bytes or v.policy == "cleaner")
         if not should or fell or after_s <= 0:
             self.since_ns = ts if should and after_s > 0 else None

@@ -21,6 +21,7 @@ from pathlib import Path
 from cachepilot.errors import UserError
 from cachepilot.probe import libbpf, perfattach
 from cachepilot.probe.capture import HEADERS_ENV, SYSTEM_PYTHON
+from cachepilot.probe.hooks import BCC_PROGRAMS, BY_PROGRAM, PLACED, TWINS
 from cachepilot.safeio import read_capped
 
 SOURCE_NAME = "cachepilot.bcc.c"
@@ -30,34 +31,15 @@ PACKAGED_BPF_DIR = Path(__file__).resolve().parents[1] / "data" / "bcc"  # the w
 
 def bpf_source_dir(checkout: Path = CHECKOUT_BPF_DIR, packaged: Path = PACKAGED_BPF_DIR) -> Path:
     """Where the bcc build's sources are: the checkout's bpf/ when run from one, else the installed package's copy
-    (as the CO-RE object: probe.PACKAGED_OBJECT)."""
+    (as the CO-RE object: checks.PACKAGED_OBJECT)."""
     return checkout if (checkout / SOURCE_NAME).is_file() else packaged
 
 
 COMPILER = Path(__file__).with_name("bcc_compile.py")
-_DIO_CALLS = ("read", "write", "pread64", "pwrite64", "readv", "writev", "preadv", "pwritev", "preadv2", "pwritev2")
-# the programs of the bcc build and the tracepoint each attaches to: a raw tracepoint (the CO-RE object's tp_btf), or
-# "category/name", a classic tracepoint (the object's tracepoint/category/name)
-PROGRAMS = {
-    "on_bio_queue_compat": "block_bio_queue",
-    "on_bio_split": "block_split",
-    "on_ext4_free_blocks": "ext4_free_blocks",
-    "on_ext4_evict": "ext4_evict_inode",
-    "on_jbd2_end_commit": "jbd2_end_commit",
-    "on_ext4_sync_enter": "ext4_sync_file_enter",
-    "on_ext4_sync_exit": "ext4_sync_file_exit",
-    "on_ext4_sync_fs": "ext4_sync_fs",
-    **{f"sys_{p}{s}": f"syscalls/sys_{'exit' if p else 'enter'}_{s}"
-       for s in ("fsync", "fdatasync", "sync_file_range", "syncfs") for p in ("", "exit_")},
-    **{f"sys_dio_{p}{s}": f"syscalls/sys_{'exit' if p else 'enter'}_{s}" for s in _DIO_CALLS for p in ("", "exit_")},
-    "on_bcache_alloc_fail": "bcache/bcache_alloc_fail",
-}
-# the maps the source names by placeholder (CP_FD_<name> = PLACEHOLDER + index), in that order
-PLACED = ("watched", "volumes", "cp_config_map", "drops", "hot_slots", "hot_claimed", "events", "barrier_events",
-          "vol_drops", "cp_ksyms", "sync_calls", "sync_pending", "sync_task", "dio_task", "alloc_fails")
-# maps of the bcc build only: name -> the CO-RE map whose definition it takes (task storage needs BTF: ext4's fsync in
-# progress is kept by thread id, as the syscall hooks keep theirs)
-TWINS = {"sync_task": "sync_pending"}
+# the programs of the bcc build and the tracepoint each attaches to (a raw tracepoint: the CO-RE object's tp_btf, or
+# "category/name", a classic tracepoint), the maps its source names by placeholder and those of the bcc build only:
+# views of the one table of programs and maps (probe/hooks.py)
+PROGRAMS = BCC_PROGRAMS
 PLACEHOLDER = 0x43500000
 # kernel functions the attribution compares a bio's completion with (cp_ksyms, by index)
 KSYMS = ("iomap_dio_bio_end_io", "bio_chain_endio")
@@ -75,7 +57,7 @@ NOT_BUILT = "not in the bcc build (kernel without BTF)"
 
 def is_classic(program: str) -> bool:
     """A classic tracepoint's program (CATEGORY/NAME), else a raw tracepoint's."""
-    return "/" in PROGRAMS[program]
+    return BY_PROGRAM[program].classic
 
 
 def cflags(bpf_dir: Path) -> list[str]:

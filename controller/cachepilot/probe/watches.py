@@ -15,7 +15,7 @@ from cachepilot.mountinfo import ProcMounts
 from cachepilot.probe.counters import VolumeCounters
 from cachepilot.probe.kconfig import KernelConfig
 
-STACKED, NOT_EXT4 = "stacked volume", "not ext4"  # what makes a deferred program attach (Probe._deferred)
+STACKED, NOT_EXT4 = "stacked volume", "not ext4"  # what makes a deferred program attach (Loader.attach_deferred)
 
 
 def watch_home(dev: int, mul: int) -> int:

@@ -403,6 +403,58 @@ class DirtyTrace:
         return out, overrun
 
 
+class BioTrace:
+    """The exposure witness's input on a dm target without tracepoints of its own (dm-writecache): the block
+    layer's bios (block:block_bio_queue) on the cached volume and on its origin, on the monotonic clock, as the
+    events lifetimes.oldest_dirty_age reads: a write to the volume ("w": its blocks' age starts; dm-writecache
+    caches every write), a write to the origin at the same sectors ("wb": write-back, or a write sent around the
+    cache -- either way those blocks are clean), a discard of the volume ("d": dead). ``volume`` and ``origin``
+    are "major:minor"."""
+
+    FIELDS = 5  # "253,2 W 2064 + 8 [comm]": dev, rwbs, sector, "+", sectors
+
+    def __init__(self, volume: str, origin: str) -> None:
+        self.devs = {self._kdev(volume): "volume", self._kdev(origin): "origin"}
+        self.inst = Path("/sys/kernel/tracing/instances") / f"cp-bio-{os.getpid()}"
+        self.inst.mkdir()
+        (self.inst / "trace_clock").write_text("mono")
+        (self.inst / "buffer_size_kb").write_text("16384")
+        ev = self.inst / "events" / "block" / "block_bio_queue"
+        (ev / "filter").write_text(" || ".join(f"dev == {d}" for d in self.devs))
+        (ev / "enable").write_text("1")
+        self.names = {f"{d >> 20},{d & ((1 << 20) - 1)}": role for d, role in self.devs.items()}
+
+    @staticmethod
+    def _kdev(majmin: str) -> int:
+        major, minor = (int(x) for x in majmin.split(":"))
+        return (major << 20) | minor  # the kernel's dev_t (MKDEV), as the tracepoint's filter compares it
+
+    def events(self) -> tuple[list[tuple[float, str, int, int]], bool]:
+        """(events, whether the trace buffer overran: then the witness is incomplete)."""
+        (self.inst / "events" / "block" / "block_bio_queue" / "enable").write_text("0")
+        overrun = any("overrun: 0" not in (c / "stats").read_text() for c in (self.inst / "per_cpu").iterdir())
+        out = bio_events((self.inst / "trace").read_text().splitlines(), self.names)
+        self.inst.rmdir()
+        return out, overrun
+
+
+def bio_events(lines: list[str], names: dict[str, str]) -> list[tuple[float, str, int, int]]:
+    """block_bio_queue lines ("... 1234.5678: block_bio_queue: 253,2 W 2064 + 8 [comm]") as witness events;
+    ``names``: "major,minor" -> "volume" | "origin"."""
+    out: list[tuple[float, str, int, int]] = []
+    for line in lines:
+        head, sep, rest = line.partition(": block_bio_queue:")
+        f = rest.split()
+        if not sep or len(f) < BioTrace.FIELDS or f[3] != "+" or int(f[4]) == 0:
+            continue  # an empty flush bio carries no data
+        role, rwbs, t = names.get(f[0]), f[1], float(head.split()[-1])
+        if role == "volume" and "D" in rwbs:
+            out.append((t, "d", int(f[2]), int(f[4])))
+        elif "W" in rwbs and role is not None:
+            out.append((t, "w" if role == "volume" else "wb", int(f[2]), int(f[4])))
+    return out
+
+
 class DirtyAge:
     """The exposure witness from outside the daemon: the largest dirty amount seen and an upper bound on the age of
     the oldest dirty data (seconds since the cache was last seen with nothing dirty: no dirty byte can be older)."""

@@ -6,25 +6,28 @@ CONFIG: max-age (the table reloaded with `max_age` AGE_S * 1000 ms: dm-writecach
 that) | max-age-best (the same with `pause_writeback` 0 and ext4 -o discard: the best stock table arguments at the
 same age bound, issue 31) | cp-default (the stock table, no max_age, + the daemon under the shipped default policy:
 destructive, exposure <= 64 MiB / 30 s, discards of deleted files' extents after the journal commit that freed
-them) | cp-age (the same without the byte bound: max_dirty 1 GiB; run by hand, not by the benchmark).
+them) | cp-age (the same without the byte bound: max_dirty 1 GiB; run by hand, not by the benchmark) |
+stock:age=A,pause=P,wm=H/L,discard=0|1 (a point of the stock grid, issue 31: max_age A s (AGE_S if left out),
+pause_writeback P ms, high/low watermarks H/L percent, ext4 -o discard or not).
 
 Each of N threads (default 4) loops: create a file of 64-192 KiB, write it and fsync it (its data and the journal
 commit reach the cache device); append 16 KiB to a live file; read another live file whole (page cache dropped
-first); stat a third; delete every file whose lifetime is up. Lifetimes (SHORT_SHARE of new files, the rest
-long-lived): a short-lived file dies uniformly 2-60 s after its creation; long-lived files stay until the live set
-passes LIVE_MIB (a third of the cache), then the oldest goes. S seconds of warm-up, then the window of SECONDS.
-Every second: dirty bytes (the cache's used blocks: dm-writecache frees a block once written back) and the time
-since they last read 0. Result: $LAB_OUT/wcfiles.json."""
+first); stat a third; in a share of the steps rewrite a live file whole and fsync it (a death by overwrite); delete
+every file whose death time has come. Lifetimes are wall-clock seconds drawn at each file's birth (issue 31:
+lifetimes.WallClockMix, the same mix as W1: no live-set target decides who dies, so a faster configuration does not
+kill its data younger). S seconds of warm-up, then the window of SECONDS. Every second: dirty bytes (the cache's
+used blocks: dm-writecache frees a block once written back) and the time since they last read 0.
+Result: $LAB_OUT/wcfiles.json."""
 
 from __future__ import annotations
 
+import heapq
 import os
 import random
 import subprocess
 import sys
 import threading
 import time
-from collections import deque
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -33,6 +36,7 @@ from common import (  # noqa: E402
     MIB,
     MNT,
     ROOT,
+    BioTrace,
     Daemon,
     Sampler,
     log,
@@ -43,16 +47,13 @@ from common import (  # noqa: E402
     wait,
     write_result,
 )
+from lifetimes import WallClockMix, oldest_dirty_age  # noqa: E402
 
 from cachepilot.backends.dmstatus import parse_dm_writecache_status  # noqa: E402
 from cachepilot.backends.writecache import WritecacheTable  # noqa: E402
 
 AGE_S = 30  # the shipped default's exposure.max_age: the same bound on both sides
-# Baker et al., "Measurements of a Distributed File System" (SOSP 1991): 65-80% of new bytes in Sprite lived under
-# 30 s; Roselli et al. (USENIX 2000) found block lifetimes far more varied (many live a day), so half of the new
-# files here die within a minute and half are long-lived: below Sprite's share, well above memoryless deletes.
-SHORT_SHARE, SHORT_LIFE = 0.5, (2.0, 60.0)
-LIVE_MIB = 85  # the long-lived set: about a third of the 256 MiB cache
+MIX = WallClockMix()  # W1's lifetime classes and overwrite share (lifetimes.py says where they come from)
 APPEND = 16 * 1024
 DM_ENV = {**os.environ, "DM_DISABLE_UDEV": "1"}
 
@@ -66,51 +67,76 @@ def dirty() -> int:
     return s.used_blocks * 4096  # the lab's table: 4 KiB blocks
 
 
-def set_max_age(ms: int, pause_ms: int | None = None) -> None:
-    """The table reloaded with max_age (a table argument only: no message changes it) and, given, pause_writeback
-    (ms; 0: write back at once), then suspend + resume."""
-    table = WritecacheTable.parse(dm("table", DM_NAME)).with_("max_age", str(ms))
-    line = (table if pause_ms is None else table.with_("pause_writeback", str(pause_ms))).line()
-    dm("reload", DM_NAME, "--table", line)
+def set_table(max_age_ms: int, **args: int) -> None:
+    """The table reloaded with max_age (a table argument only: no message changes it) and the other table arguments
+    given (pause_writeback in ms, 0: write back at once; high/low_watermark in percent), then suspend + resume."""
+    table = WritecacheTable.parse(dm("table", DM_NAME)).with_("max_age", str(max_age_ms))
+    for key, value in args.items():
+        table = table.with_(key, str(value))
+    dm("reload", DM_NAME, "--table", table.line())
     dm("suspend", DM_NAME)
     dm("resume", DM_NAME)
     log(f"table now: {dm('table', DM_NAME).strip()}")
 
 
+def stock_point(config: str) -> dict[str, int]:
+    """``stock:age=15,pause=0,wm=25/20,discard=1`` -> {"age": 15, "pause": 0, "high": 25, "low": 20, "discard": 1}
+    (``age`` AGE_S when left out); the named stock rows as the same. One line naming the problem otherwise."""
+    named = {"max-age": "pause=3000,wm=50/45,discard=0", "max-age-best": "pause=0,wm=50/45,discard=1"}
+    body = named.get(config, config.removeprefix("stock:"))
+    usage = f"bad stock configuration {config!r}: expected stock:age=S,pause=MS,wm=H/L,discard=0|1"
+    try:
+        kv = dict(part.split("=", 1) for part in body.split(","))
+        high, low = (int(x) for x in kv["wm"].split("/"))
+        out = {"age": int(kv.get("age", AGE_S)), "pause": int(kv["pause"]), "high": high, "low": low,
+               "discard": int(kv["discard"])}
+    except (KeyError, ValueError):
+        raise SystemExit(usage) from None
+    if not {"pause", "wm", "discard"} <= set(kv) <= {"age", "pause", "wm", "discard"} or not 0 <= low <= high <= 100 \
+            or out["discard"] not in (0, 1) or not 0 < out["age"] <= 3600:
+        raise SystemExit(usage)
+    return out
+
+
 class Files:
-    """Live files and when each dies; long-lived files in creation order, trimmed to LIVE_MIB."""
+    """Live files and their death times (wall clock, drawn at birth)."""
 
     def __init__(self, root: Path, rnd: random.Random) -> None:
         self.root, self.rnd, self.lock, self.n = root, rnd, threading.Lock(), 0
-        self.short: list[tuple[float, Path]] = []
-        self.long: deque[tuple[Path, int]] = deque()
-        self.long_bytes = 0
+        self.live: list[Path] = []  # for uniform picks (swap-removed)
+        self.where: dict[Path, int] = {}
+        self.deaths: list[tuple[float, int, Path]] = []  # heap by death time
+        self.overwrites = 0
 
     def create(self) -> tuple[Path, int]:
         with self.lock:
             self.n += 1
             return self.root / f"f{self.n:07d}", self.rnd.randrange(64, 193) * 1024
 
-    def born(self, p: Path, size: int, now: float) -> list[Path]:
-        """Book a new file; the files to delete now (short-lived ones due, long-lived ones past the cap)."""
+    def born(self, p: Path, now: float) -> list[Path]:
+        """Book a new file with its death time; the files whose death time has come (taken off the live set)."""
         with self.lock:
-            if self.rnd.random() < SHORT_SHARE:
-                self.short.append((now + self.rnd.uniform(*SHORT_LIFE), p))
-            else:
-                self.long.append((p, size))
-                self.long_bytes += size
-            due = [q for t, q in self.short if t <= now]
-            self.short = [(t, q) for t, q in self.short if t > now]
-            while self.long_bytes > LIVE_MIB * MIB and len(self.long) > 1:
-                q, n = self.long.popleft()
-                self.long_bytes -= n
+            heapq.heappush(self.deaths, (now + MIX.draw(self.rnd), self.n, p))
+            self.where[p] = len(self.live)
+            self.live.append(p)
+            due = []
+            while self.deaths and self.deaths[0][0] <= now:
+                q = heapq.heappop(self.deaths)[2]
+                i = self.where.pop(q)
+                last = self.live.pop()
+                if last != q:
+                    self.live[i], self.where[last] = last, i
                 due.append(q)
             return due
 
     def pick(self) -> Path | None:
         with self.lock:
-            pool = self.long or [(p, 0) for _, p in self.short]
-            return self.rnd.choice(pool)[0] if pool else None
+            return self.live[self.rnd.randrange(len(self.live))] if self.live else None
+
+    def overwrite_size(self) -> int | None:
+        """The new size of a live file rewritten whole in this step, or None (most steps)."""
+        with self.lock:
+            return self.rnd.randrange(64, 193) * 1024 if self.rnd.random() < MIX.overwrite_share else None
 
 
 def op(files: Files, data: bytes) -> list[Path]:
@@ -122,7 +148,7 @@ def op(files: Files, data: bytes) -> list[Path]:
         os.fsync(fd)
     finally:
         os.close(fd)
-    due = files.born(p, size, time.monotonic())
+    due = files.born(p, time.monotonic())
     try:
         if (a := files.pick()) is not None:
             fd = os.open(a, os.O_WRONLY | os.O_APPEND)  # no O_CREAT: a file deleted meanwhile stays deleted
@@ -134,11 +160,24 @@ def op(files: Files, data: bytes) -> list[Path]:
             read_whole(r, missing_ok=True)
         if (st := files.pick()) is not None:
             st.stat()
+        if (new_size := files.overwrite_size()) is not None and (w := files.pick()) is not None:
+            _overwrite(w, data[:new_size])
+            files.overwrites += 1
     except FileNotFoundError:
         pass  # another thread deleted it meanwhile
     for q in due:
         q.unlink(missing_ok=True)
     return due
+
+
+def _overwrite(p: Path, data: bytes) -> None:
+    """A live file rewritten whole and fsync'ed (its old blocks die at the truncate)."""
+    fd = os.open(p, os.O_WRONLY | os.O_TRUNC)  # no O_CREAT: a file deleted meanwhile stays deleted
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def worker(files: Files, seed: int, span: tuple[float, float], ops: list[int]) -> None:
@@ -186,16 +225,21 @@ def policy(config: str) -> Path:
 def main() -> None:
     config, seconds = sys.argv[1], float(sys.argv[2])
     warmup, nthreads, seed = arg("--warmup", 0.0), int(arg("--threads", 4)), int(arg("--seed", 1))
-    if config == "max-age":
-        set_max_age(AGE_S * 1000)
-    elif config == "max-age-best":
-        # issue 31: the stock row with what the daemon's own run gets -- pause_writeback 0 and ext4 -o discard
-        # (dm-writecache drops dirty blocks a discard covers) -- beside the native age bound
-        set_max_age(AGE_S * 1000, pause_ms=0)
-        subprocess.run(["mount", "-o", "remount,discard", str(MNT)], check=True)
+    if config in ("max-age", "max-age-best") or config.startswith("stock:"):
+        pt = stock_point(config)
+        set_table(pt["age"] * 1000, pause_writeback=pt["pause"], high_watermark=pt["high"], low_watermark=pt["low"])
+        if pt["discard"]:
+            # dm-writecache drops dirty blocks a discard covers: what the daemon's FITRIM gets, from ext4 itself
+            subprocess.run(["mount", "-o", "remount,discard", str(MNT)], check=True)
+    elif not config.startswith("cp-"):
+        raise SystemExit(f"unknown configuration {config!r}")
     dm("message", DM_NAME, "0", "flush")  # what mkfs and the mount left: every run starts clean
     if not wait(lambda: dirty() == 0, 120, 0.5):
         raise SystemExit(f"still {dirty()} dirty bytes after the flush")
+    # the witness: the age of the oldest dirty block from the bios on the volume and its origin (W1 reads bcache's
+    # own events; dm-writecache has none)
+    vol = os.stat(MNT).st_dev
+    trace = BioTrace(f"{os.major(vol)}:{os.minor(vol)}", WritecacheTable.parse(dm("table", DM_NAME)).head[4])
     root = MNT / "fs"
     root.mkdir()
     files = Files(root, random.Random(seed))  # noqa: S311
@@ -217,16 +261,21 @@ def main() -> None:
     origin = (origin_written() - w0) / MIB
     rows = sampler.stop()
     exposure.stopped.set()
+    events, overrun = trace.events()
+    oldest = oldest_dirty_age(events, time.monotonic())
     window = [r for r in rows if r["t"] >= warmup]
     res = {
         "config": config, "seconds": elapsed, "warmup_s": warmup, "threads": nthreads, "age_bound_s": AGE_S,
         "ops": sum(ops), "ops_s": sum(ops) / elapsed, "origin_written_mib": origin,
         "origin_mib_per_kop": 1000 * origin / max(1, sum(ops)), "dirty_owed_mib": dirty() / MIB,
         "max_dirty_mib": max((r["dirty_mib"] for r in window), default=0.0),
-        "max_age_s": max((r["age_s"] for r in window), default=0.0),
+        "max_age_s": max((r["age_s"] for r in window), default=0.0), "overwrites": files.overwrites,
         "dirty_p50_mib": percentile([r["dirty_mib"] for r in window], 50), "timeline": rows,
         "table": dm("table", DM_NAME).strip(),
     }
+    # the stock grid judges a point by the same witness names as W1's (stockgrid.within_bound)
+    res.update({"exposure_max_dirty_mib": res["max_dirty_mib"], "exposure_oldest_dirty_s": oldest,
+                "dirty_trace_overrun": overrun, "dirty_trace_events": len(events)})
     if daemon:
         daemon.sample()
         res["daemon_cpu_pct"] = 100 * (daemon.cpu_s() - cpu0) / elapsed

@@ -21,7 +21,8 @@ from cachepilot.backends.host import Host
 from cachepilot.backends.inspect import block_name, describe_volume
 from cachepilot.daemon.allocfail import pace_promotions
 from cachepilot.daemon.volumes import _lower
-from cachepilot.probe.probe import BCACHE_ALLOC_FAIL, Probe
+from cachepilot.probe.hooks import BCACHE_ALLOC_FAIL
+from cachepilot.probe.probe import Probe
 
 MIB = 1 << 20
 FILES = 16
