@@ -21,7 +21,6 @@ import argparse
 import dataclasses
 import json
 import os
-import random
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -36,13 +35,14 @@ from labbench import (  # noqa: E402
     all_rounds,
     cell,
     console,
-    draw_seeds,
     header,
     md_table,
     pair_ratios,
     plot,
     repro,
+    round_seeds,
     save,
+    shuffled,
     values,
     verdict,
     wait_for_file,
@@ -93,7 +93,7 @@ def options(argv: Sequence[str]) -> argparse.Namespace:
     a.window = a.window if a.window is not None else (30.0 if a.quick else 60.0)
     a.burst = a.burst if a.burst is not None else (8.0 if a.quick else 15.0)
     try:
-        a.seeds = [int(x) for x in a.seeds.split(",") if x] or draw_seeds(a.reps)
+        a.seeds = round_seeds(a.seeds, a.reps)
     except ValueError:
         ap.error(f"--seeds {a.seeds!r}: expected integers separated by commas")
     a.reps = len(a.seeds)
@@ -107,9 +107,7 @@ def options(argv: Sequence[str]) -> argparse.Namespace:
 def round_order(configs: Sequence[str], seed: int) -> list[str]:
     """The configurations in an order shuffled by the round's seed; the CPU-tax control last (it waits for the
     destructive run's CPU share)."""
-    order = [c for c in configs if c != "cpu-tax"]
-    random.Random(seed ^ 0x5EED).shuffle(order)  # noqa: S311 - an order, not a secret
-    return order + [c for c in configs if c == "cpu-tax"]
+    return shuffled([c for c in configs if c != "cpu-tax"], seed) + [c for c in configs if c == "cpu-tax"]
 
 
 def guest_cmd(config: str, a: argparse.Namespace, rnd: int, tax: float = 0.0) -> list[str]:

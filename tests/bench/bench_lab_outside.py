@@ -27,6 +27,7 @@ from labbench import (  # noqa: E402
     header,
     md_table,
     pair_ratios,
+    round_seeds,
     save,
     values,
     verdict,
@@ -61,11 +62,9 @@ def options(argv: Sequence[str]) -> argparse.Namespace:
     a.warmup = a.warmup if a.warmup is not None else (5.0 if a.quick else 15.0)
     a.window = a.window if a.window is not None else (20.0 if a.quick else 60.0)
     try:
-        a.seeds = [int(x) for x in a.seeds.split(",") if x]
+        a.seeds = round_seeds(a.seeds, a.reps)
     except ValueError:
         ap.error("--seeds: integers separated by commas")
-    sysrand = random.SystemRandom()
-    a.seeds = a.seeds or [sysrand.randrange(1, 2**31) for _ in range(a.reps)]
     a.stock = {"best-bounded": stockgrid.load()["best_bounded"]} if "best-bounded" in a.configs else {}
     return a
 

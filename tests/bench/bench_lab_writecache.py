@@ -14,7 +14,6 @@ on the headline geometry (headline.py).
 from __future__ import annotations
 
 import argparse
-import random
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,14 +26,15 @@ from labbench import (  # noqa: E402
     Runner,
     cell,
     console,
-    draw_seeds,
     header,
     md_table,
     med,
     pair_ratios,
     plot,
     repro,
+    round_seeds,
     save,
+    shuffled,
     values,
 )
 
@@ -56,7 +56,7 @@ def options(argv: Sequence[str]) -> argparse.Namespace:
     if not a.configs or set(a.configs) - set(CONFIGS):
         ap.error(f"--configs: choose from {','.join(CONFIGS)}")
     try:
-        a.seeds = [int(x) for x in a.seeds.split(",") if x] or draw_seeds(1 if a.quick else a.reps)
+        a.seeds = round_seeds(a.seeds, 1 if a.quick else a.reps)
     except ValueError:
         ap.error(f"--seeds {a.seeds!r}: expected integers separated by commas")
     a.reps = len(a.seeds)
@@ -65,12 +65,6 @@ def options(argv: Sequence[str]) -> argparse.Namespace:
         found = stockgrid.load(stockgrid.result("writecache"))
         a.stock = {"best-bounded": found["best_bounded"], "best-overall": found["best_overall"]}
     return a
-
-
-def round_order(configs: Sequence[str], seed: int) -> list[str]:
-    order = list(configs)
-    random.Random(seed ^ 0x5EED).shuffle(order)  # noqa: S311 - an order, not a secret
-    return order
 
 
 def summary(rows: dict[str, list[dict]], reps: int, stock: dict[str, str]) -> list[list[str]]:
@@ -116,7 +110,7 @@ def main() -> None:
                 str(timing.warmup), "--seed", str(seed)]
 
     jobs = [Job(c, f"{c}-{rnd}", spec, cmd(c, seed), "wcfiles")
-            for rnd, seed in enumerate(a.seeds, 1) for c in round_order(a.configs, seed)]
+            for rnd, seed in enumerate(a.seeds, 1) for c in shuffled(a.configs, seed)]
     runner = Runner("writecache", len(jobs), **({"out": a.out} if a.out else {}))
     try:
         runner.run_all(jobs, rows)

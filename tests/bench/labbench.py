@@ -241,6 +241,21 @@ def draw_seeds(n: int) -> list[int]:
     return [r.randrange(1, 2**31) for _ in range(n)]
 
 
+def round_seeds(text: str, n: int) -> list[int]:
+    """The rounds' seeds: ``--seeds`` as given ("N,N,...": a run's printed seeds, to replay it), else ``n`` drawn
+    now. ValueError when ``text`` is not integers separated by commas."""
+    return [int(x) for x in text.split(",") if x] or draw_seeds(n)
+
+
+def shuffled(configs: Sequence[str], seed: int) -> list[str]:
+    """The configurations in an order shuffled by the round's seed (no configuration always first or last)."""
+    import random
+
+    order = list(configs)
+    random.Random(seed ^ 0x5EED).shuffle(order)  # noqa: S311 - an order, not a secret
+    return order
+
+
 def machine() -> str:
     import os
     import platform

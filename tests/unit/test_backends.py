@@ -400,13 +400,18 @@ def test_dmcache_gone(dmc):
 WC_TABLE = "0 2097152 writecache s 253:0 253:1 4096 4 high_watermark 50 low_watermark 45"
 
 
-@pytest.fixture
-def wc(tmp_path):
+def wc_backend(tmp_path: Path, fake: FakeDm) -> WritecacheBackend:
+    """A dm-writecache backend on a fixture tree, its dmsetup answered by ``fake``."""
     dm_tree(tmp_path)
-    fake = FakeDm(WC_TABLE)
     b = open_backend(VolumeInfo(dev=2, name="dm-2", kind="dm-writecache"), host=Host(sysfs=tmp_path, dm=fake))
     assert isinstance(b, WritecacheBackend)
-    return b, fake
+    return b
+
+
+@pytest.fixture
+def wc(tmp_path):
+    fake = FakeDm(WC_TABLE)
+    return wc_backend(tmp_path, fake), fake
 
 
 def test_writecache_table_round_trip():
@@ -438,9 +443,8 @@ def test_writecache_flush_is_done_when_the_message_returns_though_new_writes_cam
                 self.used = 7
             return out
 
-    dm_tree(tmp_path)
     fake = Busy(WC_TABLE)
-    b = open_backend(VolumeInfo(dev=2, name="dm-2", kind="dm-writecache"), host=Host(sysfs=tmp_path, dm=fake))
+    b = wc_backend(tmp_path, fake)
     [out] = flushed(b, Drain("dm-2", 10 * S, "x"))
     assert out.status == DONE and "7 written since" in out.detail and b.pending() == []
     assert [c for c in fake.calls if c[0] == "message"] == [("message", "lab-cached", "0", "flush")]  # once
@@ -459,10 +463,9 @@ def test_a_long_writecache_flush_does_not_hold_the_loop(tmp_path):
                 assert release.wait(10)
             return super().__call__(args, timeout)
 
-    dm_tree(tmp_path)
     fake = Slow(WC_TABLE)
     fake.used = 300
-    b = open_backend(VolumeInfo(dev=2, name="dm-2", kind="dm-writecache"), host=Host(sysfs=tmp_path, dm=fake))
+    b = wc_backend(tmp_path, fake)
     assert b.apply(Drain("dm-2", 10 * S, "first")).status == PENDING
     fake.used = 120  # written back meanwhile
     assert b.step(0) == [] and "120 of 300 used blocks left" in b._ops[0].phase
@@ -527,9 +530,8 @@ def test_bcache_knob_set_for_its_own_sake_drops_the_put_back(tmp_path):
 
 
 def test_writecache_sample_reports_and_restore_puts_back_the_high_watermark(tmp_path):
-    dm_tree(tmp_path)
     fake = FakeDm(WC_TABLE)
-    b = open_backend(VolumeInfo(dev=2, name="dm-2", kind="dm-writecache"), host=Host(sysfs=tmp_path, dm=fake))
+    b = wc_backend(tmp_path, fake)
     assert b.sample(S).knobs == {"high_watermark": "50", "low_watermark": "45"}
     assert b.apply(SetKnob("dm-2", "high_watermark", "80", "hold", True)).status == DONE
     assert b.sample(S).knobs == {"high_watermark": "80", "low_watermark": "45"}
@@ -539,9 +541,8 @@ def test_writecache_sample_reports_and_restore_puts_back_the_high_watermark(tmp_
 
 # ------------------------------------------------------------------ dm-writecache's max_age (engine.nativebound)
 def test_backend_sets_max_age_by_reload_and_puts_back_an_unset_one(tmp_path):
-    dm_tree(tmp_path)
     fake = FakeDm(WC_TABLE)
-    b = open_backend(VolumeInfo(dev=2, name="dm-2", kind="dm-writecache"), host=Host(sysfs=tmp_path, dm=fake))
+    b = wc_backend(tmp_path, fake)
     assert "max_age" not in b.sample(S).knobs
     for knob, value in (("max_age", "30000"), ("low_watermark", "13"), ("high_watermark", "18"),
                         ("pause_writeback", "0")):
