@@ -18,13 +18,14 @@ continuation (of whose run), or none (the task's EWMA carried it past the cutoff
 
 from __future__ import annotations
 
+import os
 import re
-import subprocess
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-TRACING = Path("/sys/kernel/tracing")
+from tracefs import Traced, TraceInstance
+
 RUN_MEMORY_S = 5.0  # check_should_bypass: msecs_to_jiffies(5000)
 QUEUE, BYPASS, ALLOC_FAIL = "block_bio_queue", "bcache_bypass_sequential", "bcache_alloc_fail"
 EVENTS = {QUEUE: "block/block_bio_queue", BYPASS: "bcache/bcache_bypass_sequential",
@@ -60,32 +61,27 @@ def parse(text: str) -> list[Rec]:
     return out
 
 
-class Trace:
-    """Events on from ``start`` to ``stop`` (the records then), the buffer cleared at each start."""
+class Trace(Traced):
+    """Events on from ``start`` to ``stop`` (the records then), in a trace instance of their own (tracefs.py): a new
+    one at each start, so its buffer starts empty; removed at ``stop``, or on leaving a ``with`` block."""
 
     def __init__(self, events: tuple[str, ...] = (QUEUE, BYPASS, ALLOC_FAIL), buffer_kb: int = 4096) -> None:
-        if not (TRACING / "trace").exists():
-            subprocess.run(["mount", "-t", "tracefs", "nodev", str(TRACING)], check=True)
-        self.events, self.buffer_kb = events, buffer_kb
-
-    def _set(self, on: bool) -> None:
-        for e in self.events:
-            (TRACING / "events" / EVENTS[e] / "enable").write_text("1\n" if on else "0\n")
+        self.trace = TraceInstance(f"cp-bcache-{os.getpid()}", {EVENTS[e]: "" for e in events}, buffer_kb=buffer_kb)
 
     def start(self) -> None:
-        (TRACING / "buffer_size_kb").write_text(f"{self.buffer_kb}\n")
-        (TRACING / "trace").write_text("")  # clears
-        self._set(True)
-        (TRACING / "tracing_on").write_text("1\n")
+        self.trace.close()
+        self.trace.open()
 
     def stop(self) -> list[Rec]:
-        self._set(False)
-        return parse((TRACING / "trace").read_text())
+        self.trace.disable()
+        recs = parse(self.trace.text())
+        self.trace.close()
+        return recs
 
     def take(self) -> list[Rec]:
         """The records so far, the buffer cleared (events stay on): a round's share."""
-        recs = parse((TRACING / "trace").read_text())
-        (TRACING / "trace").write_text("")
+        recs = parse(self.trace.text())
+        self.trace.clear()
         return recs
 
 

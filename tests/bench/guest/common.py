@@ -28,6 +28,7 @@ OUT = Path(os.environ.get("LAB_OUT", "/tmp"))
 
 sys.path.insert(0, str(ROOT / "tests" / "vm"))  # the guest scripts' shared helpers
 from guestkit import wait  # noqa: E402,F401  (re-exported to the benchmarks)
+from tracefs import Traced, TraceInstance, kdev  # noqa: E402
 
 
 def shipped_variant(old: str, new: str) -> Path:
@@ -250,21 +251,15 @@ class Daemon:
         return rc
 
 
-class DiscardWitness:
+class DiscardWitness(Traced):
     """Delete -> discard latency, witnessed by the kernel rather than by the daemon: ftrace records every discard
     bio queued on the cached volume (block_bio_queue in a private instance, trace clock CLOCK_MONOTONIC, so its
     timestamps compare with time.monotonic()); a deleted file counts as discarded when the first discard that
     overlaps the extents FIEMAP gave for it just before the unlink arrives."""
 
     def __init__(self, device: str) -> None:
-        st = os.stat(device)
-        self.inst = Path("/sys/kernel/tracing/instances") / f"cp-bench-{os.getpid()}"
-        self.inst.mkdir()
-        (self.inst / "trace_clock").write_text("mono")
-        (self.inst / "buffer_size_kb").write_text("8192")
-        ev = self.inst / "events" / "block" / "block_bio_queue"
-        (ev / "filter").write_text(f"dev == {(os.major(st.st_rdev) << 20) | os.minor(st.st_rdev)}\n")
-        (ev / "enable").write_text("1")
+        self.trace = TraceInstance(f"cp-bench-{os.getpid()}", {"block/block_bio_queue": f"dev == {kdev(device)}"},
+                                   clock="mono", buffer_kb=8192).open()
         self.deletes: list[tuple[float, list[tuple[int, int]]]] = []
         self._seen: list[tuple[float, int, int]] | None = None
 
@@ -286,16 +281,16 @@ class DiscardWitness:
         its answer."""
         if self._seen is not None:
             return self._seen
-        (self.inst / "events" / "block" / "block_bio_queue" / "enable").write_text("0")
+        self.trace.disable()
         out = []
-        for line in (self.inst / "trace").read_text().splitlines():
+        for line in self.trace.lines():
             if line.startswith("#") or "block_bio_queue:" not in line:
                 continue
             head, rest = line.split(": block_bio_queue:", 1)
             f = rest.split()  # "252,0 DS 2048 + 256 [fstrim]"
             if len(f) >= 5 and "D" in f[1] and f[3] == "+":
                 out.append((float(head.split()[-1]), int(f[2]), int(f[4])))
-        self.inst.rmdir()
+        self.trace.close()
         self._seen = out
         return out
 
@@ -312,7 +307,7 @@ class DiscardWitness:
         return lat, never
 
 
-class WorkloadHits:
+class WorkloadHits(Traced):
     """The workload's own read hits and misses on bcache, without the daemon's promotion reads: ftrace records the
     read bios one process (the workload) queues on the cached device (block_bio_queue, filtered by pid) and every
     bcache_read event (hit / bypass per request; logged from bcache's completion context, so it carries no useful
@@ -322,28 +317,18 @@ class WorkloadHits:
     BYPASS = ("bcache_bypass_sequential", "bcache_bypass_congested")
 
     def __init__(self, device: str, pid: int) -> None:
-        st = os.stat(device)
-        self.inst = Path("/sys/kernel/tracing/instances") / f"cp-hits-{os.getpid()}"
-        self.inst.mkdir()
-        (self.inst / "buffer_size_kb").write_text("8192")
-        q = self.inst / "events" / "block" / "block_bio_queue"
-        (q / "filter").write_text(f"dev == {(os.major(st.st_rdev) << 20) | os.minor(st.st_rdev)} && "
-                                  f"common_pid == {pid}\n")
-        (q / "enable").write_text("1")
-        (self.inst / "events" / "bcache" / "bcache_read" / "enable").write_text("1")
-        for ev in self.BYPASS:  # why reads and writes skip the cache, counted for the workload's own requests
-            (self.inst / "events" / "bcache" / ev / "filter").write_text(f"common_pid == {pid}\n")
-            (self.inst / "events" / "bcache" / ev / "enable").write_text("1")
+        events = {"block/block_bio_queue": f"dev == {kdev(device)} && common_pid == {pid}", "bcache/bcache_read": ""}
+        # why reads and writes skip the cache, counted for the workload's own requests
+        events.update({f"bcache/{ev}": f"common_pid == {pid}" for ev in self.BYPASS})
+        self.trace = TraceInstance(f"cp-hits-{os.getpid()}", events, buffer_kb=8192).open()
 
     def counts(self) -> dict:
         """hits, misses, bypassed of the workload's reads (the offset that matches most requests wins: 16 sectors
         for make-bcache's default data offset)."""
-        (self.inst / "events" / "block" / "block_bio_queue" / "enable").write_text("0")
-        for ev in ("bcache_read", *self.BYPASS):
-            (self.inst / "events" / "bcache" / ev / "enable").write_text("0")
+        self.trace.disable()
         mine: set[int] = set()
         reads: list[tuple[int, bool, bool]] = []
-        lines = (self.inst / "trace").read_text().splitlines()
+        lines = self.trace.lines()
         why = {ev: sum(1 for ln in lines if f": {ev}:" in ln) for ev in self.BYPASS}
         for line in lines:
             if ": block_bio_queue:" in line:
@@ -354,7 +339,7 @@ class WorkloadHits:
                 f = line.split(": bcache_read:", 1)[1].split()  # "254,0 RA 2064 + 256 hit 1 bypass 0"
                 if len(f) >= 9 and f[5] == "hit" and f[7] == "bypass":
                     reads.append((int(f[2]), f[6] == "1", f[8] == "1"))
-        self.inst.rmdir()
+        self.trace.close()
         off = max((0, 16), key=lambda o: sum(1 for s, _, _ in reads if s - o in mine))
         own = [(h, b) for s, h, b in reads if s - off in mine]
         hits = sum(1 for h, _ in own if h)
@@ -363,26 +348,21 @@ class WorkloadHits:
                 **{ev.replace("bcache_", "workload_"): n for ev, n in why.items()}}
 
 
-class DirtyTrace:
+class DirtyTrace(Traced):
     """bcache's own record of what it cached dirty (bcache_write with writeback 1) and wrote back (bcache_writeback,
     one event per key), in backing-device sectors, on the monotonic clock: the input of the exposure witness
     (lifetimes.oldest_dirty_age)."""
 
     def __init__(self) -> None:
-        self.inst = Path("/sys/kernel/tracing/instances") / f"cp-dirty-{os.getpid()}"
-        self.inst.mkdir()
-        (self.inst / "trace_clock").write_text("mono")
-        (self.inst / "buffer_size_kb").write_text("16384")
-        for ev in ("bcache_write", "bcache_writeback"):
-            (self.inst / "events" / "bcache" / ev / "enable").write_text("1")
+        events = {"bcache/bcache_write": "", "bcache/bcache_writeback": ""}
+        self.trace = TraceInstance(f"cp-dirty-{os.getpid()}", events, clock="mono", buffer_kb=16384).open()
 
     def events(self) -> tuple[list[tuple[float, str, int, int]], bool]:
         """(events, whether the trace buffer overran: then the witness is incomplete)."""
-        for ev in ("bcache_write", "bcache_writeback"):
-            (self.inst / "events" / "bcache" / ev / "enable").write_text("0")
-        overrun = "overrun: 0" not in (self.inst / "per_cpu" / "cpu0" / "stats").read_text()
+        self.trace.disable()
+        overrun = self.trace.overran()
         out: list[tuple[float, str, int, int]] = []
-        lines = (self.inst / "trace").read_text().splitlines()
+        lines = self.trace.lines()
         # a few raw lines go into the result: the parser below assumes the 6.1 formats
         self.samples = ([ln for ln in lines if ": bcache_write:" in ln][:2]
                         + [ln for ln in lines if ": bcache_writeback:" in ln][:2])
@@ -399,11 +379,11 @@ class DirtyTrace:
                 f = rest.split()
                 end, size = int(f[0].split(":")[1]), int(f[2])
                 out.append((float(head.split()[-1]), "wb", end - size, size))
-        self.inst.rmdir()
+        self.trace.close()
         return out, overrun
 
 
-class BioTrace:
+class BioTrace(Traced):
     """The exposure witness's input on a dm target without tracepoints of its own (dm-writecache): the block
     layer's bios (block:block_bio_queue) on the cached volume and on its origin, on the monotonic clock, as the
     events lifetimes.oldest_dirty_age reads: a write to the volume ("w": its blocks' age starts; dm-writecache
@@ -415,13 +395,9 @@ class BioTrace:
 
     def __init__(self, volume: str, origin: str) -> None:
         self.devs = {self._kdev(volume): "volume", self._kdev(origin): "origin"}
-        self.inst = Path("/sys/kernel/tracing/instances") / f"cp-bio-{os.getpid()}"
-        self.inst.mkdir()
-        (self.inst / "trace_clock").write_text("mono")
-        (self.inst / "buffer_size_kb").write_text("16384")
-        ev = self.inst / "events" / "block" / "block_bio_queue"
-        (ev / "filter").write_text(" || ".join(f"dev == {d}" for d in self.devs))
-        (ev / "enable").write_text("1")
+        self.trace = TraceInstance(f"cp-bio-{os.getpid()}",
+                                   {"block/block_bio_queue": " || ".join(f"dev == {d}" for d in self.devs)},
+                                   clock="mono", buffer_kb=16384).open()
         self.names = {f"{d >> 20},{d & ((1 << 20) - 1)}": role for d, role in self.devs.items()}
 
     @staticmethod
@@ -431,10 +407,10 @@ class BioTrace:
 
     def events(self) -> tuple[list[tuple[float, str, int, int]], bool]:
         """(events, whether the trace buffer overran: then the witness is incomplete)."""
-        (self.inst / "events" / "block" / "block_bio_queue" / "enable").write_text("0")
-        overrun = any("overrun: 0" not in (c / "stats").read_text() for c in (self.inst / "per_cpu").iterdir())
-        out = bio_events((self.inst / "trace").read_text().splitlines(), self.names)
-        self.inst.rmdir()
+        self.trace.disable()
+        overrun = self.trace.overran()
+        out = bio_events(self.trace.lines(), self.names)
+        self.trace.close()
         return out, overrun
 
 

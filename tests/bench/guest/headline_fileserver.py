@@ -19,6 +19,7 @@ Result: $LAB_OUT/headline_fileserver.json."""
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import math
 import os
@@ -341,6 +342,11 @@ def burst_phase(load: Load, age: DirtyAge, seconds: float) -> dict:
 
 
 def main() -> None:
+    with contextlib.ExitStack() as traces:  # every trace instance removed, however the run ends
+        measure(traces)
+
+
+def measure(traces: contextlib.ExitStack) -> None:
     config, warmup, window = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
     if not valid(config):
         raise SystemExit(f"unknown configuration {config!r}: one of {', '.join(CONFIGS)} or"
@@ -351,14 +357,14 @@ def main() -> None:
     burst_s = float(sys.argv[sys.argv.index("--burst") + 1]) if "--burst" in sys.argv else 0.0
     tax = float(sys.argv[sys.argv.index("--cpu-tax-pct") + 1]) if "--cpu-tax-pct" in sys.argv else 0.0
     cache = int(os.environ.get("BENCH_CACHE_MB", "256")) * MIB
-    witness = DiscardWitness(os.environ["LAB_CACHED_DEV"])
+    witness = traces.enter_context(DiscardWitness(os.environ["LAB_CACHED_DEV"]))
     set_cache_mode("writethrough")
     load = Load(random.Random(seed), cache // 3, witness)  # noqa: S311 - a reproducible workload, not a secret
     load.initial()
     log(f"live set: {len(load.files)} files, {load.live / MIB:.1f} MiB")
     daemon, busy = configure(config, tax)
     drop_caches()
-    age, dirty_trace = DirtyAge(), DirtyTrace()
+    age, dirty_trace = DirtyAge(), traces.enter_context(DirtyTrace())
     t_start, w_start = time.monotonic(), origin_written()
 
     def row() -> dict:
@@ -372,7 +378,7 @@ def main() -> None:
     sampler = Sampler(row)
     sampler.start()
     load.run(warmup)
-    hits = WorkloadHits(os.environ["LAB_CACHED_DEV"], os.getpid())
+    hits = traces.enter_context(WorkloadHits(os.environ["LAB_CACHED_DEV"], os.getpid()))
     a, ops0, load.recording = counters(), load.ops, True
     wall0 = time.time() - (time.monotonic() - a["t"])
     cpu0 = daemon.cpu_s() if daemon else (busy.cpu_s() if busy else 0.0)

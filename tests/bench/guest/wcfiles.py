@@ -21,6 +21,7 @@ Result: $LAB_OUT/wcfiles.json."""
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import os
 import random
@@ -223,6 +224,11 @@ def policy(config: str) -> Path:
 
 
 def main() -> None:
+    with contextlib.ExitStack() as traces:  # every trace instance removed, however the run ends
+        measure(traces)
+
+
+def measure(traces: contextlib.ExitStack) -> None:
     config, seconds = sys.argv[1], float(sys.argv[2])
     warmup, nthreads, seed = arg("--warmup", 0.0), int(arg("--threads", 4)), int(arg("--seed", 1))
     if config in ("max-age", "max-age-best") or config.startswith("stock:"):
@@ -239,7 +245,8 @@ def main() -> None:
     # the witness: the age of the oldest dirty block from the bios on the volume and its origin (W1 reads bcache's
     # own events; dm-writecache has none)
     vol = os.stat(MNT).st_dev
-    trace = BioTrace(f"{os.major(vol)}:{os.minor(vol)}", WritecacheTable.parse(dm("table", DM_NAME)).head[4])
+    trace = traces.enter_context(BioTrace(f"{os.major(vol)}:{os.minor(vol)}",
+                                          WritecacheTable.parse(dm("table", DM_NAME)).head[4]))
     root = MNT / "fs"
     root.mkdir()
     files = Files(root, random.Random(seed))  # noqa: S311
