@@ -41,6 +41,18 @@ def write_files(d: Path, prefix: str, n: int, size: int, seed: int) -> dict[str,
     return sums
 
 
+def dirty_on_smq(d: Path, prefix: str, n: int, size: int) -> dict[str, str]:
+    """Dirty blocks on dm-cache's smq, which caches a block it sees read again and again and keeps an overwrite of
+    a cached block dirty: n files written (seed 1), read three times past the page cache, written again (seed 2);
+    the checksums of what they hold now."""
+    sums = write_files(d, prefix, n, size, seed=1)
+    drop_caches()
+    for _ in range(3):
+        for name in sums:
+            run("dd", f"if={d / name}", "of=/dev/null", "bs=64k", "iflag=direct", "status=none")
+    return write_files(d, prefix, n, size, seed=2)
+
+
 def intact(d: Path, sums: dict[str, str]) -> str:
     """'yes' or the names that differ."""
     bad = [n for n, s in sums.items() if hashlib.sha256((d / n).read_bytes()).hexdigest() != s]

@@ -11,7 +11,7 @@ import struct
 import time
 from pathlib import Path
 
-from labkit import drive, drop_caches, intact, run, say, volume, write_files
+from labkit import dirty_on_smq, drive, drop_caches, intact, run, say, volume, write_files
 
 from cachepilot.actions import DiscardRanges, Drain, Promote, SetKnob, SetWritePolicy
 from cachepilot.actuators.discard import Discarder
@@ -62,12 +62,7 @@ report("threshold", SetKnob(name, "migration_threshold", "4096", "lab: knob"))
 say("threshold_lvs", lvs("cache_settings"))
 
 # ---- dirty data (smq caches blocks it sees read repeatedly; overwrites of cached blocks are dirty), then a drain
-sums = write_files(mnt, "f", 4, 4 * MIB, seed=1)
-drop_caches()
-for _ in range(3):
-    for n in sums:
-        run("dd", f"if={mnt / n}", "of=/dev/null", "bs=64k", "iflag=direct", "status=none")
-sums = write_files(mnt, "f", 4, 4 * MIB, seed=2)
+sums = dirty_on_smq(mnt, "f", 4, 4 * MIB)
 os.sync()
 say("drain_dirty_before", status().dirty_bytes)
 report("drain", Drain(name, time.monotonic_ns() + 120 * 10**9, "lab: drain"))

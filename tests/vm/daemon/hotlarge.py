@@ -15,7 +15,6 @@ origin bytes per read, bcache's read counters per phase."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -28,12 +27,12 @@ from cachepilot.daemon.control import request
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/vm: the guest scripts' helpers
 from bcache_trace import Trace, devno, explain_bypasses, timeline  # noqa: E402
 from guestkit import say, wait  # noqa: E402
+from labdaemon import LabDaemon  # noqa: E402
 
 MIB = 1 << 20
 mnt = Path(os.environ["LAB_MOUNT"])
 sysfs = Path(os.environ["LAB_BCACHE_SYSFS"])
 origin = os.environ["LAB_ORIGIN_DEV"]
-cli = str(Path(sys.executable).with_name("cachepilot"))
 tmp = Path(tempfile.mkdtemp(prefix="cp-hotlarge-"))
 LARGE = sys.argv[1:] != ["off"]  # "off": the same daemon without the large-file class
 POLICY = f"""version: 1
@@ -109,17 +108,11 @@ write(stream, 2 * cache_bytes)
 reattach()
 say("sequential_cutoff", (sysfs / "sequential_cutoff").read_text().strip())
 
-(tmp / "policy.yaml").write_text(POLICY)
-(tmp / "c.yaml").write_text("version: 1\npolicies: [policy.yaml]\nstate_dir: state\nsocket: ctl.sock\ntick: 500ms\n"
-                            "rescan: 2s\nstate_interval: 2s\nmetrics: {listen: ''}\n")
-err = open(tmp / "stderr", "w+")
-d = subprocess.Popen([cli, "run", "--config", str(tmp / "c.yaml")], stderr=err, stdout=subprocess.DEVNULL)
-ok = wait(lambda: (tmp / "ctl.sock").exists() and "ready" in (tmp / "stderr").read_text(), 150)
+d = LabDaemon(tmp, POLICY, tick="500ms", rescan="2s", state_interval="2s")
+ok = d.ready(150)
 say("ready", "yes" if ok else "no")
 if not ok:
-    err.seek(0)
-    print(err.read())
-    sys.exit(1)
+    d.fail()
 knobs_off = lambda: all((sysfs / "cache" / f"congested_{rw}_threshold_us").read_text().strip() == "0"  # noqa: E731
                         for rw in ("read", "write"))
 say("knobs_set", "yes" if wait(knobs_off, 30) else "no")
@@ -171,10 +164,7 @@ say("cold_promotions", len(promotions(ino_cold)))
 say("stream_promotions", len(promotions(os.stat(stream).st_ino)))
 status = request(tmp / "ctl.sock", {"cmd": "status"})["volumes"][0]
 say("promotions_skipped", status.get("promotions_skipped"))
-d.send_signal(signal.SIGTERM)
-say("exit", d.wait(60))
-err.seek(0)
-for line in err.read().splitlines():  # what the daemon said about bcache's hook and its refusals
+for line in d.stop(timeout=60).splitlines():  # what the daemon said about bcache's hook and its refusals
     if "alloc" in line or "hook" in line or "re-read" in line:
         print("daemon:", line[:200])
 phase("cold_again", cold)  # the daemon gone: a second read of C cannot be promoted, and shows C was not cached

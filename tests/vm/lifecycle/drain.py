@@ -19,12 +19,12 @@ from pathlib import Path
 from cachepilot.backends.inspect import parse_bcache_size
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/vm: the guest scripts' helpers
-from guestkit import cli_in_process, say, wait  # noqa: E402
+from guestkit import say, wait  # noqa: E402
+from labdaemon import LabDaemon  # noqa: E402
 
 MIB = 1 << 20
 mnt = Path(os.environ["LAB_MOUNT"])
 sysfs = Path(os.environ["LAB_BCACHE_SYSFS"])
-cli = str(Path(sys.executable).with_name("cachepilot"))
 tmp = Path(tempfile.mkdtemp(prefix="cp-drain-"))
 POLICY = """version: 1
 defaults:
@@ -40,21 +40,11 @@ def dirty() -> int:
     return parse_bcache_size((sysfs / "dirty_data").read_text())
 
 
-def cli_run(*args: str) -> tuple[int, str]:
-    return cli_in_process(tmp / "ctl.sock", *args)
-
-
-(tmp / "policy.yaml").write_text(POLICY)
-(tmp / "c.yaml").write_text("version: 1\npolicies: [policy.yaml]\nstate_dir: state\nsocket: ctl.sock\ntick: 500ms\n"
-                            "rescan: 5s\nstate_interval: 5s\nmetrics: {listen: ''}\n")
-err = open(tmp / "stderr", "w+")
-d = subprocess.Popen([cli, "run", "--config", str(tmp / "c.yaml")], stderr=err, stdout=subprocess.DEVNULL)
-ok = wait(lambda: (tmp / "ctl.sock").exists() and "ready" in (tmp / "stderr").read_text(), 150)
+d = LabDaemon(tmp, POLICY, tick="500ms")
+ok = d.ready(150)
 say("ready", "yes" if ok else "no")
 if not ok or not wait(lambda: (sysfs / "writeback_percent").read_text().strip() == "40", 60):
-    err.seek(0)
-    print(err.read()[-3000:])
-    sys.exit(1)
+    d.fail()
 
 files = {}
 for i in range(24):
@@ -69,7 +59,7 @@ say("dirty_before", dirty())
 
 # 1. the deadline: a 4 s drain of ~24 MiB to a 20-IOPS origin cannot end
 t0 = time.monotonic()
-rc, out = cli_run("drain", "bcache0", "--deadline", "4s")
+rc, out = d.cli("drain", "bcache0", "--deadline", "4s")
 say("expired_rc", rc)
 say("expired_s", f"{time.monotonic() - t0:.1f}")
 say("expired_said", "yes" if "drain expired" in out and "still dirty" in out else "no")
@@ -77,7 +67,7 @@ print(out)
 say("dirty_after_expired", dirty())
 
 # 2. a drain to the end, verified
-rc, out = cli_run("drain", "bcache0", "--deadline", "180s")
+rc, out = d.cli("drain", "bcache0", "--deadline", "180s")
 say("drain_rc", rc)
 say("drain_progress", "yes" if " left of " in out and "/s, ETA" in out else "no")
 say("drain_done_said", "yes" if "drain done" in out and "verified clean" in out else "no")
@@ -90,9 +80,5 @@ with open("/proc/sys/vm/drop_caches", "w") as f:
 say("files_intact", "yes" if all(hashlib.sha256(p.read_bytes()).hexdigest() == h for p, h in files.items()) else "no")
 time.sleep(2)
 say("mode_after", (sysfs / "cache_mode").read_text().strip())
-d.terminate()
-say("exit", d.wait(timeout=120))
-err.seek(0)
-log = err.read()
-say("traceback", "yes" if "Traceback" in log else "no")
+log = d.stop()
 say("operator_logged", "yes" if "operator drain started" in log else "no")

@@ -7,24 +7,23 @@ drain lasts long enough to be followed. key=value lines on stdout."""
 
 from __future__ import annotations
 
+import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "act"))  # tests/vm/act: the lab helpers
-from labkit import drop_caches, intact, run, say, write_files  # noqa: E402
+from labkit import dirty_on_smq, drop_caches, intact, run, say, write_files  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/vm: the guest scripts' helpers
-from guestkit import cli_in_process  # noqa: E402
+from labdaemon import LabDaemon  # noqa: E402
 
 MIB = 1 << 20
 recipe = os.environ["LAB_RECIPE"]
 mnt = Path(os.environ["LAB_MOUNT"])
 dm_name = os.environ["LAB_DM_NAME"]
-cli = str(Path(sys.executable).with_name("cachepilot"))
 tmp = Path(tempfile.mkdtemp(prefix="cp-drain-dm-"))
 POLICY = """version: 1
 defaults:
@@ -51,60 +50,34 @@ def same(a: str, b: str) -> bool:
     return a == b
 
 
-def cli_run(*args: str) -> tuple[int, str]:
-    return cli_in_process(tmp / "ctl.sock", *args)
-
-
-def volume_name() -> str:
-    import json
-
-    rc, out = cli_run("status", "--json")
+def volume_name(d: LabDaemon) -> str:
+    rc, out = d.cli("status", "--json")
     vols = json.loads(out).get("volumes", []) if rc == 0 else []
     return str(vols[0]["name"]) if vols else ""
 
 
-def wait(pred, timeout: float) -> bool:  # type: ignore[no-untyped-def]
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.5)
-    return False
-
-
-(tmp / "policy.yaml").write_text(POLICY)
-(tmp / "c.yaml").write_text("version: 1\npolicies: [policy.yaml]\nstate_dir: state\nsocket: ctl.sock\ntick: 1s\n"
-                            "rescan: 5s\nstate_interval: 5s\nmetrics: {listen: ''}\n")
-err = open(tmp / "stderr", "w+")
-d = subprocess.Popen([cli, "run", "--config", str(tmp / "c.yaml")], stderr=err, stdout=subprocess.DEVNULL)
-ok = wait(lambda: (tmp / "ctl.sock").exists() and "ready" in (tmp / "stderr").read_text(), 180)
-name = volume_name() if ok else ""
+d = LabDaemon(tmp, POLICY)
+ok = d.ready(180)
+name = volume_name(d) if ok else ""
 say("ready", "yes" if ok and name else "no")
 if not name:
-    err.seek(0)
-    print(err.read()[-3000:])
-    sys.exit(1)
+    d.fail()
 table_before = run("dmsetup", "table", dm_name)
 
 if recipe == "writecache":  # dirty data sits below the high watermark (50%)
     sums = write_files(mnt, "f", 8, MIB, seed=1)
-else:  # smq caches blocks it sees read again and again; an overwrite of a cached block is dirty
-    sums = write_files(mnt, "f", 4, 4 * MIB, seed=1)
-    drop_caches()
-    for _ in range(3):
-        for n in sums:
-            run("dd", f"if={mnt / n}", "of=/dev/null", "bs=64k", "iflag=direct", "status=none")
-    sums = write_files(mnt, "f", 4, 4 * MIB, seed=2)
+else:
+    sums = dirty_on_smq(mnt, "f", 4, 4 * MIB)
 os.sync()
 say("dirty_blocks_before", dirty_blocks())
 
-rc, out = cli_run("drain", name, "--rate", "4MiB")
+rc, out = d.cli("drain", name, "--rate", "4MiB")
 say("rate_rc", rc)
 say("rate_refused", "yes" if "cannot be drained at a rate" in out else "no")
 print(out)
 
 t0 = time.monotonic()
-rc, out = cli_run("drain", name, "--deadline", "240s")
+rc, out = d.cli("drain", name, "--deadline", "240s")
 say("drain_rc", rc)
 say("drain_s", f"{time.monotonic() - t0:.1f}")
 say("drain_progress", "yes" if " left of " in out and "/s, ETA" in out else "no")
@@ -117,9 +90,5 @@ if recipe == "lvmcache":
     say("lvm_policy", run("lvm", "lvs", "--noheadings", "-o", "cache_policy", os.environ["LAB_LV"]).strip())
 drop_caches()
 say("files_intact", intact(mnt, sums))
-d.terminate()
-say("exit", d.wait(timeout=120))
-err.seek(0)
-log = err.read()
-say("traceback", "yes" if "Traceback" in log else "no")
+log = d.stop()
 say("operator_logged", "yes" if "operator drain started" in log else "no")

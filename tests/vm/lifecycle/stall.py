@@ -24,7 +24,8 @@ import yaml
 from cachepilot.backends.inspect import parse_bcache_size
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/vm: the guest scripts' helpers
-from guestkit import cli_in_process, say, wait  # noqa: E402
+from guestkit import say, wait  # noqa: E402
+from labdaemon import LabDaemon  # noqa: E402
 
 MIB = 1 << 20
 ROOT = Path(__file__).resolve().parents[3]
@@ -32,7 +33,6 @@ RULES = ROOT / "dashboards" / "prometheus" / "cachepilot.rules.yml"
 METRICS, PROM = "127.0.0.1:9854", "127.0.0.1:9090"
 mnt = Path(os.environ["LAB_MOUNT"])
 sysfs = Path(os.environ["LAB_BCACHE_SYSFS"])
-cli = str(Path(sys.executable).with_name("cachepilot"))
 tmp = Path(tempfile.mkdtemp(prefix="cp-stall-"))
 POLICY = """version: 1
 defaults:
@@ -48,12 +48,8 @@ def dirty() -> int:
     return parse_bcache_size((sysfs / "dirty_data").read_text())
 
 
-def cli_run(*args: str) -> tuple[int, str]:
-    return cli_in_process(tmp / "ctl.sock", *args)
-
-
 def volume_status() -> dict[str, Any]:
-    rc, out = cli_run("status", "--json")
+    rc, out = d.cli("status", "--json")
     vols = json.loads(out).get("volumes", []) if rc == 0 else []
     return next((v for v in vols if v["name"] == "bcache0"), {})
 
@@ -88,20 +84,14 @@ subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
 plog = open(tmp / "prometheus.log", "w")
 prom = subprocess.Popen(["prometheus", f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
                          f"--web.listen-address={PROM}"], stdout=subprocess.DEVNULL, stderr=plog)
-(tmp / "policy.yaml").write_text(POLICY)
-(tmp / "c.yaml").write_text("version: 1\npolicies: [policy.yaml]\nstate_dir: state\nsocket: ctl.sock\ntick: 1s\n"
-                            f"rescan: 5s\nstate_interval: 5s\nmetrics: {{listen: '{METRICS}'}}\n")
-err = open(tmp / "stderr", "w+")
-d = subprocess.Popen([cli, "run", "--config", str(tmp / "c.yaml")], stderr=err, stdout=subprocess.DEVNULL)
-ok = wait(lambda: (tmp / "ctl.sock").exists() and "ready" in (tmp / "stderr").read_text(), 180)
-ok = ok and wait(lambda: prom_query('up{job="cachepilot"} == 1'), 180, step=1)
+d = LabDaemon(tmp, POLICY, metrics=METRICS)
+ok = d.ready(180) and wait(lambda: prom_query('up{job="cachepilot"} == 1'), 180, step=1)
 say("ready", "yes" if ok else "no")
 if not ok:
-    err.seek(0)
-    print(err.read()[-3000:], (tmp / "prometheus.log").read_text()[-2000:])
+    targets = ""
     with contextlib.suppress(OSError), urllib.request.urlopen(f"http://{PROM}/api/v1/targets", timeout=5) as r:
-        print("targets:", r.read().decode()[-2000:])
-    sys.exit(1)
+        targets = "targets: " + r.read().decode()[-2000:]
+    d.fail((tmp / "prometheus.log").read_text()[-2000:], targets)
 
 # dirty data that stays, then write-back stopped behind the daemon's back
 for i in range(16):
@@ -124,12 +114,12 @@ say("alert_s", f"{time.monotonic() - t_stop:.0f}" if fired else "never")
 say("alert_severity", firing()[0]["labels"]["severity"] if fired else "none")
 gauge = prom_query('cachepilot_volume_writeback_stalled{volume="bcache0"}')
 say("gauge_in_prometheus", gauge[0]["value"][1] if gauge else "none")
-rc, out = cli_run("explain", "--volume", "bcache0")
+rc, out = d.cli("explain", "--volume", "bcache0")
 say("explain_says", "yes" if "writeback_stall => found" in out and "writeback_running is 0" in out else "no")
 print(out[-1500:])
 # the daemon left the operator's knob as it was, and wrote nothing to it
 say("running_still", (sysfs / "writeback_running").read_text().strip())
-rc, out = cli_run("explain", "--volume", "bcache0", "--json")
+rc, out = d.cli("explain", "--volume", "bcache0", "--json")
 wrote = [w for dec in json.loads(out) for w in dec["writes"] if "writeback_running" in w["target"]] if rc == 0 else [1]
 say("daemon_wrote_running", "yes" if wrote else "no")
 
@@ -137,11 +127,7 @@ say("daemon_wrote_running", "yes" if wrote else "no")
 (sysfs / "writeback_running").write_text("1\n")
 ended = wait(lambda: not (volume_status().get("writeback") or {}).get("stalled"), 60, step=1)
 say("ended", "yes" if ended else "no")
-d.terminate()
-say("exit", d.wait(timeout=120))
+log = d.stop()
 prom.terminate()
 prom.wait(timeout=60)
-err.seek(0)
-log = err.read()
-say("traceback", "yes" if "Traceback" in log else "no")
 say("logged", "yes" if "writeback_stall found" in log else "no")

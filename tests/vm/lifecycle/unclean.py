@@ -26,13 +26,13 @@ from typing import Any
 from cachepilot.backends.dmcache import CacheTable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/vm: the guest scripts' helpers
-from guestkit import cli_in_process, say, wait  # noqa: E402
+from guestkit import say, wait  # noqa: E402
+from labdaemon import LabDaemon  # noqa: E402
 
 MIB = 1 << 20
 METRICS = "127.0.0.1:9854"
 mnt = Path(os.environ["LAB_MOUNT"])
 dm_name, meta = os.environ["LAB_DM_NAME"], os.environ["LAB_CACHE_META_DEV"]
-cli = str(Path(sys.executable).with_name("cachepilot"))
 tmp = Path(tempfile.mkdtemp(prefix="cp-unclean-"))
 POLICY = """version: 1
 defaults:
@@ -52,12 +52,8 @@ def blocks() -> tuple[int, int]:
     return int(f[6].split("/")[0]), int(f[13])
 
 
-def cli_run(*args: str) -> tuple[int, str]:
-    return cli_in_process(tmp / "ctl.sock", *args)
-
-
 def volume() -> dict[str, Any]:
-    rc, out = cli_run("status", "--json")
+    rc, out = d.cli("status", "--json")
     vols = json.loads(out).get("volumes", []) if rc == 0 else []
     return next((v for v in vols if v["kind"] == "dm-cache"), {})
 
@@ -107,24 +103,18 @@ subprocess.run(["mount", "-t", "ext4", f"/dev/mapper/{dm_name}", str(mnt)], chec
 
 # the busybox guest leaves lo down (only the systemd one brings it up): the metrics are scraped over it
 subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
-(tmp / "policy.yaml").write_text(POLICY)
-(tmp / "c.yaml").write_text("version: 1\npolicies: [policy.yaml]\nstate_dir: state\nsocket: ctl.sock\ntick: 1s\n"
-                            f"rescan: 5s\nstate_interval: 5s\nmetrics: {{listen: '{METRICS}'}}\n")
-err = open(tmp / "stderr", "w+")
-d = subprocess.Popen([cli, "run", "--config", str(tmp / "c.yaml")], stderr=err, stdout=subprocess.DEVNULL)
-ok = wait(lambda: (tmp / "ctl.sock").exists() and "ready" in (tmp / "stderr").read_text(), 180)
+d = LabDaemon(tmp, POLICY, metrics=METRICS)
+ok = d.ready(180)
 say("ready", "yes" if ok else "no")
 if not ok:
-    err.seek(0)
-    print(err.read()[-3000:])
-    sys.exit(1)
+    d.fail()
 t0 = time.monotonic()
 named = wait(lambda: (volume().get("writeback") or {}).get("all_dirty"), 60, step=1)
 w = volume().get("writeback") or {}
 say("status_all_dirty", "yes" if named else "no")
 say("came_back", "yes" if w.get("came_back_all_dirty") else "no")
 say("metric_all_dirty", metric("cachepilot_volume_all_dirty"))
-rc, out = cli_run("status")
+rc, out = d.cli("status")
 say("status_line", "yes" if "ALL DIRTY: came back with every mapped block dirty" in out else "no")
 print(out)
 # write-back allowed again (the lab's own act, not the daemon's); the time to clean once dirty data has fallen
@@ -143,9 +133,6 @@ with open("/proc/sys/vm/drop_caches", "w") as f:
     f.write("3\n")
 say("files_intact", "yes" if all(hashlib.sha256((mnt / n).read_bytes()).hexdigest() == h for n, h in files.items())
     else "no")
-rc, out = cli_run("explain")
+rc, out = d.cli("explain")
 say("explain_says", "yes" if "all_dirty => found" in out and "unclean shutdown" in out else "no")
-d.terminate()
-say("exit", d.wait(timeout=120))
-err.seek(0)
-say("traceback", "yes" if "Traceback" in err.read() else "no")
+d.stop()

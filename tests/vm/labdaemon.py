@@ -1,0 +1,56 @@
+"""The daemon a lab script runs in the guest (tests/vm/lifecycle/, tests/vm/daemon/): `cachepilot run` on one policy
+in a directory of its own, its stderr kept in a file, ready when its socket exists and it said so; stopped by
+SIGTERM, its exit code and whether it logged a traceback said to the host (guestkit.say)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+from guestkit import cli_in_process, say, wait
+
+CLI = str(Path(sys.executable).with_name("cachepilot"))
+
+
+class LabDaemon:
+    """Started on construction with ``policy`` (YAML text) in ``tmp``: tick, rescan, state interval and the metrics
+    listener ("" for none) as the script asks."""
+
+    def __init__(self, tmp: Path, policy: str, *, tick: str = "1s", rescan: str = "5s", state_interval: str = "5s",
+                 metrics: str = "") -> None:
+        self.tmp, self.socket = tmp, tmp / "ctl.sock"
+        (tmp / "policy.yaml").write_text(policy)
+        (tmp / "c.yaml").write_text(f"version: 1\npolicies: [policy.yaml]\nstate_dir: state\nsocket: ctl.sock\n"
+                                    f"tick: {tick}\nrescan: {rescan}\nstate_interval: {state_interval}\n"
+                                    f"metrics: {{listen: '{metrics}'}}\n")
+        self.err = open(tmp / "stderr", "w+")  # noqa: SIM115 - kept open for the daemon's life
+        self.proc = subprocess.Popen([CLI, "run", "--config", str(tmp / "c.yaml")], stderr=self.err,
+                                     stdout=subprocess.DEVNULL)
+
+    def ready(self, timeout: float) -> bool:
+        """Whether it said ready with its socket in place within ``timeout`` seconds (under TCG: tens of them)."""
+        return wait(lambda: self.socket.exists() and "ready" in (self.tmp / "stderr").read_text(), timeout)
+
+    def log(self) -> str:
+        self.err.seek(0)
+        return self.err.read()
+
+    def fail(self, *more: object, tail: int = 3000) -> NoReturn:
+        """The end of a script that could not start: the log's last ``tail`` characters (and ``more``) printed for
+        the host's explain(), exit 1."""
+        print(self.log()[-tail:], *more)
+        sys.exit(1)
+
+    def cli(self, *args: str) -> tuple[int, str]:
+        """`cachepilot ARGS` against this daemon (in this process: guestkit.cli_in_process)."""
+        return cli_in_process(self.socket, *args)
+
+    def stop(self, timeout: float = 120) -> str:
+        """SIGTERM; says ``exit`` (its code) and ``traceback`` (yes/no); its whole log."""
+        self.proc.terminate()
+        say("exit", self.proc.wait(timeout=timeout))
+        log = self.log()
+        say("traceback", "yes" if "Traceback" in log else "no")
+        return log
