@@ -200,6 +200,10 @@ def test_w4_draws_its_seeds_shuffles_its_order_and_runs_the_grids_find(tmp_path:
     assert len(a.seeds) == 5 and not set(a.seeds) <= {1, 2, 3, 4, 5}
     assert a.stock["best-bounded"] == "stock:pause=0,wm=25/20,discard=1"
     assert w4.options(["--seeds", "7,8", "--configs", "max-age,cp-default"]).reps == 2
+    pinned = "stock:age=30,pause=0,wm=18/13,discard=1"
+    assert w4.options(["--best-bounded", pinned]).stock["best-bounded"] == pinned
+    with pytest.raises(SystemExit):
+        w4.options(["--best-bounded", "stock:pause=0;rm"])
     orders = {tuple(w4.shuffled(["max-age", "best-bounded", "cp-default"], s)) for s in range(30)}
     assert len(orders) > 3
 
