@@ -10,13 +10,14 @@ Each lab boot takes /tmp/cachepilot-lab.lock for itself (one guest at a time, ot
 
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from labbench import Job, LabSpec, Runner, md_table, repro, save  # noqa: E402
+import labbench as lb  # noqa: E402
 
 from cachepilot.commands.advise import from_trace  # noqa: E402
 
@@ -30,9 +31,9 @@ LAB_TIMEOUT = 600  # seconds a boot may take; the runner waits longer: the lock 
 
 
 @dataclass
-class LockedSpec(LabSpec):
+class LockedSpec(lb.LabSpec):
     def argv(self, out: Path, cmd: Any) -> list[str]:
-        lab = LabSpec(self.recipe, self.mode, self.origin_delay_ms, self.origin_size_mb, self.cache_size_mb,
+        lab = lb.LabSpec(self.recipe, self.mode, self.origin_delay_ms, self.origin_size_mb, self.cache_size_mb,
                       LAB_TIMEOUT)
         return ["flock", LOCK, *lab.argv(out, cmd)]
 
@@ -41,7 +42,7 @@ def spec(cache_mb: int) -> LockedSpec:
     return LockedSpec(mode="writethrough", origin_size_mb=1024, cache_size_mb=cache_mb, timeout=3600)
 
 
-def predict(runner: Runner, label: str, cache_mb: int, at_mb: int) -> dict[str, Any]:
+def predict(runner: lb.Runner, label: str, cache_mb: int, at_mb: int) -> dict[str, Any]:
     trace = runner.out / "runs" / label / "advisor.cptrace"
     a = from_trace(str(trace), "bcache0", cache_mb * MiB)
     want = at_mb * MiB
@@ -52,17 +53,17 @@ def predict(runner: Runner, label: str, cache_mb: int, at_mb: int) -> dict[str, 
 
 
 def main() -> None:
-    argv = sys.argv[1:]
-    out = Path(argv[argv.index("--out") + 1]) if "--out" in argv else None
-    workloads = [argv[argv.index("--only") + 1]] if "--only" in argv else ["fileserver", "zipf"]
-    runner = Runner("advisor", 2 * len(workloads), jobs=1, **({"out": out} if out else {}))
+    # a parser, not a scan of argv: --help says what it takes instead of booting four guests
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--only", choices=("fileserver", "zipf"), default=None)
+    a = ap.parse_args(sys.argv[1:])
+    out = a.out
+    workloads = [a.only] if a.only else ["fileserver", "zipf"]
     rows: dict[tuple[str, int], list[dict]] = {(w, mb): [] for w in workloads for mb in (SMALL, BIG)}
-    jobs = [Job((w, mb), f"{w}-{mb}", spec(mb), ["tests/bench/guest/advisor.py", w, "--seed", "1"], "advisor")
+    jobs = [lb.Job((w, mb), f"{w}-{mb}", spec(mb), ["tests/bench/guest/advisor.py", w, "--seed", "1"], "advisor")
             for w in workloads for mb in (SMALL, BIG)]
-    try:
-        runner.run_all(jobs, rows)
-    finally:
-        runner.close()
+    runner = lb.run_jobs("advisor", jobs, rows, out, at_a_time=1)
     table, data = [], {}
     for w in workloads:
         small, big = rows[(w, SMALL)][0], rows[(w, BIG)][0]
@@ -84,12 +85,12 @@ def main() -> None:
           f"hit ratio from bcache's stats_total. Predicted = `cachepilot advise bcache0 --trace REC "
           f"--cache-size 128MiB` (calibrated by the recording's own measured ratio; the plain LRU estimate in "
           f"parentheses). Goal: |predicted − measured| ≤ {100 * GOAL:.0f} points.\n\n")
-    md += md_table(["workload", f"predicted at {BIG} MiB (from the {SMALL} MiB recording)", f"measured at {BIG} MiB",
+    md += lb.md_table(["workload", f"predicted at {BIG} MiB (from the {SMALL} MiB recording)", f"measured at {BIG} MiB",
                     "error, points", f"at {SMALL} MiB: predicted (own recording) / measured",
                     f"at {SMALL} MiB: predicted from the {BIG} MiB recording / measured", "sampled reads"], table)
-    md += "\n\nReproduce one run (the fileserver recorded at 128 MiB):\n\n```sh\n" + repro(
+    md += "\n\nReproduce one run (the fileserver recorded at 128 MiB):\n\n```sh\n" + lb.repro(
         spec(SMALL), ["tests/bench/guest/advisor.py", "fileserver", "--seed", "1"]) + "\n```\n"
-    save(runner.out, "advisor", md, {"rows": {f"{w}-{mb}": r for (w, mb), r in rows.items()}, "predictions": data})
+    lb.save(runner.out, "advisor", md, {"rows": {f"{w}-{mb}": r for (w, mb), r in rows.items()}, "predictions": data})
     print(md)
 
 

@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import labbench as lb  # noqa: E402
 from headline import geometry, spec  # noqa: E402
-from labbench import Job, Runner, cell, console, header, md_table, med, parse_args, plot, repro, save  # noqa: E402
 
 CONFIGS = {"stock": "stock (sequential_cutoff 4 MiB)", "cutoff0": "stock, sequential_cutoff 0",
            "cutoff16": "stock, sequential_cutoff 16 MiB", "cp-default": "stock + cachepilot, shipped default"}
@@ -50,65 +50,60 @@ def summary(r: dict) -> dict:
             "bcache": {k: sum(o.get(k, 0) for o in own) / len(own) for k in OWN} if own else None}
 
 
-def options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    """This benchmark's own options (the rest: labbench's --reps, --quick, --out)."""
-    ap = argparse.ArgumentParser(add_help=False)
+def options(argv: list[str]) -> argparse.Namespace:
+    ap = lb.parser(reps=5, quick_help="one repetition, shorter runs")
     ap.add_argument("--rounds", type=int)
     ap.add_argument("--interval", type=float)
     ap.add_argument("--stream-x", type=float)
     ap.add_argument("--backup-round", type=int, default=3)
     ap.add_argument("--configs", default=",".join(CONFIGS))
-    return ap.parse_known_args(argv)
+    a = ap.parse_args(argv)
+    a.configs = lb.chosen(ap, a.configs, CONFIGS)
+    a.reps = 1 if a.quick else a.reps
+    return a
 
 
 def main() -> None:
-    own, rest = options(sys.argv[1:])
-    reps, quick, out = parse_args(rest, default_reps=5)
+    own = options(sys.argv[1:])
+    reps, quick, out = own.reps, own.quick, own.out
     rounds, interval, stream_x = (4, 45, 1.0) if quick else (8, 90, 2.0)
     rounds, interval = own.rounds or rounds, own.interval or interval
     stream_x = own.stream_x or stream_x
-    order = [c for c in own.configs.split(",") if c]
-    if unknown := [c for c in order if c not in CONFIGS]:
-        raise SystemExit(f"unknown configuration(s) {unknown} (of {', '.join(CONFIGS)})")
-    runner = Runner("hotlarge", reps * len(order), **({"out": out} if out else {}))
+    order = own.configs
     rows: dict[str, list[dict]] = {c: [] for c in order}
     cmd = ["tests/bench/guest/hotlarge.py", "{c}", str(rounds), f"{interval:g}", f"{stream_x:g}",
            "--backup-round", str(own.backup_round)]
     lab = spec("bcache", mode="writethrough", timeout=rounds * interval + 900)
-    jobs = [Job(c, f"{c}-{rep + 1}", lab, [a.format(c=c) for a in cmd] + ["--seed", str(rep + 1)], "hotlarge")
-            for rep in range(reps) for c in order]
-    try:
-        runner.run_all(jobs, rows)
-    finally:
-        runner.close()
+    runner = lb.run_jobs("hotlarge", lb.numbered_rounds(order, reps, lab, cmd, "hotlarge"), rows, out)
     sums = {c: [summary(r) for r in rs if "error" not in r] for c, rs in rows.items()}
-    table = [[CONFIGS[c], cell([s["origin_mib_per_read"] for s in ss], "{:.2f}"),
+    table = [[CONFIGS[c], lb.cell([s["origin_mib_per_read"] for s in ss], "{:.2f}"),
               spread([x for s in ss for x in s["origin_mib_rounds"]]),
-              cell([s["p50_ms"] for s in ss], "{:.0f}"), cell([s["p99_ms"] for s in ss], "{:.0f}"),
-              cell([s["stream_mib_s"] for s in ss], "{:.1f}"),
-              cell([s["cpu_pct"] for s in ss if s["cpu_pct"] is not None], "{:.1f}") or "-",
+              lb.cell([s["p50_ms"] for s in ss], "{:.0f}"), lb.cell([s["p99_ms"] for s in ss], "{:.0f}"),
+              lb.cell([s["stream_mib_s"] for s in ss], "{:.1f}"),
+              lb.cell([s["cpu_pct"] for s in ss if s["cpu_pct"] is not None], "{:.1f}") or "-",
               f"{len(ss)}/{reps} × {len(ss[0]['origin_mib_rounds']) if ss else 0}"] for c, ss in sums.items()]
     stock = [c for c in order if c != "cp-default" and sums[c]]
-    best = min(stock, key=lambda c: med([s["origin_mib_per_read"] for s in sums[c]]), default=None)
+    best = min(stock, key=lambda c: lb.med([s["origin_mib_per_read"] for s in sums[c]]), default=None)
     goals = []
     if best and sums.get("cp-default"):
         cp, b, st = sums["cp-default"], sums[best], sums.get("stock") or sums[best]
-        ratio = med([s["origin_mib_per_read"] for s in cp]) / max(med([s["origin_mib_per_read"] for s in b]), 1e-9)
-        p50 = med([s["p50_ms"] for s in cp]) / max(med([s["p50_ms"] for s in b]), 1e-9)
-        stream = med([s["stream_mib_s"] for s in cp]) / max(med([s["stream_mib_s"] for s in st]), 1e-9)
+        ratio = (lb.med([s["origin_mib_per_read"] for s in cp])
+                 / max(lb.med([s["origin_mib_per_read"] for s in b]), 1e-9))
+        p50 = lb.med([s["p50_ms"] for s in cp]) / max(lb.med([s["p50_ms"] for s in b]), 1e-9)
+        stream = lb.med([s["stream_mib_s"] for s in cp]) / max(lb.med([s["stream_mib_s"] for s in st]), 1e-9)
         goals = [["origin bytes per hot read vs the best stock (" + CONFIGS[best] + ")", f"{ratio:.2f}×", "≤ 0.3×",
                   "met" if ratio <= 0.3 else "**missed**"],
                  ["hot-file read p50 vs the best stock", f"{p50:.2f}×", "≤ 0.5×",
                   "met" if p50 <= 0.5 else "**missed**"],
                  ["backup throughput vs stock", f"{stream:.2f}×", "≥ 0.95×", "met" if stream >= 0.95 else "**missed**"]]
-    md = header("W5: hot large files while a backup streams", lab,
+    md = lb.header("W5: hot large files while a backup streams", lab,
                 f"{geometry()}. Hot set 4 × 16 MiB (64 MiB: the shipped max_cache_fraction of the cache), each read "
                 f"whole O_DIRECT 1 MiB every {interval:g} s, {rounds} rounds; from round {own.backup_round} on a "
                 f"backup reads {stream_x:g}× the cache of cold 64 MiB files once, buffered. Metrics over rounds 3 on "
                 f"(the daemon admits a file after its second whole read); median (min–max) over {reps} run(s) of each "
                 "configuration, a run's origin bytes being the mean over its rounds (min–max per round beside it), "
                 "its p50/p99 over every hot read of those rounds.")
-    md += "\n" + md_table(["configuration", "origin MiB per hot read (mean of rounds 3+)", "per round min–max",
+    md += "\n" + lb.md_table(["configuration", "origin MiB per hot read (mean of rounds 3+)", "per round min–max",
                            "hot read p50 ms", "p99 ms", "backup MiB/s", "daemon CPU %", "runs × rounds"], table)
     for r in rows.get("cp-default", []):
         if "promoted_after_round2_s" in r:
@@ -116,24 +111,24 @@ def main() -> None:
                    f"{r['promoted_after_round2_s']} s after round 2's reads; bcache refused "
                    f"{r.get('alloc_failures')} inserts; the promoter's rate at the end "
                    f"{(r.get('promotion_rate') or 0) / MIB:.2f} MiB/s")
-    account = [[CONFIGS[c]] + [cell([s["bcache"][k] for s in ss if s["bcache"]], "{:.0f}") or "-" for k in OWN]
+    account = [[CONFIGS[c]] + [lb.cell([s["bcache"][k] for s in ss if s["bcache"]], "{:.0f}") or "-" for k in OWN]
            for c, ss in sums.items()]
     md += ("\n\nbcache's own account per round (requests; mean over the rounds above, median over runs): read-miss "
            "inserts it refused for want of a ready bucket (bcache_alloc_fail), misses and hits, bypassed or not\n\n"
-           + md_table(["configuration", *OWN.values()], account))
+           + lb.md_table(["configuration", *OWN.values()], account))
     if goals:
-        md += "\n\n" + md_table(["goal", "measured", "target", ""], goals)
-    md += "\n\nReproduce one row (cachepilot, round 1):\n\n```sh\n" + repro(
+        md += "\n\n" + lb.md_table(["goal", "measured", "target", ""], goals)
+    md += "\n\nReproduce one row (cachepilot, round 1):\n\n```sh\n" + lb.repro(
         lab, [a.format(c="cp-default") for a in cmd] + ["--seed", "1"]) + "\n```\n"
     series = {CONFIGS[c]: [(x["t"], x["origin_bytes_per_read"] / MIB) for x in rs[0]["rounds"]]
               for c, rs in rows.items() if rs and "rounds" in rs[0]}
-    png = plot(runner.out, "hotlarge_origin", "origin MiB per hot-file read, per round (round 1)", "MiB", series)
+    png = lb.plot(runner.out, "hotlarge_origin", "origin MiB per hot-file read, per round (round 1)", "MiB", series)
     if png:
         md += f"\n![origin bytes per hot read]({png.name})\n"
     # "goals": [goal, measured, verdict] rows, as the headline set's (tests/bench/summary.py lists them)
-    save(runner.out, "hotlarge", md, {"configs": CONFIGS, "rows": rows,
+    lb.save(runner.out, "hotlarge", md, {"configs": CONFIGS, "rows": rows,
                                       "goals": [[g[0], g[1], f"{g[3]} (target {g[2]})"] for g in goals]})
-    console.print(md)
+    lb.console.print(md)
     print(md)
 
 

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from labbench import Job, LabSpec, Runner, console, header, md_table, save  # noqa: E402
+import labbench as lb  # noqa: E402
 
 RSS_GROWTH_MAX = 1.10
 SETUP_S = 1200  # boot, daemon start, waiting for the drain, the latch and the re-added volume, the final check
@@ -54,11 +54,11 @@ def criteria(r: dict) -> list[tuple[str, str, bool]]:
     ]
 
 
-def report(r: dict, spec: LabSpec, minutes: float, cmd: str) -> str:
+def report(r: dict, spec: lb.LabSpec, minutes: float, cmd: str) -> str:
     rows = [[name, measured, "pass" if passed else "**FAIL**"] for name, measured, passed in criteria(r)]
-    md = header("Soak", spec, f"{minutes:g} min of the fileserver-shaped load (measured {r.get('seconds', 0):.0f} s "
+    md = lb.header("Soak", spec, f"{minutes:g} min of the fileserver-shaped load (measured {r.get('seconds', 0):.0f} s "
                 f"after the daemon was ready), warm-up {r.get('warmup_s', 0):.0f} s; {r.get('ops')} ops.")
-    md += "\n" + md_table(["criterion", "measured", "verdict"], rows)
+    md += "\n" + lb.md_table(["criterion", "measured", "verdict"], rows)
     stages = r.get("stage_ms_per_tick_after_warmup") or {}
     md += (f"\n\nThe daemon's CPU after warm-up: {r.get('daemon_cpu_pct_after_warmup')}% of the vCPU. Its loop per "
            "tick after warm-up, wall / CPU ms by stage: " + ", ".join(
@@ -79,20 +79,16 @@ def main() -> int:
         ap.error("--minutes: between 1 and 1440")
     seconds = round(a.minutes * 60)
     spy = os.environ.get("SOAK_PYSPY")  # a py-spy binary the guest can run (its root is the host's): a profile
-    spec = LabSpec(timeout=seconds + SETUP_S, env=(f"SOAK_PYSPY={Path(spy).resolve()}",) if spy else ())
+    spec = lb.LabSpec(timeout=seconds + SETUP_S, env=(f"SOAK_PYSPY={Path(spy).resolve()}",) if spy else ())
     cmd = ["tests/bench/guest/soak.py", str(seconds), "--seed", str(a.seed)]
-    runner = Runner("soak", 1, jobs=1, **({"out": a.out} if a.out else {}))
     rows: dict[str, list[dict]] = {"soak": []}
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    try:
-        runner.run_all([Job("soak", "soak", spec, cmd, "soak")], rows)
-    finally:
-        runner.close()
+    runner = lb.run_jobs("soak", [lb.Job("soak", "soak", spec, cmd, "soak")], rows, a.out, at_a_time=1)
     r = rows["soak"][0]
     line = f"flock /tmp/cachepilot-lab.lock .venv/bin/python tests/bench/bench_lab_soak.py --minutes {a.minutes:g}"
     md = report(r, spec, a.minutes, line)
-    save(runner.out, "soak", md, {"started": started, "minutes": a.minutes, "result": r})
-    console.print(md)
+    lb.save(runner.out, "soak", md, {"started": started, "minutes": a.minutes, "result": r})
+    lb.console.print(md)
     print(json.dumps({k: v for k, v in r.items() if k != "samples"}, indent=1))
     return 0 if "error" not in r and all(p for _, _, p in criteria(r)) else 1
 

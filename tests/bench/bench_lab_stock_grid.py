@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import labbench as lb  # noqa: E402
 import stockgrid  # noqa: E402
 from headline import spec as headline_spec  # noqa: E402
-from labbench import Job, Runner, cell, console, header, md_table, save, values  # noqa: E402
 
 # per kind: the lab recipe, the workload, the guest's result name, the guest's command for (point, warm-up, window,
 # seed)
@@ -33,22 +33,17 @@ KINDS = {
 
 
 def options(argv: Sequence[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser()
+    ap = lb.parser(reps=2)
     ap.add_argument("--kind", choices=sorted(KINDS), default="bcache")
-    ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--write", action="store_true", help="write the result to tests/bench/results/stock_grid_KIND.json")
     ap.add_argument("--points", default="", help="a subset of the grid (stock:... names separated by ;)")
-    ap.add_argument("--warmup", type=float, default=None)
-    ap.add_argument("--window", type=float, default=None)
+    lb.add_windows(ap)
     a = ap.parse_args(argv)
     grid = stockgrid.grid(a.kind)
     a.points = [p for p in grid if p in a.points.split(";")] if a.points else grid
     if a.quick:
         a.reps, a.points = 1, a.points[:3]
-    a.warmup = a.warmup if a.warmup is not None else (5.0 if a.quick else 15.0)
-    a.window = a.window if a.window is not None else (20.0 if a.quick else 45.0)
+    lb.windows(a, quick=(5.0, 20.0), full=(15.0, 45.0))
     return a
 
 
@@ -57,36 +52,31 @@ def main() -> None:
     recipe, workload, result_name, command = KINDS[a.kind]
     spec = headline_spec(recipe)
     name = f"stock_grid_{a.kind}"
-    sysrand = random.SystemRandom()
-    seeds = [sysrand.randrange(1, 2**31) for _ in range(a.reps)]
-    console.print(f"stock grid: {len(a.points)} points x {a.reps} round(s), seeds {seeds} (drawn for this run)")
+    seeds = lb.draw_seeds(a.reps)
+    lb.console.print(f"stock grid: {len(a.points)} points x {a.reps} round(s), seeds {seeds} (drawn for this run)")
     rows: dict[str, list[dict]] = {p: [] for p in a.points}
     jobs = []
     for rnd, seed in enumerate(seeds, 1):
         order = list(a.points)
         random.Random(seed).shuffle(order)  # noqa: S311 - an order, not a secret
-        jobs += [Job(p, f"{p.removeprefix('stock:').replace(',', '-').replace('=', '').replace('/', '-')}-{rnd}", spec,
-                     command(p, f"{a.warmup:g}", f"{a.window:g}", str(seed)), result_name)
+        jobs += [lb.Job(p, f"{p.removeprefix('stock:').replace(',', '-').replace('=', '').replace('/', '-')}-{rnd}",
+                        spec, command(p, f"{a.warmup:g}", f"{a.window:g}", str(seed)), result_name)
                  for p in order]
-    runner = Runner(f"stock grid ({a.kind}, {workload})", len(jobs), **({"out": a.out} if a.out else {}))
-    try:
-        runner.run_all(jobs, rows)
-    finally:
-        runner.close()
+    runner = lb.run_jobs(f"stock grid ({a.kind}, {workload})", jobs, rows, a.out)
     found = stockgrid.best(rows)
-    table = [[p, cell(values(rs, "ops_s")), cell(values(rs, "exposure_max_dirty_mib")),
-              cell(values(rs, "exposure_oldest_dirty_s")),
+    table = [[p, lb.cellof(rs, "ops_s"), lb.cellof(rs, "exposure_max_dirty_mib"),
+              lb.cellof(rs, "exposure_oldest_dirty_s"),
               "yes" if rs and all(stockgrid.within_bound(r) for r in rs if "error" not in r) else "no",
-              cell(values(rs, "fsync_p99_ms")), str(len([r for r in rs if "error" not in r]))]
+              lb.cellof(rs, "fsync_p99_ms"), str(len([r for r in rs if "error" not in r]))]
              for p, rs in rows.items()]
-    md = header(f"Stock grid: {a.kind} settings on {workload}", spec,
+    md = lb.header(f"Stock grid: {a.kind} settings on {workload}", spec,
                 f"{a.warmup:g} s warm-up, {a.window:g} s window, seeds {seeds}, order shuffled per round.")
-    md += "\n" + md_table(["configuration", "ops/s", "max dirty MiB", "oldest dirty s", "within 64 MiB / 30 s",
+    md += "\n" + lb.md_table(["configuration", "ops/s", "max dirty MiB", "oldest dirty s", "within 64 MiB / 30 s",
                            "fsync p99 ms", "runs"], table)
     md += (f"\n\nBest within the bound: {found['best_bounded']} ({found['best_bounded_ops_s']} ops/s); best overall:"
            f" {found['best_overall']} ({found['best_overall_ops_s']} ops/s).\n")
-    save(runner.out, name, md, {"points": a.points, "seeds": seeds, "rows": rows, **found})
-    console.print(md)
+    lb.save(runner.out, name, md, {"points": a.points, "seeds": seeds, "rows": rows, **found})
+    lb.console.print(md)
     if a.write:
         if found["best_bounded"] is None or found["best_overall"] is None:
             raise SystemExit("no point qualified: the result is not written")
@@ -94,7 +84,7 @@ def main() -> None:
                "warmup_s": a.warmup, "window_s": a.window, "reps": a.reps, "points": len(a.points),
                "command": " ".join(["tests/bench/bench_lab_stock_grid.py", *sys.argv[1:]])}
         stockgrid.result(a.kind).write_text(json.dumps(doc, indent=1) + "\n")
-        console.print(f"written: {stockgrid.result(a.kind)}")
+        lb.console.print(f"written: {stockgrid.result(a.kind)}")
 
 
 if __name__ == "__main__":

@@ -14,21 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import headline  # noqa: E402
-from labbench import (  # noqa: E402
-    Job,
-    Runner,
-    cell,
-    console,
-    header,
-    md_table,
-    med,
-    pair_ratios,
-    parse_args,
-    plot,
-    repro,
-    save,
-    values,
-)
+import labbench as lb  # noqa: E402
 
 CONFIGS = {"writethrough": "stock, write-through", "writeback": "stock, write-back",
            "cp-destructive": "stock write-back + cachepilot, shipped default (destructive)"}
@@ -39,66 +25,60 @@ def summary(rows: dict[str, list[dict]], reps: int) -> list[list[str]]:
     table = []
     for c, rs in rows.items():
         ok = [r for r in rs if "error" not in r]
-        table.append([CONFIGS[c], cell(values(ok, "ops_s")), cell(values(ok, "fsync_p50_ms")),
-                      cell(values(ok, "fsync_p99_ms")), cell(values(ok, "max_dirty_mib")),
-                      cell(values(ok, "max_age_s"), "{:.0f}"), cell(values(ok, "origin_written_mib")),
-                      cell(values(ok, "origin_mib_per_kop"), "{:.2f}"), cell(values(ok, "dirty_owed_mib")),
+        table.append([CONFIGS[c], lb.cellof(ok, "ops_s"), lb.cellof(ok, "fsync_p50_ms"),
+                      lb.cellof(ok, "fsync_p99_ms"), lb.cellof(ok, "max_dirty_mib"),
+                      lb.cellof(ok, "max_age_s", "{:.0f}"), lb.cellof(ok, "origin_written_mib"),
+                      lb.cellof(ok, "origin_mib_per_kop", "{:.2f}"), lb.cellof(ok, "dirty_owed_mib"),
                       f"{len(ok)}/{reps}"])
     return table
 
 
 def goals(rows: dict[str, list[dict]]) -> str:
     cp = [r for r in rows["cp-destructive"] if "error" not in r]
-    vs_wt = pair_ratios(rows["cp-destructive"], rows["writethrough"], "ops_s")
-    vs_wb = pair_ratios(rows["cp-destructive"], rows["writeback"], "ops_s")
-    wb_wt = pair_ratios(rows["writeback"], rows["writethrough"], "ops_s")
+    vs_wt = lb.pair_ratios(rows["cp-destructive"], rows["writethrough"], "ops_s")
+    vs_wb = lb.pair_ratios(rows["cp-destructive"], rows["writeback"], "ops_s")
+    wb_wt = lb.pair_ratios(rows["writeback"], rows["writethrough"], "ops_s")
     within = bool(cp) and all(r["max_dirty_mib"] <= BOUND_MIB and r["max_age_s"] <= BOUND_S for r in cp)
-    verdict = "n/a" if not vs_wt else ("met" if med(vs_wt) >= 1.5 else "**missed**")
-    return (f"Goals, pair by pair: ops/s vs write-through {cell(vs_wt, '{:.2f}')}× (≥ 1.5×) — {verdict}; vs "
-            f"plain write-back {cell(vs_wb, '{:.2f}')}× (stock write-back itself: {cell(wb_wt, '{:.2f}')}× "
+    verdict = "n/a" if not vs_wt else ("met" if lb.med(vs_wt) >= 1.5 else "**missed**")
+    return (f"Goals, pair by pair: ops/s vs write-through {lb.cell(vs_wt, '{:.2f}')}× (≥ 1.5×) — {verdict}; vs "
+            f"plain write-back {lb.cell(vs_wb, '{:.2f}')}× (stock write-back itself: {lb.cell(wb_wt, '{:.2f}')}× "
             f"write-through). Exposure within the bound ({BOUND_MIB} MiB, {BOUND_S} s) in every cachepilot run: "
-            f"{'met' if within else '**missed**'} (largest {max(values(cp, 'max_dirty_mib'), default=0):.1f} MiB, "
-            f"{max(values(cp, 'max_age_s'), default=0):.1f} s).")
+            f"{'met' if within else '**missed**'} (largest {max(lb.values(cp, 'max_dirty_mib'), default=0):.1f} MiB, "
+            f"{max(lb.values(cp, 'max_age_s'), default=0):.1f} s).")
 
 
 def main() -> None:
-    reps, quick, out = parse_args(sys.argv[1:])
+    reps, quick, out = lb.parse_args(sys.argv[1:])
     timing = headline.QUICK if quick else headline.FULL
     seconds = timing.window
     spec = headline.spec("bcache")
-    runner = Runner("varmail", reps * len(CONFIGS), **({"out": out} if out else {}))
     rows: dict[str, list[dict]] = {c: [] for c in CONFIGS}
     cmd = ["tests/bench/guest/varmail.py", "{c}", str(seconds), "--warmup", str(timing.warmup)]
-    jobs = [Job(c, f"{c}-{rep + 1}", spec, [a.format(c=c) for a in cmd] + ["--seed", str(rep + 1)], "varmail")
-            for rep in range(reps) for c in CONFIGS]
-    try:
-        runner.run_all(jobs, rows)
-    finally:
-        runner.close()
-    md = header("Varmail on a destructive-model volume", spec,
+    runner = lb.run_jobs("varmail", lb.numbered_rounds(list(CONFIGS), reps, spec, cmd, "varmail"), rows, out)
+    md = lb.header("Varmail on a destructive-model volume", spec,
                 f"{headline.geometry()}. {timing.warmup} s of warm-up, then a {seconds} s window of a "
                 f"varmail-like loop, 4 threads: delete a file; create one, append 16 KiB, fsync; "
                 f"append 16 KiB to another, fsync; read two whole (page cache dropped). One op = one such iteration. "
                 f"Exposure witness: dirty bytes every second; age = time since dirty data last read 0 (polled "
                 f"every 50 ms). Median (min–max) of {reps} rounds.")
-    md += "\n" + md_table(["configuration", "ops/s", "fsync p50 ms", "fsync p99 ms", "largest dirty, MiB",
+    md += "\n" + lb.md_table(["configuration", "ops/s", "fsync p50 ms", "fsync p99 ms", "largest dirty, MiB",
                            "largest age, s", "origin written in the window, MiB", "origin MiB per 1000 ops",
                            "dirty owed at the end, MiB", "runs"], summary(rows, reps))
     md += "\n\n" + goals(rows)
     dmn = [r for r in rows["cp-destructive"] if "error" not in r]
-    md += (f"\n\nDaemon: CPU {cell(values(dmn, 'daemon_cpu_pct'))}% of the guest's vCPU, RSS "
-           f"{cell(values(dmn, 'daemon_rss_mib'))} MiB; decisions (round 1): "
+    md += (f"\n\nDaemon: CPU {lb.cellof(dmn, 'daemon_cpu_pct')}% of the guest's vCPU, RSS "
+           f"{lb.cellof(dmn, 'daemon_rss_mib')} MiB; decisions (round 1): "
            f"{dmn[0].get('decisions') if dmn else '-'}.")
-    md += "\n\nReproduce one row (cachepilot, round 1):\n\n```sh\n" + repro(
+    md += "\n\nReproduce one row (cachepilot, round 1):\n\n```sh\n" + lb.repro(
         spec, [a.format(c="cp-destructive") for a in cmd] + ["--seed", "1"]) + "\n```\n"
     for key, title, unit in (("dirty_mib", "dirty data", "MiB"), ("age_s", "exposure age (witness)", "s")):
         series = {CONFIGS[c]: [(p["t"], p[key]) for p in rows[c][0].get("timeline", [])]
                   for c in CONFIGS if rows[c] and "timeline" in rows[c][0]}
-        png = plot(runner.out, f"varmail_{key}", f"varmail: {title} per second (round 1)", unit, series)
+        png = lb.plot(runner.out, f"varmail_{key}", f"varmail: {title} per second (round 1)", unit, series)
         if png:
             md += f"\n![varmail {title}]({png.name})\n"
-    save(runner.out, "varmail", md, {"configs": CONFIGS, "seconds": seconds, "rows": rows})
-    console.print(md)
+    lb.save(runner.out, "varmail", md, {"configs": CONFIGS, "seconds": seconds, "rows": rows})
+    lb.console.print(md)
     print(md)
 
 

@@ -21,23 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import headline  # noqa: E402
+import labbench as lb  # noqa: E402
 import stockgrid  # noqa: E402
-from labbench import (  # noqa: E402
-    Job,
-    Runner,
-    cell,
-    console,
-    header,
-    md_table,
-    med,
-    pair_ratios,
-    plot,
-    repro,
-    round_seeds,
-    save,
-    shuffled,
-    values,
-)
 
 CONFIGS = {"max-age": "stock dm-writecache, max_age 30 s (the kernel's other defaults)",
            "best-bounded": "stock dm-writecache, the grid's best within 64 MiB / 30 s",
@@ -46,24 +31,15 @@ CONFIGS = {"max-age": "stock dm-writecache, max_age 30 s (the kernel's other def
 
 
 def options(argv: Sequence[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--quick", action="store_true", help="one round, short windows (development only)")
-    ap.add_argument("--out", type=Path, default=None)
+    ap = lb.parser(reps=5, quick_help="one round, short windows (development only)")
     ap.add_argument("--configs", default="max-age,best-bounded,cp-default")
-    ap.add_argument("--seeds", default="", help="the rounds' seeds (a run's printed ones); default: drawn now")
+    lb.add_seeds(ap)
     ap.add_argument("--best-bounded", default="", metavar="SPEC",
                     help="measure this stock point (stock:age=S,pause=MS,wm=H/L,discard=0|1) as best-bounded instead"
                          " of the grid's find, e.g. when the find passes the bound over a full run")
     a = ap.parse_args(argv)
-    a.configs = [c for c in a.configs.split(",") if c]
-    if not a.configs or set(a.configs) - set(CONFIGS):
-        ap.error(f"--configs: choose from {','.join(CONFIGS)}")
-    try:
-        a.seeds = round_seeds(a.seeds, 1 if a.quick else a.reps)
-    except ValueError:
-        ap.error(f"--seeds {a.seeds!r}: expected integers separated by commas")
-    a.reps = len(a.seeds)
+    a.configs = lb.chosen(ap, a.configs, CONFIGS)
+    lb.seeds(ap, a)
     a.stock = {}
     if {"best-bounded", "best-overall"} & set(a.configs):
         found = stockgrid.load(stockgrid.result("writecache"))
@@ -80,27 +56,27 @@ def summary(rows: dict[str, list[dict]], reps: int, stock: dict[str, str]) -> li
     for c, rs in rows.items():
         ok = [r for r in rs if "error" not in r]
         name = CONFIGS[c] + (f" ({stock[c]})" if c in stock else "")
-        table.append([name, cell(values(ok, "ops_s")), cell(values(ok, "origin_written_mib")),
-                      cell(values(ok, "origin_mib_per_kop"), "{:.2f}"), cell(values(ok, "dirty_owed_mib")),
-                      cell(values(ok, "max_dirty_mib")), cell(values(ok, "exposure_oldest_dirty_s"), "{:.0f}"),
-                      cell(values(ok, "max_age_s"), "{:.0f}"),
-                      cell(values(ok, "daemon_cpu_pct")), f"{len(ok)}/{reps}"])
+        table.append([name, lb.cellof(ok, "ops_s"), lb.cellof(ok, "origin_written_mib"),
+                      lb.cellof(ok, "origin_mib_per_kop", "{:.2f}"), lb.cellof(ok, "dirty_owed_mib"),
+                      lb.cellof(ok, "max_dirty_mib"), lb.cellof(ok, "exposure_oldest_dirty_s", "{:.0f}"),
+                      lb.cellof(ok, "max_age_s", "{:.0f}"),
+                      lb.cellof(ok, "daemon_cpu_pct"), f"{len(ok)}/{reps}"])
     return table
 
 
 def goals(rows: dict[str, list[dict]]) -> str:
     cp = rows["cp-default"]
-    best = pair_ratios(cp, rows.get("best-bounded", []), "ops_s")
-    ops = pair_ratios(cp, rows.get("max-age", []), "ops_s")
-    org = pair_ratios(cp, rows.get("max-age", []), "origin_written_mib")
-    per = pair_ratios(cp, rows.get("max-age", []), "origin_mib_per_kop")
+    best = lb.pair_ratios(cp, rows.get("best-bounded", []), "ops_s")
+    ops = lb.pair_ratios(cp, rows.get("max-age", []), "ops_s")
+    org = lb.pair_ratios(cp, rows.get("max-age", []), "origin_written_mib")
+    per = lb.pair_ratios(cp, rows.get("max-age", []), "origin_mib_per_kop")
     return (f"Goals, pair by pair within a round: against the best stock table arguments within the same bound"
-            f" (issue 31) ops/s {cell(best, '{:.2f}')}× (≥ 1.0×) —"
-            f" {headline.verdict(best, bool(best) and med(best) >= 1.0)};"
-            f" against max_age alone: ops/s {cell(ops, '{:.2f}')}× (≥ 1.0×) — "
-            f"{headline.verdict(ops, bool(ops) and med(ops) >= 1.0)}; origin bytes in the window "
-            f"{cell(org, '{:.2f}')}× (≤ 0.8×) — {headline.verdict(org, bool(org) and med(org) <= 0.8)}; per op "
-            f"{cell(per, '{:.2f}')}×; the witness within 64 MiB / 30 s in every run of each configuration: "
+            f" (issue 31) ops/s {lb.cell(best, '{:.2f}')}× (≥ 1.0×) —"
+            f" {headline.verdict(best, bool(best) and lb.med(best) >= 1.0)};"
+            f" against max_age alone: ops/s {lb.cell(ops, '{:.2f}')}× (≥ 1.0×) — "
+            f"{headline.verdict(ops, bool(ops) and lb.med(ops) >= 1.0)}; origin bytes in the window "
+            f"{lb.cell(org, '{:.2f}')}× (≤ 0.8×) — {headline.verdict(org, bool(org) and lb.med(org) <= 0.8)}; per op "
+            f"{lb.cell(per, '{:.2f}')}×; the witness within 64 MiB / 30 s in every run of each configuration: "
             + ", ".join(f"{c} {sum(map(stockgrid.within_bound, ok))}/{len(ok)}" for c, rs in rows.items()
                         if (ok := [r for r in rs if "error" not in r])) + ".")
 
@@ -109,7 +85,7 @@ def main() -> None:
     a = options(sys.argv[1:])
     timing = headline.QUICK if a.quick else headline.FULL
     spec = headline.spec("writecache")
-    console.print(f"W4: seeds {a.seeds} (drawn for this run; --seeds {','.join(map(str, a.seeds))} replays it),"
+    lb.console.print(f"W4: seeds {a.seeds} (drawn for this run; --seeds {','.join(map(str, a.seeds))} replays it),"
                   f" stock {a.stock}")
     rows: dict[str, list[dict]] = {c: [] for c in a.configs}
 
@@ -117,40 +93,36 @@ def main() -> None:
         return ["tests/bench/guest/wcfiles.py", a.stock.get(c, c), str(timing.window), "--warmup",
                 str(timing.warmup), "--seed", str(seed)]
 
-    jobs = [Job(c, f"{c}-{rnd}", spec, cmd(c, seed), "wcfiles")
-            for rnd, seed in enumerate(a.seeds, 1) for c in shuffled(a.configs, seed)]
-    runner = Runner("writecache", len(jobs), **({"out": a.out} if a.out else {}))
-    try:
-        runner.run_all(jobs, rows)
-    finally:
-        runner.close()
+    jobs = [lb.Job(c, f"{c}-{rnd}", spec, cmd(c, seed), "wcfiles")
+            for rnd, seed in enumerate(a.seeds, 1) for c in lb.shuffled(a.configs, seed)]
+    runner = lb.run_jobs("writecache", jobs, rows, a.out)
     reps = a.reps
-    md = header("W4: dm-writecache against its own max_age", spec,
+    md = lb.header("W4: dm-writecache against its own max_age", spec,
                 f"{headline.geometry()}. 4 threads: create a 64–192 KiB file + fsync, append 16 KiB to a live "
                 f"file, read one whole, stat one, rewrite one whole in a tenth of the steps, delete the files whose "
                 f"wall-clock death time (drawn at birth, W1's mix) has come. {timing.warmup} s of warm-up, then a "
                 f"{timing.window} s window. Median (min–max) of {reps} rounds, seeds {a.seeds}, order shuffled "
                 f"per round.")
-    md += "\n" + md_table(["configuration", "ops/s", "origin written in the window, MiB", "origin MiB per 1000 ops",
+    md += "\n" + lb.md_table(["configuration", "ops/s", "origin written in the window, MiB", "origin MiB per 1000 ops",
                            "dirty owed at the end, MiB", "largest dirty, MiB", "oldest dirty (witness), s",
                            "longest time not clean, s",
                            "daemon CPU %", "runs"], summary(rows, reps, a.stock))
     md += "\n\n" + (goals(rows) if "cp-default" in rows else "")
     dmn = [r for r in rows.get("cp-default", []) if "error" not in r]
-    md += (f"\n\nDaemon RSS {cell(values(dmn, 'daemon_rss_mib'))} MiB; decisions (round 1): "
+    md += (f"\n\nDaemon RSS {lb.cellof(dmn, 'daemon_rss_mib')} MiB; decisions (round 1): "
            f"{dmn[0].get('decisions') if dmn else '-'}.")
-    md += "\n\nReproduce one row (cachepilot, round 1):\n\n```sh\n" + repro(
+    md += "\n\nReproduce one row (cachepilot, round 1):\n\n```sh\n" + lb.repro(
         spec, cmd("cp-default", a.seeds[0])) + "\n```\n"
     for key, title, unit in (("dirty_mib", "dirty data", "MiB"), ("origin_mib", "origin written", "MiB")):
         series = {CONFIGS[c]: [(p["t"], p[key]) for p in rows[c][0].get("timeline", [])]
                   for c in a.configs if rows[c] and "timeline" in rows[c][0]}
-        png = plot(runner.out, f"writecache_{key}", f"W4: {title} per second (round 1)", unit, series,
+        png = lb.plot(runner.out, f"writecache_{key}", f"W4: {title} per second (round 1)", unit, series,
                    marks=[(float(timing.warmup), "window")])
         if png:
             md += f"\n![W4 {title}]({png.name})\n"
-    save(runner.out, "writecache", md, {"configs": CONFIGS, "stock": a.stock, "seeds": a.seeds,
+    lb.save(runner.out, "writecache", md, {"configs": CONFIGS, "stock": a.stock, "seeds": a.seeds,
                                         "timing": timing.__dict__, "rows": rows})
-    console.print(md)
+    lb.console.print(md)
     print(md)
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shlex
@@ -11,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,10 @@ ROOT = Path(__file__).resolve().parents[2]
 LAB = ROOT / "tests" / "vm" / "lab"
 OUT_ROOT = ROOT / "build" / "bench"
 console = Console(stderr=True)
+
+
+# The plain pair: the stock cache alone, and with the daemon under the shipped default policy (scan, warm).
+STOCK_VS_DEFAULT = {"stock": "stock", "cp-destructive": "stock + cachepilot, shipped default policy"}
 
 
 @dataclass
@@ -150,6 +155,11 @@ def values(rows: Sequence[dict], key: str) -> list[float]:
     return [float(r[key]) for r in rows if key in r and r[key] is not None]
 
 
+def cellof(rows: Sequence[dict], key: str, fmt: str = "{:.1f}") -> str:
+    """A table cell of one result key over the repetitions: median (min–max)."""
+    return cell(values(rows, key), fmt)
+
+
 def pair_ratios(a: Sequence[dict], b: Sequence[dict], key: str) -> list[float]:
     """a[i][key] / b[i][key] for the repetitions where both ran (pairs from the same round)."""
     return [float(x[key]) / float(y[key]) for x, y in zip(a, b, strict=False)
@@ -221,16 +231,79 @@ def plot(out: Path, name: str, title: str, ylabel: str, series: dict[str, list[t
     return path
 
 
+def run_jobs(name: str, jobs: Sequence[Job], rows: dict, out: Path | None = None,
+             at_a_time: int | None = None) -> Runner:
+    """Every job run (Runner.run_all: results appended to ``rows``) under a progress bar named ``name``, closed however
+    the run ends; ``out``: where the results go (default build/bench/<time>); ``at_a_time``: guests at a time
+    (default_jobs)."""
+    runner = Runner(name, len(jobs), **({"out": out} if out else {}), **({"jobs": at_a_time} if at_a_time else {}))
+    try:
+        runner.run_all(jobs, rows)
+    finally:
+        runner.close()
+    return runner
+
+
+def numbered_rounds(configs: Sequence[str], reps: int, spec: LabSpec, cmd: Sequence[str], result_name: str,
+                    prefix: str = "") -> list[Job]:
+    """``reps`` rounds of every configuration in the order given, round N with ``--seed N``: ``cmd``'s "{c}" is
+    the configuration; each job's row is its configuration, its label prefix + config + round."""
+    return [Job(c, f"{prefix}{c}-{rep + 1}", spec, [a.format(c=c) for a in cmd] + ["--seed", str(rep + 1)],
+                result_name) for rep in range(reps) for c in configs]
+
+
+# The options every lab benchmark shares: --reps, --quick, --out first; --configs, --warmup/--window and --seeds
+# where a benchmark has them, checked and defaulted here.
+
+def parser(reps: int, quick_help: str | None = None) -> argparse.ArgumentParser:
+    """--reps N (default ``reps``), --quick, --out DIR; a benchmark adds its own after them."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=reps)
+    ap.add_argument("--quick", action="store_true", help=quick_help)
+    ap.add_argument("--out", type=Path, default=None)
+    return ap
+
+
 def parse_args(argv: Sequence[str], default_reps: int = 3) -> tuple[int, bool, Path | None]:
     """--reps N, --quick (1 repetition, shorter runs), --out DIR."""
-    import argparse
-
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--reps", type=int, default=default_reps)
-    ap.add_argument("--quick", action="store_true", help="one repetition, shorter runs")
-    ap.add_argument("--out", type=Path, default=None)
-    a = ap.parse_args(argv)
+    a = parser(default_reps, "one repetition, shorter runs").parse_args(argv)
     return (1 if a.quick else a.reps), a.quick, a.out
+
+
+def chosen(ap: argparse.ArgumentParser, text: str, table: Mapping[str, str], what: str = "configuration") -> list[str]:
+    """The names in ``text`` (separated by commas), each one of ``table``'s; ap.error naming the others, or none."""
+    names = [c for c in text.split(",") if c]
+    if bad := [c for c in names if c not in table]:
+        ap.error(f"unknown {what}(s) {','.join(bad)}: choose from {','.join(table)}")
+    if not names:
+        ap.error(f"no {what} given: choose from {','.join(table)}")
+    return names
+
+
+def add_windows(ap: argparse.ArgumentParser) -> None:
+    """--warmup S, --window S (defaults by --quick: ``windows``)."""
+    ap.add_argument("--warmup", type=float, default=None)
+    ap.add_argument("--window", type=float, default=None)
+
+
+def windows(a: argparse.Namespace, quick: tuple[float, float], full: tuple[float, float]) -> None:
+    """a.warmup, a.window as given, else the (warm-up, window) seconds of a --quick or a full run."""
+    warmup, window = quick if a.quick else full
+    a.warmup = a.warmup if a.warmup is not None else warmup
+    a.window = a.window if a.window is not None else window
+
+
+def add_seeds(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--seeds", default="", help="the rounds' seeds (a run's printed ones); default: drawn now")
+
+
+def seeds(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """a.seeds: --seeds as given, else drawn (one a round: a.reps, 1 with --quick); a.reps: as many."""
+    try:
+        a.seeds = round_seeds(a.seeds, 1 if a.quick else a.reps)
+    except ValueError:
+        ap.error(f"--seeds {a.seeds!r}: expected integers separated by commas")
+    a.reps = len(a.seeds)
 
 
 def draw_seeds(n: int) -> list[int]:

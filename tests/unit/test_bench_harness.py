@@ -204,7 +204,7 @@ def test_w4_draws_its_seeds_shuffles_its_order_and_runs_the_grids_find(tmp_path:
     assert w4.options(["--best-bounded", pinned]).stock["best-bounded"] == pinned
     with pytest.raises(SystemExit):
         w4.options(["--best-bounded", "stock:pause=0;rm"])
-    orders = {tuple(w4.shuffled(["max-age", "best-bounded", "cp-default"], s)) for s in range(30)}
+    orders = {tuple(w4.lb.shuffled(["max-age", "best-bounded", "cp-default"], s)) for s in range(30)}
     assert len(orders) > 3
 
 
@@ -222,8 +222,8 @@ def test_w1_rounds_draw_their_seeds_and_shuffle_their_order() -> None:
     CPU-tax control last; a guest's stock configuration names parse to the knobs it sets."""
     sys.path.insert(0, str(BENCH))
     w1 = _load("bench_w1", BENCH / "bench_lab_headline_fileserver.py")
-    seeds = w1.round_seeds("", 5)
-    assert w1.round_seeds("7,8", 5) == [7, 8]
+    seeds = w1.options(["--configs", "wt"]).seeds
+    assert w1.options(["--configs", "wt", "--seeds", "7,8"]).seeds == [7, 8]
     assert len(set(seeds)) == 5 and not set(seeds) <= {1, 2, 3, 4, 5}
     configs = ["cp-destructive", "wt", "wb", "best-bounded", "best-overall", "cpu-tax"]
     orders = {tuple(w1.round_order(configs, s)) for s in range(40)}
@@ -261,3 +261,51 @@ def test_the_w4_witness_reads_the_bios_of_the_volume_and_its_origin() -> None:
     assert ev == [(100.0, "w", 2048, 16), (101.0, "w", 4096, 8), (125.0, "wb", 2048, 16), (126.0, "d", 4096, 8)]
     assert lt.oldest_dirty_age(ev, 130.0) == 25.0  # the first write waited 25 s; nothing is dirty at the end
     assert lt.oldest_dirty_age(ev[:2], 130.0) == 30.0  # never written back: its age at the end
+
+
+def test_the_shared_options_check_and_default_what_each_benchmark_gave_itself() -> None:
+    """One harness (labbench): --reps/--quick/--out first, --configs each one of the table's, --seeds replayed or
+    drawn (one round with --quick), warm-up and window by --quick unless given."""
+    ap = lb.parser(reps=4)
+    lb.add_windows(ap)
+    lb.add_seeds(ap)
+    a = ap.parse_args(["--quick"])
+    lb.windows(a, quick=(5.0, 20.0), full=(15.0, 60.0))
+    lb.seeds(ap, a)
+    assert (a.warmup, a.window, a.reps, len(a.seeds)) == (5.0, 20.0, 1, 1)
+    a = ap.parse_args(["--window", "33", "--seeds", "7,8,9"])
+    lb.windows(a, quick=(5.0, 20.0), full=(15.0, 60.0))
+    lb.seeds(ap, a)
+    assert (a.warmup, a.window, a.reps, a.seeds) == (15.0, 33.0, 3, [7, 8, 9])
+    assert len(lb.parser(reps=4).parse_args([]).__dict__) == 3 and lb.parser(reps=4).parse_args([]).reps == 4
+    table = {"wt": "stock write-through", "cp": "cachepilot"}
+    assert lb.chosen(ap, "cp,wt", table) == ["cp", "wt"]
+    for bad in ("wt,nope", ",", ""):
+        with pytest.raises(SystemExit):
+            lb.chosen(ap, bad, table)
+    with pytest.raises(SystemExit):
+        lb.seeds(ap, ap.parse_args(["--seeds", "1,x"]))
+
+
+def test_numbered_rounds_run_every_configuration_each_round_with_the_rounds_seed(monkeypatch) -> None:
+    spec = lb.LabSpec()
+    jobs = lb.numbered_rounds(["a", "b"], 2, spec, ["g.py", "{c}", "9"], "res", prefix="p-")
+    assert [(j.key, j.label, j.result_name) for j in jobs] == [
+        ("a", "p-a-1", "res"), ("b", "p-b-1", "res"), ("a", "p-a-2", "res"), ("b", "p-b-2", "res")]
+    assert [list(j.cmd) for j in jobs[1:3]] == [["g.py", "b", "9", "--seed", "1"], ["g.py", "a", "9", "--seed", "2"]]
+    closed: list[str] = []
+
+    class FakeRunner:
+        def __init__(self, name: str, total: int, **kw: object) -> None:
+            self.name, self.total, self.kw = name, total, kw
+
+        def run_all(self, jobs: list, rows: dict) -> None:
+            raise KeyboardInterrupt  # an operator's ^C in the middle of a run
+
+        def close(self) -> None:
+            closed.append(self.name)
+
+    monkeypatch.setattr(lb, "Runner", FakeRunner)
+    with pytest.raises(KeyboardInterrupt):
+        lb.run_jobs("w9", jobs, {}, Path("/tmp/out"), at_a_time=1)
+    assert closed == ["w9"]  # the progress bar stopped however the run ended
