@@ -84,6 +84,11 @@ class Job:
     prepare: Callable[[], Sequence[str]] | None = None
 
 
+def fresh_out() -> Path:
+    """A run's own results directory: build/bench/<time>."""
+    return OUT_ROOT / time.strftime("%Y%m%d-%H%M%S")
+
+
 @dataclass
 class Runner:
     """Runs lab jobs, ``jobs`` guests at a time (in the order given, so round 1 runs first), with a progress bar;
@@ -91,7 +96,7 @@ class Runner:
 
     name: str
     total: int
-    out: Path = field(default_factory=lambda: OUT_ROOT / time.strftime("%Y%m%d-%H%M%S"))
+    out: Path = field(default_factory=fresh_out)
     jobs: int = field(default_factory=default_jobs)
     done: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -236,7 +241,7 @@ def run_jobs(name: str, jobs: Sequence[Job], rows: dict, out: Path | None = None
     """Every job run (Runner.run_all: results appended to ``rows``) under a progress bar named ``name``, closed however
     the run ends; ``out``: where the results go (default build/bench/<time>); ``at_a_time``: guests at a time
     (default_jobs)."""
-    runner = Runner(name, len(jobs), **({"out": out} if out else {}), **({"jobs": at_a_time} if at_a_time else {}))
+    runner = Runner(name, len(jobs), out=out or fresh_out(), jobs=at_a_time or default_jobs())
     try:
         runner.run_all(jobs, rows)
     finally:
