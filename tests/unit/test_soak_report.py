@@ -80,5 +80,5 @@ def test_the_daemons_cost_between_two_samples_per_tick_and_stage() -> None:
     assert soak.cost(first, last) == {"daemon_cpu_pct_after_warmup": 15.0,
                                       "stage_ms_per_tick_after_warmup": {"publish": [5.0, 3.0], "sample": [50.0, 10.0]}}
     bench = load(BENCH / "bench_lab_soak.py")
-    md = bench.report({**good_result(), **soak.cost(first, last)}, bench.LabSpec(), 6, "cmd")
+    md = bench.report({**good_result(), **soak.cost(first, last)}, bench.lb.LabSpec(), 6, "cmd")
     assert "15.0% of the vCPU" in md and "sample 50 / 10, publish 5 / 3" in md
