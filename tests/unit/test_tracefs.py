@@ -157,3 +157,29 @@ def test_the_hot_large_tests_trace_starts_empty_takes_rounds_and_is_removed(fake
     assert [r.event for r in tr.take()] == [bcache_trace.ALLOC_FAIL] * 2 and tr.take() == []
     (inst / "trace").write_text(line)
     assert len(tr.stop()) == 1 and not inst.exists()
+
+
+def test_w1s_discard_and_hit_witnesses_filter_by_device_and_pid_and_remove_theirs(
+        fake: FakeTracefs, monkeypatch: pytest.MonkeyPatch) -> None:
+    common = _guest_common()
+    monkeypatch.setattr(common.os, "getpid", lambda: 4242)
+    dev = (1 << 20) | 3  # /dev/null (1:3) stands in for the cached volume's node: only its number is read
+    witness = common.DiscardWitness("/dev/null")
+    inst = fake.root / "instances" / "cp-bench-4242"
+    q = inst / "events" / "block" / "block_bio_queue"
+    assert (q / "filter").read_text() == f"dev == {dev}\n" and (inst / "trace_clock").read_text() == "mono"
+    (inst / "trace").write_text("  jbd2-9 [000] ..... 50.000000: block_bio_queue: 1,3 DS 2048 + 256 [jbd2]\n")
+    assert witness.discards() == [(50.0, 2048, 256)] and not inst.exists()
+
+    hits = common.WorkloadHits("/dev/null", 77)
+    inst = fake.root / "instances" / "cp-hits-4242"
+    q = inst / "events" / "block" / "block_bio_queue"
+    assert (q / "filter").read_text() == f"dev == {dev} && common_pid == 77\n"
+    seq = inst / "events" / "bcache" / "bcache_bypass_sequential"
+    assert (seq / "filter").read_text() == "common_pid == 77\n" and (seq / "enable").read_text() == "1"
+    assert (inst / "events" / "bcache" / "bcache_read" / "enable").read_text() == "1"
+    (inst / "trace").write_text(
+        "  python3-77 [000] ..... 60.000000: block_bio_queue: 1,3 R 2048 + 8 [python3]\n"
+        "  <idle>-0   [000] ..... 60.100000: bcache_read: 254,0 R 2064 + 8 hit 1 bypass 0\n")
+    got = hits.counts()
+    assert (got["hits"], got["misses"], got["offset"]) == (1, 0, 16) and not inst.exists()
