@@ -168,8 +168,9 @@ def main() -> None:
         res["promotions"] = len(done)
         # when each promotion was done, seconds after the second round's reads ended (the admission's earliest)
         res["promoted_after_round2_s"] = sorted(round(float(x["ts"]) - second_ended, 1) for x in done)
-        vol = (daemon.ask("status").get("volumes") or [{}])[0].get("metrics") or {}
-        res["alloc_failures"], res["promotion_rate"] = vol.get("alloc_failures"), vol.get("promotion_rate")
+        vol = (daemon.ask("status").get("volumes") or [{}])[0]
+        pace = vol.get("promotion") or {}
+        res["alloc_failures"], res["promotion_rate"] = pace.get("alloc_failures"), pace.get("promotion_rate")
         res["daemon_exit"] = daemon.stop()
     write_result("hotlarge", res)
 
