@@ -34,7 +34,7 @@ LAB_TIMEOUT = 600  # seconds a boot may take; the runner waits longer: the lock 
 class LockedSpec(lb.LabSpec):
     def argv(self, out: Path, cmd: Any) -> list[str]:
         lab = lb.LabSpec(self.recipe, self.mode, self.origin_delay_ms, self.origin_size_mb, self.cache_size_mb,
-                      LAB_TIMEOUT)
+                         LAB_TIMEOUT)
         return ["flock", LOCK, *lab.argv(out, cmd)]
 
 
@@ -86,8 +86,8 @@ def main() -> None:
           f"--cache-size 128MiB` (calibrated by the recording's own measured ratio; the plain LRU estimate in "
           f"parentheses). Goal: |predicted − measured| ≤ {100 * GOAL:.0f} points.\n\n")
     md += lb.md_table(["workload", f"predicted at {BIG} MiB (from the {SMALL} MiB recording)", f"measured at {BIG} MiB",
-                    "error, points", f"at {SMALL} MiB: predicted (own recording) / measured",
-                    f"at {SMALL} MiB: predicted from the {BIG} MiB recording / measured", "sampled reads"], table)
+                       "error, points", f"at {SMALL} MiB: predicted (own recording) / measured",
+                       f"at {SMALL} MiB: predicted from the {BIG} MiB recording / measured", "sampled reads"], table)
     md += "\n\nReproduce one run (the fileserver recorded at 128 MiB):\n\n```sh\n" + lb.repro(
         spec(SMALL), ["tests/bench/guest/advisor.py", "fileserver", "--seed", "1"]) + "\n```\n"
     lb.save(runner.out, "advisor", md, {"rows": {f"{w}-{mb}": r for (w, mb), r in rows.items()}, "predictions": data})

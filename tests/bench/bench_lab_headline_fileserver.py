@@ -112,10 +112,10 @@ def spec() -> lb.LabSpec:
 def run(a: argparse.Namespace, configs: list[str]) -> tuple[lb.Runner, dict[str, list[dict]]]:
     rows: dict[str, list[dict]] = {c: [] for c in configs}
     runner = lb.Runner("headline W1 fileserver", 0 if a.report else a.reps * len(configs),
-                    **({"out": a.out} if a.out else {}))
+                       **({"out": a.out} if a.out else {}))
     jobs = []
     lb.console.print(f"W1: seeds {a.seeds} (drawn for this run; --seeds {','.join(map(str, a.seeds))} replays it),"
-                  f" best stock found: {a.stock or 'not asked for'}")
+                     f" best stock found: {a.stock or 'not asked for'}")
     try:
         for rnd in range(1, a.reps + 1):
             for c in round_order(configs, a.seeds[rnd - 1]) if not a.report else configs:
@@ -232,14 +232,14 @@ def plots(runner: lb.Runner, ok: dict[str, list[dict]]) -> list[Path]:
     marks = [(t, f"{'drain' if kind == 'drain' else 'mode'} {status}") for t, kind, status, _ in
              (cp[0].get("control_trace", []) if cp else []) if 0 <= t]
     png = lb.plot(runner.out, f"{NAME}_fsync", "W1 fileserver: each fsync's latency (round 1, window; marks: the"
-               " destructive run's drains and switches)", "fsync ms", traces, marks)
+                  " destructive run's drains and switches)", "fsync ms", traces, marks)
     if png:
         out.append(png)
     for key, label, ylabel in (("origin_mib", "origin_writes", "MiB written to the origin"),
                                ("dirty_mib", "dirty", "dirty MiB in the cache")):
         series = {c: [(p["t"], p[key]) for p in rs[0]["timeline"]] for c, rs in ok.items() if rs}
         png = lb.plot(runner.out, f"{NAME}_{label}", f"W1 fileserver: {ylabel} (round 1, warm-up + window)", ylabel,
-                   series)
+                      series)
         if png:
             out.append(png)
     return out
@@ -248,13 +248,13 @@ def plots(runner: lb.Runner, ok: dict[str, list[dict]]) -> list[Path]:
 def report(a: argparse.Namespace, runner: lb.Runner, rows: dict[str, list[dict]]) -> str:
     ok = {c: [x for x in rs if "error" not in x] for c, rs in rows.items()}
     md = lb.header("Headline W1: fileserver with a lifetime mix, bcache", SPEC,
-                f"{a.warmup:g} s warm-up, then a {a.window:g} s measured window per run, every run from a clean "
-                f"(settled) cache; median (min–max) of {a.reps} round(s).")
+                   f"{a.warmup:g} s warm-up, then a {a.window:g} s measured window per run, every run from a clean "
+                   f"(settled) cache; median (min–max) of {a.reps} round(s).")
     md += "\n" + lb.md_table(["configuration", "ops/s", "origin KiB/op (window)", "dirty owed at end, MiB",
-                           "debt KiB/op", "origin busy ms/op", "read p50 / p99 ms", "fsync p50 / p99 ms",
-                           "workload hit ratio", "exposure: max dirty MiB / oldest dirty s",
-                           "daemon CPU % / RSS MiB", "delete → discard p50 s / reach",
-                           "burst: max dirty MiB / oldest dirty s", "runs"], config_rows(ok))
+                              "debt KiB/op", "origin busy ms/op", "read p50 / p99 ms", "fsync p50 / p99 ms",
+                              "workload hit ratio", "exposure: max dirty MiB / oldest dirty s",
+                              "daemon CPU % / RSS MiB", "delete → discard p50 s / reach",
+                              "burst: max dirty MiB / oldest dirty s", "runs"], config_rows(ok))
     goals = goal_rows(rows)
     md += f"\n\nSeeds {a.seeds}; best stock found by the grid: {a.stock or 'not run'}.\n"
     md += "\n\nGoals (issue 31), per-round pairs:\n\n" + lb.md_table(["goal", "measured", "verdict"], goals)
@@ -263,8 +263,8 @@ def report(a: argparse.Namespace, runner: lb.Runner, rows: dict[str, list[dict]]
     for png in plots(runner, ok):
         md += f"\n![{png.stem}]({png.name})\n"
     lb.save(runner.out, NAME, md, {"recipe": "bcache", "configs": CONFIGS, "warmup_s": a.warmup, "window_s": a.window,
-                                "burst_s": a.burst, "seeds": a.seeds, "stock": a.stock, "goals": goals,
-                                "rows": rows})
+                                   "burst_s": a.burst, "seeds": a.seeds, "stock": a.stock, "goals": goals,
+                                   "rows": rows})
     return md
 
 

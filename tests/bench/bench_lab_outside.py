@@ -77,11 +77,11 @@ def main() -> None:
             order = list(a.configs)
             random.Random(seed + TOOLS.index(tool)).shuffle(order)  # noqa: S311 - an order, not a secret
             jobs += [lb.Job((tool, c), f"{tool}-{c}-{rnd}", spec,
-                         [GUEST, tool, a.stock.get(c, c), f"{a.warmup:g}", f"{a.window:g}", "--seed", str(seed)],
-                         NAME) for c in order]
+                            [GUEST, tool, a.stock.get(c, c), f"{a.warmup:g}", f"{a.window:g}", "--seed", str(seed)],
+                            NAME) for c in order]
     runner = lb.run_jobs("outside workloads", jobs, rows, a.out)
     md = lb.header("Outside workloads: dbench and fio on bcache", spec,
-                f"{a.warmup:g} s warm-up, {a.window:g} s window, seeds {a.seeds}, order shuffled per round.")
+                   f"{a.warmup:g} s warm-up, {a.window:g} s window, seeds {a.seeds}, order shuffled per round.")
     goals = []
     for tool in a.tools:
         by = {c: rows[(tool, c)] for c in a.configs}
@@ -98,7 +98,7 @@ def main() -> None:
         goals += goal_rows(tool, by)
     md += "\nGoals (issue 31), per-round pairs:\n\n" + lb.md_table(["goal", "measured", "verdict"], goals) + "\n"
     lb.save(runner.out, NAME, md, {"tools": a.tools, "seeds": a.seeds, "stock": a.stock, "goals": goals,
-                                "rows": {f"{t}/{c}": rs for (t, c), rs in rows.items()}})
+                                   "rows": {f"{t}/{c}": rs for (t, c), rs in rows.items()}})
     lb.console.print(md)
 
 

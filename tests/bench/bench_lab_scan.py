@@ -22,7 +22,7 @@ def main() -> None:
     rows: dict[tuple[str, str], list[dict]] = {(r, c): [] for r in RECIPES for c in CONFIGS}
     cmd = ["tests/bench/guest/scan.py", "{c}", str(warm), str(scan_mb), str(after)]
     jobs = [lb.Job((recipe, c), f"{recipe}-{c}-{rep + 1}", lb.LabSpec(recipe=recipe),
-                [a.format(c=c) for a in cmd] + ["--seed", str(rep + 1)], "scan")
+                   [a.format(c=c) for a in cmd] + ["--seed", str(rep + 1)], "scan")
             for rep in range(reps) for recipe in RECIPES for c in CONFIGS]
     runner = lb.run_jobs("scan", jobs, rows, out)
     table, goals = [], []
@@ -43,13 +43,14 @@ def main() -> None:
         goals.append([recipe, lb.cell(speed, "{:.1f}") + "×", f"{sum(map(bool, never))}/{len(never)}",
                       "met" if met else "**missed**"])
     spec = lb.LabSpec()
-    md = lb.header("Backup scan over a Zipf hot set", spec,
-                f"Hot set 256 files × 64 KiB (16 MiB) read by Zipf(1.1) picks, O_DIRECT; warm {warm} s, then a "
-                f"backup reads {scan_mb} MiB of cold 1 MiB files once while the Zipf reads go on, then {after} s more. "
-                "A hot read is a hit when it returns in < 4 ms. dm-cache: smq, writeback, same sizes. "
-                f"Median (min–max) of {reps} rounds.")
+    md = lb.header(
+        "Backup scan over a Zipf hot set", spec,
+        f"Hot set 256 files × 64 KiB (16 MiB) read by Zipf(1.1) picks, O_DIRECT; warm {warm} s, then a "
+        f"backup reads {scan_mb} MiB of cold 1 MiB files once while the Zipf reads go on, then {after} s more. "
+        "A hot read is a hit when it returns in < 4 ms. dm-cache: smq, writeback, same sizes. "
+        f"Median (min–max) of {reps} rounds.")
     md += "\n" + lb.md_table(["cache", "configuration", "hot hit ratio before", "during (mean)", "during (min 1 s)",
-                           "after (mean)", "recovery to 90%, s", "never below 90%", "runs"], table)
+                              "after (mean)", "recovery to 90%, s", "never below 90%", "runs"], table)
     md += "\n\nGoal: recovery ≥ 5× faster than stock (a recovery under 1 s counts as 1 s), or never below 90%:\n\n"
     md += lb.md_table(["cache", "stock / cachepilot recovery", "cachepilot never below 90%", "goal"], goals)
     md += "\n\nReproduce one row (bcache, cachepilot, round 1):\n\n```sh\n" + lb.repro(

@@ -57,7 +57,7 @@ def criteria(r: dict) -> list[tuple[str, str, bool]]:
 def report(r: dict, spec: lb.LabSpec, minutes: float, cmd: str) -> str:
     rows = [[name, measured, "pass" if passed else "**FAIL**"] for name, measured, passed in criteria(r)]
     md = lb.header("Soak", spec, f"{minutes:g} min of the fileserver-shaped load (measured {r.get('seconds', 0):.0f} s "
-                f"after the daemon was ready), warm-up {r.get('warmup_s', 0):.0f} s; {r.get('ops')} ops.")
+                   f"after the daemon was ready), warm-up {r.get('warmup_s', 0):.0f} s; {r.get('ops')} ops.")
     md += "\n" + lb.md_table(["criterion", "measured", "verdict"], rows)
     stages = r.get("stage_ms_per_tick_after_warmup") or {}
     md += (f"\n\nThe daemon's CPU after warm-up: {r.get('daemon_cpu_pct_after_warmup')}% of the vCPU. Its loop per "

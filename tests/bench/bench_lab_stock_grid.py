@@ -70,9 +70,9 @@ def main() -> None:
               lb.cellof(rs, "fsync_p99_ms"), str(len([r for r in rs if "error" not in r]))]
              for p, rs in rows.items()]
     md = lb.header(f"Stock grid: {a.kind} settings on {workload}", spec,
-                f"{a.warmup:g} s warm-up, {a.window:g} s window, seeds {seeds}, order shuffled per round.")
+                   f"{a.warmup:g} s warm-up, {a.window:g} s window, seeds {seeds}, order shuffled per round.")
     md += "\n" + lb.md_table(["configuration", "ops/s", "max dirty MiB", "oldest dirty s", "within 64 MiB / 30 s",
-                           "fsync p99 ms", "runs"], table)
+                              "fsync p99 ms", "runs"], table)
     md += (f"\n\nBest within the bound: {found['best_bounded']} ({found['best_bounded_ops_s']} ops/s); best overall:"
            f" {found['best_overall']} ({found['best_overall_ops_s']} ops/s).\n")
     lb.save(runner.out, name, md, {"points": a.points, "seeds": seeds, "rows": rows, **found})

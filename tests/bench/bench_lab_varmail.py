@@ -55,15 +55,16 @@ def main() -> None:
     rows: dict[str, list[dict]] = {c: [] for c in CONFIGS}
     cmd = ["tests/bench/guest/varmail.py", "{c}", str(seconds), "--warmup", str(timing.warmup)]
     runner = lb.run_jobs("varmail", lb.numbered_rounds(list(CONFIGS), reps, spec, cmd, "varmail"), rows, out)
-    md = lb.header("Varmail on a destructive-model volume", spec,
-                f"{headline.geometry()}. {timing.warmup} s of warm-up, then a {seconds} s window of a "
-                f"varmail-like loop, 4 threads: delete a file; create one, append 16 KiB, fsync; "
-                f"append 16 KiB to another, fsync; read two whole (page cache dropped). One op = one such iteration. "
-                f"Exposure witness: dirty bytes every second; age = time since dirty data last read 0 (polled "
-                f"every 50 ms). Median (min–max) of {reps} rounds.")
+    md = lb.header(
+        "Varmail on a destructive-model volume", spec,
+        f"{headline.geometry()}. {timing.warmup} s of warm-up, then a {seconds} s window of a "
+        f"varmail-like loop, 4 threads: delete a file; create one, append 16 KiB, fsync; "
+        f"append 16 KiB to another, fsync; read two whole (page cache dropped). One op = one such iteration. "
+        f"Exposure witness: dirty bytes every second; age = time since dirty data last read 0 (polled "
+        f"every 50 ms). Median (min–max) of {reps} rounds.")
     md += "\n" + lb.md_table(["configuration", "ops/s", "fsync p50 ms", "fsync p99 ms", "largest dirty, MiB",
-                           "largest age, s", "origin written in the window, MiB", "origin MiB per 1000 ops",
-                           "dirty owed at the end, MiB", "runs"], summary(rows, reps))
+                              "largest age, s", "origin written in the window, MiB", "origin MiB per 1000 ops",
+                              "dirty owed at the end, MiB", "runs"], summary(rows, reps))
     md += "\n\n" + goals(rows)
     dmn = [r for r in rows["cp-destructive"] if "error" not in r]
     md += (f"\n\nDaemon: CPU {lb.cellof(dmn, 'daemon_cpu_pct')}% of the guest's vCPU, RSS "

@@ -36,13 +36,14 @@ def main() -> None:
     speed = [a["recovery_s"] / max(b["recovery_s"], 1.0) for a, b in zip(st, cp, strict=False)
              if a.get("recovery_s") is not None and b.get("recovery_s") is not None]
     verdict = "n/a" if not speed else ("met" if lb.med(speed) >= 5 else "**missed**")
-    md = lb.header("Warm restart: the cache device replaced", spec,
-                f"Data 2× the cache in 64 KiB files read by Zipf(1.1) picks, O_DIRECT; {warm} s warm, then the cache "
-                f"set is detached and unregistered, the device formatted as a fresh cache set and attached, then "
-                f"{after} s more. A read is a hit when it returns in < 4 ms. Recovery = attach → the end of the "
-                f"first second back at 90% of the steady ratio. Median (min–max) of {reps} rounds.")
+    md = lb.header(
+        "Warm restart: the cache device replaced", spec,
+        f"Data 2× the cache in 64 KiB files read by Zipf(1.1) picks, O_DIRECT; {warm} s warm, then the cache "
+        f"set is detached and unregistered, the device formatted as a fresh cache set and attached, then "
+        f"{after} s more. A read is a hit when it returns in < 4 ms. Recovery = attach → the end of the "
+        f"first second back at 90% of the steady ratio. Median (min–max) of {reps} rounds.")
     md += "\n" + lb.md_table(["configuration", "steady hit ratio", "replacement took, s", "recovery to 90%, s",
-                           "hit ratio after (mean)", "runs"], table)
+                              "hit ratio after (mean)", "runs"], table)
     md += (f"\n\nGoal: re-warm ≥ 5× faster than stock (stock / cachepilot recovery, pair by pair): "
            f"{lb.cell(speed, '{:.1f}')}× — {verdict}.")
     dmn = [r for r in cp if "error" not in r]
@@ -54,7 +55,7 @@ def main() -> None:
     series = {c: [tuple(p) for p in rows[c][0].get("series", [])]
               for c in CONFIGS if rows[c] and "series" in rows[c][0]}
     png = lb.plot(runner.out, "warm_hit_ratio", "hit ratio per second, cache replaced midway (round 1)", "hit ratio",
-               series)  # type: ignore[arg-type]
+                  series)  # type: ignore[arg-type]
     if png:
         md += f"\n![warm restart hit ratio]({png.name})\n"
     lb.save(runner.out, "warm", md, {"configs": CONFIGS, "warm": warm, "after": after, "rows": rows})

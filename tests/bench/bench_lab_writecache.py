@@ -86,7 +86,7 @@ def main() -> None:
     timing = headline.QUICK if a.quick else headline.FULL
     spec = headline.spec("writecache")
     lb.console.print(f"W4: seeds {a.seeds} (drawn for this run; --seeds {','.join(map(str, a.seeds))} replays it),"
-                  f" stock {a.stock}")
+                     f" stock {a.stock}")
     rows: dict[str, list[dict]] = {c: [] for c in a.configs}
 
     def cmd(c: str, seed: int) -> list[str]:
@@ -98,15 +98,15 @@ def main() -> None:
     runner = lb.run_jobs("writecache", jobs, rows, a.out)
     reps = a.reps
     md = lb.header("W4: dm-writecache against its own max_age", spec,
-                f"{headline.geometry()}. 4 threads: create a 64–192 KiB file + fsync, append 16 KiB to a live "
-                f"file, read one whole, stat one, rewrite one whole in a tenth of the steps, delete the files whose "
-                f"wall-clock death time (drawn at birth, W1's mix) has come. {timing.warmup} s of warm-up, then a "
-                f"{timing.window} s window. Median (min–max) of {reps} rounds, seeds {a.seeds}, order shuffled "
-                f"per round.")
+                   f"{headline.geometry()}. 4 threads: create a 64–192 KiB file + fsync, append 16 KiB to a live "
+                   f"file, read one whole, stat one, rewrite one whole in a tenth of the steps, delete the files whose "
+                   f"wall-clock death time (drawn at birth, W1's mix) has come. {timing.warmup} s of warm-up, then a "
+                   f"{timing.window} s window. Median (min–max) of {reps} rounds, seeds {a.seeds}, order shuffled "
+                   f"per round.")
     md += "\n" + lb.md_table(["configuration", "ops/s", "origin written in the window, MiB", "origin MiB per 1000 ops",
-                           "dirty owed at the end, MiB", "largest dirty, MiB", "oldest dirty (witness), s",
-                           "longest time not clean, s",
-                           "daemon CPU %", "runs"], summary(rows, reps, a.stock))
+                              "dirty owed at the end, MiB", "largest dirty, MiB", "oldest dirty (witness), s",
+                              "longest time not clean, s",
+                              "daemon CPU %", "runs"], summary(rows, reps, a.stock))
     md += "\n\n" + (goals(rows) if "cp-default" in rows else "")
     dmn = [r for r in rows.get("cp-default", []) if "error" not in r]
     md += (f"\n\nDaemon RSS {lb.cellof(dmn, 'daemon_rss_mib')} MiB; decisions (round 1): "
@@ -117,11 +117,11 @@ def main() -> None:
         series = {CONFIGS[c]: [(p["t"], p[key]) for p in rows[c][0].get("timeline", [])]
                   for c in a.configs if rows[c] and "timeline" in rows[c][0]}
         png = lb.plot(runner.out, f"writecache_{key}", f"W4: {title} per second (round 1)", unit, series,
-                   marks=[(float(timing.warmup), "window")])
+                      marks=[(float(timing.warmup), "window")])
         if png:
             md += f"\n![W4 {title}]({png.name})\n"
     lb.save(runner.out, "writecache", md, {"configs": CONFIGS, "stock": a.stock, "seeds": a.seeds,
-                                        "timing": timing.__dict__, "rows": rows})
+                                           "timing": timing.__dict__, "rows": rows})
     lb.console.print(md)
     print(md)
 

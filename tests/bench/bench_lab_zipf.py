@@ -62,16 +62,17 @@ def main() -> None:
     runner = lb.run_jobs("zipf", lb.numbered_rounds(list(CONFIGS), reps, spec, cmd, "zipfread"), rows, out)
     first = next((r for rs in rows.values() for r in rs if "error" not in r), {})
     md = lb.header("W3: Zipf readers on dm-cache", spec,
-                f"{headline.geometry()}. {first.get('files', '?')} files of {first.get('file_kib', '?')} KiB (3× "
-                f"the cache), popularity Zipf(s = {first.get('exponent', '?')}; an ideal cache of 256 MiB would hit "
-                f"{first.get('ideal_hit_ratio', float('nan')):.2f}), 4 buffered reader threads, each read whole "
-                f"after posix_fadvise DONTNEED. {timing.warmup} s of warm-up, then a {timing.window} s window. "
-                f"Hit = a file read faster than the origin's {headline.READ_MS} ms read delay. Median (min–max) of "
-                f"{reps} rounds.")
-    md += "\n" + lb.md_table(["configuration", "reads/s", "workload hit ratio", "read p50 ms", "read p99 ms",
-                           "dm-cache read hit ratio, promoter taken out (bio level)",
-                           "dm-cache read hit ratio (incl. promoter)", "smq promotions", "promoted by the daemon, MiB",
-                           "daemon CPU %", "runs"], summary(rows, reps))
+                   f"{headline.geometry()}. {first.get('files', '?')} files of {first.get('file_kib', '?')} KiB (3× "
+                   f"the cache), popularity Zipf(s = {first.get('exponent', '?')}; an ideal cache of 256 MiB would hit "
+                   f"{first.get('ideal_hit_ratio', float('nan')):.2f}), 4 buffered reader threads, each read whole "
+                   f"after posix_fadvise DONTNEED. {timing.warmup} s of warm-up, then a {timing.window} s window. "
+                   f"Hit = a file read faster than the origin's {headline.READ_MS} ms read delay. Median (min–max) of "
+                   f"{reps} rounds.")
+    md += "\n" + lb.md_table([
+        "configuration", "reads/s", "workload hit ratio", "read p50 ms", "read p99 ms",
+        "dm-cache read hit ratio, promoter taken out (bio level)",
+        "dm-cache read hit ratio (incl. promoter)", "smq promotions", "promoted by the daemon, MiB",
+        "daemon CPU %", "runs"], summary(rows, reps))
     md += "\n\n" + goals(rows)
     if PROMOTE[0] in rows:
         dh = headline.pair_deltas(rows[PROMOTE[0]], rows["smq"], "hit_ratio")
@@ -91,7 +92,7 @@ def main() -> None:
     series = {CONFIGS[c]: [(p["t"], p["hit_ratio"]) for p in rows[c][0].get("timeline", [])]
               for c in CONFIGS if rows[c] and "timeline" in rows[c][0]}
     png = lb.plot(runner.out, "zipf_hit_ratio", "W3: workload hit ratio per 5 s, warm-up included (round 1)",
-               "hit ratio", series, marks=[(float(timing.warmup), "window")])
+                  "hit ratio", series, marks=[(float(timing.warmup), "window")])
     if png:
         md += f"\n![W3 hit ratio]({png.name})\n"
     lb.save(runner.out, "zipf", md, {"configs": CONFIGS, "timing": timing.__dict__, "rows": rows})

@@ -309,3 +309,18 @@ def test_numbered_rounds_run_every_configuration_each_round_with_the_rounds_seed
     with pytest.raises(KeyboardInterrupt):
         lb.run_jobs("w9", jobs, {}, Path("/tmp/out"), at_a_time=1)
     assert closed == ["w9"]  # the progress bar stopped however the run ended
+
+
+def test_w5_runs_on_bcache_or_dm_cache_with_each_kinds_own_configurations() -> None:
+    sys.path.insert(0, str(BENCH))
+    w5 = _load("bench_w5", BENCH / "bench_lab_hotlarge.py")
+    own, rest = w5.options(["--reps", "2"])
+    assert own.kind == "bcache" and own.configs == ["stock", "cutoff0", "cutoff16", "cp-default"] and rest
+    own, _ = w5.options(["--kind", "dmcache"])
+    assert own.configs == ["smq", "smq-mt", "cp-default"]
+    with pytest.raises(SystemExit, match="for dmcache"):
+        w5.options(["--kind", "dmcache", "--configs", "cutoff0"])
+    # a run's account of its cache: each kind's own counters
+    rounds = [{"round": 3, "read_ms": [1.0], "origin_bytes_per_read": 0,
+               "bcache": {"read_hits": 4, "read_misses": 1, "promotions": 8, "demotions": 0}}]
+    assert w5.summary({"rounds": rounds, "stream_mib_s": 1.0})["bcache"]["promotions"] == 8
