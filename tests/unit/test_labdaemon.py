@@ -1,0 +1,61 @@
+"""The lab scripts' daemon (tests/vm/labdaemon.py) against a stand-in `cachepilot run` (a small process that does
+what the daemon's start does for the helper: reads its config, makes its socket, says ready, exits 0 on SIGTERM):
+the config it is given, ready, the log, stop's `exit`/`traceback` lines, and fail's exit."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vm"))
+import labdaemon  # noqa: E402
+from labdaemon import LabDaemon  # noqa: E402
+
+STAND_IN = '''import signal, sys, time
+from pathlib import Path
+conf = Path(sys.argv[sys.argv.index("--config") + 1])
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+if "crash" in (conf.parent / "policy.yaml").read_text():
+    print("Traceback (most recent call last): boom", file=sys.stderr, flush=True)
+    sys.exit(3)
+(conf.parent / "ctl.sock").touch()
+print("cachepilot: ready", file=sys.stderr, flush=True)
+while True:
+    time.sleep(0.05)
+'''
+
+
+@pytest.fixture
+def stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    cli = tmp_path / "cachepilot"
+    cli.write_text(f"#!{sys.executable}\n" + STAND_IN)
+    cli.chmod(0o755)
+    monkeypatch.setattr(labdaemon, "CLI", str(cli))
+    return cli
+
+
+def test_a_lab_daemon_starts_on_its_config_is_ready_and_says_how_it_stopped(
+        tmp_path: Path, stand_in: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    d = LabDaemon(run, "version: 1\n", tick="500ms", rescan="2s", metrics="127.0.0.1:9854")
+    assert (run / "c.yaml").read_text() == (
+        "version: 1\npolicies: [policy.yaml]\nstate_dir: state\nsocket: ctl.sock\ntick: 500ms\nrescan: 2s\n"
+        "state_interval: 5s\nmetrics: {listen: '127.0.0.1:9854'}\n")
+    assert (run / "policy.yaml").read_text() == "version: 1\n"
+    assert d.ready(30) and d.socket == run / "ctl.sock"
+    log = d.stop()
+    assert "ready" in log and capsys.readouterr().out == "exit=0\ntraceback=no\n"
+
+
+def test_a_lab_daemon_that_died_is_not_ready_and_fail_prints_its_log_and_exits_1(
+        tmp_path: Path, stand_in: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = LabDaemon(tmp_path, "crash\n")
+    assert not d.ready(2)
+    with pytest.raises(SystemExit) as e:
+        d.fail("more")
+    assert e.value.code == 1 and "Traceback (most recent call last): boom" in capsys.readouterr().out
+    d.stop(timeout=5)
+    assert capsys.readouterr().out == "exit=3\ntraceback=yes\n"
