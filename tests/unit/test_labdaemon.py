@@ -4,8 +4,11 @@ the config it is given, ready, the log, stop's `exit`/`traceback` lines, and fai
 
 from __future__ import annotations
 
+import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,12 +31,23 @@ while True:
 
 
 @pytest.fixture
-def stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     cli = tmp_path / "cachepilot"
     cli.write_text(f"#!{sys.executable}\n" + STAND_IN)
     cli.chmod(0o755)
     monkeypatch.setattr(labdaemon, "CLI", str(cli))
-    return cli
+    started: list[subprocess.Popen[bytes]] = []
+    popen = labdaemon.subprocess.Popen
+
+    def keep(*args: Any, **kw: Any) -> subprocess.Popen[bytes]:
+        started.append(popen(*args, **kw))
+        return started[-1]
+
+    monkeypatch.setattr(labdaemon.subprocess, "Popen", keep)
+    yield cli
+    for p in started:  # a test that failed before its stop leaves no stand-in running
+        p.kill()
+        p.wait()
 
 
 def test_a_lab_daemon_starts_on_its_config_is_ready_and_says_how_it_stopped(
