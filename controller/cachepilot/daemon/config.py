@@ -18,7 +18,7 @@ import jsonschema
 
 from cachepilot.daemon.control import DEFAULT_SOCKET
 from cachepilot.errors import UserError
-from cachepilot.exporter.http import DEFAULT_LISTEN, parse_listen
+from cachepilot.exporter.listen import DEFAULT_LISTEN, parse_listen
 from cachepilot.policy.loader import load_policy
 from cachepilot.policy.model import DEFAULT_POLICY, Policy
 from cachepilot.policy.overlaps import check_combined
