@@ -13,7 +13,7 @@ import pytest
 
 from cachepilot.daemon.snapshot import HotRows, as_rows
 from cachepilot.daemon.state import _encode
-from cachepilot.engine.promoqueue import PromoQueue
+from cachepilot.engine.promoqueue import COMPACT_MIN, PromoQueue
 from cachepilot.errors import UserError
 from cachepilot.models.admission import CachedSet
 from cachepilot.models.columns import MS, U32_MAX, Epoch8, Millis32, SpillU32, WideningU32
@@ -171,6 +171,17 @@ def test_the_promotion_queue_takes_4_bytes_a_file_and_keeps_each_reason() -> Non
         assert q.items[q.head] == len(got) - 1
         q.pop()  # compacts on the way
     assert got == want
+
+
+def test_the_promotion_queue_keeps_at_most_a_quarter_of_its_array_consumed() -> None:
+    """The promote loop takes a tick's files by moving the head and compacts through pop(): the consumed entries
+    kept are at most a quarter of the array (half of it was 2 MiB with 1 M files queued, issue 32)."""
+    q = PromoQueue()
+    q.push_many(np.arange(100_000), 0)
+    while len(q):
+        q.head += min(len(q), 512) - 1  # as the promote loop does: head moved, then one pop
+        q.pop()
+        assert q.head <= COMPACT_MIN or q.head * 4 < len(q.items), (q.head, len(q.items))
 
 
 def test_hot_rows_encode_as_their_lists_would_in_a_fraction_of_the_memory() -> None:
