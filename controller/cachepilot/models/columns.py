@@ -193,6 +193,10 @@ class DevIds:
     def put(self, slots: np.ndarray, dev: int) -> None:
         np.frombuffer(self.a, dtype=np.uint16)[slots] = self.id_of(dev)
 
+    def ids(self, slots: np.ndarray) -> np.ndarray:
+        """The slots' indexes into :attr:`devs` (u16)."""
+        return np.frombuffer(self.a, dtype=np.uint16)[slots]
+
     def take(self, slots: np.ndarray) -> np.ndarray:
         """The device numbers (u32) of the slots."""
         return np.array(self.devs, dtype=np.uint32)[np.frombuffer(self.a, dtype=np.uint16)[slots]]
