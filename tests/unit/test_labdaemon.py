@@ -70,6 +70,7 @@ def test_a_lab_daemon_that_died_is_not_ready_and_fail_prints_its_log_and_exits_1
     assert not d.ready(2)
     with pytest.raises(SystemExit) as e:
         d.fail("more")
-    assert e.value.code == 1 and "Traceback (most recent call last): boom" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert e.value.code == 1 and "Traceback (most recent call last): boom" in out and "daemon exited 3, " in out
     d.stop(timeout=5)
     assert capsys.readouterr().out == "exit=3\ntraceback=yes\n"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import NoReturn
 
@@ -26,6 +27,7 @@ class LabDaemon:
                                     f"tick: {tick}\nrescan: {rescan}\nstate_interval: {state_interval}\n"
                                     f"metrics: {{listen: '{metrics}'}}\n")
         self.err = open(tmp / "stderr", "w+")  # noqa: SIM115 - kept open for the daemon's life
+        self.t0 = time.monotonic()
         self.proc = subprocess.Popen([CLI, "run", "--config", str(tmp / "c.yaml")], stderr=self.err,
                                      stdout=subprocess.DEVNULL)
 
@@ -40,7 +42,9 @@ class LabDaemon:
     def fail(self, *more: object, tail: int = 3000) -> NoReturn:
         """The end of a script that could not start: the log's last ``tail`` characters (and ``more``) printed for
         the host's explain(), exit 1."""
-        print(self.log()[-tail:], *more)
+        rc = self.proc.poll()
+        state = "still running" if rc is None else f"exited {rc}"
+        print(f"daemon {state}, {time.monotonic() - self.t0:.0f} s after its start", self.log()[-tail:], *more)
         sys.exit(1)
 
     def cli(self, *args: str) -> tuple[int, str]:
