@@ -101,7 +101,9 @@ run("dmsetup", "create", "lab-wc", "--table", f"0 {sectors} writecache s {wc_ori
 run("mkfs.ext4", "-q", "-F", "-E", "nodiscard", "/dev/mapper/lab-wc")
 wc_mnt.mkdir(parents=True, exist_ok=True)
 run("mount", "/dev/mapper/lab-wc", str(wc_mnt))
-wc_name = Path(os.path.realpath("/dev/mapper/lab-wc")).name  # dm-N: the daemon's name for it
+# dm-N, the daemon's name for it (no udev in the guest: /dev/mapper/lab-wc is a node, not a link to it)
+wc_name = next(p.parent.parent.name for p in Path("/sys/block").glob("dm-*/dm/name")
+               if p.read_text().strip() == "lab-wc")
 wc_table = run("dmsetup", "table", "lab-wc")
 
 (tmp / "policy.yaml").write_text(POLICY)
