@@ -393,7 +393,7 @@ def test_a_refused_detach_is_one_line_and_exit_2_on_the_command_line(rig: Rig, c
     real = b.sample
     b.sample = lambda now: dataclasses.replace(real(now), failed=True)  # type: ignore[method-assign]
     rig.tick(1)
-    rc = cli.main(["detach", "--socket", str(rig.d.config.socket), "bcache0"])
+    rc = cli.main(["detach", "--socket", str(rig.d.config.socket), "bcache0", "--deadline", "2s"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and err == ["cachepilot: daemon: bad request: bcache0: refused: the cache device failed holding"
                                f" {5 * MIB} dirty bytes that a detach would lose (--accept-loss detaches anyway)"]
