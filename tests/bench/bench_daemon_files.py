@@ -8,11 +8,16 @@ hotness records arrive, as a drain of the probe's table would deliver them. Prin
 (median, p99, max over the steady ticks; CPU: the loop thread's), the process's RSS (VmRSS, VmHWM), the bytes the
 engine holds per tracked file, the state file's size and the writer thread's time per state file.
 
-Usage: .venv/bin/python tests/bench/bench_daemon_files.py [TICKS]
+Usage: .venv/bin/python tests/bench/bench_daemon_files.py [TICKS] [--exporter]
+
+``--exporter``: with the Prometheus endpoint on (``metrics.listen`` on a free port of 127.0.0.1, as the shipped
+config has it; nothing scrapes it): prometheus_client's imports are then in the process. Without it the endpoint is
+off and they are not (exporter/__init__.py).
 """
 
 from __future__ import annotations
 
+import socket
 import statistics
 import sys
 import tempfile
@@ -106,12 +111,20 @@ def pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def main() -> None:
-    ticks = int(sys.argv[1]) if len(sys.argv) > 1 else 60
+    args = [a for a in sys.argv[1:] if a != "--exporter"]
+    ticks = int(args[0]) if args else 60
+    listen = f"127.0.0.1:{free_port()}" if "--exporter" in sys.argv else ""
     tmp = Path(tempfile.mkdtemp(prefix="bench-daemon-files-"))
     (tmp / "p.yaml").write_text(POLICY)
     (tmp / "c.yaml").write_text("version: 1\npolicies: [p.yaml]\nstate_dir: st\nsocket: ctl.sock\n"
-                                "metrics: {listen: ''}\nstate_interval: 5s\n")
+                                f"metrics: {{listen: '{listen}'}}\nstate_interval: 5s\n")
     vols = [Found(VolumeInfo(dev=kdev(252, i), name=f"bcache{i}", kind="bcache", fs_uuid=f"u-{i}",
                              mountpoint=f"/mnt/{i}", cache_bytes=8 << 30)) for i in range(VOLUMES)]
     d = Daemon(load_config(tmp / "c.yaml"), config_path=tmp / "c.yaml", discover=lambda: (list(vols), []),
@@ -138,7 +151,8 @@ def main() -> None:
             stages.setdefault(name, []).append(c / 1e6)
     rss, hwm = rss_kib()
     steady_w, steady_c = walls[2:], cpus[2:]  # the first tick admits a million files at once
-    print(f"tracked files: {len(d.engine.hotness)} on {VOLUMES} volumes; {ticks} ticks, {PER_TICK} records/tick")
+    print(f"tracked files: {len(d.engine.hotness)} on {VOLUMES} volumes; {ticks} ticks, {PER_TICK} records/tick; "
+          f"metrics endpoint {listen or 'off'}")
     print(f"first tick: {walls[0] * 1e3:.0f} ms wall, {cpus[0] * 1e3:.0f} ms CPU")
     print(f"steady tick wall: median {statistics.median(steady_w) * 1e3:.1f} ms, p99 {pct(steady_w, 0.99) * 1e3:.1f}"
           f" ms, max {max(steady_w) * 1e3:.1f} ms (goal: p99 <= 100 ms)")

@@ -1,11 +1,14 @@
 """W5 (issue 37): hot large files on bcache while a backup streams twice the cache, in the lab on the headline
 geometry. Configurations: stock (sequential_cutoff 4 MiB), stock sequential_cutoff 0 (every stream cached), stock
 16 MiB (between the two: one hot file's run passes, the backup's 64 MiB files do not), cachepilot's shipped default.
+--kind dmcache (issue 37 item 2, measure before building): the same load on dm-cache -- stock smq, smq with
+migration_threshold 16 MiB (its stock lever for promoting faster), cachepilot's shipped default.
 Metrics: origin bytes per hot-file read (the daemon's promotion reads charged to it), hot-file read time p50/p99, the
 per-round origin bytes (the hot set's residency over time, plotted), the backup's throughput, the daemon's CPU.
 
 .venv/bin/python tests/bench/bench_lab_hotlarge.py [--reps N] [--quick] [--out DIR]
-    [--rounds N] [--interval S] [--stream-x X] [--backup-round K] [--configs a,b,...]
+    [--rounds N] [--interval S] [--stream-x X] [--backup-round K] [--configs a,b,...] [--kind bcache|dmcache]
+    [--seeds N,...]
 (the defaults: 8 rounds 90 s apart, a backup of 2x the cache from round 3, every configuration; --quick: 4 rounds 45 s
 apart, 1x the cache; --configs also sets the order the runs go in)"""
 
@@ -17,15 +20,33 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from headline import geometry, spec  # noqa: E402
-from labbench import Job, Runner, cell, console, header, md_table, med, parse_args, plot, repro, save  # noqa: E402
+from labbench import (  # noqa: E402
+    Job,
+    Runner,
+    cell,
+    console,
+    header,
+    md_table,
+    med,
+    parse_args,
+    plot,
+    repro,
+    round_seeds,
+    save,
+)
 
 CONFIGS = {"stock": "stock (sequential_cutoff 4 MiB)", "cutoff0": "stock, sequential_cutoff 0",
-           "cutoff16": "stock, sequential_cutoff 16 MiB", "cp-default": "stock + cachepilot, shipped default"}
+           "cutoff16": "stock, sequential_cutoff 16 MiB", "smq": "stock dm-cache smq (migration_threshold 1 MiB)",
+           "smq-mt": "stock smq, migration_threshold 16 MiB", "cp-default": "stock + cachepilot, shipped default"}
+KIND_CONFIGS = {"bcache": ("stock", "cutoff0", "cutoff16", "cp-default"), "dmcache": ("smq", "smq-mt", "cp-default")}
+BASE = {"bcache": "stock", "dmcache": "smq"}  # the stock defaults: the backup's throughput is compared with them
 MIB = 1 << 20
 # bcache's counters per round, as the guest records them (stats_total and the bcache_alloc_fail tracepoint)
 OWN = {"cache_misses": "read misses", "alloc_fail": "inserts refused (alloc_fail)",
        "cache_miss_collisions": "miss collisions", "cache_bypass_misses": "bypassed misses",
        "cache_bypass_hits": "bypassed hits", "cache_hits": "hits"}
+DM_OWN = {"read_misses": "read misses", "read_hits": "read hits", "promotions": "promotions (blocks)",
+          "demotions": "demotions (blocks)"}
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -47,7 +68,8 @@ def summary(r: dict) -> dict:
             "p50_ms": pct(times, 0.5), "p99_ms": pct(times, 0.99), "stream_mib_s": r["stream_mib_s"],
             "cpu_pct": r.get("daemon_cpu_pct"),
             # bcache's own account per round (mean over the same rounds): what it inserted, bypassed and refused
-            "bcache": {k: sum(o.get(k, 0) for o in own) / len(own) for k in OWN} if own else None}
+            "bcache": {k: sum(o.get(k, 0) for o in own) / len(own) for k in (OWN if "cache_misses" in own[0] else
+                                                                                DM_OWN)} if own else None}
 
 
 def options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -57,8 +79,14 @@ def options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--interval", type=float)
     ap.add_argument("--stream-x", type=float)
     ap.add_argument("--backup-round", type=int, default=3)
-    ap.add_argument("--configs", default=",".join(CONFIGS))
-    return ap.parse_known_args(argv)
+    ap.add_argument("--configs", default="")
+    ap.add_argument("--kind", choices=tuple(KIND_CONFIGS), default="bcache")
+    ap.add_argument("--seeds", default="", help="the runs' seeds (a run's printed ones); default: drawn now")
+    own, rest = ap.parse_known_args(argv)
+    own.configs = [c for c in own.configs.split(",") if c] or list(KIND_CONFIGS[own.kind])
+    if unknown := [c for c in own.configs if c not in KIND_CONFIGS[own.kind]]:
+        raise SystemExit(f"unknown configuration(s) {unknown} for {own.kind} (of {', '.join(KIND_CONFIGS[own.kind])})")
+    return own, rest
 
 
 def main() -> None:
@@ -67,16 +95,21 @@ def main() -> None:
     rounds, interval, stream_x = (4, 45, 1.0) if quick else (8, 90, 2.0)
     rounds, interval = own.rounds or rounds, own.interval or interval
     stream_x = own.stream_x or stream_x
-    order = [c for c in own.configs.split(",") if c]
-    if unknown := [c for c in order if c not in CONFIGS]:
-        raise SystemExit(f"unknown configuration(s) {unknown} (of {', '.join(CONFIGS)})")
+    order = own.configs
+    try:
+        seeds = round_seeds(own.seeds, reps)
+    except ValueError:
+        raise SystemExit(f"--seeds {own.seeds!r}: expected integers separated by commas") from None
+    reps = len(seeds)
+    console.print(f"W5 ({own.kind}): seeds {seeds} (drawn for this run; --seeds {','.join(map(str, seeds))}"
+                  " replays it)")
     runner = Runner("hotlarge", reps * len(order), **({"out": out} if out else {}))
     rows: dict[str, list[dict]] = {c: [] for c in order}
     cmd = ["tests/bench/guest/hotlarge.py", "{c}", str(rounds), f"{interval:g}", f"{stream_x:g}",
            "--backup-round", str(own.backup_round)]
-    lab = spec("bcache", mode="writethrough", timeout=rounds * interval + 900)
-    jobs = [Job(c, f"{c}-{rep + 1}", lab, [a.format(c=c) for a in cmd] + ["--seed", str(rep + 1)], "hotlarge")
-            for rep in range(reps) for c in order]
+    lab = spec(own.kind, mode="writethrough", timeout=rounds * interval + 900)
+    jobs = [Job(c, f"{c}-{rep + 1}", lab, [a.format(c=c) for a in cmd] + ["--seed", str(seed)], "hotlarge")
+            for rep, seed in enumerate(seeds) for c in order]
     try:
         runner.run_all(jobs, rows)
     finally:
@@ -92,7 +125,7 @@ def main() -> None:
     best = min(stock, key=lambda c: med([s["origin_mib_per_read"] for s in sums[c]]), default=None)
     goals = []
     if best and sums.get("cp-default"):
-        cp, b, st = sums["cp-default"], sums[best], sums.get("stock") or sums[best]
+        cp, b, st = sums["cp-default"], sums[best], sums.get(BASE[own.kind]) or sums[best]
         ratio = med([s["origin_mib_per_read"] for s in cp]) / max(med([s["origin_mib_per_read"] for s in b]), 1e-9)
         p50 = med([s["p50_ms"] for s in cp]) / max(med([s["p50_ms"] for s in b]), 1e-9)
         stream = med([s["stream_mib_s"] for s in cp]) / max(med([s["stream_mib_s"] for s in st]), 1e-9)
@@ -116,22 +149,25 @@ def main() -> None:
                    f"{r['promoted_after_round2_s']} s after round 2's reads; bcache refused "
                    f"{r.get('alloc_failures')} inserts; the promoter's rate at the end "
                    f"{(r.get('promotion_rate') or 0) / MIB:.2f} MiB/s")
-    account = [[CONFIGS[c]] + [cell([s["bcache"][k] for s in ss if s["bcache"]], "{:.0f}") or "-" for k in OWN]
-           for c, ss in sums.items()]
-    md += ("\n\nbcache's own account per round (requests; mean over the rounds above, median over runs): read-miss "
-           "inserts it refused for want of a ready bucket (bcache_alloc_fail), misses and hits, bypassed or not\n\n"
-           + md_table(["configuration", *OWN.values()], account))
+    own_keys = OWN if own.kind == "bcache" else DM_OWN
+    account = [[CONFIGS[c]] + [cell([s["bcache"][k] for s in ss if s["bcache"]], "{:.0f}") or "-" for k in own_keys]
+               for c, ss in sums.items()]
+    md += (("\n\nbcache's own account per round (requests; mean over the rounds above, median over runs): read-miss "
+            "inserts it refused for want of a ready bucket (bcache_alloc_fail), misses and hits, bypassed or not\n\n"
+            if own.kind == "bcache" else "\n\ndm-cache's own account per round (its status line; mean over the rounds "
+            "above, median over runs)\n\n") + md_table(["configuration", *own_keys.values()], account))
     if goals:
         md += "\n\n" + md_table(["goal", "measured", "target", ""], goals)
     md += "\n\nReproduce one row (cachepilot, round 1):\n\n```sh\n" + repro(
-        lab, [a.format(c="cp-default") for a in cmd] + ["--seed", "1"]) + "\n```\n"
+        lab, [a.format(c="cp-default") for a in cmd] + ["--seed", str(seeds[0])]) + "\n```\n"
     series = {CONFIGS[c]: [(x["t"], x["origin_bytes_per_read"] / MIB) for x in rs[0]["rounds"]]
               for c, rs in rows.items() if rs and "rounds" in rs[0]}
     png = plot(runner.out, "hotlarge_origin", "origin MiB per hot-file read, per round (round 1)", "MiB", series)
     if png:
         md += f"\n![origin bytes per hot read]({png.name})\n"
     # "goals": [goal, measured, verdict] rows, as the headline set's (tests/bench/summary.py lists them)
-    save(runner.out, "hotlarge", md, {"configs": CONFIGS, "rows": rows,
+    save(runner.out, "hotlarge" if own.kind == "bcache" else "hotlarge_dmcache", md,
+         {"configs": CONFIGS, "rows": rows, "kind": own.kind, "seeds": seeds,
                                       "goals": [[g[0], g[1], f"{g[3]} (target {g[2]})"] for g in goals]})
     console.print(md)
     print(md)

@@ -9,11 +9,12 @@ Rounds with seeds drawn per run and printed (--seeds replays them), the order sh
 on the headline geometry (headline.py).
 
 .venv/bin/python tests/bench/bench_lab_writecache.py [--reps N] [--quick] [--out DIR] [--configs C,...]
-    [--seeds N,...]"""
+    [--seeds N,...] [--best-bounded stock:age=S,pause=MS,wm=H/L,discard=0|1]"""
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -51,6 +52,9 @@ def options(argv: Sequence[str]) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--configs", default="max-age,best-bounded,cp-default")
     ap.add_argument("--seeds", default="", help="the rounds' seeds (a run's printed ones); default: drawn now")
+    ap.add_argument("--best-bounded", default="", metavar="SPEC",
+                    help="measure this stock point (stock:age=S,pause=MS,wm=H/L,discard=0|1) as best-bounded instead"
+                         " of the grid's find, e.g. when the find passes the bound over a full run")
     a = ap.parse_args(argv)
     a.configs = [c for c in a.configs.split(",") if c]
     if not a.configs or set(a.configs) - set(CONFIGS):
@@ -64,6 +68,10 @@ def options(argv: Sequence[str]) -> argparse.Namespace:
     if {"best-bounded", "best-overall"} & set(a.configs):
         found = stockgrid.load(stockgrid.result("writecache"))
         a.stock = {"best-bounded": found["best_bounded"], "best-overall": found["best_overall"]}
+    if a.best_bounded:
+        if not re.fullmatch(r"stock:(age=\d+,)?pause=\d+,wm=\d+/\d+,discard=[01]", a.best_bounded):
+            ap.error(f"--best-bounded {a.best_bounded!r}: expected stock:age=S,pause=MS,wm=H/L,discard=0|1")
+        a.stock["best-bounded"] = a.best_bounded
     return a
 
 

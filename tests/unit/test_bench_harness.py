@@ -200,6 +200,10 @@ def test_w4_draws_its_seeds_shuffles_its_order_and_runs_the_grids_find(tmp_path:
     assert len(a.seeds) == 5 and not set(a.seeds) <= {1, 2, 3, 4, 5}
     assert a.stock["best-bounded"] == "stock:pause=0,wm=25/20,discard=1"
     assert w4.options(["--seeds", "7,8", "--configs", "max-age,cp-default"]).reps == 2
+    pinned = "stock:age=30,pause=0,wm=18/13,discard=1"
+    assert w4.options(["--best-bounded", pinned]).stock["best-bounded"] == pinned
+    with pytest.raises(SystemExit):
+        w4.options(["--best-bounded", "stock:pause=0;rm"])
     orders = {tuple(w4.shuffled(["max-age", "best-bounded", "cp-default"], s)) for s in range(30)}
     assert len(orders) > 3
 
@@ -257,3 +261,18 @@ def test_the_w4_witness_reads_the_bios_of_the_volume_and_its_origin() -> None:
     assert ev == [(100.0, "w", 2048, 16), (101.0, "w", 4096, 8), (125.0, "wb", 2048, 16), (126.0, "d", 4096, 8)]
     assert lt.oldest_dirty_age(ev, 130.0) == 25.0  # the first write waited 25 s; nothing is dirty at the end
     assert lt.oldest_dirty_age(ev[:2], 130.0) == 30.0  # never written back: its age at the end
+
+
+def test_w5_runs_on_bcache_or_dm_cache_with_each_kinds_own_configurations() -> None:
+    sys.path.insert(0, str(BENCH))
+    w5 = _load("bench_w5", BENCH / "bench_lab_hotlarge.py")
+    own, rest = w5.options(["--reps", "2"])
+    assert own.kind == "bcache" and own.configs == ["stock", "cutoff0", "cutoff16", "cp-default"] and rest
+    own, _ = w5.options(["--kind", "dmcache"])
+    assert own.configs == ["smq", "smq-mt", "cp-default"]
+    with pytest.raises(SystemExit, match="for dmcache"):
+        w5.options(["--kind", "dmcache", "--configs", "cutoff0"])
+    # a run's account of its cache: each kind's own counters
+    rounds = [{"round": 3, "read_ms": [1.0], "origin_bytes_per_read": 0,
+               "bcache": {"read_hits": 4, "read_misses": 1, "promotions": 8, "demotions": 0}}]
+    assert w5.summary({"rounds": rounds, "stream_mib_s": 1.0})["bcache"]["promotions"] == 8

@@ -15,6 +15,7 @@ from tests.unit.daemon_rig import (
     DEV,
     VOL,
     FakeBackend,
+    FakeFiles,
     Rig,
     metrics,
 )
@@ -191,3 +192,28 @@ def test_the_live_advisor_is_opt_in_and_off_it_costs_nothing(tmp_path: Path) -> 
     r.tick(2)
     assert "cachepilot_advisor_hit_ratio{" not in (tmp_path / "m.prom").read_text()
     r.d.shutdown()
+
+
+def test_status_shows_the_promoters_pace_and_the_caches_refusals(tmp_path: Path) -> None:
+    """The alloc-failure count and the promoter's rate reach `cachepilot status --json` (W5 and an operator read them
+    there; before, they were only in the exporter's snapshot, which the JSON leaves out)."""
+
+    class Backoff:
+        failures_total = 7
+
+    class Promoting(FakeFiles):
+        def __init__(self, info: VolumeInfo, discard_rate: int, promote_rate: int) -> None:
+            super().__init__(info, discard_rate, promote_rate)
+            self.promoter = type("P", (), {"backoff": Backoff(), "rate": 1 << 20})()
+
+    r = Rig(tmp_path, files=Promoting)
+    r.d.start()
+    r.tick(1)
+    assert r.status()["volumes"][0]["promotion"] == {"alloc_failures": 7, "promotion_rate": float(1 << 20)}
+    r.d.shutdown()
+    (tmp_path / "plain").mkdir()
+    plain = Rig(tmp_path / "plain")
+    plain.d.start()
+    plain.tick(1)
+    assert plain.status()["volumes"][0]["promotion"] is None
+    plain.d.shutdown()

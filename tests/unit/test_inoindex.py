@@ -1,4 +1,5 @@
-"""The compact inode index behaves like a dict."""
+"""The compact inode index behaves like a dict (of inode numbers to slots whose ino column holds them, as the
+hotness table's does: each new entry gets a slot of its own, the column written first)."""
 
 from __future__ import annotations
 
@@ -20,21 +21,32 @@ def test_behaves_like_a_dict(ops: list[tuple[str, int, int]], merge_min: int) ->
     inoindex.MERGE_MIN = merge_min  # merge often (4), or let the young run and the dict hold entries (64)
     try:
         ref: dict[int, int] = {}
-        idx = InoIndex()
-        for op, ino, slot in ops:
+        col = np.zeros(100_000, dtype=np.uint64)
+        free: list[int] = []  # a forgotten file's slot goes to the next new file, as in the table
+        made = [0]
+
+        def fresh(ino: int) -> int:
+            if free:
+                slot = free.pop()
+            else:
+                slot, made[0] = made[0], made[0] + 1
+            col[slot] = ino  # the table writes the column, then the index
+            return slot
+
+        idx = InoIndex(lambda: col)
+        for op, ino, n in ops:
             if op == "set":
-                ref[ino] = slot
-                idx[ino] = slot
+                ref[ino] = idx[ino] = ref[ino] if ino in ref else fresh(ino)
             elif op == "del" and ino in ref:
-                del ref[ino]
+                free.append(ref.pop(ino))
                 del idx[ino]
             elif op == "del_many":  # distinct live ones, as forget_many passes them
                 gone = [i for i in range(ino, ino + 7) if i in ref]
                 for i in gone:
-                    del ref[i]
+                    free.append(ref.pop(i))
                 idx.delete_many(np.array(gone, dtype=np.uint64))
             elif op == "bulk":
-                new = {i: slot + i for i in range(ino, ino + slot % 6 + 1) if i not in ref}
+                new = {i: fresh(i) for i in range(ino, ino + n % 6 + 1) if i not in ref}
                 ref.update(new)
                 idx.update(new)
             assert len(idx) == len(ref)
@@ -47,8 +59,30 @@ def test_behaves_like_a_dict(ops: list[tuple[str, int, int]], merge_min: int) ->
 
 
 def test_small_footprint() -> None:
-    idx = InoIndex()
+    col = np.arange(100_000, dtype=np.uint64) * 3 + 12
+    idx = InoIndex(lambda: col)
     idx.update({i * 3 + 12: i for i in range(100_000)})
     idx._merge()
-    assert idx.memory_bytes() <= 12 * 100_000 and not idx.recent
+    assert idx.memory_bytes() <= 4 * 100_000 and not idx.recent
     assert idx.get(12 + 3 * 777) == 777 and idx.get(13) is None
+
+
+def test_a_deleted_entry_leaves_the_main_run_before_its_slot_is_reused() -> None:
+    """The main run reads its keys from the column: a deleted file's slot, given to a file of another inode number,
+    must not be found under either number (one delete at a time and in a batch)."""
+    col = np.arange(1000, dtype=np.uint64) * 2 + 10  # slot s holds inode 10 + 2 s
+    idx = InoIndex(lambda: col)
+    idx.update({10 + 2 * s: s for s in range(1000)})
+    idx._merge()
+    del idx[10 + 2 * 7]
+    idx.delete_many(np.array([10 + 2 * 8, 10 + 2 * 900], dtype=np.uint64))
+    col[[7, 8, 900]] = [5001, 5003, 5005]  # the table gives the slots to new files ...
+    idx.update({5001: 7, 5003: 8, 5005: 900})  # ... and indexes them
+    assert len(idx) == 1000
+    gone = np.array([24, 26, 1810], dtype=np.uint64)
+    assert idx.lookup_many(gone).tolist() == [-1, -1, -1] and all(idx.get(int(i)) is None for i in gone)
+    assert idx.lookup_many(np.array([5001, 5003, 5005, 12], dtype=np.uint64)).tolist() == [7, 8, 900, 1]
+    for _ in range(2):  # before the merge and after it: each slot once
+        assert sorted(idx.slots().tolist()) == list(range(1000))
+        assert sorted(idx.items()) == sorted((int(col[s]), s) for s in range(1000))
+        idx._merge()

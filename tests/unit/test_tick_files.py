@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from cachepilot.actions import Promote
 from cachepilot.backends.base import DONE, Outcome
 from cachepilot.daemon import acting, decisionlog, snapshot
+from cachepilot.daemon.answers import TOP_K
 from cachepilot.daemon.snapshot import HotLists, kth_largest
 from cachepilot.daemon.state import StateFile, _encode
 from cachepilot.daemon.statewriter import StateWriter
@@ -89,7 +90,8 @@ def test_hot_lists_are_made_in_turn_a_share_of_the_volumes_a_tick_from_each_volu
     monkeypatch.setattr(t, "_live_slots", None)  # never a walk of the whole table
     made: list[int] = []
     real = snapshot.hot_columns
-    monkeypatch.setattr(snapshot, "hot_columns", lambda tt, dev, k: made.append(dev) or real(tt, dev, k))
+    monkeypatch.setattr(snapshot, "hot_columns",
+                        lambda tt, dev, k, head=None: made.append(dev) or real(tt, dev, k, head))
     hot = HotLists(t, 500, every_s=2.0)
     devs = [1, 2, 3, 4]
     for tick in range(6):  # 1 s ticks: half of the volumes a tick, each every 2 s
@@ -100,6 +102,20 @@ def test_hot_lists_are_made_in_turn_a_share_of_the_volumes_a_tick_from_each_volu
     assert set(real(t, 2, 5000)["ino"].tolist()) == {i + 12 for i in range(4000) if i % 4 == 1}
     hot.refresh([1, 2], 6 * NS, NS)  # volumes 3 and 4 gone: their lists too
     assert sorted(hot._made) == [1, 2]
+
+
+def test_a_hot_list_keeps_what_only_top_shows_for_its_head_and_reads_back_the_same_rows(tmp_path: Path) -> None:
+    """The state file's rows (identity, score, size) for all k files and `top`'s for the head, as the full list
+    has them, in about half the bytes (52 a file before, issue 32); the daemon's lists are made so."""
+    t = table(4000, 4)
+    full, narrow = snapshot.hot_columns(t, 2, 800), snapshot.hot_columns(t, 2, 800, head=25)
+    assert snapshot.as_dicts(narrow, 25) == snapshot.as_dicts(full, 25)
+    row = ("ino", "gen", "score", "size")
+    assert snapshot.as_rows(narrow, row) == snapshot.as_rows(full, row) and len(narrow["ino"]) == 800
+    assert sum(c.nbytes for c in narrow.values()) <= 25 * 800
+    r = Rig(tmp_path)
+    assert r.d.hot.head == TOP_K
+    r.d.shutdown()
 
 
 def test_the_state_document_is_encoded_once_in_the_format_of_the_outer_object() -> None:

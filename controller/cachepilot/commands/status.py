@@ -23,7 +23,7 @@ def socket_path(args: argparse.Namespace) -> Path:
     if args.socket:
         return Path(args.socket)
     if args.config:
-        from cachepilot.daemon.config import load_socket  # lazy: jsonschema is slow to import (in the lab, seconds)
+        from cachepilot.daemon.config import load_socket  # lazy: the config reader (yaml, the policy) is slow to import
 
         return load_socket(args.config)
     return Path(DEFAULT_SOCKET)

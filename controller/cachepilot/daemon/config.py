@@ -14,11 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-
 from cachepilot.daemon.control import DEFAULT_SOCKET
 from cachepilot.errors import UserError
-from cachepilot.exporter.http import DEFAULT_LISTEN, parse_listen
+from cachepilot.exporter.listen import DEFAULT_LISTEN, parse_listen
 from cachepilot.policy.loader import load_policy
 from cachepilot.policy.model import DEFAULT_POLICY, Policy
 from cachepilot.policy.overlaps import check_combined
@@ -65,7 +63,6 @@ SCHEMA: dict[str, Any] = {
         },
     },
 }
-_validator = jsonschema.Draft202012Validator(SCHEMA)
 
 
 @dataclass(frozen=True)
@@ -123,7 +120,7 @@ def _document(text: str, source: str) -> Any:
     doc = read_yaml(text, source, what="configuration file")
     if not isinstance(doc.value, dict):
         raise UserError(f"{source}:{doc.line(())}: a configuration file is a mapping (version, policies, ...)")
-    raise_first(schema_errors(doc, _validator))
+    raise_first(schema_errors(doc, SCHEMA))
     return doc
 
 

@@ -88,7 +88,7 @@ class Daemon:
         self.budget = TickBudget()
         self.gc = GcPauses(self.counters)
         self.guard = Guard(self.counters)
-        self.hot = HotLists(self.engine.hotness, MAX_HOT, TOP_EVERY_S)
+        self.hot = HotLists(self.engine.hotness, MAX_HOT, TOP_EVERY_S, head=TOP_K)
         self.writer = StateWriter(self.state)
         self.persist = Persistence(self.state, self.engine, self.counters, self.guard.once, self.hot, self.writer)
         epochs = bool(config.metrics_listen or config.metrics_textfile)

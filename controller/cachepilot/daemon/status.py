@@ -66,6 +66,8 @@ class VolumeStatus:
     operator_detach: dict[str, Any] | None = None  # `cachepilot detach`'s request: state, detail (None: none)
     # is write-back making progress (models/writeback.py): a stall and why, every mapped block dirty, time to clean
     writeback: dict[str, Any] | None = None
+    # the promoter's pace: read-miss inserts the cache refused (bcache) and its current rate (None: no promoter)
+    promotion: dict[str, Any] | None = None
     # the exporter's view of the volume, built once a tick from its state (volume_snapshot); None: not exported (not
     # sampled yet, observed only, or its labels refused: metrics_refused says why)
     metrics: VolumeSnapshot | None = field(default=None, metadata={"json": False})
@@ -215,6 +217,7 @@ def volume_status(v: ManagedVolume, c: VolumeCtl, now: int, engine: Engine) -> V
         pins=c.pins.status(engine.hotness) if len(c.pins) or c.pins.note else None, importing=v.importing(),
         operator_drain=operator, writeback=_writeback(c, now) if st.samples else None,
         operator_detach=c.detach.to_json(now) if c.detach is not None else None,
+        promotion=_promotion_pacing(v) if getattr(v.files, "promoter", None) is not None else None,
         metrics=metrics, metrics_refused=refused)
 
 

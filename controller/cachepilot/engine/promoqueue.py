@@ -8,6 +8,11 @@ from bisect import bisect_right
 import numpy as np
 
 ADMITTED = 0  # reason id: admitted against the last evicted counter (text made when emitted)
+# the consumed head is cut off once it is this share of the array (and more than COMPACT_MIN entries): a half kept
+# 2 MiB of consumed entries with 1 M files queued on 16 volumes (bench_daemon_files.py, issue 32); a compaction
+# moves the rest once per that many pops, a few hundred microseconds
+COMPACT_SHARE = 4
+COMPACT_MIN = 4096
 
 
 class PromoQueue:
@@ -65,7 +70,7 @@ class PromoQueue:
 
     def pop(self) -> None:
         self.head += 1
-        if self.head > 4096 and self.head * 2 >= len(self.items):
+        if self.head > COMPACT_MIN and self.head * COMPACT_SHARE >= len(self.items):
             head = self.head
             k = bisect_right(self._starts, head) - 1  # the run holding the new first entry stays
             del self._starts[:max(0, k)]

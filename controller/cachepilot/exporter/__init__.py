@@ -7,10 +7,20 @@ The daemon's side of it::
     server = serve("127.0.0.1:9854", registry)      # optional; never blocks the loop
     ...each tick: box.publish(DaemonSnapshot(...)); write_textfile(path, registry)  # textfile optional
     server.close()
+
+The snapshot side (snapshot.py, listen.py) is plain Python; the registry, the HTTP server and the textfile writer
+need prometheus_client, which pulls in http.server, email, urllib and ssl: ~8 MiB of the daemon's RSS (issue 32).
+The daemon's status and config need only the former, so the latter are imported on first use (PEP 562
+``__getattr__``): a daemon with ``metrics.listen: ""`` and no textfile never loads prometheus_client
+(tests/unit/test_lazy_imports.py).
 """
 
-from cachepilot.exporter.http import DEFAULT_LISTEN, MetricsServer, parse_listen, serve
-from cachepilot.exporter.registry import SnapshotCollector, make_registry
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from cachepilot.exporter.listen import DEFAULT_LISTEN, parse_listen
 from cachepilot.exporter.snapshot import (
     EPOCH_BUCKETS,
     TICK_BUCKETS,
@@ -21,10 +31,27 @@ from cachepilot.exporter.snapshot import (
     UnmanagedVolume,
     VolumeSnapshot,
 )
-from cachepilot.exporter.textfile import write_textfile
+
+if TYPE_CHECKING:  # for the type checkers; at run time they come from __getattr__ below
+    from cachepilot.exporter.http import MetricsServer, serve
+    from cachepilot.exporter.registry import SnapshotCollector, make_registry
+    from cachepilot.exporter.textfile import write_textfile
+
+_LAZY = {"MetricsServer": "http", "serve": "http", "SnapshotCollector": "registry", "make_registry": "registry",
+         "write_textfile": "textfile"}
 
 __all__ = [
     "DEFAULT_LISTEN", "EPOCH_BUCKETS", "TICK_BUCKETS", "DaemonSnapshot", "Histogram", "HistogramAccumulator",
     "MetricsServer", "SnapshotBox", "SnapshotCollector", "UnmanagedVolume", "VolumeSnapshot", "make_registry",
     "parse_listen", "serve", "write_textfile",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The names that need prometheus_client, imported when first asked for."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # once: later lookups do not come back here
+    return value

@@ -11,7 +11,6 @@ balancers and orchestrators: ``/healthz`` (200 while the loop ticks: 503 once th
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 import time
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from cachepilot.boundedserver import BoundedServer, Dialogue
 from cachepilot.errors import UserError
+from cachepilot.exporter.listen import parse_listen
 from cachepilot.exporter.snapshot import DaemonSnapshot, SnapshotBox
 
 RENDER_TTL_S = 0.1
@@ -30,23 +30,8 @@ REQUEST_TIMEOUT_S = 2.0
 REPLY_TIMEOUT_S = 10.0
 MAX_CLIENTS = 256  # a scrape costs a socket and a buffer, not a thread
 INDEX = b'<html><body><a href="/metrics">/metrics</a></body></html>\n'
-DEFAULT_LISTEN = "127.0.0.1:9854"
 STALL_S = 60.0  # /healthz fails when the loop has not ticked for this long (as CachepilotLoopStalled does)
 PROBES = (b"/healthz", b"/ready")
-
-
-def parse_listen(value: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) → (host, port); UserError naming the value otherwise."""
-    host, sep, port = value.rpartition(":")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    try:
-        ipaddress.ip_address(host)
-        number = int(port)
-    except ValueError:
-        number = -1
-    if not sep or not 0 < number < 65536:
-        raise UserError(f"metrics listen address {value!r}: expected IP:PORT, e.g. {DEFAULT_LISTEN}")
-    return host, number
 
 
 def _response(status: str, body: bytes, ctype: str = "text/plain; charset=utf-8", extra: str = "",

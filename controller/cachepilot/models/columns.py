@@ -145,8 +145,12 @@ class WideningU32:
     def extend(self, values: np.ndarray) -> None:
         self.a.frombytes(values.astype(self._fit(values)).tobytes())
 
+    def view(self) -> np.ndarray:
+        """The column as a numpy array on its buffer (u32 or u64): drop it before the column may grow."""
+        return np.frombuffer(self.a, dtype=np.uint64 if self.wide else np.uint32)
+
     def take(self, slots: np.ndarray) -> np.ndarray:
-        return np.frombuffer(self.a, dtype=np.uint64 if self.wide else np.uint32)[slots].astype(np.uint64)
+        return self.view()[slots].astype(np.uint64)
 
     def put(self, slots: np.ndarray, values: np.ndarray) -> None:
         dt = self._fit(values)
@@ -188,6 +192,10 @@ class DevIds:
 
     def put(self, slots: np.ndarray, dev: int) -> None:
         np.frombuffer(self.a, dtype=np.uint16)[slots] = self.id_of(dev)
+
+    def ids(self, slots: np.ndarray) -> np.ndarray:
+        """The slots' indexes into :attr:`devs` (u16)."""
+        return np.frombuffer(self.a, dtype=np.uint16)[slots]
 
     def take(self, slots: np.ndarray) -> np.ndarray:
         """The device numbers (u32) of the slots."""

@@ -1,19 +1,24 @@
-"""inode number -> slot for one filesystem, in about 8 bytes per file (12 once an inode number needs 64 bits).
+"""inode number -> slot for one filesystem, in about 4 bytes per file (8 in the young run, below).
 
-A Python dict costs ~100 bytes per entry once its int keys and values are counted; a million tracked
-files cannot afford that. Here the map is sorted numpy runs (``keys`` u64, ``vals`` i32; a deleted entry
-keeps its key with value -1 until the next merge): the main run, and a young run that batches of new files
-go into (a merge of the batch with the young run only). Single inserts wait in a small dict. When the young
-run and the dict grow past 1/8 of the main run, everything is merged into it. Batches are looked up with one
-``searchsorted`` per run, the queries sorted first (numpy then narrows each search from the previous one:
-twice as fast on a large run); single lookups are a dict probe plus a binary search per run. The keys are u32 while
-every inode number fits (ext4's always do: 4 MiB less per million files) and turn u64 for good at the first that
-does not (XFS inode64, btrfs); a query that does not fit u32 keys is simply not found in them.
+A Python dict costs ~100 bytes per entry once its int keys and values are counted; a million tracked files cannot
+afford that. Here the map is numpy runs sorted by inode number: the main run holds only the *slots* (i32), and reads
+each one's inode number from the hotness table's own ``ino`` column (``keys_of``: a view of it, taken per call --
+the column may grow between calls), so the key is not stored twice (4 MiB less per million files, issue 32). The
+young run, which batches of new files go into (a merge of the batch with the young run only), keeps its keys (u32
+while every inode number fits, u64 for good at the first that does not: XFS inode64, btrfs) and values (i32); a
+deleted entry there keeps its key with value -1 until the next merge. Single inserts wait in a small dict. When the
+young run and the dict grow past 1/8 of the main run, everything is merged into it.
+
+A slot's inode number is its key only while the slot is live in this index: a freed slot is given to the next new
+file, of any filesystem. So a delete takes an entry out of the main run at once (a copy of the run, O(files); the
+daemon deletes in batches, one copy a batch) where the young run keeps a tombstone. Batches are looked up with one
+``searchsorted`` per run (the main run's keys gathered from the column first), the queries sorted first (numpy
+then narrows each search from the previous one); single lookups are a dict probe plus a binary search per run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 
@@ -21,6 +26,8 @@ MERGE_MIN = 4096
 U32_MAX = 0xFFFFFFFF
 _NO_KEYS = np.empty(0, dtype=np.uint32)
 _NO_VALS = np.empty(0, dtype=np.int32)
+
+KeysOf = Callable[[], np.ndarray]  # the table's ino column as a numpy view (u32 or u64), indexed by slot
 
 
 def _pos(keys: np.ndarray, ino: int) -> int:
@@ -52,49 +59,53 @@ def _search(keys: np.ndarray, sq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 class InoIndex:
-    def __init__(self) -> None:
-        self.keys = _NO_KEYS
-        self.vals = _NO_VALS
+    def __init__(self, keys_of: KeysOf) -> None:
+        self.keys_of = keys_of
+        self.vals = _NO_VALS  # the main run: slots, sorted by their inode numbers (every one live)
         self.ykeys = _NO_KEYS  # the young run
         self.yvals = _NO_VALS
         self.recent: dict[int, int] = {}
         self.n = 0
-        self.dead = 0  # tombstones in both runs
-        self.wide = False  # u64 keys (an inode number past 2^32 was inserted)
+        self.wide = False  # u64 keys in the young run (an inode number past 2^32 was inserted)
+
+    def main_keys(self) -> np.ndarray:
+        """The main run's inode numbers (a copy, gathered from the column)."""
+        if not len(self.vals):
+            return _NO_KEYS
+        return self.keys_of()[self.vals]
 
     def _fit(self, inos: np.ndarray) -> np.ndarray:
-        """inos as keys of this index, widening the runs to u64 first if one needs it."""
+        """inos as keys of the young run, widening it to u64 first if one needs it."""
         if not self.wide and len(inos) and int(inos.max()) > U32_MAX:
             self.wide = True
-            self.keys, self.ykeys = self.keys.astype(np.uint64), self.ykeys.astype(np.uint64)
+            self.ykeys = self.ykeys.astype(np.uint64)
         return inos.astype(np.uint64 if self.wide else np.uint32)
 
     # ------------------------------------------------------------ single
-    def _runs(self) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
-        return (self.keys, self.vals), (self.ykeys, self.yvals)
-
-    def _locate(self, ino: int) -> tuple[np.ndarray, int]:
-        """(the run's values, index) of ino's entry: the live one if any (an inode number may have a tombstone in
-        the main run and a live entry in the young one), else a tombstone; index -1 if in no run."""
-        dead: tuple[np.ndarray, int] = (self.vals, -1)
-        for keys, vals in self._runs():
-            i = _pos(keys, ino)
-            if i >= 0:
-                if vals[i] >= 0:
-                    return vals, i
-                dead = (vals, i)
-        return dead
+    def _main_pos(self, ino: int) -> int:
+        """Index of ino in the main run, or -1: a binary search reading the column at each step."""
+        vals = self.vals
+        if not len(vals) or ino < 0:
+            return -1
+        col = self.keys_of()
+        lo, hi = 0, len(vals)
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if int(col[vals[mid]]) < ino:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo if lo < len(vals) and int(col[vals[lo]]) == ino else -1
 
     def get(self, ino: int, default: int | None = None) -> int | None:
         v = self.recent.get(ino)
         if v is not None:
             return v
-        vals, i = self._locate(ino)
-        if i >= 0:
-            v = int(vals[i])
-            if v >= 0:
-                return v
-        return default
+        i = _pos(self.ykeys, ino)
+        if i >= 0 and self.yvals[i] >= 0:
+            return int(self.yvals[i])
+        i = self._main_pos(ino)
+        return int(self.vals[i]) if i >= 0 else default
 
     def __getitem__(self, ino: int) -> int:
         v = self.get(ino)
@@ -106,15 +117,19 @@ class InoIndex:
         return isinstance(ino, int) and self.get(ino) is not None
 
     def __setitem__(self, ino: int, slot: int) -> None:
+        """ino -> slot; the column must already hold ino at ``slot`` (the table writes it before)."""
         if ino in self.recent:
             self.recent[ino] = slot
             return
-        vals, i = self._locate(ino)
+        i = _pos(self.ykeys, ino)
         if i >= 0:
-            if vals[i] < 0:
+            if self.yvals[i] < 0:
                 self.n += 1
-                self.dead -= 1
-            vals[i] = slot
+            self.yvals[i] = slot
+            return
+        i = self._main_pos(ino)
+        if i >= 0:
+            self.vals[i] = slot
             return
         self.recent[ino] = slot
         self.n += 1
@@ -124,12 +139,15 @@ class InoIndex:
         if self.recent.pop(ino, None) is not None:
             self.n -= 1
             return
-        vals, i = self._locate(ino)
-        if i < 0 or vals[i] < 0:
-            raise KeyError(ino)
-        vals[i] = -1
+        i = _pos(self.ykeys, ino)
+        if i >= 0 and self.yvals[i] >= 0:
+            self.yvals[i] = -1
+        else:
+            i = self._main_pos(ino)
+            if i < 0:
+                raise KeyError(ino)
+            self.vals = np.delete(self.vals, i)
         self.n -= 1
-        self.dead += 1
         self._maybe_merge()
 
     # ------------------------------------------------------------ batch
@@ -140,18 +158,16 @@ class InoIndex:
                                np.fromiter(new.values(), dtype=np.int32, count=len(new)))
 
     def update_arrays(self, inos: np.ndarray, slots: np.ndarray) -> None:
-        """update() for distinct inode numbers (u64) and their slots as arrays."""
+        """update() for distinct inode numbers (u64) that are not live in the index, and their slots, as arrays."""
         slots = slots.astype(np.int32)
         order = inos.argsort(kind="stable")
         inos, slots = self._fit(inos[order]), slots[order]
         # a tombstone of an earlier file with the same inode number in the young run is revived in place (a run
-        # holds a key once); one in the main run stays until the next merge (searching the main run per batch
-        # cost as much as the lookups themselves), the live entry in the young run wins (_locate, lookup_many)
+        # holds a key once); the main run holds none
         pos, found = _search(self.ykeys, inos)
         rest = ~found
         if found.any():
             self.yvals[pos[found]] = slots[found]
-            self.dead -= int(found.sum())
         self.n += len(inos)
         if rest.any():  # into the young run: both sorted, so an insertion, not a sort
             at = self.ykeys.searchsorted(inos[rest])
@@ -160,16 +176,19 @@ class InoIndex:
         self._maybe_merge()
 
     def delete_many(self, inos: np.ndarray) -> None:
-        """del self[ino] for distinct inode numbers that are all live in the index (one search per run)."""
+        """del self[ino] for distinct inode numbers that are all live in the index (one search per run; the main
+        run's entries taken out in one copy)."""
         inos = np.sort(inos)
-        rest = np.ones(len(inos), dtype=bool)
-        for keys, vals in self._runs():
-            pos, found = _search(keys, inos)
-            found &= rest
-            found[found] &= vals[pos[found]] >= 0
-            vals[pos[found]] = -1
-            self.dead += int(found.sum())
-            rest &= ~found
+        pos, found = _search(self.ykeys, inos)
+        found[found] &= self.yvals[pos[found]] >= 0
+        self.yvals[pos[found]] = -1
+        rest = ~found
+        if len(self.vals) and rest.any():
+            mpos, mfound = _search(self.main_keys(), inos)
+            mfound &= rest
+            if mfound.any():
+                self.vals = np.delete(self.vals, mpos[mfound])
+            rest &= ~mfound
         for ino in inos[rest].tolist():
             del self.recent[ino]
         self.n -= len(inos)
@@ -180,7 +199,7 @@ class InoIndex:
         order = inos.argsort(kind="stable")
         sq = inos[order]
         found_sorted = np.full(len(inos), -1, dtype=np.int64)
-        for keys, vals in self._runs():
+        for keys, vals in ((self.main_keys(), self.vals), (self.ykeys, self.yvals)):
             if len(keys):
                 pos, found = _search(keys, sq)
                 # an inode is live in one run at most; a tombstone (-1) never hides a live entry
@@ -196,31 +215,30 @@ class InoIndex:
 
     # ------------------------------------------------------------ merging
     def _maybe_merge(self) -> None:
-        big = max(MERGE_MIN, len(self.keys) >> 3)
-        if len(self.ykeys) + len(self.recent) > big or (self.dead > MERGE_MIN and self.dead * 4 > len(self.keys)):
+        """Merge once the young run (its tombstones included) and the dict pass 1/8 of the main run."""
+        if len(self.ykeys) + len(self.recent) > max(MERGE_MIN, len(self.vals) >> 3):
             self._merge()
 
     def _merge(self) -> None:
-        live, ylive = self.vals >= 0, self.yvals >= 0
+        ylive = self.yvals >= 0
         rk = self._fit(np.fromiter(self.recent.keys(), dtype=np.uint64, count=len(self.recent)))
         rv = np.fromiter(self.recent.values(), dtype=np.int32, count=len(self.recent))
-        keys = np.concatenate([self.keys[live], self.ykeys[ylive], rk])
-        vals = np.concatenate([self.vals[live], self.yvals[ylive], rv])
-        order = keys.argsort(kind="stable")
-        self.keys = keys[order]
-        self.vals = vals[order]
-        self.ykeys, self.yvals = np.empty(0, dtype=self.keys.dtype), _NO_VALS
+        mk, yk = self.main_keys(), self.ykeys[ylive]
+        kd = np.result_type(mk.dtype, yk.dtype, rk.dtype)  # u32 unless an inode number needs more
+        keys = np.concatenate([mk.astype(kd), yk.astype(kd), rk.astype(kd)])
+        vals = np.concatenate([self.vals, self.yvals[ylive], rv])
+        self.vals = vals[keys.argsort(kind="stable")]
+        self.ykeys, self.yvals = np.empty(0, dtype=np.uint64 if self.wide else np.uint32), _NO_VALS
         self.recent = {}
-        self.dead = 0
 
     # ------------------------------------------------------------ iteration
     def __len__(self) -> int:
         return self.n
 
     def items(self) -> Iterator[tuple[int, int]]:
-        for keys, vals in self._runs():
-            live = vals >= 0
-            yield from zip(keys[live].tolist(), vals[live].tolist(), strict=True)
+        yield from zip(self.main_keys().tolist(), self.vals.tolist(), strict=True)
+        live = self.yvals >= 0
+        yield from zip(self.ykeys[live].tolist(), self.yvals[live].tolist(), strict=True)
         yield from self.recent.items()
 
     def __iter__(self) -> Iterator[int]:
@@ -229,10 +247,10 @@ class InoIndex:
     def slots(self) -> np.ndarray:
         """Every live value (slot), in no particular order, as int64."""
         rv = np.fromiter(self.recent.values(), dtype=np.int64, count=len(self.recent))
-        return np.concatenate([self.vals[self.vals >= 0], self.yvals[self.yvals >= 0], rv]).astype(np.int64)
+        return np.concatenate([self.vals, self.yvals[self.yvals >= 0], rv]).astype(np.int64)
 
     def values(self) -> Iterator[int]:
         return (v for _, v in self.items())
 
     def memory_bytes(self) -> int:
-        return self.keys.nbytes + self.vals.nbytes + self.ykeys.nbytes + self.yvals.nbytes
+        return self.vals.nbytes + self.ykeys.nbytes + self.yvals.nbytes

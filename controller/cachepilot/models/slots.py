@@ -1,5 +1,6 @@
 """The hotness table's storage: one *slot* per tracked file in parallel arrays, found through
-``index[dev][ino] -> slot`` (an :class:`~cachepilot.models.inoindex.InoIndex` per filesystem, ~12 bytes per file).
+``index[dev][ino] -> slot`` (an :class:`~cachepilot.models.inoindex.InoIndex` per filesystem, ~4 bytes per file:
+it reads the inode numbers from the ``ino`` column).
 
 ============  ============  ============================================================================
 column        stored as     meaning
@@ -19,7 +20,7 @@ charged       u16 + spill   pages charged to the believed-cached set
 ============  ============  ============================================================================
 
 38 bytes a file with 32-bit inode numbers (65 before issue 32); the narrow columns are in models/columns.py, exact
-but for the times (milliseconds). The inode index adds 8 bytes a file (models/inoindex.py).
+but for the times (milliseconds). The inode index adds 4 bytes a file (models/inoindex.py).
 
 Per filesystem we also sum the read and write bytes (``dev_bytes``), for the ``auto`` failure model.
 """
@@ -100,7 +101,7 @@ class SlotArrays:
             self.charged.extend_fill(1, 0)
         idx = self.index.get(dev)
         if idx is None:
-            idx = self.index[dev] = InoIndex()
+            idx = self.index[dev] = InoIndex(self.ino.view)
             self.dev_bytes[dev] = [0, 0]
         idx[ino] = slot
         self.live += 1
@@ -169,7 +170,7 @@ class SlotArrays:
     def register_dev(self, dev: int) -> None:
         """Track files of this filesystem (apply_array(known_only=True) skips the others)."""
         if dev not in self.index:
-            self.index[dev] = InoIndex()
+            self.index[dev] = InoIndex(self.ino.view)
             self.dev_bytes[dev] = [0, 0]
 
     def dev_mask(self, dev: int) -> np.ndarray:

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import jsonschema
-
 from cachepilot.errors import UserError
 from cachepilot.policy import capcheck, convert
 from cachepilot.policy.model import Policy, Rule, Selector, VolumePolicy
@@ -19,7 +17,6 @@ from cachepilot.safeio import read_text
 
 MAX_POLICY_BYTES = 4 << 20  # a policy with 10 000 rules is about 1 MiB
 
-_validator = jsonschema.Draft202012Validator(SCHEMA)
 
 
 def parse_policy(text: str, source: str = "<string>") -> Policy:
@@ -29,7 +26,7 @@ def parse_policy(text: str, source: str = "<string>") -> Policy:
     vols = doc.value.get("volumes")
     if isinstance(vols, list) and len(vols) > MAX_RULES:  # before the schema walks them all
         raise doc.err(("volumes",), f"{len(vols)} volume rules (at most {MAX_RULES})")
-    raise_first(schema_errors(doc, _validator))
+    raise_first(schema_errors(doc, SCHEMA))
     raw = doc.value
     capcheck.check(raw, doc.err)
     defaults = convert.settings(raw.get("defaults", {}), VolumePolicy(), doc, ("defaults",))

@@ -15,10 +15,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import jsonschema
 import yaml
 
 from cachepilot.errors import UserError
+from cachepilot.policy.schemacheck import Schema, is_valid
 from cachepilot.policy.values import MAX_SIZE
 
 PathT = tuple[str | int, ...]
@@ -200,10 +200,15 @@ def read_yaml(text: str, source: str, what: str = "policy file") -> Doc:
     return doc
 
 
-def schema_errors(doc: Doc, validator: jsonschema.Draft202012Validator) -> list[UserError]:
-    """Schema violations as ``FILE:LINE: key: message`` errors, in file order."""
+def schema_errors(doc: Doc, schema: Schema) -> list[UserError]:
+    """Schema violations as ``FILE:LINE: key: message`` errors, in file order. A valid document is told apart without
+    jsonschema (policy/schemacheck.py: ~6 MiB of the daemon's RSS); only an invalid one imports it, for its words."""
+    if is_valid(doc.value, schema):
+        return []
+    import jsonschema  # noqa: PLC0415 -- lazy on purpose (above)
+
     out: list[tuple[int, UserError]] = []
-    for e in validator.iter_errors(doc.value):
+    for e in jsonschema.Draft202012Validator(schema).iter_errors(doc.value):
         path: PathT = tuple(e.absolute_path)
         if e.validator == "additionalProperties" and isinstance(e.instance, dict):
             allowed = set(e.schema.get("properties", {}))

@@ -1,8 +1,11 @@
-"""Guest (W5): a hot set of large files read whole again and again on bcache while a backup streams cold data.
+"""Guest (W5): a hot set of large files read whole again and again on bcache (or dm-cache: issue 37 item 2) while a
+backup streams cold data.
 
 usage: hotlarge.py CONFIG ROUNDS INTERVAL STREAM_X [--seed N] [--backup-round K]
-       CONFIG: stock (sequential_cutoff 4 MiB) | cutoff0 (sequential_cutoff 0) | cutoff16 (16 MiB, between the two:
-       above one hot file, below the backup's runs) | cp-default (stock + cachepilot, the shipped default policy)
+       CONFIG on bcache: stock (sequential_cutoff 4 MiB) | cutoff0 (sequential_cutoff 0) | cutoff16 (16 MiB, between
+       the two: above one hot file, below the backup's runs) | cp-default (stock + cachepilot, the shipped default)
+       CONFIG on dm-cache: smq (stock smq, migration_threshold 2048 sectors) | smq-mt (migration_threshold 32768
+       sectors: 16 MiB of migration in flight, one hot file -- the stock lever for promoting faster) | cp-default
 
 The hot set is HOT_FILES files of HOT_MIB MiB (64 MiB: the shipped default's max_cache_fraction, 0.25 of the 256 MiB
 cache -- the most the daemon's believed-cached set holds), each read whole, O_DIRECT in 1 MiB requests (an
@@ -12,7 +15,8 @@ read), once every INTERVAL seconds, ROUNDS times. A backup reads STREAM_X times 
 chance to hold it -- the issue's case is a backup that evicts an established hot set; started with round 1 it ended in
 ~2 s, before anything was hot, and tested nothing); each file once: it stays cold; it ends when read, or with the last
 round.
-The cache starts empty for the volume (the backing device detached and attached again after the set-up's writes).
+The cache starts empty for the volume (bcache: the backing device detached and attached again after the set-up's
+writes; dm-cache: passthrough, every cache block invalidated, back to the lab's mode -- smq's hit statistics stay).
 
 Per round and hot file: its read time (ms). Per round: the origin bytes the hot set cost, i.e. the origin's read
 bytes over the round minus what the backup read meanwhile (every backup read misses: read once), so the daemon's
@@ -24,6 +28,7 @@ from __future__ import annotations
 import mmap
 import os
 import random
+import subprocess
 import sys
 import threading
 import time
@@ -32,12 +37,29 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "vm"))  # bcache_trace (the lab's tracefs helper)
 from bcache_trace import ALLOC_FAIL, Trace  # noqa: E402
-from common import BCACHE, MIB, MNT, ROOT, Daemon, log, origin_read, write_result  # noqa: E402
+from common import (  # noqa: E402
+    BCACHE,
+    DM_NAME,
+    MIB,
+    MNT,
+    RECIPE,
+    ROOT,
+    Daemon,
+    dmstatus,
+    log,
+    origin_read,
+    set_cache_mode,
+    settle_clean,
+    write_result,
+)
 
 HOT_FILES, HOT_MIB, REQ = 4, 16, MIB
 # bcache's own counters per round (stats_total; folded every few seconds, so a round's share may lag into the next)
 STATS = ("cache_hits", "cache_misses", "cache_bypass_hits", "cache_bypass_misses", "cache_miss_collisions")
-CONFIGS = ("stock", "cutoff0", "cutoff16", "cp-default")
+# dm-cache's own counters per round (its status line: read hits, read misses, demotions, promotions)
+DM_STATS = {"read_hits": 7, "read_misses": 8, "demotions": 11, "promotions": 12}
+CONFIGS = ("stock", "cutoff0", "cutoff16", "smq", "smq-mt", "cp-default")
+DM_ENV = {**os.environ, "DM_DISABLE_UDEV": "1"}
 
 
 def write(path: Path, size: int, rnd: random.Random) -> None:
@@ -48,7 +70,10 @@ def write(path: Path, size: int, rnd: random.Random) -> None:
 
 
 def reattach() -> None:
-    """The same cache set, empty for this volume: what the set-up's writes left cached is gone."""
+    """The same cache, empty for this volume: what the set-up's writes left cached is gone."""
+    if RECIPE != "bcache":
+        _invalidate_dm_cache()
+        return
     cset = os.path.basename(os.readlink(BCACHE / "cache"))
     (BCACHE / "detach").write_text("1\n")
     while (BCACHE / "cache").exists():
@@ -56,6 +81,24 @@ def reattach() -> None:
     (BCACHE / "attach").write_text(cset + "\n")
     while not (BCACHE / "cache").exists():
         time.sleep(0.1)
+
+
+def _invalidate_dm_cache() -> None:
+    """dm-cache takes invalidate_cblocks only in passthrough mode, which it enters only clean (dm-cache-target.c)."""
+    settle_clean()
+    mode = cache_mode_dm()
+    set_cache_mode("passthrough")
+    total = int(dmstatus()[6].split("/")[1])  # <used>/<total> cache blocks; the range's end is exclusive
+    subprocess.run(["dmsetup", "message", DM_NAME, "0", "invalidate_cblocks", f"0-{total}"], check=True, env=DM_ENV)
+    used = int(dmstatus()[6].split("/")[0])
+    set_cache_mode(mode)
+    log(f"dm-cache emptied: {used} of {total} blocks in use after invalidate_cblocks; mode back to {mode}")
+
+
+def cache_mode_dm() -> str:
+    """The dm-cache table's io mode (writeback / writethrough / passthrough)."""
+    table = subprocess.run(["dmsetup", "table", DM_NAME], capture_output=True, text=True, check=True).stdout.split()
+    return next(t for t in table if t in ("writeback", "writethrough", "passthrough"))
 
 
 def read_direct(path: Path, buf: mmap.mmap) -> float:
@@ -90,18 +133,25 @@ class Backup(threading.Thread):
 
 
 def stats() -> list[int]:
+    if RECIPE != "bcache":
+        f = dmstatus()
+        return [int(f[i]) for i in DM_STATS.values()]
     return [int((BCACHE / "stats_total" / k).read_text()) for k in STATS]
 
 
 def configure(config: str) -> Daemon | None:
-    if config == "cutoff0":
+    kind_configs = ("smq", "smq-mt", "cp-default") if RECIPE != "bcache" else ("stock", "cutoff0", "cutoff16",
+                                                                               "cp-default")
+    if config not in kind_configs:
+        raise SystemExit(f"configuration {config!r} is not one for {RECIPE} (one of {', '.join(kind_configs)})")
+    if config == "smq-mt":
+        subprocess.run(["dmsetup", "message", DM_NAME, "0", "migration_threshold", "32768"], check=True, env=DM_ENV)
+    elif config == "cutoff0":
         (BCACHE / "sequential_cutoff").write_text("0")
     elif config == "cutoff16":
         (BCACHE / "sequential_cutoff").write_text(str(16 * MIB))
     elif config == "cp-default":
         return Daemon([ROOT / "policies" / "default.yaml"])
-    elif config != "stock":
-        raise SystemExit(f"unknown configuration {config!r} (one of {', '.join(CONFIGS)})")
     return None
 
 
@@ -124,8 +174,9 @@ def main() -> None:
     backup = Backup(cold)
     # bcache's refused read-miss inserts (bcache_alloc_fail: no ready bucket), counted per round for every
     # configuration -- with the stats, why a configuration keeps or loses the hot set while the backup streams
-    refusals = Trace((ALLOC_FAIL,))
-    refusals.start()
+    refusals = Trace((ALLOC_FAIL,)) if RECIPE == "bcache" else None
+    if refusals is not None:
+        refusals.start()
     t0 = time.monotonic()
     per_round: list[dict] = []
     second_ended = float("nan")
@@ -142,8 +193,10 @@ def main() -> None:
         end = t0 + (r + 1) * interval
         time.sleep(max(0.0, end - time.monotonic()))
         hot_origin = max(0, origin_read() - o0 - (backup.bytes - b0))
-        counts = dict(zip(STATS, (b - a for a, b in zip(s0, stats(), strict=True)), strict=True))
-        counts["alloc_fail"] = sum(1 for x in refusals.take() if x.event == ALLOC_FAIL)
+        names = STATS if RECIPE == "bcache" else tuple(DM_STATS)
+        counts = dict(zip(names, (b - a for a, b in zip(s0, stats(), strict=True)), strict=True))
+        if refusals is not None:
+            counts["alloc_fail"] = sum(1 for x in refusals.take() if x.event == ALLOC_FAIL)
         per_round.append({"round": r + 1, "t": start - t0, "read_ms": times,
                           "origin_bytes_per_read": hot_origin / HOT_FILES, "bcache": counts,
                           "backup_bytes": backup.bytes - b0})
@@ -155,12 +208,14 @@ def main() -> None:
     backup.stop.set()
     if backup.ident is not None:  # started
         backup.join()
-    refusals.stop()
+    if refusals is not None:
+        refusals.stop()
     res = {"config": config, "rounds": per_round, "hot_files": HOT_FILES, "hot_mib": HOT_MIB,
            "interval_s": interval, "backup_round": backup_round, "stream_bytes": backup.bytes,
            "stream_s": backup.seconds,
            "stream_mib_s": backup.bytes / MIB / max(backup.seconds, 1e-9),
-           "sequential_cutoff": (BCACHE / "sequential_cutoff").read_text().strip()}
+           "kind": RECIPE,
+           "sequential_cutoff": (BCACHE / "sequential_cutoff").read_text().strip() if RECIPE == "bcache" else None}
     if daemon:
         res["daemon_cpu_pct"] = 100 * (daemon.cpu_s() - daemon.cpu0) / (time.monotonic() - t0)
         dec = daemon.explain()
@@ -168,8 +223,9 @@ def main() -> None:
         res["promotions"] = len(done)
         # when each promotion was done, seconds after the second round's reads ended (the admission's earliest)
         res["promoted_after_round2_s"] = sorted(round(float(x["ts"]) - second_ended, 1) for x in done)
-        vol = (daemon.ask("status").get("volumes") or [{}])[0].get("metrics") or {}
-        res["alloc_failures"], res["promotion_rate"] = vol.get("alloc_failures"), vol.get("promotion_rate")
+        vol = (daemon.ask("status").get("volumes") or [{}])[0]
+        pace = vol.get("promotion") or {}
+        res["alloc_failures"], res["promotion_rate"] = pace.get("alloc_failures"), pace.get("promotion_rate")
         res["daemon_exit"] = daemon.stop()
     write_result("hotlarge", res)
 
