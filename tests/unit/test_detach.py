@@ -262,6 +262,22 @@ def test_an_expired_drain_fails_the_detach_and_nothing_is_detached() -> None:
     assert c.detach is not None and c.detach.state == "failed" and "drain expired" in c.detach.detail
 
 
+def test_a_failed_detach_says_the_kernels_error_and_the_volume_stays_managed() -> None:
+    e = engine()
+    tick(e, 1, dirty=MIB)
+    e.operator_detach("bcache0", 60, accept_loss=False)
+    tick(e, 2, dirty=MIB)
+    d = e.vols[DEV].operator.action  # type: ignore[union-attr]
+    assert isinstance(d, Drain)
+    e.outcome(Outcome(d, DONE, detail="clean"))
+    [det] = [a for t in (3, 4) for a in tick(e, t, mode="writethrough") if isinstance(a, Detach)]
+    e.outcome(Outcome(det, FAILED, error=KernelRejected("bcache0: detach missed its deadline in phase detaching"),
+                      detail="failed in phase detaching"))
+    c = e.vols[DEV]
+    assert c.detach is not None and c.detach.state == "failed" and e.detached() == []
+    assert "missed its deadline" in c.detach.detail and "phase detaching" in c.detach.detail
+
+
 def test_a_failed_cache_holding_dirty_data_is_refused_with_one_line_naming_the_bytes() -> None:
     e = engine()
     tick(e, 1, dirty=3 * MIB, failed=True)

@@ -36,8 +36,8 @@ def follow(sock: Path, volume: str) -> int:
         s = request(sock, {"cmd": "status"})
         vol = next((v for v in s.get("volumes", []) if v.get("name") == volume), None)
         if vol is not None:
-            print(f"{escape(volume)}: attached and managed again ({escape(str(vol.get('kind')))},"
-                  f" {escape(str(vol.get('mode')))})")
+            mode = f", {escape(str(vol['mode']))}" if vol.get("mode") else ""  # None until its first sample
+            print(f"{escape(volume)}: attached and managed again ({escape(str(vol.get('kind')))}{mode})")
             return 0
         d = next((d for d in s.get("detached", []) if d.get("name") == volume), None)
         if d is not None and d.get("attach_error"):

@@ -41,6 +41,7 @@ def follow(sock: Path, volume: str, deadline: float) -> int:
 
     tty = sys.stdout.isatty()
     end = time.monotonic() + deadline + GRACE_S
+    said = ""  # the last state line printed: a state is said once, not every poll (bcache polls to "no cache")
     while time.monotonic() < end:
         time.sleep(POLL_S)
         s = request(sock, {"cmd": "status"})
@@ -63,8 +64,9 @@ def follow(sock: Path, volume: str, deadline: float) -> int:
         op = (vol or {}).get("operator_drain")
         if det["state"] == "draining" and op is not None and op.get("state") == "running":
             print(_progress(volume, op), end="\r" if tty else "\n", flush=True)
-        elif det["state"] != "draining":
-            print(f"{escape(volume)}: {det['state']}", end="\r" if tty else "\n", flush=True)
+        elif det["state"] != "draining" and det["state"] != said:
+            said = det["state"]
+            print(f"{escape(volume)}: {said}", end="\r" if tty else "\n", flush=True)
     print(f"{escape(volume)}: the daemon did not report the detach's end within {deadline + GRACE_S:g} s")
     return 1
 

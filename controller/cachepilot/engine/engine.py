@@ -327,7 +327,7 @@ class Engine:
             self.drains.ended(c, a, ok, o.detail, self.now_ns)
             operatordrain.drain_ended(c, a, ok, o.detail, self.now_ns)
         elif isinstance(a, Detach):
-            operatordetach.ended(c, a, ok, o.detail, o.writes)
+            operatordetach.ended(c, a, ok, f"{o.detail}: {o.error}" if o.error else o.detail, o.writes)
         elif isinstance(a, DiscardRanges) and not ok:
             requeue_failed(c, a)
         # a failed switch or knob is asked again after REQUEST_RETRY_NS (the request stays recorded until then)
