@@ -453,3 +453,20 @@ def test_the_command_line_parses_and_follows_the_detach_to_its_end(rig: Rig, cap
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "bcache0: detached (detached); serving from its origin" in out
+
+
+def test_a_volume_that_lost_its_cache_while_the_daemon_was_down_is_still_latched_after_the_restart(
+        tmp_path: Path) -> None:
+    """The last run managed bcache0; it comes back with no cache set and no `cachepilot detach` released it: a
+    failed cache device, not an operator's choice -- adopted (to be latched and alerted on), not listed as
+    'no cache'."""
+    first = Rig(tmp_path)
+    first.d.start()
+    first.tick(1)
+    first.d.shutdown()
+    again = Rig(tmp_path)
+    again.found = [Found(VolumeInfo(dev=VOL.dev, name="bcache0", kind="bcache", mountpoint="/mnt/x"))]
+    again.d.start()
+    again.tick(1)
+    assert [v["name"] for v in again.status()["volumes"]] == ["bcache0"] and again.status()["detached"] == []
+    again.d.shutdown()

@@ -55,6 +55,8 @@ class Adopter:
         # refound at every rescan: not managed and not alerted on -- nothing to steer, nothing at risk; status lists
         # them (daemon/lifecycle.py), `cachepilot attach` puts a cache back.
         self.uncached: dict[str, Detached] = {}
+        # whether `cachepilot detach` released this device (daemon/lifecycle.py's records; set by the daemon)
+        self.released: Callable[[str], bool] = lambda name: False
         self._said_observe_only = False
 
     def rescan(self, now: int, observe: Iterable[str]) -> None:
@@ -80,9 +82,11 @@ class Adopter:
         for dev, f in want.items():
             if dev in self.vols:
                 continue
-            if no_cache(f) and dev not in managed_before:
+            if no_cache(f) and dev not in managed_before and (self.released(f.info.name)
+                                                               or self.persist.saved_volume(f.info) is None):
                 # A managed volume that lost its cache (a failed cache device bcache unregistered) is adopted again
-                # as before, to be latched and alerted on; one found so, or released after a detach, is not.
+                # as before, to be latched and alerted on -- also when it was lost while the daemon was down (the
+                # last run's state file has it); one released after a detach, or never managed, is not.
                 self.uncached[f.info.name] = Detached(f.info.name, f.label, f.info.kind, "", "no cache")
                 continue
             self.adopt(f, now)

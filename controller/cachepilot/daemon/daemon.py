@@ -116,6 +116,7 @@ class Daemon:
         self.clear_requests: list[str] = []  # from the control socket, done on the loop thread
         self.drain_requests: list[dict[str, Any]] = []  # `cachepilot drain`, likewise
         self.lifecycle = Lifecycle(config.state_dir)  # `cachepilot detach` and `attach`, likewise
+        self.adopter.released = lambda name: name in self.lifecycle.records.items
         self.imports = Imports()  # hot lists from the control socket, handed to the engine on the loop thread
         self.metrics: Metrics | None = None  # the exporter, when configured and in this build
         self.ready = False
