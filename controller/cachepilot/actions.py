@@ -138,9 +138,48 @@ class Drain:
         return f"drain {self.volume} deadline={self.deadline_ns}{paced}: {self.reason}"
 
 
-Action = Promote | DiscardRanges | SetWritePolicy | SetKnob | SetKnobs | PutBackKnobs | Drain
+@dataclass(frozen=True, slots=True)
+class Detach:
+    """Take the cache out from under the volume through the kind's own interface (issue 36, ``cachepilot detach``),
+    the volume left serving from its origin: bcache ``detach`` (the kernel writes back what is still dirty first),
+    dm-cache / dm-writecache a reload onto a ``linear`` table over the origin, lvmcache ``lvconvert --splitcache``.
+    Sent only once an operator's drain read the cache clean, or with ``accept_loss`` (a failed cache device whose
+    dirty data cannot be written back any more: the operator accepted losing it)."""
 
-ControlAction = SetWritePolicy | SetKnob | SetKnobs | PutBackKnobs | Drain
+    volume: str
+    deadline_ns: int
+    reason: str
+    accept_loss: bool = False
+
+    @property
+    def kind(self) -> str:
+        return "detach"
+
+    def line(self) -> str:
+        loss = " accept_loss" if self.accept_loss else ""
+        return f"detach {self.volume}{loss}: {self.reason}"
+
+
+@dataclass(frozen=True, slots=True)
+class Attach:
+    """Put a cache back under a device the daemon does not manage (``cachepilot attach``): carried out by the
+    daemon itself (daemon/lifecycle.py), not a backend, since no volume is managed there until it is attached."""
+
+    volume: str
+    cache: str  # bcache: a cache set UUID; dm kinds: a table line; lvmcache: VG/POOL
+    reason: str
+
+    @property
+    def kind(self) -> str:
+        return "attach"
+
+    def line(self) -> str:
+        return f"attach {self.volume} cache={self.cache}: {self.reason}"
+
+
+Action = Promote | DiscardRanges | SetWritePolicy | SetKnob | SetKnobs | PutBackKnobs | Drain | Detach | Attach
+
+ControlAction = SetWritePolicy | SetKnob | SetKnobs | PutBackKnobs | Drain | Detach
 FileAction = Promote | DiscardRanges
 FILE_ACTIONS = (Promote, DiscardRanges)  # for isinstance: a `X | Y` is built anew each time it is evaluated
 

@@ -50,7 +50,7 @@ def test_one_snapshot_serves_the_socket_and_the_exporter(tmp_path: Path) -> None
     assert s["volumes"][0]["promotions_skipped"] == {"inserted": 2}
     assert list(s) == ["version", "pid", "started", "uptime_s", "dry_run", "observe_only", "actuators", "config",
                        "policy", "probe", "drops", "last_tick", "tracked_files", "counters", "state_file", "volumes",
-                       "unmanaged"]
+                       "unmanaged", "detached"]
     assert s["drops"] == {"ringbuf_full": 0, "hotness_map_full": 0, "other": 0} and "metrics" not in s["volumes"][0]
     assert s["last_tick"]["n"] == 1 and s["counters"]["decisions.set_write_policy"] == 1
     # the exporter's counts by kind are the ones counted, not the flat names parsed back

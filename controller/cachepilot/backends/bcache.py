@@ -14,17 +14,19 @@ Sizes in sysfs are human-readable (``4.0M``); a read-back is compared at the pre
 from __future__ import annotations
 
 import functools
+import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from cachepilot import units
-from cachepilot.actions import ControlAction, Drain, SetWritePolicy
-from cachepilot.backends.base import Outcome
+from cachepilot.actions import ControlAction, Detach, Drain, SetWritePolicy
+from cachepilot.backends.base import Outcome, Write
 from cachepilot.backends.host import BlockDev, Host
 from cachepilot.backends.inspect import parse_bcache_size
 from cachepilot.backends.kernelio import read_attr, write_attr
-from cachepilot.backends.kinds import Described, Kind, KnobDef
+from cachepilot.backends.kinds import Described, Kind, KnobDef, Reattach
 from cachepilot.backends.operation import CLOSE_BELOW, Operation, OperationBackend, Setting
 from cachepilot.capabilities import BYPASS, KIND_BCACHE, KNOBS, WRITEBACK, WRITETHROUGH, Knob, capabilities
 from cachepilot.errors import DeviceGone, KernelRejected, UserError
@@ -34,6 +36,8 @@ from cachepilot.models.writeback import WritebackView
 NS = 1_000_000_000
 
 NAME = KIND_BCACHE
+NO_CACHE = "no cache"  # a backing device's ``state`` with no cache set attached (sysfs.c, bdev_state)
+log = logging.getLogger("cachepilot.backends")
 
 # Knobs that live on the cache set rather than on the backing device.
 _CSET_KNOBS = frozenset({"congested_read_threshold_us", "congested_write_threshold_us"})
@@ -114,13 +118,15 @@ class BcacheBackend(OperationBackend):
 
     def _clean(self, dirty: int) -> bool:
         """clean() with dirty_data already read (``dirty`` bytes): the state is read only when it is 0."""
-        return dirty == 0 and read_attr(self.dir / "state") in ("clean", "no cache")
+        return dirty == 0 and read_attr(self.dir / "state") in ("clean", NO_CACHE)
 
     # -------------------------------------------------------------- operations
     def _start(self, op: Operation) -> bool:
         a = op.action
         if isinstance(a, Drain):
             return self._begin_drain(op, a.reason)
+        if isinstance(a, Detach):
+            return self._begin_detach(op, a)
         assert isinstance(a, SetWritePolicy)
         if a.mode not in self.caps.modes:
             raise KernelRejected(f"bcache has no write mode {a.mode!r}")
@@ -181,7 +187,38 @@ class BcacheBackend(OperationBackend):
         op.data["end_mode"] = "writethrough"
         return True
 
+    def _begin_detach(self, op: Operation, a: Detach) -> bool:
+        """``detach`` written (super.c bch_cached_dev_detach: the write-back thread writes back what is still dirty,
+        then cached_dev_detach_finish unlinks the cache set); done once ``state`` reads "no cache", polled each tick
+        until the action's deadline. The bcacheN device and its mount keep serving throughout."""
+        state = read_attr(self.dir / "state")
+        if state == NO_CACHE:
+            op.phase = NO_CACHE
+            return True
+        target = f"{self.info.name} detach"
+        if op.dry_run:
+            op.writes.append(Write(target, state, "1", "(dry run)"))
+            return True
+        write_attr(self.dir / "detach", "1")
+        after = read_attr(self.dir / "state")
+        op.writes.append(Write(target, state, "1", after))
+        log.info("%s: %s -> 1 (state %s, read back %s): %s", target, state, state, after, a.reason)
+        op.phase = f"detaching (state {after}, {self.dirty_bytes()} dirty bytes to write back first)"
+        return after == NO_CACHE
+
+    def _advance_detach(self, op: Operation) -> bool:
+        state = read_attr(self.dir / "state")
+        if state == NO_CACHE:
+            op.writes.append(Write(f"{self.info.name} state", op.writes[-1].readback if op.writes else "", NO_CACHE,
+                                   state))
+            op.phase = f"{NO_CACHE}: the backing device serves alone"
+            return True
+        op.phase = f"detaching (state {state}, {self.dirty_bytes()} dirty bytes to write back first)"
+        return False
+
     def _advance(self, op: Operation, now_ns: int) -> bool:
+        if isinstance(op.action, Detach):
+            return self._advance_detach(op)
         dirty = self.dirty_bytes()  # one read a step (issue 32 item 3): the clean test and the close test share it
         if not self._clean(dirty):
             self._unpace_if_behind(op, now_ns, dirty)
@@ -368,5 +405,26 @@ def cache_devices(host: Host, name: str) -> tuple[int, ...]:
     return () if d is None else (d,)
 
 
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+def attach(host: Host, name: str, dm_name: str, cset: str) -> Write:  # noqa: ARG001 (a bcache device has no dm name)
+    """``attach`` with the cache set's UUID (super.c bch_cached_dev_attach runs in the write: EINVAL/ENOENT for a
+    set it cannot attach to); read back from the ``cache`` link, which names the set."""
+    d = host.sys_block / name / "bcache"
+    before = read_attr(d / "state")
+    write_attr(d / "attach", cset)
+    after = _cache_id(d)
+    if after != cset:
+        raise KernelRejected(f"{name}: attached to {cset}, the cache link reads {after or 'nothing'}")
+    log.info("%s attach: state %s -> %s (the cache link reads %s, state %s): operator attach", name, before, cset,
+             after, read_attr(d / "state"))
+    return Write(f"{name} attach", before, cset, after)
+
+
+REATTACH = Reattach("the cache set's UUID (ls /sys/fs/bcache)", lambda c: bool(_UUID.match(c)), attach,
+                    lambda cache_id, writes: cache_id)
+
 KIND = Kind(NAME, BcacheBackend, detect, describe, sample,
-            knobs=tuple(_knob(k) for k in capabilities(NAME).knobs().values()), cache_devices=cache_devices)
+            knobs=tuple(_knob(k) for k in capabilities(NAME).knobs().values()), cache_devices=cache_devices,
+            reattach=REATTACH)

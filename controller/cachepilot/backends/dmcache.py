@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cachepilot.actions import Drain, SetWritePolicy
+from cachepilot.actions import Detach, Drain, SetWritePolicy
+from cachepilot.backends import uncache
+from cachepilot.backends.base import Write
 from cachepilot.backends.dmstatus import DmCacheStatus, StatusParseError, parse_dm_cache_status
 from cachepilot.backends.host import BlockDev, Host
 from cachepilot.backends.kinds import Described, Kind, KnobDef
@@ -155,6 +157,8 @@ class DmCacheBackend(OperationBackend):
     # -------------------------------------------------------------- operations
     def _start(self, op: Operation) -> bool:
         a = op.action
+        if isinstance(a, Detach):
+            return self._detach(op, a)
         t = self.table()
         # A cleaner left live (a daemon that died mid-drain) is not a policy to go back to.
         op.data["policy"] = t.policy if t.policy != "cleaner" else "smq"
@@ -172,6 +176,23 @@ class DmCacheBackend(OperationBackend):
         if self._begin_drain(op, "writethrough", a.reason):
             return self._finish_switch(op)
         return False
+
+    def _detach(self, op: Operation, a: Detach) -> bool:
+        """A linear table over the origin loaded in place of the cache, only from a clean cache (a reload does not
+        write dirty blocks back: the operator's drain with the cleaner policy did), or with accept_loss on a cache
+        that failed (its dirty blocks are lost: the operator accepted it)."""
+        name, st = self.dm_name, self.status()
+        live = self.table().line()
+        line = uncache.linear_line(live, 5)
+        if st.dirty_blocks and not a.accept_loss:
+            raise KernelRejected(f"{name}: {st.dirty_blocks} dirty blocks: drain first (a reload onto the origin"
+                                 " would lose them)")
+        if op.dry_run:
+            op.writes.append(Write(f"{name} table", live, line, "(dry run)"))
+            return True
+        op.writes.append(uncache.load(self.host.dm, name, line, a.reason))
+        op.phase = f"linear over the origin ({st.dirty_blocks} dirty blocks left behind)"
+        return True
 
     def _begin_drain(self, op: Operation, mode: str, reason: str) -> bool:
         """Load ``mode`` (True: already clean), or while dirty blocks remain writethrough with the cleaner policy:
@@ -301,4 +322,5 @@ SMQ_BUSY = ("dm-cache's smq cleans only once the origin has been idle for a seco
 # Modes, drain and the knob's range: cachepilot.capabilities. Mode and policy: table reloads; migration_threshold:
 # by message (dm-cache-target.c, cache_message).
 KIND = Kind(NAME, DmCacheBackend, detect, describe, sample,
-            knobs=(KnobDef("migration_threshold", DmCacheBackend.migration_threshold_setting),))
+            knobs=(KnobDef("migration_threshold", DmCacheBackend.migration_threshold_setting),),
+            reattach=uncache.reattach("cache"))

@@ -24,6 +24,7 @@ from cachepilot.errors import UserError
 from cachepilot.models.volume import VolumeInfo, VolumeSample
 
 if TYPE_CHECKING:
+    from cachepilot.actions import Write
     from cachepilot.backends.host import BlockDev, Host
     from cachepilot.backends.operation import OperationBackend, Setting
 
@@ -48,6 +49,17 @@ class Described:
 
 
 @dataclass(frozen=True)
+class Reattach:
+    """How a kind puts a cache back under a device whose cache ``cachepilot detach`` took away (issue 36), and what
+    the detach saved for it (daemon/lifecycle.py)."""
+
+    what: str  # what the CACHE argument is, for people
+    valid: Callable[[str], bool]  # a CACHE argument of the right form (nothing of it reaches a shell)
+    attach: Callable[[Host, str, str, str], Write]  # (host, kernel name, dm name or "", cache) -> the read-back Write
+    saved: Callable[[str, tuple[Write, ...]], str]  # (cache id, the Detach's writes) -> the CACHE attach puts back
+
+
+@dataclass(frozen=True)
 class Kind:
     name: str
     backend: type[OperationBackend]
@@ -62,6 +74,7 @@ class Kind:
     # the devices of a volume's cache the kernel does not list among the volume's slaves (host, volume name) ->
     # their dev numbers (bcache: the cache set's cache device)
     cache_devices: Callable[[Host, str], tuple[int, ...]] = lambda host, name: ()  # noqa: ARG005 (none)
+    reattach: Reattach | None = None  # `cachepilot attach` (None: the kind cannot)
     caps: Capabilities = field(init=False)  # the declarative half (cachepilot.capabilities)
     settings: dict[str, Callable[[Any], Setting]] = field(init=False, repr=False)
 

@@ -14,12 +14,13 @@ Reads (mode, policy, dirty, counters) come from ``dmsetup table|status``, which 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
-from cachepilot.actions import Drain
+from cachepilot.actions import Detach, Drain, Write
 from cachepilot.backends import dmcache
 from cachepilot.backends.host import BlockDev, Host, ToolResult
-from cachepilot.backends.kinds import Kind, KnobDef
+from cachepilot.backends.kinds import Kind, KnobDef, Reattach
 from cachepilot.backends.operation import Operation, Setting
 from cachepilot.capabilities import KIND_LVMCACHE
 from cachepilot.errors import CachepilotError, DeviceGone, KernelRejected, RetryLater
@@ -109,6 +110,38 @@ class LvmCacheBackend(dmcache.DmCacheBackend):
 
         return Setting(f"{self.lv} cache mode/policy ({what})", get, put, matches)
 
+    def lvs(self, field: str, lv: str | None = None) -> str:
+        """One field of ``lvs`` for the LV (or ``lv``), stripped."""
+        argv = ("lvs", "--noheadings", "-o", field, lv or self.lv)
+        r = self.host.tool(argv, 30.0)
+        if r.returncode != 0:
+            raise classify_lvchange(argv, r)
+        return r.stdout.strip()
+
+    def _detach(self, op: Operation, a: Detach) -> bool:
+        """``lvconvert --splitcache``: LVM writes back what is dirty (it loads the cleaner and waits), then takes
+        the cache pool off the LV and keeps it (lvm2 tools/lvconvert.c, _lvconvert_split_and_keep_cachevol), so
+        ``attach`` can put the same pool back; the LV reads back as a plain linear LV. A failed cache with
+        accept_loss: ``--uncache --force`` would drop the pool; not done here (said so)."""
+        if a.accept_loss:
+            raise KernelRejected(f"{self.lv}: accept_loss is not carried out on lvmcache: lvconvert --uncache"
+                                 " --force drops the pool and its dirty blocks; run it yourself if you accept that")
+        pool = self.lvs("pool_lv").strip("[]")  # lvs brackets a hidden LV
+        vg = self.lv.split("/")[0]
+        argv = ("lvconvert", "--yes", "--splitcache", self.lv)
+        if op.dry_run:
+            op.writes.append(Write(f"{self.lv} cache pool", pool, "splitcache", "(dry run)"))
+            return True
+        r = self.host.tool(argv, LVCHANGE_TIMEOUT_S)
+        if r.returncode != 0:
+            raise classify_lvchange(argv, r)
+        seg = self.lvs("segtype")
+        if seg == "cache" or self.lvs("pool_lv").strip("[]"):
+            raise KernelRejected(f"{self.lv}: still cached after lvconvert --splitcache (segtype {seg})")
+        op.writes.append(Write(f"{self.lv} cache pool", f"{vg}/{pool}", "splitcache", f"segtype {seg}"))
+        op.phase = f"split from {vg}/{pool} (kept for attach)"
+        return True
+
     def migration_threshold_setting(self) -> Setting:
         return Setting(f"{self.lv} migration_threshold",
                        lambda: self.status().core_args.get("migration_threshold", ""),
@@ -129,6 +162,28 @@ class LvmCacheBackend(dmcache.DmCacheBackend):
             op.put(self.table_setting("policy"), f"{self.lvm_mode()}/{op.data['policy']}", f"undo {op.action.kind}")
 
 
+def attach(host: Host, name: str, dm_name: str, pool: str) -> Write:  # noqa: ARG001 (the LV is named by dm name)
+    """``lvconvert --type cache --cachepool VG/POOL VG/LV`` (the pool detach split off and LVM kept); read back as
+    the LV's segment type."""
+    lv = lv_of_dm_name(dm_name)
+    argv = ("lvconvert", "--yes", "--type", "cache", "--cachepool", pool, lv)
+    r = host.tool(argv, LVCHANGE_TIMEOUT_S)
+    if r.returncode != 0:
+        raise classify_lvchange(argv, r)
+    seg = host.tool(("lvs", "--noheadings", "-o", "segtype", lv), 30.0).stdout.strip()
+    if seg != "cache":
+        raise KernelRejected(f"{lv}: segtype {seg!r} after lvconvert --type cache --cachepool {pool}")
+    return Write(f"{lv} cache pool", "", pool, f"segtype {seg}")
+
+
+def saved_pool(cache_id: str, writes: tuple[Write, ...]) -> str:  # noqa: ARG001 (the pool names the cache)
+    return next((w.before for w in writes if w.target.endswith(" cache pool")), "")
+
+
+_LV = re.compile(r"^[A-Za-z0-9+_.][A-Za-z0-9+_.-]*/[A-Za-z0-9+_.][A-Za-z0-9+_.-]*$")
+REATTACH = Reattach("VG/POOL, the cache pool detach split off", lambda c: bool(_LV.match(c)), attach, saved_pool)
+
+
 # ------------------------------------------------------------------ the kind: discovery, description, samples
 def detect(dev: BlockDev) -> bool:
     """A dm cache target whose uuid LVM gave it (``LVM-<vg uuid><lv uuid>``); before dm-cache in precedence."""
@@ -142,4 +197,5 @@ def sample(host: Host, info: VolumeInfo, now: int) -> VolumeSample:
 # Modes, drain and the knob's range: cachepilot.capabilities (as dm-cache's, the drain by lvchange).
 KIND = Kind(NAME, LvmCacheBackend, detect, dmcache.describe, sample,
             knobs=(KnobDef("migration_threshold", LvmCacheBackend.migration_threshold_setting),),
-            precedence=10)  # an LVM cache LV is a dm cache target too: this kind claims it first
+            precedence=10,  # an LVM cache LV is a dm cache target too: this kind claims it first
+            reattach=REATTACH)

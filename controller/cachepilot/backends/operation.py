@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from cachepilot.actions import Drain, PutBackKnobs, SetKnob, SetKnobs, SetWritePolicy
+from cachepilot.actions import Detach, Drain, PutBackKnobs, SetKnob, SetKnobs, SetWritePolicy
 from cachepilot.backends.base import DONE, FAILED, PENDING, SKIPPED, Backend, ControlAction, Outcome, Write
 from cachepilot.backends.host import Host
 from cachepilot.backends.kernelio import ErrorCounts
@@ -172,7 +172,7 @@ class OperationBackend(Backend):
         busy = next((op for op in self._ops if op.action.volume == action.volume and not op.dry_run), None)
         if busy is not None and not dry_run and not set(_knobs_of(action)) <= self.knobs_beside_operations:
             return self._ride(busy, action)
-        deadline = action.deadline_ns if isinstance(action, Drain) else \
+        deadline = action.deadline_ns if isinstance(action, Drain | Detach) else \
             self.clock() + int(self.default_timeout_s * 1e9)
         if isinstance(action, PutBackKnobs):
             return self._put_back_now(action, dry_run)

@@ -19,7 +19,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from cachepilot.actions import Drain, SetWritePolicy
+from cachepilot.actions import Detach, Drain, SetWritePolicy
+from cachepilot.backends import uncache
 from cachepilot.backends.base import Write
 from cachepilot.backends.dmstatus import DmWritecacheStatus, StatusParseError, parse_dm_writecache_status
 from cachepilot.backends.host import BlockDev, Host
@@ -159,6 +160,8 @@ class WritecacheBackend(OperationBackend):
                 raise KernelRejected(f"dm-writecache is write-back only; it cannot be set to {a.mode}")
             op.phase = "writeback (the only mode)"
             return True
+        if isinstance(a, Detach):
+            return self._detach(op, a)
         assert isinstance(a, Drain)
         return self._flush(op, a.reason)
 
@@ -175,6 +178,27 @@ class WritecacheBackend(OperationBackend):
                 lambda: self.dmsetup(("message", name, "0", "flush"), self.flush_timeout_s), name)
         op.phase = f"flushing: {before} used blocks when sent: {reason}"
         return False
+
+    def _detach(self, op: Operation, a: Detach) -> bool:
+        """The documented removal (Documentation/admin-guide/device-mapper/writecache.rst): the ``flush_on_suspend``
+        message, then a linear table over the origin loaded, whose suspend writes every block still dirty back
+        (writecache_suspend under writeback_all) before the linear table goes live. A cache that reports an error
+        is refused unless the operator accepted the loss (then no flush is asked: it would fail)."""
+        name, st = self.dm_name, self.status()
+        line = uncache.linear_line(self.table().line(), 4)
+        if st.error and not a.accept_loss:
+            raise KernelRejected(f"{name}: the cache reports error {st.error} with {st.used_blocks} used blocks:"
+                                 " refused without accept_loss")
+        if op.dry_run:
+            op.writes.append(Write(f"{name} table", self.table().line(), line, "(dry run)"))
+            return True
+        if not st.error:
+            self.dmsetup(("message", name, "0", "flush_on_suspend"))
+            op.writes.append(Write(f"{name} message 0 flush_on_suspend", f"{st.used_blocks} used blocks",
+                                   "flush_on_suspend", "(a message: nothing to read back)"))
+        op.writes.append(uncache.load(self.host.dm, name, line, a.reason))
+        op.phase = f"linear over the origin ({st.used_blocks} used blocks written back by the suspend)"
+        return True
 
     def _advance(self, op: Operation, now_ns: int) -> bool:
         """Progress (used blocks left) while the flush runs; the outcome once it returned."""
@@ -287,4 +311,4 @@ def _option(name: str) -> KnobDef:
 # Modes, drain and knobs with their ranges: cachepilot.capabilities; every knob is an optional table argument.
 KIND = Kind(NAME, WritecacheBackend, detect, describe, sample,
             knobs=tuple(_option(n) for n in capabilities(NAME).knobs()),
-            group=lambda b, keys: b.options_setting(keys))
+            group=lambda b, keys: b.options_setting(keys), reattach=uncache.reattach("writecache"))

@@ -15,6 +15,7 @@ from cachepilot.backends.base import Backend
 from cachepilot.daemon import pinning, volumes
 from cachepilot.daemon.counters import Counters
 from cachepilot.daemon.guard import Guard
+from cachepilot.daemon.lifecycle import Detached
 from cachepilot.daemon.persist import Persistence
 from cachepilot.daemon.volume import ManagedVolume, VolumeTable, devname
 from cachepilot.engine.engine import Engine
@@ -25,6 +26,11 @@ log = logging.getLogger("cachepilot")
 Discover = Callable[[], tuple[list[volumes.Found], list[str]]]
 BackendFactory = Callable[[Any], Backend]
 ActuatorsFactory = Callable[[Any, int, int], Any]  # (info, discard max rate, promote rate) -> .run(action, dry)
+
+
+def no_cache(f: volumes.Found) -> bool:
+    """A cached device with no cache behind it (describe reads a cache of 0 bytes: bcache with no cache set)."""
+    return f.info.kind != volumes.OBSERVE and f.info.cache_bytes == 0
 
 
 class Adopter:
@@ -45,11 +51,18 @@ class Adopter:
         # Cached volumes found but not managed, refound at every rescan: kernel name -> (volume label, reason word
         # of exporter.snapshot.UNMANAGED_REASONS). Each is a metric and an alert, not only a log line said once.
         self.unmanaged: dict[str, tuple[str, str]] = {}
+        # Cached devices found with no cache behind them (a bcache device with no cache set: `state` "no cache"),
+        # refound at every rescan: not managed and not alerted on -- nothing to steer, nothing at risk; status lists
+        # them (daemon/lifecycle.py), `cachepilot attach` puts a cache back.
+        self.uncached: dict[str, Detached] = {}
+        # whether `cachepilot detach` released this device (daemon/lifecycle.py's records; set by the daemon)
+        self.released: Callable[[str], bool] = lambda name: False
         self._said_observe_only = False
 
     def rescan(self, now: int, observe: Iterable[str]) -> None:
         found, problems = self.discover()
-        self.unmanaged = {}
+        self.unmanaged, self.uncached = {}, {}
+        managed_before = set(self.vols)
         for p in problems:
             self.guard.once(f"volume not adopted: {p}")
             name = p.partition(": ")[0]  # discover's problems are "<kernel name>: <why>"
@@ -67,8 +80,16 @@ class Adopter:
         for dev in [d for d, v in self.vols.items() if want[d].info != v.info]:
             self.drop(dev, f"changed (now {want[dev].info.kind}, mounted at {want[dev].info.mountpoint!r})")
         for dev, f in want.items():
-            if dev not in self.vols:
-                self.adopt(f, now)
+            if dev in self.vols:
+                continue
+            if no_cache(f) and dev not in managed_before and (self.released(f.info.name)
+                                                               or self.persist.saved_volume(f.info) is None):
+                # A managed volume that lost its cache (a failed cache device bcache unregistered) is adopted again
+                # as before, to be latched and alerted on -- also when it was lost while the daemon was down (the
+                # last run's state file has it); one released after a detach, or never managed, is not.
+                self.uncached[f.info.name] = Detached(f.info.name, f.label, f.info.kind, "", "no cache")
+                continue
+            self.adopt(f, now)
         cached = [v for v in self.vols.values() if not v.observe_only]
         if not cached and not self._said_observe_only:
             self._said_observe_only = True

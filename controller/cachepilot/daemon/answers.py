@@ -9,8 +9,10 @@ from typing import Any
 
 from cachepilot.daemon.acting import DECISIONS_KEPT
 from cachepilot.daemon.imports import Imports
+from cachepilot.daemon.lifecycle import Lifecycle, check_cache
 from cachepilot.daemon.reloads import Verdict
 from cachepilot.daemon.status import Status
+from cachepilot.engine.operatordetach import refusal
 from cachepilot.engine.operatordrain import check_rate
 from cachepilot.errors import UserError
 from cachepilot.models.sizing import EMPTY
@@ -32,7 +34,8 @@ def _number(req: dict[str, Any], key: str, default: float, lo: float, hi: float,
 
 def answer(snap: Status | None, req: dict[str, Any], clear_requests: list[str],
            ask_reload: Callable[[], Verdict], imports: Imports | None = None,
-           drain_requests: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+           drain_requests: list[dict[str, Any]] | None = None,
+           lifecycle: Lifecycle | None = None) -> dict[str, Any]:
     cmd = req.get("cmd")
     if cmd == "reload":
         verdict = ask_reload()
@@ -56,13 +59,58 @@ def answer(snap: Status | None, req: dict[str, Any], clear_requests: list[str],
         return {"queued": name, "latched": vol.latched}
     if cmd == "drain" and drain_requests is not None:
         return _drain(vols, req, drain_requests)
+    if cmd == "detach" and lifecycle is not None:
+        return _detach(vols, req, lifecycle.detach_requests)
+    if cmd == "attach" and lifecycle is not None:
+        return _attach(snap, req, lifecycle)
     if cmd == "hotlist_import" and imports is not None:
         name = str(req.get("volume", ""))
         if name not in vols:
             raise UserError(f"unknown volume {name!r}")
         return {"queued": imports.add(name, req.get("files"))}
     raise UserError(f"unknown command {cmd!r} (status, top, explain, advise, clear_latch, reload, hotlist_import,"
-                    " drain)")
+                    " drain, detach, attach)")
+
+
+def _detach(vols: dict[str, Any], req: dict[str, Any], queue: list[dict[str, Any]]) -> dict[str, Any]:
+    """``cachepilot detach``: checked here (the refusal of a failed cache holding dirty data is its one line, exit
+    2 in the CLI), carried out by the loop (engine/operatordetach.py); the CLI follows it in ``status``."""
+    name = req.get("volume")
+    vol = vols.get(name) if isinstance(name, str) else None
+    if vol is None:
+        raise UserError(f"unknown volume {str(name)[:80]!r} (known: {', '.join(sorted(vols)) or 'none'})")
+    if vol.observe_only:
+        raise UserError(f"{name}: observed only (not managed): cachepilot does not detach it")
+    deadline = _number(req, "deadline", 600, 1, 7 * 86400, whole=False)
+    accept_loss = req.get("accept_loss", False)
+    if not isinstance(accept_loss, bool):
+        raise UserError(f"accept_loss: true or false expected, got {str(accept_loss)[:40]!r}")
+    if (vol.operator_detach or {}).get("state") in ("draining", "detaching"):
+        raise UserError(f"{name}: a detach is already under way")
+    line = refusal(str(name), vol.latched or vol.health == "FAILED", vol.dirty_bytes or 0, accept_loss)
+    if line is not None:
+        raise UserError(line)
+    queue.append({"volume": name, "deadline": deadline, "accept_loss": accept_loss})
+    return {"queued": name, "dirty_bytes": vol.dirty_bytes}
+
+
+def _attach(snap: Status | None, req: dict[str, Any], lifecycle: Lifecycle) -> dict[str, Any]:
+    """``cachepilot attach``: a device status lists as detached, with the cache its kind attaches (default: the
+    one detach saved), carried out by the loop (daemon/lifecycle.py)."""
+    detached = {d["name"]: d for d in (snap.detached if snap is not None else ())}
+    detached.update({d["label"]: d for d in (snap.detached if snap is not None else ())})
+    name = req.get("volume")
+    d = detached.get(name) if isinstance(name, str) else None
+    if d is None:
+        raise UserError(f"{str(name)[:80]!r} is not a detached device (detached: "
+                        f"{', '.join(sorted(detached)) or 'none'})")
+    cache = req.get("cache") or d["cache"]
+    if not isinstance(cache, str) or not cache:
+        raise UserError(f"{name}: no cache saved for it: give CACHE (bcache: the cache set UUID)")
+    check_cache(d["kind"], cache)
+    lifecycle.results.pop(d["name"], None)
+    lifecycle.attach_requests.append({"volume": d["name"], "cache": cache})
+    return {"queued": d["name"], "cache": cache, "kind": d["kind"]}
 
 
 def _drain(vols: dict[str, Any], req: dict[str, Any], queue: list[dict[str, Any]]) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from cachepilot.daemon.gcpause import GcPauses
 from cachepilot.daemon.guard import Guard
 from cachepilot.daemon.imports import Imports
 from cachepilot.daemon.intake import Intake
+from cachepilot.daemon.lifecycle import Lifecycle
 from cachepilot.daemon.lock import DaemonLock, host_lock_path
 from cachepilot.daemon.loop import TickLoop
 from cachepilot.daemon.metrics import Metrics
@@ -114,6 +115,8 @@ class Daemon:
         self._next_state = 0
         self.clear_requests: list[str] = []  # from the control socket, done on the loop thread
         self.drain_requests: list[dict[str, Any]] = []  # `cachepilot drain`, likewise
+        self.lifecycle = Lifecycle(config.state_dir)  # `cachepilot detach` and `attach`, likewise
+        self.adopter.released = lambda name: name in self.lifecycle.records.items
         self.imports = Imports()  # hot lists from the control socket, handed to the engine on the loop thread
         self.metrics: Metrics | None = None  # the exporter, when configured and in this build
         self.ready = False
@@ -129,6 +132,7 @@ class Daemon:
         """Everything before the first tick; FatalError if the daemon cannot run here."""
         self.lock.acquire()  # makes and checks the state directory; nothing acts before the locks are ours
         self.persist.read(self.decisions)
+        self.lifecycle.records.load()
         self.rescans = RescanSchedule(self._rescan_events())  # before the first look: nothing between goes unseen
         now = time.monotonic_ns()
         # Reconcile before the probe loads (seconds on a slow host): a setting an interrupted operation left behind
@@ -254,6 +258,7 @@ class Daemon:
             ("findings", lambda now: self.actor.findings(self.engine.take_findings())),
             ("clear_latches", self._clear_latches),
             ("operator", self._operator_drains),
+            ("lifecycle", self._lifecycle),
             ("alloc", lambda now: pace_promotions(self.vols.values(), self.probe, now)),
             ("imports", lambda now: self.imports.apply(self.engine)),
             ("pins", lambda now: self.adopter.pins.collect(self.engine)),
@@ -261,6 +266,7 @@ class Daemon:
             ("decide", self._decide),
             ("retries", lambda now: self.actor.retry_due(now, self.dry_run)),
             ("step", self.actor.step),
+            ("release", lambda now: self.lifecycle.release(self.engine, self.vols, self.adopter.drop)),
         ]
 
     def _decide(self, now: int) -> None:
@@ -340,6 +346,22 @@ class Daemon:
             except UserError as exc:
                 log.warning("operator drain: %s", exc)
 
+    def _lifecycle(self, now: int) -> None:
+        """`cachepilot detach` requests to the engine; `cachepilot attach` carried out (daemon/lifecycle.py)."""
+        self.lifecycle.requests(self.engine)
+        self.lifecycle.attaches(lambda o: self.actor.record(None, o),
+                                lambda: self.adopter.rescan(now, self.config.observe), self.adopter.uncached)
+
+    def _detached(self) -> tuple[dict[str, str], ...]:
+        """What status lists as detached: found without a cache, or released by a detach (and not back since)."""
+        managed = {v.info.name for v in self.vols.values()}
+        out = {name: r.to_json() for name, r in self.adopter.uncached.items()}
+        out.update((name, r.to_json()) for name, r in self.lifecycle.records.items.items() if name not in managed)
+        for name, res in self.lifecycle.results.items():
+            if name in out and res["state"] == "failed":
+                out[name]["attach_error"] = res["detail"]
+        return tuple(out[k] for k in sorted(out))
+
     # ------------------------------------------------------------------ reload
     def _load(self) -> DaemonConfig:
         """Re-read the configuration and its policies (off the loop thread: reads and parses only)."""
@@ -404,10 +426,10 @@ class Daemon:
             unmanaged=tuple(status.UnmanagedStatus(label, device, reason)
                             for device, (label, reason) in sorted(self.adopter.unmanaged.items())),
             top=self.top, decisions=self.decisions.view(), ready=self.ready, bpf_object=self.bpf_object,
-            capture=self.capture, curves=self.curves)
+            capture=self.capture, curves=self.curves, detached=self._detached())
 
     def answer(self, req: dict[str, Any]) -> dict[str, Any]:
         """Control-socket requests (called on the server thread): daemon/answers.py."""
         return answers.answer(self.snapshot, req, self.clear_requests,
                               lambda: self.reloads.ask(max(RELOAD_WAIT_S, 3 * self.config.tick_s)), self.imports,
-                              self.drain_requests)
+                              self.drain_requests, self.lifecycle)

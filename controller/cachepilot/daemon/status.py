@@ -63,6 +63,7 @@ class VolumeStatus:
     pins: dict[str, Any] | None  # pinned files and their residency (models/pins.py), None: no pins
     importing: int  # files of an imported hot list not re-warmed yet (``hotlist import --wait``)
     operator_drain: dict[str, Any] | None = None  # `cachepilot drain`'s request: state, bytes left, rate (None: none)
+    operator_detach: dict[str, Any] | None = None  # `cachepilot detach`'s request: state, detail (None: none)
     # is write-back making progress (models/writeback.py): a stall and why, every mapped block dirty, time to clean
     writeback: dict[str, Any] | None = None
     # the promoter's pace: read-miss inserts the cache refused (bcache) and its current rate (None: no promoter)
@@ -153,6 +154,9 @@ class Status:
     unmanaged: tuple[UnmanagedStatus, ...]
     top: dict[str, list[dict[str, int]]]
     decisions: DecisionView  # merged into a list when read (explain, to_json)
+    # cached devices without their cache (a bcache device with no cache set, a volume `cachepilot detach` took its
+    # cache from): not managed, not alerted on; what `cachepilot attach` would put back (daemon/lifecycle.py)
+    detached: tuple[dict[str, str], ...] = ()
     # for the exporter only
     ready: bool = field(default=False, metadata={"json": False})
     has_drops: bool = field(default=False, metadata={"json": False})
@@ -171,6 +175,8 @@ class Status:
                 out[f.name] = [v.to_json() for v in value]
             elif f.name == "unmanaged":
                 out[f.name] = [asdict(u) for u in value]
+            elif f.name == "detached":
+                out[f.name] = [dict(d) for d in value]
             elif f.name == "decisions":
                 out[f.name] = list(value)
             elif hasattr(value, "__dataclass_fields__"):
@@ -210,6 +216,7 @@ def volume_status(v: ManagedVolume, c: VolumeCtl, now: int, engine: Engine) -> V
         promotions_skipped=dict(c.promotions_skipped),
         pins=c.pins.status(engine.hotness) if len(c.pins) or c.pins.note else None, importing=v.importing(),
         operator_drain=operator, writeback=_writeback(c, now) if st.samples else None,
+        operator_detach=c.detach.to_json(now) if c.detach is not None else None,
         promotion=_promotion_pacing(v) if getattr(v.files, "promoter", None) is not None else None,
         metrics=metrics, metrics_refused=refused)
 
@@ -344,6 +351,7 @@ class DaemonFacts:
     bpf_object: str
     capture: str
     curves: dict[str, Curve]
+    detached: tuple[dict[str, str], ...] = ()
 
 
 def build(f: DaemonFacts, vols: tuple[VolumeStatus, ...], now: int, tick_ns: int) -> Status:
@@ -358,7 +366,7 @@ def build(f: DaemonFacts, vols: tuple[VolumeStatus, ...], now: int, tick_ns: int
         unmanaged=f.unmanaged, top=f.top, decisions=f.decisions, ready=f.ready, has_drops=f.has_drops,
         counts=Counts(c.group("events"), c.group("decisions"), c.group("failed"), c["reloads"], c["reloads_failed"],
                       c.group(ticktime.WALL), c.group(ticktime.CPU)),
-        bpf_object=f.bpf_object, capture=f.capture, curves=f.curves)
+        bpf_object=f.bpf_object, capture=f.capture, curves=f.curves, detached=f.detached)
 
 
 def file_id(path: Any) -> str:

@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from cachepilot.actions import FILE_ACTIONS, IMPORTED, Action, Drain, Promote
+from cachepilot.actions import FILE_ACTIONS, IMPORTED, Action, Attach, Drain, Promote
 from cachepilot.backends.base import DONE, FAILED, PENDING, Backend, Outcome
 from cachepilot.daemon import volumes
 from cachepilot.engine.volumectl import VolumeCtl
@@ -65,7 +65,7 @@ class ManagedVolume:
         try:
             if isinstance(action, FILE_ACTIONS):
                 return self.files.run(action, dry_run)  # type: ignore[no-any-return]
-            assert self.backend is not None
+            assert self.backend is not None and not isinstance(action, Attach)  # attach: daemon/lifecycle.py
             return self.backend.apply(action, dry_run=dry_run)
         except CachepilotError as exc:
             return Outcome(action, FAILED, dry_run=dry_run, error=exc)

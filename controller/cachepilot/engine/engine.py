@@ -34,8 +34,8 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from cachepilot.actions import DONE, FAILED, Action, DiscardRanges, Drain, Outcome, PutBackKnobs, SetKnob
-from cachepilot.engine import operatordrain
+from cachepilot.actions import DONE, FAILED, Action, Detach, DiscardRanges, Drain, Outcome, PutBackKnobs, SetKnob
+from cachepilot.engine import operatordetach, operatordrain
 from cachepilot.engine.admission import Admission
 from cachepilot.engine.discards import gather_due, plan_discards, requeue_failed
 from cachepilot.engine.dispatch import EventDispatch
@@ -326,6 +326,8 @@ class Engine:
         if isinstance(a, Drain):
             self.drains.ended(c, a, ok, o.detail, self.now_ns)
             operatordrain.drain_ended(c, a, ok, o.detail, self.now_ns)
+        elif isinstance(a, Detach):
+            operatordetach.ended(c, a, ok, f"{o.detail}: {o.error}" if o.error else o.detail, o.writes)
         elif isinstance(a, DiscardRanges) and not ok:
             requeue_failed(c, a)
         # a failed switch or knob is asked again after REQUEST_RETRY_NS (the request stays recorded until then)
@@ -358,7 +360,9 @@ class Engine:
                 plan_discards(c, now, out)
             self.drains.track(c, now)
             operatordrain.step(c, now, out)
-            held = c.operator is not None and c.operator.active  # an operator's drain: the policy stays off
+            operatordetach.step(c, now, out)
+            # an operator's drain or detach: the policy stays off
+            held = c.operator is not None and c.operator.active or c.detach is not None and c.detach.holds
             if not held:
                 self.writes.decide(c, now, out)
             self.knobs.pin(c, now, out)
@@ -375,6 +379,15 @@ class Engine:
         c = self.volume(name)
         op = operatordrain.request(c, self.now_ns, deadline_s, end, rate)
         return op.to_json(c.state.dirty_bytes, self.now_ns)
+
+    def operator_detach(self, name: str, deadline_s: float, accept_loss: bool) -> dict[str, object]:
+        """``cachepilot detach``: drain, then detach the volume's cache (engine/operatordetach.py); its status."""
+        c = self.volume(name)
+        return operatordetach.request(c, self.now_ns, deadline_s, accept_loss).to_json(self.now_ns)
+
+    def detached(self) -> list[VolumeCtl]:
+        """The volumes whose cache an operator's detach took away: the daemon releases each from management."""
+        return [c for c in self.vols.values() if c.detach is not None and c.detach.state == operatordetach.DETACHED]
 
     def operator_release(self, name: str) -> str:
         """``cachepilot drain --release``: the policy takes the volume back."""

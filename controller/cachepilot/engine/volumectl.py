@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from cachepilot.actions import Drain
+from cachepilot.actions import Detach, Drain, Write
 from cachepilot.capabilities import CAPABILITIES, Capabilities
 from cachepilot.engine.promoqueue import PromoQueue
 from cachepilot.models.admission import CachedSet
@@ -83,6 +83,32 @@ class OperatorDrain:
                 "deadline_in_s": round((self.deadline_ns - now) / NS, 1), "rate_asked_bytes_s": self.rate}
 
 
+DRAINING, DETACHING, DETACHED, FAILED = "draining", "detaching", "detached", "failed"  # OperatorDetach.state
+
+
+@dataclass
+class OperatorDetach:
+    """An operator's detach request (engine/operatordetach.py)."""
+
+    start_ns: int
+    deadline_ns: int
+    accept_loss: bool
+    state: str = DRAINING
+    detail: str = ""
+    action: Detach | None = None
+    writes: tuple[Write, ...] = field(default=())  # the Detach's, read back (the table or pool it replaced)
+
+    @property
+    def holds(self) -> bool:
+        """Whether the policy stays off the volume: from the request until the daemon releases it."""
+        return self.state in (DRAINING, DETACHING, DETACHED)
+
+    def to_json(self, now: int) -> dict[str, object]:
+        return {"state": self.state, "detail": self.detail, "accept_loss": self.accept_loss,
+                "elapsed_s": round((now - self.start_ns) / NS, 1),
+                "deadline_in_s": round((self.deadline_ns - now) / NS, 1)}
+
+
 @dataclass(slots=True)
 class BoundStretch:
     """A write-through stretch the exposure bound forced: how fast it drained is the volume's write-back rate."""
@@ -154,6 +180,9 @@ class VolumeCtl:
     bound_wt: BoundStretch | None = None
     # an operator's drain (engine/operatordrain.py): while active the policy's own mode, drains and pacing stay off
     operator: OperatorDrain | None = None
+    # an operator's detach (engine/operatordetach.py): its drain is ``operator``; the daemon releases the volume
+    # once it reads ``detached``
+    detach: OperatorDetach | None = None
     # is write-back making progress: a stall, or every mapped block dirty after an unclean shutdown (issue 36)
     writeback: WritebackWatch = field(default_factory=WritebackWatch)
 

@@ -10,6 +10,7 @@ wait_stats() {  # bcache folds its per-I/O counters into stats_* on a timer: wai
 }
 
 say cached_dev "$LAB_CACHED_DEV"
+say clocksource "$(cat /sys/devices/system/clocksource/clocksource0/current_clocksource)"
 say mount_source "$(findmnt -n -o SOURCE "$LAB_MOUNT")"
 say fstype "$(findmnt -n -o FSTYPE "$LAB_MOUNT")"
 
