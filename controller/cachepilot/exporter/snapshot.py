@@ -42,7 +42,7 @@ EPOCH_BUCKETS: tuple[float, ...] = tuple(float(4096 * 4**i) for i in range(10))
 MODES = ("writeback", "writethrough", "bypass")  # the backend-neutral modes (models/volume.py)
 # Every decision kind (actions.py Action.kind) and failure class (errors.py CachepilotError.kind): exported
 # from the first scrape with 0, so rate() and the dashboard's panels have a series before the first one happens.
-DECISION_KINDS = ("promote", "discard", "set_write_policy", "set_knob", "drain")
+DECISION_KINDS = ("promote", "discard", "set_write_policy", "set_knob", "drain", "detach", "attach")
 FAILURE_KINDS = ("config", "rejected", "gone", "retry", "fatal")
 
 
