@@ -21,6 +21,17 @@ TOP_K = 25
 MAX_N = 1 << 20  # a count asked for (top's n, explain's limit): beyond any list the snapshot holds
 
 
+
+def _managed(req: dict[str, Any], vols: Any, verb: str) -> tuple[str, Any]:
+    """The request's volume by name, which must be managed (not observed only) for ``verb``: UserError naming it."""
+    name = req.get("volume")
+    vol = vols.get(name) if isinstance(name, str) else None
+    if vol is None:
+        raise UserError(f"unknown volume {str(name)[:80]!r} (known: {', '.join(sorted(vols)) or 'none'})")
+    if vol.observe_only:
+        raise UserError(f"{name}: observed only (not managed): cachepilot does not {verb} it")
+    return str(name), vol  # a found volume had a str name
+
 def _number(req: dict[str, Any], key: str, default: float, lo: float, hi: float, *, whole: bool = True) -> Any:
     """``req[key]`` checked (a JSON number, whole if ``whole``, in [lo, hi]); UserError naming the key otherwise:
     a request's wrong type is its one-line error, not an internal error (``{"n": []}`` was a TypeError)."""
@@ -75,12 +86,7 @@ def answer(snap: Status | None, req: dict[str, Any], clear_requests: list[str],
 def _detach(vols: dict[str, Any], req: dict[str, Any], queue: list[dict[str, Any]]) -> dict[str, Any]:
     """``cachepilot detach``: checked here (the refusal of a failed cache holding dirty data is its one line, exit
     2 in the CLI), carried out by the loop (engine/operatordetach.py); the CLI follows it in ``status``."""
-    name = req.get("volume")
-    vol = vols.get(name) if isinstance(name, str) else None
-    if vol is None:
-        raise UserError(f"unknown volume {str(name)[:80]!r} (known: {', '.join(sorted(vols)) or 'none'})")
-    if vol.observe_only:
-        raise UserError(f"{name}: observed only (not managed): cachepilot does not detach it")
+    name, vol = _managed(req, vols, "detach")
     deadline = _number(req, "deadline", 600, 1, 7 * 86400, whole=False)
     accept_loss = req.get("accept_loss", False)
     if not isinstance(accept_loss, bool):
@@ -116,12 +122,7 @@ def _attach(snap: Status | None, req: dict[str, Any], lifecycle: Lifecycle) -> d
 def _drain(vols: dict[str, Any], req: dict[str, Any], queue: list[dict[str, Any]]) -> dict[str, Any]:
     """``cachepilot drain``: checked here (one line for a bad request), carried out by the loop at its next tick
     (the engine is the loop's); the CLI follows it in ``status`` (the volume's ``operator_drain``)."""
-    name = req.get("volume")
-    vol = vols.get(name) if isinstance(name, str) else None
-    if vol is None:
-        raise UserError(f"unknown volume {str(name)[:80]!r} (known: {', '.join(sorted(vols)) or 'none'})")
-    if vol.observe_only:
-        raise UserError(f"{name}: observed only (not managed): cachepilot does not drain it")
+    name, vol = _managed(req, vols, "drain")
     if req.get("release"):
         queue.append({"volume": name, "release": True})
         return {"queued": name, "release": True}
