@@ -64,6 +64,8 @@ struct cp_config {
 	u64 hot_base; /* first slot of the half of "hot_slots" the programs count into (0 or nslots): user space
 		       * drains the other half, after a grace period, while nothing writes to it (lossless) */
 	u64 watch_sel; /* the watched table: low 32 bits the multiplier, bit 32 the active half */
+	u64 wake_every_ns; /* the events ring's wakeup pace (0: CP_WAKE_EVERY_NS): a consumer that looks once a second
+			    * has no use for 50 wakeups a second (see "Wakeups" in common.bpf.h) */
 };
 
 /*

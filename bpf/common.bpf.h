@@ -151,10 +151,12 @@ struct {
  * 10% of the loop's throughput (bench_probe, 2026-11-25). So a ring wakes its consumer only:
  * - when the unread data crosses a quarter of the ring (a quarter, half, three quarters: the consumer drains it
  *   before it fills), and
- * - for the events ring, when the last wakeup is at least CP_WAKE_EVERY_NS old: a lone delete after a quiet moment
- *   still wakes a waiting poll at once, a burst wakes it once. A record that came after a wakeup and did not wake
- *   is read by the consumer's next pass (Probe.poll() never waits longer than CP_WAKE_EVERY_NS x 5 without
- *   looking).
+ * - for the events ring, when the last wakeup is at least the wake period old (cp_config.wake_every_ns, set at load;
+ *   CP_WAKE_EVERY_NS when 0): a lone delete after a quiet moment still wakes a waiting poll at once, a burst wakes
+ *   it once. A record that came after a wakeup and did not wake is read by the consumer's next pass (Probe.poll()
+ *   never waits longer than CP_WAKE_EVERY_NS x 5 without looking). The daemon, which looks at most once a second
+ *   whatever wakes it, sets a quarter of that: a wakeup still lands in every gap between its looks, and the kernel
+ *   stops waking it (an irq_work and the wake-up of the epoll) up to 50 times a second for nothing.
  * User space waits edge-triggered (only these wakeups end a wait) and looks again without waiting when its
  * budget left records behind (EventRings._poll_once, controller/cachepilot/probe/poller.py).
  */
@@ -174,8 +176,10 @@ static __always_inline bool crossed_quarter(void *ring, u64 len)
 /* the events ring: deletes, freed extents, journal commits, discards */
 static __always_inline void submit(void *e, u64 len)
 {
+	struct cp_config *c = cfg();
+	u64 every = c && c->wake_every_ns ? c->wake_every_ns : CP_WAKE_EVERY_NS;
 	u64 now = bpf_ktime_get_ns();
-	bool wake = now - cp_events_woken_ns >= CP_WAKE_EVERY_NS || crossed_quarter(&events, len);
+	bool wake = now - cp_events_woken_ns >= every || crossed_quarter(&events, len);
 	if (wake)
 		cp_events_woken_ns = now;
 	bpf_ringbuf_submit(e, wake ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);

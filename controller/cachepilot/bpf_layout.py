@@ -53,7 +53,7 @@ class cp_watch(Struct):  # noqa: N801 - mirrors the C name
 
 class cp_config(Struct):  # noqa: N801
     _fields_ = [("self_tgid", u32), ("flags", u32), ("nslots", u64), ("clock_ns", u64), ("nonce", u64),
-                ("hot_base", u64), ("watch_sel", u64)]
+                ("hot_base", u64), ("watch_sel", u64), ("wake_every_ns", u64)]
 
 
 class cp_hot_slot(Struct):  # noqa: N801

@@ -138,3 +138,78 @@ def test_a_drain_running_all_the_time_loses_no_increment(bpf_env: None, watched:
     assert drains > 20  # it did race the reads
     reads *= rounds
     assert got_bytes == reads * 4096 and got_score == reads * 64
+
+
+def test_the_daemons_wake_period_is_set_at_load_and_the_storm_wakes_it_a_few_times_a_second(
+        bpf_env: None, watched: LoopFs) -> None:
+    """The daemon reads the rings at most once a second (intake.MIN_POLL_GAP_NS), so it loads the probe with a
+    wake period of a quarter of that (intake.RING_WAKE_EVERY_NS, cp_config.wake_every_ns): the same commit storm
+    wakes a waiting poll about 4 times a second, not 50 (each an irq_work and an epoll wake-up in the kernel, and a
+    return to Python). Every commit still arrives; a lone record after a quiet moment still wakes it at once."""
+    from cachepilot.daemon.intake import RING_WAKE_EVERY_NS
+    from cachepilot.events import JournalCommit
+
+    path = str(watched.path("commits-paced"))
+    with Probe(max_files=64, wake_every_ns=RING_WAKE_EVERY_NS) as p:
+        p.watch_volume(watched.dev)
+        settle(p)
+        code = ("import os, sys, time\nfd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_APPEND)\n"
+                "end = time.monotonic() + 2\nwhile time.monotonic() < end:\n"
+                "    os.write(fd, b'c' * 4096); os.fsync(fd)")
+        writer = subprocess.Popen([sys.executable, "-c", code, path])
+        commits = returns = 0
+        t0 = time.monotonic()
+        while writer.poll() is None:
+            commits += sum(isinstance(e, JournalCommit) for e in p.poll(1000))
+            returns += 1
+        seconds = time.monotonic() - t0
+        for _ in range(3):
+            commits += sum(isinstance(e, JournalCommit) for e in p.poll(100))
+        assert writer.returncode == 0
+        assert commits >= 200, f"only {commits} journal commits in 2 s of appends + fsync"
+        # 4 wakeups a second and the edge-triggered look after each (20 ms pacing: 50 a second and more)
+        per_s = 1e9 / RING_WAKE_EVERY_NS
+        assert returns <= 2 * per_s * seconds + 4, f"poll returned {returns} times in {seconds:.1f} s"
+        # quiet now (the last wakeup is more than a period old): a lone delete wakes a waiting poll at once
+        time.sleep(2 * RING_WAKE_EVERY_NS / 1e9)
+        lone = str(watched.path("lone-paced"))
+        with open(lone, "wb") as f:
+            f.write(b"x" * 4096)
+        settle(p)
+        time.sleep(2 * RING_WAKE_EVERY_NS / 1e9)
+        got: list = []
+        threading.Timer(0.1, lambda: child("import os, sys\nos.unlink(sys.argv[1])", lone)).start()
+        t1 = time.monotonic()
+        while not any(isinstance(e, Delete) for e in got) and time.monotonic() - t1 < 5:
+            got.extend(p.poll(5000))
+        assert any(isinstance(e, Delete) for e in got)
+        assert time.monotonic() - t1 < 0.1 + RING_WAKE_EVERY_NS / 1e9 + 1.0
+
+
+def test_a_stop_request_ends_a_long_poll_at_once(bpf_env: None, watched: LoopFs) -> None:
+    """The daemon's loop gives its wait the whole time to the next tick (no 0.2 s slices): the stop flag's pipe is in
+    the probe's epoll (Probe.wake_on), so a SIGTERM's stop request ends a long poll at once, from a signal handler
+    as the daemon's is."""
+    import signal
+
+    from cachepilot.daemon.stopflag import StopFlag
+
+    stop = StopFlag()
+    with Probe(max_files=64) as p:
+        p.watch_volume(watched.dev)
+        settle(p)
+        p.wake_on(stop.fileno())
+        old = signal.signal(signal.SIGALRM, lambda *_: stop.set())
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0.2)
+            t0 = time.monotonic()
+            p.poll(5000)
+            took = time.monotonic() - t0
+            t1 = time.monotonic()
+            p.poll(-1)  # set for good: even an endless wait returns at once
+            again = time.monotonic() - t1
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+        assert took < 1.0, f"a stop request 0.2 s into a 5 s poll ended it after {took:.2f} s"
+        assert again < 0.5

@@ -180,6 +180,9 @@ class FakeProbe:
     def unwatch(self, dev: int) -> None:
         self.watched.remove(dev)
 
+    def wake_on(self, fd: int) -> None:  # Probe's: a poll also ends when fd is readable (these polls do not wait)
+        pass
+
     def take_deletes(self) -> object:  # Probe's bulk deletes (issue 32): none here
         from cachepilot.models.hotness import deletes_array
 

@@ -302,6 +302,9 @@ class WakingProbe:
         self.waits = waits
         self.polls = 0
 
+    def wake_on(self, fd: int) -> None:
+        pass
+
     def poll(self, timeout_ms: int) -> list[object]:
         import time
 

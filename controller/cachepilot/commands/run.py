@@ -22,9 +22,10 @@ EXIT_FATAL = 3
 
 def _probe_factory(object_path: Path | None) -> Any:
     def make(max_files: int) -> Any:
+        from cachepilot.daemon.intake import RING_WAKE_EVERY_NS
         from cachepilot.probe import Probe  # lazy: loading libbpf only when the daemon really starts
 
-        return Probe(object_path, max_files=max_files, bulk_deletes=True)
+        return Probe(object_path, max_files=max_files, bulk_deletes=True, wake_every_ns=RING_WAKE_EVERY_NS)
 
     return make
 

@@ -29,6 +29,11 @@ from cachepilot.events import Barrier, Delete, Discard, Drops, FreedExtent, Jour
 # (gather_due), so a poll between two gathers only read the rings early. Measured on the headline fileserver with
 # py-spy: the ring reads were a tenth of the daemon's samples at four a second.
 MIN_POLL_GAP_NS = DISCARD_GATHER_NS
+# The event ring's wakeup pace for the daemon (Probe's wake_every_ns; the kernel's default is 20 ms, for `record` and
+# `probe`, which show events as they come). The daemon reads the rings at most every MIN_POLL_GAP_NS, so a wakeup is
+# of use only to end the wait after a gap: a quarter of the gap still puts one in every gap while records flow (the
+# look is not later than with 20 ms), and a record after a quiet moment still wakes at once.
+RING_WAKE_EVERY_NS = MIN_POLL_GAP_NS // 4
 # The kinds whose handling reads and writes nothing a delete does (engine.dispatch: freed extents and commits go to
 # the discard queue, barriers and sync calls to the epochs, metadata to its score, drops and discards to counters).
 # Deletes wait for the tick (nothing between ticks reads what they change: the hotness table, the believed-cached
@@ -77,6 +82,7 @@ class Intake:
             seconds -= early
         began = time.monotonic_ns()  # the loop's clock
         self._next_poll = began + MIN_POLL_GAP_NS
+        probe.wake_on(self.stop_event.fileno())  # the loop gives this wait the whole tick: a stop must end it
         self.feed_all(probe.poll(int(seconds * 1000)))
         # the look is dated when the poll began, not when it returned: looks are then at least the gather window
         # apart however long each poll waited for a wakeup, and none is skipped as too soon after the last

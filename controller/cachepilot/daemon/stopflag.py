@@ -34,6 +34,11 @@ class StopFlag:
     def is_set(self) -> bool:
         return self._set
 
+    def fileno(self) -> int:
+        """The pipe's read end: readable once set (and for ever after), for a caller that waits on several
+        descriptors at once (the probe's rings: Probe.wake_on) and must still see a stop request at once."""
+        return self._r
+
     def wait(self, timeout: float | None = None) -> bool:
         if not self._set:
             poller = select.poll()  # not select(): a descriptor above 1023 would make it fail at once, a busy loop

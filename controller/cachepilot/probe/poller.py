@@ -33,6 +33,8 @@ class EventRings:
         self._ring: RawRing | None = None
         self._barrier_ring: FixedRing | None = None
         self._epoll: select.epoll | None = None
+        self._wake_fds: set[int] = set()  # descriptors besides the rings that end a wait (wake_on)
+        self._woken = False  # the last wait was ended by one of those
         try:
             self._open(maps.fds, ringbuf_bytes)
         except BaseException:
@@ -49,6 +51,15 @@ class EventRings:
         for name in ("events", "barrier_events"):
             self._epoll.register(fds[name], select.EPOLLIN | select.EPOLLET)
 
+    def wake_on(self, fd: int) -> None:
+        """See Probe.wake_on. Level-triggered: a stop request stays readable, so every later wait returns at once
+        (the rings are still read: the loop is leaving)."""
+        if self._epoll is None:
+            raise UserError("probe is closed")
+        if fd not in self._wake_fds:
+            self._epoll.register(fd, select.EPOLLIN)
+            self._wake_fds.add(fd)
+
     def poll(self, timeout_ms: int = 0) -> list[Event]:
         """See Probe.poll."""
         if self._ring is None:
@@ -57,14 +68,15 @@ class EventRings:
             return self._poll_once(timeout_ms)
         while True:
             got = self._poll_once(LOOK_EVERY_MS)
-            if got:
+            if got or self._woken:  # a wake_on descriptor ends even an endless wait
                 return got
 
     def _poll_once(self, timeout_ms: int) -> list[Event]:
         assert self._ring is not None and self._epoll is not None and self._barrier_ring is not None
         self._tick_clock()
         wait = 0 if self._backlog else timeout_ms  # records left by the last call's budget: no wakeup will say so
-        self._epoll.poll(wait / 1000 if wait else 0)
+        ready = self._epoll.poll(wait / 1000 if wait else 0)
+        self._woken = any(fd in self._wake_fds for fd, _ in ready)
         if wait:
             self._tick_clock()
         events = [ev for ev in map(decode_event, self._ring.take(POLL_BUDGET_EVENTS)) if ev is not None]

@@ -62,6 +62,8 @@ class Probe:
     - bcc_cache: where the bcc path keeps its compiles, one per kernel release and source (probe/bccload.py)
     - bulk_deletes: deletes are aggregated in the kernel (a map) and taken with take_deletes() once a tick, not
       returned by poll() (except those the full map left to the ring: poll() returns them as Delete events)
+    - wake_every_ns: the event ring wakes a waiting poll at most this often (besides its quarter crossings); None:
+      the kernel's CP_WAKE_EVERY_NS, 20 ms (bpf/common.bpf.h, "Wakeups")
     """
 
     def __init__(
@@ -77,6 +79,7 @@ class Probe:
         mounts: ProcMounts | None = None,
         bcc_cache: str | os.PathLike[str] | None = None,
         bulk_deletes: bool = False,
+        wake_every_ns: int | None = None,
     ) -> None:
         self.mounts = mounts or ProcMounts()  # which filesystem type a watched device carries
         self._loader: Loader | None = None  # the load and the attachments (probe/loader.py)
@@ -98,6 +101,9 @@ class Probe:
         self.ringbuf_bytes = ringbuf_bytes
         self.ignore_self = ignore_self
         self.bulk_deletes = bulk_deletes
+        if wake_every_ns is not None and not 0 < wake_every_ns < 1 << 63:
+            raise UserError(f"wake_every_ns must be > 0, not {wake_every_ns}")
+        self.wake_every_ns = wake_every_ns or 0  # 0: the kernel's default
         self._deletes: KernelDeletes | None = None  # the deletes map (take_deletes)
         self.object_path = Path(object_path) if object_path else default_object()
         self.report = AttachReport(kernel=os.uname().release)
@@ -129,7 +135,7 @@ class Probe:
             raise UserError(f"cannot count the possible CPUs: {libbpf.errno_str(ncpus)}")
         self._maps = MapAccess(self._h, fds, ncpus)
         flags = (L.CFG_DIO_SYSCALLS if dio_hook == "syscalls" else 0) | (L.CFG_BULK_DELETES if self.bulk_deletes else 0)
-        cfg = L.cp_config(flags=flags, nslots=self.nslots)
+        cfg = L.cp_config(flags=flags, nslots=self.nslots, wake_every_ns=self.wake_every_ns)
         deletes = map_sizes(self.nslots, self.ringbuf_bytes)["deletes"]  # as the loader sized the map
         self._deletes = KernelDeletes(self._h, fds["deletes"], deletes)
         self._config = KernelConfig(self._maps, cfg)
@@ -185,6 +191,13 @@ class Probe:
         if self._rings is None:
             raise UserError("probe is closed")
         return self._rings.poll(timeout_ms)
+
+    def wake_on(self, fd: int) -> None:
+        """A poll also returns as soon as ``fd`` is readable (the daemon's stop request: its loop then waits on the
+        rings until the next tick, not in short slices to look at the stop flag)."""
+        if self._rings is None:
+            raise UserError("probe is closed")
+        self._rings.wake_on(fd)
 
     # ---- per-tick aggregates ----
     def _hot_table(self) -> KernelHotTable:
