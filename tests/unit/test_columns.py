@@ -210,3 +210,67 @@ def test_hot_rows_encode_as_their_lists_would_in_a_fraction_of_the_memory() -> N
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert peak < 8 << 20, peak  # with the 65 536 row lists made first: 23 MiB
+
+
+def test_a_ticks_hotness_apply_makes_few_python_calls() -> None:
+    """A take of 60 files (20 known, 40 new: 20 of them into freed slots) costs a fixed number of
+    numpy calls whatever their length; under the lab's TCG vCPU each Python-level call is tens of microseconds, so
+    their count, not the rows, was the drain stage's cost (issue 32: the per-call wrappers of broadcast_to, clip,
+    .any() and .max() in the column puts were a tenth of it). Python-level calls counted with sys.setprofile: 194
+    before the columns' one-value and ufunc paths, 112 after."""
+    import collections
+    import sys
+
+    from cachepilot.models.hotness import HOT_DTYPE, HotnessTable
+
+    t = HotnessTable(half_life_s=10)
+    t.register_dev(7)
+
+    def recs(inos: np.ndarray, now: int) -> np.ndarray:
+        a = np.zeros(len(inos), dtype=HOT_DTYPE)
+        a["dev"], a["ino"], a["gen"], a["rs"], a["ws"] = 7, inos, 1, 64, 64
+        a["rb"], a["wb"], a["last"], a["size"] = 4096, 4096, now, 8192
+        return a
+
+    t.apply_array(recs(np.arange(1, 2001), 1))
+    for ino in range(1, 21):
+        t.forget(7, ino)  # their slots go to the next new files (_reset_slots)
+    t.advance(3 * 10**9)
+    batch = recs(np.concatenate([np.arange(100, 120), np.arange(5001, 5041)]), 3 * 10**9)
+    calls: collections.Counter[str] = collections.Counter()
+
+    def count(frame: object, event: str, arg: object) -> None:
+        if event == "call":
+            calls[frame.f_code.co_qualname] += 1  # type: ignore[attr-defined]
+
+    sys.setprofile(count)
+    try:
+        t.apply_array(batch)
+    finally:
+        sys.setprofile(None)
+    assert sum(calls.values()) <= 130, calls.most_common(10)
+    assert len(t) == 2000 - 20 + 40
+
+
+@pytest.mark.parametrize("v", [0, 5, -1, (1 << 32) - 2, (1 << 32) - 1, 1 << 40])
+def test_one_value_put_equals_the_array_put(v: int) -> None:
+    """The one-value path of SpillU32.put and Millis32.put stores what the array path stores, spills included."""
+    def filled() -> tuple[SpillU32, Millis32]:
+        s, m = SpillU32(offset=1), Millis32(base_ns=5 * MS)
+        for i in range(40):
+            s.a.append(0)
+            s[i] = (1 << 33) + i if i % 3 == 0 else i  # some slots spilled already
+            m.a.append(0)
+            m[i] = 7 * MS * i
+        return s, m
+
+    slots = np.array([0, 3, 4, 9, 10, 39, 3])
+    (s1, m1), (s2, m2) = filled(), filled()
+    s1.put(slots, v)
+    s2.put(slots, np.full(len(slots), v, dtype=np.int64))
+    assert list(s1.a) == list(s2.a) and s1.spill == s2.spill
+    assert [s1[i] for i in range(40)] == [s2[i] for i in range(40)]
+    if v < 1 << 40:
+        m1.put(slots, v * MS)
+        m2.put(slots, np.full(len(slots), v * MS, dtype=np.int64))
+        assert list(m1.a) == list(m2.a)

@@ -87,7 +87,16 @@ class SpillU32:
         return out
 
     def put(self, slots: np.ndarray, values: np.ndarray | int) -> None:
-        vals = np.broadcast_to(np.asarray(values), np.shape(slots))
+        # Every numpy call made here is a Python-level wrapper or a C one; the tick's columns are short (tens of new
+        # files a take), so their fixed cost is what counts: under the lab's TCG vCPU, broadcast_to and .any()'s
+        # wrappers were a tenth of the drain stage (issue 32). The same values land either way.
+        if isinstance(values, (int, np.integer)) and self.offset + int(values) >= 0:
+            self._put_one(slots, int(values))
+            return
+        if isinstance(values, np.ndarray) and isinstance(slots, np.ndarray) and values.shape == slots.shape:
+            vals = values
+        else:
+            vals = np.broadcast_to(np.asarray(values), np.shape(slots))
         if self.offset:
             u = vals.astype(np.int64) + self.offset
         else:
@@ -100,8 +109,21 @@ class SpillU32:
             pop = self.spill.pop
             for s in np.asarray(slots)[~over].tolist():
                 pop(s, None)
-        if over.any():
+        if np.count_nonzero(over):
             self.spill.update(zip(np.asarray(slots)[over].tolist(), vals[over].tolist(), strict=True))
+
+    def _put_one(self, slots: np.ndarray, v: int) -> None:
+        """put() of one value (>= -offset) into every slot: the same slots spilled or not as the array path."""
+        u = v + self.offset
+        a = np.frombuffer(self.a, dtype=self.raw)
+        a[slots] = min(u, self.top)
+        del a
+        if self.spill:
+            pop = self.spill.pop
+            for s in np.asarray(slots).tolist():
+                pop(s, None)
+        if u >= self.top:
+            self.spill.update(dict.fromkeys(np.asarray(slots).tolist(), v))
 
     @property
     def nbytes(self) -> int:
@@ -138,7 +160,8 @@ class WideningU32:
         self.a.append(v)
 
     def _fit(self, values: np.ndarray) -> np.dtype[np.unsignedinteger]:
-        if not self.wide and len(values) and int(values.max()) > U32_MAX:
+        # the ufunc's reduce, not ndarray.max(): the same maximum without numpy's Python-level wrapper
+        if not self.wide and len(values) and int(np.maximum.reduce(values)) > U32_MAX:
             self._widen()
         return np.dtype(np.uint64 if self.wide else np.uint32)
 
@@ -274,8 +297,12 @@ class Millis32:
 
     def enc(self, ns: np.ndarray | int) -> np.ndarray:
         ns = np.asarray(ns, dtype=np.int64)
-        u = np.clip((ns - self.base) // MS + 1, 1, U32_MAX)
+        # np.clip's value, from the two ufuncs (clip goes through several Python-level wrappers)
+        u = np.minimum(np.maximum((ns - self.base) // MS + 1, 1), U32_MAX)
         return np.where(ns > 0, u, 0).astype(np.uint32)
+
+    def _enc_one(self, ns: int) -> int:
+        return 0 if ns <= 0 else min(max((ns - self.base) // MS + 1, 1), U32_MAX)
 
     def dec(self, u: np.ndarray) -> np.ndarray:
         ns = np.maximum(self.base + (u.astype(np.int64) - 1) * MS, 1)
@@ -288,7 +315,7 @@ class Millis32:
         return max(self.base + (u - 1) * MS, 1)
 
     def __setitem__(self, i: int, ns: int) -> None:
-        self.a[i] = 0 if ns <= 0 else min(max((ns - self.base) // MS + 1, 1), U32_MAX)
+        self.a[i] = self._enc_one(ns)
 
     def extend_zero(self, n: int) -> None:
         self.a.frombytes(bytes(4 * n))
@@ -297,7 +324,8 @@ class Millis32:
         return self.dec(np.frombuffer(self.a, dtype=np.uint32)[slots])
 
     def put(self, slots: np.ndarray, ns: np.ndarray | int) -> None:
-        np.frombuffer(self.a, dtype=np.uint32)[slots] = self.enc(ns)
+        one = isinstance(ns, (int, np.integer))  # a new file's "never": one value, encoded once
+        np.frombuffer(self.a, dtype=np.uint32)[slots] = self._enc_one(int(ns)) if one else self.enc(ns)
 
     def rebase(self, now_ns: int) -> bool:
         """Move the base on by half the range once ``now_ns`` is past three quarters of it (every ~25 days): times
