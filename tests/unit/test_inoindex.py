@@ -15,10 +15,11 @@ OPS = st.lists(st.tuples(st.sampled_from(["set", "del", "bulk", "del_many"]), st
 
 
 @settings(max_examples=60, deadline=None)
-@given(OPS, st.sampled_from([4, 64]))
-def test_behaves_like_a_dict(ops: list[tuple[str, int, int]], merge_min: int) -> None:
-    old = inoindex.MERGE_MIN
+@given(OPS, st.sampled_from([4, 64]), st.sampled_from([inoindex.FILES_PER_QUERY, 0]))
+def test_behaves_like_a_dict(ops: list[tuple[str, int, int]], merge_min: int, per_query: int) -> None:
+    old = inoindex.MERGE_MIN, inoindex.FILES_PER_QUERY
     inoindex.MERGE_MIN = merge_min  # merge often (4), or let the young run and the dict hold entries (64)
+    inoindex.FILES_PER_QUERY = per_query  # 0: batches search the main run one query at a time, whatever its size
     try:
         ref: dict[int, int] = {}
         col = np.zeros(100_000, dtype=np.uint64)
@@ -55,7 +56,32 @@ def test_behaves_like_a_dict(ops: list[tuple[str, int, int]], merge_min: int) ->
         assert idx.lookup_many(probe).tolist() == [ref.get(i, -1) for i in range(70)]
         assert all(idx.get(i) == ref.get(i) for i in range(70))
     finally:
-        inoindex.MERGE_MIN = old
+        inoindex.MERGE_MIN, inoindex.FILES_PER_QUERY = old
+
+
+def test_a_few_queries_search_the_main_run_without_gathering_its_keys() -> None:
+    """A tick's handful of deletes in an index of 100 000 files: looked up and taken out by a search per query, not
+    by gathering the main run's 100 000 keys from the column (a pass over the whole column, three a tick, issue 32);
+    the answers are the gather's. A large batch still gathers once."""
+    col = np.arange(100_000, dtype=np.uint64) * 3 + 12
+    idx = InoIndex(lambda: col)
+    idx.update({i * 3 + 12: i for i in range(100_000)})
+    idx._merge()
+    gathers = [0]
+    gather = idx.main_keys
+
+    def counted() -> np.ndarray:
+        gathers[0] += 1
+        return gather()
+
+    idx.main_keys = counted  # type: ignore[method-assign]
+    q = np.array([12 + 3 * 99_999, 13, 12 + 3 * 5, 1 << 40, 12], dtype=np.uint64)
+    assert idx.lookup_many(q).tolist() == [99_999, -1, 5, -1, 0]
+    idx.delete_many(np.array([12 + 3 * 5, 12 + 3 * 70_000], dtype=np.uint64))
+    assert gathers[0] == 0
+    assert idx.lookup_many(q).tolist() == [99_999, -1, -1, -1, 0] and len(idx) == 99_998
+    many = np.arange(12, 12 + 3 * 200, 3, dtype=np.uint64)
+    assert (idx.lookup_many(many) >= 0).sum() == 199 and gathers[0] == 1
 
 
 def test_small_footprint() -> None:
