@@ -11,7 +11,8 @@ configuration (one lab boot each, the same seed within a round), ratios pair by 
 the configurations shuffled per round; best-bounded and best-overall are the stock grid's finds
 (tests/bench/results/stock_grid_bcache.json, bench_lab_stock_grid.py); --report with --out: rebuild the tables
 from that directory's finished runs;
-$SOAK_PYSPY=<py-spy binary>: the daemon profiled over each window (daemon-profile.txt);
+$SOAK_PYSPY=<py-spy binary>: the daemon profiled over each window (daemon-profile.txt; $SOAK_PYSPY_ONCPU=1 on-CPU
+samples only, $SOAK_PYSPY_RATE samples a second, passed on to the guest);
 --cpu-tax-pct: a fixed share for the CPU-tax control (default: the share the same round's cachepilot destructive
 run measured)."""
 
@@ -106,7 +107,10 @@ def tax_prepare(runner: lb.Runner, a: argparse.Namespace, rnd: int) -> Callable[
 def spec() -> lb.LabSpec:
     """SPEC, with $SOAK_PYSPY (a py-spy binary the guest can run) passed on: the daemon profiled over the window."""
     spy = os.environ.get("SOAK_PYSPY")
-    return dataclasses.replace(SPEC, env=(*SPEC.env, f"SOAK_PYSPY={Path(spy).resolve()}")) if spy else SPEC
+    if not spy:
+        return SPEC
+    extra = tuple(f"{k}={os.environ[k]}" for k in ("SOAK_PYSPY_ONCPU", "SOAK_PYSPY_RATE") if os.environ.get(k))
+    return dataclasses.replace(SPEC, env=(*SPEC.env, f"SOAK_PYSPY={Path(spy).resolve()}", *extra))
 
 
 def run(a: argparse.Namespace, configs: list[str]) -> tuple[lb.Runner, dict[str, list[dict]]]:

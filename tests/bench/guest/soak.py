@@ -433,13 +433,15 @@ def cost(first: dict, last: dict) -> dict:
 def profile(pid: int) -> subprocess.Popen | None:
     """With $SOAK_PYSPY (a py-spy binary; not a project dependency): a wall-clock profile of the daemon, idle
     time included, as collapsed stacks in $LAB_OUT/daemon-profile.txt — where a slow tick spends its time. With
-    $SOAK_PYSPY_ONCPU set too: on-CPU samples only (where the daemon's CPU goes)."""
+    $SOAK_PYSPY_ONCPU set too: on-CPU samples only (where the daemon's CPU goes); $SOAK_PYSPY_RATE: samples a
+    second (20)."""
     spy = os.environ.get("SOAK_PYSPY")
     if not spy:
         return None
     out = os.environ.get("LAB_OUT", "/tmp")
     idle = [] if os.environ.get("SOAK_PYSPY_ONCPU") else ["--idle"]
-    return subprocess.Popen([spy, "record", *idle, "--threads", "--rate", "20", "--format", "raw", "--nonblocking",
+    rate = os.environ.get("SOAK_PYSPY_RATE", "20")  # samples a second: 100 for a profile of a 60 s window
+    return subprocess.Popen([spy, "record", *idle, "--threads", "--rate", rate, "--format", "raw", "--nonblocking",
                              "-o", f"{out}/daemon-profile.txt", "--pid", str(pid)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
