@@ -227,3 +227,31 @@ def test_a_bug_in_the_writer_thread_is_a_failed_write_and_the_next_one_is_writte
     assert w.results() == [(False, "state writer bug: KeyError: 'volumes'"), (True, None)]
     doc, _ = state.read()
     assert doc is not None and doc["n"] == 2
+
+
+def test_the_ticks_heap_trim_looks_glibc_up_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """heap.give_back runs every tick: the library handle is made once, not a ctypes.CDLL(None) a tick (under TCG
+    that construction was more than half of the heap stage, issue 32). The trim still runs each call."""
+    import ctypes
+
+    from cachepilot.daemon import heap
+
+    made = [0]
+    real = ctypes.CDLL
+
+    def counting(*a: Any, **k: Any) -> Any:
+        made[0] += 1
+        return real(*a, **k)
+
+    def forget() -> None:  # the look-up is made again under the counting CDLL (and again after the test)
+        cached = getattr(heap, "_malloc_trim", None)
+        if cached is not None:
+            cached.cache_clear()
+
+    forget()
+    monkeypatch.setattr(ctypes, "CDLL", counting)
+    try:
+        assert all(heap.give_back() for _ in range(5))
+        assert made[0] == 1
+    finally:
+        forget()

@@ -13,7 +13,9 @@ temporaries (a few hundred KiB) stay in the heap, where they cost no page faults
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
+from collections.abc import Callable
 
 log = logging.getLogger("cachepilot")
 
@@ -41,12 +43,22 @@ def give_back() -> bool:
     chunks of a page or more). The tick's temporaries below the mmap threshold leave such holes; with 1 M tracked files
     4 MiB of them (bench_daemon_files.py, issue 32). It walks the free lists, 0.7 ms with a 30 MiB heap: the daemon
     calls it at the end of each tick (stage ``heap``). False where there is no such call."""
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, looked up once: a ctypes.CDLL(None) a tick (dlopen and the library object) cost more
+    than the trim itself under the lab's TCG vCPU (18 of the heap stage's 31 py-spy samples, issue 32)."""
     try:
         trim = ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):
-        return False
+        return None
     trim.argtypes = [ctypes.c_size_t]
     trim.restype = ctypes.c_int
-    trim(0)
-    return True
+    return trim  # type: ignore[no-any-return]
 
