@@ -159,3 +159,27 @@ def test_a_non_ext4_filesystem_attaches_the_syscall_hooks_and_ext4_counts_once(b
                 BarrierKind.FSYNC: (5, who),
                 BarrierKind.FDATASYNC: (2, who),
             }, dev
+
+
+def test_a_range_of_a_per_cpu_array_reads_as_its_elements_one_by_one(bpf_env: None) -> None:
+    """MapAccess.percpu_rows (one BPF_MAP_LOOKUP_BATCH, issue 32) reads what a lookup per element reads, every CPU's
+    copy, from the first element of the map and from the middle of it."""
+    import ctypes as C
+
+    from cachepilot import bpf_layout as L
+
+    with Probe(max_files=64) as p:
+        m = p._maps  # noqa: SLF001 - the map access under test
+        for k in range(4, 11):
+            vals = (L.cp_sync * m.ncpus)()
+            for c in range(m.ncpus):
+                vals[c].calls, vals[c].ts_ns = 10 * k + c, 1000 * c + k
+                vals[c].last_pid, vals[c].last_ino = 7 + c, 99 + k
+            assert m.h.bpf_map_update_elem(m.fds["sync_calls"], C.byref(C.c_uint32(3 * L.SYNC_KINDS + k)), vals, 0) == 0
+        for first, count in ((3 * L.SYNC_KINDS + 4, 7), (0, 3), (3 * L.SYNC_KINDS, 16)):
+            rows = m.percpu_rows("sync_calls", first, count, L.cp_sync)
+            assert rows.shape == (count, m.ncpus)
+            for i in range(count):
+                one = m.percpu("sync_calls", first + i, L.cp_sync)
+                assert [(c.calls, c.ts_ns, c.last_pid, c.last_ino) for c in one] == [
+                    (int(r["calls"]), int(r["ts_ns"]), int(r["last_pid"]), int(r["last_ino"])) for r in rows[i]]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ctypes as C
 
+import numpy as np
+
 from cachepilot import bpf_layout as L
 from cachepilot import records
 from cachepilot.events import BarrierKind, Drops, Event, MetadataDelta, SyncCalls
@@ -20,6 +22,9 @@ SYNC_KINDS = (
     BarrierKind.SYNC_WRITE,
     BarrierKind.MSYNC,
 )
+# the kinds are consecutive: a volume's counters are read as one range of the "sync_calls" array
+_SYNC_FIRST = int(SYNC_KINDS[0])
+assert [int(k) for k in SYNC_KINDS] == list(range(_SYNC_FIRST, _SYNC_FIRST + len(SYNC_KINDS)))
 # what a per-(volume, kind) drop counter counts (probe.drops_by_volume())
 DROP_KIND_NAMES = {**{t: k.name for t, k in records.BY_RING.items()}, L.DROP_SYNC: "sync_call"}
 
@@ -66,15 +71,18 @@ class VolumeCounters:
         """One SyncCalls per (volume, kind) with calls that succeeded since the last drain."""
         out: list[SyncCalls] = []
         for dev, slot in self._slots.items():
-            for kind in SYNC_KINDS:
-                cpus = self._maps.percpu("sync_calls", slot * L.SYNC_KINDS + kind, L.cp_sync)
-                calls = sum(c.calls for c in cpus)
+            rows = self._maps.percpu_rows("sync_calls", slot * L.SYNC_KINDS + _SYNC_FIRST, len(SYNC_KINDS), L.cp_sync)
+            totals = rows["calls"].sum(axis=1).tolist()
+            for i, kind in enumerate(SYNC_KINDS):
+                calls = totals[i]
                 prev = self._sync_prev.get((dev, kind), 0)
                 if calls == prev:
                     continue
                 self._sync_prev[(dev, kind)] = calls
-                last = max(cpus, key=lambda c: c.ts_ns)
-                out.append(SyncCalls(dev, kind, calls - prev, last.last_pid, last.last_ino, last.ts_ns))
+                cpus = rows[i]
+                j = int(np.argmax(cpus["ts_ns"]))  # the CPU that saw the latest call (the first such, as max())
+                out.append(SyncCalls(dev, kind, calls - prev, int(cpus["last_pid"][j]), int(cpus["last_ino"][j]),
+                                     int(cpus["ts_ns"][j])))
         return out
 
     def drops_by_volume(self) -> dict[tuple[int, str], int]:

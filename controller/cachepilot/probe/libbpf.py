@@ -85,6 +85,7 @@ def lib() -> C.CDLL:
         _fn(handle, "bpf_map_delete_elem", i, i, vp)
         # fd, in_batch, out_batch, keys, values, count (in: room, out: taken), opts
         _fn(handle, "bpf_map_lookup_and_delete_batch", i, i, vp, vp, vp, vp, C.POINTER(u), vp)
+        _fn(handle, "bpf_map_lookup_batch", i, i, vp, vp, vp, vp, C.POINTER(u), vp)
         _fn(handle, "libbpf_num_possible_cpus", i)
         _fn(handle, "btf__parse", vp, cp, vp)
         _fn(handle, "btf__load_vmlinux_btf", vp)
