@@ -158,8 +158,8 @@ def main() -> None:
           f" ms, max {max(steady_w) * 1e3:.1f} ms (goal: p99 <= 100 ms)")
     print(f"steady tick CPU: median {statistics.median(steady_c) * 1e3:.1f} ms, p99 {pct(steady_c, 0.99) * 1e3:.1f}"
           f" ms")
-    print(f"RSS: {rss / 1024:.0f} MiB now, {hwm / 1024:.0f} MiB peak (goal <= 100 MiB); "
-          f"{base / 1024:.0f} MiB after start, before the files")
+    print(f"RSS: {rss / 1024:.1f} MiB now, {hwm / 1024:.1f} MiB peak (goal <= 100 MiB); "
+          f"{base / 1024:.1f} MiB after start, before the files")
     if writes:
         print(f"state file writes (the writer thread, off the loop): {len(writes)}, median "
               f"{statistics.median(writes) * 1e3:.1f} ms, max {max(writes) * 1e3:.1f} ms")

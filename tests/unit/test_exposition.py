@@ -212,9 +212,11 @@ def test_the_two_deliberate_differences() -> None:
 
 
 # ------------------------------------------------------------------ any family, any label value, any float
-label_values = st.text(st.characters(exclude_categories=["Cs"]), max_size=12)  # lone surrogates: neither encodes
+# any character but a lone surrogate (neither side encodes one), the ones that need escaping often
+chars = st.one_of(st.sampled_from('"\\\n'), st.characters(exclude_categories=["Cs"]))
+label_values = st.text(chars, max_size=12)
 values = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-(2**80), 2**80))
-docs = st.text(st.characters(exclude_categories=["Cs"]), max_size=20)
+docs = st.text(chars, max_size=20)
 
 
 @st.composite
@@ -283,3 +285,15 @@ def test_names_that_would_need_quoting_are_refused() -> None:
     with pytest.raises(ValueError, match="at most one"):
         families.CounterMetricFamily("ok", "x", value=1, labels=["a"])
     assert families.CounterMetricFamily("ok_total", "x", value=1).samples == [families.Sample("ok_total", {}, 1)]
+
+
+def test_help_texts_with_quotes_backslashes_and_newlines() -> None:
+    """Each format escapes HELP its own way (text: backslash and newline; OpenMetrics: the quote too)."""
+    doc = 'say "x" \\ then\nmore'
+    specs = [(kind, "cachepilot_x", doc, ["kind"], [(["a"], 1.0)]) for kind in ("gauge", "counter")]
+    mine = [build(families, *spec) for spec in specs]
+    theirs = CollectorRegistry(auto_describe=False)
+    theirs.register(_Fixed([build(prometheus_client.core, *spec) for spec in specs]))  # type: ignore[arg-type]
+    assert text(mine) == pc_exposition.generate_latest(theirs)  # type: ignore[arg-type]
+    assert openmetrics(mine) == pc_openmetrics.generate_latest(theirs)  # type: ignore[arg-type]
+    assert rb'# HELP cachepilot_x say \"x\" \\ then\nmore' in openmetrics(mine)  # type: ignore[arg-type]
