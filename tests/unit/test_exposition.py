@@ -1,4 +1,4 @@
-"""Our exposition is prometheus_client's, byte for byte (issue 32: the daemon no longer imports it, ~6 MiB of RSS).
+"""Our exposition is prometheus_client's, byte for byte (issue 32: the daemon no longer imports it, 4 MiB of RSS).
 
 The reference is the exporter as it was: the same collectors (collectors.py and registry.py, loaded afresh with
 prometheus_client's metric family classes in place of ours), prometheus_client's ``ProcessCollector`` and registry,

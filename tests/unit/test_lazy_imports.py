@@ -1,5 +1,5 @@
 """The daemon's start-up does not import what it does not need (issue 32: RSS <= 100 MiB with 1 M tracked files):
-prometheus_client with the http.server, email, urllib and ssl modules it pulls in was ~6 MiB of it, and the metrics
+prometheus_client with the http.server, email, urllib and ssl modules it pulls in was 4 MiB of it, and the metrics
 endpoint (on in the shipped config) and the textfile no longer need it (our own exposition, exporter/exposition.py);
 jsonschema ~6 MiB: a valid configuration and policy are checked without it (policy/schemacheck.py).
 

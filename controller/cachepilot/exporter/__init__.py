@@ -13,7 +13,7 @@ server and the textfile writer are imported on first use (PEP 562 ``__getattr__`
 ``metrics.listen: ""`` and no textfile loads none of them. The exposition is written by our own encoder
 (families.py, exposition.py, process.py: prometheus_client's bytes for the same metrics, tests/unit/test_exposition.py)
 and served by our bounded server: the daemon never imports prometheus_client, whose http.server, email, urllib and ssl
-were ~6 MiB of its RSS with 1 M tracked files (issue 32; tests/unit/test_lazy_imports.py).
+were 4 MiB of its RSS with 1 M tracked files (issue 32; tests/unit/test_lazy_imports.py).
 """
 
 from __future__ import annotations

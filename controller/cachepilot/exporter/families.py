@@ -5,7 +5,7 @@ The constructors and ``add_metric`` are prometheus_client's (``GaugeMetricFamily
 ``HistogramMetricFamily``: the same arguments give the same samples), so the collectors read as they did and the
 tests build the same families with prometheus_client's classes and compare the bytes
 (tests/unit/test_exposition.py). The daemon no longer imports prometheus_client: it pulls in http.server, email,
-urllib and ssl, ~6 MiB of the daemon's RSS with 1 M tracked files (issue 32). What we never use is left out:
+urllib and ssl, 4 MiB of the daemon's RSS with 1 M tracked files (issue 32). What we never use is left out:
 timestamps, exemplars, ``_created`` samples, units, the other metric types.
 
 Names are checked here, not where they are written: a metric or label name is a legacy Prometheus name without a
