@@ -102,9 +102,14 @@ def queue_bytes(d: Daemon) -> int:
     return sum(len(c.promo_queue.items) * c.promo_queue.items.itemsize for c in d.engine.vols.values())
 
 
-def rss_kib() -> tuple[int, int]:
+def status_kib(*keys: str) -> tuple[int, ...]:
     status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
-    return int(status["VmRSS"].split()[0]), int(status["VmHWM"].split()[0])
+    return tuple(int(status[k].split()[0]) for k in keys)
+
+
+def rss_kib() -> tuple[int, int]:
+    rss, hwm = status_kib("VmRSS", "VmHWM")
+    return rss, hwm
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -161,6 +166,10 @@ def main() -> None:
           f" ms")
     print(f"RSS: {rss / 1024:.1f} MiB now, {hwm / 1024:.1f} MiB peak (goal <= 100 MiB); "
           f"{base / 1024:.1f} MiB after start, before the files")
+    # apart: the file-backed part (libpython's, numpy's and OpenBLAS's mapped code) is not the daemon's own data, and
+    # the total moved by ~2 MiB between runs an hour apart on both sides of a pair alike (h32f, 2026-11-29)
+    anon, file = status_kib("RssAnon", "RssFile")
+    print(f"RSS now: {anon / 1024:.1f} MiB anonymous, {file / 1024:.1f} MiB file-backed")
     if writes:
         print(f"state file writes (the writer thread, off the loop): {len(writes)}, median "
               f"{statistics.median(writes) * 1e3:.1f} ms, max {max(writes) * 1e3:.1f} ms")
