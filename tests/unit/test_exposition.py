@@ -29,7 +29,7 @@ from prometheus_client import exposition as pc_exposition
 from prometheus_client.openmetrics import exposition as pc_openmetrics
 from prometheus_client.registry import CollectorRegistry
 
-from cachepilot.exporter import DaemonSnapshot, SnapshotBox, families, make_registry, serve
+from cachepilot.exporter import DaemonSnapshot, Registry, SnapshotBox, families, make_registry, serve
 from cachepilot.exporter.exposition import negotiate, openmetrics, text
 from cachepilot.exporter.process import ProcessMetrics
 
@@ -132,7 +132,7 @@ def reference_registry(box: SnapshotBox, proc: str) -> CollectorRegistry:
     return ours
 
 
-def both(tmp_path: Path, box: SnapshotBox | None = None) -> tuple[object, CollectorRegistry]:
+def both(tmp_path: Path, box: SnapshotBox | None = None) -> tuple[Registry, CollectorRegistry]:
     box = box or fixture_box()
     proc = fixture_proc(tmp_path)
     return make_registry(box, proc=proc, clock=clock()), reference_registry(box, proc)
@@ -145,13 +145,13 @@ def test_every_family_is_prometheus_clients_bytes_in_the_format_the_scraper_asks
     encode, ctype = negotiate(accept)
     their_encode, their_ctype = pc_exposition.choose_encoder(accept)
     assert ctype == their_ctype
-    mine, reference = encode(ours.collect()), their_encode(theirs)  # type: ignore[attr-defined]
+    mine, reference = encode(ours.collect()), their_encode(theirs)
     assert mine == reference
 
 
 def test_the_fixture_has_every_family_hostile_labels_and_hard_values(tmp_path: Path) -> None:
     ours, _ = both(tmp_path)
-    body = text(ours.collect()).decode()  # type: ignore[attr-defined]
+    body = text(ours.collect()).decode()
     for needle in (r'version="a\"b"', r'kernel="c\\d"', r'bpf_object="e\nf"', r'kind="\\\"\n"',
                    "cachepilot_volume_cache_size_bytes{", "1e+06", "1.099511627776e+12", "1.234567890125e+11",
                    "1e+22", "1e-05", "-1234567.5", "NaN", "+Inf", "-Inf", "cachepilot_ready 1.0",
@@ -162,7 +162,7 @@ def test_the_fixture_has_every_family_hostile_labels_and_hard_values(tmp_path: P
     # every family the ops tests' contract lists (tests/ops/test_exporter.py EXPECTED) is in the comparison
     from test_exporter import EXPECTED  # type: ignore[import-not-found]
 
-    assert {m.name for m in ours.collect()} == set(EXPECTED)  # type: ignore[attr-defined]
+    assert {m.name for m in ours.collect()} == set(EXPECTED)
 
 
 def test_before_the_first_tick_and_without_volumes(tmp_path: Path) -> None:
@@ -170,21 +170,21 @@ def test_before_the_first_tick_and_without_volumes(tmp_path: Path) -> None:
     observe.publish(DaemonSnapshot(timestamp=2.0, start_time=1.0, ready=True, dry_run=False, observe_only=True))
     for box in (SnapshotBox(), observe):
         ours, theirs = both(tmp_path / str(id(box)), box)
-        assert text(ours.collect()) == pc_exposition.generate_latest(theirs)  # type: ignore[attr-defined]
-        assert openmetrics(ours.collect()) == pc_openmetrics.generate_latest(theirs)  # type: ignore[attr-defined]
+        assert text(ours.collect()) == pc_exposition.generate_latest(theirs)
+        assert openmetrics(ours.collect()) == pc_openmetrics.generate_latest(theirs)
 
 
 def test_the_textfile_is_the_text_format(tmp_path: Path) -> None:
     from cachepilot.exporter import write_textfile
 
     ours, theirs = both(tmp_path)
-    write_textfile(tmp_path / "cachepilot.prom", ours)  # type: ignore[arg-type]
+    write_textfile(tmp_path / "cachepilot.prom", ours)
     assert (tmp_path / "cachepilot.prom").read_bytes() == pc_exposition.generate_latest(theirs)
 
 
 def test_the_http_endpoint_answers_prometheus_with_prometheus_clients_bytes_and_type(tmp_path: Path) -> None:
     ours, theirs = both(tmp_path)
-    server = serve(f"127.0.0.1:{free_port()}", ours)  # type: ignore[arg-type]
+    server = serve(f"127.0.0.1:{free_port()}", ours)
     try:
         with socket.create_connection(("127.0.0.1", server.port), timeout=10) as c:
             c.sendall(f"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: {ACCEPTS[2]}\r\n\r\n".encode())
