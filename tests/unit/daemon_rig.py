@@ -183,6 +183,9 @@ class FakeProbe:
     def wake_on(self, fd: int) -> None:  # Probe's: a poll also ends when fd is readable (these polls do not wait)
         pass
 
+    def unread(self) -> bool:  # Probe's: records wait in the rings (these fakes' polls bring what they bring)
+        return False
+
     def take_deletes(self) -> object:  # Probe's bulk deletes (issue 32): none here
         from cachepilot.models.hotness import deletes_array
 

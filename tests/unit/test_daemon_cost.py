@@ -305,6 +305,9 @@ class WakingProbe:
     def wake_on(self, fd: int) -> None:
         pass
 
+    def unread(self) -> bool:
+        return False
+
     def poll(self, timeout_ms: int) -> list[object]:
         import time
 

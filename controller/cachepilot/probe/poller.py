@@ -60,6 +60,12 @@ class EventRings:
             self._epoll.register(fd, select.EPOLLIN)
             self._wake_fds.add(fd)
 
+    def unread(self) -> bool:
+        """See Probe.unread."""
+        if self._ring is None or self._barrier_ring is None:
+            raise UserError("probe is closed")
+        return self._ring.unread or self._barrier_ring.unread
+
     def poll(self, timeout_ms: int = 0) -> list[Event]:
         """See Probe.poll."""
         if self._ring is None:

@@ -192,6 +192,14 @@ class Probe:
             raise UserError("probe is closed")
         return self._rings.poll(timeout_ms)
 
+    def unread(self) -> bool:
+        """Whether either ring holds records not yet taken, whether or not they woke anyone (a record within the
+        wake period of the last wakeup does not): a consumer that looks on its own schedule reads them then instead
+        of waiting for the next wakeup."""
+        if self._rings is None:
+            raise UserError("probe is closed")
+        return self._rings.unread()
+
     def wake_on(self, fd: int) -> None:
         """A poll also returns as soon as ``fd`` is readable (the daemon's stop request: its loop then waits on the
         rings until the next tick, not in short slices to look at the stop flag)."""

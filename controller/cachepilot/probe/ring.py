@@ -48,6 +48,11 @@ class _RingMaps:
         self._data = whole[mmap.PAGESIZE:]  # 2 x size: the data pages and their second mapping
         self.left_over = False
 
+    @property
+    def unread(self) -> bool:
+        """Whether records wait past the consumer position (two loads from the ring's memory, no system call)."""
+        return int(self._prod[0]) > int(self._cons.value)
+
     def close(self) -> None:
         # the views must go before the maps they look into
         del self._cons, self._prod, self._data
