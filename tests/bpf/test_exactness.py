@@ -141,7 +141,7 @@ def test_a_drain_running_all_the_time_loses_no_increment(bpf_env: None, watched:
 
 
 def test_the_daemons_wake_period_is_set_at_load_and_the_storm_wakes_it_a_few_times_a_second(
-        bpf_env: None, watched: LoopFs) -> None:
+        bpf_env: None, loopfs: LoopFs) -> None:
     """The daemon reads the rings at most once a second (intake.MIN_POLL_GAP_NS), so it loads the probe with a
     wake period of a quarter of that (intake.RING_WAKE_EVERY_NS, cp_config.wake_every_ns): the same commit storm
     wakes a waiting poll about 4 times a second, not 50 (each an irq_work and an epoll wake-up in the kernel, and a
@@ -149,9 +149,9 @@ def test_the_daemons_wake_period_is_set_at_load_and_the_storm_wakes_it_a_few_tim
     from cachepilot.daemon.intake import RING_WAKE_EVERY_NS
     from cachepilot.events import JournalCommit
 
-    path = str(watched.path("commits-paced"))
+    path = str(loopfs.path("commits-paced"))
     with Probe(max_files=64, wake_every_ns=RING_WAKE_EVERY_NS) as p:
-        p.watch_volume(watched.dev)
+        p.watch_volume(loopfs.dev)
         settle(p)
         code = ("import os, sys, time\nfd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_APPEND)\n"
                 "end = time.monotonic() + 2\nwhile time.monotonic() < end:\n"
@@ -172,7 +172,7 @@ def test_the_daemons_wake_period_is_set_at_load_and_the_storm_wakes_it_a_few_tim
         assert returns <= 2 * per_s * seconds + 4, f"poll returned {returns} times in {seconds:.1f} s"
         # quiet now (the last wakeup is more than a period old): a lone delete wakes a waiting poll at once
         time.sleep(2 * RING_WAKE_EVERY_NS / 1e9)
-        lone = str(watched.path("lone-paced"))
+        lone = str(loopfs.path("lone-paced"))
         with open(lone, "wb") as f:
             f.write(b"x" * 4096)
         settle(p)
@@ -186,7 +186,7 @@ def test_the_daemons_wake_period_is_set_at_load_and_the_storm_wakes_it_a_few_tim
         assert time.monotonic() - t1 < 0.1 + RING_WAKE_EVERY_NS / 1e9 + 1.0
 
 
-def test_a_stop_request_ends_a_long_poll_at_once(bpf_env: None, watched: LoopFs) -> None:
+def test_a_stop_request_ends_a_long_poll_at_once(bpf_env: None, loopfs: LoopFs) -> None:
     """The daemon's loop gives its wait the whole time to the next tick (no 0.2 s slices): the stop flag's pipe is in
     the probe's epoll (Probe.wake_on), so a SIGTERM's stop request ends a long poll at once, from a signal handler
     as the daemon's is."""
@@ -196,7 +196,7 @@ def test_a_stop_request_ends_a_long_poll_at_once(bpf_env: None, watched: LoopFs)
 
     stop = StopFlag()
     with Probe(max_files=64) as p:
-        p.watch_volume(watched.dev)
+        p.watch_volume(loopfs.dev)
         settle(p)
         p.wake_on(stop.fileno())
         old = signal.signal(signal.SIGALRM, lambda *_: stop.set())
