@@ -171,6 +171,9 @@ def test_a_table_that_does_not_read_back_is_rejected_and_the_old_one_kept(tmp_pa
 
 # ------------------------------------------------------------------ lvmcache: lvconvert --splitcache
 class FakeLvconvert:
+    """lvm2 2.03.16 as the lab showed it: a cache pool ``fast`` attached reads ``[fast_cpool]`` in pool_lv; after
+    --splitcache the LV is linear and the pool is ``fast`` again (``fast_cpool`` no longer exists)."""
+
     def __init__(self) -> None:
         self.cached = True
         self.calls: list[tuple[str, ...]] = []
@@ -181,7 +184,11 @@ class FakeLvconvert:
     def tool(self, argv: Sequence[str], timeout: float) -> ToolResult:
         self.calls.append(tuple(argv))
         if argv[0] == "lvs":
-            field = argv[3]
+            field, lv = argv[3], argv[4]
+            if lv != "lab-vg/cached":  # the pool: named NAME_cpool while attached, NAME once split off
+                exists = lv == ("lab-vg/fast_cpool" if self.cached else "lab-vg/fast")
+                return (ToolResult(0, "  cache-pool\n", "") if exists else
+                        ToolResult(5, "", f'  Failed to find logical volume "{lv}"\n'))
             if field == "pool_lv":
                 return ToolResult(0, "  [fast_cpool]\n" if self.cached else "  \n", "")
             return ToolResult(0, "  cache\n" if self.cached else "  linear\n", "")
@@ -189,6 +196,8 @@ class FakeLvconvert:
             self.cached = False
             return ToolResult(0, "", "")
         if argv[:4] == ("lvconvert", "--yes", "--type", "cache"):
+            if argv[5] != "lab-vg/fast":
+                return ToolResult(5, "", f'  Failed to find logical volume "{argv[5]}"\n')
             self.cached = True
             return ToolResult(0, "", "")
         raise AssertionError(argv)
@@ -206,12 +215,21 @@ def test_lvmcache_detach_is_lvconvert_splitcache_and_attach_puts_the_pool_back(t
     how = kinds.kind("lvmcache").reattach
     assert how is not None
     pool = how.saved("", out.writes)
-    assert pool == "lab-vg/fast_cpool" and how.valid(pool) and not how.valid("a;b/c")
+    # the name the split pool has (lvm2 drops the _cpool it added on attach), read back with lvs
+    assert pool == "lab-vg/fast" and how.valid(pool) and not how.valid("a;b/c")
+    assert ("lvs", "--noheadings", "-o", "segtype", "lab-vg/fast") in fake.calls
     w = how.attach(host, "dm-2", "lab--vg-cached", pool)
     assert fake.calls[-2] == ("lvconvert", "--yes", "--type", "cache", "--cachepool", pool, "lab-vg/cached")
     assert w.readback == "segtype cache"
     out = b.apply(Detach("dm-2", 60 * S, "operator detach", accept_loss=True))
     assert out.status == FAILED and "--uncache --force" in str(out.error)  # said, not done
+
+
+def test_lvmcache_pool_names_kept_by_a_split() -> None:
+    from cachepilot.backends.lvmcache import kept_pool_name
+
+    assert kept_pool_name("cpool_cpool") == "cpool" and kept_pool_name("fast") == "fast"
+    assert kept_pool_name("_cpool") == "_cpool"
 
 
 # ------------------------------------------------------------------ the engine: drain, verify, then detach
