@@ -28,7 +28,7 @@ from cachepilot.errors import KernelRejected, UserError
 from cachepilot.events import kdev
 from cachepilot.models.volume import VolumeInfo, VolumeSample
 from cachepilot.policy import parse_policy
-from tests.unit.daemon_rig import VOL, FakeBackend, Rig
+from tests.unit.daemon_rig import VOL, FakeBackend, Rig, metrics
 from tests.unit.test_backends import CACHE_TABLE, WC_TABLE, FakeDm, bcache_tree, dm_tree, wc_backend
 
 S = NS = 1_000_000_000
@@ -341,7 +341,7 @@ def rig(tmp_path: Path):  # type: ignore[no-untyped-def]
     def factory(info: VolumeInfo) -> DetachingBackend:
         return backends.setdefault(info.name, DetachingBackend(info))
 
-    r = Rig(tmp_path, backend_factory=factory)
+    r = Rig(tmp_path, backend_factory=factory, metrics=f"{{listen: '', textfile: {tmp_path}/m.prom}}")
     r.backends = backends  # type: ignore[assignment]
     yield r
     r.d.shutdown()
@@ -375,6 +375,14 @@ def test_the_daemon_releases_a_detached_volume_and_lists_it_with_its_cache(rig: 
     rig.found = [Found(VolumeInfo(dev=VOL.dev, name="bcache0", kind="bcache", mountpoint="/mnt/x"))]
     rig.tick(10)
     assert rig.status()["volumes"] == [] and rig.status()["detached"][0]["name"] == "bcache0"
+    # and as a metric (no alert: detach is deliberate), not as unmanaged
+    assert detached_lines(metrics(rig)) == [
+        'cachepilot_volume_detached{device="bcache0",kind="bcache",reason="operator",volume="bcache0"} 1.0']
+    assert "cachepilot_volume_unmanaged{" not in metrics(rig)
+
+
+def detached_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("cachepilot_volume_detached{")]
 
 
 def test_a_bcache_device_found_without_a_cache_is_not_managed_but_one_that_loses_it_is_kept(rig: Rig) -> None:
@@ -384,6 +392,8 @@ def test_a_bcache_device_found_without_a_cache_is_not_managed_but_one_that_loses
     s = rig.status()
     assert s["volumes"] == [] and s["unmanaged"] == []
     assert [(d["name"], d["why"]) for d in s["detached"]] == [("bcache0", "no cache")]
+    assert detached_lines(metrics(rig)) == [
+        'cachepilot_volume_detached{device="bcache0",kind="bcache",reason="no_cache",volume="bcache0"} 1.0']
     # a managed volume whose cache set goes away (a failed cache device bcache unregistered) stays managed: its
     # failure is latched and alerted on, as before
     rig.found = [Found(VOL)]
@@ -418,6 +428,7 @@ def test_attach_goes_through_the_kind_is_logged_and_the_volume_is_adopted_again(
     assert ("attach", CSET) in written and (d / "cache").resolve().name == CSET
     s = rig.status()
     assert [v["name"] for v in s["volumes"]] == ["bcache0"] and s["detached"] == []
+    assert detached_lines(metrics(rig)) == []  # attached: the series goes away
     assert any(x["action"] == f"attach bcache0 cache={CSET}: operator attach (cachepilot attach)"
                and x["status"] == "done" for x in rig.d.answer({"cmd": "explain"})["decisions"])
 

@@ -20,7 +20,14 @@ from cachepilot.daemon.decisionlog import DecisionView
 from cachepilot.daemon.volume import ManagedVolume, devname
 from cachepilot.engine.engine import Engine
 from cachepilot.engine.volumectl import VolumeCtl, normalise_mode
-from cachepilot.exporter.snapshot import EPOCH_BUCKETS, DaemonSnapshot, Histogram, UnmanagedVolume, VolumeSnapshot
+from cachepilot.exporter.snapshot import (
+    EPOCH_BUCKETS,
+    DaemonSnapshot,
+    DetachedVolume,
+    Histogram,
+    UnmanagedVolume,
+    VolumeSnapshot,
+)
 from cachepilot.models.sizing import Curve
 
 NS = 1_000_000_000
@@ -305,6 +312,13 @@ def exporter_snapshot(status: Status, tick_duration: Histogram, now_wall: float,
             unmanaged.append(UnmanagedVolume(volume=u.name, device=u.dev, reason=u.reason))
         except ValueError as exc:
             left_out.append(f"metrics: unmanaged {u.dev!r} left out: {exc}")
+    detached = []
+    for x in status.detached:
+        try:
+            detached.append(DetachedVolume(volume=x["label"], device=x["name"], kind=x["kind"],
+                                           reason="operator" if x["why"] == "detached" else "no_cache"))
+        except ValueError as exc:
+            left_out.append(f"metrics: detached {x['name']!r} left out: {exc}")
     c = status.counts
     assert c is not None
     d = status.drops
@@ -318,6 +332,7 @@ def exporter_snapshot(status: Status, tick_duration: Histogram, now_wall: float,
         policy_reloads=c.reloads - c.reloads_failed, policy_reload_failures=c.reloads_failed,
         policy_last_reload_success=status.policy.last_error is None, state_writes=status.state_file.writes,
         state_write_failures=status.state_file.failed_writes, volumes=tuple(vols), unmanaged=tuple(unmanaged),
+        detached=tuple(detached),
         version=__version__, kernel=os.uname().release, bpf_object=status.bpf_object,
         capture=status.capture)
 

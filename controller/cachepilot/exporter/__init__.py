@@ -25,6 +25,7 @@ from cachepilot.exporter.snapshot import (
     EPOCH_BUCKETS,
     TICK_BUCKETS,
     DaemonSnapshot,
+    DetachedVolume,
     Histogram,
     HistogramAccumulator,
     SnapshotBox,
@@ -41,9 +42,9 @@ _LAZY = {"MetricsServer": "http", "serve": "http", "SnapshotCollector": "registr
          "write_textfile": "textfile"}
 
 __all__ = [
-    "DEFAULT_LISTEN", "EPOCH_BUCKETS", "TICK_BUCKETS", "DaemonSnapshot", "Histogram", "HistogramAccumulator",
-    "MetricsServer", "SnapshotBox", "SnapshotCollector", "UnmanagedVolume", "VolumeSnapshot", "make_registry",
-    "parse_listen", "serve", "write_textfile",
+    "DEFAULT_LISTEN", "EPOCH_BUCKETS", "TICK_BUCKETS", "DaemonSnapshot", "DetachedVolume", "Histogram",
+    "HistogramAccumulator", "MetricsServer", "SnapshotBox", "SnapshotCollector", "UnmanagedVolume", "VolumeSnapshot",
+    "make_registry", "parse_listen", "serve", "write_textfile",
 ]
 
 
