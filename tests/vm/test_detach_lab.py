@@ -28,6 +28,9 @@ def test_detach_leaves_every_file_on_the_bare_origin_then_attach_adopts_again(la
     assert v["serving"] == "yes", r.explain()
     assert v["attach_rc"] == "0" and v["attached_cset"] == "yes", r.explain()
     assert v["state_attached"] in ("clean", "dirty"), r.explain()
+    # docs/operate.md's replace-a-cache walk-through, its hot-list steps as written there
+    assert v["hot_export_rc"] == "0" and r.int("hot_export_files") > 0, r.explain()
+    assert v["hot_import_rc"] == "0" and "handed to the daemon for re-warming" in v["hot_import_said"], r.explain()
     # the dm kinds: a linear table over the bare origin with every file on it, then the cache back
     for p in ("wc", "dmc", "lvm"):
         assert v[f"{p}_detach_rc"] == "0" and v[f"{p}_table_linear"] == "yes", (p, r.explain())

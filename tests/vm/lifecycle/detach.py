@@ -11,6 +11,8 @@ the bytes named (exit 2), then ``--accept-loss`` leaves the volume on its origin
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import mmap
 import os
@@ -48,7 +50,7 @@ T0 = time.monotonic()
 
 
 def mark(what: str) -> None:
-    print(f"[{time.monotonic() - T0:6.1f} s] {what}", file=sys.stderr, flush=True)  # where the time goes
+    say(f"t_{what.replace(' ', '_')}", f"{time.monotonic() - T0:.1f}")  # where the time goes (seconds since the start)
 
 
 def status() -> dict:  # type: ignore[type-arg]
@@ -96,6 +98,18 @@ def serving(mountpoint: Path) -> str:
         os.fsync(f.fileno())
     drop_caches()
     return "yes" if p.read_bytes() == data else "no"
+
+
+def hot_export(name: str, out: Path) -> tuple[int, int, str]:
+    """`cachepilot hotlist export NAME --config C --out FILE` as docs/operate.md's replace-a-cache walk-through runs
+    it (the hot list the daemon's state file holds: written every state_interval): exit code, files, what it said."""
+    from cachepilot.cli import main
+
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+        rc = main(["hotlist", "export", name, "--config", str(tmp / "c.yaml"), "--out", str(out)])
+    files = len(json.loads(out.read_text())["files"]) if rc == 0 and out.exists() else 0
+    return rc, files, said.getvalue().strip()
 
 
 def first_mib(dev: str) -> bytes:
@@ -175,18 +189,21 @@ mark("daemon ready")
 
 sums = write_files(mnt, "f", 8, MIB, seed=1)
 wc_sums = write_files(wc.mount, "f", 8, MIB, seed=1)
-dmc_sums = dirty_on_smq(dmc.mount, "f", 4, 2 * MIB)
-lvm_sums = dirty_on_smq(lvm.mount, "f", 4, 2 * MIB)
 os.sync()
 say("dirty_before", parse_bcache_size((sysfs / "dirty_data").read_text()))
 f = run("dmsetup", "status", "lab-wc").split()
 say("wc_used_before", int(f[4]) - int(f[5]))
-say("dmc_dirty_blocks_before", run("dmsetup", "status", "lab-dmc").split()[13])
-say("lvm_dirty_blocks_before", run("dmsetup", "status", "labvg-cached").split()[13])
 cset = os.path.basename(os.readlink(sysfs / "cache"))
 mark("dirty data made")
 
 # ------------------------------------------------------------------ bcache: detach, verify, attach
+# docs/operate.md's "replace a cache device": the hot list exported first (once the state file holds it)
+hot = tmp / "bcache0.hot"
+wait(lambda: hot_export("bcache0", hot)[1] > 0, 15, step=1)
+rc, n, said = hot_export("bcache0", hot)
+say("hot_export_rc", rc)
+say("hot_export_files", n)
+print(said)
 t0 = time.monotonic()
 rc, out = d.cli("detach", "bcache0", "--deadline", "120s")
 say("detach_rc", rc)
@@ -204,18 +221,29 @@ say("files_intact_mount", intact(mnt, sums))
 say("files_intact_bare", bare_origin_intact(origin, 8192, mnt, sums))  # bcache's data offset: 16 sectors
 say("serving", serving(mnt))
 
-rc, out = d.cli("attach", "bcache0")
+rc, out = d.cli("attach", "bcache0", cset)  # the walk-through names the (new) set; here the same one
 say("attach_rc", rc)
 print(out)
 say("attached_cset", "yes" if (sysfs / "cache").exists() and os.path.basename(os.readlink(sysfs / "cache")) == cset
     else "no")
 say("state_attached", (sysfs / "state").read_text().strip())
+# the walk-through's last step: the exported list handed to the daemon for re-warming, once it manages bcache0 again
+wait(lambda: "bcache0" in managed(), 20)
+rc, out = d.cli("hotlist", "import", "bcache0", str(hot))
+say("hot_import_rc", rc)
+say("hot_import_said", out.strip().replace("\n", " | "))
 mark("bcache done")
 
 # ------------------------------------------------------------------ the dm kinds: the same, each its own way back
 detach_dm("wc", wc, wc_sums, wc_table)
 say("wc_table_same", "yes" if wc.table() == wc_table else wc.table())  # dm-writecache has no other mode
+# dm-cache writes dirty blocks back once its origin has idled for a second: its dirty data is made just before
+# its detach (and said), else the detach would find it clean
+dmc_sums = dirty_on_smq(dmc.mount, "f", 4, 2 * MIB)
+say("dmc_dirty_blocks_before", run("dmsetup", "status", "lab-dmc").split()[13])
 detach_dm("dmc", dmc, dmc_sums, dmc_table)
+lvm_sums = dirty_on_smq(lvm.mount, "f", 4, 2 * MIB)
+say("lvm_dirty_blocks_before", run("dmsetup", "status", "labvg-cached").split()[13])
 detach_dm("lvm", lvm, lvm_sums, "labvg/cpool")
 say("lvm_segtype_back", loopvols.lvs("segtype"))
 say("lvm_pool_back", loopvols.lvs("pool_lv"))
