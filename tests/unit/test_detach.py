@@ -310,6 +310,36 @@ def test_a_failed_cache_holding_dirty_data_is_refused_with_one_line_naming_the_b
     assert det.accept_loss
 
 
+def test_a_failed_dm_cache_reports_no_figures_so_the_refusal_names_what_it_held_before() -> None:
+    """dm-cache's status is "Fail" (or "Error" on 6.1) once its cache device failed: no dirty count. The loss a
+    detach would cause is the last reading before the failure (lab: 10 MiB dirty, then "Error")."""
+    e = engine("dm-cache")
+    tick(e, 1, dirty=10 * MIB)
+    tick(e, 2, dirty=0, failed=True)  # the failed status: no figures
+    with pytest.raises(UserError, match=f"failed holding {10 * MIB} dirty bytes"):
+        e.operator_detach("bcache0", 60, accept_loss=False)
+
+
+def test_a_failed_dm_cache_stays_managed_and_detaches_only_with_accept_loss(tmp_path: Path) -> None:
+    """The backend says a failed dm-cache is rejected, not gone (gone drops the volume: no latch, no alert, no
+    detach); with accept_loss the linear table goes in without a filesystem freeze."""
+    class Failed(FakeDm):
+        def __call__(self, args: Sequence[str], timeout: float) -> str:
+            got = super().__call__(args, timeout)
+            return "0 2097152 cache Error" if args[0] == "status" and " cache " in self.live else got
+
+    dm_tree(tmp_path)
+    fake = Failed(CACHE_TABLE)
+    b = open_backend(VolumeInfo(dev=2, name="dm-2", kind="dm-cache"), host=Host(sysfs=tmp_path, dm=fake))
+    out = b.apply(Drain("dm-2", 60 * S, "health"))
+    assert out.status == FAILED and isinstance(out.error, KernelRejected) and "reports Fail" in str(out.error)
+    out = b.apply(Detach("dm-2", 60 * S, "operator detach"))
+    assert out.status == FAILED and fake.live == CACHE_TABLE
+    out = b.apply(Detach("dm-2", 60 * S, "operator detach", accept_loss=True))
+    assert out.status == DONE and fake.live == "0 2097152 linear 253:0 0", out
+    assert ("suspend", "--nolockfs", "lab-cached") in fake.calls and ("suspend", "lab-cached") not in fake.calls
+
+
 def test_writecache_has_no_write_through_the_detach_follows_the_drain_directly() -> None:
     e = engine("dm-writecache")
     tick(e, 1, dirty=4 * MIB)

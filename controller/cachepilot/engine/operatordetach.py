@@ -49,7 +49,9 @@ def request(c: VolumeCtl, now: int, deadline_s: float, accept_loss: bool) -> Ope
     if c.detach is not None and c.detach.state in (DRAINING, DETACHING):
         raise UserError(f"{c.info.name}: a detach is already under way ({c.detach.state})")
     failed = c.latch is not None or c.state.samples > 0 and bool(c.state.failed)
-    line = refusal(c.info.name, failed, c.state.dirty_bytes, accept_loss)
+    # a failed dm-cache reports no figures: what it held is the last reading before it failed
+    dirty = max(c.state.dirty_bytes, c.state.dirty_before_failure if failed else 0)
+    line = refusal(c.info.name, failed, dirty, accept_loss)
     if line is not None:
         raise UserError(line)
     d = OperatorDetach(now, now + int(deadline_s * NS), accept_loss)
