@@ -434,6 +434,21 @@ def test_a_bcache_device_found_without_a_cache_is_not_managed_but_one_that_loses
     assert [v["name"] for v in rig.status()["volumes"]] == ["bcache0"] and rig.status()["detached"] == []
 
 
+def test_a_managed_volume_whose_cache_now_reads_0_bytes_stays_the_same_volume(rig: Rig) -> None:
+    """A failed dm-cache reports "Fail" with no figures, so describe reads a 0-byte cache: the volume is kept as it
+    was (its samples: what it held before it failed), not dropped as changed and adopted afresh (lab run 8: the
+    refusal then named 0 dirty bytes)."""
+    rig.d.start()
+    rig.tick(1)
+    ctl = rig.d.engine.vols[VOL.dev]
+    rig.found = [Found(dataclasses.replace(VOL, cache_bytes=0))]
+    rig.tick(12)
+    assert rig.d.engine.vols[VOL.dev] is ctl and [v["name"] for v in rig.status()["volumes"]] == ["bcache0"]
+    rig.found = [Found(dataclasses.replace(VOL, cache_bytes=0, mountpoint="/mnt/y"))]  # anything else: changed
+    rig.tick(24)
+    assert rig.d.engine.vols[VOL.dev] is not ctl
+
+
 def test_attach_goes_through_the_kind_is_logged_and_the_volume_is_adopted_again(rig: Rig, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     rig.d.start()
     rig.tick(1)

@@ -20,7 +20,7 @@ class LoopVol:
     dm_name: str  # the cached device's dm name (lab-wc, lab-dmc, labvg-cached)
     mount: Path
     origin: str  # the origin's block device: the bare origin, read after a detach
-    cache_linear: str = ""  # the dm-linear under the cache device (what a failure test reloads to error)
+    cache_linears: tuple[str, ...] = ()  # the dm-linears under its cache (what a failure test reloads to error)
 
     @property
     def kname(self) -> str:
@@ -65,7 +65,7 @@ def writecache(tmp: Path) -> LoopVol:
     cdev = _linear("lab-wcc", cache)
     sectors = run("blockdev", "--getsz", origin)
     run("dmsetup", "create", "lab-wc", "--table", f"0 {sectors} writecache s {origin} {cdev} 4096 0")
-    v = LoopVol("lab-wc", Path("/mnt/wc"), origin, "lab-wcc")
+    v = LoopVol("lab-wc", Path("/mnt/wc"), origin, ("lab-wcc",))
     _mkfs_mount("/dev/mapper/lab-wc", v.mount)
     return v
 
@@ -77,7 +77,7 @@ def dmcache(tmp: Path) -> LoopVol:
     data = _linear("lab-dmc-data", cache, 32768, 65536 * 2 - 32768)
     sectors = run("blockdev", "--getsz", origin)
     run("dmsetup", "create", "lab-dmc", "--table", f"0 {sectors} cache {meta} {data} {origin} 128 1 writeback smq 0")
-    v = LoopVol("lab-dmc", Path("/mnt/dmc"), origin)
+    v = LoopVol("lab-dmc", Path("/mnt/dmc"), origin, ("lab-dmc-meta", "lab-dmc-data"))
     _mkfs_mount("/dev/mapper/lab-dmc", v.mount)
     return v
 
