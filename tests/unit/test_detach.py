@@ -492,6 +492,24 @@ def test_a_refused_detach_is_one_line_and_exit_2_on_the_command_line(rig: Rig, c
     assert rig.d.lifecycle.detach_requests == []
 
 
+def test_a_failed_cache_that_reports_no_figures_is_refused_at_the_socket_with_what_it_held(rig: Rig, capsys) -> None:  # type: ignore[no-untyped-def]
+    """dm-cache's "Fail" has no dirty count: the socket's refusal names the bytes read before the failure (lab run
+    10: the loop refused it, but only in its log, after the CLI had been told "detach queued (0 B dirty)")."""
+    rig.d.start()
+    b = rig.backends["bcache0"]
+    b.dirty = 5 * MIB
+    rig.tick(1)
+    real = b.sample
+    b.sample = lambda now: dataclasses.replace(real(now), failed=True, dirty_bytes=0)  # type: ignore[method-assign]
+    rig.tick(2)
+    assert rig.status()["volumes"][0]["detach_loss_bytes"] == 5 * MIB
+    rc = cli.main(["detach", "--socket", str(rig.d.config.socket), "bcache0", "--deadline", "2s"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err == ["cachepilot: daemon: bad request: bcache0: refused: the cache device failed holding"
+                               f" {5 * MIB} dirty bytes that a detach would lose (--accept-loss detaches anyway)"]
+    assert rig.d.lifecycle.detach_requests == []
+
+
 def test_the_command_line_parses_and_follows_the_detach_to_its_end(rig: Rig, capsys) -> None:  # type: ignore[no-untyped-def]
     from cachepilot.commands import detach as cmd
 

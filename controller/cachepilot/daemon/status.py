@@ -18,6 +18,7 @@ from cachepilot.daemon import actuation, ticktime
 from cachepilot.daemon.counters import Counters
 from cachepilot.daemon.decisionlog import DecisionView
 from cachepilot.daemon.volume import ManagedVolume, devname
+from cachepilot.engine import operatordetach
 from cachepilot.engine.engine import Engine
 from cachepilot.engine.volumectl import VolumeCtl, normalise_mode
 from cachepilot.exporter.snapshot import (
@@ -71,6 +72,9 @@ class VolumeStatus:
     importing: int  # files of an imported hot list not re-warmed yet (``hotlist import --wait``)
     operator_drain: dict[str, Any] | None = None  # `cachepilot drain`'s request: state, bytes left, rate (None: none)
     operator_detach: dict[str, Any] | None = None  # `cachepilot detach`'s request: state, detail (None: none)
+    # what a detach would lose now, checked by the control socket before it queues one: the failed cache's dirty
+    # bytes (read before it failed where it reports none: dm-cache); None: the cache has not failed
+    detach_loss_bytes: int | None = None
     # is write-back making progress (models/writeback.py): a stall and why, every mapped block dirty, time to clean
     writeback: dict[str, Any] | None = None
     # the promoter's pace: read-miss inserts the cache refused (bcache) and its current rate (None: no promoter)
@@ -224,6 +228,7 @@ def volume_status(v: ManagedVolume, c: VolumeCtl, now: int, engine: Engine) -> V
         pins=c.pins.status(engine.hotness) if len(c.pins) or c.pins.note else None, importing=v.importing(),
         operator_drain=operator, writeback=_writeback(c, now) if st.samples else None,
         operator_detach=c.detach.to_json(now) if c.detach is not None else None,
+        detach_loss_bytes=operatordetach.at_risk(c),
         promotion=_promotion_pacing(v) if getattr(v.files, "promoter", None) is not None else None,
         metrics=metrics, metrics_refused=refused)
 
