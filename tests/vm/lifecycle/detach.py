@@ -169,7 +169,10 @@ def detach_dm(p: str, v: loopvols.LoopVol, sums: dict[str, str], cache: str) -> 
     say(f"{p}_attach_rc", rc)
     print(out)
     if "/" not in cache:
-        say(f"{p}_table_back", "yes" if v.table() == saved else f"no: {v.table()} (saved {saved})")
+        # the saved table over the same devices (by the time attach returns, the policy may have switched the mode:
+        # dm-cache comes back write-through, as the detach's drain left it, and recoverable wants write-back)
+        back = v.table()
+        say(f"{p}_table_back", "yes" if back == saved or same_devices(back, saved) else f"no: {back} (saved {saved})")
     mark(f"{p} done")
 
 
