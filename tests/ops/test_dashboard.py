@@ -29,10 +29,10 @@ from dashboard_support import (
     wait_for_every_query,
 )
 from ops_support import CACHE_SET, free_port, promtool, snapshot
-from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cachepilot.exporter import SnapshotBox, make_registry, serve
+from cachepilot.exporter.exposition import text as render
 
 pytestmark = pytest.mark.ops
 
@@ -63,7 +63,7 @@ def node_names(tmp: Path) -> set[str]:
 def exporter_names() -> set[str]:
     box = SnapshotBox()
     box.publish(snapshot())
-    text = generate_latest(make_registry(box)).decode()
+    text = render(make_registry(box).collect()).decode()
     return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
 
 

@@ -11,13 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from operator import attrgetter
 
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
-
+from cachepilot.exporter.families import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from cachepilot.exporter.snapshot import (
     DECISION_KINDS,
     FAILURE_KINDS,
