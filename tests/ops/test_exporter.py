@@ -93,6 +93,7 @@ EXPECTED = {
     "cachepilot_build_info": ("gauge", ("bpf_object", "kernel", "version")),
     "cachepilot_capture_info": ("gauge", ("path",)),
     "cachepilot_volume_unmanaged": ("gauge", ("device", "reason", "volume")),
+    "cachepilot_volume_detached": ("gauge", ("device", "kind", "reason", "volume")),
     "cachepilot_volume_cache_set_info": ("gauge", ("device", "uuid", "volume")),
     # bcache's refused read-miss inserts and the promoter's rate that follows them (issue 23)
     "cachepilot_bcache_alloc_failures": ("counter", V),
@@ -167,6 +168,8 @@ def test_no_label_value_is_a_path_and_values_match_the_snapshot() -> None:
     assert by[("cachepilot_volume_cache_io_errors_total", vol)] == 0
     assert by[("cachepilot_volume_unmanaged", (("device", "bcache1"), ("reason", "policy"), ("volume", "bcache1")))] \
         == 1
+    assert by[("cachepilot_volume_detached", (("device", "dm-4"), ("kind", "dm-writecache"), ("reason", "operator"),
+                                              ("volume", "lab-wc")))] == 1
     assert by[("cachepilot_build_info", (("bpf_object", "0123456789ab"), ("kernel", "6.1.0-lab"),
                                          ("version", "1.2.3")))] == 1
     assert by[("cachepilot_capture_info", (("path", "bcc"),))] == 1

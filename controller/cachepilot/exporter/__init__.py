@@ -26,6 +26,7 @@ from cachepilot.exporter.snapshot import (
     EPOCH_BUCKETS,
     TICK_BUCKETS,
     DaemonSnapshot,
+    DetachedVolume,
     Histogram,
     HistogramAccumulator,
     SnapshotBox,
@@ -42,8 +43,9 @@ _LAZY = {"MetricsServer": "http", "serve": "http", "Registry": "registry", "Snap
          "make_registry": "registry", "write_textfile": "textfile"}
 
 __all__ = [
-    "DEFAULT_LISTEN", "EPOCH_BUCKETS", "TICK_BUCKETS", "DaemonSnapshot", "Histogram", "HistogramAccumulator",
-    "MetricsServer", "Registry", "SnapshotBox", "SnapshotCollector", "UnmanagedVolume", "VolumeSnapshot",
+    "DEFAULT_LISTEN", "EPOCH_BUCKETS", "TICK_BUCKETS", "DaemonSnapshot", "DetachedVolume", "Histogram",
+    "HistogramAccumulator", "MetricsServer", "Registry", "SnapshotBox", "SnapshotCollector", "UnmanagedVolume",
+    "VolumeSnapshot",
     "make_registry", "parse_listen", "serve", "write_textfile",
 ]
 
