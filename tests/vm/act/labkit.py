@@ -27,6 +27,13 @@ def volume() -> Backend:
     return open_backend(describe_volume(os.environ["LAB_CACHED_DEV"]))
 
 
+def quiet_policy(*more: str) -> str:
+    """The policy of a lab script that drives the caches itself (tests/vm/lifecycle/): recoverable (no drain of the
+    daemon's own), no lifetime hold, no promotion; ``more``: further `defaults:` entries, one a line as written."""
+    entries = ("failure_model: recoverable", "lifetime_hold: {enabled: false}", "promotion: {enabled: false}", *more)
+    return "version: 1\ndefaults:\n" + "".join(f"  {e}\n" for e in entries)
+
+
 def write_files(d: Path, prefix: str, n: int, size: int, seed: int) -> dict[str, str]:
     """n files of ``size`` pseudo-random bytes (seeded, so a rewrite with another seed differs), fsynced."""
     sums = {}

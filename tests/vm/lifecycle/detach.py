@@ -20,7 +20,7 @@ from pathlib import Path
 from cachepilot.backends.inspect import parse_bcache_size
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "act"))  # tests/vm/act: the lab helpers
-from labkit import drop_caches, intact, run, write_files  # noqa: E402
+from labkit import drop_caches, intact, quiet_policy, run, write_files  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/vm: the guest scripts' helpers
 from guestkit import cli_in_process, say, wait  # noqa: E402
@@ -32,13 +32,7 @@ origin = os.environ["LAB_ORIGIN_DEV"]
 cli = str(Path(sys.executable).with_name("cachepilot"))
 tmp = Path(tempfile.mkdtemp(prefix="cp-detach-"))
 wc_mnt = Path("/mnt/wc")
-POLICY = """version: 1
-defaults:
-  failure_model: recoverable
-  lifetime_hold: {enabled: false}
-  promotion: {enabled: false}
-  discard_on_delete: {enabled: false}
-"""
+POLICY = quiet_policy("discard_on_delete: {enabled: false}")
 
 
 def cli_run(*args: str) -> tuple[int, str]:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "act"))  # tests/vm/act: the lab helpers
-from labkit import dirty_on_smq, drop_caches, intact, run, say, write_files  # noqa: E402
+from labkit import dirty_on_smq, drop_caches, intact, quiet_policy, run, say, write_files  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/vm: the guest scripts' helpers
 from labdaemon import LabDaemon  # noqa: E402
@@ -25,13 +25,7 @@ recipe = os.environ["LAB_RECIPE"]
 mnt = Path(os.environ["LAB_MOUNT"])
 dm_name = os.environ["LAB_DM_NAME"]
 tmp = Path(tempfile.mkdtemp(prefix="cp-drain-dm-"))
-POLICY = """version: 1
-defaults:
-  failure_model: recoverable
-  lifetime_hold: {enabled: false}
-  promotion: {enabled: false}
-  discard_on_delete: {enabled: false}
-"""
+POLICY = quiet_policy("discard_on_delete: {enabled: false}")
 
 
 def dirty_blocks() -> int:

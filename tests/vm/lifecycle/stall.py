@@ -23,6 +23,9 @@ import yaml
 
 from cachepilot.backends.inspect import parse_bcache_size
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "act"))  # tests/vm/act: the lab helpers
+from labkit import quiet_policy  # noqa: E402
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/vm: the guest scripts' helpers
 from guestkit import say, wait  # noqa: E402
 from labdaemon import LabDaemon  # noqa: E402
@@ -34,14 +37,7 @@ METRICS, PROM = "127.0.0.1:9854", "127.0.0.1:9090"
 mnt = Path(os.environ["LAB_MOUNT"])
 sysfs = Path(os.environ["LAB_BCACHE_SYSFS"])
 tmp = Path(tempfile.mkdtemp(prefix="cp-stall-"))
-POLICY = """version: 1
-defaults:
-  failure_model: recoverable
-  lifetime_hold: {enabled: false}
-  promotion: {enabled: false}
-  health: {stall_after: 45s}
-  knobs: {writeback_percent: 40}
-"""
+POLICY = quiet_policy("health: {stall_after: 45s}", "knobs: {writeback_percent: 40}")
 
 
 def dirty() -> int:
