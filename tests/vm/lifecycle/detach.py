@@ -20,7 +20,7 @@ from pathlib import Path
 from cachepilot.backends.inspect import parse_bcache_size
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "act"))  # tests/vm/act: the lab helpers
-from labkit import drop_caches, intact, quiet_policy, run, write_files  # noqa: E402
+from labkit import drop_caches, intact, no_congestion_bypass, quiet_policy, run, volume, write_files  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/vm: the guest scripts' helpers
 from guestkit import cli_in_process, say, wait  # noqa: E402
@@ -100,6 +100,7 @@ wc_name = next(p.parent.parent.name for p in Path("/sys/block").glob("dm-*/dm/na
                if p.read_text().strip() == "lab-wc")
 wc_table = run("dmsetup", "table", "lab-wc")
 
+no_congestion_bypass(volume(), "lab: dirty data for the detach to write back, on a loaded host too")
 (tmp / "policy.yaml").write_text(POLICY)
 (tmp / "c.yaml").write_text("version: 1\npolicies: [policy.yaml]\nstate_dir: state\nsocket: ctl.sock\ntick: 500ms\n"
                             "rescan: 2s\nstate_interval: 5s\nmetrics: {listen: ''}\n")
