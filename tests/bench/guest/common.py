@@ -470,6 +470,20 @@ class CpuTax:
         self.proc.wait()
 
 
+def run_window(threads: list[threading.Thread], t0: float, warmup: float, daemon: Daemon | None
+               ) -> tuple[float, float, float]:
+    """A workload's threads, which measure from ``t0`` (now + ``warmup``) to their end: started, the warm-up slept,
+    joined. Returns the seconds from t0 to their end, the origin's MiB written over the window, and the daemon's CPU
+    seconds at the window's start (0 without one)."""
+    for t in threads:
+        t.start()
+    time.sleep(warmup)
+    w0, cpu0 = origin_written(), daemon.cpu_s() if daemon else 0.0
+    for t in threads:
+        t.join()
+    return time.monotonic() - t0, (origin_written() - w0) / MIB, cpu0
+
+
 class Sampler(threading.Thread):
     """Every `period` seconds: a dict from `fn()` with the time since start, appended to `rows`."""
 

@@ -154,14 +154,7 @@ def main() -> None:
     t0 = time.monotonic() + warmup
     threads = [threading.Thread(target=worker, args=(fs, seed * 100 + i, (t0, t0 + seconds), fsyncs, ops))
                for i in range(nthreads)]
-    for t in threads:
-        t.start()
-    time.sleep(warmup)
-    w0, cpu0 = g.origin_written(), daemon.cpu_s() if daemon else 0.0
-    for t in threads:
-        t.join()
-    elapsed = time.monotonic() - t0
-    window_origin = (g.origin_written() - w0) / g.MIB
+    elapsed, window_origin, cpu0 = g.run_window(threads, t0, warmup, daemon)
     rows = sampler.stop()
     exposure.stopped.set()
     res = {
