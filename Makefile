@@ -20,7 +20,7 @@ APT_PACKAGES := clang llvm libbpf-dev libbpf1 bpftool make gcc \
 	qemu-system-x86 qemu-utils busybox-static cpio zstd xz-utils kmod \
 	bcache-tools dmsetup lvm2 thin-provisioning-tools e2fsprogs xfsprogs util-linux fio dbench \
 	prometheus prometheus-node-exporter ansible ansible-lint yamllint systemd procps file openssh-server curl \
-	python3-yaml python3-jsonschema python3-prometheus-client python3-numpy python3-zstandard python3-rich \
+	python3-yaml python3-jsonschema python3-numpy python3-zstandard python3-rich \
 	python3-bpfcc
 
 .PHONY: help deps deps-system deps-python deps-lab bpf lint test test-unit test-bpf test-vm test-ops \

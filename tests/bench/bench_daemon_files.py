@@ -11,8 +11,9 @@ engine holds per tracked file, the state file's size and the writer thread's tim
 Usage: .venv/bin/python tests/bench/bench_daemon_files.py [TICKS] [--exporter]
 
 ``--exporter``: with the Prometheus endpoint on (``metrics.listen`` on a free port of 127.0.0.1, as the shipped
-config has it; nothing scrapes it): prometheus_client's imports are then in the process. Without it the endpoint is
-off and they are not (exporter/__init__.py).
+config has it; nothing scrapes it): the exporter's modules and its server's thread are then in the process (since
+h32f not prometheus_client, whose imports were ~4 MiB of it). Without it the endpoint is off and they are not
+(exporter/__init__.py).
 """
 
 from __future__ import annotations
@@ -101,9 +102,14 @@ def queue_bytes(d: Daemon) -> int:
     return sum(len(c.promo_queue.items) * c.promo_queue.items.itemsize for c in d.engine.vols.values())
 
 
-def rss_kib() -> tuple[int, int]:
+def status_kib(*keys: str) -> tuple[int, ...]:
     status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
-    return int(status["VmRSS"].split()[0]), int(status["VmHWM"].split()[0])
+    return tuple(int(status[k].split()[0]) for k in keys)
+
+
+def rss_kib() -> tuple[int, int]:
+    rss, hwm = status_kib("VmRSS", "VmHWM")
+    return rss, hwm
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -158,8 +164,12 @@ def main() -> None:
           f" ms, max {max(steady_w) * 1e3:.1f} ms (goal: p99 <= 100 ms)")
     print(f"steady tick CPU: median {statistics.median(steady_c) * 1e3:.1f} ms, p99 {pct(steady_c, 0.99) * 1e3:.1f}"
           f" ms")
-    print(f"RSS: {rss / 1024:.0f} MiB now, {hwm / 1024:.0f} MiB peak (goal <= 100 MiB); "
-          f"{base / 1024:.0f} MiB after start, before the files")
+    print(f"RSS: {rss / 1024:.1f} MiB now, {hwm / 1024:.1f} MiB peak (goal <= 100 MiB); "
+          f"{base / 1024:.1f} MiB after start, before the files")
+    # apart: the file-backed part (libpython's, numpy's and OpenBLAS's mapped code) is not the daemon's own data, and
+    # the total moved by ~2 MiB between runs an hour apart on both sides of a pair alike (h32f, 2026-11-29)
+    anon, file = status_kib("RssAnon", "RssFile")
+    print(f"RSS now: {anon / 1024:.1f} MiB anonymous, {file / 1024:.1f} MiB file-backed")
     if writes:
         print(f"state file writes (the writer thread, off the loop): {len(writes)}, median "
               f"{statistics.median(writes) * 1e3:.1f} ms, max {max(writes) * 1e3:.1f} ms")

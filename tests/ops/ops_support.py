@@ -15,6 +15,7 @@ from cachepilot.exporter import (
     EPOCH_BUCKETS,
     TICK_BUCKETS,
     DaemonSnapshot,
+    DetachedVolume,
     HistogramAccumulator,
     UnmanagedVolume,
     VolumeSnapshot,
@@ -86,6 +87,7 @@ def snapshot(step: int = 1, now: float = 1_800_000_000.0) -> DaemonSnapshot:
         policy_reloads=1, policy_reload_failures=0, policy_last_reload_success=True,
         state_writes=step // 30, state_write_failures=0,
         volumes=(bcache, dmcache), unmanaged=(UnmanagedVolume("bcache1", "bcache1", "policy"),),
+        detached=(DetachedVolume("lab-wc", "dm-4", "dm-writecache", "operator"),),
         version="1.2.3", kernel="6.1.0-lab", bpf_object="0123456789ab", capture="bcc",
     )
 

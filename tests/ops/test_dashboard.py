@@ -29,10 +29,10 @@ from dashboard_support import (
     wait_for_every_query,
 )
 from ops_support import CACHE_SET, free_port, promtool, snapshot
-from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cachepilot.exporter import SnapshotBox, make_registry, serve
+from cachepilot.exporter.exposition import text as render
 
 pytestmark = pytest.mark.ops
 
@@ -63,7 +63,7 @@ def node_names(tmp: Path) -> set[str]:
 def exporter_names() -> set[str]:
     box = SnapshotBox()
     box.publish(snapshot())
-    text = generate_latest(make_registry(box)).decode()
+    text = render(make_registry(box).collect()).decode()
     return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
 
 
@@ -88,7 +88,8 @@ def test_panels_are_complete() -> None:
     # and issue 24: the controller's own state, and the stock cache's metrics from node_exporter beside ours
     # (issue 25: the sizing advisor's curve)
     for needed in ("exposure_breaches_total", "drains_total", "target_mode:code", "cachepilot_dry_run",
-                   "cachepilot_observe_only", "cachepilot_volume_unmanaged", "process_resident_memory_bytes",
+                   "cachepilot_observe_only", "cachepilot_volume_unmanaged", "cachepilot_volume_detached",
+                   "process_resident_memory_bytes",
                    "cachepilot_build_info", "node_disk_", "node_bcache_", "cachepilot_advisor_hit_ratio"):
         assert needed in text, needed
 
@@ -166,6 +167,8 @@ def test_every_panel_returns_data_from_a_real_prometheus(prometheus: str) -> Non
     assert mode == {"bcache0": "1", "lab-cached": "2"}
     unmanaged = {r["metric"]["volume"]: r["metric"]["reason"] for r in results["Unmanaged volumes/A"]}
     assert unmanaged == {"bcache1": "policy"}
+    detached = {r["metric"]["volume"]: r["metric"]["reason"] for r in results["Unmanaged volumes/B"]}
+    assert detached == {"lab-wc": "operator"}
     # node_exporter's metrics, named by our volumes through the labels they share
     disk = results["Disk throughput of the cached devices (node_exporter)/A"]
     assert {r["metric"]["volume"] for r in disk} == {"bcache0", "lab-cached"}

@@ -14,9 +14,7 @@ from pathlib import Path
 
 import pytest
 from ops_support import free_port, need_tool, promtool, snapshot
-from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.registry import CollectorRegistry
 
 from cachepilot.errors import UserError
 from cachepilot.exporter import (
@@ -24,6 +22,7 @@ from cachepilot.exporter import (
     DaemonSnapshot,
     Histogram,
     HistogramAccumulator,
+    Registry,
     SnapshotBox,
     SnapshotCollector,
     make_registry,
@@ -32,6 +31,7 @@ from cachepilot.exporter import (
     write_textfile,
 )
 from cachepilot.exporter.collectors import COLLECTORS
+from cachepilot.exporter.exposition import text as render
 
 pytestmark = pytest.mark.ops
 
@@ -93,6 +93,7 @@ EXPECTED = {
     "cachepilot_build_info": ("gauge", ("bpf_object", "kernel", "version")),
     "cachepilot_capture_info": ("gauge", ("path",)),
     "cachepilot_volume_unmanaged": ("gauge", ("device", "reason", "volume")),
+    "cachepilot_volume_detached": ("gauge", ("device", "kind", "reason", "volume")),
     "cachepilot_volume_cache_set_info": ("gauge", ("device", "uuid", "volume")),
     # bcache's refused read-miss inserts and the promoter's rate that follows them (issue 23)
     "cachepilot_bcache_alloc_failures": ("counter", V),
@@ -101,7 +102,8 @@ EXPECTED = {
     "cachepilot_advisor_hit_ratio": ("gauge", ("device", "size_bytes", "volume")),
     "cachepilot_advisor_hit_ratio_error": ("gauge", ("device", "size_bytes", "volume")),
     "cachepilot_advisor_origin_read_bytes": ("gauge", ("device", "size_bytes", "volume")),
-    # the daemon's own process (prometheus_client's ProcessCollector, prefixed: node_exporter has its own process_*)
+    # the daemon's own process (as prometheus_client's ProcessCollector has them, prefixed: node_exporter has its own
+    # process_*)
     "cachepilot_process_cpu_seconds": ("counter", ()),
     "cachepilot_process_max_fds": ("gauge", ()),
     "cachepilot_process_open_fds": ("gauge", ()),
@@ -115,7 +117,7 @@ def exposition(box: SnapshotBox | None = None) -> str:
     if box is None:
         box = SnapshotBox()
         box.publish(snapshot(step=10))
-    return generate_latest(make_registry(box)).decode()
+    return render(make_registry(box).collect()).decode()
 
 
 def families(text: str) -> dict:
@@ -166,6 +168,8 @@ def test_no_label_value_is_a_path_and_values_match_the_snapshot() -> None:
     assert by[("cachepilot_volume_cache_io_errors_total", vol)] == 0
     assert by[("cachepilot_volume_unmanaged", (("device", "bcache1"), ("reason", "policy"), ("volume", "bcache1")))] \
         == 1
+    assert by[("cachepilot_volume_detached", (("device", "dm-4"), ("kind", "dm-writecache"), ("reason", "operator"),
+                                              ("volume", "lab-wc")))] == 1
     assert by[("cachepilot_build_info", (("bpf_object", "0123456789ab"), ("kernel", "6.1.0-lab"),
                                          ("version", "1.2.3")))] == 1
     assert by[("cachepilot_capture_info", (("path", "bcc"),))] == 1
@@ -212,9 +216,9 @@ def test_a_failing_collector_is_reported_and_the_others_still_export() -> None:
 
     box = SnapshotBox()
     box.publish(snapshot())
-    registry = CollectorRegistry(auto_describe=False)
+    registry = Registry()
     registry.register(SnapshotCollector(box, {**COLLECTORS, "events": broken}))
-    fams = families(generate_latest(registry).decode())
+    fams = families(render(registry.collect()).decode())
     assert "cachepilot_events" not in fams and "cachepilot_volume_dirty_bytes" in fams
     ok = {s.labels["kind"]: s.value for s in fams["cachepilot_exporter_collector_success"].samples}
     assert ok["events"] == 0 and ok["daemon"] == 1 and set(ok) == set(COLLECTORS)
@@ -238,7 +242,7 @@ def test_http_serves_on_loopback_and_a_slow_scrape_never_blocks_publish() -> Non
         time.sleep(1.0)
         return []
 
-    registry = CollectorRegistry(auto_describe=False)
+    registry = Registry()
     registry.register(SnapshotCollector(box, {"slow": slow, **COLLECTORS}))
     server = serve(f"127.0.0.1:{free_port()}", registry)
     try:

@@ -69,10 +69,9 @@ def test_the_exporters_snapshot_is_built_by_the_scrape_that_wants_it(tmp_path: P
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Without a textfile, a tick hands the exporter how to build its snapshot; a scrape builds it once (a daemon
     scraped every 15 s built 15 for nothing)."""
-    from prometheus_client import generate_latest
-
     from cachepilot import exporter
     from cachepilot.daemon import metrics as metrics_mod
+    from cachepilot.exporter.exposition import text
 
     r = Rig(tmp_path)
     r.d.start()
@@ -86,7 +85,7 @@ def test_the_exporters_snapshot_is_built_by_the_scrape_that_wants_it(tmp_path: P
     assert built == []
     snap = m.box.latest()
     assert snap is not None and snap.ticks == 1 and snap.tick_duration.count == 5 and len(built) == 1
-    assert m.box.latest() is snap and "cachepilot_ready 1.0" in generate_latest(m.registry).decode()
+    assert m.box.latest() is snap and "cachepilot_ready 1.0" in text(m.registry.collect()).decode()
     assert len(built) == 1  # built once, served twice
     r.d.shutdown()
 

@@ -28,7 +28,7 @@ from cachepilot.errors import KernelRejected, UserError
 from cachepilot.events import kdev
 from cachepilot.models.volume import VolumeInfo, VolumeSample
 from cachepilot.policy import parse_policy
-from tests.unit.daemon_rig import VOL, FakeBackend, Rig
+from tests.unit.daemon_rig import VOL, FakeBackend, Rig, metrics
 from tests.unit.test_backends import CACHE_TABLE, WC_TABLE, FakeDm, bcache_tree, dm_tree, wc_backend
 
 S = NS = 1_000_000_000
@@ -115,7 +115,7 @@ def test_writecache_detach_flushes_on_suspend_and_loads_linear_over_the_origin(t
     out = b.apply(Detach("dm-2", 60 * S, "operator detach"))
     assert out.status == DONE, out
     linear = "0 2097152 linear 253:0 0"
-    assert fake.live == linear
+    assert fake.live == linear and ("suspend", "lab-cached") in fake.calls  # a healthy cache: the fs frozen first
     verbs = [c[0] if c[0] != "message" else f"message {c[3]}" for c in fake.calls if c[0] != "status"]
     # flush_on_suspend before the suspend that loads the linear table: the suspend writes every dirty block back
     assert verbs.index("message flush_on_suspend") < verbs.index("reload") < verbs.index("suspend") \
@@ -139,6 +139,8 @@ def test_writecache_with_an_error_is_refused_without_accept_loss(tmp_path: Path)
     out = b.apply(Detach("dm-2", 60 * S, "operator detach", accept_loss=True))
     assert out.status == DONE and fake.live.split()[2] == "linear"
     assert not [c for c in fake.calls if c[:1] == ("message",)]  # no flush asked of a failed cache
+    # nor a filesystem freeze: its journal flush fails on the failed cache, and the suspend with it (lab, 6.1)
+    assert ("suspend", "--nolockfs", "lab-cached") in fake.calls and ("suspend", "lab-cached") not in fake.calls
 
 
 def test_dmcache_detach_only_from_clean(tmp_path: Path) -> None:
@@ -171,6 +173,9 @@ def test_a_table_that_does_not_read_back_is_rejected_and_the_old_one_kept(tmp_pa
 
 # ------------------------------------------------------------------ lvmcache: lvconvert --splitcache
 class FakeLvconvert:
+    """lvm2 2.03.16 as the lab showed it: a cache pool ``fast`` attached reads ``[fast_cpool]`` in pool_lv; after
+    --splitcache the LV is linear and the pool is ``fast`` again (``fast_cpool`` no longer exists)."""
+
     def __init__(self) -> None:
         self.cached = True
         self.calls: list[tuple[str, ...]] = []
@@ -181,7 +186,11 @@ class FakeLvconvert:
     def tool(self, argv: Sequence[str], timeout: float) -> ToolResult:
         self.calls.append(tuple(argv))
         if argv[0] == "lvs":
-            field = argv[3]
+            field, lv = argv[3], argv[4]
+            if lv != "lab-vg/cached":  # the pool: named NAME_cpool while attached, NAME once split off
+                exists = lv == ("lab-vg/fast_cpool" if self.cached else "lab-vg/fast")
+                return (ToolResult(0, "  cache-pool\n", "") if exists else
+                        ToolResult(5, "", f'  Failed to find logical volume "{lv}"\n'))
             if field == "pool_lv":
                 return ToolResult(0, "  [fast_cpool]\n" if self.cached else "  \n", "")
             return ToolResult(0, "  cache\n" if self.cached else "  linear\n", "")
@@ -189,6 +198,8 @@ class FakeLvconvert:
             self.cached = False
             return ToolResult(0, "", "")
         if argv[:4] == ("lvconvert", "--yes", "--type", "cache"):
+            if argv[5] != "lab-vg/fast":
+                return ToolResult(5, "", f'  Failed to find logical volume "{argv[5]}"\n')
             self.cached = True
             return ToolResult(0, "", "")
         raise AssertionError(argv)
@@ -206,12 +217,21 @@ def test_lvmcache_detach_is_lvconvert_splitcache_and_attach_puts_the_pool_back(t
     how = kinds.kind("lvmcache").reattach
     assert how is not None
     pool = how.saved("", out.writes)
-    assert pool == "lab-vg/fast_cpool" and how.valid(pool) and not how.valid("a;b/c")
+    # the name the split pool has (lvm2 drops the _cpool it added on attach), read back with lvs
+    assert pool == "lab-vg/fast" and how.valid(pool) and not how.valid("a;b/c")
+    assert ("lvs", "--noheadings", "-o", "segtype", "lab-vg/fast") in fake.calls
     w = how.attach(host, "dm-2", "lab--vg-cached", pool)
     assert fake.calls[-2] == ("lvconvert", "--yes", "--type", "cache", "--cachepool", pool, "lab-vg/cached")
     assert w.readback == "segtype cache"
     out = b.apply(Detach("dm-2", 60 * S, "operator detach", accept_loss=True))
     assert out.status == FAILED and "--uncache --force" in str(out.error)  # said, not done
+
+
+def test_lvmcache_pool_names_kept_by_a_split() -> None:
+    from cachepilot.backends.lvmcache import kept_pool_name
+
+    assert kept_pool_name("cpool_cpool") == "cpool" and kept_pool_name("fast") == "fast"
+    assert kept_pool_name("_cpool") == "_cpool"
 
 
 # ------------------------------------------------------------------ the engine: drain, verify, then detach
@@ -290,6 +310,36 @@ def test_a_failed_cache_holding_dirty_data_is_refused_with_one_line_naming_the_b
     assert det.accept_loss
 
 
+def test_a_failed_dm_cache_reports_no_figures_so_the_refusal_names_what_it_held_before() -> None:
+    """dm-cache's status is "Fail" (or "Error" on 6.1) once its cache device failed: no dirty count. The loss a
+    detach would cause is the last reading before the failure (lab: 10 MiB dirty, then "Error")."""
+    e = engine("dm-cache")
+    tick(e, 1, dirty=10 * MIB)
+    tick(e, 2, dirty=0, failed=True)  # the failed status: no figures
+    with pytest.raises(UserError, match=f"failed holding {10 * MIB} dirty bytes"):
+        e.operator_detach("bcache0", 60, accept_loss=False)
+
+
+def test_a_failed_dm_cache_stays_managed_and_detaches_only_with_accept_loss(tmp_path: Path) -> None:
+    """The backend says a failed dm-cache is rejected, not gone (gone drops the volume: no latch, no alert, no
+    detach); with accept_loss the linear table goes in without a filesystem freeze."""
+    class Failed(FakeDm):
+        def __call__(self, args: Sequence[str], timeout: float) -> str:
+            got = super().__call__(args, timeout)
+            return "0 2097152 cache Error" if args[0] == "status" and " cache " in self.live else got
+
+    dm_tree(tmp_path)
+    fake = Failed(CACHE_TABLE)
+    b = open_backend(VolumeInfo(dev=2, name="dm-2", kind="dm-cache"), host=Host(sysfs=tmp_path, dm=fake))
+    out = b.apply(Drain("dm-2", 60 * S, "health"))
+    assert out.status == FAILED and isinstance(out.error, KernelRejected) and "reports Fail" in str(out.error)
+    out = b.apply(Detach("dm-2", 60 * S, "operator detach"))
+    assert out.status == FAILED and fake.live == CACHE_TABLE
+    out = b.apply(Detach("dm-2", 60 * S, "operator detach", accept_loss=True))
+    assert out.status == DONE and fake.live == "0 2097152 linear 253:0 0", out
+    assert ("suspend", "--nolockfs", "lab-cached") in fake.calls and ("suspend", "lab-cached") not in fake.calls
+
+
 def test_writecache_has_no_write_through_the_detach_follows_the_drain_directly() -> None:
     e = engine("dm-writecache")
     tick(e, 1, dirty=4 * MIB)
@@ -321,7 +371,7 @@ def rig(tmp_path: Path):  # type: ignore[no-untyped-def]
     def factory(info: VolumeInfo) -> DetachingBackend:
         return backends.setdefault(info.name, DetachingBackend(info))
 
-    r = Rig(tmp_path, backend_factory=factory)
+    r = Rig(tmp_path, backend_factory=factory, metrics=f"{{listen: '', textfile: {tmp_path}/m.prom}}")
     r.backends = backends  # type: ignore[assignment]
     yield r
     r.d.shutdown()
@@ -355,6 +405,14 @@ def test_the_daemon_releases_a_detached_volume_and_lists_it_with_its_cache(rig: 
     rig.found = [Found(VolumeInfo(dev=VOL.dev, name="bcache0", kind="bcache", mountpoint="/mnt/x"))]
     rig.tick(10)
     assert rig.status()["volumes"] == [] and rig.status()["detached"][0]["name"] == "bcache0"
+    # and as a metric (no alert: detach is deliberate), not as unmanaged
+    assert detached_lines(metrics(rig)) == [
+        'cachepilot_volume_detached{device="bcache0",kind="bcache",reason="operator",volume="bcache0"} 1.0']
+    assert "cachepilot_volume_unmanaged{" not in metrics(rig)
+
+
+def detached_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("cachepilot_volume_detached{")]
 
 
 def test_a_bcache_device_found_without_a_cache_is_not_managed_but_one_that_loses_it_is_kept(rig: Rig) -> None:
@@ -364,6 +422,8 @@ def test_a_bcache_device_found_without_a_cache_is_not_managed_but_one_that_loses
     s = rig.status()
     assert s["volumes"] == [] and s["unmanaged"] == []
     assert [(d["name"], d["why"]) for d in s["detached"]] == [("bcache0", "no cache")]
+    assert detached_lines(metrics(rig)) == [
+        'cachepilot_volume_detached{device="bcache0",kind="bcache",reason="no_cache",volume="bcache0"} 1.0']
     # a managed volume whose cache set goes away (a failed cache device bcache unregistered) stays managed: its
     # failure is latched and alerted on, as before
     rig.found = [Found(VOL)]
@@ -372,6 +432,21 @@ def test_a_bcache_device_found_without_a_cache_is_not_managed_but_one_that_loses
     rig.found = [Found(VolumeInfo(dev=VOL.dev, name="bcache0", kind="bcache", mountpoint="/mnt/x"))]
     rig.tick(24)
     assert [v["name"] for v in rig.status()["volumes"]] == ["bcache0"] and rig.status()["detached"] == []
+
+
+def test_a_managed_volume_whose_cache_now_reads_0_bytes_stays_the_same_volume(rig: Rig) -> None:
+    """A failed dm-cache reports "Fail" with no figures, so describe reads a 0-byte cache: the volume is kept as it
+    was (its samples: what it held before it failed), not dropped as changed and adopted afresh (lab run 8: the
+    refusal then named 0 dirty bytes)."""
+    rig.d.start()
+    rig.tick(1)
+    ctl = rig.d.engine.vols[VOL.dev]
+    rig.found = [Found(dataclasses.replace(VOL, cache_bytes=0))]
+    rig.tick(12)
+    assert rig.d.engine.vols[VOL.dev] is ctl and [v["name"] for v in rig.status()["volumes"]] == ["bcache0"]
+    rig.found = [Found(dataclasses.replace(VOL, cache_bytes=0, mountpoint="/mnt/y"))]  # anything else: changed
+    rig.tick(24)
+    assert rig.d.engine.vols[VOL.dev] is not ctl
 
 
 def test_attach_goes_through_the_kind_is_logged_and_the_volume_is_adopted_again(rig: Rig, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -398,6 +473,7 @@ def test_attach_goes_through_the_kind_is_logged_and_the_volume_is_adopted_again(
     assert ("attach", CSET) in written and (d / "cache").resolve().name == CSET
     s = rig.status()
     assert [v["name"] for v in s["volumes"]] == ["bcache0"] and s["detached"] == []
+    assert detached_lines(metrics(rig)) == []  # attached: the series goes away
     assert any(x["action"] == f"attach bcache0 cache={CSET}: operator attach (cachepilot attach)"
                and x["status"] == "done" for x in rig.d.answer({"cmd": "explain"})["decisions"])
 
@@ -409,6 +485,24 @@ def test_a_refused_detach_is_one_line_and_exit_2_on_the_command_line(rig: Rig, c
     real = b.sample
     b.sample = lambda now: dataclasses.replace(real(now), failed=True)  # type: ignore[method-assign]
     rig.tick(1)
+    rc = cli.main(["detach", "--socket", str(rig.d.config.socket), "bcache0", "--deadline", "2s"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err == ["cachepilot: daemon: bad request: bcache0: refused: the cache device failed holding"
+                               f" {5 * MIB} dirty bytes that a detach would lose (--accept-loss detaches anyway)"]
+    assert rig.d.lifecycle.detach_requests == []
+
+
+def test_a_failed_cache_that_reports_no_figures_is_refused_at_the_socket_with_what_it_held(rig: Rig, capsys) -> None:  # type: ignore[no-untyped-def]
+    """dm-cache's "Fail" has no dirty count: the socket's refusal names the bytes read before the failure (lab run
+    10: the loop refused it, but only in its log, after the CLI had been told "detach queued (0 B dirty)")."""
+    rig.d.start()
+    b = rig.backends["bcache0"]
+    b.dirty = 5 * MIB
+    rig.tick(1)
+    real = b.sample
+    b.sample = lambda now: dataclasses.replace(real(now), failed=True, dirty_bytes=0)  # type: ignore[method-assign]
+    rig.tick(2)
+    assert rig.status()["volumes"][0]["detach_loss_bytes"] == 5 * MIB
     rc = cli.main(["detach", "--socket", str(rig.d.config.socket), "bcache0", "--deadline", "2s"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and err == ["cachepilot: daemon: bad request: bcache0: refused: the cache device failed holding"

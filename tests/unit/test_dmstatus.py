@@ -35,6 +35,8 @@ def test_dm_cache_target_fields_only_and_needs_check():
 
 def test_dm_cache_fail():
     assert parse_dm_cache_status("0 2097152 cache Fail").failed
+    # 6.1 with its cache device returning errors: the metadata commit failed, then "Error" (lab, 2026-11-29)
+    assert parse_dm_cache_status("0 2097152 cache Error").failed
 
 
 @pytest.mark.parametrize(

@@ -123,3 +123,31 @@ def test_a_rate_is_asked_of_bcaches_rate_controller_and_refused_where_the_kind_h
     with pytest.raises(UserError, match=r"dm-3 \(dm-cache\) cannot be drained at a rate: migration_threshold caps"):
         dm.operator_drain("dm-3", 60, "policy", rate=8 * MIB)
     dm.operator_drain("dm-3", 60, "policy")  # at its full speed it can
+
+
+def test_bcaches_writeback_delay_sleep_is_said_instead_of_an_unknown_eta() -> None:
+    """bcache's write-back thread sleeps writeback_delay after a full scan and the drain cannot cut a sleep begun
+    short (kernel-facts): while nothing is written back the progress line says within how long it starts, from the
+    knob's value when the drain was asked for; once dirty data falls (or the sleep must be over) the rate again."""
+    from cachepilot.commands.drain import _progress
+
+    e = engine()
+    e.sample(VolumeSample(DEV, NS, "writeback", 4 * MIB, 0, 0, 0, False, {"writeback_delay": "30"}, ""))
+    e.tick(NS)
+    e.operator_drain("bcache0", 120, "policy")
+    for t in range(2, 12):  # the drain set writeback_delay 0: the samples read 0 now
+        e.sample(VolumeSample(DEV, t * NS, "writeback", 4 * MIB, 0, 0, 0, False, {"writeback_delay": "0"}, ""))
+        e.tick(t * NS)
+    s = status(e)
+    assert s["writeback_starts_within_s"] == 20.0 and s["sleep_knob"] == "writeback_delay"
+    line = _progress("bcache0", s)
+    assert "write-back starts within 20 s (writeback_delay)" in line and "ETA unknown" not in line, line
+    tick(e, 12, dirty=2 * MIB)  # written back: the rate again
+    s = status(e)
+    assert s["writeback_starts_within_s"] is None and "/s, ETA " in _progress("bcache0", s)
+    e2 = engine()  # past the sleep with nothing written back: unknown again, not a promise
+    e2.sample(VolumeSample(DEV, NS, "writeback", 4 * MIB, 0, 0, 0, False, {"writeback_delay": "5"}, ""))
+    e2.tick(NS)
+    e2.operator_drain("bcache0", 120, "policy")
+    tick(e2, 7, dirty=4 * MIB)
+    assert "ETA unknown" in _progress("bcache0", status(e2))

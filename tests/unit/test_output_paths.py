@@ -20,11 +20,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry, Gauge
 
 from cachepilot.daemon.lock import DaemonLock
 from cachepilot.daemon.state import StateFile
 from cachepilot.errors import UserError
+from cachepilot.exporter.families import GaugeMetricFamily
+from cachepilot.exporter.registry import Registry
 from cachepilot.exporter.textfile import write_textfile
 from cachepilot.fsfiles import generation
 from cachepilot.safeio import UnsafeOutput, open_stream, write_atomic
@@ -161,6 +162,12 @@ while time.monotonic() < until:
 """
 
 
+def one_gauge() -> Registry:
+    reg = Registry()
+    reg.register(type("One", (), {"collect": lambda self: [GaugeMetricFamily("cachepilot_test", "a test gauge", 1)]})())
+    return reg
+
+
 def test_textfile_temporary_swapped_for_a_link_chmods_nothing(tmp_path: Path, reachable: Path) -> None:
     """node_exporter's collector directory writable by its user (here nobody): root's textfile is refused there (it
     was written, and the race made the victim 0644 within a few hundred writes)."""
@@ -168,8 +175,7 @@ def test_textfile_temporary_swapped_for_a_link_chmods_nothing(tmp_path: Path, re
     d = reachable / "textfile"
     d.mkdir()
     os.chown(d, NOBODY, NOBODY)
-    reg = CollectorRegistry()
-    Gauge("cachepilot_test", "a test gauge", registry=reg).set(1)
+    reg = one_gauge()
     swapper = subprocess.Popen([*AS_NOBODY, sys.executable, "-c", SWAPPER, str(d), str(v), "8"])
     try:
         refused = 0
@@ -187,8 +193,7 @@ def test_textfile_temporary_swapped_for_a_link_chmods_nothing(tmp_path: Path, re
 
 
 def test_textfile_in_roots_directory_is_written_0644(tmp_path: Path) -> None:
-    reg = CollectorRegistry()
-    Gauge("cachepilot_test", "a test gauge", registry=reg).set(1)
+    reg = one_gauge()
     write_textfile(tmp_path / "cachepilot.prom", reg)
     f = tmp_path / "cachepilot.prom"
     assert stat.S_IMODE(f.stat().st_mode) == 0o644 and b"cachepilot_test 1.0" in f.read_bytes()

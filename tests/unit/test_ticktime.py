@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 
 import pytest
-from prometheus_client import generate_latest
 
 from cachepilot.daemon.counters import Counters
 from cachepilot.daemon.ticktime import StageTimes
 from cachepilot.exporter import DaemonSnapshot, SnapshotBox, make_registry
+from cachepilot.exporter.exposition import text as render
 
 
 class Clocks:
@@ -73,7 +73,7 @@ def test_the_stage_times_are_exported_as_counters_by_stage() -> None:
     box = SnapshotBox()
     box.publish(DaemonSnapshot(timestamp=0.0, start_time=0.0, ready=True, dry_run=False, observe_only=False,
                                stage_seconds={"sample": 1.5, "between": 20.0}, stage_cpu_seconds={"sample": 0.25}))
-    text = generate_latest(make_registry(box)).decode()
+    text = render(make_registry(box).collect()).decode()
     assert 'cachepilot_tick_stage_seconds_total{kind="sample"} 1.5' in text
     assert 'cachepilot_tick_stage_seconds_total{kind="between"} 20.0' in text
     assert 'cachepilot_tick_stage_cpu_seconds_total{kind="sample"} 0.25' in text

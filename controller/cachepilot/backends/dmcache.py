@@ -22,7 +22,7 @@ from cachepilot.backends.host import BlockDev, Host
 from cachepilot.backends.kinds import Described, Kind, KnobDef
 from cachepilot.backends.operation import Operation, OperationBackend, Setting
 from cachepilot.capabilities import BYPASS, KIND_DMCACHE, WRITEBACK
-from cachepilot.errors import DeviceGone, KernelRejected, UserError
+from cachepilot.errors import KernelRejected, UserError
 from cachepilot.models.volume import VolumeInfo, VolumeSample
 from cachepilot.models.writeback import WritebackView
 
@@ -99,7 +99,9 @@ class DmCacheBackend(OperationBackend):
         except StatusParseError as exc:
             raise KernelRejected(f"dmsetup status {self.dm_name}: {exc}") from None
         if s.failed:
-            raise DeviceGone(f"{self.dm_name}: dm-cache reports Fail (its cache device failed)")
+            # not DeviceGone: the device is still there, serving (or failing) I/O, and stays managed -- latched,
+            # alerted on, and detachable with accept_loss (cachepilot detach --accept-loss)
+            raise KernelRejected(f"{self.dm_name}: dm-cache reports Fail (its cache device failed)")
         return s
 
     def table(self) -> CacheTable:
@@ -181,17 +183,20 @@ class DmCacheBackend(OperationBackend):
         """A linear table over the origin loaded in place of the cache, only from a clean cache (a reload does not
         write dirty blocks back: the operator's drain with the cleaner policy did), or with accept_loss on a cache
         that failed (its dirty blocks are lost: the operator accepted it)."""
-        name, st = self.dm_name, self.status()
+        name = self.dm_name
+        failed = a.accept_loss and parse_dm_cache_status(self.dmsetup(("status", name))).failed
+        dirty = "the failed cache's" if failed else self.status().dirty_blocks
         live = self.table().line()
         line = uncache.linear_line(live, 5)
-        if st.dirty_blocks and not a.accept_loss:
-            raise KernelRejected(f"{name}: {st.dirty_blocks} dirty blocks: drain first (a reload onto the origin"
+        if dirty and not a.accept_loss:
+            raise KernelRejected(f"{name}: {dirty} dirty blocks: drain first (a reload onto the origin"
                                  " would lose them)")
         if op.dry_run:
             op.writes.append(Write(f"{name} table", live, line, "(dry run)"))
             return True
-        op.writes.append(uncache.load(self.host.dm, name, line, a.reason))
-        op.phase = f"linear over the origin ({st.dirty_blocks} dirty blocks left behind)"
+        # a failed cache: no filesystem freeze before the suspend (its journal flush would fail on the cache)
+        op.writes.append(uncache.load(self.host.dm, name, line, a.reason, lockfs=not failed))
+        op.phase = f"linear over the origin ({dirty} dirty blocks left behind)"
         return True
 
     def _begin_drain(self, op: Operation, mode: str, reason: str) -> bool:

@@ -96,7 +96,10 @@ class DmCacheStatus:
 
 def parse_dm_cache_status(line: str) -> DmCacheStatus:
     fields = _target_fields(line, "cache")
-    if fields == ["Fail"]:
+    # "Fail": the target is in fail mode; "Error": it could not read its own metadata to report (6.1 prints this
+    # when its cache device returns errors: seen in the lab, metadata commit failed, then fail mode). Neither has
+    # the figures: a failed cache either way.
+    if fields in (["Fail"], ["Error"]):
         return DmCacheStatus(failed=True)
     md_used, md_total = _ratio(fields, 1, "used/total metadata blocks")
     c_used, c_total = _ratio(fields, 3, "used/total cache blocks")

@@ -126,11 +126,12 @@ class LvmCacheBackend(dmcache.DmCacheBackend):
         if a.accept_loss:
             raise KernelRejected(f"{self.lv}: accept_loss is not carried out on lvmcache: lvconvert --uncache"
                                  " --force drops the pool and its dirty blocks; run it yourself if you accept that")
-        pool = self.lvs("pool_lv").strip("[]")  # lvs brackets a hidden LV
+        attached = self.lvs("pool_lv").strip("[]")  # lvs brackets a hidden LV
         vg = self.lv.split("/")[0]
         argv = ("lvconvert", "--yes", "--splitcache", self.lv)
         if op.dry_run:
-            op.writes.append(Write(f"{self.lv} cache pool", pool, "splitcache", "(dry run)"))
+            op.writes.append(Write(f"{self.lv} cache pool", f"{vg}/{kept_pool_name(attached)}", "splitcache",
+                                   "(dry run)"))
             return True
         r = self.host.tool(argv, LVCHANGE_TIMEOUT_S)
         if r.returncode != 0:
@@ -138,9 +139,21 @@ class LvmCacheBackend(dmcache.DmCacheBackend):
         seg = self.lvs("segtype")
         if seg == "cache" or self.lvs("pool_lv").strip("[]"):
             raise KernelRejected(f"{self.lv}: still cached after lvconvert --splitcache (segtype {seg})")
-        op.writes.append(Write(f"{self.lv} cache pool", f"{vg}/{pool}", "splitcache", f"segtype {seg}"))
-        op.phase = f"split from {vg}/{pool} (kept for attach)"
+        pool = f"{vg}/{kept_pool_name(attached)}"
+        pool_seg = self._segtype_or_none(pool)
+        if pool_seg != "cache-pool":
+            raise KernelRejected(f"{self.lv}: split from its cache, but the pool it kept is not {pool} (lvs reads"
+                                 f" {pool_seg or 'no such LV'}): find it with lvs -a {vg} before attach")
+        op.writes.append(Write(f"{self.lv} cache pool", pool, "splitcache", f"segtype {seg}, {pool} {pool_seg}"))
+        op.phase = f"split from {pool} (kept for attach)"
         return True
+
+    def _segtype_or_none(self, lv: str) -> str:
+        """``lvs -o segtype`` of ``lv``, "" when LVM has no such LV."""
+        try:
+            return self.lvs("segtype", lv)
+        except DeviceGone:
+            return ""
 
     def migration_threshold_setting(self) -> Setting:
         return Setting(f"{self.lv} migration_threshold",
@@ -160,6 +173,17 @@ class LvmCacheBackend(dmcache.DmCacheBackend):
         another mode on a cache that is still dirty would block until it is clean."""
         if op.data.pop("cleaner", None):
             op.put(self.table_setting("policy"), f"{self.lvm_mode()}/{op.data['policy']}", f"undo {op.action.kind}")
+
+
+POOL_SUFFIX = "_cpool"
+
+
+def kept_pool_name(attached: str) -> str:
+    """The name a cache pool has once ``lvconvert --splitcache`` kept it, from the name ``lvs -o pool_lv`` printed
+    while it was attached: lvm2 (2.03) renames a pool it attaches to ``NAME_cpool`` and back to ``NAME`` when it
+    splits it off (seen in the lab, lvm2 2.03.16: ``[cpool_cpool]`` attached, ``cpool`` after the split). The
+    backend reads the name back with lvs before it saves it."""
+    return attached[:-len(POOL_SUFFIX)] if attached.endswith(POOL_SUFFIX) and attached != POOL_SUFFIX else attached
 
 
 def attach(host: Host, name: str, dm_name: str, pool: str) -> Write:  # noqa: ARG001 (the LV is named by dm name)

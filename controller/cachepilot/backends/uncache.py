@@ -32,13 +32,18 @@ def linear_line(live: str, origin_at: int) -> str:
     return f"0 {f[1]} linear {f[origin_at]} 0"
 
 
-def load(dm: Dm, name: str, line: str, reason: str) -> Write:
+def load(dm: Dm, name: str, line: str, reason: str, *, lockfs: bool = True) -> Write:
     """Load ``line`` as ``name``'s live table and read it back; the Write's ``before`` is the table it replaced
-    (what a later attach loads again). KernelRejected if the table read back is not the one asked for."""
+    (what a later attach loads again). KernelRejected if the table read back is not the one asked for.
+
+    ``lockfs`` False suspends with ``--nolockfs``: the filesystem on the device is not frozen first. For a cache
+    that failed: dmsetup's suspend freezes the filesystem by default, and ext4's freeze flushes its journal through
+    the failed cache, which fails -- and with it the suspend (seen in the lab: a dm-writecache whose cache device
+    returns errors could not be suspended, "dmsetup suspend ... failed", until --nolockfs)."""
     before = dm(("table", name), 10.0).strip()
     dm(("reload", name, "--table", line), 10.0)
     try:
-        dm(("suspend", name), SUSPEND_TIMEOUT_S)
+        dm(("suspend", name) if lockfs else ("suspend", "--nolockfs", name), SUSPEND_TIMEOUT_S)
     except Exception:
         dm(("clear", name), 10.0)  # the old table stays live
         raise

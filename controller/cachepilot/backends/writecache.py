@@ -196,8 +196,10 @@ class WritecacheBackend(OperationBackend):
             self.dmsetup(("message", name, "0", "flush_on_suspend"))
             op.writes.append(Write(f"{name} message 0 flush_on_suspend", f"{st.used_blocks} used blocks",
                                    "flush_on_suspend", "(a message: nothing to read back)"))
-        op.writes.append(uncache.load(self.host.dm, name, line, a.reason))
-        op.phase = f"linear over the origin ({st.used_blocks} used blocks written back by the suspend)"
+        # a failed cache: no filesystem freeze before the suspend (its journal flush would fail on the cache)
+        op.writes.append(uncache.load(self.host.dm, name, line, a.reason, lockfs=not st.error))
+        op.phase = (f"linear over the origin ({st.used_blocks} used blocks lost with the failed cache)" if st.error
+                    else f"linear over the origin ({st.used_blocks} used blocks written back by the suspend)")
         return True
 
     def _advance(self, op: Operation, now_ns: int) -> bool:

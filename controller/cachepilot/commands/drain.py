@@ -72,9 +72,13 @@ def follow(sock: Path, volume: str, deadline: float) -> int:
 
 def _progress(volume: str, op: dict[str, Any]) -> str:
     left, rate = op["dirty_bytes"], op["rate_bytes_s"]
-    eta = f"{left / rate:.0f} s" if rate > 0 else "unknown"
-    return (f"{escape(volume)}: {_bytes(left)} left of {_bytes(op['start_dirty_bytes'])}, {_bytes(rate)}/s,"
-            f" ETA {eta}, deadline in {op['deadline_in_s']:g} s")
+    within = op.get("writeback_starts_within_s")
+    if within is not None:  # a sleep of the kernel's own, begun before the drain (bcache's writeback_delay)
+        how = f"write-back starts within {within:.0f} s ({escape(str(op.get('sleep_knob')))})"
+    else:
+        how = f"{_bytes(rate)}/s, ETA {f'{left / rate:.0f} s' if rate > 0 else 'unknown'}"
+    return (f"{escape(volume)}: {_bytes(left)} left of {_bytes(op['start_dirty_bytes'])}, {how},"
+            f" deadline in {op['deadline_in_s']:g} s")
 
 
 def _ended(volume: str, op: dict[str, Any]) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any
 
 from cachepilot.backends.base import Backend
@@ -32,6 +33,12 @@ def no_cache(f: volumes.Found) -> bool:
     """A cached device with no cache behind it (describe reads a cache of 0 bytes: bcache with no cache set)."""
     return f.info.kind != volumes.OBSERVE and f.info.cache_bytes == 0
 
+
+def cache_unreadable(f: volumes.Found, v: ManagedVolume) -> bool:
+    """The same volume whose cache now reads 0 bytes and nothing else changed: a failed dm-cache reports "Fail" with
+    no figures. It stays the volume it was (its latch, its samples: the dirty data it held before it failed, which a
+    detach would lose); dropping and adopting it again would start it afresh, knowing none of that."""
+    return f.info.cache_bytes == 0 and replace(f.info, cache_bytes=v.info.cache_bytes) == v.info
 
 class Adopter:
     def __init__(self, engine: Engine, vols: VolumeTable, counters: Counters, guard: Guard, persist: Persistence,
@@ -77,7 +84,7 @@ class Adopter:
             want.setdefault(f.info.dev, f)
         for dev in [d for d in self.vols if d not in want]:
             self.drop(dev, "vanished")
-        for dev in [d for d, v in self.vols.items() if want[d].info != v.info]:
+        for dev in [d for d, v in self.vols.items() if want[d].info != v.info and not cache_unreadable(want[d], v)]:
             self.drop(dev, f"changed (now {want[dev].info.kind}, mounted at {want[dev].info.mountpoint!r})")
         for dev, f in want.items():
             if dev in self.vols:

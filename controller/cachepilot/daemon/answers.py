@@ -93,7 +93,9 @@ def _detach(vols: dict[str, Any], req: dict[str, Any], queue: list[dict[str, Any
         raise UserError(f"accept_loss: true or false expected, got {str(accept_loss)[:40]!r}")
     if (vol.operator_detach or {}).get("state") in ("draining", "detaching"):
         raise UserError(f"{name}: a detach is already under way")
-    line = refusal(str(name), vol.latched or vol.health == "FAILED", vol.dirty_bytes or 0, accept_loss)
+    loss = vol.detach_loss_bytes
+    line = refusal(str(name), loss is not None or vol.health == "FAILED", max(loss or 0, vol.dirty_bytes or 0),
+                   accept_loss)
     if line is not None:
         raise UserError(line)
     queue.append({"volume": name, "deadline": deadline, "accept_loss": accept_loss})

@@ -18,9 +18,17 @@ from cachepilot.daemon import actuation, ticktime
 from cachepilot.daemon.counters import Counters
 from cachepilot.daemon.decisionlog import DecisionView
 from cachepilot.daemon.volume import ManagedVolume, devname
+from cachepilot.engine import operatordetach
 from cachepilot.engine.engine import Engine
 from cachepilot.engine.volumectl import VolumeCtl, normalise_mode
-from cachepilot.exporter.snapshot import EPOCH_BUCKETS, DaemonSnapshot, Histogram, UnmanagedVolume, VolumeSnapshot
+from cachepilot.exporter.snapshot import (
+    EPOCH_BUCKETS,
+    DaemonSnapshot,
+    DetachedVolume,
+    Histogram,
+    UnmanagedVolume,
+    VolumeSnapshot,
+)
 from cachepilot.models.sizing import Curve
 
 NS = 1_000_000_000
@@ -64,6 +72,9 @@ class VolumeStatus:
     importing: int  # files of an imported hot list not re-warmed yet (``hotlist import --wait``)
     operator_drain: dict[str, Any] | None = None  # `cachepilot drain`'s request: state, bytes left, rate (None: none)
     operator_detach: dict[str, Any] | None = None  # `cachepilot detach`'s request: state, detail (None: none)
+    # what a detach would lose now, checked by the control socket before it queues one: the failed cache's dirty
+    # bytes (read before it failed where it reports none: dm-cache); None: the cache has not failed
+    detach_loss_bytes: int | None = None
     # is write-back making progress (models/writeback.py): a stall and why, every mapped block dirty, time to clean
     writeback: dict[str, Any] | None = None
     # the promoter's pace: read-miss inserts the cache refused (bcache) and its current rate (None: no promoter)
@@ -217,6 +228,7 @@ def volume_status(v: ManagedVolume, c: VolumeCtl, now: int, engine: Engine) -> V
         pins=c.pins.status(engine.hotness) if len(c.pins) or c.pins.note else None, importing=v.importing(),
         operator_drain=operator, writeback=_writeback(c, now) if st.samples else None,
         operator_detach=c.detach.to_json(now) if c.detach is not None else None,
+        detach_loss_bytes=operatordetach.at_risk(c),
         promotion=_promotion_pacing(v) if getattr(v.files, "promoter", None) is not None else None,
         metrics=metrics, metrics_refused=refused)
 
@@ -305,6 +317,13 @@ def exporter_snapshot(status: Status, tick_duration: Histogram, now_wall: float,
             unmanaged.append(UnmanagedVolume(volume=u.name, device=u.dev, reason=u.reason))
         except ValueError as exc:
             left_out.append(f"metrics: unmanaged {u.dev!r} left out: {exc}")
+    detached = []
+    for x in status.detached:
+        try:
+            detached.append(DetachedVolume(volume=x["label"], device=x["name"], kind=x["kind"],
+                                           reason="operator" if x["why"] == "detached" else "no_cache"))
+        except ValueError as exc:
+            left_out.append(f"metrics: detached {x['name']!r} left out: {exc}")
     c = status.counts
     assert c is not None
     d = status.drops
@@ -318,6 +337,7 @@ def exporter_snapshot(status: Status, tick_duration: Histogram, now_wall: float,
         policy_reloads=c.reloads - c.reloads_failed, policy_reload_failures=c.reloads_failed,
         policy_last_reload_success=status.policy.last_error is None, state_writes=status.state_file.writes,
         state_write_failures=status.state_file.failed_writes, volumes=tuple(vols), unmanaged=tuple(unmanaged),
+        detached=tuple(detached),
         version=__version__, kernel=os.uname().release, bpf_object=status.bpf_object,
         capture=status.capture)
 

@@ -44,12 +44,21 @@ def refusal(name: str, failed: bool, dirty: int, accept_loss: bool) -> str | Non
     return None
 
 
+def at_risk(c: VolumeCtl) -> int | None:
+    """The dirty bytes a detach of ``c`` would lose now: None while its cache has not failed (nor is latched). A
+    failed dm-cache reports no figures: what it held is the last reading before it failed."""
+    if c.latch is None and not (c.state.samples > 0 and c.state.failed):
+        return None
+    return max(c.state.dirty_bytes, c.state.dirty_before_failure)
+
+
 def request(c: VolumeCtl, now: int, deadline_s: float, accept_loss: bool) -> OperatorDetach:
     """Start a detach of ``c`` (UserError for a bad request or a refusal)."""
     if c.detach is not None and c.detach.state in (DRAINING, DETACHING):
         raise UserError(f"{c.info.name}: a detach is already under way ({c.detach.state})")
-    failed = c.latch is not None or c.state.samples > 0 and bool(c.state.failed)
-    line = refusal(c.info.name, failed, c.state.dirty_bytes, accept_loss)
+    loss = at_risk(c)
+    failed = loss is not None
+    line = refusal(c.info.name, failed, loss or 0, accept_loss)
     if line is not None:
         raise UserError(line)
     d = OperatorDetach(now, now + int(deadline_s * NS), accept_loss)

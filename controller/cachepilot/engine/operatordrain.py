@@ -49,10 +49,20 @@ def request(c: VolumeCtl, now: int, deadline_s: float, end: str, rate: int = 0) 
     if c.operator is not None and c.operator.state == RUNNING:
         raise UserError(f"{c.info.name}: an operator's drain is already running")
     op = OperatorDrain(now, now + int(deadline_s * NS), end, c.state.dirty_bytes, rate=rate)
+    op.sleep_knob, op.sleep_s = _sleep(c)
     if c.drain is not None:  # the policy's drain in flight becomes the operator's: it ends by reading clean too
         op.action, op.drains = c.drain.action, 1
     c.operator = op
     return op
+
+
+def _sleep(c: VolumeCtl) -> tuple[str, float]:
+    """The kind's sleep knob and its value as last sampled (before the drain sets it to 0), if it has one."""
+    knob = c.caps.drain_sleep_knob
+    try:
+        return (knob, float(c.state.knobs[knob])) if knob else ("", 0.0)
+    except (KeyError, ValueError):
+        return knob or "", 0.0
 
 
 def release(c: VolumeCtl) -> str:

@@ -68,11 +68,22 @@ class OperatorDrain:
     action: Drain | None = None  # the last of them
     asked_mode_ns: int | None = None  # held write-through: when the switch was last asked for
     rate: int = 0  # bytes/s asked for (cachepilot drain --rate): the kind's rate floor; 0: its full rate
+    # The kind's sleep before write-back (Capabilities.drain_sleep_knob, bcache's writeback_delay) and its value
+    # when the request came: a sleep the write-back thread began before the drain is not cut short, so nothing may
+    # be written back for up to this long -- said instead of "0 B/s, ETA unknown".
+    sleep_knob: str = ""
+    sleep_s: float = 0.0
 
     @property
     def active(self) -> bool:
         """Whether the daemon's own write policy stays off the volume: running, or held write-through."""
         return self.state in (RUNNING, HELD)
+
+    def starts_within(self, gone: int, now: int) -> float | None:
+        """Seconds within which write-back starts, while nothing was written back yet and the kind's sleep begun
+        before the request may still run; None otherwise (write-back runs, or it should have by now)."""
+        left = self.sleep_s - (now - self.start_ns) / NS
+        return round(left, 1) if self.state == RUNNING and gone == 0 and left > 0 else None
 
     def to_json(self, dirty: int, now: int) -> dict[str, object]:
         """What status shows: the state, bytes left, the rate so far and the time to the deadline."""
@@ -80,7 +91,8 @@ class OperatorDrain:
         gone = max(0, self.start_dirty - dirty)
         return {"state": self.state, "detail": self.detail, "end": self.end, "start_dirty_bytes": self.start_dirty,
                 "dirty_bytes": dirty, "rate_bytes_s": round(gone * NS / took), "elapsed_s": round(took / NS, 1),
-                "deadline_in_s": round((self.deadline_ns - now) / NS, 1), "rate_asked_bytes_s": self.rate}
+                "deadline_in_s": round((self.deadline_ns - now) / NS, 1), "rate_asked_bytes_s": self.rate,
+                "writeback_starts_within_s": self.starts_within(gone, now), "sleep_knob": self.sleep_knob}
 
 
 DRAINING, DETACHING, DETACHED, FAILED = "draining", "detaching", "detached", "failed"  # OperatorDetach.state

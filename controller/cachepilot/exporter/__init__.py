@@ -8,11 +8,12 @@ The daemon's side of it::
     ...each tick: box.publish(DaemonSnapshot(...)); write_textfile(path, registry)  # textfile optional
     server.close()
 
-The snapshot side (snapshot.py, listen.py) is plain Python; the registry, the HTTP server and the textfile writer
-need prometheus_client, which pulls in http.server, email, urllib and ssl: ~8 MiB of the daemon's RSS (issue 32).
-The daemon's status and config need only the former, so the latter are imported on first use (PEP 562
-``__getattr__``): a daemon with ``metrics.listen: ""`` and no textfile never loads prometheus_client
-(tests/unit/test_lazy_imports.py).
+The snapshot side (snapshot.py, listen.py) is what the daemon's status and config need; the registry, the HTTP
+server and the textfile writer are imported on first use (PEP 562 ``__getattr__``), so a daemon with
+``metrics.listen: ""`` and no textfile loads none of them. The exposition is written by our own encoder
+(families.py, exposition.py, process.py: prometheus_client's bytes for the same metrics, tests/unit/test_exposition.py)
+and served by our bounded server: the daemon never imports prometheus_client, whose http.server, email, urllib and ssl
+were 4 MiB of its RSS with 1 M tracked files (issue 32; tests/unit/test_lazy_imports.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from cachepilot.exporter.snapshot import (
     EPOCH_BUCKETS,
     TICK_BUCKETS,
     DaemonSnapshot,
+    DetachedVolume,
     Histogram,
     HistogramAccumulator,
     SnapshotBox,
@@ -34,21 +36,22 @@ from cachepilot.exporter.snapshot import (
 
 if TYPE_CHECKING:  # for the type checkers; at run time they come from __getattr__ below
     from cachepilot.exporter.http import MetricsServer, serve
-    from cachepilot.exporter.registry import SnapshotCollector, make_registry
+    from cachepilot.exporter.registry import Registry, SnapshotCollector, make_registry
     from cachepilot.exporter.textfile import write_textfile
 
-_LAZY = {"MetricsServer": "http", "serve": "http", "SnapshotCollector": "registry", "make_registry": "registry",
-         "write_textfile": "textfile"}
+_LAZY = {"MetricsServer": "http", "serve": "http", "Registry": "registry", "SnapshotCollector": "registry",
+         "make_registry": "registry", "write_textfile": "textfile"}
 
 __all__ = [
-    "DEFAULT_LISTEN", "EPOCH_BUCKETS", "TICK_BUCKETS", "DaemonSnapshot", "Histogram", "HistogramAccumulator",
-    "MetricsServer", "SnapshotBox", "SnapshotCollector", "UnmanagedVolume", "VolumeSnapshot", "make_registry",
-    "parse_listen", "serve", "write_textfile",
+    "DEFAULT_LISTEN", "EPOCH_BUCKETS", "TICK_BUCKETS", "DaemonSnapshot", "DetachedVolume", "Histogram",
+    "HistogramAccumulator", "MetricsServer", "Registry", "SnapshotBox", "SnapshotCollector", "UnmanagedVolume",
+    "VolumeSnapshot",
+    "make_registry", "parse_listen", "serve", "write_textfile",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    """The names that need prometheus_client, imported when first asked for."""
+    """The exporter's output side, imported when first asked for."""
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

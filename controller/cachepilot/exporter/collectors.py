@@ -11,13 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from operator import attrgetter
 
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
-
+from cachepilot.exporter.families import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from cachepilot.exporter.snapshot import (
     DECISION_KINDS,
     FAILURE_KINDS,
@@ -182,6 +176,11 @@ def volume(s: DaemonSnapshot) -> list[Metric]:
                                   labels=[*VOL, "reason"])
     for u in s.unmanaged:
         unmanaged.add_metric([u.volume, u.device, u.reason], 1)
+    detached = GaugeMetricFamily("cachepilot_volume_detached", "1 for a cached device without its cache on purpose, "
+                                 "not managed: reason operator (cachepilot detach; attach puts it back) or no_cache "
+                                 "(found so).", labels=[*VOL, "kind", "reason"])
+    for x in s.detached:
+        detached.add_metric([x.volume, x.device, x.kind, x.reason], 1)
     return [
         info,
         _mode_set("cachepilot_volume_mode", "Current write mode (kind), 1 for the active one.", vols, lambda v: v.mode),
@@ -190,6 +189,7 @@ def volume(s: DaemonSnapshot) -> list[Metric]:
         *_table(VOLUME, vols),
         cache_set,
         unmanaged,
+        detached,
     ]
 
 

@@ -16,12 +16,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from prometheus_client.exposition import choose_encoder
-from prometheus_client.registry import CollectorRegistry
-
 from cachepilot.boundedserver import BoundedServer, Dialogue
 from cachepilot.errors import UserError
+from cachepilot.exporter.exposition import negotiate
 from cachepilot.exporter.listen import parse_listen
+from cachepilot.exporter.registry import Registry
 from cachepilot.exporter.snapshot import DaemonSnapshot, SnapshotBox
 
 RENDER_TTL_S = 0.1
@@ -67,7 +66,7 @@ def readiness(snap: DaemonSnapshot | None) -> tuple[bool, str]:
 
 
 class _Scrapes(Dialogue):
-    def __init__(self, registry: CollectorRegistry, box: SnapshotBox | None,
+    def __init__(self, registry: Registry, box: SnapshotBox | None,
                  clock: Callable[[], float] = time.time) -> None:
         self.registry = registry
         self.box = box
@@ -77,11 +76,11 @@ class _Scrapes(Dialogue):
     def _render(self, accept: str) -> tuple[bytes, str]:
         """The registry rendered in the format the scraper asked for; at most once per RENDER_TTL_S per format, so
         a storm of scrapes costs sends, not renders (the snapshot behind it changes once per tick anyway)."""
-        encode, ctype = choose_encoder(accept)  # Prometheus asks for OpenMetrics, curl gets text
+        encode, ctype = negotiate(accept)  # Prometheus asks for OpenMetrics, curl gets text
         now = time.monotonic()
         when, body = self._rendered.get(ctype, (-RENDER_TTL_S, b""))
         if now - when >= RENDER_TTL_S:
-            body = encode(self.registry)
+            body = encode(self.registry.collect())
             self._rendered[ctype] = (now, body)
         return body, ctype
 
@@ -128,7 +127,7 @@ class MetricsServer:
         self._server.close()
 
 
-def serve(listen: str, registry: CollectorRegistry, box: SnapshotBox | None = None) -> MetricsServer:
+def serve(listen: str, registry: Registry, box: SnapshotBox | None = None) -> MetricsServer:
     """Start answering ``/metrics`` on ``listen`` (and, given the snapshot box, ``/healthz`` and ``/ready``);
     UserError if the address is malformed or taken."""
     host, port = parse_listen(listen)

@@ -1,5 +1,5 @@
 """The metrics listen address (``metrics.listen``): its default and its parser, apart from the HTTP server so that
-checking a config does not import prometheus_client (exporter/__init__.py says why that matters)."""
+checking a config does not import the exporter's output side (exporter/__init__.py)."""
 
 from __future__ import annotations
 

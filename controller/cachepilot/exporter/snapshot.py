@@ -237,6 +237,24 @@ def volume_metrics(collector: str) -> tuple[tuple[str, VolumeMetric], ...]:
 
 
 UNMANAGED_REASONS = ("describe", "backend", "policy", "watch")
+DETACHED_REASONS = ("operator", "no_cache")
+
+
+@dataclass(frozen=True, slots=True)
+class DetachedVolume:
+    """A cached device without its cache, not managed, on purpose: ``operator`` (`cachepilot detach` released it,
+    attach puts the cache back) or ``no_cache`` (found with no cache: a bcache backing device with no cache set)."""
+
+    volume: str  # as VolumeSnapshot.volume
+    device: str  # as VolumeSnapshot.device
+    kind: str
+    reason: str  # one of DETACHED_REASONS
+
+    def __post_init__(self) -> None:
+        for what in ("volume", "device", "kind"):
+            check_label_value(what, getattr(self, what))
+        if self.reason not in DETACHED_REASONS:
+            raise ValueError(f"{self.volume}: reason {self.reason!r} is not one of {', '.join(DETACHED_REASONS)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,6 +300,7 @@ class DaemonSnapshot:
     state_write_failures: int = 0
     volumes: tuple[VolumeSnapshot, ...] = ()
     unmanaged: tuple[UnmanagedVolume, ...] = ()
+    detached: tuple[DetachedVolume, ...] = ()
     # what runs: cachepilot's version, the kernel's release, the loaded BPF object (a short hash; "none": no probe)
     version: str = ""
     kernel: str = ""

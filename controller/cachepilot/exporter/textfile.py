@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import os
 
-from prometheus_client import generate_latest
-from prometheus_client.registry import CollectorRegistry
-
+from cachepilot.exporter.exposition import text
+from cachepilot.exporter.registry import Registry
 from cachepilot.safeio import write_atomic
 
 
-def write_textfile(path: str | os.PathLike[str], registry: CollectorRegistry) -> None:
-    """Write the registry's exposition to ``path`` (which should end in ``.prom``), 0644 (node_exporter usually
-    runs as its own user). OSError on failure, UnsafeOutput if another user could redirect it; the previous file
-    is then left as it was."""
-    write_atomic(os.fspath(path), generate_latest(registry), "metrics textfile", 0o644)
+def write_textfile(path: str | os.PathLike[str], registry: Registry) -> None:
+    """Write the registry's exposition (text format 0.0.4, which node_exporter reads) to ``path`` (which should end
+    in ``.prom``), 0644 (node_exporter usually runs as its own user). OSError on failure, UnsafeOutput if another
+    user could redirect it; the previous file is then left as it was."""
+    write_atomic(os.fspath(path), text(registry.collect()), "metrics textfile", 0o644)

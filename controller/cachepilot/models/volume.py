@@ -86,6 +86,9 @@ class VolumeState:
         # The kernel's error count may go down (bcache's io_errors decays): what it has risen by, never less.
         self.io_errors_risen = 0
         self.failed = False
+        # Dirty bytes at the last sample before the cache failed: a failed dm-cache reports no figures ("Fail"), so
+        # what it still held is known only from before (the loss a detach would cause, engine/operatordetach.py).
+        self.dirty_before_failure = 0
         self.knobs: dict[str, str] = {}
         self.in_use_percent: int | None = None
         self.written_bytes: int | None = None
@@ -102,7 +105,8 @@ class VolumeState:
         """Apply a sample; returns the increase in dirty bytes since the previous one."""
         if s.dirty_bytes < 0 or s.hits < 0 or s.misses < 0 or s.io_errors < 0:
             raise ValueError(f"negative counter in sample for {self.info.name}")
-        grew = s.dirty_bytes - self.dirty_bytes if self.samples else s.dirty_bytes
+        before = self.dirty_bytes if self.samples else 0
+        grew = s.dirty_bytes - before
         if s.cache_id and s.cache_id != self.cache_id:
             if self.cache_id:
                 self._new_cache_device()
@@ -120,6 +124,10 @@ class VolumeState:
             self.clean_ns = s.ts_ns
         self.io_errors_risen += s.io_errors if self.samples == 0 else max(0, s.io_errors - self.io_errors)
         self.io_errors = s.io_errors
+        if s.failed and not self.failed:
+            self.dirty_before_failure = max(before, s.dirty_bytes)
+        elif not s.failed:
+            self.dirty_before_failure = 0
         self.failed = s.failed
         self.knobs = dict(s.knobs)
         self.in_use_percent = s.in_use_percent
