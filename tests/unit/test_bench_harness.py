@@ -354,3 +354,39 @@ def test_a_guest_whose_clock_was_miscalibrated_is_left_out_with_the_reason() -> 
     # the same miscalibration is harmless once the guest keeps time by the HPET
     assert lb.guest_clock_fault(BAD_CLOCK + "[    5.0] clocksource: Switched to clocksource hpet\n") is None
     assert lb.guest_clock_fault("") is None
+
+
+def test_the_measured_window_runs_the_threads_and_counts_from_the_warm_up_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """W2 and W4's window (common.run_window): the threads started, the warm-up slept, the origin's writes and the
+    daemon's CPU taken at its end, the threads joined; seconds counted from t0."""
+    sys.path.insert(0, str(BENCH / "guest"))
+    common = _load("bench_guest_common_window", BENCH / "guest" / "common.py")
+    clock = {"now": 100.0, "written": 0}
+    window = common.threading.Event()  # the threads write their window's share once its start is read
+
+    def work() -> None:
+        window.wait(5)
+        clock["written"] += 3 * common.MIB
+
+    def sleep(s: float) -> None:
+        clock["now"] += s
+        clock["written"] += 2 * common.MIB  # the warm-up's writes: not the window's
+
+    def written() -> int:
+        at = clock["written"]
+        window.set()
+        return at
+
+    monkeypatch.setattr(common.time, "sleep", sleep)
+    monkeypatch.setattr(common.time, "monotonic", lambda: clock["now"] + 4)  # 4 s into the window at its end
+    monkeypatch.setattr(common, "origin_written", written)
+
+    class Busy:
+        def cpu_s(self) -> float:
+            return 7.5
+
+    threads = [common.threading.Thread(target=work) for _ in range(2)]
+    elapsed, origin_mib, cpu0 = common.run_window(threads, 105.0, 5, Busy())
+    assert not any(t.is_alive() for t in threads) and clock["now"] == 105.0  # joined; the warm-up slept
+    assert (elapsed, origin_mib, cpu0) == (4.0, 6.0, 7.5)
+    assert common.run_window([], 105.0, 0, None)[2] == 0.0  # no daemon: no CPU

@@ -1,9 +1,11 @@
 """The lab scripts' daemon (tests/vm/labdaemon.py) against a stand-in `cachepilot run` (a small process that does
 what the daemon's start does for the helper: reads its config, makes its socket, says ready, exits 0 on SIGTERM):
-the config it is given, ready, the log, stop's `exit`/`traceback` lines, and fail's exit."""
+the config it is given, ready, the log, stop's `exit`/`traceback` lines, and fail's exit; and the benchmarks' guest
+Daemon (tests/bench/guest/common.py), which starts one on policy files."""
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -11,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vm"))
 import labdaemon  # noqa: E402
@@ -20,7 +23,8 @@ STAND_IN = '''import signal, sys, time
 from pathlib import Path
 conf = Path(sys.argv[sys.argv.index("--config") + 1])
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-if "crash" in (conf.parent / "policy.yaml").read_text():
+pol = conf.parent / "policy.yaml"  # the benchmarks' daemons load policy files instead
+if pol.exists() and "crash" in pol.read_text():
     print("Traceback (most recent call last): boom", file=sys.stderr, flush=True)
     sys.exit(3)
 (conf.parent / "ctl.sock").touch()
@@ -74,3 +78,24 @@ def test_a_lab_daemon_that_died_is_not_ready_and_fail_prints_its_log_and_exits_1
     assert e.value.code == 1 and "Traceback (most recent call last): boom" in out and "daemon exited 3, " in out
     d.stop(timeout=5)
     assert capsys.readouterr().out == "exit=3\ntraceback=yes\n"
+
+
+def test_the_benchmarks_daemon_is_a_lab_daemon_on_policy_files_with_their_config_and_keeps_its_log(
+        tmp_path: Path, stand_in: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = importlib.util.spec_from_file_location(
+        "labdaemon_guest_common", Path(__file__).resolve().parents[1] / "bench" / "guest" / "common.py")
+    assert spec and spec.loader
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+    monkeypatch.setattr(common, "OUT", tmp_path)
+    monkeypatch.setattr(common.tempfile, "mkdtemp", lambda prefix: str(tmp_path / "run"))
+    (tmp_path / "run").mkdir()
+    d = common.Daemon([Path("/p/default.yaml"), Path("/p/extra.yaml")], metrics_listen="127.0.0.1:9854")
+    # what the benchmarks' own start wrote before it was a LabDaemon (json-quoted listener; the same YAML)
+    assert yaml.safe_load((tmp_path / "run" / "c.yaml").read_text()) == yaml.safe_load(
+        "version: 1\npolicies: [/p/default.yaml, /p/extra.yaml]\nstate_dir: state\nsocket: ctl.sock\ntick: 1s\n"
+        'rescan: 10s\nstate_interval: 30s\nmetrics: {listen: "127.0.0.1:9854"}\n')
+    assert not (tmp_path / "run" / "policy.yaml").exists() and d.tmp == tmp_path / "run"
+    assert d.ready_s < 30 and d.cpu_s() >= 0 and d.rss() > 0
+    assert d.stop(keep_log="a") == 0 and "ready" in (tmp_path / "a-daemon.log").read_text()
+    assert capsys.readouterr().out == ""  # its exit goes to the benchmark's result, not to the host's key=value lines

@@ -1,6 +1,7 @@
-"""The daemon a lab script runs in the guest (tests/vm/lifecycle/, tests/vm/daemon/): `cachepilot run` on one policy
-in a directory of its own, its stderr kept in a file, ready when its socket exists and it said so; stopped by
-SIGTERM, its exit code and whether it logged a traceback said to the host (guestkit.say)."""
+"""The daemon a lab script runs in the guest (tests/vm/lifecycle/, tests/vm/daemon/, and the benchmarks' guests through
+tests/bench/guest/common.Daemon): `cachepilot run` on one policy (YAML text) or on policy files, in a directory of
+its own, its stderr kept in a file, ready when its socket exists and it said so; stopped by SIGTERM, its exit code
+and whether it logged a traceback said to the host (guestkit.say)."""
 
 from __future__ import annotations
 
@@ -16,14 +17,16 @@ CLI = str(Path(sys.executable).with_name("cachepilot"))
 
 
 class LabDaemon:
-    """Started on construction with ``policy`` (YAML text) in ``tmp``: tick, rescan, state interval and the metrics
-    listener ("" for none) as the script asks."""
+    """Started on construction in ``tmp`` with ``policy``: YAML text (written to tmp/policy.yaml) or the policy files
+    to load; tick, rescan, state interval and the metrics listener ("" for none) as the script asks."""
 
-    def __init__(self, tmp: Path, policy: str, *, tick: str = "1s", rescan: str = "5s", state_interval: str = "5s",
-                 metrics: str = "") -> None:
+    def __init__(self, tmp: Path, policy: str | list[Path], *, tick: str = "1s", rescan: str = "5s",
+                 state_interval: str = "5s", metrics: str = "") -> None:
         self.tmp, self.socket = tmp, tmp / "ctl.sock"
-        (tmp / "policy.yaml").write_text(policy)
-        (tmp / "c.yaml").write_text(f"version: 1\npolicies: [policy.yaml]\nstate_dir: state\nsocket: ctl.sock\n"
+        if isinstance(policy, str):
+            (tmp / "policy.yaml").write_text(policy)
+        files = "policy.yaml" if isinstance(policy, str) else ", ".join(str(p) for p in policy)
+        (tmp / "c.yaml").write_text(f"version: 1\npolicies: [{files}]\nstate_dir: state\nsocket: ctl.sock\n"
                                     f"tick: {tick}\nrescan: {rescan}\nstate_interval: {state_interval}\n"
                                     f"metrics: {{listen: '{metrics}'}}\n")
         self.err = open(tmp / "stderr", "w+")  # noqa: SIM115 - kept open for the daemon's life
@@ -51,10 +54,14 @@ class LabDaemon:
         """`cachepilot ARGS` against this daemon (in this process: guestkit.cli_in_process)."""
         return cli_in_process(self.socket, *args)
 
+    def terminate(self, timeout: float = 120) -> int:
+        """SIGTERM, and its exit code once it has stopped."""
+        self.proc.terminate()
+        return self.proc.wait(timeout=timeout)
+
     def stop(self, timeout: float = 120) -> str:
         """SIGTERM; says ``exit`` (its code) and ``traceback`` (yes/no); its whole log."""
-        self.proc.terminate()
-        say("exit", self.proc.wait(timeout=timeout))
+        say("exit", self.terminate(timeout))
         log = self.log()
         say("traceback", "yes" if "Traceback" in log else "no")
         return log

@@ -40,8 +40,12 @@ def test_an_exported_hot_list_re_warms_a_fresh_dm_cache_faster_than_its_own_miss
     # workload competing for the guest's one vCPU: 21 files a second from the import's start (its last read 35 s
     # into the workload).
     assert r.int("exported_files") / float(r.values["imported_rewarm_s"]) >= 12, r.explain()
-    # `import --wait`: the workload cut over once B is warm (every file re-warmed before it starts)
+    # `import --wait`: the workload cut over once B is warm (every file re-warmed before it starts). The workload
+    # after it is short (handoff.py's WAIT_CHECK_S): what the re-warm had done by the cut-over is counted, so a
+    # `--wait` that returned early fails here even if no re-warm read lands within that short workload
     assert r.int("wait_import_rc") == 0 and "re-warmed in" in r.values["wait_import_said"], r.explain()
+    assert r.int("wait_imported_done_before_start") >= 100, r.explain()
     assert float(r.values["wait_imported_last_done_s"]) <= 0, r.explain()
-    # Recovery (stock_recovery_s vs import_recovery_s) is measured and reported in docs/benchmarks.md, not asserted:
-    # the issue asks 3x faster; measured so far it was not (docs/benchmarks.md, "Warm handoff").
+    # Recovery (stock_recovery_s vs import_recovery_s) is measured and reported in docs/operate.md ("Warm handoff,
+    # measured": handoff.py --measure, which this test leaves out), not asserted: the issue asks 3x faster; measured
+    # so far it was only with --wait.

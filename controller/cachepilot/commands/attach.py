@@ -10,7 +10,7 @@ import argparse
 import time
 from pathlib import Path
 
-from cachepilot.commands.status import socket_arg, socket_path
+from cachepilot.commands.status import socket_path, volume_command
 from cachepilot.display import escape
 
 WAIT_S = 30.0  # the attach is done at the daemon's next tick; adoption at the rescan it asks for
@@ -48,11 +48,8 @@ def follow(sock: Path, volume: str) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("attach", help="put a cache back under a detached device, then manage it again (control"
-                       " socket; root)")
-    socket_arg(p)
-    p.add_argument("volume", metavar="VOLUME", help="the device's name as status lists it under detached")
+    p = volume_command(sub, "attach", "put a cache back under a detached device, then manage it again (control"
+                       " socket; root)", attach, "the device's name as status lists it under detached")
     p.add_argument("cache", metavar="CACHE", nargs="?",
                    help="bcache: the cache set UUID; lvmcache: VG/POOL; dm kinds: the table line (default: what"
                         " detach saved)")
-    p.set_defaults(handler=attach)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from cachepilot.commands.status import socket_arg, socket_path
+from cachepilot.commands.status import socket_path, volume_command
 from cachepilot.display import escape
 
 
@@ -22,7 +22,5 @@ def clear_latch(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("clear-latch", help="let a latched volume back into write-back (control socket; root)")
-    socket_arg(p)
-    p.add_argument("volume", metavar="VOLUME", help="the volume's name as status shows it (e.g. bcache0)")
-    p.set_defaults(handler=clear_latch)
+    volume_command(sub, "clear-latch", "let a latched volume back into write-back (control socket; root)",
+                   clear_latch)

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from cachepilot.commands.drain import GRACE_S, POLL_S, _progress
-from cachepilot.commands.status import _bytes, socket_arg, socket_path
+from cachepilot.commands.status import _bytes, socket_path, volume_command
 from cachepilot.display import escape
 from cachepilot.errors import UserError
 
@@ -72,12 +72,9 @@ def follow(sock: Path, volume: str, deadline: float) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("detach", help="drain, verify clean and take a volume's cache away, the volume left serving"
-                       " (control socket; root)")
-    socket_arg(p)
-    p.add_argument("volume", metavar="VOLUME", help="the volume's name as status shows it (e.g. bcache0)")
+    p = volume_command(sub, "detach", "drain, verify clean and take a volume's cache away, the volume left serving"
+                       " (control socket; root)", detach)
     p.add_argument("--deadline", default="10m", help="give up after this long (e.g. 90s, 10m; default 10m)")
     p.add_argument("--accept-loss", action="store_true",
                    help="detach a failed cache device even though its dirty data is lost with it")
     p.add_argument("--no-wait", action="store_true", help="queue the detach and return (follow it in status)")
-    p.set_defaults(handler=detach)

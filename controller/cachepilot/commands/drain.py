@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cachepilot.commands.status import _bytes, socket_arg, socket_path
+from cachepilot.commands.status import _bytes, socket_path, volume_command
 from cachepilot.display import escape
 from cachepilot.errors import UserError
 
@@ -89,9 +89,8 @@ def _ended(volume: str, op: dict[str, Any]) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("drain", help="drive a volume's dirty data to zero now, with progress (control socket; root)")
-    socket_arg(p)
-    p.add_argument("volume", metavar="VOLUME", help="the volume's name as status shows it (e.g. bcache0)")
+    p = volume_command(sub, "drain", "drive a volume's dirty data to zero now, with progress (control socket; root)",
+                       drain)
     p.add_argument("--deadline", default="10m", help="give up after this long (e.g. 90s, 10m; default 10m)")
     p.add_argument("--end", choices=("policy", "writethrough"), default="policy",
                    help="after the drain: the policy takes the volume back (default), or it stays write-through"
@@ -101,4 +100,3 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    "dm-writecache have no write-back rate, only caps on the I/O in flight")
     p.add_argument("--release", action="store_true", help="give a held (or draining) volume back to the policy")
     p.add_argument("--no-wait", action="store_true", help="queue the drain and return (follow it in status)")
-    p.set_defaults(handler=drain)

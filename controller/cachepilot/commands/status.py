@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,21 @@ def socket_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--socket", metavar="PATH", help=f"control socket (default {DEFAULT_SOCKET})")
     p.add_argument("--config", metavar="FILE",
                    help="take the control socket's path from this configuration (only that key is read)")
+
+
+VOLUME_HELP = "the volume's name as status shows it (e.g. bcache0)"
+
+
+def volume_command(sub: argparse._SubParsersAction, name: str, help: str,  # type: ignore[type-arg]
+                   handler: Callable[[argparse.Namespace], int], volume_help: str = VOLUME_HELP
+                   ) -> argparse.ArgumentParser:
+    """The parser of a control-socket command on one volume (drain, detach, attach, clear-latch): --socket/--config,
+    then VOLUME, run by ``handler``; the caller adds its own arguments after."""
+    p = sub.add_parser(name, help=help)
+    socket_arg(p)
+    p.add_argument("volume", metavar="VOLUME", help=volume_help)
+    p.set_defaults(handler=handler)
+    return p
 
 
 def socket_path(args: argparse.Namespace) -> Path:

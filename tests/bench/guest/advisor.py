@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import BCACHE, MNT, OUT, hits_misses, log, read_whole, set_cache_mode, wait, write_result  # noqa: E402
+import common as g  # noqa: E402  (g.X: the lab benchmarks' guest helpers, common.py)
 
 from cachepilot.workloads import APPEND, CREATE, DELETE, DROP_CACHE, FSYNC, READ, WRITE, Op, fileserver, warm_restart
 
@@ -60,7 +60,7 @@ def run(ops: list[Op], data: Path) -> int:
             finally:
                 os.close(fd)
         elif op == READ:
-            read += read_whole(path)
+            read += g.read_whole(path)
         elif op == DELETE:
             path.unlink()
         elif op == FSYNC:
@@ -73,17 +73,17 @@ def run(ops: list[Op], data: Path) -> int:
 def settled_stats() -> tuple[int, int, int]:
     os.sync()
     time.sleep(STATS_SETTLE_S)
-    h, m = hits_misses()
-    s = BCACHE / "stats_total"
+    h, m = g.hits_misses()
+    s = g.BCACHE / "stats_total"
     return h, m, int((s / "cache_bypass_hits").read_text()) + int((s / "cache_bypass_misses").read_text())
 
 
 def cache_everything() -> None:
-    (BCACHE / "sequential_cutoff").write_text("0")
+    (g.BCACHE / "sequential_cutoff").write_text("0")
     cset = Path(os.environ["LAB_BCACHE_CSET"])
     for knob in ("congested_read_threshold_us", "congested_write_threshold_us"):
         (cset / knob).write_text("0")
-    set_cache_mode("writethrough")
+    g.set_cache_mode("writethrough")
 
 
 def main() -> None:
@@ -91,19 +91,19 @@ def main() -> None:
     seed = int(sys.argv[sys.argv.index("--seed") + 1]) if "--seed" in sys.argv else 1
     ops, first = ops_of(name, seed)
     cache_everything()
-    data = MNT / "data"
+    data = g.MNT / "data"
     data.mkdir()
-    trace = OUT / "advisor.cptrace"
+    trace = g.OUT / "advisor.cptrace"
     cli = str(Path(sys.executable).with_name("cachepilot"))
-    err = open(OUT / "record.err", "w+")  # noqa: SIM115 - the recorder's stderr, for the whole run
-    rec = subprocess.Popen([cli, "record", "--out", str(trace), "--volume", str(MNT), "--tick", "1"],
+    err = open(g.OUT / "record.err", "w+")  # noqa: SIM115 - the recorder's stderr, for the whole run
+    rec = subprocess.Popen([cli, "record", "--out", str(trace), "--volume", str(g.MNT), "--tick", "1"],
                            stderr=err, stdout=subprocess.DEVNULL)
-    if not wait(lambda: "recording" in Path(err.name).read_text(), 240):
+    if not g.wait(lambda: "recording" in Path(err.name).read_text(), 240):
         raise SystemExit(f"record did not start: {Path(err.name).read_text()[-2000:]}")
     t0 = time.monotonic()
     run(ops[:first], data)
     h0, m0, b0 = settled_stats()
-    log(f"{name}: file set written in {time.monotonic() - t0:.0f} s (stats_total {h0} hits, {m0} misses)")
+    g.log(f"{name}: file set written in {time.monotonic() - t0:.0f} s (stats_total {h0} hits, {m0} misses)")
     t1 = time.monotonic()
     read = run(ops[first:], data)
     h1, m1, b1 = settled_stats()
@@ -114,8 +114,8 @@ def main() -> None:
            "ops": len(ops), "measured_ops": len(ops) - first, "read_bytes": read, "hits": hits, "misses": misses,
            "hit_ratio": hits / max(1, hits + misses), "bypasses": b1 - b0, "setup_hits": h0, "setup_misses": m0,
            "run_s": time.monotonic() - t1, "record_rc": rc, "trace_bytes": trace.stat().st_size}
-    write_result("advisor", res)
-    log(f"{name}: measured read hit ratio {res['hit_ratio']:.3f} ({hits} hits, {misses} misses, "
+    g.write_result("advisor", res)
+    g.log(f"{name}: measured read hit ratio {res['hit_ratio']:.3f} ({hits} hits, {misses} misses, "
         f"{b1 - b0} bypassed) in {res['run_s']:.0f} s; record rc {rc}")
 
 

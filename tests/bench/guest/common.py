@@ -28,6 +28,7 @@ OUT = Path(os.environ.get("LAB_OUT", "/tmp"))
 
 sys.path.insert(0, str(ROOT / "tests" / "vm"))  # the guest scripts' shared helpers
 from guestkit import wait  # noqa: E402,F401  (re-exported to the benchmarks)
+from labdaemon import LabDaemon  # noqa: E402
 from tracefs import Traced, TraceInstance, kdev  # noqa: E402
 
 
@@ -188,22 +189,18 @@ def drop_caches() -> None:
 
 
 class Daemon:
-    """`cachepilot run` with the given policy files, as its own process; CPU and RSS sampled from /proc."""
+    """`cachepilot run` with the given policy files, as its own process (tests/vm/labdaemon.py, with the benchmarks'
+    rescan and state interval); ready within 240 s or the benchmark exits; CPU and RSS sampled from /proc. It holds
+    the LabDaemon rather than being one: its stop() returns the exit code to the benchmark's result instead of saying
+    it to the host."""
 
     def __init__(self, policies: list[Path], tick: str = "1s", metrics_listen: str = "") -> None:
         """metrics_listen: the exporter's HTTP listener (IP:PORT), none by default."""
-        self.tmp = Path(tempfile.mkdtemp(prefix="cp-bench-"))
-        pol = ", ".join(str(p) for p in policies)
-        (self.tmp / "c.yaml").write_text(
-            f"version: 1\npolicies: [{pol}]\nstate_dir: state\nsocket: ctl.sock\ntick: {tick}\n"
-            f"rescan: 10s\nstate_interval: 30s\nmetrics: {{listen: {json.dumps(metrics_listen)}}}\n")
-        self.err = open(self.tmp / "stderr", "w+")  # noqa: SIM115 - kept open for the daemon's life
-        cli = str(Path(sys.executable).with_name("cachepilot"))
-        t0 = time.monotonic()
-        self.proc = subprocess.Popen([cli, "run", "--config", str(self.tmp / "c.yaml")], stderr=self.err,
-                                     stdout=subprocess.DEVNULL)
-        ok = wait(lambda: (self.tmp / "ctl.sock").exists() and "ready" in (self.tmp / "stderr").read_text(), 240)
-        self.ready_s = time.monotonic() - t0
+        self.lab = LabDaemon(Path(tempfile.mkdtemp(prefix="cp-bench-")), policies, tick=tick, rescan="10s",
+                             state_interval="30s", metrics=metrics_listen)
+        self.tmp, self.proc = self.lab.tmp, self.lab.proc
+        ok = self.lab.ready(240)
+        self.ready_s = time.monotonic() - self.lab.t0
         if not ok:
             raise SystemExit(f"daemon not ready after {self.ready_s:.0f} s:\n{self.log()[-2000:]}")
         log(f"daemon ready in {self.ready_s:.1f} s")
@@ -239,13 +236,11 @@ class Daemon:
         return request(self.tmp / "ctl.sock", {"cmd": cmd})
 
     def log(self) -> str:
-        self.err.seek(0)
-        return self.err.read()
+        return self.lab.log()
 
     def stop(self, keep_log: str = "") -> int:
         """Stop the daemon; with keep_log, its whole log goes to $LAB_OUT/<keep_log>-daemon.log."""
-        self.proc.terminate()
-        rc = self.proc.wait(timeout=120)
+        rc = self.lab.terminate(120)
         if keep_log:
             (OUT / f"{keep_log}-daemon.log").write_text(self.log())
         return rc
@@ -473,6 +468,20 @@ class CpuTax:
     def stop(self) -> None:
         self.proc.kill()
         self.proc.wait()
+
+
+def run_window(threads: list[threading.Thread], t0: float, warmup: float, daemon: Daemon | None
+               ) -> tuple[float, float, float]:
+    """A workload's threads, which measure from ``t0`` (now + ``warmup``) to their end: started, the warm-up slept,
+    joined. Returns the seconds from t0 to their end, the origin's MiB written over the window, and the daemon's CPU
+    seconds at the window's start (0 without one)."""
+    for t in threads:
+        t.start()
+    time.sleep(warmup)
+    w0, cpu0 = origin_written(), daemon.cpu_s() if daemon else 0.0
+    for t in threads:
+        t.join()
+    return time.monotonic() - t0, (origin_written() - w0) / MIB, cpu0
 
 
 class Sampler(threading.Thread):

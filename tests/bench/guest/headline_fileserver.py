@@ -31,30 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (  # noqa: E402
-    BCACHE,
-    MIB,
-    MNT,
-    ROOT,
-    CpuTax,
-    Daemon,
-    DirtyAge,
-    DirtyTrace,
-    DiscardWitness,
-    Sampler,
-    WorkloadHits,
-    cache_in_use_pct,
-    dirty_bytes,
-    drop_caches,
-    log,
-    origin_io_ticks_ms,
-    origin_written,
-    percentile,
-    set_cache_mode,
-    settle_clean,
-    shipped_variant,
-    write_result,
-)
+import common as g  # noqa: E402  (g.X: the lab benchmarks' guest helpers, common.py)
 from lifetimes import WallClockMix, discard_outcomes, oldest_dirty_age, reach_share  # noqa: E402
 from soak import profile  # noqa: E402 - with $SOAK_PYSPY: a py-spy profile of the daemon over the window
 
@@ -85,7 +62,7 @@ BURST_TAIL_S = 40.0  # after a burst: how long the witness waits for the cache t
 
 
 def recoverable_policy() -> Path:
-    text = (ROOT / "policies" / "default.yaml").read_text().replace("failure_model: destructive",
+    text = (g.ROOT / "policies" / "default.yaml").read_text().replace("failure_model: destructive",
                                                                      "failure_model: recoverable")
     p = Path("/tmp/recoverable.yaml")
     p.write_text(text)
@@ -105,8 +82,8 @@ def extents(path: Path) -> list[tuple[int, int]]:
 class Load:
     """The file set and the loop; latencies and deletes are recorded only while `recording`."""
 
-    def __init__(self, rnd: random.Random, target: int, witness: DiscardWitness) -> None:
-        self.d = MNT / "fs"
+    def __init__(self, rnd: random.Random, target: int, witness: g.DiscardWitness) -> None:
+        self.d = g.MNT / "fs"
         self.d.mkdir()
         self.rnd, self.target, self.witness = rnd, target, witness
         self.files: list[Path] = []  # the live files, for uniform picks (swap-removed)
@@ -239,71 +216,73 @@ class Load:
         return time.monotonic() - t0
 
 
-def configure(config: str, tax_pct: float) -> tuple[Daemon | None, CpuTax | None]:
+def configure(config: str, tax_pct: float) -> tuple[g.Daemon | None, g.CpuTax | None]:
     """The configuration's mode and knobs on a settled (clean) cache, then its daemon or busy loop."""
-    set_cache_mode("writethrough" if config == "wt" else "writeback")
+    g.set_cache_mode("writethrough" if config == "wt" else "writeback")
     # every configuration: no congestion bypass. Under TCG the emulated cache device answers in milliseconds, over
     # bcache's 2 ms read / 20 ms write congestion thresholds, so stock bcache sent most of the workload's I/O
     # around the cache (301 of its requests in a 25 s development window); a real SSD answers in ~0.1 ms
     cset = Path(os.environ["LAB_BCACHE_CSET"])
     for knob in ("congested_read_threshold_us", "congested_write_threshold_us"):
         (cset / knob).write_text("0")
-    settle_clean()
+    g.settle_clean()
     knobs = stock_knobs(config) if config in ("wb", "discard", "tuned") or config.startswith("stock:") else {}
     if knobs.get("discard"):
-        subprocess.run(["mount", "-o", "remount,discard", str(MNT)], check=True)
+        subprocess.run(["mount", "-o", "remount,discard", str(g.MNT)], check=True)
     for key, knob in (("wp", "writeback_percent"), ("wd", "writeback_delay")):
         if key in knobs:
-            (BCACHE / knob).write_text(str(knobs[key]))
+            (g.BCACHE / knob).write_text(str(knobs[key]))
     if config.startswith("cp-"):
-        pol = {"cp-destructive": lambda: ROOT / "policies" / "default.yaml", "cp-recoverable": recoverable_policy,
-               "cp-paced": lambda: shipped_variant("max_age: 30s", "max_age: 30s\n    pace: true")}[config]()
-        return Daemon([pol]), None
-    return None, (CpuTax(tax_pct) if config == "cpu-tax" else None)
+        pol = {"cp-destructive": lambda: g.ROOT / "policies" / "default.yaml", "cp-recoverable": recoverable_policy,
+               "cp-paced": lambda: g.shipped_variant("max_age: 30s", "max_age: 30s\n    pace: true")}[config]()
+        return g.Daemon([pol]), None
+    return None, (g.CpuTax(tax_pct) if config == "cpu-tax" else None)
 
 
 def counters() -> dict:
-    return {"t": time.monotonic(), "origin": origin_written(), "ticks": origin_io_ticks_ms(), "dirty": dirty_bytes()}
+    return {"t": time.monotonic(), "origin": g.origin_written(), "ticks": g.origin_io_ticks_ms(),
+            "dirty": g.dirty_bytes()}
 
 
 def window_metrics(load: Load, a: dict, b: dict, ops: int) -> dict:
     secs = b["t"] - a["t"]
     return {
         "window_s": secs, "ops": ops, "ops_s": ops / secs,
-        "origin_window_mib": (b["origin"] - a["origin"]) / MIB,
+        "origin_window_mib": (b["origin"] - a["origin"]) / g.MIB,
         "origin_bytes_per_op": (b["origin"] - a["origin"]) / ops,
-        "dirty_owed_mib": b["dirty"] / MIB,
+        "dirty_owed_mib": b["dirty"] / g.MIB,
         "debt_bytes_per_op": (b["origin"] - a["origin"] + b["dirty"] - a["dirty"]) / ops,
         "origin_busy_ms_per_op": (b["ticks"] - a["ticks"]) / ops,
         "origin_busy_pct": 100 * (b["ticks"] - a["ticks"]) / 1e3 / secs,
-        "fsync_p50_ms": percentile(load.fsync_ms, 50), "fsync_p99_ms": percentile(load.fsync_ms, 99),
-        "read_p50_ms": percentile(load.read_ms, 50), "read_p99_ms": percentile(load.read_ms, 99),
-        "lifetime_p50_s": percentile(load.lifetimes, 50), "lifetime_p90_s": percentile(load.lifetimes, 90),
+        "fsync_p50_ms": g.percentile(load.fsync_ms, 50), "fsync_p99_ms": g.percentile(load.fsync_ms, 99),
+        "read_p50_ms": g.percentile(load.read_ms, 50), "read_p99_ms": g.percentile(load.read_ms, 99),
+        "lifetime_p50_s": g.percentile(load.lifetimes, 50), "lifetime_p90_s": g.percentile(load.lifetimes, 90),
         "overwrites": load.overwrites, "capped_deaths": load.capped,
         "fsync_trace": [(round(t - a["t"], 3), round(ms, 2)) for t, ms in load.fsync_at],
     }
 
 
-def discard_metrics(load: Load, witness: DiscardWitness) -> dict:
+def discard_metrics(load: Load, witness: g.DiscardWitness) -> dict:
     o = discard_outcomes(witness.deletes, witness.discards(), load.created)
     return {"deletes": len(witness.deletes), "discarded": len(o.latencies), "never_discarded": o.never,
             "reused_first": o.reused_first, "discard_reach": reach_share(o),
-            "delete_discard_p50_s": percentile(o.latencies, 50), "delete_discard_p90_s": percentile(o.latencies, 90)}
+            "delete_discard_p50_s": g.percentile(o.latencies, 50),
+            "delete_discard_p90_s": g.percentile(o.latencies, 90)}
 
 
-def window_end(daemon: Daemon) -> tuple[float, float, dict]:
+def window_end(daemon: g.Daemon) -> tuple[float, float, dict]:
     """The daemon's CPU, system CPU and status counters when the window ends (a burst phase may follow)."""
     return daemon.cpu_s(), daemon.sys_s(), daemon.ask("status").get("counters") or {}
 
 
-def daemon_metrics(daemon: Daemon, cpu0: float, secs: float, first: dict, end: tuple[float, float, dict],
+def daemon_metrics(daemon: g.Daemon, cpu0: float, secs: float, first: dict, end: tuple[float, float, dict],
                    wall0: float) -> dict:
     """first: the daemon's status counters when the window began (where its loop's time went in the window); end:
     window_end(); wall0: the wall-clock time the window began (the decision log's clock), so that drains and
     switches line up with the per-fsync trace (its times are from the window's start too)."""
     cpu1, sys1, last = end
     res = {"daemon_cpu_pct": 100 * (cpu1 - cpu0) / secs,
-           "daemon_sys_pct": 100 * (sys1 - daemon.sys0) / secs, "daemon_rss_mib": daemon.rss_max / MIB,
+           "daemon_sys_pct": 100 * (sys1 - daemon.sys0) / secs, "daemon_rss_mib": daemon.rss_max / g.MIB,
            "daemon_ready_s": daemon.ready_s, "stage_ms_per_tick": stage_ms(first, last),
            # the probe's events a second by kind (what the daemon's per-event work scales with)
            "events_per_s": {k.split(".", 1)[1]: round((n - first.get(k, 0)) / secs, 1) for k, n in last.items()
@@ -327,17 +306,17 @@ def stage_ms(c0: dict, c1: dict) -> dict:
                 for w in ("wall", "cpu")] for s in stages}
 
 
-def burst_phase(load: Load, age: DirtyAge, seconds: float) -> dict:
+def burst_phase(load: Load, age: g.DirtyAge, seconds: float) -> dict:
     """The burst after the window, witnessed apart: the dirty data and its age from the burst's start until the
     cache reads clean or BURST_TAIL_S after it (the sampler's DirtyAge, restarted for the phase)."""
     age.restart()
     t0 = time.monotonic()
     nbytes, took = load.burst(seconds)
     end = time.monotonic() + BURST_TAIL_S
-    while time.monotonic() < end and dirty_bytes() > 0:
+    while time.monotonic() < end and g.dirty_bytes() > 0:
         time.sleep(0.5)
-    return {"burst_s": took, "burst_mib": nbytes / MIB, "burst_mib_s": nbytes / MIB / max(took, 1e-9),
-            "burst_max_dirty_mib": age.max_bytes / MIB, "burst_dirty_since_clean_max_s": age.max_age_s,
+    return {"burst_s": took, "burst_mib": nbytes / g.MIB, "burst_mib_s": nbytes / g.MIB / max(took, 1e-9),
+            "burst_max_dirty_mib": age.max_bytes / g.MIB, "burst_dirty_since_clean_max_s": age.max_age_s,
             "burst_phase_s": time.monotonic() - t0}
 
 
@@ -356,29 +335,29 @@ def measure(traces: contextlib.ExitStack) -> None:
     seed = int(sys.argv[sys.argv.index("--seed") + 1]) if "--seed" in sys.argv else 1
     burst_s = float(sys.argv[sys.argv.index("--burst") + 1]) if "--burst" in sys.argv else 0.0
     tax = float(sys.argv[sys.argv.index("--cpu-tax-pct") + 1]) if "--cpu-tax-pct" in sys.argv else 0.0
-    cache = int(os.environ.get("BENCH_CACHE_MB", "256")) * MIB
-    witness = traces.enter_context(DiscardWitness(os.environ["LAB_CACHED_DEV"]))
-    set_cache_mode("writethrough")
+    cache = int(os.environ.get("BENCH_CACHE_MB", "256")) * g.MIB
+    witness = traces.enter_context(g.DiscardWitness(os.environ["LAB_CACHED_DEV"]))
+    g.set_cache_mode("writethrough")
     load = Load(random.Random(seed), cache // 3, witness)  # noqa: S311 - a reproducible workload, not a secret
     load.initial()
-    log(f"live set: {len(load.files)} files, {load.live / MIB:.1f} MiB")
+    g.log(f"live set: {len(load.files)} files, {load.live / g.MIB:.1f} MiB")
     daemon, busy = configure(config, tax)
-    drop_caches()
-    age, dirty_trace = DirtyAge(), traces.enter_context(DirtyTrace())
-    t_start, w_start = time.monotonic(), origin_written()
+    g.drop_caches()
+    age, dirty_trace = g.DirtyAge(), traces.enter_context(g.DirtyTrace())
+    t_start, w_start = time.monotonic(), g.origin_written()
 
     def row() -> dict:
-        d = dirty_bytes()
+        d = g.dirty_bytes()
         age.see(d)
         if daemon:
             daemon.sample()
-        return {"origin_mib": (origin_written() - w_start) / MIB, "dirty_mib": d / MIB,
-                "in_use_pct": cache_in_use_pct()}
+        return {"origin_mib": (g.origin_written() - w_start) / g.MIB, "dirty_mib": d / g.MIB,
+                "in_use_pct": g.cache_in_use_pct()}
 
-    sampler = Sampler(row)
+    sampler = g.Sampler(row)
     sampler.start()
     load.run(warmup)
-    hits = traces.enter_context(WorkloadHits(os.environ["LAB_CACHED_DEV"], os.getpid()))
+    hits = traces.enter_context(g.WorkloadHits(os.environ["LAB_CACHED_DEV"], os.getpid()))
     a, ops0, load.recording = counters(), load.ops, True
     wall0 = time.time() - (time.monotonic() - a["t"])
     cpu0 = daemon.cpu_s() if daemon else (busy.cpu_s() if busy else 0.0)
@@ -394,8 +373,9 @@ def measure(traces: contextlib.ExitStack) -> None:
     window_age = (age.max_bytes, age.max_age_s)
     end = window_end(daemon) if daemon else None
     tax_cpu1 = busy.cpu_s() if busy else 0.0
-    res = {"config": config, "warmup_s": warmup, "seed": seed, "cpu_tax_pct": tax, "initial_live_mib": cache / 3 / MIB,
-           "live_end_mib": load.live / MIB,
+    res = {"config": config, "warmup_s": warmup, "seed": seed, "cpu_tax_pct": tax,
+           "initial_live_mib": cache / 3 / g.MIB,
+           "live_end_mib": load.live / g.MIB,
            "mix": {"classes": MIX.classes, "overwrite_share": MIX.overwrite_share},
            **window_metrics(load, a, b, load.ops - ops0), **hits.counts()}
     res["hit_ratio"] = res["hits"] / max(1, res["hits"] + res["misses"])
@@ -414,11 +394,11 @@ def measure(traces: contextlib.ExitStack) -> None:
     in_window = [e for e in events + disc if e[0] <= b["t"]]
     if burst_s > 0:
         res["burst_oldest_dirty_s"] = oldest_dirty_age(events + disc, b["t"] + res["burst_phase_s"])
-    res.update({"exposure_max_dirty_mib": window_age[0] / MIB, "exposure_dirty_since_clean_max_s": window_age[1],
+    res.update({"exposure_max_dirty_mib": window_age[0] / g.MIB, "exposure_dirty_since_clean_max_s": window_age[1],
                 "exposure_oldest_dirty_s": oldest_dirty_age(in_window, b["t"]), "dirty_trace_overrun": overrun,
                 "dirty_trace_samples": dirty_trace.samples, "run_s": time.monotonic() - t_start})
-    write_result("headline_fileserver", res)
-    log(f"{config}: {res['ops_s']:.1f} ops/s, origin {res['origin_bytes_per_op'] / 1024:.1f} KiB/op, owed "
+    g.write_result("headline_fileserver", res)
+    g.log(f"{config}: {res['ops_s']:.1f} ops/s, origin {res['origin_bytes_per_op'] / 1024:.1f} KiB/op, owed "
         f"{res['dirty_owed_mib']:.1f} MiB, hit {res['hit_ratio']:.3f}, fsync p99 {res['fsync_p99_ms']:.1f} ms")
 
 

@@ -36,24 +36,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "vm"))  # bcache_trace (the lab's tracefs helper)
+import common as g  # noqa: E402  (g.X: the lab benchmarks' guest helpers, common.py)
 from bcache_trace import ALLOC_FAIL, Trace  # noqa: E402
-from common import (  # noqa: E402
-    BCACHE,
-    DM_NAME,
-    MIB,
-    MNT,
-    RECIPE,
-    ROOT,
-    Daemon,
-    dmstatus,
-    log,
-    origin_read,
-    set_cache_mode,
-    settle_clean,
-    write_result,
-)
 
-HOT_FILES, HOT_MIB, REQ = 4, 16, MIB
+HOT_FILES, HOT_MIB, REQ = 4, 16, g.MIB
 # bcache's own counters per round (stats_total; folded every few seconds, so a round's share may lag into the next)
 STATS = ("cache_hits", "cache_misses", "cache_bypass_hits", "cache_bypass_misses", "cache_miss_collisions")
 # dm-cache's own counters per round (its status line: read hits, read misses, demotions, promotions)
@@ -64,40 +50,40 @@ DM_ENV = {**os.environ, "DM_DISABLE_UDEV": "1"}
 
 def write(path: Path, size: int, rnd: random.Random) -> None:
     with open(path, "wb") as f:
-        for _ in range(size // MIB):
-            f.write(rnd.randbytes(MIB))
+        for _ in range(size // g.MIB):
+            f.write(rnd.randbytes(g.MIB))
         os.fsync(f.fileno())
 
 
 def reattach() -> None:
     """The same cache, empty for this volume: what the set-up's writes left cached is gone."""
-    if RECIPE != "bcache":
+    if g.RECIPE != "bcache":
         _invalidate_dm_cache()
         return
-    cset = os.path.basename(os.readlink(BCACHE / "cache"))
-    (BCACHE / "detach").write_text("1\n")
-    while (BCACHE / "cache").exists():
+    cset = os.path.basename(os.readlink(g.BCACHE / "cache"))
+    (g.BCACHE / "detach").write_text("1\n")
+    while (g.BCACHE / "cache").exists():
         time.sleep(0.1)
-    (BCACHE / "attach").write_text(cset + "\n")
-    while not (BCACHE / "cache").exists():
+    (g.BCACHE / "attach").write_text(cset + "\n")
+    while not (g.BCACHE / "cache").exists():
         time.sleep(0.1)
 
 
 def _invalidate_dm_cache() -> None:
     """dm-cache takes invalidate_cblocks only in passthrough mode, which it enters only clean (dm-cache-target.c)."""
-    settle_clean()
+    g.settle_clean()
     mode = cache_mode_dm()
-    set_cache_mode("passthrough")
-    total = int(dmstatus()[6].split("/")[1])  # <used>/<total> cache blocks; the range's end is exclusive
-    subprocess.run(["dmsetup", "message", DM_NAME, "0", "invalidate_cblocks", f"0-{total}"], check=True, env=DM_ENV)
-    used = int(dmstatus()[6].split("/")[0])
-    set_cache_mode(mode)
-    log(f"dm-cache emptied: {used} of {total} blocks in use after invalidate_cblocks; mode back to {mode}")
+    g.set_cache_mode("passthrough")
+    total = int(g.dmstatus()[6].split("/")[1])  # <used>/<total> cache blocks; the range's end is exclusive
+    subprocess.run(["dmsetup", "message", g.DM_NAME, "0", "invalidate_cblocks", f"0-{total}"], check=True, env=DM_ENV)
+    used = int(g.dmstatus()[6].split("/")[0])
+    g.set_cache_mode(mode)
+    g.log(f"dm-cache emptied: {used} of {total} blocks in use after invalidate_cblocks; mode back to {mode}")
 
 
 def cache_mode_dm() -> str:
     """The dm-cache table's io mode (writeback / writethrough / passthrough)."""
-    table = subprocess.run(["dmsetup", "table", DM_NAME], capture_output=True, text=True, check=True).stdout.split()
+    table = subprocess.run(["dmsetup", "table", g.DM_NAME], capture_output=True, text=True, check=True).stdout.split()
     return next(t for t in table if t in ("writeback", "writethrough", "passthrough"))
 
 
@@ -125,7 +111,7 @@ class Backup(threading.Thread):
         t0 = time.monotonic()
         for f in self.files:
             with open(f, "rb") as fh:
-                while not self.stop.is_set() and (got := len(fh.read(MIB))):
+                while not self.stop.is_set() and (got := len(fh.read(g.MIB))):
                     self.bytes += got
             if self.stop.is_set():
                 break
@@ -133,25 +119,25 @@ class Backup(threading.Thread):
 
 
 def stats() -> list[int]:
-    if RECIPE != "bcache":
-        f = dmstatus()
+    if g.RECIPE != "bcache":
+        f = g.dmstatus()
         return [int(f[i]) for i in DM_STATS.values()]
-    return [int((BCACHE / "stats_total" / k).read_text()) for k in STATS]
+    return [int((g.BCACHE / "stats_total" / k).read_text()) for k in STATS]
 
 
-def configure(config: str) -> Daemon | None:
-    kind_configs = ("smq", "smq-mt", "cp-default") if RECIPE != "bcache" else ("stock", "cutoff0", "cutoff16",
+def configure(config: str) -> g.Daemon | None:
+    kind_configs = ("smq", "smq-mt", "cp-default") if g.RECIPE != "bcache" else ("stock", "cutoff0", "cutoff16",
                                                                                "cp-default")
     if config not in kind_configs:
-        raise SystemExit(f"configuration {config!r} is not one for {RECIPE} (one of {', '.join(kind_configs)})")
+        raise SystemExit(f"configuration {config!r} is not one for {g.RECIPE} (one of {', '.join(kind_configs)})")
     if config == "smq-mt":
-        subprocess.run(["dmsetup", "message", DM_NAME, "0", "migration_threshold", "32768"], check=True, env=DM_ENV)
+        subprocess.run(["dmsetup", "message", g.DM_NAME, "0", "migration_threshold", "32768"], check=True, env=DM_ENV)
     elif config == "cutoff0":
-        (BCACHE / "sequential_cutoff").write_text("0")
+        (g.BCACHE / "sequential_cutoff").write_text("0")
     elif config == "cutoff16":
-        (BCACHE / "sequential_cutoff").write_text(str(16 * MIB))
+        (g.BCACHE / "sequential_cutoff").write_text(str(16 * g.MIB))
     elif config == "cp-default":
-        return Daemon([ROOT / "policies" / "default.yaml"])
+        return g.Daemon([g.ROOT / "policies" / "default.yaml"])
     return None
 
 
@@ -161,12 +147,12 @@ def main() -> None:
     backup_round = int(sys.argv[sys.argv.index("--backup-round") + 1]) if "--backup-round" in sys.argv else 3
     rnd = random.Random(seed)  # noqa: S311 - reproducible data, not a secret
     cache_mib = int(os.environ.get("BENCH_CACHE_MB", "256"))
-    hot = [MNT / f"hot{i}" for i in range(HOT_FILES)]
-    cold = [MNT / f"cold{i:03d}" for i in range(int(stream_x * cache_mib) // 64)]
+    hot = [g.MNT / f"hot{i}" for i in range(HOT_FILES)]
+    cold = [g.MNT / f"cold{i:03d}" for i in range(int(stream_x * cache_mib) // 64)]
     for p in hot:
-        write(p, HOT_MIB * MIB, rnd)
+        write(p, HOT_MIB * g.MIB, rnd)
     for p in cold:
-        write(p, 64 * MIB, rnd)
+        write(p, 64 * g.MIB, rnd)
     reattach()
     Path("/proc/sys/vm/drop_caches").write_text("3")
     daemon = configure(config)
@@ -174,7 +160,7 @@ def main() -> None:
     backup = Backup(cold)
     # bcache's refused read-miss inserts (bcache_alloc_fail: no ready bucket), counted per round for every
     # configuration -- with the stats, why a configuration keeps or loses the hot set while the backup streams
-    refusals = Trace((ALLOC_FAIL,)) if RECIPE == "bcache" else None
+    refusals = Trace((ALLOC_FAIL,)) if g.RECIPE == "bcache" else None
     if refusals is not None:
         refusals.start()
     t0 = time.monotonic()
@@ -185,23 +171,23 @@ def main() -> None:
         time.sleep(max(0.0, start - time.monotonic()))
         if r + 1 == backup_round:
             backup.start()
-        o0, b0, s0 = origin_read(), backup.bytes, stats()
+        o0, b0, s0 = g.origin_read(), backup.bytes, stats()
         times = [read_direct(p, buf) for p in hot]
         if r == 1:
             second_ended = time.time()  # wall clock, as the daemon's decisions' "ts"
         # the round's window runs to the next round's start: the daemon's promotion reads land there
         end = t0 + (r + 1) * interval
         time.sleep(max(0.0, end - time.monotonic()))
-        hot_origin = max(0, origin_read() - o0 - (backup.bytes - b0))
-        names = STATS if RECIPE == "bcache" else tuple(DM_STATS)
+        hot_origin = max(0, g.origin_read() - o0 - (backup.bytes - b0))
+        names = STATS if g.RECIPE == "bcache" else tuple(DM_STATS)
         counts = dict(zip(names, (b - a for a, b in zip(s0, stats(), strict=True)), strict=True))
         if refusals is not None:
             counts["alloc_fail"] = sum(1 for x in refusals.take() if x.event == ALLOC_FAIL)
         per_round.append({"round": r + 1, "t": start - t0, "read_ms": times,
                           "origin_bytes_per_read": hot_origin / HOT_FILES, "bcache": counts,
                           "backup_bytes": backup.bytes - b0})
-        log(f"{config} round {r + 1}: hot read ms {[round(x) for x in times]}, "
-            f"origin {hot_origin / MIB:.1f} MiB for the hot set, backup {(backup.bytes - b0) / MIB:.0f} MiB, "
+        g.log(f"{config} round {r + 1}: hot read ms {[round(x) for x in times]}, "
+            f"origin {hot_origin / g.MIB:.1f} MiB for the hot set, backup {(backup.bytes - b0) / g.MIB:.0f} MiB, "
             f"bcache {counts}")
         if daemon:
             daemon.sample()
@@ -213,9 +199,9 @@ def main() -> None:
     res = {"config": config, "rounds": per_round, "hot_files": HOT_FILES, "hot_mib": HOT_MIB,
            "interval_s": interval, "backup_round": backup_round, "stream_bytes": backup.bytes,
            "stream_s": backup.seconds,
-           "stream_mib_s": backup.bytes / MIB / max(backup.seconds, 1e-9),
-           "kind": RECIPE,
-           "sequential_cutoff": (BCACHE / "sequential_cutoff").read_text().strip() if RECIPE == "bcache" else None}
+           "stream_mib_s": backup.bytes / g.MIB / max(backup.seconds, 1e-9),
+           "kind": g.RECIPE,
+           "sequential_cutoff": (g.BCACHE / "sequential_cutoff").read_text().strip() if g.RECIPE == "bcache" else None}
     if daemon:
         res["daemon_cpu_pct"] = 100 * (daemon.cpu_s() - daemon.cpu0) / (time.monotonic() - t0)
         dec = daemon.explain()
@@ -227,7 +213,7 @@ def main() -> None:
         pace = vol.get("promotion") or {}
         res["alloc_failures"], res["promotion_rate"] = pace.get("alloc_failures"), pace.get("promotion_rate")
         res["daemon_exit"] = daemon.stop()
-    write_result("hotlarge", res)
+    g.write_result("hotlarge", res)
 
 
 if __name__ == "__main__":

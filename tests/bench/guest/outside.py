@@ -23,24 +23,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (  # noqa: E402
-    MIB,
-    MNT,
-    ROOT,
-    DirtyAge,
-    Sampler,
-    dirty_bytes,
-    drop_caches,
-    log,
-    origin_io_ticks_ms,
-    origin_written,
-    set_cache_mode,
-    write_result,
-)
+import common as g  # noqa: E402  (g.X: the lab benchmarks' guest helpers, common.py)
 from headline_fileserver import configure, valid  # noqa: E402
 
 TOOLS = ("dbench", "dbench-fsync", "fio-fileset", "fio-db")
-FIO = ROOT / "tests" / "bench" / "fio"
+FIO = g.ROOT / "tests" / "bench" / "fio"
 DBENCH_CLIENTS = 4
 
 
@@ -79,7 +66,7 @@ FIO_JOBS = {"fio-fileset": "fileset.fio", "fio-db": "dbrandwrite.fio"}
 def prepare(tool: str) -> Path:
     """The tool's directory; fio's files laid out before anything is measured (the database job's 2 x 256 MiB
     tables would otherwise be most of a short window's origin writes), then synced."""
-    where = MNT / "outside"
+    where = g.MNT / "outside"
     where.mkdir()
     if tool in FIO_JOBS:
         subprocess.run(["fio", str(FIO / FIO_JOBS[tool]), f"--directory={where}", "--create_only=1",
@@ -101,29 +88,29 @@ def main() -> None:
     if not valid(config):
         raise SystemExit(f"unknown configuration {config!r}")
     seed = int(sys.argv[sys.argv.index("--seed") + 1]) if "--seed" in sys.argv else 1
-    set_cache_mode("writethrough")
+    g.set_cache_mode("writethrough")
     where = prepare(tool)  # written through, before the configuration: every row starts from the same clean files
     daemon, _ = configure(config, 0.0)
-    drop_caches()
-    age = DirtyAge()
+    g.drop_caches()
+    age = g.DirtyAge()
 
     def row() -> dict:
-        d = dirty_bytes()
+        d = g.dirty_bytes()
         age.see(d)
         if daemon:
             daemon.sample()
-        return {"dirty_mib": d / MIB}
+        return {"dirty_mib": d / g.MIB}
 
-    sampler = Sampler(row)
+    sampler = g.Sampler(row)
     sampler.start()
-    t0, w0, busy0 = time.monotonic(), origin_written(), origin_io_ticks_ms()
+    t0, w0, busy0 = time.monotonic(), g.origin_written(), g.origin_io_ticks_ms()
     cpu0 = daemon.cpu_s() if daemon else 0.0
     res = {"tool": tool, "config": config, "seed": seed, "warmup_s": warmup, "window_s": window,
            **run_tool(tool, where, warmup, window, seed)}
     secs = time.monotonic() - t0
-    res.update({"run_s": secs, "origin_busy_pct": 100 * (origin_io_ticks_ms() - busy0) / 1e3 / secs,
-                "origin_written_mib": (origin_written() - w0) / MIB, "dirty_end_mib": dirty_bytes() / MIB,
-                "exposure_max_dirty_mib": age.max_bytes / MIB, "exposure_dirty_since_clean_max_s": age.max_age_s})
+    res.update({"run_s": secs, "origin_busy_pct": 100 * (g.origin_io_ticks_ms() - busy0) / 1e3 / secs,
+                "origin_written_mib": (g.origin_written() - w0) / g.MIB, "dirty_end_mib": g.dirty_bytes() / g.MIB,
+                "exposure_max_dirty_mib": age.max_bytes / g.MIB, "exposure_dirty_since_clean_max_s": age.max_age_s})
     res["timeline"] = sampler.stop()
     if daemon:
         res["daemon_cpu_pct"] = 100 * (daemon.cpu_s() - cpu0) / secs
@@ -132,8 +119,8 @@ def main() -> None:
                            if x["kind"] == "set_write_policy"]
         res["decisions"] = {k: sum(1 for x in dec if x["kind"] == k) for k in {x["kind"] for x in dec}}
         res["daemon_exit"] = daemon.stop()
-    write_result("outside", res)
-    log(f"{tool} {config}: {res['throughput_mb_s']:.2f} MB/s, origin busy {res['origin_busy_pct']:.0f}%")
+    g.write_result("outside", res)
+    g.log(f"{tool} {config}: {res['throughput_mb_s']:.2f} MB/s, origin busy {res['origin_busy_pct']:.0f}%")
 
 
 if __name__ == "__main__":

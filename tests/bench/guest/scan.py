@@ -20,17 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (  # noqa: E402
-    MIB,
-    MNT,
-    RECIPE,
-    ROOT,
-    Daemon,
-    drop_caches,
-    log,
-    timed_read_ms,
-    write_result,
-)
+import common as g  # noqa: E402  (g.X: the lab benchmarks' guest helpers, common.py)
 
 HOT_FILES, HOT_SIZE, HIT_MS = 256, 64 * 1024, 4.0
 
@@ -43,16 +33,16 @@ def main() -> None:
     config, warm, scan_mb, after = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
     seed = int(sys.argv[sys.argv.index("--seed") + 1]) if "--seed" in sys.argv else 1
     rnd = random.Random(seed)  # noqa: S311 - a reproducible workload, not a secret
-    hot, cold = MNT / "hot", MNT / "cold"
+    hot, cold = g.MNT / "hot", g.MNT / "cold"
     hot.mkdir()
     cold.mkdir()
     for i in range(HOT_FILES):
         (hot / f"h{i:04d}").write_bytes(rnd.randbytes(HOT_SIZE))
     for i in range(scan_mb):
-        (cold / f"c{i:05d}").write_bytes(rnd.randbytes(MIB))
+        (cold / f"c{i:05d}").write_bytes(rnd.randbytes(g.MIB))
     os.sync()
-    drop_caches()
-    daemon = Daemon([ROOT / "policies" / "default.yaml"]) if config.startswith("cp-") else None
+    g.drop_caches()
+    daemon = g.Daemon([g.ROOT / "policies" / "default.yaml"]) if config.startswith("cp-") else None
     weights = zipf_weights(HOT_FILES)
     buf = mmap.mmap(-1, HOT_SIZE)
     per_s: dict[int, list[int]] = {}
@@ -67,7 +57,7 @@ def main() -> None:
                 while fh.read(1 << 20):
                     pass
         marks["scan_end"] = time.monotonic() - t0
-        log(f"scan done in {marks['scan_end'] - marks['scan_start']:.1f} s")
+        g.log(f"scan done in {marks['scan_end'] - marks['scan_start']:.1f} s")
 
     scanner = threading.Thread(target=backup, daemon=True)
     while not stop.is_set():
@@ -77,7 +67,7 @@ def main() -> None:
         if "scan_end" in marks and now >= marks["scan_end"] + after:
             break
         i = rnd.choices(range(HOT_FILES), weights)[0]
-        lat = timed_read_ms(hot / f"h{i:04d}", buf)
+        lat = g.timed_read_ms(hot / f"h{i:04d}", buf)
         per_s.setdefault(int(now), [0, 0])[0 if lat < HIT_MS else 1] += 1
         if daemon and int(now) % 5 == 0:
             daemon.sample()
@@ -90,19 +80,19 @@ def main() -> None:
     # seconds from the scan's end to the end of the first 1 s bucket (from the one the scan ended in) back at 90%
     rec = 0.0 if never_below else next((max(0.0, s + 1 - end) for s, r in series
                                         if s >= int(end) and r >= 0.9 * pre_ratio), None)
-    res = {"config": config, "recipe": RECIPE, "series": series, "scan_start": start, "scan_end": end,
+    res = {"config": config, "recipe": g.RECIPE, "series": series, "scan_start": start, "scan_end": end,
            "pre_ratio": pre_ratio, "during_mean": sum(during) / max(1, len(during)),
            "during_min": min(during, default=None), "after_mean": sum(r for s, r in series if s >= end)
            / max(1, sum(1 for s, _ in series if s >= end)), "recovery_s": rec,
            "never_below_90": never_below}
     if daemon:
         res["daemon_cpu_pct"] = 100 * (daemon.cpu_s() - daemon.cpu0) / (time.monotonic() - t0)
-        res["daemon_rss_mib"] = daemon.rss_max / MIB
+        res["daemon_rss_mib"] = daemon.rss_max / g.MIB
         dec = daemon.explain()
         res["decisions"] = {k: sum(1 for x in dec if x["kind"] == k) for k in {x["kind"] for x in dec}}
         res["daemon_exit"] = daemon.stop()
-    write_result("scan", res)
-    log(f"{config}: pre {pre_ratio:.3f}, during {res['during_mean']:.3f} (min {res['during_min']}), "
+    g.write_result("scan", res)
+    g.log(f"{config}: pre {pre_ratio:.3f}, during {res['during_mean']:.3f} (min {res['during_min']}), "
         f"recovery {rec} s")
 
 

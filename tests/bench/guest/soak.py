@@ -41,7 +41,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import MIB, MNT, ROOT, Daemon, Sampler, drop_caches, log, parse_size, wait, write_result  # noqa: E402
+import common as g  # noqa: E402  (g.X: the lab benchmarks' guest helpers, common.py)
 
 CACHE_DEV = os.environ.get("LAB_CACHE_DEV", "/dev/mapper/lab-cache")
 ORIGIN_DEV = os.environ.get("LAB_ORIGIN_DEV", "/dev/mapper/lab-origin")
@@ -60,7 +60,7 @@ def bcache_sysfs() -> Path | None:
 
 def dirty() -> int:
     s = bcache_sysfs()
-    return parse_size((s / "dirty_data").read_text()) if s else 0
+    return g.parse_size((s / "dirty_data").read_text()) if s else 0
 
 
 def clean() -> bool:
@@ -189,7 +189,7 @@ class Load:
         return ok
 
     def check_all(self) -> list[str]:
-        drop_caches()
+        g.drop_caches()
         bad = []
         for name in sorted(self.files):
             try:
@@ -204,13 +204,13 @@ class Soak:
     def __init__(self, seconds: float, seed: int) -> None:
         self.seconds = seconds
         self.events: list[dict] = []
-        cache_bytes = int(os.environ.get("BENCH_CACHE_MB", "64")) * MIB
-        (MNT / "soak").mkdir()
-        self.load = Load(MNT / "soak", cache_bytes * 5 // 4, seed)
+        cache_bytes = int(os.environ.get("BENCH_CACHE_MB", "64")) * g.MIB
+        (g.MNT / "soak").mkdir()
+        self.load = Load(g.MNT / "soak", cache_bytes * 5 // 4, seed)
         # the shipped configuration's exporter: HTTP on loopback, rendered only when scraped (a textfile would be
         # rendered on the loop thread every tick, and lengthen the ticks this run measures)
         subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
-        self.daemon = Daemon([ROOT / "policies" / "default.yaml"], metrics_listen=METRICS)
+        self.daemon = g.Daemon([g.ROOT / "policies" / "default.yaml"], metrics_listen=METRICS)
         self.t0 = time.monotonic()  # the run's clock starts with the daemon ready
         self.profiler = profile(self.daemon.proc.pid)
         self.hups_sent = self.hups_ok = 0
@@ -221,7 +221,7 @@ class Soak:
     def event(self, what: str, **extra: object) -> None:
         row = {"t": round(time.monotonic() - self.t0, 1), "event": what, **extra}
         self.events.append(row)
-        log(json.dumps(row))
+        g.log(json.dumps(row))
 
     def status(self) -> dict:
         try:
@@ -238,7 +238,7 @@ class Soak:
         row: dict[str, object] = {"rss_kib": self.rss_kib(), "acked_files": len(self.load.files),
                                   "ops": self.load.ops}
         try:  # the volume can be half-gone while it is removed
-            row.update(dirty_mib=round(dirty() / MIB, 2), cache=cache_state())
+            row.update(dirty_mib=round(dirty() / g.MIB, 2), cache=cache_state())
         except OSError as exc:
             row["cache"] = f"unreadable: {exc.strerror}"
         row.update(tick_histogram(scrape()))
@@ -266,7 +266,7 @@ class Soak:
             before = (self.status().get("counters") or {})
             self.daemon.proc.send_signal(signal.SIGHUP)
             self.hups_sent += 1
-            ok = wait(lambda b=before: self._reloaded(b), 20, 0.5)
+            ok = g.wait(lambda b=before: self._reloaded(b), 20, 0.5)
             self.hups_ok += ok
             if not ok:
                 self.hup_failures.append(f"t={time.monotonic() - self.t0:.0f}: {self.status().get('counters')}")
@@ -283,14 +283,14 @@ class Soak:
     def cache_error(self) -> None:
         self.load.stop()
         os.sync()
-        self.event("load stopped for the cache error", dirty_mib=round(dirty() / MIB, 2))
-        ok = wait(clean, CLEAN_WAIT, 0.5)
-        self.event("clean" if ok else f"still dirty after {CLEAN_WAIT:.0f} s", dirty_mib=round(dirty() / MIB, 2),
+        self.event("load stopped for the cache error", dirty_mib=round(dirty() / g.MIB, 2))
+        ok = g.wait(clean, CLEAN_WAIT, 0.5)
+        self.event("clean" if ok else f"still dirty after {CLEAN_WAIT:.0f} s", dirty_mib=round(dirty() / g.MIB, 2),
                    **self.volume_status())
         run("lab-fail-cache", "error")
         self.event("cache device now dm-error")
-        latched = wait(self._provoke_and_latched, 90, 0.5)
-        out = wait(lambda: cache_state() in ("writethrough", "none", "detached", "gone"), 60, 0.5)
+        latched = g.wait(self._provoke_and_latched, 90, 0.5)
+        out = g.wait(lambda: cache_state() in ("writethrough", "none", "detached", "gone"), 60, 0.5)
         self.event("latched" if latched else "NOT latched within 90 s", cache=cache_state(), out_of_writeback=out,
                    **self.volume_status())
         self.load.start()
@@ -309,7 +309,7 @@ class Soak:
     def remove_volume(self) -> None:
         self.load.stop()
         os.sync()
-        run("umount", str(MNT))
+        run("umount", str(g.MNT))
         s = bcache_sysfs()
         if s is not None:
             (s / "stop").write_text("1")
@@ -318,7 +318,7 @@ class Soak:
                 (cset / "unregister").write_text("1")
             except OSError as exc:  # a failed set may be going away on its own
                 self.event(f"unregister {cset.name}: {exc.strerror}")
-        gone = wait(lambda: bcache_sysfs() is None and not list(Path("/sys/fs/bcache").glob("*-*-*-*-*")), 60, 0.5)
+        gone = g.wait(lambda: bcache_sysfs() is None and not list(Path("/sys/fs/bcache").glob("*-*-*-*-*")), 60, 0.5)
         self.event("volume removed" if gone else "volume NOT removed within 60 s", **self.volume_status())
 
     def readd_volume(self) -> None:
@@ -330,19 +330,19 @@ class Soak:
         Path("/sys/fs/bcache/register").write_text(ORIGIN_DEV)
         st = os.stat(ORIGIN_DEV)  # a node, not a link, without udev: its sysfs directory by number
         backing = Path(f"/sys/dev/block/{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}/bcache")
-        if not wait(backing.exists, 30):
+        if not g.wait(backing.exists, 30):
             raise OSError(f"{ORIGIN_DEV} registered but {backing} did not appear")
         if not (backing / "cache").exists():
             cset = next(Path("/sys/fs/bcache").glob("*-*-*-*-*")).name
             (backing / "attach").write_text(cset)
-        wait(lambda: (s := bcache_sysfs()) is not None and (s / "cache").exists(), 30)
+        g.wait(lambda: (s := bcache_sysfs()) is not None and (s / "cache").exists(), 30)
         s = bcache_sysfs()
         assert s is not None, "the bcache device did not come back"
         mode_found = cache_state()
         (s / "cache_mode").write_text("writeback")  # as the lab's recipe sets it up
         dev = f"/dev/{s.parent.name}"
-        wait(lambda: os.path.exists(dev), 30)
-        run("mount", dev, str(MNT))
+        g.wait(lambda: os.path.exists(dev), 30)
+        run("mount", dev, str(g.MNT))
         self.event("volume re-added", dev=dev, mode_found=mode_found, cache=cache_state())
         self.load.start()
         self.event("load resumed")
@@ -352,14 +352,14 @@ class Soak:
         self.done.wait(15)  # a rescan (10 s) sees the volume gone
         self.event("after a rescan", **self.volume_status())
         self.readd_volume()
-        wait(lambda: bool(self.volume_status().get("name")), 30, 1)
+        g.wait(lambda: bool(self.volume_status().get("name")), 30, 1)
         self.event("daemon sees the volume", **self.volume_status())
 
     # ------------------------------------------------------------------ the run
     def run(self) -> dict:
         self.load.start()
         self.event("load started")
-        sampler = Sampler(self.sample, SAMPLE_EVERY)
+        sampler = g.Sampler(self.sample, SAMPLE_EVERY)
         sampler.start()
         hup = threading.Thread(target=self.hupper, daemon=True)
         hup.start()
@@ -478,7 +478,7 @@ def main() -> None:
     seconds = float(sys.argv[1])
     seed = int(sys.argv[sys.argv.index("--seed") + 1]) if "--seed" in sys.argv else 1
     res = Soak(seconds, seed).run()
-    write_result("soak", res)
+    g.write_result("soak", res)
     print(json.dumps({k: v for k, v in res.items() if k != "samples"}, indent=1))
 
 

@@ -25,26 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (  # noqa: E402
-    BCACHE,
-    MIB,
-    MNT,
-    RECIPE,
-    ROOT,
-    Daemon,
-    Sampler,
-    cache_mode,
-    dirty_bytes,
-    drop_caches,
-    log,
-    origin_written,
-    percentile,
-    read_whole,
-    set_cache_mode,
-    settle_clean,
-    wait,
-    write_result,
-)
+import common as g  # noqa: E402  (g.X: the lab benchmarks' guest helpers, common.py)
 
 NFILES, APPEND = 1000, 16 * 1024
 
@@ -99,8 +80,8 @@ def worker(fs: FileSet, seed: int, span: tuple[float, float], fsyncs: list[float
         lat = [append_sync(p, data, create=True)]
         fs.add(p)
         lat.append(append_sync(fs.pick(), data, create=False))
-        read_whole(fs.pick(), missing_ok=True)
-        read_whole(fs.pick(), missing_ok=True)
+        g.read_whole(fs.pick(), missing_ok=True)
+        g.read_whole(fs.pick(), missing_ok=True)
         if now >= measure:
             fsyncs.extend(x for x in lat if x >= 0)
             n += 1
@@ -114,27 +95,27 @@ class Exposure:
 
     POLL = 0.05
 
-    def __init__(self, daemon: Daemon | None) -> None:
+    def __init__(self, daemon: g.Daemon | None) -> None:
         self.daemon, self.t0 = daemon, time.monotonic()
         self.last_clean = self.t0
-        self.w0 = origin_written()
+        self.w0 = g.origin_written()
         self.stopped = threading.Event()
         self.poller = threading.Thread(target=self._poll, daemon=True)
         self.poller.start()
 
     def _poll(self) -> None:
         while not self.stopped.wait(self.POLL):
-            if dirty_bytes() == 0:
+            if g.dirty_bytes() == 0:
                 self.last_clean = time.monotonic()
 
     def __call__(self) -> dict:
-        now, dirty = time.monotonic(), dirty_bytes()
+        now, dirty = time.monotonic(), g.dirty_bytes()
         if dirty == 0:
             self.last_clean = now
         if self.daemon:
             self.daemon.sample()
-        return {"dirty_mib": dirty / MIB, "age_s": round(now - self.last_clean, 2), "mode": cache_mode(),
-                "origin_mib": (origin_written() - self.w0) / MIB}
+        return {"dirty_mib": dirty / g.MIB, "age_s": round(now - self.last_clean, 2), "mode": g.cache_mode(),
+                "origin_mib": (g.origin_written() - self.w0) / g.MIB}
 
 
 def main() -> None:
@@ -143,66 +124,59 @@ def main() -> None:
     seed = int(sys.argv[sys.argv.index("--seed") + 1]) if "--seed" in sys.argv else 1
     warmup = float(sys.argv[sys.argv.index("--warmup") + 1]) if "--warmup" in sys.argv else 0.0
     rnd = random.Random(seed)  # noqa: S311
-    spool = MNT / "spool"
+    spool = g.MNT / "spool"
     spool.mkdir()
     fs = FileSet(spool, rnd)
-    set_cache_mode("writethrough")  # the file set starts clean: every dirty byte below was written by the loop
+    g.set_cache_mode("writethrough")  # the file set starts clean: every dirty byte below was written by the loop
     for _ in range(NFILES):
         p = fs.new()
         p.write_bytes(rnd.randbytes(rnd.randrange(4, 29) * 1024))
         fs.add(p)
     os.sync()
-    if RECIPE == "bcache":
+    if g.RECIPE == "bcache":
         # issue 31: no congestion bypass, in every configuration, as in W1 (the TCG-emulated cache device answers
         # over bcache's 2 ms / 20 ms thresholds; a real SSD does not)
         cset = Path(os.environ["LAB_BCACHE_CSET"])
         for knob in ("congested_read_threshold_us", "congested_write_threshold_us"):
             (cset / knob).write_text("0")
-    settle_clean()
+    g.settle_clean()
     if config != "writethrough":
-        set_cache_mode("writeback")
-    daemon = Daemon([ROOT / "policies" / "default.yaml"]) if config.startswith("cp-") else None
-    if daemon and RECIPE == "bcache" and not wait(lambda: int((BCACHE / "writeback_delay").read_text()) <= 5, 30):
+        g.set_cache_mode("writeback")
+    daemon = g.Daemon([g.ROOT / "policies" / "default.yaml"]) if config.startswith("cp-") else None
+    if daemon and g.RECIPE == "bcache" and not g.wait(lambda: int((g.BCACHE / "writeback_delay").read_text()) <= 5, 30):
         raise SystemExit("the daemon did not hold writeback_delay within its drain window in 30 s")
-    drop_caches()
+    g.drop_caches()
     exposure = Exposure(daemon)
-    sampler = Sampler(exposure)
+    sampler = g.Sampler(exposure)
     sampler.start()
     fsyncs: list[float] = []
     ops: list[int] = []
     t0 = time.monotonic() + warmup
     threads = [threading.Thread(target=worker, args=(fs, seed * 100 + i, (t0, t0 + seconds), fsyncs, ops))
                for i in range(nthreads)]
-    for t in threads:
-        t.start()
-    time.sleep(warmup)
-    w0, cpu0 = origin_written(), daemon.cpu_s() if daemon else 0.0
-    for t in threads:
-        t.join()
-    elapsed = time.monotonic() - t0
-    window_origin = (origin_written() - w0) / MIB
+    elapsed, window_origin, cpu0 = g.run_window(threads, t0, warmup, daemon)
     rows = sampler.stop()
     exposure.stopped.set()
     res = {
         "config": config, "seconds": elapsed, "threads": nthreads, "ops": sum(ops), "ops_s": sum(ops) / elapsed,
-        "fsyncs": len(fsyncs), "fsync_p50_ms": percentile(fsyncs, 50) * 1e3,
-        "fsync_p99_ms": percentile(fsyncs, 99) * 1e3,
+        "fsyncs": len(fsyncs), "fsync_p50_ms": g.percentile(fsyncs, 50) * 1e3,
+        "fsync_p99_ms": g.percentile(fsyncs, 99) * 1e3,
         "max_dirty_mib": max((r["dirty_mib"] for r in rows), default=0.0),
         "max_age_s": max((r["age_s"] for r in rows), default=0.0),
         "warmup_s": warmup, "origin_written_mib": window_origin,
-        "origin_mib_per_kop": 1000 * window_origin / max(1, sum(ops)), "dirty_owed_mib": dirty_bytes() / MIB,
+        "origin_mib_per_kop": 1000 * window_origin / max(1, sum(ops)), "dirty_owed_mib": g.dirty_bytes() / g.MIB,
         "modes": sorted({r["mode"] for r in rows}), "timeline": rows,
     }
     if daemon:
         res["daemon_cpu_pct"] = 100 * (daemon.cpu_s() - cpu0) / elapsed
-        res["daemon_rss_mib"] = daemon.rss_max / MIB
+        res["daemon_rss_mib"] = daemon.rss_max / g.MIB
         dec = daemon.explain()
         res["decisions"] = {k: sum(1 for x in dec if x["kind"] == k) for k in {x["kind"] for x in dec}}
         res["daemon_exit"] = daemon.stop(keep_log="varmail")
         res["not_promotions"] = [line.split(" ", 2)[-1][:300] for line in daemon.log().splitlines()
                                  if any(k in line for k in (" drain ", "set_write_policy", "set_knob", "breach"))]
-    write_result("varmail", res)
-    log(f"{config}: {res['ops_s']:.1f} ops/s, fsync p99 {res['fsync_p99_ms']:.1f} ms, max dirty "
+    g.write_result("varmail", res)
+    g.log(f"{config}: {res['ops_s']:.1f} ops/s, fsync p99 {res['fsync_p99_ms']:.1f} ms, max dirty "
         f"{res['max_dirty_mib']:.1f} MiB, max age {res['max_age_s']:.0f} s")
 
 

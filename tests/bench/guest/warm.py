@@ -22,18 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (  # noqa: E402
-    MIB,
-    MNT,
-    ROOT,
-    Daemon,
-    drop_caches,
-    log,
-    set_cache_mode,
-    timed_read_ms,
-    wait,
-    write_result,
-)
+import common as g  # noqa: E402  (g.X: the lab benchmarks' guest helpers, common.py)
 
 FILE_SIZE, HIT_MS = 64 * 1024, 4.0
 SYS = Path("/sys/block/bcache0/bcache")
@@ -44,10 +33,10 @@ def replace_cache() -> None:
     cache_dev = os.environ["LAB_CACHE_DEV"]
     old = Path(os.environ["LAB_BCACHE_CSET"])
     (SYS / "detach").write_text("1")
-    if not wait(lambda: (SYS / "state").read_text().strip() == "no cache", 120, 0.1):
+    if not g.wait(lambda: (SYS / "state").read_text().strip() == "no cache", 120, 0.1):
         raise SystemExit(f"detach did not finish: state {(SYS / 'state').read_text().strip()}")
     (old / "unregister").write_text("1")
-    if not wait(lambda: not old.exists(), 60, 0.1):
+    if not g.wait(lambda: not old.exists(), 60, 0.1):
         raise SystemExit("the old cache set did not go away")
     for _ in range(50):  # the device may stay open a moment after the cache set went away
         # the cached data looks like other signatures (the filesystem's) to make-bcache: a fresh device has none
@@ -63,7 +52,7 @@ def replace_cache() -> None:
     show = subprocess.run(["bcache-super-show", cache_dev], check=True, capture_output=True, text=True).stdout
     uuid = next(line.split()[1] for line in show.splitlines() if line.startswith("cset.uuid"))
     (SYS / "attach").write_text(uuid)
-    if not wait(lambda: (SYS / "state").read_text().strip() in ("clean", "dirty"), 60, 0.1):
+    if not g.wait(lambda: (SYS / "state").read_text().strip() in ("clean", "dirty"), 60, 0.1):
         raise SystemExit(f"attach did not finish: state {(SYS / 'state').read_text().strip()}")
 
 
@@ -72,16 +61,16 @@ def main() -> None:
     seed = int(sys.argv[sys.argv.index("--seed") + 1]) if "--seed" in sys.argv else 1
     rnd = random.Random(seed)  # noqa: S311 - a reproducible workload, not a secret
     cache_mb = int(os.environ.get("BENCH_CACHE_MB", "64"))
-    nfiles = 2 * cache_mb * MIB // FILE_SIZE
-    data = MNT / "data"
+    nfiles = 2 * cache_mb * g.MIB // FILE_SIZE
+    data = g.MNT / "data"
     data.mkdir()
-    set_cache_mode("writethrough")  # clean: the detach has nothing to write back
+    g.set_cache_mode("writethrough")  # clean: the detach has nothing to write back
     for i in range(nfiles):
         (data / f"f{i:05d}").write_bytes(rnd.randbytes(FILE_SIZE))
     os.sync()
-    set_cache_mode("writeback")
-    drop_caches()
-    daemon = Daemon([ROOT / "policies" / "default.yaml"]) if config.startswith("cp-") else None
+    g.set_cache_mode("writeback")
+    g.drop_caches()
+    daemon = g.Daemon([g.ROOT / "policies" / "default.yaml"]) if config.startswith("cp-") else None
     order = list(range(nfiles))
     rnd.shuffle(order)  # the hot files are spread over the disk, not its first blocks
     weights = [1 / (i + 1) ** 1.1 for i in range(nfiles)]
@@ -100,7 +89,7 @@ def main() -> None:
             failed.append(exc)
             return
         marks["attached"] = time.monotonic() - t0
-        log(f"cache replaced in {marks['attached'] - marks['replace_start']:.1f} s")
+        g.log(f"cache replaced in {marks['attached'] - marks['replace_start']:.1f} s")
 
     swapper = threading.Thread(target=swap, daemon=True)
     while True:
@@ -112,7 +101,7 @@ def main() -> None:
         if failed or now > warm + after + 300:
             raise SystemExit(f"the replacement failed: {failed[0] if failed else 'timed out'}")
         i = order[rnd.choices(range(nfiles), weights)[0]]
-        lat = timed_read_ms(data / f"f{i:05d}", buf)
+        lat = g.timed_read_ms(data / f"f{i:05d}", buf)
         per_s.setdefault(int(now), [0, 0])[0 if lat < HIT_MS else 1] += 1
         if daemon and int(now) % 5 == 0:
             daemon.sample()
@@ -129,14 +118,14 @@ def main() -> None:
                                                                                   if s >= attached))}
     if daemon:
         res["daemon_cpu_pct"] = 100 * (daemon.cpu_s() - daemon.cpu0) / (time.monotonic() - t0)
-        res["daemon_rss_mib"] = daemon.rss_max / MIB
+        res["daemon_rss_mib"] = daemon.rss_max / g.MIB
         dec = daemon.explain()
         res["decisions"] = {k: sum(1 for x in dec if x["kind"] == k) for k in {x["kind"] for x in dec}}
         res["rewarm_decisions"] = sum(1 for x in dec if "cache device replaced" in x.get("action", "")
                                       + x.get("reason", ""))
         res["daemon_exit"] = daemon.stop()
-    write_result("warm", res)
-    log(f"{config}: steady {steady_ratio:.3f}, recovery {rec} s, after {res['after_mean']:.3f}")
+    g.write_result("warm", res)
+    g.log(f"{config}: steady {steady_ratio:.3f}, recovery {rec} s, after {res['after_mean']:.3f}")
 
 
 if __name__ == "__main__":

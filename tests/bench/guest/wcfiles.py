@@ -32,22 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (  # noqa: E402
-    DM_NAME,
-    MIB,
-    MNT,
-    ROOT,
-    BioTrace,
-    Daemon,
-    Sampler,
-    log,
-    origin_written,
-    percentile,
-    read_whole,
-    shipped_variant,
-    wait,
-    write_result,
-)
+import common as g  # noqa: E402  (g.X: the lab benchmarks' guest helpers, common.py)
 from lifetimes import WallClockMix, oldest_dirty_age  # noqa: E402
 
 from cachepilot.backends.dmstatus import parse_dm_writecache_status  # noqa: E402
@@ -64,20 +49,20 @@ def dm(*args: str) -> str:
 
 
 def dirty() -> int:
-    s = parse_dm_writecache_status(dm("status", DM_NAME))
+    s = parse_dm_writecache_status(dm("status", g.DM_NAME))
     return s.used_blocks * 4096  # the lab's table: 4 KiB blocks
 
 
 def set_table(max_age_ms: int, **args: int) -> None:
     """The table reloaded with max_age (a table argument only: no message changes it) and the other table arguments
     given (pause_writeback in ms, 0: write back at once; high/low_watermark in percent), then suspend + resume."""
-    table = WritecacheTable.parse(dm("table", DM_NAME)).with_("max_age", str(max_age_ms))
+    table = WritecacheTable.parse(dm("table", g.DM_NAME)).with_("max_age", str(max_age_ms))
     for key, value in args.items():
         table = table.with_(key, str(value))
-    dm("reload", DM_NAME, "--table", table.line())
-    dm("suspend", DM_NAME)
-    dm("resume", DM_NAME)
-    log(f"table now: {dm('table', DM_NAME).strip()}")
+    dm("reload", g.DM_NAME, "--table", table.line())
+    dm("suspend", g.DM_NAME)
+    dm("resume", g.DM_NAME)
+    g.log(f"table now: {dm('table', g.DM_NAME).strip()}")
 
 
 def stock_point(config: str) -> dict[str, int]:
@@ -158,7 +143,7 @@ def op(files: Files, data: bytes) -> list[Path]:
             finally:
                 os.close(fd)
         if (r := files.pick()) is not None:
-            read_whole(r, missing_ok=True)
+            g.read_whole(r, missing_ok=True)
         if (st := files.pick()) is not None:
             st.stat()
         if (new_size := files.overwrite_size()) is not None and (w := files.pick()) is not None:
@@ -194,7 +179,7 @@ class Exposure:
     """Dirty bytes every second and the time since they last read 0 (polled every 100 ms in between)."""
 
     def __init__(self) -> None:
-        self.last_clean, self.w0 = time.monotonic(), origin_written()
+        self.last_clean, self.w0 = time.monotonic(), g.origin_written()
         self.stopped = threading.Event()
         threading.Thread(target=self._poll, daemon=True).start()
 
@@ -207,8 +192,8 @@ class Exposure:
         d, now = dirty(), time.monotonic()
         if d == 0:
             self.last_clean = now
-        return {"dirty_mib": d / MIB, "age_s": round(now - self.last_clean, 2),
-                "origin_mib": (origin_written() - self.w0) / MIB}
+        return {"dirty_mib": d / g.MIB, "age_s": round(now - self.last_clean, 2),
+                "origin_mib": (g.origin_written() - self.w0) / g.MIB}
 
 
 def arg(name: str, default: float) -> float:
@@ -219,8 +204,8 @@ def policy(config: str) -> Path:
     """The shipped default; for cp-age a copy without its byte bound (max_dirty 1 GiB, more than the cache): the
     age bound alone, as stock max_age has it."""
     if config != "cp-age":
-        return ROOT / "policies" / "default.yaml"
-    return shipped_variant("max_dirty: 64MiB", "max_dirty: 1GiB")
+        return g.ROOT / "policies" / "default.yaml"
+    return g.shipped_variant("max_dirty: 64MiB", "max_dirty: 1GiB")
 
 
 def main() -> None:
@@ -236,36 +221,29 @@ def measure(traces: contextlib.ExitStack) -> None:
         set_table(pt["age"] * 1000, pause_writeback=pt["pause"], high_watermark=pt["high"], low_watermark=pt["low"])
         if pt["discard"]:
             # dm-writecache drops dirty blocks a discard covers: what the daemon's FITRIM gets, from ext4 itself
-            subprocess.run(["mount", "-o", "remount,discard", str(MNT)], check=True)
+            subprocess.run(["mount", "-o", "remount,discard", str(g.MNT)], check=True)
     elif not config.startswith("cp-"):
         raise SystemExit(f"unknown configuration {config!r}")
-    dm("message", DM_NAME, "0", "flush")  # what mkfs and the mount left: every run starts clean
-    if not wait(lambda: dirty() == 0, 120, 0.5):
+    dm("message", g.DM_NAME, "0", "flush")  # what mkfs and the mount left: every run starts clean
+    if not g.wait(lambda: dirty() == 0, 120, 0.5):
         raise SystemExit(f"still {dirty()} dirty bytes after the flush")
     # the witness: the age of the oldest dirty block from the bios on the volume and its origin (W1 reads bcache's
     # own events; dm-writecache has none)
-    vol = os.stat(MNT).st_dev
-    trace = traces.enter_context(BioTrace(f"{os.major(vol)}:{os.minor(vol)}",
-                                          WritecacheTable.parse(dm("table", DM_NAME)).head[4]))
-    root = MNT / "fs"
+    vol = os.stat(g.MNT).st_dev
+    trace = traces.enter_context(g.BioTrace(f"{os.major(vol)}:{os.minor(vol)}",
+                                          WritecacheTable.parse(dm("table", g.DM_NAME)).head[4]))
+    root = g.MNT / "fs"
     root.mkdir()
     files = Files(root, random.Random(seed))  # noqa: S311
-    daemon = Daemon([policy(config)]) if config.startswith("cp-") else None
+    daemon = g.Daemon([policy(config)]) if config.startswith("cp-") else None
     exposure = Exposure()
-    sampler = Sampler(exposure)
+    sampler = g.Sampler(exposure)
     sampler.start()
     ops: list[int] = []
     t0 = time.monotonic() + warmup
     threads = [threading.Thread(target=worker, args=(files, seed * 100 + i, (t0, t0 + seconds), ops))
                for i in range(nthreads)]
-    for t in threads:
-        t.start()
-    time.sleep(warmup)
-    w0, cpu0 = origin_written(), daemon.cpu_s() if daemon else 0.0
-    for t in threads:
-        t.join()
-    elapsed = time.monotonic() - t0
-    origin = (origin_written() - w0) / MIB
+    elapsed, origin, cpu0 = g.run_window(threads, t0, warmup, daemon)
     rows = sampler.stop()
     exposure.stopped.set()
     events, overrun = trace.events()
@@ -274,11 +252,11 @@ def measure(traces: contextlib.ExitStack) -> None:
     res = {
         "config": config, "seconds": elapsed, "warmup_s": warmup, "threads": nthreads, "age_bound_s": AGE_S,
         "ops": sum(ops), "ops_s": sum(ops) / elapsed, "origin_written_mib": origin,
-        "origin_mib_per_kop": 1000 * origin / max(1, sum(ops)), "dirty_owed_mib": dirty() / MIB,
+        "origin_mib_per_kop": 1000 * origin / max(1, sum(ops)), "dirty_owed_mib": dirty() / g.MIB,
         "max_dirty_mib": max((r["dirty_mib"] for r in window), default=0.0),
         "max_age_s": max((r["age_s"] for r in window), default=0.0), "overwrites": files.overwrites,
-        "dirty_p50_mib": percentile([r["dirty_mib"] for r in window], 50), "timeline": rows,
-        "table": dm("table", DM_NAME).strip(),
+        "dirty_p50_mib": g.percentile([r["dirty_mib"] for r in window], 50), "timeline": rows,
+        "table": dm("table", g.DM_NAME).strip(),
     }
     # the stock grid judges a point by the same witness names as W1's (stockgrid.within_bound)
     res.update({"exposure_max_dirty_mib": res["max_dirty_mib"], "exposure_oldest_dirty_s": oldest,
@@ -286,12 +264,12 @@ def measure(traces: contextlib.ExitStack) -> None:
     if daemon:
         daemon.sample()
         res["daemon_cpu_pct"] = 100 * (daemon.cpu_s() - cpu0) / elapsed
-        res["daemon_rss_mib"] = daemon.rss_max / MIB
+        res["daemon_rss_mib"] = daemon.rss_max / g.MIB
         dec = daemon.explain()
         res["decisions"] = {k: sum(1 for x in dec if x["kind"] == k) for k in {x["kind"] for x in dec}}
         res["daemon_exit"] = daemon.stop(keep_log="wcfiles")
-    write_result("wcfiles", res)
-    log(f"{config}: {res['ops_s']:.1f} ops/s, origin {origin:.1f} MiB, owed {res['dirty_owed_mib']:.1f} MiB, "
+    g.write_result("wcfiles", res)
+    g.log(f"{config}: {res['ops_s']:.1f} ops/s, origin {origin:.1f} MiB, owed {res['dirty_owed_mib']:.1f} MiB, "
         f"max dirty {res['max_dirty_mib']:.1f} MiB")
 
 

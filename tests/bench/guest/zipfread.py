@@ -29,21 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (  # noqa: E402
-    MIB,
-    MNT,
-    ROOT,
-    Daemon,
-    dmstatus,
-    drop_caches,
-    log,
-    percentile,
-    read_whole,
-    settle_clean,
-    shipped_variant,
-    timed_read_ms,
-    write_result,
-)
+import common as g  # noqa: E402  (g.X: the lab benchmarks' guest helpers, common.py)
 from zipfgen import Zipf  # noqa: E402
 
 FILE_KIB = 128
@@ -72,12 +58,12 @@ def make_files(root: Path, rnd: random.Random) -> list[Path]:
 
 def counters() -> tuple[int, int, int]:
     """dm-cache's read hits, read misses, promotions."""
-    f = dmstatus()
+    f = g.dmstatus()
     return int(f[7]), int(f[8]), int(f[12])
 
 
 def block_bytes() -> int:
-    return int(dmstatus()[5]) * 512
+    return int(g.dmstatus()[5]) * 512
 
 
 def workload_dm_ratio(hits: int, misses: int, promoter_bios: int) -> float | None:
@@ -95,7 +81,7 @@ def reader(pick: Zipf, lock: threading.Lock, files: list[Path], span: tuple[floa
         with lock:  # one generator for all threads: the draw sequence is the seed's, whatever the scheduling
             path = files[pick()]
         t = time.perf_counter()
-        read_whole(path)
+        g.read_whole(path)
         lat.append((now, (time.perf_counter() - t) * 1e3))
 
 
@@ -123,7 +109,7 @@ def cached_shares(files: list[Path]) -> dict[str, float]:
     buf = mmap.mmap(-1, FILE_KIB * 1024)
     read_ms = arg("--origin-read-ms", 4.0)
     try:
-        return {f"{lo}-{hi}": sum(1 for p in files[lo:hi] if timed_read_ms(p, buf) < read_ms) / (hi - lo)
+        return {f"{lo}-{hi}": sum(1 for p in files[lo:hi] if g.timed_read_ms(p, buf) < read_ms) / (hi - lo)
                 for lo, hi in BANDS}
     finally:
         buf.close()
@@ -141,7 +127,7 @@ def promoted_bytes() -> int | None:
         with urllib.request.urlopen(f"http://{METRICS}/metrics", timeout=10) as r:  # noqa: S310 - fixed local URL
             text = r.read().decode()
     except OSError as exc:
-        log(f"no metrics from the daemon's exporter: {exc}")
+        g.log(f"no metrics from the daemon's exporter: {exc}")
         return None
     return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                    if line.startswith("cachepilot_volume_promoted_bytes_total")))
@@ -151,8 +137,8 @@ def policy(config: str) -> Path:
     """The shipped default policy; for cp-promote with only_uncached false (admitted files promoted on dm-cache,
     as before smq was left to promote them itself: the comparison that shows what the promotion reads cost)."""
     if config != "cp-promote":
-        return ROOT / "policies" / "default.yaml"
-    return shipped_variant("only_uncached: true", "only_uncached: false")
+        return g.ROOT / "policies" / "default.yaml"
+    return g.shipped_variant("only_uncached: true", "only_uncached: false")
 
 
 def main() -> None:
@@ -160,12 +146,12 @@ def main() -> None:
     warmup, read_ms = arg("--warmup", 0.0), arg("--origin-read-ms", 4.0)
     nthreads, seed = int(arg("--threads", 4)), int(arg("--seed", 1))
     rnd = random.Random(seed)  # noqa: S311 - a reproducible workload, not a secret
-    files = make_files(MNT / "set", rnd)
+    files = make_files(g.MNT / "set", rnd)
     rnd.shuffle(files)  # rank k -> files[k]: popularity independent of the on-disk order
-    settle_clean()
-    drop_caches()
+    g.settle_clean()
+    g.drop_caches()
     subprocess.run(["ip", "link", "set", "lo", "up"], check=False)  # the exporter listens on loopback
-    daemon = Daemon([policy(config)], metrics_listen=METRICS) if config.startswith("cp-") else None
+    daemon = g.Daemon([policy(config)], metrics_listen=METRICS) if config.startswith("cp-") else None
     pick, lock, every = Zipf(NFILES, EXPONENT, rnd), threading.Lock(), []  # type: ignore[var-annotated]
     start = time.monotonic()
     t0 = start + warmup
@@ -186,29 +172,29 @@ def main() -> None:
     res = {
         "config": config, "seconds": elapsed, "warmup_s": warmup, "threads": nthreads, "files": NFILES,
         "file_kib": FILE_KIB, "exponent": EXPONENT, "ideal_hit_ratio": pick.top_share(256 * 1024 // FILE_KIB),
-        "reads": len(lat), "ops_s": len(lat) / elapsed, "read_p50_ms": percentile(lat, 50),
-        "read_p99_ms": percentile(lat, 99), "hit_ratio": fast / len(lat) if lat else None,
+        "reads": len(lat), "ops_s": len(lat) / elapsed, "read_p50_ms": g.percentile(lat, 50),
+        "read_p99_ms": g.percentile(lat, 99), "hit_ratio": fast / len(lat) if lat else None,
         "hit_threshold_ms": read_ms, "dm_read_hits": hits, "dm_read_misses": misses,
         "dm_hit_ratio": hits / (hits + misses) if hits + misses else None, "dm_promotions": promotions,
         "dm_workload_hit_ratio": workload_dm_ratio(hits, misses, 0), "read_mib": len(lat) * FILE_KIB / 1024,
-        "latency_deciles_ms": [round(percentile(lat, p), 2) for p in range(10, 100, 10)],
+        "latency_deciles_ms": [round(g.percentile(lat, p), 2) for p in range(10, 100, 10)],
         "timeline": timeline(every, start, read_ms),
     }
     if daemon:
         p1 = promoted_bytes()
         promoted = None if p0 is None or p1 is None else p1 - p0
-        res["promoted_mib"] = None if promoted is None else promoted / MIB
+        res["promoted_mib"] = None if promoted is None else promoted / g.MIB
         res["dm_workload_hit_ratio"] = (None if promoted is None
                                         else workload_dm_ratio(hits, misses, -(-promoted // block_bytes())))
         res["daemon_cpu_pct"] = 100 * (daemon.cpu_s() - cpu0) / elapsed
         daemon.sample()
-        res["daemon_rss_mib"] = daemon.rss_max / MIB
+        res["daemon_rss_mib"] = daemon.rss_max / g.MIB
         dec = daemon.explain()
         res["decisions"] = {k: sum(1 for x in dec if x["kind"] == k) for k in {x["kind"] for x in dec}}
         res["daemon_exit"] = daemon.stop(keep_log="zipfread")
     res["cached_share_by_rank"] = cached_shares(files)  # after the daemon stopped: nothing promotes meanwhile
-    write_result("zipfread", res)
-    log(f"{config}: {res['ops_s']:.1f} reads/s, hit ratio {res['hit_ratio']}, p99 {res['read_p99_ms']:.1f} ms")
+    g.write_result("zipfread", res)
+    g.log(f"{config}: {res['ops_s']:.1f} reads/s, hit ratio {res['hit_ratio']}, p99 {res['read_p99_ms']:.1f} ms")
 
 
 if __name__ == "__main__":

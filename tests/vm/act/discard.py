@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from labkit import drive, drop_caches, intact, run, say, volume, write_files
+from labkit import drive, drop_caches, intact, no_congestion_bypass, run, say, volume, write_files
 
 from cachepilot.actions import DiscardRanges, SetKnob, SetWritePolicy
 from cachepilot.actuators.discard import Discarder
@@ -85,6 +85,7 @@ def dm_status() -> str:
 if recipe == "bcache":
     for knob, value in (("sequential_cutoff", "0"), ("writeback_percent", "40")):
         drive(b, SetKnob(name, knob, value, "lab: keep written data dirty"))
+    no_congestion_bypass(b, "lab: keep written data dirty on a loaded host")
     drive(b, SetWritePolicy(name, "writeback", "lab"))
 
 probe = Probe(max_files=4096)

@@ -10,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-from labkit import drive, drop_caches, intact, run, say, volume, write_files
+from labkit import drive, drop_caches, intact, no_congestion_bypass, run, say, volume, write_files
 
 from cachepilot.actions import Drain, SetWritePolicy
 
@@ -18,6 +18,7 @@ MIB = 1 << 20
 mnt = Path(os.environ["LAB_MOUNT"])
 b = volume()
 name = b.info.name
+no_congestion_bypass(b, "lab: the writes and reads reach the cache device that will fail")
 
 acked: dict[str, str] = write_files(mnt, "before", 8, MIB, seed=1)
 stop = threading.Event()

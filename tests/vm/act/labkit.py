@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from cachepilot.actions import SetKnob
 from cachepilot.backends import open_backend
 from cachepilot.backends.base import PENDING, Backend, ControlAction, Outcome
 from cachepilot.backends.inspect import block_name, describe_volume
@@ -25,6 +26,26 @@ def say(key: str, value: object) -> None:
 
 def volume() -> Backend:
     return open_backend(describe_volume(os.environ["LAB_CACHED_DEV"]))
+
+
+# bcache sends I/O around a cache device that looks congested (reads over 2 ms, writes over 20 ms): under TCG with
+# other guests on the host's cores the emulated device often does, and a test that needs bcache to cache (dirty data,
+# hits, I/O on a failing cache) then sees none; the benchmarks turn both thresholds off (0), as a real SSD never trips
+NO_CONGESTION = {"congested_read_threshold_us": "0", "congested_write_threshold_us": "0"}
+
+
+def no_congestion_bypass(b: Backend, why: str) -> None:
+    """Both congestion thresholds of bcache volume ``b`` set to 0 through the backend (read back and logged), each
+    outcome said as ``<knob>_status``."""
+    for knob, value in NO_CONGESTION.items():
+        say(f"{knob}_status", drive(b, SetKnob(b.info.name, knob, value, why))[0].status)
+
+
+def quiet_policy(*more: str) -> str:
+    """The policy of a lab script that drives the caches itself (tests/vm/lifecycle/): recoverable (no drain of the
+    daemon's own), no lifetime hold, no promotion; ``more``: further `defaults:` entries, one a line as written."""
+    entries = ("failure_model: recoverable", "lifetime_hold: {enabled: false}", "promotion: {enabled: false}", *more)
+    return "version: 1\ndefaults:\n" + "".join(f"  {e}\n" for e in entries)
 
 
 def write_files(d: Path, prefix: str, n: int, size: int, seed: int) -> dict[str, str]:

@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from labkit import drive, drop_caches, run, say, volume
+from labkit import drive, drop_caches, no_congestion_bypass, run, say, volume
 
 from cachepilot.actions import DiscardRanges, SetKnob, SetWritePolicy
 from cachepilot.actuators.discard import Discarder
@@ -31,6 +31,7 @@ b = volume()
 info = describe_volume(cached)
 for knob, value in (("sequential_cutoff", "0"), ("writeback_percent", "40")):
     drive(b, SetKnob(info.name, knob, value, "lab: keep data dirty, so a wrong discard would destroy it"))
+no_congestion_bypass(b, "lab: keep data dirty on a loaded host too")
 drive(b, SetWritePolicy(info.name, "writeback", "lab"))
 
 libc = ctypes.CDLL(None, use_errno=True)

@@ -8,7 +8,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from labkit import drive, drop_caches, intact, run, say, volume, write_files
+from labkit import drive, drop_caches, intact, no_congestion_bypass, run, say, volume, write_files
 
 from cachepilot.actions import Drain, SetKnob, SetWritePolicy
 from cachepilot.engine import Engine
@@ -72,6 +72,7 @@ if recipe == "bcache":
     report("writeback", SetWritePolicy(name, "writeback", "lab: make data dirty"))
     report("cutoff", SetKnob(name, "sequential_cutoff", "0", "lab: cache sequential writes too"))
     report("percent", SetKnob(name, "writeback_percent", "40", "lab: let dirty data sit"))
+    no_congestion_bypass(b, "lab: make data dirty on a loaded host")
     # As a policy with a dirty-age bound pins it: bcache sleeps this long after each full write-back scan.
     report("delay", SetKnob(name, "writeback_delay", os.environ.get("LAB_WB_DELAY", "1"), "lab: quick drains"))
     sums = write_files(mnt, "f", 16, 4 * MIB, seed=1)

@@ -34,7 +34,9 @@ defaults:
   promotion: {enabled: true, rate: 8MiB, sieve_size: 1MiB, only_uncached: false}
   discard_on_delete: {enabled: true, interval: 1s, min_extent: 4KiB}
   hysteresis: {min_switch_interval: 1s, resume_below: 0.5}
-  knobs: {writeback_percent: 40, sequential_cutoff: 0}
+  # no congestion bypass (tests/vm/act/labkit.py, NO_CONGESTION): the dirty data the switches and drains act on
+  knobs: {writeback_percent: 40, sequential_cutoff: 0, congested_read_threshold_us: 0,
+          congested_write_threshold_us: 0}
 """
 # The workload, its own process: files written and fsync'ed, then recorded (path, sha256) in an fsync'ed manifest;
 # some deleted again (recorded first), small hot files read with O_DIRECT. Runs until killed.

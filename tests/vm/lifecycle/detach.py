@@ -26,7 +26,8 @@ from pathlib import Path
 from cachepilot.backends.inspect import parse_bcache_size
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "act"))  # tests/vm/act: the lab helpers
-from labkit import dirty_on_smq, drop_caches, intact, run, write_files  # noqa: E402
+from labkit import dirty_on_smq, drop_caches, intact, no_congestion_bypass, quiet_policy, run, write_files  # noqa: E402
+from labkit import volume as lab_volume  # noqa: E402  (the lab's bcache backend; volume() here is status's)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/vm: the guest scripts' helpers
 from guestkit import say, wait  # noqa: E402
@@ -40,13 +41,7 @@ mnt = Path(os.environ["LAB_MOUNT"])
 sysfs = Path(os.environ["LAB_BCACHE_SYSFS"])
 origin = os.environ["LAB_ORIGIN_DEV"]
 tmp = Path(tempfile.mkdtemp(prefix="cp-detach-"))
-POLICY = """version: 1
-defaults:
-  failure_model: recoverable
-  lifetime_hold: {enabled: false}
-  promotion: {enabled: false}
-  discard_on_delete: {enabled: false}
-"""
+POLICY = quiet_policy("discard_on_delete: {enabled: false}")
 T0 = time.monotonic()
 
 
@@ -187,6 +182,7 @@ lvm = loopvols.lvmcache(tmp)  # exports LVM_SYSTEM_DIR before the daemon starts:
 wc_table, dmc_table = wc.table(), dmc.table()
 mark("volumes built")
 
+no_congestion_bypass(lab_volume(), "lab: dirty data for the detach to write back, on a loaded host too")
 d = LabDaemon(tmp, POLICY, tick="500ms", rescan="2s")
 everyone = sorted(["bcache0", wc.kname, dmc.kname, lvm.kname])
 ok = d.ready(150)

@@ -18,6 +18,9 @@ from pathlib import Path
 
 from cachepilot.backends.inspect import parse_bcache_size
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "act"))  # tests/vm/act: the lab helpers
+from labkit import quiet_policy  # noqa: E402
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/vm: the guest scripts' helpers
 from guestkit import say, wait  # noqa: E402
 from labdaemon import LabDaemon  # noqa: E402
@@ -26,14 +29,8 @@ MIB = 1 << 20
 mnt = Path(os.environ["LAB_MOUNT"])
 sysfs = Path(os.environ["LAB_BCACHE_SYSFS"])
 tmp = Path(tempfile.mkdtemp(prefix="cp-drain-"))
-POLICY = """version: 1
-defaults:
-  failure_model: recoverable
-  lifetime_hold: {enabled: false}
-  promotion: {enabled: false}
-  knobs: {writeback_percent: 40, sequential_cutoff: 0, congested_read_threshold_us: 0,
-          congested_write_threshold_us: 0}
-"""
+POLICY = quiet_policy("knobs: {writeback_percent: 40, sequential_cutoff: 0, congested_read_threshold_us: 0,\n"
+                      "          congested_write_threshold_us: 0}")
 
 
 def dirty() -> int:

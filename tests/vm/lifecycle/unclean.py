@@ -25,6 +25,9 @@ from typing import Any
 
 from cachepilot.backends.dmcache import CacheTable
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "act"))  # tests/vm/act: the lab helpers
+from labkit import quiet_policy  # noqa: E402
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/vm: the guest scripts' helpers
 from guestkit import say, wait  # noqa: E402
 from labdaemon import LabDaemon  # noqa: E402
@@ -34,12 +37,7 @@ METRICS = "127.0.0.1:9854"
 mnt = Path(os.environ["LAB_MOUNT"])
 dm_name, meta = os.environ["LAB_DM_NAME"], os.environ["LAB_CACHE_META_DEV"]
 tmp = Path(tempfile.mkdtemp(prefix="cp-unclean-"))
-POLICY = """version: 1
-defaults:
-  failure_model: recoverable
-  lifetime_hold: {enabled: false}
-  promotion: {enabled: false}
-"""
+POLICY = quiet_policy()
 
 
 def dm(*args: str) -> str:
