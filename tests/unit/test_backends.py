@@ -13,7 +13,7 @@ import pytest
 from cachepilot.actions import Drain, SetKnob, SetWritePolicy
 from cachepilot.backends import open_backend
 from cachepilot.backends.base import DONE, FAILED, PENDING, SKIPPED
-from cachepilot.backends.bcache import BcacheBackend, size_matches
+from cachepilot.backends.bcache import BcacheBackend, size_matches, size_text
 from cachepilot.backends.dmcache import CacheTable, DmCacheBackend
 from cachepilot.backends.host import Host
 from cachepilot.backends.inspect import sample_volume
@@ -508,6 +508,20 @@ def test_bcache_steered_knob_is_put_back_on_exit(tmp_path):
     assert (d / "sequential_cutoff").read_text().strip() == "0"
     assert b.restore() == []  # once
     assert b.sample(S).in_use_percent == 27  # 100 - cache_available_percent
+
+
+def test_bcache_steered_size_knob_is_put_back_in_bytes_not_in_its_rounded_print(tmp_path):
+    # the crash lab run logged "put back on exit failed: write '4.0M' ... Invalid argument": the value found before
+    # steering is bcache's own print, which its parser (bch_strtoul_h) refuses
+    d = bcache_tree(tmp_path)
+    assert (d / "sequential_cutoff").read_text().strip() == "4.0M"
+    b = open_backend(VolumeInfo(dev=1, name="bcache0", kind="bcache"), host=Host(sysfs=tmp_path))
+    assert b.apply(SetKnob("bcache0", "sequential_cutoff", "0", "small-file creates", True)).status == DONE
+    [out] = b.restore()
+    assert out.status == DONE and out.action.value == "4.0M", out
+    assert (d / "sequential_cutoff").read_text().strip() == str(4 << 20)
+    assert size_matches("4.0M", "4.0M") and size_matches(str(4 << 20), "4.0M") and not size_matches("0", "4.0M")
+    assert size_text("4.0M") == str(4 << 20) and size_text("512") == "512"
 
 
 def test_bcache_steered_knob_changed_by_someone_else_is_left_alone(tmp_path):

@@ -49,12 +49,27 @@ def bracketed(line: str) -> str:
 
 
 def size_matches(readback: str, wanted: str) -> bool:
-    """bcache prints sizes rounded (``4.0M``): equal within one unit of the last printed digit."""
+    """bcache prints sizes rounded (``4.0M``): equal within one unit of the last printed digit. ``wanted`` may itself
+    be such a print (a value found before steering, put back on exit)."""
     try:
         want = int(wanted)
     except ValueError:
-        return readback == wanted
+        if readback == wanted:
+            return True
+        if readback.strip().isdigit():
+            return units.printed_matches(wanted, int(readback))
+        try:
+            return units.printed_matches(readback, parse_bcache_size(wanted))
+        except UserError:
+            return False
     return units.printed_matches(readback, want) or readback == wanted
+
+
+def size_text(value: str) -> str:
+    """What a size knob's sysfs file takes: bytes. bcache's parser (util.c ``bch_strtoul_h``) takes an integer with
+    an optional unit and refuses its own rounded print (``4.0M``), which is what a value found before steering is."""
+    text = value.strip()
+    return text if text.isdigit() else str(parse_bcache_size(text))
 
 
 class BcacheBackend(OperationBackend):
@@ -106,7 +121,7 @@ class BcacheBackend(OperationBackend):
                            lambda v: write_attr(path, str(max(1, int(v) // 512))),
                            lambda rb, want: abs(int(rb) - int(want)) <= max(512, int(want) // 10))
         if knob.type == "size":
-            return Setting(target, lambda: read_attr(path), lambda v: write_attr(path, v), size_matches)
+            return Setting(target, lambda: read_attr(path), lambda v: write_attr(path, size_text(v)), size_matches)
         return self._attr(name, base)
 
     def dirty_bytes(self) -> int:
