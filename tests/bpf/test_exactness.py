@@ -63,30 +63,37 @@ def test_a_lone_delete_wakes_a_waiting_poll(bpf_env: None, watched: LoopFs) -> N
     p.close()
 
 
+def commit_storm(p: Probe, path: str) -> tuple[int, int, float]:
+    """2 s of 4 KiB appends + fsync on ``path`` (a journal commit each) from another process (the probe ignores its
+    own), polled with a 1 s time-out: the journal commits seen, how often poll returned, and the seconds it ran."""
+    from cachepilot.events import JournalCommit
+
+    code = ("import os, sys, time\nfd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_APPEND)\n"
+            "end = time.monotonic() + 2\nwhile time.monotonic() < end:\n"
+            "    os.write(fd, b'c' * 4096); os.fsync(fd)")
+    writer = subprocess.Popen([sys.executable, "-c", code, path])
+    commits = returns = 0
+    t0 = time.monotonic()
+    while writer.poll() is None:
+        commits += sum(isinstance(e, JournalCommit) for e in p.poll(1000))
+        returns += 1
+    seconds = time.monotonic() - t0
+    for _ in range(3):
+        commits += sum(isinstance(e, JournalCommit) for e in p.poll(100))
+    assert writer.returncode == 0
+    assert commits >= 200, f"only {commits} journal commits in 2 s of appends + fsync"
+    return commits, returns, seconds
+
+
 def test_a_commit_storm_wakes_the_consumer_at_most_every_20_ms(bpf_env: None, watched: LoopFs) -> None:
     """Appends + fsync on a fresh file make a journal commit each: with the kernel's adaptive wakeup every commit
     woke the consumer (thousands of polls a second, a third of a core in user space); now a wakeup at most every
     20 ms (or at a quarter of the ring). Every commit still arrives."""
-    from cachepilot.events import JournalCommit
-
     path = str(watched.path("commits"))
     with Probe(max_files=64) as p:
         p.watch_volume(watched.dev)
         settle(p)
-        code = ("import os, sys, time\nfd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_APPEND)\n"
-                "end = time.monotonic() + 2\nwhile time.monotonic() < end:\n"
-                "    os.write(fd, b'c' * 4096); os.fsync(fd)")
-        writer = subprocess.Popen([sys.executable, "-c", code, path])  # another process: the probe ignores its own
-        commits = returns = 0
-        t0 = time.monotonic()
-        while writer.poll() is None:
-            commits += sum(isinstance(e, JournalCommit) for e in p.poll(1000))
-            returns += 1
-        seconds = time.monotonic() - t0
-        for _ in range(3):
-            commits += sum(isinstance(e, JournalCommit) for e in p.poll(100))
-        assert writer.returncode == 0
-        assert commits >= 200, f"only {commits} journal commits in 2 s of appends + fsync"
+        commits, returns, seconds = commit_storm(p, path)
         # one wakeup per 20 ms is 50 a second, plus the level-triggered second look when data came meanwhile
         # (before: one per commit, about as many as the commits)
         assert returns <= 100 * seconds + 10, f"poll returned {returns} times in {seconds:.1f} s for {commits} commits"
@@ -147,26 +154,12 @@ def test_the_daemons_wake_period_is_set_at_load_and_the_storm_wakes_it_a_few_tim
     wakes a waiting poll about 4 times a second, not 50 (each an irq_work and an epoll wake-up in the kernel, and a
     return to Python). Every commit still arrives; a lone record after a quiet moment still wakes it at once."""
     from cachepilot.daemon.intake import RING_WAKE_EVERY_NS
-    from cachepilot.events import JournalCommit
 
     path = str(loopfs.path("commits-paced"))
     with Probe(max_files=64, wake_every_ns=RING_WAKE_EVERY_NS) as p:
         p.watch_volume(loopfs.dev)
         settle(p)
-        code = ("import os, sys, time\nfd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_APPEND)\n"
-                "end = time.monotonic() + 2\nwhile time.monotonic() < end:\n"
-                "    os.write(fd, b'c' * 4096); os.fsync(fd)")
-        writer = subprocess.Popen([sys.executable, "-c", code, path])
-        commits = returns = 0
-        t0 = time.monotonic()
-        while writer.poll() is None:
-            commits += sum(isinstance(e, JournalCommit) for e in p.poll(1000))
-            returns += 1
-        seconds = time.monotonic() - t0
-        for _ in range(3):
-            commits += sum(isinstance(e, JournalCommit) for e in p.poll(100))
-        assert writer.returncode == 0
-        assert commits >= 200, f"only {commits} journal commits in 2 s of appends + fsync"
+        commits, returns, seconds = commit_storm(p, path)
         # 4 wakeups a second and the edge-triggered look after each (20 ms pacing: 50 a second and more)
         per_s = 1e9 / RING_WAKE_EVERY_NS
         assert returns <= 2 * per_s * seconds + 4, f"poll returned {returns} times in {seconds:.1f} s"
