@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TypeVar
 
 from cachepilot.actions import DiscardRanges
 from cachepilot.events import FileKey, HotnessDelta
@@ -35,6 +36,22 @@ def test_the_probes_hotness_table_is_taken_every_other_second(tmp_path: Path) ->
     r.d.shutdown()
 
 
+P = TypeVar("P", bound=CountingProbe)
+
+
+def started(tmp_path: Path, probe: type[P]) -> tuple[Rig, P]:
+    """A daemon rig on one fake bcache volume, started with ``probe`` as its probe; the rig and that probe."""
+    seen: dict[str, object] = {}
+    r = Rig(tmp_path)
+    b = FakeBackend(VOL)
+    r.backends["bcache0"] = b
+    r.d.probe_factory = lambda n: probe(seen, b)
+    r.d.start()
+    p = seen["probe"]
+    assert isinstance(p, probe)
+    return r, p
+
+
 class BusyProbe(CountingProbe):
     """A probe whose rings always have something: every poll returns at once with an event."""
 
@@ -51,14 +68,7 @@ def test_the_daemon_takes_the_rings_at_most_every_poll_gap(tmp_path: Path) -> No
     """Under a storm the kernel may wake the daemon every 20 ms; it looks at most every MIN_POLL_GAP_NS (1 s, the
     discard gather's pace) and lets records gather in between (before: one look per wakeup, ~50 a second; then
     ten, four, then two a second, which cost the headline fileserver's daemon a ring read and a discard look each)."""
-    seen: dict[str, object] = {}
-    r = Rig(tmp_path)
-    b = FakeBackend(VOL)
-    r.backends["bcache0"] = b
-    r.d.probe_factory = lambda n: BusyProbe(seen, b)
-    r.d.start()
-    p = seen["probe"]
-    assert isinstance(p, BusyProbe)
+    r, p = started(tmp_path, BusyProbe)
     t0 = time.monotonic()
     while time.monotonic() - t0 < 2.1:
         r.d._wait(0.2)
@@ -120,14 +130,7 @@ def test_records_that_came_during_the_gap_are_read_at_its_end_without_waiting_fo
     """The ring wakes the daemon at most every RING_WAKE_EVERY_NS: a commit a few ms after the freed extent whose
     wakeup ended the last look makes none. At the gap's end the daemon reads what waits at once (poll 0), and waits
     for a wakeup only when nothing does (before: it waited until the tick, delete -> discard p50 1.3 s)."""
-    seen: dict[str, object] = {}
-    r = Rig(tmp_path)
-    b = FakeBackend(VOL)
-    r.backends["bcache0"] = b
-    r.d.probe_factory = lambda n: WaitingProbe(seen, b)
-    r.d.start()
-    p = seen["probe"]
-    assert isinstance(p, WaitingProbe)
+    r, p = started(tmp_path, WaitingProbe)
     r.d.intake._next_poll = 0  # the gap has passed
     r.d._wait(0.5)
     p.waiting = False
