@@ -21,7 +21,6 @@ TOP_K = 25
 MAX_N = 1 << 20  # a count asked for (top's n, explain's limit): beyond any list the snapshot holds
 
 
-
 def _managed(req: dict[str, Any], vols: Any, verb: str) -> tuple[str, Any]:
     """The request's volume by name, which must be managed (not observed only) for ``verb``: UserError naming it."""
     name = req.get("volume")
@@ -31,6 +30,7 @@ def _managed(req: dict[str, Any], vols: Any, verb: str) -> tuple[str, Any]:
     if vol.observe_only:
         raise UserError(f"{name}: observed only (not managed): cachepilot does not {verb} it")
     return str(name), vol  # a found volume had a str name
+
 
 def _number(req: dict[str, Any], key: str, default: float, lo: float, hi: float, *, whole: bool = True) -> Any:
     """``req[key]`` checked (a JSON number, whole if ``whole``, in [lo, hi]); UserError naming the key otherwise:
@@ -94,7 +94,7 @@ def _detach(vols: dict[str, Any], req: dict[str, Any], queue: list[dict[str, Any
     if (vol.operator_detach or {}).get("state") in ("draining", "detaching"):
         raise UserError(f"{name}: a detach is already under way")
     loss = vol.detach_loss_bytes
-    line = refusal(str(name), loss is not None or vol.health == "FAILED", max(loss or 0, vol.dirty_bytes or 0),
+    line = refusal(name, loss is not None or vol.health == "FAILED", max(loss or 0, vol.dirty_bytes or 0),
                    accept_loss)
     if line is not None:
         raise UserError(line)
