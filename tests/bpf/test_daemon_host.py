@@ -306,6 +306,22 @@ def test_unprivileged_sync_flood_cannot_stall_ticks_or_grow_memory(daemon: Daemo
     assert rc == 0 and "Traceback" not in err, err
 
 
+def discards_settled(daemon: Daemon, deleted: list[float], sizes: list[int]) -> list[tuple[float, int]]:
+    """The discard decisions (time, bytes) since the first delete, once every delete has one at or after it and none
+    came for 2 s; at most 11 s on: long enough for a batch interval to pass, so the old behaviour (a batch at its
+    interval) gets its chance and fails on its latency. (A fixed 11 s wait spent ~8 s of the suite after the last
+    decision.)"""
+    deadline = time.monotonic() + 11
+    while True:
+        decisions = request(daemon.socket, {"cmd": "explain", "since": deleted[0] - 1})["decisions"]
+        found = [(d["ts"], int(d["action"].split("bytes=")[1].split(":")[0])) for d in decisions
+                 if d["kind"] == "discard"]
+        each = all(any(ts >= t and b >= n for ts, b in found) for t, n in zip(deleted, sizes, strict=True))
+        if (each and time.time() - max(ts for ts, _ in found) >= 2) or time.monotonic() > deadline:
+            return found
+        time.sleep(0.25)
+
+
 def test_delete_becomes_a_discard_right_after_the_commit_that_frees_it(daemon: Daemon, loopfs: LoopFs) -> None:
     """The daemon's real loop at the shipped tick and discard settings (only min_extent lowered for 4 KiB-block
     files): each delete, committed by the workload's next fsync as a file server's would be, becomes its discard
@@ -337,9 +353,7 @@ def test_delete_becomes_a_discard_right_after_the_commit_that_frees_it(daemon: D
             os.close(fd)
             deleted.append(t)
             time.sleep(1.3 + 0.37 * (i % 3))  # not in step with the tick
-        time.sleep(11)  # long enough for a batch interval to pass: the old behaviour gets its chance
-        decisions = request(daemon.socket, {"cmd": "explain", "since": deleted[0] - 1})["decisions"]
-    found = [(d["ts"], int(d["action"].split("bytes=")[1].split(":")[0])) for d in decisions if d["kind"] == "discard"]
+        found = discards_settled(daemon, deleted, sizes)
     # Every freed block once per time it was freed. Besides the victims' data, ext4 may free a metadata block: the
     # log's appends land where the allocator finds room and, fragmented past the four extents an inode holds, the
     # log gets an extent-tree leaf block; when its extents merge back to four, ext4 frees that leaf
