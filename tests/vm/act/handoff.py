@@ -89,18 +89,34 @@ class Reader:
 
 
 class Rewarmed:
-    """True once daemon ``b`` has nothing of the imported list left to re-warm, two ticks after it was first asked
-    (as `hotlist import --wait` judges it: a request may reach the loop a tick after the snapshot that read it)."""
+    """True once daemon ``b`` says it has nothing of the imported list left to re-warm (two ticks after it was first
+    asked, as `hotlist import --wait` judges it: a request may reach the loop a tick after the snapshot that read it)
+    and its decision log agrees: re-warm reads done, and none done for QUIET_S. The log decides what the test counts,
+    so a status that said "nothing left" too early (mutated: at once, every read still to come) cannot end the
+    workload before the re-warm it is there to compete with."""
+
+    QUIET_S = 2.0
 
     def __init__(self, b: Daemon, name: str) -> None:
         self.b, self.name, self.first = b, name, -1
+        self.done, self.since = 0, time.monotonic()
 
     def __call__(self) -> bool:
         st = self.b.ask("status")
         ticks = int(st.get("last_tick", {}).get("n", 0))
         self.first = ticks if self.first < 0 else self.first
         v = next(x for x in st["volumes"] if x["name"] == self.name)
-        return ticks >= self.first + 2 and int(v["importing"]) == 0
+        if ticks < self.first + 2 or int(v["importing"]):
+            return False
+        done = sum(1 for d in imported_decisions(self.b) if d["status"] == "done")
+        if done != self.done:
+            self.done, self.since = done, time.monotonic()
+        return done > 0 and time.monotonic() - self.since >= self.QUIET_S
+
+
+def imported_decisions(b: Daemon) -> list[dict]:  # type: ignore[type-arg]
+    """The daemon's decisions for the imported list's files (pending and done)."""
+    return [d for d in b.explain() if "imported hot list" in json.dumps(d)]
 
 
 def cache_blocks() -> str:
@@ -178,8 +194,7 @@ def host_b(nfiles: int, cold: float, steady: float, hot: Path, k: str, wait: flo
     say(f"{k}b_daemon_cpu_s", f"{b.cpu_s() - cpu0:.1f}")
     say(f"{k}import_series", ",".join(f"{r:.2f}" for r in warmed))
     say(f"{k}import_recovery_s", recovery(warmed, 0.9 * steady))
-    dec = b.explain()
-    imported = [d for d in dec if "imported hot list" in json.dumps(d)]
+    imported = imported_decisions(b)
     say(f"{k}imported_promotions", len(imported))
     say(f"{k}imported_before_start", sum(1 for d in imported if d["ts"] < started))
     say(f"{k}imported_done_before_start", sum(1 for d in imported if d["ts"] < started and d["status"] == "done"))
@@ -187,7 +202,8 @@ def host_b(nfiles: int, cold: float, steady: float, hot: Path, k: str, wait: flo
     say(f"{k}imported_first_s", f"{first - t0_wall:.1f}")  # the import's start to its first re-warm read
     last = max((d["ts"] for d in imported if d["status"] == "done"), default=started)
     say(f"{k}imported_last_done_s", f"{last - started:.1f}")  # relative to the workload's start
-    say(f"{k}imported_rewarm_s", f"{last - t0_wall:.1f}")  # the import's start to its last re-warm read
+    # the import's start to its last re-warm read; none done: no rate at all (inf), never the time to the workload
+    say(f"{k}imported_rewarm_s", f"{last - t0_wall:.1f}" if any(d["status"] == "done" for d in imported) else "inf")
     say(f"{k}b_daemon_exit", b.stop(keep_log=f"{k}b"))
 
 
