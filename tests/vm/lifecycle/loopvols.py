@@ -79,7 +79,7 @@ def dmcache(tmp: Path, name: str = "lab-dmc", mount: Path = Path("/mnt/dmc")) ->
     sectors = run("blockdev", "--getsz", origin)
     run("dmsetup", "create", name, "--table", f"0 {sectors} cache {meta} {data} {origin} 128 1 writeback smq 0")
     v = LoopVol(name, mount, origin, (f"{name}-meta", f"{name}-data"))
-    _mkfs_mount("/dev/mapper/lab-dmc", v.mount)
+    _mkfs_mount(f"/dev/mapper/{name}", v.mount)
     return v
 
 
