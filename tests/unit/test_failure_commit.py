@@ -5,17 +5,21 @@ every FAILURE_COMMIT_S after, and no other kind's does."""
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
+from cachepilot.actions import FAILED, Outcome, Promote
 from cachepilot.backends import dmioctl, kernelio, open_backend
 from cachepilot.backends.host import Host
 from cachepilot.backends.kernelio import COMMIT
 from cachepilot.backends.operation import FAILURE_COMMIT_S
 from cachepilot.capabilities import CAPABILITIES
+from cachepilot.errors import DeviceIOError, KernelRejected, classify_errno
 from cachepilot.models.volume import VolumeInfo
+from tests.unit.daemon_rig import DEV, FakeBackend, FakeFiles, Rig
 from tests.unit.test_backends import CACHE_TABLE, FakeDm, dm_tree
 
 S = 1_000_000_000
@@ -95,3 +99,48 @@ def test_without_the_control_node_the_committing_read_is_plain_dmsetup_status(mo
     monkeypatch.setattr(kernelio, "run_dmsetup", lambda args, timeout: ran.append(tuple(args)) or "")
     kernelio.run_dm(("status", "x", COMMIT), 10.0)
     assert ran == [("status", "x")]  # dmsetup commits unless --noflush; --commit is no dmsetup option
+
+
+def test_an_io_error_on_the_volume_makes_the_next_sample_commit(tmp_path: Path) -> None:
+    """A promotion read or FITRIM that met EIO (the daemon's own I/O on the volume): the cache device may be dead,
+    so the next sample commits instead of one up to FAILURE_COMMIT_S later."""
+    dm_tree(tmp_path)
+    fake = DeadCacheDm()
+    b = open_backend(VolumeInfo(dev=2, name="dm-2", kind="dm-cache"), host=Host(sysfs=tmp_path, dm=fake))
+    b.sample(0)
+    fake.dead = True
+    assert not b.sample(S).failed
+    b.io_failed()
+    assert b.sample(2 * S).failed and fake.commits == 2
+
+
+def test_eio_is_classified_as_a_device_io_error_still_a_rejection() -> None:
+    err = classify_errno(errno.EIO, "promote ino 12")
+    assert isinstance(err, DeviceIOError) and isinstance(err, KernelRejected) and err.kind == "rejected"
+    assert not isinstance(classify_errno(errno.EINVAL, "x"), DeviceIOError)
+
+
+class EioFiles(FakeFiles):
+    def run(self, action: object, dry_run: bool) -> Outcome:
+        self.ran.append((action, dry_run))
+        return Outcome(action, FAILED, error=classify_errno(errno.EIO, "promote ino 12"))  # type: ignore[arg-type]
+
+
+class WatchedBackend(FakeBackend):
+    def __init__(self, info: VolumeInfo, **kw: object) -> None:
+        super().__init__(info)
+        self.io_failures = 0
+
+    def io_failed(self) -> None:
+        self.io_failures += 1
+
+
+def test_the_daemon_tells_the_backend_when_its_own_read_on_the_volume_fails_with_eio(tmp_path: Path) -> None:
+    backends: dict[str, WatchedBackend] = {}
+    r = Rig(tmp_path, files=EioFiles,
+            backend_factory=lambda info: backends.setdefault(info.name, WatchedBackend(info)))
+    r.d.start()
+    r.tick(1)
+    r.d.execute(Promote("bcache0", DEV, 12, 1, ((0, 8192),), "test"), r.d.started_ns)
+    assert backends["bcache0"].io_failures == 1
+    r.d.shutdown()

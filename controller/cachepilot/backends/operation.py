@@ -344,6 +344,11 @@ class OperationBackend(Backend):
         self._committed_ns = now_ns
         return True
 
+    def io_failed(self) -> None:
+        """The next sample commits (commit_due), not one up to FAILURE_COMMIT_S later: a dead cache device shows
+        then on a kind that shows it only at a commit."""
+        self._committed_ns = None
+
     # -------------------------------------------------------------- helpers
     def dmsetup(self, args: Sequence[str], timeout: float = 10.0) -> str:
         return self.host.dm(args, timeout)
