@@ -374,10 +374,11 @@ class Engine:
             c.last_tick_ns = now
         return out
 
-    def operator_drain(self, name: str, deadline_s: float, end: str, rate: int = 0) -> dict[str, object]:
+    def operator_drain(self, name: str, deadline_s: float, end: str, rate: int = 0,
+                       number: int = 0) -> dict[str, object]:
         """``cachepilot drain``: start an operator's drain of a volume (engine/operatordrain.py); its status."""
         c = self.volume(name)
-        op = operatordrain.request(c, self.now_ns, deadline_s, end, rate)
+        op = operatordrain.request(c, self.now_ns, deadline_s, end, rate, number)
         return op.to_json(c.state.dirty_bytes, self.now_ns)
 
     def operator_detach(self, name: str, deadline_s: float, accept_loss: bool) -> dict[str, object]:
