@@ -179,6 +179,16 @@ class Capabilities:
     # Whether the kernel reports the cache device's I/O errors (bcache: cache0/io_errors, a decaying count;
     # dm-writecache: its status's error field). dm-cache keeps none: its status only turns to Fail.
     error_counts: bool = False
+    # Whether the kind's status shows a dead cache device only once its metadata is committed, so that a status
+    # read without a commit (the daemon's, backends/dmioctl.py) can show a healthy cache for as long as nothing
+    # commits. dm-cache (drivers/md/dm-cache-target.c, 6.1): the cache turns read-only/failed (status "Error" or
+    # "Fail") only when a metadata operation fails (metadata_operation_failed); its own commits run only when the
+    # metadata changed (commit_op: dm_cache_changed_this_transaction; do_waker's schedule_commit each second
+    # commits only for bios waiting on one, and commit_op skips dm_cache_commit with no change), and writes to
+    # cached blocks, I/O errors and failed copies change none; cache_status commits first unless asked with
+    # DM_NOFLUSH. Lab (6.1): both cache devices dead, data I/O errors and an fsync left the status unchanged for
+    # 30 s. The backend reads status with a commit every FAILURE_COMMIT_S instead (backends/operation.py).
+    failure_seen_at_commit: bool = False
     # Whether the kind inserts its own read misses, readahead and O_DIRECT ones included: bcache does
     # (check_should_bypass in drivers/md/bcache/request.c bypasses readahead only when cache_readahead_policy is
     # not "all", and "all" is the default; lab 6.1: 2 056 of 2 087 readahead bios hit). A promotion there adds only
@@ -231,6 +241,7 @@ CAPABILITIES: dict[str, Capabilities] = {
         drain_needs_idle=True, drain_replaces_policy=True, promotes_own_misses=True,
         promote_rounds=2,  # smq promotes a block once its hotspot has been hit in two of its one-second ticks
         no_rate=_MIGRATION_CAP,
+        failure_seen_at_commit=True,
     ),
     KIND_LVMCACHE: Capabilities(
         KIND_LVMCACHE, frozenset({WRITEBACK, WRITETHROUGH, BYPASS}),
@@ -240,6 +251,7 @@ CAPABILITIES: dict[str, Capabilities] = {
         drain_needs_idle=True, drain_replaces_policy=True, promotes_own_misses=True,
         promote_rounds=2,  # smq, as dm-cache
         no_rate=_MIGRATION_CAP,
+        failure_seen_at_commit=True,
     ),
     KIND_WRITECACHE: Capabilities(
         KIND_WRITECACHE, frozenset({WRITEBACK}), {WRITEBACK: "writeback"},

@@ -9,6 +9,7 @@
     problem for that volume: logged, counted, not retried until the input changes.
   - :class:`DeviceGone`: the volume or one of its devices vanished. The daemon drops or marks the volume.
   - :class:`RetryLater`: busy (EBUSY, EAGAIN, a dmsetup time-out): retried with backoff, counted.
+  - :class:`DeviceIOError`: an I/O error (EIO), a :class:`KernelRejected` that may mean a dead cache device.
 
   :func:`classify_errno` is the one rule from an errno to these classes.
 - :class:`FatalError`: the controller cannot run at all (probe unusable at start). The daemon exits with the reason.
@@ -49,6 +50,12 @@ class KernelRejected(KernelError):
     kind = "rejected"
 
 
+class DeviceIOError(KernelRejected):
+    """The device answered with an I/O error (EIO): a rejection like any other to the caller, and a sign that a
+    cache device may have died (the daemon has the volume's status read with a metadata commit at once where the
+    kind shows a dead cache device only then: Capabilities.failure_seen_at_commit)."""
+
+
 class DeviceGone(KernelError):
     """A volume or one of its devices went away (ENOENT/ENODEV/ENXIO on its sysfs or dm node)."""
 
@@ -85,4 +92,6 @@ def classify_errno(code: int | None, what: str) -> KernelError:
         return DeviceGone(text)
     if code in _RETRY:
         return RetryLater(text)
+    if code == errno.EIO:
+        return DeviceIOError(text)
     return KernelRejected(text)

@@ -564,3 +564,14 @@ def test_a_volume_that_lost_its_cache_while_the_daemon_was_down_is_still_latched
     again.tick(1)
     assert [v["name"] for v in again.status()["volumes"]] == ["bcache0"] and again.status()["detached"] == []
     again.d.shutdown()
+
+
+def test_a_latched_failed_dm_cache_is_not_called_clean_the_write_policy_names_what_it_held() -> None:
+    """A failed dm-cache's status has no figures, so its dirty bytes read 0: the write-policy rule's reason says the
+    bytes it held at the failure, not "cache clean"."""
+    e = engine("dm-cache")
+    tick(e, 1, dirty=10 * MIB)
+    acts = tick(e, 2, mode="writethrough", dirty=0, failed=True)
+    [sw] = [a for a in acts if isinstance(a, SetWritePolicy)]
+    assert f"the cache device failed holding {10 * MIB} dirty bytes it can no longer write back" in sw.reason
+    assert "cache clean" not in sw.reason and "--accept-loss" in sw.reason

@@ -9,6 +9,7 @@ import pytest
 
 from cachepilot.errors import (
     DeviceGone,
+    DeviceIOError,
     KernelError,
     KernelRejected,
     RetryLater,
@@ -31,7 +32,8 @@ def test_kernel_answers_are_not_user_errors(cls: type[KernelError]) -> None:
     (errno.ENOENT, DeviceGone), (errno.ENODEV, DeviceGone), (errno.ENXIO, DeviceGone),
     (errno.EBUSY, RetryLater), (errno.EAGAIN, RetryLater), (errno.EINTR, RetryLater), (errno.ETIMEDOUT, RetryLater),
     (errno.EINVAL, KernelRejected), (errno.EROFS, KernelRejected),
-    (errno.EIO, KernelRejected), (None, KernelRejected),  # unknown: a refusal, not a reason to retry
+    (errno.EIO, DeviceIOError),  # a rejection (a subclass) that may mean a dead cache device
+    (None, KernelRejected),  # unknown: a refusal, not a reason to retry
 ])
 def test_one_errno_rule(code: int | None, cls: type[KernelError]) -> None:
     exc = classify_errno(code, "write /sys/block/bcache0/bcache/cache_mode")

@@ -65,6 +65,11 @@ class Backend(abc.ABC):
     def restore(self) -> list[Outcome]:
         """Abandon pending operations, putting back every value they saved; the cache is left safe and stable."""
 
+    def io_failed(self) -> None:
+        """The volume answered one of the daemon's own I/Os (a promotion read, a FITRIM) with an I/O error: its
+        cache device may have died. Default: nothing (a kind whose status shows that at once)."""
+        return
+
     def steered_knobs(self) -> dict[str, tuple[str, str]]:
         """Knobs :meth:`restore` would put back: knob -> (the value found before the first steer, the value last
         written). The state file keeps them so that a daemon killed before it could restore puts them back at its

@@ -19,6 +19,7 @@ from cachepilot.backends import uncache
 from cachepilot.backends.base import Write
 from cachepilot.backends.dmstatus import DmCacheStatus, StatusParseError, parse_dm_cache_status
 from cachepilot.backends.host import BlockDev, Host
+from cachepilot.backends.kernelio import COMMIT
 from cachepilot.backends.kinds import Described, Kind, KnobDef
 from cachepilot.backends.operation import Operation, OperationBackend, Setting
 from cachepilot.capabilities import BYPASS, KIND_DMCACHE, WRITEBACK
@@ -90,7 +91,7 @@ class DmCacheBackend(OperationBackend):
         return self.host.dm_name_of(self.info.name)
 
     def sample(self, now_ns: int) -> VolumeSample:
-        return sample(self.host, self.info, now_ns)
+        return sample(self.host, self.info, now_ns, commit=self.commit_due(now_ns))
 
     def status(self) -> DmCacheStatus:
         line = self.dmsetup(("status", self.dm_name))
@@ -286,9 +287,11 @@ def describe(host: Host, dev: BlockDev) -> Described:
                      cache_device(dev.dm_table), discard_block_bytes(dev.dm_table))
 
 
-def sample(host: Host, info: VolumeInfo, now: int) -> VolumeSample:
+def sample(host: Host, info: VolumeInfo, now: int, *, commit: bool = False) -> VolumeSample:
+    """One reading; ``commit``: with the metadata committed first, which is when a dead cache device shows
+    (Capabilities.failure_seen_at_commit)."""
     dm_name = host.dm_name_of(info.name)
-    line = host.dm(("status", dm_name), 10.0)
+    line = host.dm(("status", dm_name, COMMIT) if commit else ("status", dm_name), 10.0)
     cache_id = cache_device(host.dm(("table", dm_name), 10.0).split())
     try:
         s = parse_dm_cache_status(line)

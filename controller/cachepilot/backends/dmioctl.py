@@ -4,8 +4,9 @@
 Why not dmsetup: the daemon samples every dm volume once a tick (status and table). A dmsetup run is a fork, an
 exec and libdevmapper's start-up each time — on the lab's emulated vCPU tens of milliseconds, twice a tick per
 volume; the ioctl is one system call. Status is read with ``DM_NOFLUSH_FLAG``: without it dm-cache commits its
-metadata on every status read (``cache_status``), a metadata write per tick the daemon has no use for (dm-cache
-commits on its own every second).
+metadata on every status read (``cache_status``), a superblock write and two flushes per tick. ``commit=True``
+reads it without the flag, for the one use a commit has: dm-cache finds a dead metadata device only when it
+commits, and it commits on its own only when its metadata changed (Capabilities.failure_seen_at_commit).
 
 The layout (include/uapi/linux/dm-ioctl.h, interface version 4): a ``struct dm_ioctl`` header (312 bytes), then
 from ``data_start`` one ``struct dm_target_spec`` (40 bytes) per target followed by its NUL-terminated parameters;
@@ -36,12 +37,13 @@ _MAX_BUFFER = 1 << 20  # a status line of a cache target is a few hundred bytes;
 assert _HEADER.size == 312 and _SPEC.size == 40
 
 
-def request(name: str, *, table: bool, size: int) -> bytearray:
-    """The ioctl's buffer for ``name``: the header, room for the answer."""
+def request(name: str, *, table: bool, size: int, commit: bool = False) -> bytearray:
+    """The ioctl's buffer for ``name``: the header, room for the answer. A status read commits (no
+    ``DM_NOFLUSH_FLAG``) only with ``commit``."""
     raw = name.encode()
     if not raw or len(raw) >= 128 or b"\0" in raw:
         raise KernelRejected(f"dm name {name!r}: not a device-mapper name")
-    flags = _STATUS_TABLE_FLAG if table else _NOFLUSH_FLAG
+    flags = _STATUS_TABLE_FLAG if table else 0 if commit else _NOFLUSH_FLAG
     buf = bytearray(size)
     _HEADER.pack_into(buf, 0, *_VERSION, size, _HEADER.size, 0, 0, flags, 0, 0, 0, raw, b"")
     return buf
@@ -68,14 +70,15 @@ def parse(buf: bytes | bytearray) -> str | None:
     return "\n".join(lines)
 
 
-def read(name: str, *, table: bool, control: str = CONTROL) -> str:
-    """``dmsetup status NAME`` (or ``table``) through the ioctl. OSError when the control node cannot be opened
-    (the caller may fall back to dmsetup); DeviceGone / RetryLater / KernelRejected by the ioctl's errno."""
+def read(name: str, *, table: bool, commit: bool = False, control: str = CONTROL) -> str:
+    """``dmsetup status --noflush NAME`` (or ``table``; ``commit``: ``dmsetup status NAME``) through the ioctl.
+    OSError when the control node cannot be opened (the caller may fall back to dmsetup); DeviceGone / RetryLater /
+    KernelRejected by the ioctl's errno."""
     fd = os.open(control, os.O_RDWR | os.O_CLOEXEC)
     try:
         size = _FIRST_BUFFER
         while True:
-            buf = request(name, table=table, size=size)
+            buf = request(name, table=table, size=size, commit=commit)
             try:
                 fcntl.ioctl(fd, _DM_TABLE_STATUS, buf, True)
             except OSError as exc:

@@ -18,13 +18,17 @@ from pathlib import Path
 from cachepilot.backends import dmioctl
 from cachepilot.errors import CachepilotError, DeviceGone, KernelRejected, RetryLater, UserError, classify_errno
 
-__all__ = ["ErrorCounts", "classify_dmsetup", "classify_errno", "read_attr", "run_dm", "run_dmsetup", "write_attr"]
+__all__ = ["COMMIT", "ErrorCounts", "classify_dmsetup", "classify_errno", "read_attr", "run_dm", "run_dmsetup",
+           "write_attr"]
 
 ATTR_MAX = 65536  # a sysfs attribute is at most a page; one read returns all of it
 SYS_BLOCK = Path("/sys/block")  # the real host's: run_dm is the real host's runner
 # What dmsetup prints (libdevmapper's strerror of the ioctl's errno), by class.
 _DM_GONE = ("No such device", "Device does not exist", "No such file or directory")
 _DM_RETRY = ("Device or resource busy", "Resource temporarily unavailable")
+# The runners' own word after ``status NAME`` (not a dmsetup option): read the status with the target's metadata
+# committed first, as ``dmsetup status NAME`` does; without it the daemon's reads do not commit (dmioctl.py).
+COMMIT = "--commit"
 
 
 class ErrorCounts(Counter[str]):
@@ -63,17 +67,21 @@ def write_attr(path: Path, value: str) -> None:
 
 
 def run_dm(args: Sequence[str], timeout: float) -> str:
-    """The daemon's :data:`~cachepilot.backends.base.DmRunner`: one device's status or table through the DM ioctl
-    (backends/dmioctl.py: no process per tick), anything else — and both where ``/dev/mapper/control`` cannot be
-    opened — through :func:`run_dmsetup`."""
+    """The daemon's :data:`~cachepilot.backends.base.DmRunner`: one device's status (without a metadata commit;
+    ``status NAME`` :data:`COMMIT`: with one) or table through the DM ioctl (backends/dmioctl.py: no process per
+    tick), anything else — and these where ``/dev/mapper/control`` cannot be opened — through
+    :func:`run_dmsetup`."""
+    commit = len(args) == 3 and args[0] == "status" and args[2] == COMMIT
     try:
         if len(args) == 2 and args[0] in ("status", "table"):
             return dmioctl.read(args[1], table=args[0] == "table")
+        if commit:
+            return dmioctl.read(args[1], table=False, commit=True)
         if tuple(args) == ("table",):
             return _all_tables()
     except OSError:
         pass  # no control node here (or not ours to open): dmsetup says what is wrong
-    return run_dmsetup(args, timeout)
+    return run_dmsetup(args[:2] if commit else args, timeout)  # dmsetup's status commits unless --noflush
 
 
 def _all_tables() -> str:

@@ -71,9 +71,6 @@ class LvmCacheBackend(dmcache.DmCacheBackend):
     def lv(self) -> str:
         return lv_of_dm_name(self.dm_name)
 
-    def sample(self, now_ns: int) -> VolumeSample:
-        return sample(self.host, self.info, now_ns)
-
     def lvchange(self, *args: str) -> None:
         argv = ("lvchange", *args, self.lv)
         r = self.host.tool(argv, LVCHANGE_TIMEOUT_S)

@@ -97,6 +97,11 @@ class KindOps(Protocol):
 
 
 CLOSE_BELOW = 1 << 20  # bytes: a drain goes write-through for its tail once dirty data is down to this
+# How often a kind whose status shows a dead cache device only after a metadata commit
+# (Capabilities.failure_seen_at_commit) is sampled with one: the bound on noticing a dead cache device, at the cost
+# of a commit -- on an idle dm-cache a superblock write and two flushes of its metadata device (docs/operate.md,
+# "A failed cache device").
+FAILURE_COMMIT_S = 10
 
 
 @dataclass
@@ -163,6 +168,7 @@ class OperationBackend(Backend):
         # knobs set with put_back_on_exit: (setting, the value found before the first such write, the last value
         # written), put back by restore()
         self._on_exit: dict[str, tuple[Setting, str, str]] = {}
+        self._committed_ns: int | None = None  # the last sample read with a metadata commit (commit_due)
 
     # -------------------------------------------------------------- the contract
     def apply(self, action: ControlAction, *, dry_run: bool = False) -> Outcome:
@@ -326,6 +332,22 @@ class OperationBackend(Backend):
         except CachepilotError as exc:
             return self._failed(a, False, [], exc)
         return Outcome(a, DONE, False, (w,))
+
+    def commit_due(self, now_ns: int) -> bool:
+        """Whether the sample at ``now_ns`` reads status with a metadata commit: on a kind that shows a dead cache
+        device only then (Capabilities.failure_seen_at_commit), the first sample and one every
+        FAILURE_COMMIT_S."""
+        if not self.caps.failure_seen_at_commit:
+            return False
+        if self._committed_ns is not None and now_ns - self._committed_ns < FAILURE_COMMIT_S * 1_000_000_000:
+            return False
+        self._committed_ns = now_ns
+        return True
+
+    def io_failed(self) -> None:
+        """The next sample commits (commit_due), not one up to FAILURE_COMMIT_S later: a dead cache device shows
+        then on a kind that shows it only at a commit."""
+        self._committed_ns = None
 
     # -------------------------------------------------------------- helpers
     def dmsetup(self, args: Sequence[str], timeout: float = 10.0) -> str:

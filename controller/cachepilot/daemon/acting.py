@@ -22,7 +22,7 @@ from cachepilot.daemon.loglimit import WINDOW_S, LineBudget
 from cachepilot.daemon.ticktime import TickBudget
 from cachepilot.daemon.volume import ManagedVolume, VolumeTable
 from cachepilot.engine.engine import Engine
-from cachepilot.errors import CachepilotError, DeviceGone, RetryLater
+from cachepilot.errors import CachepilotError, DeviceGone, DeviceIOError, RetryLater
 from cachepilot.models.writeback import Finding
 
 log = logging.getLogger("cachepilot")
@@ -81,6 +81,8 @@ class Actor:
             self.engine.outcome(out)  # the engine learns how it ended (re-queues failed discards, ends drains)
         if err is None:
             return
+        if isinstance(err, DeviceIOError) and v.backend is not None:
+            v.backend.io_failed()  # the cache device may be dead: its next sample looks (a dm-cache's commits)
         self.counters.add("failed", err.kind)
         if retry:  # busy: the daemon retries with backoff; the engine hears only the final result
             v.retry_later(now, attempt, out.action)

@@ -40,6 +40,10 @@ class WritePolicy:
                 return WRITETHROUGH, f"{what}: write-through and drain {st.dirty_bytes} dirty bytes", True
             if cur == WRITEBACK:
                 return WRITETHROUGH, f"{what}: write-through first", True
+            lost = st.dirty_before_failure if st.failed else 0
+            if lost:  # a failed dm-cache reports no figures: its 0 dirty bytes are not a clean cache
+                return BYPASS, (f"{what}: the cache device failed holding {lost} dirty bytes it can no longer write"
+                                " back; taking it out of the path (cachepilot detach --accept-loss drops them)"), True
             return BYPASS, f"{what}: cache clean, taking it out of the path", True
         fm, why = self.exposure.failure_model(c, now)
         if fm == "read-mostly":

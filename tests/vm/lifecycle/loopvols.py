@@ -76,16 +76,17 @@ def writecache(tmp: Path) -> LoopVol:
     return v
 
 
-def dmcache(tmp: Path) -> LoopVol:
-    """16 MiB of metadata and 48 MiB of 64 KiB cache blocks in writeback with smq, as the lab's dmcache recipe."""
+def dmcache(tmp: Path, name: str = "lab-dmc", mount: Path = Path("/mnt/dmc")) -> LoopVol:
+    """16 MiB of metadata and 48 MiB of 64 KiB cache blocks in writeback with smq, as the lab's dmcache recipe: both
+    on one loop device, under dm-linears ``NAME-meta`` and ``NAME-data``."""
     _modules("dm-cache", "dm-cache-smq")
-    origin, cache = _loop(tmp, "dmc-origin", 96), _loop(tmp, "dmc-cache", 64)
-    meta = _linear("lab-dmc-meta", cache, 0, 32768)
-    data = _linear("lab-dmc-data", cache, 32768, 65536 * 2 - 32768)
+    origin, cache = _loop(tmp, f"{name}-origin", 96), _loop(tmp, f"{name}-cache", 64)
+    meta = _linear(f"{name}-meta", cache, 0, 32768)
+    data = _linear(f"{name}-data", cache, 32768, 65536 * 2 - 32768)
     sectors = run("blockdev", "--getsz", origin)
-    run("dmsetup", "create", "lab-dmc", "--table", f"0 {sectors} cache {meta} {data} {origin} 128 1 writeback smq 0")
-    v = LoopVol("lab-dmc", Path("/mnt/dmc"), origin, ("lab-dmc-meta", "lab-dmc-data"))
-    _mkfs_mount("/dev/mapper/lab-dmc", v.mount)
+    run("dmsetup", "create", name, "--table", f"0 {sectors} cache {meta} {data} {origin} 128 1 writeback smq 0")
+    v = LoopVol(name, mount, origin, (f"{name}-meta", f"{name}-data"))
+    _mkfs_mount(f"/dev/mapper/{name}", v.mount)
     return v
 
 
