@@ -35,8 +35,8 @@ def test_a_drain_request_is_checked_queued_started_and_shown(rig: Rig) -> None:
         rig.d.answer({"cmd": "drain", "volume": "bcache0", "end": "bypass"})
     with pytest.raises(UserError, match="deadline"):
         rig.d.answer({"cmd": "drain", "volume": "bcache0", "deadline": "soon"})
-    assert rig.d.answer({"cmd": "drain", "volume": "bcache0", "deadline": 120}) == {
-        "queued": "bcache0", "dirty_bytes": 512 << 10}
+    answer = rig.d.answer({"cmd": "drain", "volume": "bcache0", "deadline": 120})
+    assert answer == {"queued": "bcache0", "dirty_bytes": 512 << 10, "request": answer["request"]}
     b.drains.clear()
     b.mode = "writeback"
     b.dirty = 8 << 20  # over the policy's 1 MiB bound: the policy would switch to write-through
@@ -112,8 +112,51 @@ def test_a_rate_the_kind_cannot_steer_is_refused_at_the_socket_with_why(rig: Rig
         _drain({"dm-4": vol}, {"cmd": "drain", "volume": "dm-4", "rate": 1 << 20}, [])
     queue: list = []  # type: ignore[type-arg]
     _drain({"dm-4": vol}, {"cmd": "drain", "volume": "dm-4"}, queue)
-    assert queue == [{"volume": "dm-4", "deadline": 600, "end": "policy", "rate": 0}]
+    assert queue == [{"volume": "dm-4", "deadline": 600, "end": "policy", "rate": 0, "request": queue[0]["request"]}]
     rig.d.start()
     rig.tick(1)
     assert rig.d.answer({"cmd": "drain", "volume": "bcache0", "rate": 4 << 20})["queued"] == "bcache0"
     assert rig.d.drain_requests[-1]["rate"] == 4 << 20
+
+
+def test_the_cli_follows_its_own_request_not_the_end_of_an_earlier_one(rig: Rig, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Until the daemon's next tick takes a request up, status still shows the previous request's end: the lab's
+    drain asked for right after one that expired printed that one's "drain expired" and exited 1 at once."""
+    from cachepilot.commands import drain as cmd
+    from cachepilot.daemon import control
+
+    rig.d.start()
+    rig.backends["bcache0"].dirty = 4 << 20
+    rig.tick(1)
+    first = rig.d.answer({"cmd": "drain", "volume": "bcache0", "deadline": 1})
+    rig.tick(2)
+    rig.tick(4)  # past its deadline
+
+    def shown() -> dict:  # type: ignore[type-arg]
+        return dict(rig.d.answer({"cmd": "status"})["volumes"][0]["operator_drain"])
+
+    assert shown()["state"] == "expired" and shown()["request"] == first["request"]
+    second = rig.d.answer({"cmd": "drain", "volume": "bcache0", "deadline": 60})
+    assert second["request"] > first["request"] and shown()["request"] == first["request"]  # until the next tick
+    rig.tick(5)
+    assert shown()["state"] == "running" and shown()["request"] == second["request"]
+
+    old = {"state": "expired", "detail": "deadline passed with 4194304 dirty bytes left", "dirty_bytes": 4 << 20,
+           "elapsed_s": 7.0, "request": 1}
+    running = {**old, "state": "running", "detail": "", "request": 2, "elapsed_s": 1.0, "start_dirty_bytes": 4 << 20,
+               "rate_bytes_s": 0, "deadline_in_s": 59}
+    done = {**running, "state": "done", "detail": "drained and verified clean", "dirty_bytes": 0}
+    polls = iter([old, old, running, done])
+
+    def request(sock: Path, req: dict) -> dict:  # type: ignore[type-arg]
+        if req["cmd"] == "drain":
+            return {"queued": "bcache0", "dirty_bytes": 4 << 20, "request": 2}
+        return {"volumes": [{"name": "bcache0", "operator_drain": next(polls)}]}
+
+    monkeypatch.setattr(control, "request", request)
+    monkeypatch.setattr(cmd, "POLL_S", 0.0)
+    args = argparse.Namespace(socket=str(rig.d.config.socket), config=None, volume="bcache0", deadline="60s",
+                              end="policy", release=False, no_wait=False, rate=None)
+    rc = cmd.drain(args)
+    out = capsys.readouterr().out
+    assert rc == 0 and "drain done" in out and "expired" not in out, out

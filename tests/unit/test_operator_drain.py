@@ -151,3 +151,15 @@ def test_bcaches_writeback_delay_sleep_is_said_instead_of_an_unknown_eta() -> No
     e2.operator_drain("bcache0", 120, "policy")
     tick(e2, 7, dirty=4 * MIB)
     assert "ETA unknown" in _progress("bcache0", status(e2))
+
+
+def test_the_deadline_runs_from_the_time_the_request_is_taken_up_not_from_a_late_last_tick() -> None:
+    """The daemon takes requests up before its tick, with that tick's time; the engine's clock is still the last
+    tick's, seconds behind after a slow one (lab: a 1 s drain on dm-writecache taken up 5 s late expired before any
+    flush was sent)."""
+    e = engine()
+    tick(e, 1, dirty=0)
+    e.operator_drain("bcache0", 2, "policy", now_ns=6 * NS)  # the last tick was 5 s ago
+    assert status(e)["deadline_in_s"] == 2
+    [d] = [a for a in tick(e, 6, dirty=4 * MIB) if isinstance(a, Drain)]  # a drain, not an expired request
+    assert d.deadline_ns == 8 * NS and status(e)["state"] == "running"

@@ -211,21 +211,39 @@ def test_writecache_view_holds_below_its_watermark_unless_max_age_or_cleaner(tmp
     v = sample_volume(info, host=dm_host(tmp_path, status, f"0 2097152 writecache s 254:1 254:5 4096 {args}"),
                       now_ns=1).writeback
     assert v is not None and v.hold_bytes == 65536 * 4096 * hold // 100 and v.quiet_s == quiet
-    assert (v.writes, v.overwrites) == (200, 50) and v.busy_hold == ""
+    assert (v.writes, v.overwrites) == (200, 50)
+    # the pause under writes to the origin: the kernel's 3 s where the table sets none, none under the cleaner
+    assert ("3000 ms, the kernel's default" in v.busy_hold) if "cleaner" not in args else v.busy_hold == ""
+
+
+def writecache_view(tmp_path: Path, args: str, mode: str = "s") -> WritebackView:
+    status = "0 2097152 writecache 0 65536 32768 0 10 5 200 0 0 0 0 0 0 0"
+    info = VolumeInfo(dev=2, name="dm-2", kind="dm-writecache", cache_bytes=65536 * 4096)
+    v = sample_volume(info, host=dm_host(tmp_path, status, f"0 2097152 writecache {mode} 254:1 254:5 4096 {args}"),
+                      now_ns=1).writeback
+    assert v is not None
+    return v
 
 
 def test_writecache_holding_write_back_under_writes_is_named(tmp_path: Path) -> None:
-    status = "0 2097152 writecache 0 65536 32768 0 10 5 200 0 0 0 0 0 0 0"
-    table = "0 2097152 writecache s 254:1 254:5 4096 4 max_age 10000 pause_writeback 30000"
-    info = VolumeInfo(dev=2, name="dm-2", kind="dm-writecache", cache_bytes=65536 * 4096)
-    v = sample_volume(info, host=dm_host(tmp_path, status, table), now_ns=1).writeback
-    assert v is not None and "pause_writeback (30000 ms)" in v.busy_hold
+    v = writecache_view(tmp_path, "4 max_age 10000 pause_writeback 30000")
+    assert "pause_writeback (30000 ms)" in v.busy_hold and "every flush (fsync)" in v.busy_hold
     w = WritebackWatch()
     out = []
-    for i in range(13):
-        out += w.observe("v", i * 5 * NS, 20 * MIB, replace(v, writes=200 + i), False, 40, 0)
+    for i in range(13):  # an fsync loop rewriting one block: every write a write hit, nothing written back
+        out += w.observe("v", i * 5 * NS, 20 * MIB, replace(v, writes=200 + i, overwrites=i), False, 40, 0)
     [f] = out
-    assert "writes kept coming" in f.why and "pause_writeback" in f.why
+    assert "writes kept coming" in f.why and "8 of them to blocks already cached" in f.why  # since the stretch began
+    assert "pause_writeback (30000 ms)" in f.why and "as fast as they are written back" not in f.why
+
+
+@pytest.mark.parametrize(("args", "mode", "named"), [
+    ("0", "s", "pause_writeback (3000 ms, the kernel's default)"),  # the stock table: PAUSE_WRITEBACK
+    ("2 pause_writeback 0", "s", ""), ("0", "p", ""), ("1 cleaner", "s", "")])
+def test_writecache_pause_is_the_kernels_default_unless_off_pmem_or_cleaner(tmp_path: Path, args: str, mode: str,
+                                                                          named: str) -> None:
+    v = writecache_view(tmp_path, args, mode)
+    assert (named in v.busy_hold) if named else v.busy_hold == ""
 
 
 # ------------------------------------------------------------------ the engine, status and the decision log

@@ -280,11 +280,29 @@ def writeback_view(w: DmWritecacheStatus, knobs: dict[str, str], cache_bytes: in
     hold = 0 if cleaner or max_age_ms else cache_bytes * high // 100
     writes = w.stats[2] if len(w.stats) >= 3 else None
     over = w.stats[3] + w.stats[4] if len(w.stats) >= 5 else None  # write hits, uncommitted and committed
-    pause = knobs.get("pause_writeback", "")
-    busy = (f"dm-writecache holds write-back until no write has gone to the origin for pause_writeback ({pause} ms)"
-            if pause.isdigit() and int(pause) > 0 else "")
     return WritebackView(hold_bytes=hold, quiet_s=2 * max_age_ms / 1000, writes=writes, overwrites=over,
-                         policy="cleaner" if cleaner else "", busy_hold=busy)
+                         policy="cleaner" if cleaner else "", busy_hold=_pause_hold(knobs, table, cleaner))
+
+
+def _pause_hold(knobs: dict[str, str], table: str, cleaner: bool) -> str:
+    """Why write-back waits while writes come: ``writecache_writeback`` first waits until the origin has had no
+    write for ``pause_writeback`` ms -- PAUSE_WRITEBACK (3000) when the table does not set it, SSD mode only (a
+    pmem cache, 'p', has none; 0 turns it off), not under ``cleaner`` or a flush. Writes reach the origin when no
+    block is free, and every flush (fsync) sends one there (``writecache_map_flush``): so the stock table holds
+    write-back under a syncing load. "" when there is no such pause."""
+    words = table.split()
+    if cleaner or len(words) < 4 or words[3] != "s":
+        return ""
+    set_ms = knobs.get("pause_writeback", "")
+    pause = int(set_ms) if set_ms.isdigit() else _PAUSE_WRITEBACK_MS
+    if pause <= 0:
+        return ""
+    how = f"pause_writeback ({pause} ms)" if set_ms else f"pause_writeback ({pause} ms, the kernel's default)"
+    return (f"dm-writecache holds write-back until no write has gone to the origin for {how}; every flush (fsync)"
+            " and every write it has no free block for goes there")
+
+
+_PAUSE_WRITEBACK_MS = 3000  # PAUSE_WRITEBACK in dm-writecache.c (HZ * 3), SSD mode, when the table sets none
 
 
 # What writecache_ctr uses for a watermark the table does not set (HIGH_WATERMARK, LOW_WATERMARK in dm-writecache.c);

@@ -41,11 +41,13 @@ def drain(args: argparse.Namespace) -> int:
         return 0
     print(f"{name}: drain queued ({_bytes(answer.get('dirty_bytes'))} dirty), deadline {deadline:g} s, then"
           f" {args.end}" + (f", at {_bytes(rate)}/s" if rate else ""))
-    return 0 if args.no_wait else follow(sock, args.volume, deadline)
+    return 0 if args.no_wait else follow(sock, args.volume, deadline, answer.get("request"))
 
 
-def follow(sock: Path, volume: str, deadline: float) -> int:
-    """Poll ``status`` until the operator's drain ends; a progress line each poll (overwritten on a terminal)."""
+def follow(sock: Path, volume: str, deadline: float, number: int | None = None) -> int:
+    """Poll ``status`` until the operator's drain ends; a progress line each poll (overwritten on a terminal).
+    ``number``: the daemon's for this request (None from a daemon that numbers none): status shows an earlier
+    request's end until the daemon's next tick takes this one up."""
     from cachepilot.daemon.control import request
 
     tty = sys.stdout.isatty()
@@ -55,7 +57,7 @@ def follow(sock: Path, volume: str, deadline: float) -> int:
         time.sleep(POLL_S)
         vol = next((v for v in request(sock, {"cmd": "status"}).get("volumes", []) if v.get("name") == volume), None)
         op = (vol or {}).get("operator_drain")
-        if op is None:
+        if op is None or number is not None and op.get("request") != number:
             continue  # not taken up yet (the next tick)
         if op["state"] == "running":
             seen_running = True

@@ -4,6 +4,7 @@ loop's); ``reload`` waits, bounded, for the loop's verdict."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -137,8 +138,15 @@ def _drain(vols: dict[str, Any], req: dict[str, Any], queue: list[dict[str, Any]
         raise UserError(f"{name}: an operator's drain is already running")
     rate = _number(req, "rate", 0, 0, 1 << 40)
     check_rate(str(name), vol.kind, rate)
-    queue.append({"volume": name, "deadline": deadline, "end": end, "rate": rate})
-    return {"queued": name, "dirty_bytes": vol.dirty_bytes}
+    number = next(_DRAIN_REQUESTS)
+    queue.append({"volume": name, "deadline": deadline, "end": end, "rate": rate, "request": number})
+    return {"queued": name, "dirty_bytes": vol.dirty_bytes, "request": number}
+
+
+# Drain requests numbered as they come: status shows the number of the request a volume's operator_drain is, so the
+# CLI follows its own (until the next tick takes it up, status still shows an earlier request's end: lab, a drain
+# asked for right after one that expired printed that one's "drain expired" and exit 1 at once)
+_DRAIN_REQUESTS = itertools.count(1)
 
 
 def _top(snap: Status | None, vols: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:

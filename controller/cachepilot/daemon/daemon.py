@@ -341,7 +341,8 @@ class Daemon:
                     log.info("%s: operator drain: %s by the operator", r["volume"],
                              self.engine.operator_release(r["volume"]))
                     continue
-                self.engine.operator_drain(r["volume"], r["deadline"], r["end"], r.get("rate", 0))
+                self.engine.operator_drain(r["volume"], r["deadline"], r["end"], r.get("rate", 0), r.get("request", 0),
+                                           now)
                 log.info("%s: operator drain started: deadline %g s, then %s%s", r["volume"], r["deadline"], r["end"],
                          f", at {r['rate']} B/s" if r.get("rate") else "")
             except UserError as exc:

@@ -374,10 +374,16 @@ class Engine:
             c.last_tick_ns = now
         return out
 
-    def operator_drain(self, name: str, deadline_s: float, end: str, rate: int = 0) -> dict[str, object]:
-        """``cachepilot drain``: start an operator's drain of a volume (engine/operatordrain.py); its status."""
+    def operator_drain(self, name: str, deadline_s: float, end: str, rate: int = 0, number: int = 0,
+                       now_ns: int = 0) -> dict[str, object]:
+        """``cachepilot drain``: start an operator's drain of a volume (engine/operatordrain.py); its status.
+        ``now_ns``: the daemon's time for this tick, taken before the tick itself -- the deadline runs from it, not
+        from the last tick's time, which a slow tick (a table reload, an lvchange under TCG) leaves seconds behind
+        (lab: a 1 s drain on dm-writecache taken up 5 s late expired before any flush was sent)."""
+        if now_ns > self.now_ns:
+            self.now_ns = now_ns
         c = self.volume(name)
-        op = operatordrain.request(c, self.now_ns, deadline_s, end, rate)
+        op = operatordrain.request(c, self.now_ns, deadline_s, end, rate, number)
         return op.to_json(c.state.dirty_bytes, self.now_ns)
 
     def operator_detach(self, name: str, deadline_s: float, accept_loss: bool) -> dict[str, object]:

@@ -37,10 +37,10 @@ def check_rate(name: str, kind: str, rate: int) -> None:
         raise UserError(f"--rate: {name} ({kind}) cannot be drained at a rate: {why}")
 
 
-def request(c: VolumeCtl, now: int, deadline_s: float, end: str, rate: int = 0) -> OperatorDrain:
+def request(c: VolumeCtl, now: int, deadline_s: float, end: str, rate: int = 0, number: int = 0) -> OperatorDrain:
     """Start an operator's drain on ``c`` (UserError for a bad request). ``rate`` (bytes/s, 0: the kind's full
     speed) only where the kind has a write-back rate to steer (Capabilities.pace_knob: bcache's rate controller, as
-    a paced drain sets it)."""
+    a paced drain sets it); ``number``: the control socket's for the request, shown in status."""
     check_rate(c.info.name, c.info.kind, rate)
     if end not in ENDS:
         raise UserError(f"end: one of {', '.join(ENDS)} expected, got {end!r}")
@@ -48,7 +48,7 @@ def request(c: VolumeCtl, now: int, deadline_s: float, end: str, rate: int = 0) 
         raise UserError(f"deadline: seconds in (0, {7 * 86400}] expected, got {deadline_s!r}")
     if c.operator is not None and c.operator.state == RUNNING:
         raise UserError(f"{c.info.name}: an operator's drain is already running")
-    op = OperatorDrain(now, now + int(deadline_s * NS), end, c.state.dirty_bytes, rate=rate)
+    op = OperatorDrain(now, now + int(deadline_s * NS), end, c.state.dirty_bytes, rate=rate, request=number)
     op.sleep_knob, op.sleep_s = _sleep(c)
     if c.drain is not None:  # the policy's drain in flight becomes the operator's: it ends by reading clean too
         op.action, op.drains = c.drain.action, 1

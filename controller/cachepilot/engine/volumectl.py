@@ -73,6 +73,9 @@ class OperatorDrain:
     # be written back for up to this long -- said instead of "0 B/s, ETA unknown".
     sleep_knob: str = ""
     sleep_s: float = 0.0
+    # The control socket's number for the request (0: none given): the CLI follows its own request, not an earlier
+    # one's end that status still shows until the next tick takes the new one up
+    request: int = 0
 
     @property
     def active(self) -> bool:
@@ -92,7 +95,8 @@ class OperatorDrain:
         return {"state": self.state, "detail": self.detail, "end": self.end, "start_dirty_bytes": self.start_dirty,
                 "dirty_bytes": dirty, "rate_bytes_s": round(gone * NS / took), "elapsed_s": round(took / NS, 1),
                 "deadline_in_s": round((self.deadline_ns - now) / NS, 1), "rate_asked_bytes_s": self.rate,
-                "writeback_starts_within_s": self.starts_within(gone, now), "sleep_knob": self.sleep_knob}
+                "writeback_starts_within_s": self.starts_within(gone, now), "sleep_knob": self.sleep_knob,
+                "request": self.request}
 
 
 DRAINING, DETACHING, DETACHED, FAILED = "draining", "detaching", "detached", "failed"  # OperatorDetach.state

@@ -32,6 +32,11 @@ class LoopVol:
         return run("dmsetup", "table", self.dm_name)
 
 
+def _modules(*names: str) -> None:
+    """The loop driver and the targets (the guest loads none of them until asked)."""
+    subprocess.run(["modprobe", "-a", "loop", *names], check=False)
+
+
 def _loop(tmp: Path, name: str, mib: int) -> str:
     img = tmp / f"{name}.img"
     with open(img, "wb") as f:
@@ -61,6 +66,7 @@ def fail(linear: str) -> str:
 
 
 def writecache(tmp: Path) -> LoopVol:
+    _modules("dm-writecache")
     origin, cache = _loop(tmp, "wc-origin", 96), _loop(tmp, "wc-cache", 32)
     cdev = _linear("lab-wcc", cache)
     sectors = run("blockdev", "--getsz", origin)
@@ -73,6 +79,7 @@ def writecache(tmp: Path) -> LoopVol:
 def dmcache(tmp: Path, name: str = "lab-dmc", mount: Path = Path("/mnt/dmc")) -> LoopVol:
     """16 MiB of metadata and 48 MiB of 64 KiB cache blocks in writeback with smq, as the lab's dmcache recipe: both
     on one loop device, under dm-linears ``NAME-meta`` and ``NAME-data``."""
+    _modules("dm-cache", "dm-cache-smq")
     origin, cache = _loop(tmp, f"{name}-origin", 96), _loop(tmp, f"{name}-cache", 64)
     meta = _linear(f"{name}-meta", cache, 0, 32768)
     data = _linear(f"{name}-data", cache, 32768, 65536 * 2 - 32768)
