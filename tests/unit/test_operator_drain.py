@@ -63,6 +63,26 @@ def test_the_deadline_is_honoured_with_what_is_left() -> None:
     assert status(e)["state"] == "expired"
 
 
+def test_an_operators_missed_deadline_or_failed_drain_is_not_an_exposure_breach() -> None:
+    """The operator's deadline is the operator's, not the policy's exposure bound: a drain that misses it (or fails)
+    ends the request as expired; it neither counts as a breach (cachepilot_volume_exposure_breaches_total) nor
+    forces the volume write-through once the policy has it back."""
+    e = engine()
+    tick(e, 1, dirty=0)
+    e.operator_drain("bcache0", 5, "policy")
+    [d] = [a for a in tick(e, 2, dirty=4 * MIB) if isinstance(a, Drain)]
+    e.outcome(Outcome(d, "failed", detail="kernel said no"))  # within the deadline: tried again
+    [d] = [a for a in tick(e, 3, dirty=4 * MIB) if isinstance(a, Drain)]
+    for t in range(4, 8):
+        tick(e, t, dirty=3 * MIB)
+    c = e.vols[DEV]
+    assert status(e)["state"] == "expired"
+    e.outcome(Outcome(d, "failed", detail="missed its deadline"))
+    assert c.breach is None and c.breaches == 0
+    acts = tick(e, 8, dirty=3 * MIB)  # the policy's again: under its 8 MiB bound, nothing forced
+    assert not [a for a in acts if isinstance(a, SetWritePolicy) and a.mode == "writethrough"], acts
+
+
 def test_a_failed_drain_is_tried_again_within_the_deadline() -> None:
     e = engine()
     tick(e, 1, dirty=0)

@@ -47,6 +47,8 @@ class Drains:
         elif now >= d.action.deadline_ns:
             c.drain = None
             self._measured(c, d, now, now, at_least=True)  # at least this long: the next drains start earlier
+            if d.by_operator:
+                return
             self._set_breach(c, (
                 f"drain started at {d.start_ns / NS:.0f} s missed its deadline"
                 f" ({d.action.deadline_ns / NS:.0f} s; {st.dirty_bytes} bytes still dirty)"))
@@ -173,7 +175,7 @@ class Drains:
             # dirty at the drain's start is written back.
             c.state.cleaned(d.start_ns if c.caps.drain_done_as_of_start else max(d.start_ns, now))
             c.breach = None  # the bound holds again (write-back resumes after the hysteresis interval)
-        elif c.breach is None:
+        elif c.breach is None and not d.by_operator:
             self._set_breach(c, f"drain started at {d.start_ns / NS:.0f} s failed: {detail or 'no reason given'}")
         # else the breach's own drain failed (e.g. refused while the backend still abandons the drain that missed
         # its deadline): the same breach goes on and the next tick drains again -- not a second breach

@@ -90,7 +90,7 @@ def step(c: VolumeCtl, now: int, out: list[Action]) -> None:
         a = Drain(c.info.name, op.deadline_ns, f"operator drain (cachepilot drain): {c.state.dirty_bytes} dirty"
                   f" bytes{paced}, deadline in {(op.deadline_ns - now) / NS:.0f} s, then {op.end}", rate=op.rate)
         out.append(a)
-        c.drain = DrainInFlight(a, now, c.state.dirty_bytes)
+        c.drain = DrainInFlight(a, now, c.state.dirty_bytes, by_operator=True)
         op.drains += 1
         op.action = a
 

@@ -48,6 +48,9 @@ class DrainInFlight:
     action: Drain
     start_ns: int
     dirty_bytes: int = 0  # dirty when it started: with its duration, the volume's write-back rate
+    # an operator's (cachepilot drain): its deadline is the operator's, not the exposure bound's, so missing it or
+    # failing is no exposure breach (engine/operatordrain.py ends the request as expired or failed)
+    by_operator: bool = False
 
 
 RUNNING, HELD = "running", "held"  # an operator's drain that holds the volume (OperatorDrain.active)
