@@ -271,6 +271,16 @@ def test_the_engine_drains_to_clean_write_through_then_detaches_once() -> None:
     assert c.detach is not None and c.detach.writes[0].readback == "no cache"
 
 
+def test_a_detachs_deadline_runs_from_the_time_the_request_is_taken_up_not_from_a_late_last_tick() -> None:
+    """As an operator's drain's (test_operator_drain): the engine's clock is the last tick's until the next."""
+    e = engine()
+    tick(e, 1, dirty=0)
+    status = e.operator_detach("bcache0", 2, False, now_ns=6 * NS)  # the last tick was 5 s ago
+    assert status["deadline_in_s"] == 2
+    [d] = [a for a in tick(e, 6, dirty=4 * MIB) if isinstance(a, Drain)]  # its drain, not an expired one
+    assert d.deadline_ns == 8 * NS and e.vols[DEV].detach is not None and e.vols[DEV].detach.state == "draining"
+
+
 def test_an_expired_drain_fails_the_detach_and_nothing_is_detached() -> None:
     e = engine()
     tick(e, 1, dirty=4 * MIB)
@@ -380,8 +390,8 @@ def rig(tmp_path: Path):  # type: ignore[no-untyped-def]
 def run_detach(rig: Rig) -> None:
     """Through the control socket's answer and the loop's ticks: drain (done), write-through, detach."""
     b = rig.backends["bcache0"]
-    assert rig.d.answer({"cmd": "detach", "volume": "bcache0", "deadline": 60}) == {
-        "queued": "bcache0", "dirty_bytes": 0}
+    answer = rig.d.answer({"cmd": "detach", "volume": "bcache0", "deadline": 60})
+    assert answer == {"queued": "bcache0", "dirty_bytes": 0, "request": answer["request"]}
     rig.tick(2)
     drains = [a for a, _ in b.applied if isinstance(a, Drain)]
     rig.d.engine.outcome(Outcome(drains[-1], DONE, detail="clean"))
@@ -547,6 +557,38 @@ def test_the_command_line_parses_and_follows_the_detach_to_its_end(rig: Rig, cap
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "bcache0: detached (detached); serving from its origin" in out
+
+
+def test_the_cli_follows_its_own_detach_not_the_failure_of_an_earlier_one(rig: Rig, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Until the daemon's next tick takes a detach up, status still shows the previous request's end: a detach
+    retried right after a failed one printed that one's "detach failed" and exited 1 at once (as drain did, lab)."""
+    from cachepilot.commands import detach as cmd
+    from cachepilot.daemon import control
+
+    rig.d.start()
+    rig.tick(1)
+    first = rig.d.answer({"cmd": "detach", "volume": "bcache0", "deadline": 60})
+    rig.tick(2)
+    shown = rig.status()["volumes"][0]["operator_detach"]
+    assert shown["request"] == first["request"] and shown["state"] == "draining"
+
+    old = {"state": "failed", "detail": "the drain expired", "elapsed_s": 61.0, "request": 1}
+    draining = {"state": "draining", "detail": "", "elapsed_s": 0.5, "request": 2}
+    polls = iter([{"volumes": [{"name": "bcache0", "operator_detach": old}]}] * 2
+                 + [{"volumes": [{"name": "bcache0", "operator_detach": draining}]}]
+                 + [{"volumes": [], "detached": [{"name": "bcache0", "why": "detached", "cache": "c"}]}])
+
+    def request(sock: Path, req: dict) -> dict:  # type: ignore[type-arg]
+        if req["cmd"] == "detach":
+            return {"queued": "bcache0", "dirty_bytes": 0, "request": 2}
+        return next(polls)
+
+    monkeypatch.setattr(control, "request", request)
+    monkeypatch.setattr(cmd, "POLL_S", 0.0)
+    rc = cmd.detach(argparse.Namespace(socket=str(rig.d.config.socket), config=None, volume="bcache0",
+                                       deadline="60s", accept_loss=False, no_wait=False))
+    out = capsys.readouterr().out
+    assert rc == 0 and "detached (detached)" in out and "failed" not in out, out
 
 
 def test_a_volume_that_lost_its_cache_while_the_daemon_was_down_is_still_latched_after_the_restart(

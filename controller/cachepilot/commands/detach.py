@@ -32,11 +32,13 @@ def detach(args: argparse.Namespace) -> int:
     loss = ", accepting the loss of its dirty data" if args.accept_loss else ""
     print(f"{name}: detach queued ({_bytes(answer.get('dirty_bytes'))} dirty): drain, verify clean, then detach,"
           f" deadline {deadline:g} s{loss}")
-    return 0 if args.no_wait else follow(sock, args.volume, deadline)
+    return 0 if args.no_wait else follow(sock, args.volume, deadline, answer.get("request"))
 
 
-def follow(sock: Path, volume: str, deadline: float) -> int:
-    """Poll ``status``: the drain's progress, then the detach; done when status lists the volume as detached."""
+def follow(sock: Path, volume: str, deadline: float, number: int | None = None) -> int:
+    """Poll ``status``: the drain's progress, then the detach; done when status lists the volume as detached.
+    ``number``: the daemon's for this request (None from a daemon that numbers none): status shows an earlier
+    request's end until the daemon's next tick takes this one up."""
     from cachepilot.daemon.control import request
 
     tty = sys.stdout.isatty()
@@ -54,8 +56,8 @@ def follow(sock: Path, volume: str, deadline: float) -> int:
                   f"attach puts back {escape(gone.get('cache') or 'a cache you name')}")
             return 0
         det = (vol or {}).get("operator_detach")
-        if det is None:
-            continue
+        if det is None or number is not None and det.get("request") != number:
+            continue  # not taken up yet (the next tick)
         if det["state"] == "failed":
             if tty:
                 print()

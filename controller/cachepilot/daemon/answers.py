@@ -99,8 +99,9 @@ def _detach(vols: dict[str, Any], req: dict[str, Any], queue: list[dict[str, Any
                    accept_loss)
     if line is not None:
         raise UserError(line)
-    queue.append({"volume": name, "deadline": deadline, "accept_loss": accept_loss})
-    return {"queued": name, "dirty_bytes": vol.dirty_bytes}
+    number = next(_REQUESTS)
+    queue.append({"volume": name, "deadline": deadline, "accept_loss": accept_loss, "request": number})
+    return {"queued": name, "dirty_bytes": vol.dirty_bytes, "request": number}
 
 
 def _attach(snap: Status | None, req: dict[str, Any], lifecycle: Lifecycle) -> dict[str, Any]:
@@ -138,15 +139,16 @@ def _drain(vols: dict[str, Any], req: dict[str, Any], queue: list[dict[str, Any]
         raise UserError(f"{name}: an operator's drain is already running")
     rate = _number(req, "rate", 0, 0, 1 << 40)
     check_rate(str(name), vol.kind, rate)
-    number = next(_DRAIN_REQUESTS)
+    number = next(_REQUESTS)
     queue.append({"volume": name, "deadline": deadline, "end": end, "rate": rate, "request": number})
     return {"queued": name, "dirty_bytes": vol.dirty_bytes, "request": number}
 
 
-# Drain requests numbered as they come: status shows the number of the request a volume's operator_drain is, so the
-# CLI follows its own (until the next tick takes it up, status still shows an earlier request's end: lab, a drain
-# asked for right after one that expired printed that one's "drain expired" and exit 1 at once)
-_DRAIN_REQUESTS = itertools.count(1)
+# Drain and detach requests numbered as they come: status shows the number of the request a volume's operator_drain
+# (operator_detach) is, so the CLI follows its own (until the next tick takes it up, status still shows an earlier
+# request's end: lab, a drain asked for right after one that expired printed that one's "drain expired" and exit 1
+# at once; a detach retried after a failed one would have printed "detach failed" likewise)
+_REQUESTS = itertools.count(1)
 
 
 def _top(snap: Status | None, vols: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:

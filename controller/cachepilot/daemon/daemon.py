@@ -350,7 +350,7 @@ class Daemon:
 
     def _lifecycle(self, now: int) -> None:
         """`cachepilot detach` requests to the engine; `cachepilot attach` carried out (daemon/lifecycle.py)."""
-        self.lifecycle.requests(self.engine)
+        self.lifecycle.requests(self.engine, now)
         self.lifecycle.attaches(lambda o: self.actor.record(None, o),
                                 lambda: self.adopter.rescan(now, self.config.observe), self.adopter.uncached)
 

@@ -125,12 +125,14 @@ class Lifecycle:
         self.host = host
         self.results: dict[str, dict[str, str]] = {}  # the last attach per name: its state, for the CLI
 
-    def requests(self, engine: Any) -> None:
-        """The detach requests, to the engine (one log line each)."""
+    def requests(self, engine: Any, now: int) -> None:
+        """The detach requests, to the engine (one log line each); ``now``: the daemon's time for this tick, which
+        their deadlines run from."""
         todo, self.detach_requests = self.detach_requests, []
         for r in todo:
             try:
-                engine.operator_detach(r["volume"], r["deadline"], r.get("accept_loss", False))
+                engine.operator_detach(r["volume"], r["deadline"], r.get("accept_loss", False), r.get("request", 0),
+                                       now)
                 log.info("%s: operator detach started: deadline %g s%s", r["volume"], r["deadline"],
                          ", accepting the loss of dirty data" if r.get("accept_loss") else "")
             except UserError as exc:

@@ -386,10 +386,14 @@ class Engine:
         op = operatordrain.request(c, self.now_ns, deadline_s, end, rate, number)
         return op.to_json(c.state.dirty_bytes, self.now_ns)
 
-    def operator_detach(self, name: str, deadline_s: float, accept_loss: bool) -> dict[str, object]:
-        """``cachepilot detach``: drain, then detach the volume's cache (engine/operatordetach.py); its status."""
+    def operator_detach(self, name: str, deadline_s: float, accept_loss: bool, number: int = 0,
+                        now_ns: int = 0) -> dict[str, object]:
+        """``cachepilot detach``: drain, then detach the volume's cache (engine/operatordetach.py); its status.
+        ``number`` and ``now_ns`` as for :meth:`operator_drain`."""
+        if now_ns > self.now_ns:
+            self.now_ns = now_ns
         c = self.volume(name)
-        return operatordetach.request(c, self.now_ns, deadline_s, accept_loss).to_json(self.now_ns)
+        return operatordetach.request(c, self.now_ns, deadline_s, accept_loss, number).to_json(self.now_ns)
 
     def detached(self) -> list[VolumeCtl]:
         """The volumes whose cache an operator's detach took away: the daemon releases each from management."""

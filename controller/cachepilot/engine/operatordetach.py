@@ -52,8 +52,9 @@ def at_risk(c: VolumeCtl) -> int | None:
     return max(c.state.dirty_bytes, c.state.dirty_before_failure)
 
 
-def request(c: VolumeCtl, now: int, deadline_s: float, accept_loss: bool) -> OperatorDetach:
-    """Start a detach of ``c`` (UserError for a bad request or a refusal)."""
+def request(c: VolumeCtl, now: int, deadline_s: float, accept_loss: bool, number: int = 0) -> OperatorDetach:
+    """Start a detach of ``c`` (UserError for a bad request or a refusal); ``number``: the control socket's for
+    the request, shown in status."""
     if c.detach is not None and c.detach.state in (DRAINING, DETACHING):
         raise UserError(f"{c.info.name}: a detach is already under way ({c.detach.state})")
     loss = at_risk(c)
@@ -61,7 +62,7 @@ def request(c: VolumeCtl, now: int, deadline_s: float, accept_loss: bool) -> Ope
     line = refusal(c.info.name, failed, loss or 0, accept_loss)
     if line is not None:
         raise UserError(line)
-    d = OperatorDetach(now, now + int(deadline_s * NS), accept_loss)
+    d = OperatorDetach(now, now + int(deadline_s * NS), accept_loss, request=number)
     if accept_loss and failed:
         d.state = DETACHING  # nothing can be written back: straight to the detach
     else:

@@ -116,6 +116,7 @@ class OperatorDetach:
     detail: str = ""
     action: Detach | None = None
     writes: tuple[Write, ...] = field(default=())  # the Detach's, read back (the table or pool it replaced)
+    request: int = 0  # the control socket's number for the request (OperatorDrain.request)
 
     @property
     def holds(self) -> bool:
@@ -125,7 +126,7 @@ class OperatorDetach:
     def to_json(self, now: int) -> dict[str, object]:
         return {"state": self.state, "detail": self.detail, "accept_loss": self.accept_loss,
                 "elapsed_s": round((now - self.start_ns) / NS, 1),
-                "deadline_in_s": round((self.deadline_ns - now) / NS, 1)}
+                "deadline_in_s": round((self.deadline_ns - now) / NS, 1), "request": self.request}
 
 
 @dataclass(slots=True)
