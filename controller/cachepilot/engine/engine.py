@@ -380,8 +380,7 @@ class Engine:
         ``now_ns``: the daemon's time for this tick, taken before the tick itself -- the deadline runs from it, not
         from the last tick's time, which a slow tick (a table reload, an lvchange under TCG) leaves seconds behind
         (lab: a 1 s drain on dm-writecache taken up 5 s late expired before any flush was sent)."""
-        if now_ns > self.now_ns:
-            self.now_ns = now_ns
+        self.now_ns = max(self.now_ns, now_ns)
         c = self.volume(name)
         op = operatordrain.request(c, self.now_ns, deadline_s, end, rate, number)
         return op.to_json(c.state.dirty_bytes, self.now_ns)
@@ -390,8 +389,7 @@ class Engine:
                         now_ns: int = 0) -> dict[str, object]:
         """``cachepilot detach``: drain, then detach the volume's cache (engine/operatordetach.py); its status.
         ``number`` and ``now_ns`` as for :meth:`operator_drain`."""
-        if now_ns > self.now_ns:
-            self.now_ns = now_ns
+        self.now_ns = max(self.now_ns, now_ns)
         c = self.volume(name)
         return operatordetach.request(c, self.now_ns, deadline_s, accept_loss, number).to_json(self.now_ns)
 
