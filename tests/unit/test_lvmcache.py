@@ -4,6 +4,7 @@ change goes through lvchange on the LV (never a raw dmsetup reload), which refus
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,10 +14,12 @@ from cachepilot.backends import kinds, open_backend
 from cachepilot.backends.base import DONE, FAILED, PENDING
 from cachepilot.backends.dmcache import CacheTable
 from cachepilot.backends.host import BlockDev, Host, ToolResult
-from cachepilot.backends.lvmcache import LvmCacheBackend, lv_of_dm_name
+from cachepilot.backends.inspect import sample_volume
+from cachepilot.backends.lvmcache import LVM_BUSY, LvmCacheBackend, lv_of_dm_name
 from cachepilot.daemon import volumes
 from cachepilot.errors import DeviceGone, KernelRejected, RetryLater
 from cachepilot.models.volume import VolumeInfo
+from cachepilot.models.writeback import WritebackWatch
 
 S = 1_000_000_000
 DM_NAME = "lab--vg-cached"
@@ -197,3 +200,18 @@ def test_samples_are_the_kernels_view(lvm: tuple[LvmCacheBackend, FakeLvm]) -> N
     s = b.sample(5)
     assert (s.mode, s.dirty_bytes, s.cache_id, s.knobs["migration_threshold"]) == ("writeback", 10 * 128 * 512,
                                                                                     "254:4", "2048")
+
+
+def test_a_stall_under_writes_is_explained_as_lvmcache_with_lvms_cleaner(lvm: tuple[LvmCacheBackend, FakeLvm]) -> None:
+    """The daemon's samples (the backend's) and inspect's (the kind's) both: the cause names lvmcache and LVM's
+    cleaner, not dm-cache's table policy (a raw reload to the cleaner would be undone by LVM's next activation)."""
+    b, _ = lvm
+    views = [b.sample(5).writeback, sample_volume(b.info, host=b.host, now_ns=5).writeback]
+    assert [v.busy_hold if v else None for v in views] == [LVM_BUSY, LVM_BUSY]
+    assert views[0] is not None
+    w, out = WritebackWatch(), []
+    for i in range(6):  # dirty data that does not fall while writes keep the origin busy
+        out += w.observe("dm-7", i * 5 * S, 10 * 128 * 512, replace(views[0], writes=100 + i), False, 20, 0)
+    [f] = out
+    assert "writes kept coming" in f.why and "lvmcache's smq (dm-cache under LVM)" in f.why
+    assert "LVM's cleaner policy by lvchange" in f.why and "dm-cache's smq" not in f.why

@@ -13,6 +13,7 @@ carry its live value along.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from cachepilot.actions import Detach, Drain, SetWritePolicy
 from cachepilot.backends import uncache
@@ -29,6 +30,10 @@ from cachepilot.models.writeback import WritebackView
 
 NAME = KIND_DMCACHE
 _IO_MODES = ("writeback", "writethrough", "passthrough")
+# smq cleans nothing while the origin is busy (dm-cache-policy-smq.c clean_target_met: "If we're busy we don't worry
+# about cleaning at all"); the cleaner policy writes back regardless
+SMQ_BUSY = ("dm-cache's smq cleans only once the origin has been idle for a second (clean_target_met: busy, no"
+            " cleaning): a drain (cachepilot drain, the cleaner policy) writes back under load")
 
 
 @dataclass(frozen=True)
@@ -85,13 +90,14 @@ def _with_arg(args: tuple[str, ...], key: str, value: str) -> tuple[str, ...]:
 
 class DmCacheBackend(OperationBackend):
     kind = NAME
+    busy_hold: ClassVar[str] = SMQ_BUSY  # why write-back waits under writes, in the kind's words (lvmcache: LVM's)
 
     @property
     def dm_name(self) -> str:
         return self.host.dm_name_of(self.info.name)
 
     def sample(self, now_ns: int) -> VolumeSample:
-        return sample(self.host, self.info, now_ns, commit=self.commit_due(now_ns))
+        return sample(self.host, self.info, now_ns, commit=self.commit_due(now_ns), busy=self.busy_hold)
 
     def status(self) -> DmCacheStatus:
         line = self.dmsetup(("status", self.dm_name))
@@ -287,9 +293,9 @@ def describe(host: Host, dev: BlockDev) -> Described:
                      cache_device(dev.dm_table), discard_block_bytes(dev.dm_table))
 
 
-def sample(host: Host, info: VolumeInfo, now: int, *, commit: bool = False) -> VolumeSample:
+def sample(host: Host, info: VolumeInfo, now: int, *, commit: bool = False, busy: str = SMQ_BUSY) -> VolumeSample:
     """One reading; ``commit``: with the metadata committed first, which is when a dead cache device shows
-    (Capabilities.failure_seen_at_commit)."""
+    (Capabilities.failure_seen_at_commit); ``busy``: the kind's words for smq's hold under writes (SMQ_BUSY)."""
     dm_name = host.dm_name_of(info.name)
     line = host.dm(("status", dm_name, COMMIT) if commit else ("status", dm_name), 10.0)
     cache_id = cache_device(host.dm(("table", dm_name), 10.0).split())
@@ -302,11 +308,11 @@ def sample(host: Host, info: VolumeInfo, now: int, *, commit: bool = False) -> V
         dirty_bytes=s.dirty_bytes, hits=s.read_hits + s.write_hits,
         misses=s.read_misses + s.write_misses, io_errors=0,
         failed=s.failed or s.metadata_mode == "ro" or s.needs_check,
-        knobs={k: v for k, v in s.core_args.items()}, cache_id=cache_id, writeback=writeback_view(s),
+        knobs={k: v for k, v in s.core_args.items()}, cache_id=cache_id, writeback=writeback_view(s, busy),
     )
 
 
-def writeback_view(s: DmCacheStatus) -> WritebackView:
+def writeback_view(s: DmCacheStatus, busy_hold: str = SMQ_BUSY) -> WritebackView:
     """What the stall watch needs (models/writeback.py). dm-cache holds no dirty data on purpose (smq cleans
     everything once the origin idles), so any dirty data that does not fall is watched; its write hits are writes
     to blocks already cached, its mapped blocks what an unclean shutdown marks dirty."""
@@ -315,16 +321,10 @@ def writeback_view(s: DmCacheStatus) -> WritebackView:
         note = "its metadata is read-only (needs_check): dm-cache writes nothing back until it is repaired"
     elif s.core_args.get("migration_threshold") == "0":
         note = "migration_threshold is 0: dm-cache may move no block between cache and origin"
-    busy = "" if s.policy == "cleaner" else SMQ_BUSY
+    busy = "" if s.policy == "cleaner" else busy_hold
     return WritebackView(writes=s.write_hits + s.write_misses, overwrites=s.write_hits,
                          mapped_bytes=s.cache_used_blocks * s.cache_block_sectors * 512, policy=s.policy, note=note,
                          busy_hold=busy)
-
-
-# smq cleans nothing while the origin is busy (dm-cache-policy-smq.c clean_target_met: "If we're busy we don't worry
-# about cleaning at all"); the cleaner policy writes back regardless
-SMQ_BUSY = ("dm-cache's smq cleans only once the origin has been idle for a second (clean_target_met: busy, no"
-            " cleaning): a drain (cachepilot drain, the cleaner policy) writes back under load")
 
 
 # Modes, drain and the knob's range: cachepilot.capabilities. Mode and policy: table reloads; migration_threshold:

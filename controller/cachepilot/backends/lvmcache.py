@@ -32,6 +32,11 @@ LVCHANGE_TIMEOUT_S = 120.0  # a mode change on a cache that got dirty again wait
 # What lvchange prints, by class (lvm2's log_error texts).
 _GONE = ("Failed to find logical volume", "not found")
 _RETRY = ("not clean, refusing", "Can't get lock", "aborted", "busy", "Device or resource busy")
+# The hold is dm-cache's own (an LVM cache LV is a dm cache target with smq), said in LVM's terms: the cleaner an
+# operator can ask for here is LVM's (lvchange), as a raw dmsetup reload would be undone by the next activation.
+LVM_BUSY = ("lvmcache's smq (dm-cache under LVM) cleans only once the origin has been idle for a second"
+            " (clean_target_met: busy, no cleaning): a drain (cachepilot drain, LVM's cleaner policy by lvchange)"
+            " writes back under load")
 
 
 def lv_of_dm_name(dm_name: str) -> str:
@@ -66,6 +71,7 @@ class LvmCacheBackend(dmcache.DmCacheBackend):
     change made by ``lvchange`` on the LV."""
 
     kind = NAME
+    busy_hold = LVM_BUSY
 
     @property
     def lv(self) -> str:
@@ -212,7 +218,7 @@ def detect(dev: BlockDev) -> bool:
 
 
 def sample(host: Host, info: VolumeInfo, now: int) -> VolumeSample:
-    return dmcache.sample(host, info, now)
+    return dmcache.sample(host, info, now, busy=LVM_BUSY)
 
 
 # Modes, drain and the knob's range: cachepilot.capabilities (as dm-cache's, the drain by lvchange).
