@@ -1,8 +1,9 @@
-"""Stuck write-back found and explained on real caches (issue 36 items 3 and 5), three kinds at once in one guest
+"""Stuck write-back found and explained on real caches (issue 36 items 3 and 5), all four kinds at once in one guest
 boot: bcache's ``writeback_running`` 0 behind the daemon's back, dm-writecache's stock pause_writeback under an fsync
-loop, dm-cache's smq under writes that keep its origin busy -- each with dirty data, each judged stalled within two
-minutes, the shipped alert firing in a real Prometheus (Debian's, in the guest, with the shipped rules), explain
-naming the cause, and the daemon leaving bcache's knob at 0; each stall ends once its cause is gone."""
+loop, dm-cache's and lvmcache's smq under writes that keep the origin busy -- each with dirty data, each judged
+stalled within two minutes, the shipped alert firing in a real Prometheus (Debian's, in the guest, with the shipped
+rules), explain naming the cause, and the daemon leaving bcache's knob at 0; each stall ends once its cause is
+gone."""
 
 from __future__ import annotations
 
@@ -29,12 +30,14 @@ def test_stalls_behind_the_daemons_back_are_found_explained_and_alerted_and_the_
     # the operator's knob stays as the operator set it
     assert v["running_still"] == "0" and v["daemon_wrote_running"] == "no", r.explain()
     assert v["ended"] == "yes", r.explain()
-    # dm-writecache past its high watermark (every used block dirty) under an fsync loop, dm-cache's dirty blocks
-    # under 4 KiB writes to uncached blocks: both held by the kernel's own rule, and still so when the alert fired
+    # dm-writecache past its high watermark (every used block dirty) under an fsync loop, dm-cache's and lvmcache's
+    # dirty blocks under 4 KiB writes to uncached blocks: each held by the kernel's own rule, and still so when the
+    # alert fired; lvmcache's cause in LVM's terms (its cleaner is lvchange's: a raw reload LVM would undo)
     assert r.int("wc_used_before") > r.int("wc_total") // 2, r.explain()
     assert r.int("wc_used_held") >= r.int("wc_used_before"), r.explain()  # nothing written back at all meanwhile
-    assert r.int("dmc_dirty_before") >= 16 and r.int("dmc_dirty_held") >= 16, r.explain()
-    for p in ("wc_", "dmc_"):
+    for p in ("dmc_", "lvm_"):
+        assert r.int(f"{p}dirty_before") >= 16 and r.int(f"{p}dirty_held") >= 16, (p, r.explain())
+    for p in ("wc_", "dmc_", "lvm_"):
         assert v[f"{p}detected_s"] != "never" and int(v[f"{p}detected_s"]) <= 120, (p, r.explain())
         assert v[f"{p}cause_names_hold"] == "yes" and v[f"{p}explain_says"] == "yes", (p, r.explain())
         assert v[f"{p}alert_s"] != "never" and v[f"{p}alert_severity"] == "warning", (p, r.explain())

@@ -94,6 +94,7 @@ def lvmcache(tmp: Path) -> LoopVol:
     """An LVM cache LV as the lab's lvmcache recipe makes it (pool ``cpool``, 64 KiB chunks, writeback smq), on two
     loop devices. Its own lvm.conf, exported as LVM_SYSTEM_DIR with DM_DISABLE_UDEV (no udev in the guest) for
     every lvm command after it, the daemon's included: only these two loops are PVs."""
+    _modules("dm-cache", "dm-cache-smq")  # the loop driver too: this may be the first volume a script builds
     origin, cache = _loop(tmp, "lvm-origin", 96), _loop(tmp, "lvm-cache", 64)
     conf = tmp / "lvm"
     conf.mkdir()
@@ -104,7 +105,6 @@ def lvmcache(tmp: Path) -> LoopVol:
         "activation {\n    udev_sync = 0\n    udev_rules = 0\n}\n"
         "backup {\n    backup = 0\n    archive = 0\n}\n")
     os.environ.update(LVM_SYSTEM_DIR=str(conf), DM_DISABLE_UDEV="1")
-    subprocess.run(["modprobe", "-a", "dm-cache", "dm-cache-smq"], check=False)
     run("lvm", "pvcreate", "-y", "-ff", origin, cache)
     run("lvm", "vgcreate", "labvg", origin, cache)
     run("lvm", "lvcreate", "-y", "-n", "cached", "-l", "100%PVS", "labvg", origin)

@@ -1,14 +1,15 @@
 """Lab: write-back stalls provoked behind the daemon's back (issue 36 items 3 and 5), one per kind that has one of its
-own, all at once in one guest boot: the lab's bcache (writeback) volume, and dm-writecache and dm-cache volumes built
-on loop devices (loopvols.py). The daemon runs with the shipped defaults but ``health.stall_after: 20s`` and bcache's
-``writeback_delay`` 10 (recoverable: no drain of its own); Debian's prometheus runs in the guest too, scraping the
-daemon every 5 s with the shipped rules. The stalls:
+own, all at once in one guest boot: the lab's bcache (writeback) volume, and dm-writecache, dm-cache and lvmcache
+volumes built on loop devices (loopvols.py). The daemon runs with the shipped defaults but ``health.stall_after: 20s``
+and bcache's ``writeback_delay`` 10 (recoverable: no drain of its own); Debian's prometheus runs in the guest too,
+scraping the daemon every 5 s with the shipped rules. The stalls:
 - bcache: ``echo 0 > writeback_running`` with ~8 MiB dirty;
 - dm-writecache (stock table): filled past its high watermark while an fsync loop runs -- every flush sends a write
   to the origin (``writecache_map_flush``), and write-back waits until the origin has had none for pause_writeback
   (3 s by default), so nothing is written back;
 - dm-cache (smq): dirty blocks, while 4 KiB writes to uncached blocks keep its origin busy -- smq cleans nothing until
-  the origin has been idle for a second (``clean_target_met``).
+  the origin has been idle for a second (``clean_target_met``);
+- lvmcache (an LVM cache LV: dm-cache with smq under LVM's table): the same, the cause said in LVM's terms.
 Measured for each: when the daemon's status says stalled, when ``CachepilotWriteBackStalled`` fires in Prometheus,
 what explain says -- and that writeback_running still reads 0 (the daemon does not undo the operator's knob). Then
 each is ended (``echo 1``; the writers stopped). key=value lines on stdout."""
@@ -98,8 +99,9 @@ def wc_used() -> int:
     return int(f[4]) - int(f[5])  # total - free blocks: every used block is dirty
 
 
-def dmc_dirty() -> int:
-    return int(run("dmsetup", "status", dmc.dm_name).split()[13])
+def smq_dirty(v: loopvols.LoopVol) -> int:
+    """dm-cache's dirty blocks (lvmcache's too: the same target)."""
+    return int(run("dmsetup", "status", v.dm_name).split()[13])
 
 
 def forever(what: Callable[[], None], pause: float) -> int:
@@ -132,13 +134,24 @@ BUSY = 32 * MIB  # fallocated (unwritten: nothing of it cached); 4 KiB writes at
 BUF = mmap.mmap(-1, 4096)  # page-aligned, as O_DIRECT wants
 
 
-def busy_write() -> None:
+def busy_write(mount: Path) -> None:
     """One 4 KiB O_DIRECT write at a random place of the busy file: a write miss dm-cache sends to its origin."""
-    fd = os.open(dmc.mount / "busy", os.O_WRONLY | os.O_DIRECT)
+    fd = os.open(mount / "busy", os.O_WRONLY | os.O_DIRECT)
     try:
         os.pwrite(fd, BUF, random.randrange(BUSY // 4096) * 4096)  # noqa: S311 (test load)
     finally:
         os.close(fd)
+
+
+def busy_smq(v: loopvols.LoopVol, n: int, size: int) -> int:
+    """A dm-cache (or lvmcache) volume's stall: the busy writer first (the origin never idles for a second), then
+    dirty blocks (smq's own way, ``n`` files of ``size``); the writer's pid."""
+    fd = os.open(v.mount / "busy", os.O_WRONLY | os.O_CREAT)
+    os.posix_fallocate(fd, 0, BUSY)
+    os.close(fd)
+    pid = forever(lambda: busy_write(v.mount), 0.1)
+    dirty_on_smq(v.mount, "f", n, size)
+    return pid
 
 
 def stop(pid: int) -> None:
@@ -157,8 +170,12 @@ subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
 plog = open(tmp / "prometheus.log", "w")
 prom = subprocess.Popen(["prometheus", f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
                          f"--web.listen-address={PROM}"], stdout=subprocess.DEVNULL, stderr=plog)
-# the dm volumes beside the lab's bcache, before the daemon starts: it adopts all three
+# the dm volumes beside the lab's bcache, before the daemon starts: it adopts all four (lvmcache exports its lvm.conf
+# as LVM_SYSTEM_DIR first: the daemon's lvs and lvchange read it)
 wc, dmc = loopvols.writecache(tmp), loopvols.dmcache(tmp)
+t_lvm = time.monotonic()
+lvm = loopvols.lvmcache(tmp)
+say("lvm_setup_s", f"{time.monotonic() - t_lvm:.1f}")
 d = LabDaemon(tmp, POLICY, metrics=METRICS)
 ok = d.ready(180) and wait(lambda: prom_query('up{job="cachepilot"} == 1'), 180, step=1)
 say("ready", "yes" if ok else "no")
@@ -168,7 +185,7 @@ if not ok:
         targets = "targets: " + r.read().decode()[-2000:]
     d.fail((tmp / "prometheus.log").read_text()[-2000:], targets)
 
-names = {"bcache": "bcache0", "wc": wc.kname, "dmc": dmc.kname}
+names = {"bcache": "bcache0", "wc": wc.kname, "dmc": dmc.kname, "lvm": lvm.kname}
 ok = wait(lambda: all(volume_status(n) for n in names.values()), 60, step=1)
 say("managed", "yes" if ok else "no")
 if not ok:
@@ -190,14 +207,15 @@ t_stop["wc"] = time.monotonic()
 say("wc_used_before", wc_used())
 say("wc_total", total)
 
-# dm-cache: the busy writer first (the origin never idles for a second), then dirty blocks (smq's own way)
-fd = os.open(dmc.mount / "busy", os.O_WRONLY | os.O_CREAT)
-os.posix_fallocate(fd, 0, BUSY)
-os.close(fd)
-dmc_pid = forever(busy_write, 0.1)
-dirty_on_smq(dmc.mount, "f", 4, 4 * MIB)
+# dm-cache and lvmcache: each kept busy, then dirtied (lvmcache with half as much: what the test asks is 16 blocks)
+dmc_pid = busy_smq(dmc, 4, 4 * MIB)
 t_stop["dmc"] = time.monotonic()
-say("dmc_dirty_before", dmc_dirty())
+say("dmc_dirty_before", smq_dirty(dmc))
+t_lvm = time.monotonic()
+lvm_pid = busy_smq(lvm, 2, 4 * MIB)
+t_stop["lvm"] = time.monotonic()
+say("lvm_dirty_s", f"{t_stop['lvm'] - t_lvm:.1f}")
+say("lvm_dirty_before", smq_dirty(lvm))
 
 # bcache: dirty data that stays, then write-back stopped behind the daemon's back
 # 8 MiB: twice what the test asks; the stall is judged from when dirty data stops falling, and with 20 MiB the
@@ -212,8 +230,8 @@ t_stop["bcache"] = time.monotonic()
 say("dirty_before", dirty())
 say("running_after_echo", (sysfs / "writeback_running").read_text().strip())
 
-# all three watched at once: when each is found, then when each alert fires
-KEY = {"bcache": "", "wc": "wc_", "dmc": "dmc_"}
+# all four watched at once: when each is found, then when each alert fires
+KEY = {"bcache": "", "wc": "wc_", "dmc": "dmc_", "lvm": "lvm_"}
 found: dict[str, float] = {}
 end = time.monotonic() + 150
 while len(found) < len(names) and time.monotonic() < end:
@@ -225,7 +243,8 @@ for k, n in names.items():
     say(f"{KEY[k]}detected_s", f"{found[k] - t_stop[k]:.0f}" if k in found else "never")
     print(f"{n} cause:", (volume_status(n).get("writeback") or {}).get("cause"))
 CAUSE = {"bcache": "writeback_running is 0", "wc": "pause_writeback (3000 ms, the kernel's default)",
-         "dmc": "smq cleans only once the origin has been idle for a second"}
+         "dmc": "dm-cache's smq cleans only once the origin has been idle for a second",
+         "lvm": "lvmcache's smq (dm-cache under LVM) cleans only once the origin has been idle for a second"}
 for k, n in names.items():
     cause = str((volume_status(n).get("writeback") or {}).get("cause"))
     say(f"{KEY[k]}cause_names_{'knob' if k == 'bcache' else 'hold'}", "yes" if CAUSE[k] in cause else "no")
@@ -246,7 +265,8 @@ for k, n in names.items():
     print(out[-1500:])
 # the dm kinds: the stall was theirs, not a stuck origin -- still dirty as found
 say("wc_used_held", wc_used())
-say("dmc_dirty_held", dmc_dirty())
+say("dmc_dirty_held", smq_dirty(dmc))
+say("lvm_dirty_held", smq_dirty(lvm))
 # the daemon left the operator's knob as it was, and wrote nothing to it
 say("running_still", (sysfs / "writeback_running").read_text().strip())
 rc, out = d.cli("explain", "--volume", "bcache0", "--json")
@@ -259,6 +279,7 @@ say("daemon_wrote_running", "yes" if wrote else "no")
 (sysfs / "writeback_running").write_text("1\n")
 stop(wc_pid)
 stop(dmc_pid)
+stop(lvm_pid)
 for k, n in names.items():
     ended = wait(lambda n=n: not stalled(n), 60, step=1)  # type: ignore[misc]
     say(f"{KEY[k]}ended", "yes" if ended else "no")
