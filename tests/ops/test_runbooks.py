@@ -166,7 +166,7 @@ def test_runbooks_name_only_their_own_paths() -> None:
 # Recommends (or, here, `make deps`), and runs. Each command's package: in the package's Depends/Recommends, in
 # APT_PACKAGES, or part of every Debian system (priority required: coreutils, util-linux).
 COMMAND_PACKAGES = {"cachepilot": "cachepilot", "systemctl": "systemd", "journalctl": "systemd",
-                    "dmsetup": "dmsetup", "lvchange": "lvm2", "lvconvert": "lvm2", "bpftool": "bpftool",
+                    "dmsetup": "dmsetup", "lvchange": "lvm2", "lvconvert": "lvm2", "lvs": "lvm2", "bpftool": "bpftool",
                     "sysctl": "procps", "ps": "procps", "vmstat": "procps", "curl": "curl",
                     "cat": "coreutils", "echo": "coreutils", "ls": "coreutils", "df": "coreutils",
                     "findmnt": "util-linux"}

@@ -37,6 +37,7 @@ def test_stalls_behind_the_daemons_back_are_found_explained_and_alerted_and_the_
     assert r.int("wc_used_held") >= r.int("wc_used_before"), r.explain()  # nothing written back at all meanwhile
     for p in ("dmc_", "lvm_"):
         assert r.int(f"{p}dirty_before") >= 16 and r.int(f"{p}dirty_held") >= 16, (p, r.explain())
+    assert r.int("lvm_lvs_dirty") >= 16, r.explain()  # the runbook's lvs reads them too
     for p in ("wc_", "dmc_", "lvm_"):
         assert v[f"{p}detected_s"] != "never" and int(v[f"{p}detected_s"]) <= 120, (p, r.explain())
         assert v[f"{p}cause_names_hold"] == "yes" and v[f"{p}explain_says"] == "yes", (p, r.explain())

@@ -267,6 +267,7 @@ for k, n in names.items():
 say("wc_used_held", wc_used())
 say("dmc_dirty_held", smq_dirty(dmc))
 say("lvm_dirty_held", smq_dirty(lvm))
+say("lvm_lvs_dirty", loopvols.lvs("cache_dirty_blocks"))  # the runbook's command: LVM's view of the same blocks
 # the daemon left the operator's knob as it was, and wrote nothing to it
 say("running_still", (sysfs / "writeback_running").read_text().strip())
 rc, out = d.cli("explain", "--volume", "bcache0", "--json")
