@@ -284,7 +284,7 @@ say("daemon_wrote_running", "yes" if wrote else "no")
 
 # each ended: the operator turns bcache's write-back on again (bcache holds this little dirty data below its target on
 # purpose); the writers stop, and each dm kind writes back again (dm-writecache 3 s after the origin's last write,
-# down to its low watermark; dm-cache once its origin has been idle for a second)
+# down to its low watermark; dm-cache and lvmcache once the origin has been idle for a second)
 (sysfs / "writeback_running").write_text("1\n")
 stop(wc_pid)
 stop(dmc_pid)
