@@ -256,16 +256,18 @@ CAUSE = {"bcache": "writeback_running is 0", "wc": "pause_writeback (3000 ms, th
 for k, n in names.items():
     cause = str((volume_status(n).get("writeback") or {}).get("cause"))
     say(f"{KEY[k]}cause_names_{'knob' if k == 'bcache' else 'hold'}", "yes" if CAUSE[k] in cause else "no")
-fired: dict[str, float] = {}
+# when each fired and its severity as it fired: asked again later, an alert may have ended meanwhile (a mutant
+# run, waiting 150 s for a stall never found, saw dm-cache's end and the script crash on its empty list)
+fired: dict[str, tuple[float, str]] = {}
 end = time.monotonic() + 150
 while len(fired) < len(names) and time.monotonic() < end:
     for k, n in names.items():
-        if k not in fired and firing(n):
-            fired[k] = time.monotonic()
+        if k not in fired and (alerts := firing(n)):
+            fired[k] = (time.monotonic(), alerts[0]["labels"]["severity"])
     time.sleep(1)
 for k, n in names.items():
-    say(f"{KEY[k]}alert_s", f"{fired[k] - t_stop[k]:.0f}" if k in fired else "never")
-    say(f"{KEY[k]}alert_severity", firing(n)[0]["labels"]["severity"] if k in fired else "none")
+    say(f"{KEY[k]}alert_s", f"{fired[k][0] - t_stop[k]:.0f}" if k in fired else "never")
+    say(f"{KEY[k]}alert_severity", fired[k][1] if k in fired else "none")
     gauge = prom_query(f'cachepilot_volume_writeback_stalled{{device="{n}"}}')
     say(f"{KEY[k]}gauge_in_prometheus", gauge[0]["value"][1] if gauge else "none")
     rc, out = d.cli("explain", "--volume", n)
