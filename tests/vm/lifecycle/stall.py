@@ -240,15 +240,23 @@ say("lvm_dirty_before", smq_dirty(lvm))
 
 # all four watched at once: when each is found, then when each alert fires
 KEY = {"bcache": "", "wc": "wc_", "dmc": "dmc_", "lvm": "lvm_"}
-found: dict[str, float] = {}
-end = time.monotonic() + 150
-while len(found) < len(names) and time.monotonic() < end:
-    for k, n in names.items():
-        if k not in found and stalled(n):
-            found[k] = time.monotonic()
-    time.sleep(1)
+
+
+def when_each(seen: Callable[[str], Any], within: float = 150) -> dict[str, tuple[float, Any]]:
+    """For each kind, when ``seen(volume)`` first gave something true, and what: all polled at once, each second."""
+    got: dict[str, tuple[float, Any]] = {}
+    end = time.monotonic() + within
+    while len(got) < len(names) and time.monotonic() < end:
+        for k, n in names.items():
+            if k not in got and (what := seen(n)):
+                got[k] = (time.monotonic(), what)
+        time.sleep(1)
+    return got
+
+
+found = when_each(stalled)
 for k, n in names.items():
-    say(f"{KEY[k]}detected_s", f"{found[k] - t_stop[k]:.0f}" if k in found else "never")
+    say(f"{KEY[k]}detected_s", f"{found[k][0] - t_stop[k]:.0f}" if k in found else "never")
     print(f"{n} cause:", (volume_status(n).get("writeback") or {}).get("cause"))
 CAUSE = {"bcache": "writeback_running is 0", "wc": "pause_writeback (3000 ms, the kernel's default)",
          "dmc": "dm-cache's smq cleans only once the origin has been idle for a second",
@@ -258,13 +266,7 @@ for k, n in names.items():
     say(f"{KEY[k]}cause_names_{'knob' if k == 'bcache' else 'hold'}", "yes" if CAUSE[k] in cause else "no")
 # when each fired and its severity as it fired: asked again later, an alert may have ended meanwhile (a mutant
 # run, waiting 150 s for a stall never found, saw dm-cache's end and the script crash on its empty list)
-fired: dict[str, tuple[float, str]] = {}
-end = time.monotonic() + 150
-while len(fired) < len(names) and time.monotonic() < end:
-    for k, n in names.items():
-        if k not in fired and (alerts := firing(n)):
-            fired[k] = (time.monotonic(), alerts[0]["labels"]["severity"])
-    time.sleep(1)
+fired = when_each(lambda n: (alerts := firing(n)) and alerts[0]["labels"]["severity"])
 for k, n in names.items():
     say(f"{KEY[k]}alert_s", f"{fired[k][0] - t_stop[k]:.0f}" if k in fired else "never")
     say(f"{KEY[k]}alert_severity", fired[k][1] if k in fired else "none")
