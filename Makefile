@@ -11,8 +11,9 @@ PY        := $(VENV)/bin/python
 PYTEST    := $(VENV)/bin/pytest
 RUFF      := $(VENV)/bin/ruff
 LAB_CACHE := $(ROOT)/.cache/lab
-# make test's parallel workers (the lab guests run single-threaded TCG: one guest per core).
-TEST_JOBS ?= 2
+# make test's parallel workers: two run the lab files (single-threaded TCG guests, one per core), the third only the
+# host-level files, niced, in the CPU the guests leave idle (tests/schedule.py). With 2, both take every kind.
+TEST_JOBS ?= 3
 BASE_PY   ?= $(shell command -v python3.11 || command -v python3)
 
 # Debian packages the project needs on the host (and, through the shared root, in the lab guest).
@@ -88,7 +89,8 @@ generated: deps-python
 # One pytest run over every level that exists; each level's fixtures do their own set-up (tracefs, loop devices, the lab).
 test: deps-python bpf lint bytecode
 	# whole files per worker in collection order (not xdist's reorder by test count): the longest lab files first
-	# (tests/conftest.py, LONGEST_FIRST), the rest of the lab level next, the short unit tests fill the tail
+	# (tests/conftest.py, LONGEST_FIRST), the rest of the lab level next, the short unit tests fill the tail; the
+	# last of three workers never takes a lab file (tests/schedule.py)
 	$(PYTEST) -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder --durations=30 \
 		$(wildcard tests/vm tests/bpf tests/ops tests/unit)
 

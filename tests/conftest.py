@@ -5,12 +5,15 @@ where it needs to."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from hypothesis import settings
 
 from cachepilot.daemon.lock import HOST_LOCK_ENV
+from tests.schedule import HOST_WORKER_NICE, LONGEST_FIRST, LabWorkersFirst, host_only_worker
 
 # No per-example deadline for the property tests: they check results, not speed, and hypothesis's default 200 ms
 # failed one (test_hotness's discard_many) on a host loaded by lab guests. The examples' count stays each test's own.
@@ -24,24 +27,17 @@ def _own_host_lock(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     yield
 
 
-# `make test` runs the levels under pytest-xdist with --dist loadfile --no-loadscope-reorder: each worker takes whole
-# files, in collection order, the next one as it runs out. These lab files take the longest (seconds per file; fc5
-# under `make test`: fleet 624, bpf 372, pin/handoff 320, crash 716, service 142, promote 128, package 127, discard
-# stress 114, daemon 109; since cut, alone: fleet 414, crash 191): they start first, longest first, so neither worker
-# is left with one of them at the end while the other idles, and the many short files fill both tails. (xdist's own
-# reorder puts files with the most tests first: these, with one to three tests each, came last, after 80 others.)
-LONGEST_FIRST = (
-    "tests/vm/test_pin_handoff_lab.py",  # 6-7 min alone since host B runs twice (the import with --wait too)
-    "tests/vm/test_fleet_lab.py",
-    "tests/vm/test_bpf_lab.py",
-    "tests/vm/test_bcc_lab.py",  # 221 s alone: one compile, 32 host tests and the stacked one
-    "tests/vm/test_daemon_crash_lab.py",
-    "tests/vm/test_service_lab.py",
-    "tests/vm/test_promote_lab.py",
-    "tests/vm/test_package_lab.py",
-    "tests/vm/test_discard_stress_lab.py",
-    "tests/vm/test_daemon_lab.py",
-)
+def pytest_configure(config: pytest.Config) -> None:
+    """The host-only worker (tests/schedule.py) yields to the lab guests: a lab file cannot be split, a host file is
+    short, so the lab files are the ones that must not wait."""
+    if host_only_worker(os.environ.get("PYTEST_XDIST_WORKER", ""), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 0))):
+        os.nice(HOST_WORKER_NICE)
+
+
+@pytest.hookimpl(optionalhook=True)  # without xdist (-p no:xdist) the hook is unknown
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """With --dist loadfile: lab files never on the host-only worker (tests/schedule.py)."""
+    return LabWorkersFirst(config, log) if config.getoption("dist") == "loadfile" else None
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
