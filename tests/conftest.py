@@ -13,7 +13,7 @@ import pytest
 from hypothesis import settings
 
 from cachepilot.daemon.lock import HOST_LOCK_ENV
-from tests.schedule import HOST_WORKER_NICE, LONGEST_FIRST, LabWorkersFirst, host_only_worker
+from tests.schedule import HOST_WORKER_NICE, LONGEST_FIRST, host_only_worker
 
 # No per-example deadline for the property tests: they check results, not speed, and hypothesis's default 200 ms
 # failed one (test_hotness's discard_many) on a host loaded by lab guests. The examples' count stays each test's own.
@@ -37,7 +37,11 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(optionalhook=True)  # without xdist (-p no:xdist) the hook is unknown
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """With --dist loadfile: lab files never on the host-only worker (tests/schedule.py)."""
-    return LabWorkersFirst(config, log) if config.getoption("dist") == "loadfile" else None
+    if config.getoption("dist") != "loadfile":
+        return None
+    from tests.xdist_schedule import LabWorkersFirst  # xdist's own module: only where xdist runs
+
+    return LabWorkersFirst(config, log)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

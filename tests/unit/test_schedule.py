@@ -3,10 +3,10 @@ the lab files first and then the host ones; with two, files go out in collection
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import SimpleNamespace
 
-from tests.schedule import LONGEST_FIRST, LabWorkersFirst, host_only_worker
+from tests.schedule import host_only_worker
+from tests.xdist_schedule import LabWorkersFirst
 
 COLLECTION = [
     "tests/vm/test_long.py::test_a", "tests/vm/test_long.py::test_b",
@@ -72,13 +72,6 @@ def test_two_workers_take_files_in_collection_order() -> None:
     assert nodes["gw0"].files()[0] == "tests/vm/test_long.py" and nodes["gw1"].files()[0] == "tests/vm/test_mid.py"
     assert any(f.startswith("tests/unit/") for name in nodes for f in nodes[name].files())
     assert all(node.shutting_down for node in nodes.values())
-
-
-def test_every_lab_file_has_its_place_in_the_longest_first_order() -> None:
-    """A lab file left out would run after all the listed ones, where a long one leaves the other lab worker idle."""
-    root = Path(__file__).resolve().parents[2]
-    on_disk = {str(p.relative_to(root)) for p in (root / "tests" / "vm").glob("test_*.py")}
-    assert set(LONGEST_FIRST) == on_disk and len(LONGEST_FIRST) == len(on_disk)
 
 
 def test_only_the_last_of_three_or_more_workers_is_host_only() -> None:

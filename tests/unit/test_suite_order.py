@@ -1,21 +1,19 @@
-"""`make test`'s order: the longest lab files start first (tests/conftest.py, LONGEST_FIRST), and xdist keeps the
+"""`make test`'s order: the longest lab files start first (tests/schedule.py, LONGEST_FIRST), and xdist keeps the
 collection order (--no-loadscope-reorder; its default puts the files with the most tests first)."""
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.schedule import LONGEST_FIRST
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def longest_first() -> list[str]:
-    text = (ROOT / "tests" / "conftest.py").read_text()
-    block = re.search(r"LONGEST_FIRST = \((.*?)\n\)", text, re.S)
-    assert block, "tests/conftest.py has no LONGEST_FIRST"
-    return re.findall(r'"([^"]+)"', block.group(1))
+    return list(LONGEST_FIRST)
 
 
 def test_the_longest_files_exist_and_are_collected_first() -> None:
@@ -33,3 +31,10 @@ def test_the_longest_files_exist_and_are_collected_first() -> None:
 def test_make_test_keeps_the_collection_order() -> None:
     recipe = (ROOT / "Makefile").read_text().partition("\ntest:")[2].partition("\n\n")[0]
     assert "--dist loadfile" in recipe and "--no-loadscope-reorder" in recipe, recipe
+
+
+def test_every_lab_file_has_its_place_in_the_longest_first_order() -> None:
+    """A lab file left out would run after all the listed ones, where a long one leaves the other lab worker idle."""
+    root = Path(__file__).resolve().parents[2]
+    on_disk = {str(p.relative_to(root)) for p in (root / "tests" / "vm").glob("test_*.py")}
+    assert set(LONGEST_FIRST) == on_disk and len(LONGEST_FIRST) == len(on_disk)
