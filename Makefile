@@ -88,9 +88,9 @@ generated: deps-python
 
 # One pytest run over every level that exists; each level's fixtures do their own set-up (tracefs, loop devices, the lab).
 test: deps-python bpf lint bytecode
-	# whole files per worker in collection order (not xdist's reorder by test count): the longest lab files first
-	# (tests/schedule.py, LONGEST_FIRST), the rest of the lab level next, the short unit tests fill the tail; the
-	# last of three workers never takes a lab file (tests/schedule.py)
+	# whole files per worker in collection order (not xdist's reorder by test count): the lab files on two workers,
+	# longest first (tests/schedule.py, LONGEST_FIRST); the host-level files on the third from the start, and on the
+	# other two once the lab files are out
 	$(PYTEST) -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder --durations=30 \
 		$(wildcard tests/vm tests/bpf tests/ops tests/unit)
 
