@@ -1,7 +1,8 @@
-"""Every level: how `make test` shares the files among its workers (tests/schedule.py: the lab files on two, longest
-first, the host-level files on a third, niced), and the daemons a test starts (in process or as a child) take a host
-lock of their own (CACHEPILOT_HOST_LOCK, daemon/lock.py), so they never meet a real daemon on this host, nor each
-other when tests run in parallel. A test of the host lock itself points it where it needs to."""
+"""Every level: how `make test` shares the files among its workers (tests/schedule.py: the lab files first, longest
+first; with three workers the host-level files on the third, niced), and the daemons a test starts (in process or
+as a child) take a host lock of their own (CACHEPILOT_HOST_LOCK, daemon/lock.py), so they never meet a real daemon
+on this host, nor each other when tests run in parallel. A test of the host lock itself points it where it needs
+to."""
 
 from __future__ import annotations
 
