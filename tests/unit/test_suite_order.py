@@ -12,12 +12,8 @@ from tests.schedule import LONGEST_FIRST
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def longest_first() -> list[str]:
-    return list(LONGEST_FIRST)
-
-
 def test_the_longest_files_exist_and_are_collected_first() -> None:
-    names = longest_first()
+    names = list(LONGEST_FIRST)
     assert len(names) >= 3 and all((ROOT / n).is_file() for n in names), names  # a renamed file would drop out
     r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
                         "-p", "no:xdist", "tests/vm", "tests/ops"], cwd=ROOT, capture_output=True, text=True,
@@ -35,6 +31,5 @@ def test_make_test_keeps_the_collection_order() -> None:
 
 def test_every_lab_file_has_its_place_in_the_longest_first_order() -> None:
     """A lab file left out would run after all the listed ones, where a long one leaves the other lab worker idle."""
-    root = Path(__file__).resolve().parents[2]
-    on_disk = {str(p.relative_to(root)) for p in (root / "tests" / "vm").glob("test_*.py")}
+    on_disk = {str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "vm").glob("test_*.py")}
     assert set(LONGEST_FIRST) == on_disk and len(LONGEST_FIRST) == len(on_disk)
