@@ -3,10 +3,9 @@ collection order (--no-loadscope-reorder; its default puts the files with the mo
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
+from tests.collected import collected
 from tests.schedule import LONGEST_FIRST
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -15,11 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_longest_files_exist_and_are_collected_first() -> None:
     names = list(LONGEST_FIRST)
     assert len(names) >= 3 and all((ROOT / n).is_file() for n in names), names  # a renamed file would drop out
-    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                        "-p", "no:xdist", "tests/vm", "tests/ops"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    files = list(dict.fromkeys(line.partition("::")[0] for line in r.stdout.splitlines() if "::" in line))
+    ids = collected(["-p", "no:xdist", "tests/vm", "tests/ops"])
+    files = list(dict.fromkeys(i.partition("::")[0] for i in ids))
     assert files[:len(names)] == names, files[:len(names) + 3]
     assert "tests/ops/test_ansible.py" in files[len(names):]  # the rest still collected, after them
 

@@ -10,14 +10,14 @@ second start and the probes of the exactness tests load the cached compile.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 from bpf_support import STACK_LAYOUT
+
+from tests.collected import collected
 
 pytestmark = pytest.mark.vm
 
@@ -56,12 +56,8 @@ exit $rc
 
 
 def host_test_ids() -> set[str]:
-    r = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-k", DESELECT, *MODULES],
-        capture_output=True, text=True, cwd=ROOT,
-        env={**os.environ, "LAB_CACHED_DEV": "collect-only", "LAB_CAPTURE": "bcc"},  # the guest's parameters
-    )
-    return {line.split("::", 1)[1] for line in r.stdout.splitlines() if "::" in line}
+    ids = collected(["-k", DESELECT, *MODULES], LAB_CACHED_DEV="collect-only", LAB_CAPTURE="bcc")  # the guest's
+    return {i.split("::", 1)[1] for i in ids}
 
 
 def _results(junit: Path) -> dict[str, str]:

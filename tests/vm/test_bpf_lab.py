@@ -7,13 +7,14 @@ volume when LAB_CACHED_DEV is set) and writes a JUnit report and the probe's att
 
 from __future__ import annotations
 
-import os
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 from bpf_support import STACK_LAYOUT
+
+from tests.collected import collected
 
 pytestmark = pytest.mark.vm
 
@@ -40,16 +41,9 @@ exec {sys.executable} -m pytest -q -p no:cacheprovider -k '{DESELECT}' --junitxm
 
 
 def host_test_ids() -> set[str]:
-    import subprocess
-
-    r = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-k", DESELECT, *MODULES],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "LAB_CACHED_DEV": "collect-only"},  # the guest's parameters (one block I/O variant)
-    )
-    return {line.split("::", 1)[1] for line in r.stdout.splitlines() if "::" in line}
+    # the guest's parameters (one block I/O variant)
+    ids = collected(["-k", DESELECT, *MODULES], LAB_CACHED_DEV="collect-only")
+    return {i.split("::", 1)[1] for i in ids}
 
 
 @pytest.mark.parametrize("recipe", ["bcache", "dmcache"])
