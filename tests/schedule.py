@@ -25,10 +25,9 @@ HOST_WORKER_NICE = 15
 # test, unlisted, came last: 293 s on one worker while the other had ended its lab files 233 s before). A lab file
 # not listed runs after these. (xdist's own reorder puts files with the most tests first.)
 LONGEST_FIRST = (
-    # 237, and ~150 s more since the upgrade's check, upgrade and teardown run on its first guest (first: its Ansible
-    # on this host and two guests, beside one guest only)
-    "tests/vm/test_fleet_lab.py",
+    "tests/vm/test_fleet_lab.py",  # 237 (first: its Ansible on this host and two guests, beside one guest only)
     "tests/vm/test_bpf_lab.py",  # 273
+    "tests/vm/test_upgrade_lab.py",  # 293
     "tests/vm/test_pin_handoff_lab.py",  # 210
     "tests/vm/test_bcc_lab.py",  # 160
     "tests/vm/test_daemon_crash_lab.py",  # 148
